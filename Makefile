@@ -1,0 +1,25 @@
+# Two commands: `make demo` and `make test`. Both create .venv on first use.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip==23.2.1
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/geomx launch topologies/demo.yaml -- $(BIN)/python examples/cnn.py --epochs 8
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q tests
+
+bench: $(STAMP)
+	$(BIN)/geomx bench
+
+clean:
+	rm -rf $(VENV) runs

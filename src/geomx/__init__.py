@@ -1,0 +1,24 @@
+"""geomx: a hierarchical parameter server for training one PyTorch model across data centers.
+
+``geomx.kv`` and ``geomx.optim`` load on first use, so the scheduler processes never import torch.
+
+Usage::
+
+    import geomx
+    kv = geomx.kv.create("dist_sync")
+    kv.set_optimizer(geomx.optim.Adam(lr=1e-3))
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+__all__ = ["kv", "optim"]
+__version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> ModuleType:
+    if name in __all__:
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module 'geomx' has no attribute {name!r}")

@@ -1,0 +1,66 @@
+"""The ``geomx`` command: ``geomx launch``, ``geomx bench``.
+
+Usage::
+
+    geomx launch topologies/demo.yaml -- python examples/cnn.py --epochs 8
+    geomx bench --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .config import ConfigError
+
+
+def _launch(args: argparse.Namespace) -> int:
+    from .launch import format_summary, launch
+
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    try:
+        result = launch(Path(args.topology), command, run_dir=Path(args.run_dir) if args.run_dir else None,
+                        host=args.host, party=args.party, global_scheduler=args.global_scheduler)
+    except (ConfigError, ValueError) as exc:
+        print(f"geomx launch: {exc}", file=sys.stderr)
+        return 2
+    print(format_summary(result))
+    return result.exit_code
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from .bench import run_bench
+
+    return run_bench(quick=args.quick, out_dir=Path(args.out), sections=args.only)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="geomx", description="Train one PyTorch model across data centers.")
+    sub = parser.add_subparsers(dest="command_name", required=True)
+    launch = sub.add_parser("launch", help="start every process of a topology (or one party's)")
+    launch.add_argument("topology", help="YAML topology file")
+    launch.add_argument("--party", help="start only this party's processes (for a run across hosts)")
+    launch.add_argument("--global-scheduler", help="HOST:PORT of the global scheduler (with --party)")
+    launch.add_argument("--host", default="127.0.0.1", help="address this host's processes bind and announce")
+    launch.add_argument("--run-dir", help="folder for stats and metrics (default: runs/<time>-<topology>)")
+    launch.add_argument("command", nargs=argparse.REMAINDER, help="-- the worker command")
+    launch.set_defaults(func=_launch)
+    bench = sub.add_parser("bench", help="measure geomx against a flat PS and gloo, side by side")
+    bench.add_argument("--quick", action="store_true", help="fewer steps and smaller tensors")
+    bench.add_argument("--out", default="bench-results", help="folder for the JSON results")
+    bench.add_argument("--only", action="append", choices=["training", "transport"],
+                       help="run only these sections (repeatable)")
+    bench.set_defaults(func=_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,461 @@
+"""Typed configuration: the only module that reads environment variables and topology files.
+
+Everything else in geomx receives the frozen objects built here. GeoMX's documented variable names
+(``DMLC_ROLE``, ``DMLC_PS_ROOT_URI`` ...) are accepted as aliases of our ``GEOMX_*`` names; when both are
+set, the ``GEOMX_*`` name wins.
+
+Usage::
+
+    topology = load_topology("topologies/demo.yaml")
+    node = node_config_from_env(os.environ)      # inside a process started by `geomx launch`
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A topology file or environment that cannot describe a valid geomx job."""
+
+
+class Role(str, enum.Enum):
+    """What one OS process does in the job."""
+
+    GLOBAL_SCHEDULER = "global_scheduler"
+    GLOBAL_SERVER = "global_server"
+    LOCAL_SCHEDULER = "local_scheduler"
+    LOCAL_SERVER = "local_server"
+    WORKER = "worker"
+
+
+class Mode(str, enum.Enum):
+    """HiPS (two tiers, the default) or a flat single-tier parameter server (the baseline)."""
+
+    HIPS = "hips"
+    FLAT = "flat"
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """One link class: bandwidth in bits per second (None = unlimited) and one-way latency in seconds."""
+
+    bandwidth_bps: float | None = None
+    latency_s: float = 0.0
+
+    @property
+    def is_emulated(self) -> bool:
+        return self.bandwidth_bps is not None or self.latency_s > 0
+
+
+@dataclass(frozen=True)
+class PartySpec:
+    """One data center: its name and how many training workers it runs."""
+
+    name: str
+    num_workers: int
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """Every blocking wait in geomx uses one of these (seconds)."""
+
+    register_s: float = 60.0
+    request_s: float = 120.0
+    round_s: float = 120.0
+    shutdown_s: float = 30.0
+
+
+@dataclass(frozen=True)
+class Topology:
+    """The whole job: parties, global servers, link classes and transport limits."""
+
+    parties: tuple[PartySpec, ...]
+    central: str
+    num_global_servers: int = 1
+    mode: Mode = Mode.HIPS
+    lan: LinkSpec = LinkSpec()
+    wan: LinkSpec = LinkSpec()
+    timeouts: Timeouts = Timeouts()
+    slice_elems: int = 1 << 20
+    max_message_bytes: int = 1 << 31
+
+    def __post_init__(self) -> None:
+        names = [p.name for p in self.parties]
+        if not names:
+            raise ConfigError("topology has no parties")
+        if len(set(names)) != len(names):
+            raise ConfigError(f"party names must be unique, got {names}")
+        if self.central not in names:
+            raise ConfigError(f"central party {self.central!r} is not one of the parties {names}")
+        for party in self.parties:
+            if party.num_workers < 1:
+                raise ConfigError(f"party {party.name!r} needs at least one worker")
+            if not re.fullmatch(r"[A-Za-z0-9_.-]+", party.name):
+                raise ConfigError(f"party name {party.name!r} may hold only letters, digits, '_', '.', '-'")
+        if self.num_global_servers < 1:
+            raise ConfigError("num_global_servers must be at least 1")
+        if self.slice_elems < 1:
+            raise ConfigError("slice_elems must be positive")
+
+    @property
+    def num_all_workers(self) -> int:
+        return sum(p.num_workers for p in self.parties)
+
+    def party(self, name: str) -> PartySpec:
+        for party in self.parties:
+            if party.name == name:
+                return party
+        raise ConfigError(f"unknown party {name!r}; the topology has {[p.name for p in self.parties]}")
+
+    def worker_offset(self, party: str) -> int:
+        """Global rank of the first worker of ``party`` (parties in topology order)."""
+        offset = 0
+        for spec in self.parties:
+            if spec.name == party:
+                return offset
+            offset += spec.num_workers
+        raise ConfigError(f"unknown party {party!r}")
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """What one process needs to know to play its role."""
+
+    role: Role
+    party: str
+    topology: Topology
+    global_scheduler: str  # "host:port"
+    scheduler: str | None = None  # this party's local scheduler, "host:port" (None in flat mode)
+    rank: int | None = None  # requested rank (workers: in party; global servers: shard id)
+    is_master: bool = False
+    bind_host: str = "127.0.0.1"
+    bind_port: int = 0  # schedulers bind this port; others take a free one when 0
+    run_dir: Path | None = None
+
+    @property
+    def num_workers(self) -> int:
+        return self.topology.party(self.party).num_workers
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Parsing helpers
+
+_UNITS = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+
+
+def parse_bandwidth(text: str | float | int | None) -> float | None:
+    """'100Mbit' / '10 Gbit/s' / '1e8' (bits per second) / None or 'unlimited' -> bits per second."""
+    if text is None:
+        return None
+    if isinstance(text, (int, float)):
+        if text <= 0:
+            raise ConfigError(f"bandwidth must be positive, got {text}")
+        return float(text)
+    cleaned = text.strip().lower().replace(" ", "")
+    if cleaned in ("", "none", "unlimited", "inf"):
+        return None
+    match = re.fullmatch(r"([0-9.e+-]+)([kmgt]?)(bit|bps|b)?(/s)?", cleaned)
+    if not match:
+        raise ConfigError(f"cannot read bandwidth {text!r}; write it like '100Mbit' or '10Gbit'")
+    value = float(match.group(1)) * _UNITS[match.group(2)]
+    if match.group(3) == "b":  # bytes
+        value *= 8
+    if value <= 0:
+        raise ConfigError(f"bandwidth must be positive, got {text!r}")
+    return value
+
+
+def parse_duration(text: str | float | int | None) -> float:
+    """'25ms' / '0.5s' / '100us' / 0.025 -> seconds."""
+    if text is None:
+        return 0.0
+    if isinstance(text, (int, float)):
+        if text < 0:
+            raise ConfigError(f"duration must not be negative, got {text}")
+        return float(text)
+    match = re.fullmatch(r"\s*([0-9.e+-]+)\s*(us|ms|s|)\s*", text.lower())
+    if not match:
+        raise ConfigError(f"cannot read duration {text!r}; write it like '25ms' or '1.5s'")
+    scale = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "": 1.0}[match.group(2)]
+    value = float(match.group(1)) * scale
+    if value < 0:
+        raise ConfigError(f"duration must not be negative, got {text!r}")
+    return value
+
+
+def _link(raw: Any, where: str) -> LinkSpec:
+    if raw is None:
+        return LinkSpec()
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{where} must be a mapping with 'bandwidth' and 'latency'")
+    unknown = set(raw) - {"bandwidth", "latency"}
+    if unknown:
+        raise ConfigError(f"{where} has unknown fields {sorted(unknown)}; allowed: bandwidth, latency")
+    return LinkSpec(parse_bandwidth(raw.get("bandwidth")), parse_duration(raw.get("latency")))
+
+
+def _timeouts(raw: Any) -> Timeouts:
+    if raw is None:
+        return Timeouts()
+    if not isinstance(raw, Mapping):
+        raise ConfigError("timeouts must be a mapping")
+    names = {f.name.removesuffix("_s"): f.name for f in dataclasses.fields(Timeouts)}
+    unknown = set(raw) - set(names)
+    if unknown:
+        raise ConfigError(f"timeouts has unknown fields {sorted(unknown)}; allowed: {sorted(names)}")
+    return Timeouts(**{names[k]: parse_duration(v) for k, v in raw.items()})
+
+
+_TOPOLOGY_FIELDS = {"parties", "central", "global_servers", "mode", "links", "timeouts", "slice_elems",
+                    "max_message_bytes"}
+
+
+def topology_from_dict(raw: Mapping[str, Any]) -> Topology:
+    """Build a Topology from the YAML structure documented in ``topologies/demo.yaml``."""
+    if not isinstance(raw, Mapping):
+        raise ConfigError("a topology must be a mapping at the top level")
+    unknown = set(raw) - _TOPOLOGY_FIELDS
+    if unknown:
+        raise ConfigError(f"topology has unknown fields {sorted(unknown)}; allowed: {sorted(_TOPOLOGY_FIELDS)}")
+    raw_parties = raw.get("parties")
+    if not isinstance(raw_parties, Mapping) or not raw_parties:
+        raise ConfigError("topology needs 'parties': a mapping of party name to {workers: N}")
+    parties = []
+    for name, spec in raw_parties.items():
+        workers = spec.get("workers") if isinstance(spec, Mapping) else spec
+        if not isinstance(workers, int) or isinstance(workers, bool):
+            raise ConfigError(f"party {name!r} needs an integer 'workers'")
+        parties.append(PartySpec(str(name), workers))
+    links = raw.get("links") or {}
+    if not isinstance(links, Mapping) or set(links) - {"lan", "wan"}:
+        raise ConfigError("'links' may hold only 'lan' and 'wan'")
+    mode_text = str(raw.get("mode", "hips")).lower()
+    try:
+        mode = Mode(mode_text)
+    except ValueError:
+        raise ConfigError(f"unknown mode {mode_text!r}; valid: {[m.value for m in Mode]}") from None
+    return Topology(
+        parties=tuple(parties),
+        central=str(raw.get("central", parties[0].name)),
+        num_global_servers=int(raw.get("global_servers", 1)),
+        mode=mode,
+        lan=_link(links.get("lan"), "links.lan"),
+        wan=_link(links.get("wan"), "links.wan"),
+        timeouts=_timeouts(raw.get("timeouts")),
+        slice_elems=int(raw.get("slice_elems", 1 << 20)),
+        max_message_bytes=int(raw.get("max_message_bytes", 1 << 31)),
+    )
+
+
+def load_topology(path: str | Path) -> Topology:
+    """Read a YAML topology file."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read topology file {path}: {exc}") from exc
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"topology file {path} is not valid YAML: {exc}") from exc
+    return topology_from_dict(raw)
+
+
+def topology_to_dict(topology: Topology) -> dict[str, Any]:
+    """The inverse of topology_from_dict, for writing a resolved topology next to a run."""
+
+    def link(spec: LinkSpec) -> dict[str, Any]:
+        return {"bandwidth": spec.bandwidth_bps, "latency": spec.latency_s}
+
+    return {
+        "parties": {p.name: {"workers": p.num_workers} for p in topology.parties},
+        "central": topology.central,
+        "global_servers": topology.num_global_servers,
+        "mode": topology.mode.value,
+        "links": {"lan": link(topology.lan), "wan": link(topology.wan)},
+        "timeouts": {f.name.removesuffix("_s"): getattr(topology.timeouts, f.name)
+                     for f in dataclasses.fields(Timeouts)},
+        "slice_elems": topology.slice_elems,
+        "max_message_bytes": topology.max_message_bytes,
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Environment
+
+# Our canonical names, and the GeoMX (ps-lite) names accepted as aliases.
+ENV_ALIASES: dict[str, tuple[str, ...]] = {
+    "GEOMX_NUM_WORKERS": ("DMLC_NUM_WORKER",),
+    "GEOMX_NUM_GLOBAL_SERVERS": ("DMLC_NUM_GLOBAL_SERVER",),
+    "GEOMX_NUM_ALL_WORKERS": ("DMLC_NUM_ALL_WORKER",),
+    "GEOMX_NUM_PARTIES": ("DMLC_NUM_GLOBAL_WORKER",),
+    "GEOMX_MASTER_WORKER": ("DMLC_ROLE_MASTER_WORKER",),
+    "GEOMX_HOST": ("DMLC_NODE_HOST",),
+}
+
+_ROLE_NAMES = {r.value for r in Role}
+
+
+def _get(env: Mapping[str, str], name: str) -> str | None:
+    for candidate in (name, *ENV_ALIASES.get(name, ())):
+        value = env.get(candidate)
+        if value not in (None, ""):
+            return value
+    return None
+
+
+def _int(env: Mapping[str, str], name: str) -> int | None:
+    value = _get(env, name)
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(f"{name} must be an integer, got {value!r}") from None
+
+
+def _role_from_env(env: Mapping[str, str]) -> Role:
+    role = env.get("GEOMX_ROLE")
+    if role:
+        if role not in _ROLE_NAMES:
+            raise ConfigError(f"GEOMX_ROLE={role!r} is not a role; valid: {sorted(_ROLE_NAMES)}")
+        return Role(role)
+    dmlc_global = env.get("DMLC_ROLE_GLOBAL", "")
+    dmlc_role = env.get("DMLC_ROLE", "")
+    if dmlc_global == "global_scheduler":
+        return Role.GLOBAL_SCHEDULER
+    if dmlc_global == "global_server":
+        return Role.GLOBAL_SERVER
+    if dmlc_global:
+        raise ConfigError(f"DMLC_ROLE_GLOBAL={dmlc_global!r}; valid: global_scheduler, global_server")
+    mapping = {"scheduler": Role.LOCAL_SCHEDULER, "server": Role.LOCAL_SERVER, "worker": Role.WORKER}
+    if dmlc_role in mapping:
+        return mapping[dmlc_role]
+    if dmlc_role:
+        raise ConfigError(f"DMLC_ROLE={dmlc_role!r}; valid: scheduler, server, worker")
+    raise ConfigError("no role: set GEOMX_ROLE (or GeoMX's DMLC_ROLE / DMLC_ROLE_GLOBAL); "
+                      "`geomx launch` sets it for you")
+
+
+def _address(env: Mapping[str, str], canonical: str, uri: str, port: str) -> str | None:
+    value = env.get(canonical)
+    if value:
+        if not re.fullmatch(r"[^:\s]+:\d+", value):
+            raise ConfigError(f"{canonical}={value!r} must be HOST:PORT")
+        return value
+    if env.get(uri) and env.get(port):
+        return f"{env[uri]}:{env[port]}"
+    return None
+
+
+def _topology_from_env(env: Mapping[str, str], role: Role, party: str) -> Topology:
+    """A topology for GeoMX-style launches that set only DMLC_* counts (no topology file).
+
+    Only this party's worker count is known; the other parties are placeholders sized so that
+    ``num_all_workers`` matches DMLC_NUM_ALL_WORKER. No link emulation.
+    """
+    num_workers = _int(env, "GEOMX_NUM_WORKERS") or 1
+    num_parties = _int(env, "GEOMX_NUM_PARTIES") or 1
+    all_workers = _int(env, "GEOMX_NUM_ALL_WORKERS") or num_workers * num_parties
+    parties = [PartySpec(party, num_workers)]
+    remaining = max(all_workers - num_workers, 0)
+    for index in range(1, num_parties):
+        share = remaining // (num_parties - index) if index < num_parties else remaining
+        share = max(share, 1)
+        remaining -= share
+        parties.append(PartySpec(f"{party}-peer{index}", share))
+    central = env.get("GEOMX_CENTRAL") or party
+    if central not in {p.name for p in parties}:
+        central = party
+    return Topology(parties=tuple(parties), central=central,
+                    num_global_servers=_int(env, "GEOMX_NUM_GLOBAL_SERVERS") or 1,
+                    timeouts=_timeouts_from_env(env, Timeouts()))
+
+
+def _timeouts_from_env(env: Mapping[str, str], base: Timeouts) -> Timeouts:
+    value = env.get("GEOMX_TIMEOUT")
+    if not value:
+        return base
+    seconds = parse_duration(value)
+    return Timeouts(register_s=seconds, request_s=seconds, round_s=seconds, shutdown_s=base.shutdown_s)
+
+
+def node_config_from_env(env: Mapping[str, str]) -> NodeConfig:
+    """Build this process's NodeConfig from the environment set by `geomx launch` (or GeoMX scripts)."""
+    role = _role_from_env(env)
+    party = env.get("GEOMX_PARTY") or env.get("DMLC_PS_ROOT_URI", "dc0").replace(".", "-") or "dc0"
+    if env.get("GEOMX_PARTY") is None and env.get("DMLC_PS_ROOT_PORT"):
+        party = f"{party}-{env['DMLC_PS_ROOT_PORT']}"
+    topology_path = env.get("GEOMX_TOPOLOGY")
+    if topology_path:
+        topology = load_topology(topology_path)
+        topology = dataclasses.replace(topology, timeouts=_timeouts_from_env(env, topology.timeouts))
+    else:
+        topology = _topology_from_env(env, role, party)
+    if role not in (Role.GLOBAL_SCHEDULER,) and party not in {p.name for p in topology.parties}:
+        raise ConfigError(f"GEOMX_PARTY={party!r} is not a party of the topology "
+                          f"{[p.name for p in topology.parties]}")
+    global_scheduler = _address(env, "GEOMX_GLOBAL_SCHEDULER", "DMLC_PS_GLOBAL_ROOT_URI",
+                                "DMLC_PS_GLOBAL_ROOT_PORT")
+    scheduler = _address(env, "GEOMX_SCHEDULER", "DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT")
+    if global_scheduler is None:
+        raise ConfigError("no global scheduler address: set GEOMX_GLOBAL_SCHEDULER=HOST:PORT "
+                          "(or DMLC_PS_GLOBAL_ROOT_URI and DMLC_PS_GLOBAL_ROOT_PORT)")
+    needs_local = role in (Role.LOCAL_SCHEDULER, Role.LOCAL_SERVER) or (
+        role is Role.WORKER and topology.mode is Mode.HIPS)
+    if needs_local and scheduler is None:
+        raise ConfigError(f"role {role.value} needs its party's scheduler: set GEOMX_SCHEDULER=HOST:PORT "
+                          "(or DMLC_PS_ROOT_URI and DMLC_PS_ROOT_PORT)")
+    bind_port = 0
+    if role is Role.GLOBAL_SCHEDULER:
+        bind_port = int(global_scheduler.rsplit(":", 1)[1])
+    elif role is Role.LOCAL_SCHEDULER and scheduler is not None:
+        bind_port = int(scheduler.rsplit(":", 1)[1])
+    run_dir = env.get("GEOMX_RUN_DIR")
+    master_flag = _get(env, "GEOMX_MASTER_WORKER")
+    return NodeConfig(
+        role=role,
+        party=party,
+        topology=topology,
+        global_scheduler=global_scheduler,
+        scheduler=scheduler,
+        rank=_int(env, "GEOMX_RANK"),
+        is_master=master_flag not in (None, "0", "false", "False"),
+        bind_host=_get(env, "GEOMX_HOST") or "127.0.0.1",
+        bind_port=bind_port,
+        run_dir=Path(run_dir) if run_dir else None,
+    )
+
+
+def node_config() -> NodeConfig:
+    """This process's NodeConfig, read from ``os.environ``."""
+    return node_config_from_env(os.environ)
+
+
+def node_env(node: NodeConfig, topology_path: Path) -> dict[str, str]:
+    """The environment variables that make ``node_config_from_env`` rebuild ``node`` (used by the launcher)."""
+    env = {
+        "GEOMX_ROLE": node.role.value,
+        "GEOMX_PARTY": node.party,
+        "GEOMX_TOPOLOGY": str(topology_path),
+        "GEOMX_GLOBAL_SCHEDULER": node.global_scheduler,
+        "GEOMX_HOST": node.bind_host,
+    }
+    if node.scheduler:
+        env["GEOMX_SCHEDULER"] = node.scheduler
+    if node.rank is not None:
+        env["GEOMX_RANK"] = str(node.rank)
+    if node.is_master:
+        env["GEOMX_MASTER_WORKER"] = "1"
+    if node.run_dir is not None:
+        env["GEOMX_RUN_DIR"] = str(node.run_dir)
+    return env

@@ -1,0 +1,298 @@
+"""The worker's KVStore, shaped like MXNet's ``mx.kv`` so GeoMX training loops port line by line.
+
+``push`` sends a gradient and returns at once; ``pull`` waits for that round's result (push and pull are
+one fused request per slice: one round trip per tier). Keys are ints; lists of keys and tensors work.
+
+Usage::
+
+    kv = geomx.kv.create("dist_sync")              # role and topology come from `geomx launch`
+    if kv.is_master_worker:
+        kv.set_optimizer(geomx.optim.Adam(lr=1e-3))
+    for idx, p in enumerate(model.parameters()):
+        kv.init(idx, p.data)                       # every worker now holds the master's weights
+    ...
+    kv.push(idx, p.grad, priority=-idx); kv.pull(idx, p.data, priority=-idx)
+    kv.close()
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import warnings
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from . import config as config_module
+from .config import Mode, NodeConfig, Role
+from .membership import GLOBAL_SCHEDULER_ID, AddressBook, local_scheduler_id, new_node_id, register
+from .optim import Optimizer
+from .policies.sync import sync_policy
+from .rpc import Requests
+from .runlog import append_metrics, write_stats
+from .sharding import shard_for, slice_plan
+from .transport import Van
+from .wire import Kind, Message
+
+log = logging.getLogger("geomx.kv")
+
+KVSTORE_TYPES = ("dist_sync",)
+
+
+@dataclass
+class _KeyInfo:
+    shape: torch.Size
+    dtype: torch.dtype
+    parts: list[tuple[int, int]]
+
+
+def _to_numpy(tensor: torch.Tensor, snapshot: bool) -> np.ndarray:
+    flat = tensor.detach().to("cpu").reshape(-1)
+    if snapshot:
+        flat = flat.clone()
+    return flat.contiguous().numpy()
+
+
+def _as_list(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+class KVStore:
+    """A worker's connection to its party's local server (or, in flat mode, to the global servers)."""
+
+    def __init__(self, kind: str, config: NodeConfig) -> None:
+        if config.role is not Role.WORKER:
+            raise ValueError(f"kv.create runs on workers; this process has role {config.role.value}")
+        sync_policy(kind)  # validates the type string
+        self.type = kind
+        self.config = config
+        self._topology = config.topology
+        self._timeout = config.topology.timeouts.request_s
+        self._keys: dict[int, _KeyInfo] = {}
+        self._pending: dict[int, list[Future[Message]]] = {}
+        self._closed = False
+        identity = new_node_id(Role.WORKER, config.party)
+        self._van = Van(identity, config.party, config.topology, self._on_message, bind_host=config.bind_host,
+                        name=f"{config.party}/worker")
+        self._requests = Requests(self._van)
+        self._van.start()
+        self._scheduler, self._servers, me = self._join()
+        self.rank = me.rank
+        self.name = me.name
+        self._van.name = me.name
+        self.party = config.party
+        self.num_workers = config.num_workers
+        self.num_all_workers = config.topology.num_all_workers
+        self.global_rank = config.topology.worker_offset(config.party) + self.rank
+        self.is_master_worker = config.party == config.topology.central and self.rank == 0
+        atexit.register(self.close)
+
+    # -- setup --------------------------------------------------------------------------------------------
+    def _join(self) -> tuple[str, list[str], Any]:
+        cfg = self.config
+        wait = cfg.topology.timeouts.register_s
+        master = cfg.is_master or None
+        if cfg.topology.mode is Mode.FLAT:
+            book, me = register(self._van, self._requests, cfg.global_scheduler, GLOBAL_SCHEDULER_ID,
+                                role=Role.WORKER, party=cfg.party, rank=cfg.rank, timeout=wait,
+                                master=bool(master))
+            servers = book.of_role(Role.GLOBAL_SERVER)
+            scheduler = GLOBAL_SCHEDULER_ID
+        else:
+            assert cfg.scheduler is not None
+            book, me = register(self._van, self._requests, cfg.scheduler, local_scheduler_id(cfg.party),
+                                role=Role.WORKER, party=cfg.party, rank=cfg.rank, timeout=wait,
+                                master=bool(master))
+            servers = book.of_role(Role.LOCAL_SERVER)
+            scheduler = local_scheduler_id(cfg.party)
+        self._connect(book, [m.id for m in servers])
+        return scheduler, [m.id for m in servers], me
+
+    def _connect(self, book: AddressBook, server_ids: list[str]) -> None:
+        for member in book.members:
+            if member.id in server_ids:
+                self._van.add_peer(member.id, member.address, member.party,
+                                   share=book.wan_share(self.config.party, member.party))
+        self._requests.names.update(book.names())
+
+    def _on_message(self, message: Message) -> None:
+        if not self._requests.resolve(message):
+            log.warning("[%s] unexpected %s from %r", self._van.name, message.kind.name, message.sender)
+
+    # -- helpers ------------------------------------------------------------------------------------------
+    def _server_for(self, key: int, part: int) -> str:
+        return self._servers[shard_for(key, part, len(self._servers))]
+
+    def _info(self, key: int) -> _KeyInfo:
+        if self._closed:
+            raise RuntimeError("this KVStore is closed")
+        if not isinstance(key, int) or isinstance(key, bool):
+            raise TypeError(f"keys are ints, got {type(key).__name__}")
+        info = self._keys.get(key)
+        if info is None:
+            raise KeyError(f"key {key} was never init()ed; known keys: {sorted(self._keys)[:20]}")
+        return info
+
+    def _check(self, key: int, tensor: torch.Tensor, what: str) -> _KeyInfo:
+        info = self._info(key)
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{what} of key {key}: expected a torch.Tensor, got {type(tensor).__name__}")
+        if tensor.shape != info.shape:
+            raise ValueError(f"{what} of key {key}: shape {tuple(tensor.shape)} differs from init's "
+                             f"{tuple(info.shape)}")
+        return info
+
+    def _wait(self, futures: list[Future[Message]], key: int, what: str) -> list[Message]:
+        return [self._requests.wait(f, self._timeout, f"{self._requests.names.get(self._server_for(key, i), '?')} "
+                                                      f"to answer {what} of key {key} slice {i}")
+                for i, f in enumerate(futures)]
+
+    @staticmethod
+    def _copy_out(replies: list[Message], info: _KeyInfo, out: torch.Tensor) -> None:
+        flat = out.view(-1) if out.is_contiguous() else None
+        target = flat if flat is not None else torch.empty(out.numel(), dtype=out.dtype)
+        for (start, stop), reply in zip(info.parts, replies):
+            if reply.tensor is None:
+                raise RuntimeError("server answered without data")
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # read-only receive buffer; we only read it
+                source = torch.from_numpy(reply.tensor)
+            target[start:stop].copy_(source)
+        if flat is None:
+            out.copy_(target.view(out.shape))
+
+    # -- the MXNet-shaped API -----------------------------------------------------------------------------
+    def init(self, key: int | Sequence[int], value: torch.Tensor | Sequence[torch.Tensor]) -> None:
+        """Declare keys. The master worker's values win: every worker's ``value`` is overwritten with them."""
+        keys, values = _as_list(key), _as_list(value)
+        if len(keys) != len(values):
+            raise ValueError(f"init got {len(keys)} keys but {len(values)} values")
+        pending = []
+        for k, v in zip(keys, values):
+            if not isinstance(k, int) or isinstance(k, bool) or k < 0:
+                raise TypeError(f"keys are non-negative ints, got {k!r}")
+            if not isinstance(v, torch.Tensor):
+                raise TypeError(f"init of key {k}: expected a torch.Tensor, got {type(v).__name__}")
+            if k in self._keys:
+                raise ValueError(f"key {k} is already initialized")
+            info = _KeyInfo(v.shape, v.dtype, slice_plan(v.numel(), self._topology.slice_elems))
+            data = _to_numpy(v, snapshot=True)
+            futures = []
+            for part, (start, stop) in enumerate(info.parts):
+                piece = data[start:stop]
+                message = Message(Kind.INIT, key=k, part=part, num_parts=len(info.parts),
+                                  tensor=piece if self.is_master_worker else None,
+                                  dtype=piece.dtype, shape=piece.shape)
+                futures.append(self._requests.call(self._server_for(k, part), message))
+            self._keys[k] = info
+            pending.append((k, v, info, futures))
+        for k, v, info, futures in pending:
+            self._copy_out(self._wait(futures, k, "INIT"), info, v.data)
+
+    def push(self, key: int | Sequence[int], value: torch.Tensor | Sequence[torch.Tensor], priority: int = 0) -> None:
+        """Send this round's contribution for ``key``; returns at once. Pull to get the round's result."""
+        for k, v in zip(_as_list(key), _as_list(value), strict=True):
+            info = self._check(k, v, "push")
+            data = _to_numpy(v, snapshot=True)
+            self._pending[k] = [
+                self._requests.call(self._server_for(k, part),
+                                    Message(Kind.PUSHPULL, key=k, part=part, num_parts=len(info.parts),
+                                            priority=priority, tensor=data[start:stop]))
+                for part, (start, stop) in enumerate(info.parts)]
+
+    def pull(self, key: int | Sequence[int], out: torch.Tensor | Sequence[torch.Tensor], priority: int = 0) -> None:
+        """Write the latest value of ``key`` into ``out`` (after a push: that round's result)."""
+        for k, o in zip(_as_list(key), _as_list(out), strict=True):
+            info = self._check(k, o, "pull")
+            futures = self._pending.pop(k, None)
+            what = "PUSHPULL"
+            if futures is None:
+                what = "PULL"
+                futures = [self._requests.call(self._server_for(k, part),
+                                               Message(Kind.PULL, key=k, part=part, num_parts=len(info.parts),
+                                                       priority=priority))
+                           for part in range(len(info.parts))]
+            self._copy_out(self._wait(futures, k, what), info, o.data if o.requires_grad else o)
+
+    def pushpull(self, key: int | Sequence[int], value: torch.Tensor | Sequence[torch.Tensor],
+                 out: torch.Tensor | Sequence[torch.Tensor] | None = None, priority: int = 0) -> None:
+        """Push then pull in one call; ``out`` defaults to ``value`` (in place)."""
+        self.push(key, value, priority)
+        self.pull(key, value if out is None else out, priority)
+
+    def set_optimizer(self, optimizer: Optimizer) -> None:
+        """Install ``optimizer`` on the global servers (master worker only; sent as a name and numbers)."""
+        if not self.is_master_worker:
+            raise RuntimeError("only the master worker (rank 0 of the central party) may set the optimizer")
+        if not isinstance(optimizer, Optimizer):
+            raise TypeError(f"expected a geomx.optim optimizer, got {type(optimizer).__name__}")
+        spec = optimizer.spec()
+        if spec["params"].get("rescale_grad") is None:
+            spec["params"]["rescale_grad"] = 1.0 / self.num_all_workers
+        futures = [self._requests.call(s, Message(Kind.SET_OPTIMIZER, body={"optimizer": spec}))
+                   for s in self._servers]
+        for server, future in zip(self._servers, futures):
+            self._requests.wait(future, self._timeout, f"{self._requests.names.get(server)} to set the optimizer")
+
+    def barrier(self) -> None:
+        """Wait until every worker of every party reaches this barrier."""
+        future = self._requests.call(self._servers[0], Message(Kind.BARRIER))
+        self._requests.wait(future, self._timeout, "the barrier (all workers of all parties)")
+
+    def stats(self) -> dict[str, Any]:
+        """Byte counters of this worker and of the servers it talks to (LAN/WAN, sent/received)."""
+        result: dict[str, Any] = {"self": self._van.counters.snapshot(), "servers": {}}
+        futures = {s: self._requests.call(s, Message(Kind.STATS)) for s in self._servers}
+        for server, future in futures.items():
+            reply = self._requests.wait(future, self._timeout, f"{self._requests.names.get(server)} STATS")
+            result["servers"][self._requests.names.get(server, server)] = reply.body
+        return result
+
+    def wan_bytes(self) -> int:
+        """Bytes that crossed the WAN so far, whole job (every WAN byte passes through a global server)."""
+        total = 0
+        for body in self.stats()["servers"].values():
+            tiers = body.get("upstream", {body.get("name"): body}) if body else {}
+            total += sum(t["wan"]["sent"] + t["wan"]["recv"] for t in tiers.values())
+        return total
+
+    def record(self, **metrics: Any) -> None:
+        """Append a metrics record to the run folder (the launcher's summary shows the last one)."""
+        if self.config.run_dir is not None:
+            append_metrics(self.config.run_dir, self.name, metrics)
+
+    def close(self) -> None:
+        """Leave the job: a shutdown round through the servers, then stop. Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self.close)
+        wait = self._topology.timeouts.shutdown_s
+        try:
+            futures = [self._requests.call(s, Message(Kind.SHUTDOWN)) for s in self._servers]
+            for server, future in zip(self._servers, futures):
+                self._requests.wait(future, wait, f"{self._requests.names.get(server)} to acknowledge shutdown")
+            self._van.send(self._scheduler, Message(Kind.SHUTDOWN))
+        finally:
+            if self.config.run_dir is not None:
+                write_stats(self.config.run_dir, self.name, {"role": "worker", "party": self.party,
+                                                             **self._van.counters.snapshot()})
+            self._van.stop(flush_timeout=wait)
+
+    def __enter__(self) -> KVStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def create(kind: str = "dist_sync", config: NodeConfig | None = None) -> KVStore:
+    """Connect this worker to the job. ``kind``: one of KVSTORE_TYPES; config defaults to the environment."""
+    if kind not in KVSTORE_TYPES:
+        raise ValueError(f"unknown kvstore type {kind!r}; valid: {list(KVSTORE_TYPES)}")
+    return KVStore(kind, config or config_module.node_config())

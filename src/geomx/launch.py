@@ -1,0 +1,243 @@
+"""`geomx launch`: start every process of a topology (or one party's) and watch them.
+
+Each role is its own OS process. Schedulers and servers run ``python -m geomx.node``; workers run the
+user's command. Every output line is prefixed with the process's party and role. Ctrl-C is forwarded.
+When a process fails, the rest are stopped and the launcher exits non-zero naming it. When the workers
+finish, the launcher prints a summary: wall time, bytes over LAN and WAN, and the master worker's last
+metrics record (e.g. its test accuracy).
+
+Usage::
+
+    geomx launch topologies/demo.yaml -- python examples/cnn.py --epochs 8
+    geomx launch topologies/demo.yaml --party dc1 --global-scheduler 10.0.0.1:9000 --host 10.0.0.2 -- ...
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from .config import Mode, NodeConfig, Role, Topology, load_topology, node_env
+from .runlog import read_metrics, read_stats
+
+
+@dataclass
+class ProcessSpec:
+    """One process to start: a label for its log lines, its command and its environment."""
+
+    label: str
+    argv: list[str]
+    env: dict[str, str]
+    is_worker: bool
+
+
+@dataclass
+class LaunchResult:
+    exit_code: int
+    wall_s: float
+    failed: str | None
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port the OS says is free now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def plan_processes(topology: Topology, topology_path: Path, command: list[str], run_dir: Path, *,
+                   host: str = "127.0.0.1", global_scheduler: str | None = None,
+                   parties: list[str] | None = None) -> list[ProcessSpec]:
+    """Every process of the topology (or of ``parties`` only), with the environment each one needs."""
+    if not command:
+        raise ValueError("no worker command given: geomx launch TOPOLOGY.yaml -- python train.py ...")
+    selected = parties or [p.name for p in topology.parties]
+    for name in selected:
+        topology.party(name)  # raises on unknown party
+    global_address = global_scheduler or f"{host}:{free_port(host)}"
+    node_cmd = [sys.executable, "-m", "geomx.node"]
+    specs: list[ProcessSpec] = []
+
+    def add(label: str, node: NodeConfig, argv: list[str], is_worker: bool = False) -> None:
+        specs.append(ProcessSpec(label, argv, node_env(node, topology_path.resolve()), is_worker))
+
+    base = dict(topology=topology, global_scheduler=global_address, bind_host=host, run_dir=run_dir)
+    if topology.central in selected:
+        add("global_scheduler", NodeConfig(role=Role.GLOBAL_SCHEDULER, party=topology.central, **base), node_cmd)
+        for shard in range(topology.num_global_servers):
+            add(f"global_server{shard}",
+                NodeConfig(role=Role.GLOBAL_SERVER, party=topology.central, rank=shard, **base), node_cmd)
+    for name in selected:
+        party = topology.party(name)
+        scheduler = None
+        if topology.mode is Mode.HIPS:
+            scheduler = f"{host}:{free_port(host)}"
+            add(f"{name}/scheduler", NodeConfig(role=Role.LOCAL_SCHEDULER, party=name, scheduler=scheduler, **base),
+                node_cmd)
+            add(f"{name}/server", NodeConfig(role=Role.LOCAL_SERVER, party=name, scheduler=scheduler, **base),
+                node_cmd)
+        for rank in range(party.num_workers):
+            is_master = name == topology.central and rank == 0
+            add(f"{name}/worker{rank}",
+                NodeConfig(role=Role.WORKER, party=name, scheduler=scheduler, rank=rank, is_master=is_master,
+                           **base), list(command), is_worker=True)
+    return specs
+
+
+class Launcher:
+    """Starts the planned processes, relays their output, stops everything on the first failure."""
+
+    def __init__(self, specs: list[ProcessSpec], run_dir: Path, shutdown_grace_s: float = 30.0,
+                 out: IO[str] | None = None) -> None:
+        self.specs = specs
+        self.run_dir = run_dir
+        self.grace = shutdown_grace_s
+        self.out = out or sys.stdout
+        self._procs: list[tuple[ProcessSpec, subprocess.Popen[bytes]]] = []
+        self._print_lock = threading.Lock()
+        self._readers: list[threading.Thread] = []
+        self._interrupted = False
+
+    def _say(self, text: str) -> None:
+        with self._print_lock:
+            self.out.write(text + "\n")
+            self.out.flush()
+
+    def _relay(self, label: str, stream: IO[bytes]) -> None:
+        for raw in iter(stream.readline, b""):
+            self._say(f"[{label}] {raw.decode(errors='replace').rstrip()}")
+        stream.close()
+
+    def _start(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        for spec in self.specs:
+            env = {**os.environ, **spec.env, "PYTHONUNBUFFERED": "1"}
+            proc = subprocess.Popen(spec.argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+            self._procs.append((spec, proc))
+            assert proc.stdout is not None
+            reader = threading.Thread(target=self._relay, args=(spec.label, proc.stdout), daemon=True)
+            reader.start()
+            self._readers.append(reader)
+
+    def _signal_all(self, sig: int) -> None:
+        for _, proc in self._procs:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, sig)
+                except ProcessLookupError:
+                    pass
+
+    def _stop_all(self, grace: float) -> None:
+        self._signal_all(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and any(p.poll() is None for _, p in self._procs):
+            time.sleep(0.05)
+        self._signal_all(signal.SIGKILL)
+        for _, proc in self._procs:
+            proc.wait()
+
+    def _on_interrupt(self, signum: int, _frame: Any) -> None:
+        self._interrupted = True
+        self._signal_all(signal.SIGINT)
+
+    def run(self) -> LaunchResult:
+        started = time.monotonic()
+        previous = {s: signal.signal(s, self._on_interrupt) for s in (signal.SIGINT, signal.SIGTERM)} \
+            if threading.current_thread() is threading.main_thread() else {}
+        failed: str | None = None
+        code = 0
+        try:
+            self._start()
+            workers_done_at: float | None = None
+            while True:
+                for spec, proc in self._procs:
+                    rc = proc.poll()
+                    if rc not in (None, 0) and failed is None and not self._interrupted:
+                        failed = spec.label
+                        code = 1
+                        self._say(f"[geomx launch] {spec.label} exited with code {rc}; stopping the other "
+                                  "processes")
+                if failed or self._interrupted:
+                    self._stop_all(5.0)
+                    code = code or 130
+                    break
+                if all(p.poll() is not None for _, p in self._procs):
+                    break
+                if workers_done_at is None and all(p.poll() is not None for s, p in self._procs if s.is_worker):
+                    workers_done_at = time.monotonic()
+                if workers_done_at is not None and time.monotonic() - workers_done_at > self.grace:
+                    stuck = [s.label for s, p in self._procs if p.poll() is None]
+                    self._say(f"[geomx launch] workers finished but {stuck} did not exit within "
+                              f"{self.grace:g} s; stopping them")
+                    failed, code = stuck[0], 1
+                    self._stop_all(5.0)
+                    break
+                time.sleep(0.05)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            if any(p.poll() is None for _, p in self._procs):
+                self._stop_all(2.0)
+            for reader in self._readers:
+                reader.join(timeout=2)
+        wall = time.monotonic() - started
+        return LaunchResult(code, wall, failed, summarize(self.run_dir, wall))
+
+
+def summarize(run_dir: Path, wall_s: float) -> dict[str, Any]:
+    """Totals from the run folder: bytes sent per link class (each byte counted once, by its sender)."""
+    stats = read_stats(run_dir)
+    totals = {"lan": 0, "wan": 0}
+    wan_by_party: dict[str, int] = {}
+    for entry in stats:
+        for link in ("lan", "wan"):
+            totals[link] += int(entry.get(link, {}).get("sent", 0))
+        party = str(entry.get("party", "?"))
+        wan_by_party[party] = wan_by_party.get(party, 0) + int(entry.get("wan", {}).get("sent", 0))
+    metrics = read_metrics(run_dir)
+    last = {name: records[-1] for name, records in metrics.items() if records}
+    return {"wall_s": wall_s, "lan_bytes": totals["lan"], "wan_bytes": totals["wan"],
+            "wan_bytes_sent_by_party": wan_by_party, "processes_reporting": len(stats), "last_metrics": last}
+
+
+def format_summary(result: LaunchResult) -> str:
+    s = result.summary
+    lines = ["", "=== geomx run summary ===",
+             f"status        : {'ok' if result.exit_code == 0 else f'FAILED ({result.failed})'}",
+             f"wall time     : {result.wall_s:.1f} s",
+             f"LAN traffic   : {s.get('lan_bytes', 0) / 1e6:.2f} MB",
+             f"WAN traffic   : {s.get('wan_bytes', 0) / 1e6:.2f} MB  "
+             f"(sent per party: {', '.join(f'{k} {v / 1e6:.2f} MB' for k, v in s.get('wan_bytes_sent_by_party', {}).items())})"]
+    for name, record in s.get("last_metrics", {}).items():
+        shown = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items()
+                          if k != "time")
+        lines.append(f"{name:<14}: {shown}")
+    return "\n".join(lines)
+
+
+def default_run_dir(topology_path: Path) -> Path:
+    return Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{topology_path.stem}-{os.getpid()}"
+
+
+def launch(topology_path: Path, command: list[str], *, run_dir: Path | None = None, host: str = "127.0.0.1",
+           party: str | None = None, global_scheduler: str | None = None,
+           out: IO[str] | None = None) -> LaunchResult:
+    """Plan, start and watch a job; returns its result (the caller prints the summary)."""
+    topology = load_topology(topology_path)
+    run_dir = run_dir or default_run_dir(topology_path)
+    if party is not None and party != topology.central and global_scheduler is None:
+        raise ValueError(f"party {party!r} is not the central party: give --global-scheduler HOST:PORT")
+    specs = plan_processes(topology, topology_path, command, run_dir, host=host,
+                           global_scheduler=global_scheduler, parties=[party] if party else None)
+    grace = topology.timeouts.shutdown_s + 10.0
+    return Launcher(specs, run_dir, shutdown_grace_s=grace, out=out).run()

@@ -1,0 +1,127 @@
+"""Who is in the job: members, address books, and registering with a scheduler.
+
+Every node binds a free port, then sends REGISTER (its role, party, address and requested rank) to its
+scheduler: a party's local scheduler, or the global scheduler. When every expected member has arrived the
+scheduler assigns ranks and answers each with the address book of its tier.
+
+Usage::
+
+    book, me = register(van, requests, "127.0.0.1:9000", GLOBAL_SCHEDULER_ID, role=Role.LOCAL_SERVER,
+                        party="dc1", rank=None, timeout=60)
+    servers = book.of_role(Role.GLOBAL_SERVER)
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .config import Role
+from .rpc import Requests
+from .transport import Van
+from .wire import Kind, Message
+
+GLOBAL_SCHEDULER_ID = "global_scheduler"
+
+
+def local_scheduler_id(party: str) -> str:
+    return f"{party}/scheduler"
+
+
+def new_node_id(role: Role, party: str) -> str:
+    """A unique ZeroMQ identity for this process (ranks are known only after registration)."""
+    return f"{party}/{role.value}/{os.getpid()}-{secrets.token_hex(3)}"
+
+
+@dataclass(frozen=True)
+class Member:
+    """One registered node."""
+
+    id: str
+    role: Role
+    party: str
+    rank: int
+    address: str
+
+    @property
+    def name(self) -> str:
+        """A short human name for logs: ``dc1/worker1``, ``dc1/server``, ``global_server0``."""
+        if self.role is Role.WORKER:
+            return f"{self.party}/worker{self.rank}"
+        if self.role is Role.LOCAL_SERVER:
+            return f"{self.party}/server"
+        if self.role is Role.GLOBAL_SERVER:
+            return f"global_server{self.rank}"
+        if self.role is Role.LOCAL_SCHEDULER:
+            return f"{self.party}/scheduler"
+        return "global_scheduler"
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["role"] = self.role.value
+        return data
+
+    @staticmethod
+    def from_json(data: dict[str, Any]) -> Member:
+        return Member(str(data["id"]), Role(data["role"]), str(data["party"]), int(data["rank"]),
+                      str(data["address"]))
+
+
+@dataclass(frozen=True)
+class AddressBook:
+    """The members of one tier, as the scheduler announced them."""
+
+    members: tuple[Member, ...]
+
+    def of_role(self, role: Role, party: str | None = None) -> list[Member]:
+        found = [m for m in self.members if m.role is role and (party is None or m.party == party)]
+        return sorted(found, key=lambda m: (m.party, m.rank))
+
+    def get(self, member_id: str) -> Member:
+        for member in self.members:
+            if member.id == member_id:
+                return member
+        raise KeyError(member_id)
+
+    def names(self) -> dict[str, str]:
+        return {m.id: m.name for m in self.members}
+
+    def wan_share(self, party: str, dest_party: str) -> int:
+        """How many members of ``party`` send over the WAN to ``dest_party`` (they share that pipe).
+
+        Servers talk to clients and clients to servers; a member counts if any counterpart sits in
+        ``dest_party``.
+        """
+        servers = {Role.GLOBAL_SERVER}
+        count = 0
+        for member in self.members:
+            if member.party != party or member.role in (Role.GLOBAL_SCHEDULER, Role.LOCAL_SCHEDULER):
+                continue
+            is_server = member.role in servers
+            if any(other.party == dest_party and (other.role in servers) != is_server
+                   and other.role not in (Role.GLOBAL_SCHEDULER, Role.LOCAL_SCHEDULER)
+                   for other in self.members):
+                count += 1
+        return max(count, 1)
+
+
+def register(van: Van, requests: Requests, scheduler_address: str, scheduler_id: str, *, role: Role,
+             party: str, rank: int | None, timeout: float, master: bool = False) -> tuple[AddressBook, Member]:
+    """Register with a scheduler and wait for the address book; returns it and this node's own entry."""
+    if not van.knows(scheduler_id):
+        van.add_peer(scheduler_id, f"tcp://{scheduler_address}", party=_scheduler_party(scheduler_id, party))
+    body = {"role": role.value, "party": party, "address": van.address, "rank": rank, "master": master}
+    future = requests.call(scheduler_id, Message(Kind.REGISTER, body=body))
+    reply = requests.wait(future, timeout, f"the scheduler at {scheduler_address} ({scheduler_id}) to "
+                                           "complete registration; is it running, and are all members started?")
+    members = tuple(Member.from_json(m) for m in (reply.body or {}).get("members", []))
+    book = AddressBook(members)
+    return book, book.get(van.identity)
+
+
+def _scheduler_party(scheduler_id: str, my_party: str) -> str:
+    # A local scheduler lives in my party; the global scheduler's party is unknown before registration,
+    # and registration traffic is tiny, so it is treated as LAN.
+    return my_party

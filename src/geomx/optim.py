@@ -1,0 +1,140 @@
+"""Server optimizers: what the global servers run on the aggregated gradient.
+
+An optimizer travels as a name plus hyperparameters (JSON), never as code. The worker builds the spec;
+the global server rebuilds the optimizer through the registry and keeps its state per (key, slice).
+
+Servers *sum* what their clients push. ``rescale_grad`` turns that sum into what the update uses:
+left as None, the master worker fills in ``1 / num_all_workers``, so the optimizer sees the mean of the
+workers' gradients, and one geomx step equals one single-process step over the union of the batches.
+Pass ``rescale_grad=1.0`` for GeoMX's behaviour (the raw sum).
+
+Usage::
+
+    kv.set_optimizer(geomx.optim.SGD(lr=0.1, momentum=0.9))
+    optimizer = optimizer_from_spec({"name": "sgd", "params": {"lr": 0.1}})   # on the server
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+SlotId = tuple[int, int]
+
+
+@dataclass
+class Optimizer:
+    """Base class: subclasses declare hyperparameters as dataclass fields and implement ``_update``."""
+
+    name: ClassVar[str] = ""
+    rescale_grad: float | None = None
+
+    def spec(self) -> dict[str, Any]:
+        """The JSON-safe description that travels to the servers."""
+        return {"name": self.name, "params": dataclasses.asdict(self)}
+
+    def step(self, slot: SlotId, weight: np.ndarray, grad_sum: np.ndarray) -> np.ndarray:
+        """Return new weights for ``slot`` (a new array: the old one may still be on the wire)."""
+        scale = 1.0 if self.rescale_grad is None else self.rescale_grad
+        w = torch.from_numpy(np.array(weight, dtype=np.float32, copy=True))
+        g = torch.from_numpy(np.asarray(grad_sum, dtype=np.float32))
+        if scale != 1.0:
+            g = g * scale
+        self._update(slot, w, g)
+        return w.numpy()
+
+    def _update(self, slot: SlotId, weight: torch.Tensor, grad: torch.Tensor) -> None:
+        raise NotImplementedError
+
+
+@dataclass
+class SGD(Optimizer):
+    """SGD with momentum and weight decay, the same arithmetic as ``torch.optim.SGD`` (dampening 0)."""
+
+    name: ClassVar[str] = "sgd"
+    lr: float = 0.01
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    nesterov: bool = False
+
+    def __post_init__(self) -> None:
+        self._momentum: dict[SlotId, torch.Tensor] = {}
+
+    def _update(self, slot: SlotId, weight: torch.Tensor, grad: torch.Tensor) -> None:
+        if self.weight_decay:
+            grad = grad.add(weight, alpha=self.weight_decay)
+        if self.momentum:
+            buf = self._momentum.get(slot)
+            if buf is None:
+                buf = grad.clone()
+                self._momentum[slot] = buf
+            else:
+                buf.mul_(self.momentum).add_(grad)
+            grad = grad.add(buf, alpha=self.momentum) if self.nesterov else buf
+        weight.add_(grad, alpha=-self.lr)
+
+
+@dataclass
+class Adam(Optimizer):
+    """Adam, the same arithmetic as ``torch.optim.Adam`` (no amsgrad)."""
+
+    name: ClassVar[str] = "adam"
+    lr: float = 0.001
+    beta1: float = 0.9
+    beta2: float = 0.999
+    epsilon: float = 1e-8
+    weight_decay: float = 0.0
+
+    def __post_init__(self) -> None:
+        self._state: dict[SlotId, tuple[torch.Tensor, torch.Tensor, list[int]]] = {}
+
+    def _update(self, slot: SlotId, weight: torch.Tensor, grad: torch.Tensor) -> None:
+        if self.weight_decay:
+            grad = grad.add(weight, alpha=self.weight_decay)
+        state = self._state.get(slot)
+        if state is None:
+            state = (torch.zeros_like(weight), torch.zeros_like(weight), [0])
+            self._state[slot] = state
+        exp_avg, exp_avg_sq, step = state
+        step[0] += 1
+        exp_avg.lerp_(grad, 1 - self.beta1)
+        exp_avg_sq.mul_(self.beta2).addcmul_(grad, grad, value=1 - self.beta2)
+        bias1 = 1 - self.beta1 ** step[0]
+        bias2 = 1 - self.beta2 ** step[0]
+        denom = (exp_avg_sq.sqrt() / math.sqrt(bias2)).add_(self.epsilon)
+        weight.addcdiv_(exp_avg, denom, value=-self.lr / bias1)
+
+
+OPTIMIZERS: dict[str, type[Optimizer]] = {cls.name: cls for cls in (SGD, Adam)}
+
+
+def optimizer_from_spec(spec: Any) -> Optimizer:
+    """Rebuild an optimizer from its JSON spec; ValueError names what is wrong."""
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+        raise ValueError("an optimizer spec is {'name': str, 'params': {...}}")
+    cls = OPTIMIZERS.get(spec["name"].lower())
+    if cls is None:
+        raise ValueError(f"unknown optimizer {spec['name']!r}; valid: {sorted(OPTIMIZERS)}")
+    params = spec.get("params") or {}
+    if not isinstance(params, dict):
+        raise ValueError("optimizer params must be an object")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = set(params) - set(fields)
+    if unknown:
+        raise ValueError(f"optimizer {cls.name!r} has no parameters {sorted(unknown)}; valid: {sorted(fields)}")
+    clean: dict[str, Any] = {}
+    for key, value in params.items():
+        if value is None and key == "rescale_grad":
+            clean[key] = None
+        elif isinstance(value, bool):
+            clean[key] = value
+        elif isinstance(value, (int, float)) and math.isfinite(value):
+            clean[key] = float(value)
+        else:
+            raise ValueError(f"optimizer parameter {key}={value!r} must be a finite number or a boolean")
+    return cls(**clean)

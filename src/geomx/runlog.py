@@ -1,0 +1,57 @@
+"""Files a run leaves in its run folder: per-process byte counters and metric records.
+
+Every process writes ``stats/<name>.json`` when it stops; workers append ``metrics/<name>.jsonl`` records
+through ``kv.record``. The launcher reads both for its summary.
+
+Usage::
+
+    write_stats(run_dir, "dc1/server", {"lan": {...}, "wan": {...}})
+    totals = read_stats(run_dir)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+
+def _file_name(name: str) -> str:
+    return name.replace("/", "_")
+
+
+def write_stats(run_dir: Path, name: str, stats: dict[str, Any]) -> Path:
+    """Atomically write one process's counters."""
+    folder = run_dir / "stats"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{_file_name(name)}.json"
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps({"name": name, **stats}))
+    tmp.replace(path)
+    return path
+
+
+def read_stats(run_dir: Path) -> list[dict[str, Any]]:
+    folder = run_dir / "stats"
+    if not folder.is_dir():
+        return []
+    return [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
+
+
+def append_metrics(run_dir: Path, name: str, record: dict[str, Any]) -> None:
+    folder = run_dir / "metrics"
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / f"{_file_name(name)}.jsonl", "a") as handle:
+        handle.write(json.dumps({"time": time.time(), **record}) + "\n")
+
+
+def read_metrics(run_dir: Path) -> dict[str, list[dict[str, Any]]]:
+    folder = run_dir / "metrics"
+    if not folder.is_dir():
+        return {}
+    result = {}
+    for path in sorted(folder.glob("*.jsonl")):
+        result[path.stem] = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return result

@@ -1,0 +1,186 @@
+"""Schedulers: gather registrations, assign ranks, publish the address book, wait for goodbyes.
+
+The global scheduler's tier holds the global servers and the local servers (under a flat parameter
+server: the global servers and every worker). A party's local scheduler holds its local server and
+workers.
+
+Usage (what ``python -m geomx.node`` does for a scheduler role)::
+
+    Scheduler(node_config).run()      # returns the process exit code
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from dataclasses import dataclass
+
+from .config import Mode, NodeConfig, Role
+from .membership import GLOBAL_SCHEDULER_ID, Member, local_scheduler_id
+from .transport import Van
+from .wire import Kind, Message
+
+log = logging.getLogger("geomx.scheduler")
+
+
+@dataclass
+class _Registration:
+    message: Message
+    role: Role
+    party: str
+    address: str
+    requested_rank: int | None
+    master: bool
+
+
+def expected_members(config: NodeConfig) -> collections.Counter[tuple[Role, str | None]]:
+    """(role, party) -> count this scheduler waits for; party None means any party."""
+    topology = config.topology
+    expected: collections.Counter[tuple[Role, str | None]] = collections.Counter()
+    if config.role is Role.GLOBAL_SCHEDULER:
+        expected[(Role.GLOBAL_SERVER, topology.central)] = topology.num_global_servers
+        for party in topology.parties:
+            if topology.mode is Mode.FLAT:
+                expected[(Role.WORKER, party.name)] = party.num_workers
+            else:
+                expected[(Role.LOCAL_SERVER, party.name)] = 1
+    else:
+        expected[(Role.LOCAL_SERVER, config.party)] = 1
+        expected[(Role.WORKER, config.party)] = config.num_workers
+    return expected
+
+
+def assign_ranks(registrations: list[_Registration]) -> list[int]:
+    """Ranks per (role, party): requested ranks first, the master worker at 0, the rest fill the gaps."""
+    ranks: list[int | None] = [None] * len(registrations)
+    groups: dict[tuple[Role, str], list[int]] = collections.defaultdict(list)
+    for index, reg in enumerate(registrations):
+        groups[(reg.role, reg.party if reg.role is not Role.GLOBAL_SERVER else "")].append(index)
+    for (role, _), indices in groups.items():
+        taken: set[int] = set()
+        for index in indices:
+            reg = registrations[index]
+            wanted = 0 if reg.master else reg.requested_rank
+            if role is Role.LOCAL_SERVER:
+                wanted = 0
+            if wanted is not None and wanted not in taken and 0 <= wanted < len(indices):
+                ranks[index] = wanted
+                taken.add(wanted)
+        free = iter(r for r in range(len(indices)) if r not in taken)
+        for index in indices:
+            if ranks[index] is None:
+                ranks[index] = next(free)
+    return [r if r is not None else 0 for r in ranks]
+
+
+class Scheduler:
+    """One scheduler process (global or local). See the module docstring."""
+
+    def __init__(self, config: NodeConfig) -> None:
+        if config.role not in (Role.GLOBAL_SCHEDULER, Role.LOCAL_SCHEDULER):
+            raise ValueError(f"Scheduler cannot play role {config.role.value}")
+        self.config = config
+        self.is_global = config.role is Role.GLOBAL_SCHEDULER
+        identity = GLOBAL_SCHEDULER_ID if self.is_global else local_scheduler_id(config.party)
+        self.name = "global_scheduler" if self.is_global else f"{config.party}/scheduler"
+        self.expected = expected_members(config)
+        self._registrations: dict[str, _Registration] = {}
+        self._members: list[Member] = []
+        self._goodbyes: set[str] = set()
+        self._lock = threading.Lock()
+        self._complete = threading.Event()
+        self._finished = threading.Event()
+        self.van = Van(identity, config.party, config.topology, self._on_message,
+                       bind_host=config.bind_host, bind_port=config.bind_port, name=self.name)
+
+    def _on_message(self, message: Message) -> None:
+        sender = message.sender.decode()
+        if message.kind is Kind.REGISTER and not message.is_reply:
+            self._on_register(sender, message)
+        elif message.kind is Kind.SHUTDOWN and not message.is_reply:
+            with self._lock:
+                self._goodbyes.add(sender)
+                if self._complete.is_set() and self._goodbyes >= {m.id for m in self._members}:
+                    self._finished.set()
+        elif message.kind is Kind.STATS and not message.is_reply and self.van.knows(sender):
+            self.van.send(sender, message.reply(body=self.van.counters.snapshot()))
+        else:
+            log.warning("[%s] ignored %s from %r", self.name, message.kind.name, sender)
+
+    def _refuse(self, sender: str, address: str, party: str, message: Message, text: str) -> None:
+        log.error("[%s] refused registration from %s: %s", self.name, sender, text)
+        if address.startswith("tcp://"):
+            self.van.add_peer(sender, address, party)
+            self.van.send(sender, message.error(text))
+
+    def _on_register(self, sender: str, message: Message) -> None:
+        body = message.body or {}
+        try:
+            role = Role(body.get("role"))
+            party = str(body["party"])
+            address = str(body["address"])
+            requested = body.get("rank")
+            requested_rank = int(requested) if requested is not None else None
+        except (ValueError, KeyError, TypeError) as exc:
+            log.error("[%s] malformed REGISTER from %r: %s", self.name, sender, exc)
+            return
+        with self._lock:
+            if self._complete.is_set():
+                self._refuse(sender, address, party, message,
+                             f"registration is closed; the job already has all its {sum(self.expected.values())} "
+                             "members")
+                return
+            key = (role, party) if (role, party) in self.expected else (role, None)
+            have = sum(1 for r in self._registrations.values() if (r.role, r.party) == (role, party))
+            if self.expected.get(key, 0) <= have:
+                wanted = {f"{r.value}@{p}": n for (r, p), n in self.expected.items()}
+                self._refuse(sender, address, party, message,
+                             f"unexpected {role.value} from party {party!r}; this scheduler expects {wanted}")
+                return
+            self._registrations[sender] = _Registration(message, role, party, address, requested_rank,
+                                                        bool(body.get("master")))
+            log.info("[%s] registered %s of %s (%d/%d)", self.name, role.value, party,
+                     len(self._registrations), sum(self.expected.values()))
+            if len(self._registrations) == sum(self.expected.values()):
+                self._publish()
+
+    def _publish(self) -> None:
+        ids = list(self._registrations)
+        regs = [self._registrations[i] for i in ids]
+        ranks = assign_ranks(regs)
+        self._members = [Member(i, r.role, r.party, rank, r.address) for i, r, rank in zip(ids, regs, ranks)]
+        book = {"members": [m.to_json() for m in self._members]}
+        for member, reg in zip(self._members, regs):
+            self.van.add_peer(member.id, member.address, member.party)
+            self.van.send(member.id, reg.message.reply(body=book))
+        self._complete.set()
+        log.info("[%s] all %d members registered", self.name, len(self._members))
+
+    def missing(self) -> dict[str, int]:
+        counts = collections.Counter((r.role, r.party) for r in self._registrations.values())
+        missing = {}
+        for (role, party), n in self.expected.items():
+            have = counts[(role, party)] if party else sum(v for (r, _), v in counts.items() if r is role)
+            if have < n:
+                missing[f"{role.value}@{party or '*'}"] = n - have
+        return missing
+
+    def run(self) -> int:
+        """Serve until every member said goodbye. Exit code 0, or 1 if registration timed out."""
+        self.van.start()
+        log.info("[%s] listening at %s", self.name, self.van.address)
+        timeout = self.config.topology.timeouts.register_s
+        if not self._complete.wait(timeout):
+            log.error("[%s] registration timed out after %g s; still missing %s", self.name, timeout,
+                      self.missing())
+            for sender, reg in list(self._registrations.items()):
+                self._refuse(sender, reg.address, reg.party, reg.message,
+                             f"{self.name}: registration timed out; missing {self.missing()}")
+            self.van.stop()
+            return 1
+        while not self._finished.wait(1.0):
+            pass
+        self.van.stop()
+        log.info("[%s] every member left; exiting", self.name)
+        return 0

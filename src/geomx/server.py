@@ -1,0 +1,436 @@
+"""Parameter servers: the local server of a party and the global server(s) of the central party.
+
+Both run the same round machinery per (key, slice): collect the clients' contributions, reduce them
+(servers **sum**), and release the result to every contributor in one reply (push and pull fused). A local
+server's reduction goes one tier up as a single request to the owning global server, and the global
+server's answer comes back down; a global server applies its optimizer (if one is set) to the sum and
+answers with the new weights, or answers with the sum itself.
+
+Every message is validated; a bad one gets an ERROR reply naming the problem, and the server goes on.
+Every round has a deadline; a round that misses it fails with the names of the clients it waited for.
+
+Usage (what ``python -m geomx.node`` does for a server role)::
+
+    ParameterServer(node_config).run()      # returns the process exit code
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .config import Mode, NodeConfig, Role
+from .membership import GLOBAL_SCHEDULER_ID, AddressBook, local_scheduler_id, new_node_id, register
+from .optim import Optimizer, optimizer_from_spec
+from .policies.sync import FullySynchronous, SyncPolicy
+from .rpc import Requests
+from .runlog import write_stats
+from .sharding import shard_for
+from .transport import Van
+from .wire import Kind, Message
+
+log = logging.getLogger("geomx.server")
+
+RoundId = tuple[Kind, int, int]
+
+
+@dataclass
+class Slot:
+    """The stored value of one (key, slice): weights, or the latest aggregate."""
+
+    value: np.ndarray
+
+    def describe(self) -> str:
+        return f"{self.value.shape} {self.value.dtype}"
+
+
+@dataclass
+class Round:
+    """Contributions to one (kind, key, slice) being collected or forwarded."""
+
+    kind: Kind
+    key: int
+    part: int
+    number: int = 0
+    contributions: dict[str, Message] = field(default_factory=dict)
+    accum: np.ndarray | None = None
+    deferred: list[Message] = field(default_factory=list)
+    forwarding: bool = False
+    started_at: float = 0.0
+
+    def describe(self) -> str:
+        return f"{self.kind.name} round {self.number} of key {self.key} slice {self.part}"
+
+
+class ParameterServer:
+    """A local or global parameter server process. See the module docstring."""
+
+    def __init__(self, config: NodeConfig, policy: SyncPolicy | None = None) -> None:
+        if config.role not in (Role.LOCAL_SERVER, Role.GLOBAL_SERVER):
+            raise ValueError(f"ParameterServer cannot play role {config.role.value}")
+        self.config = config
+        self.is_global = config.role is Role.GLOBAL_SERVER
+        self.name = f"global_server{config.rank or 0}" if self.is_global else f"{config.party}/server"
+        self.identity = new_node_id(config.role, config.party)
+        self.policy = policy or FullySynchronous()
+        self.optimizer: Optimizer | None = None
+        self.slots: dict[tuple[int, int], Slot] = {}
+        self.rounds: dict[RoundId, Round] = {}
+        self.clients: set[str] = set()
+        self.upstream: list[str] = []
+        self._lock = threading.RLock()
+        self._ready = False
+        self._early: list[Message] = []
+        self._done = threading.Event()
+        self._stop_watchdog = threading.Event()
+        self.van = Van(self.identity, config.party, config.topology, self._on_message,
+                       bind_host=config.bind_host, name=self.name)
+        self.requests = Requests(self.van)
+        self.timeouts = config.topology.timeouts
+
+    # -- setup --------------------------------------------------------------------------------------------
+    def _join(self) -> list[str]:
+        """Register with the scheduler(s), connect to peers; returns the schedulers to say goodbye to."""
+        cfg = self.config
+        wait = self.timeouts.register_s
+        global_book, me = register(self.van, self.requests, cfg.global_scheduler, GLOBAL_SCHEDULER_ID,
+                                   role=cfg.role, party=cfg.party, rank=cfg.rank, timeout=wait)
+        schedulers = [GLOBAL_SCHEDULER_ID]
+        self._connect(global_book)
+        if self.is_global:
+            self.name = me.name
+            self.van.name = me.name
+            client_role = Role.WORKER if cfg.topology.mode is Mode.FLAT else Role.LOCAL_SERVER
+            self.clients = {m.id for m in global_book.of_role(client_role)}
+        else:
+            self.upstream = [m.id for m in global_book.of_role(Role.GLOBAL_SERVER)]
+            assert cfg.scheduler is not None
+            local_book, _ = register(self.van, self.requests, cfg.scheduler, local_scheduler_id(cfg.party),
+                                     role=cfg.role, party=cfg.party, rank=0, timeout=wait)
+            self._connect(local_book)
+            self.clients = {m.id for m in local_book.of_role(Role.WORKER)}
+            schedulers.append(local_scheduler_id(cfg.party))
+        return schedulers
+
+    def _connect(self, book: AddressBook) -> None:
+        for member in book.members:
+            if member.id != self.identity and member.role not in (Role.GLOBAL_SCHEDULER, Role.LOCAL_SCHEDULER):
+                self.van.add_peer(member.id, member.address, member.party,
+                                  share=book.wan_share(self.config.party, member.party))
+        self.requests.names.update(book.names())
+
+    def run(self) -> int:
+        """Serve until every client has shut down. Returns the process exit code."""
+        self.van.start()
+        schedulers = self._join()
+        log.info("[%s] serving %d clients%s", self.name, len(self.clients),
+                 f", upstream {len(self.upstream)} global servers" if self.upstream else "")
+        with self._lock:
+            self._ready = True
+            early, self._early = self._early, []
+            for message in early:
+                self._handle(message)
+        watchdog = threading.Thread(target=self._watchdog, name=f"{self.name}-watchdog", daemon=True)
+        watchdog.start()
+        self._done.wait()
+        self._stop_watchdog.set()
+        for scheduler in schedulers:
+            self.van.send(scheduler, Message(Kind.SHUTDOWN))
+        self.van.flush(self.timeouts.shutdown_s)
+        if self.config.run_dir is not None:
+            write_stats(self.config.run_dir, self.name, {"role": self.config.role.value,
+                                                         "party": self.config.party,
+                                                         **self.van.counters.snapshot()})
+        self.van.stop()
+        log.info("[%s] shut down", self.name)
+        return 0
+
+    # -- message handling ---------------------------------------------------------------------------------
+    def _on_message(self, message: Message) -> None:
+        if message.is_reply:
+            if not self.requests.resolve(message):
+                log.warning("[%s] reply %d from %r answers no pending request", self.name, message.request_id,
+                            message.sender)
+            return
+        with self._lock:
+            if not self._ready:
+                self._early.append(message)
+                return
+            self._handle(message)
+
+    def _refuse(self, message: Message, text: str) -> None:
+        sender = message.sender.decode()
+        log.warning("[%s] refused %s from %s: %s", self.name, message.kind.name,
+                    self.requests.names.get(sender, sender), text)
+        if self.van.knows(sender):
+            self.van.send(sender, message.error(f"{self.name}: {text}"))
+
+    def _handle(self, message: Message) -> None:
+        sender = message.sender.decode()
+        if message.kind is Kind.STATS:
+            self._on_stats(message)
+            return
+        if sender not in self.clients:
+            self._refuse(message, f"{sender!r} is not a client of this server")
+            return
+        handlers: dict[Kind, Callable[[Message], None]] = {
+            Kind.INIT: self._on_init, Kind.PUSHPULL: self._on_pushpull, Kind.PULL: self._on_pull,
+            Kind.BARRIER: self._contribute, Kind.SHUTDOWN: self._contribute,
+            Kind.SET_OPTIMIZER: self._on_set_optimizer,
+        }
+        handler = handlers.get(message.kind)
+        if handler is None:
+            self._refuse(message, f"a server does not handle {message.kind.name} requests")
+            return
+        handler(message)
+
+    def _slot_mismatch(self, slot_desc: str, message: Message) -> str | None:
+        declared = f"{message.shape} {message.dtype}"
+        return None if declared == slot_desc else f"key {message.key} slice {message.part} is {slot_desc}, " \
+                                                  f"but the request says {declared}"
+
+    def _on_init(self, message: Message) -> None:
+        if message.dtype is None:
+            self._refuse(message, f"INIT of key {message.key} carries no dtype and shape")
+            return
+        slot = self.slots.get((message.key, message.part))
+        if slot is not None:  # already initialized: answer with the current value (a late joiner)
+            problem = self._slot_mismatch(slot.describe(), message)
+            if problem:
+                self._refuse(message, problem)
+            else:
+                self.van.send(message.sender.decode(), message.reply(tensor=slot.value))
+            return
+        current = self.rounds.get((Kind.INIT, message.key, message.part))
+        if current is not None and current.contributions:
+            first = next(iter(current.contributions.values()))
+            problem = self._slot_mismatch(f"{first.shape} {first.dtype}", message)
+            if problem:
+                self._refuse(message, problem + " (as declared by another client's INIT)")
+                return
+        self._contribute(message)
+
+    def _on_pushpull(self, message: Message) -> None:
+        slot = self.slots.get((message.key, message.part))
+        if slot is None:
+            self._refuse(message, f"key {message.key} slice {message.part} was never initialized; call init first")
+            return
+        if message.tensor is None:
+            self._refuse(message, f"PUSHPULL of key {message.key} carries no tensor")
+            return
+        problem = self._slot_mismatch(slot.describe(), message)
+        if problem:
+            self._refuse(message, problem)
+            return
+        self._contribute(message)
+
+    def _on_pull(self, message: Message) -> None:
+        slot = self.slots.get((message.key, message.part))
+        if slot is None:
+            self._refuse(message, f"key {message.key} slice {message.part} was never initialized; call init first")
+            return
+        self.van.send(message.sender.decode(), message.reply(tensor=slot.value))
+
+    def _on_stats(self, message: Message) -> None:
+        """Our counters; a local server adds its global servers' under "upstream"."""
+        sender = message.sender.decode()
+        if not self.van.knows(sender):
+            return
+        own = {"name": self.name, "role": self.config.role.value, **self.van.counters.snapshot()}
+        if self.is_global:
+            self.van.send(sender, message.reply(body=own))
+            return
+        futures = [self.requests.call(gs, Message(Kind.STATS)) for gs in self.upstream]
+
+        def answer(error: str | None) -> None:
+            if error:
+                self.van.send(sender, message.error(error))
+                return
+            upstream = {}
+            for future in futures:
+                body = future.result().body or {}
+                upstream[str(body.get("name"))] = body
+            self.van.send(sender, message.reply(body={**own, "upstream": upstream}))
+
+        self._when_all(futures, answer)
+
+    def _on_set_optimizer(self, message: Message) -> None:
+        spec = (message.body or {}).get("optimizer")
+        sender = message.sender.decode()
+        if not self.is_global:
+            futures = [self.requests.call(gs, Message(Kind.SET_OPTIMIZER, body={"optimizer": spec}))
+                       for gs in self.upstream]
+            self._when_all(futures, lambda error: self.van.send(
+                sender, message.error(error) if error else message.reply()))
+            return
+        try:
+            optimizer = optimizer_from_spec(spec)
+        except ValueError as exc:
+            self._refuse(message, str(exc))
+            return
+        if self.optimizer is not None:
+            log.warning("[%s] replacing optimizer %s (its state is dropped)", self.name, self.optimizer.name)
+        self.optimizer = optimizer
+        log.info("[%s] optimizer set: %s", self.name, spec)
+        self.van.send(sender, message.reply())
+
+    # -- rounds -------------------------------------------------------------------------------------------
+    def _contribute(self, message: Message) -> None:
+        rid: RoundId = (message.kind, message.key, message.part)
+        rnd = self.rounds.get(rid)
+        if rnd is None:
+            rnd = self.rounds[rid] = Round(message.kind, message.key, message.part)
+        sender = message.sender.decode()
+        if rnd.forwarding or sender in rnd.contributions:
+            rnd.deferred.append(message)  # belongs to the next round
+            return
+        if not rnd.contributions:
+            rnd.started_at = time.monotonic()
+        rnd.contributions[sender] = message
+        if message.kind is Kind.PUSHPULL and message.tensor is not None:
+            if rnd.accum is None:
+                rnd.accum = np.array(message.tensor, copy=True)
+            else:
+                np.add(rnd.accum, message.tensor, out=rnd.accum)
+        if self.policy.round_complete(rnd.contributions.keys(), self.clients):
+            self._complete(rnd)
+
+    def _complete(self, rnd: Round) -> None:
+        rnd.forwarding = True
+        if rnd.kind is Kind.INIT:
+            self._complete_init(rnd)
+        elif rnd.kind is Kind.PUSHPULL:
+            self._complete_pushpull(rnd)
+        else:  # BARRIER, SHUTDOWN: rounds without data
+            if self.is_global:
+                self._release(rnd, None)
+            else:
+                targets = self.upstream if rnd.kind is Kind.SHUTDOWN else self.upstream[:1]
+                futures = [self.requests.call(gs, Message(rnd.kind, round=rnd.number)) for gs in targets]
+                number = rnd.number
+                self._when_all(futures, lambda error: self._release(rnd, None, error, number))
+
+    def _complete_init(self, rnd: Round) -> None:
+        with_data = [m for m in rnd.contributions.values() if m.tensor is not None]
+        first = next(iter(rnd.contributions.values()))
+        if self.is_global:
+            if len(with_data) != 1:
+                self._release(rnd, None, f"key {rnd.key}: {len(with_data)} clients sent an initial value; "
+                                         "exactly one (the master worker's) is needed")
+                return
+            self.slots[(rnd.key, rnd.part)] = Slot(np.array(with_data[0].tensor, copy=True))
+            self._release(rnd, self.slots[(rnd.key, rnd.part)].value)
+            return
+        if len(with_data) > 1:
+            self._release(rnd, None, f"key {rnd.key}: {len(with_data)} workers of this party sent an initial "
+                                     "value; only the master worker may")
+            return
+        upward = Message(Kind.INIT, key=rnd.key, part=rnd.part, num_parts=first.num_parts,
+                         tensor=with_data[0].tensor if with_data else None, dtype=first.dtype, shape=first.shape)
+        self._forward(rnd, upward)
+
+    def _complete_pushpull(self, rnd: Round) -> None:
+        first = next(iter(rnd.contributions.values()))
+        assert rnd.accum is not None
+        total, rnd.accum = rnd.accum, None
+        if not self.is_global:
+            self._forward(rnd, Message(Kind.PUSHPULL, key=rnd.key, part=rnd.part, num_parts=first.num_parts,
+                                       round=rnd.number, priority=first.priority, tensor=total))
+            return
+        slot = self.slots[(rnd.key, rnd.part)]
+        if self.optimizer is not None:
+            try:
+                slot.value = self.optimizer.step((rnd.key, rnd.part), slot.value, total)
+            except Exception as exc:  # a failing optimizer must not take the server down
+                log.exception("[%s] optimizer failed on key %d", self.name, rnd.key)
+                self._release(rnd, None, f"optimizer {self.optimizer.name} failed: {exc}")
+                return
+        else:
+            slot.value = total
+        self._release(rnd, slot.value)
+
+    def _forward(self, rnd: Round, message: Message) -> None:
+        """Send this round's reduction to the owning global server; release the round with its answer."""
+        owner = self.upstream[shard_for(rnd.key, rnd.part, len(self.upstream))]
+        future = self.requests.call(owner, message)
+        number = rnd.number
+
+        def done(result: Future[Message]) -> None:
+            with self._lock:
+                error = result.exception()
+                if error is not None:
+                    self._release(rnd, None, str(error), number)
+                    return
+                reply = result.result()
+                if reply.tensor is not None and rnd.number == number and rnd.forwarding:
+                    self.slots[(rnd.key, rnd.part)] = Slot(reply.tensor)
+                self._release(rnd, reply.tensor, None, number)
+
+        future.add_done_callback(done)
+
+    def _when_all(self, futures: list[Future[Message]], then: Callable[[str | None], None]) -> None:
+        """Call ``then(error_text_or_None)`` once every future is done (under the server lock)."""
+        remaining = [len(futures)]
+
+        def one_done(_: Future[Message]) -> None:
+            with self._lock:
+                remaining[0] -= 1
+                if remaining[0]:
+                    return
+                errors = [str(f.exception()) for f in futures if f.exception() is not None]
+                then("; ".join(errors) if errors else None)
+
+        if not futures:
+            then(None)
+        for future in futures:
+            future.add_done_callback(one_done)
+
+    def _release(self, rnd: Round, value: np.ndarray | None, error: str | None = None,
+                 number: int | None = None) -> None:
+        """Answer every contributor of ``rnd`` (with ``value`` or ``error``), then start the next round.
+
+        ``number``: release only if the round is still that one (a late answer to a round that already
+        failed by timeout is dropped).
+        """
+        if number is not None and (rnd.number != number or not rnd.forwarding):
+            log.warning("[%s] dropped a late answer for %s", self.name, rnd.describe())
+            return
+        for sender, message in rnd.contributions.items():
+            reply = message.error(f"{self.name}: {error}") if error else message.reply(tensor=value)
+            self.van.send(sender, reply)
+        if error:
+            log.error("[%s] %s failed: %s", self.name, rnd.describe(), error)
+        finished_shutdown = rnd.kind is Kind.SHUTDOWN and not error
+        rnd.contributions = {}
+        rnd.accum = None
+        rnd.forwarding = False
+        rnd.number += 1
+        deferred, rnd.deferred = rnd.deferred, []
+        for message in deferred:
+            self._handle(message)
+        if finished_shutdown:
+            self._done.set()
+
+    def _watchdog(self) -> None:
+        """Fail rounds that wait longer than the configured timeout, naming who is missing."""
+        while not self._stop_watchdog.wait(0.5):
+            now = time.monotonic()
+            with self._lock:
+                for rnd in list(self.rounds.values()):
+                    if not rnd.contributions:
+                        continue
+                    limit = self.timeouts.request_s if rnd.forwarding else self.timeouts.round_s
+                    if now - rnd.started_at <= limit:
+                        continue
+                    if rnd.forwarding:
+                        what = "the global server to answer"
+                    else:
+                        missing = sorted(self.requests.names.get(c, c) for c in self.clients - set(rnd.contributions))
+                        what = f"clients {missing}"
+                    self._release(rnd, None, f"{rnd.describe()} timed out after {limit:g} s waiting for {what}")

@@ -1,0 +1,321 @@
+"""The van: ZeroMQ sockets, per-link emulation and priority queues, byte counters.
+
+Each process has one ``Van``. It receives every inbound message on one ROUTER socket and sends through
+one DEALER socket per peer (the DEALER's identity is this node's id, so the receiver knows the sender).
+One I/O thread owns all sockets; one dispatch thread runs the node's handler, so a slow handler never
+stops bytes from moving. ``send`` may be called from any thread.
+
+Usage::
+
+    van = Van("dc1/worker/ab12", party="dc1", topology=topology, handler=on_message)
+    address = van.start()                     # "tcp://127.0.0.1:41234"
+    van.add_peer("dc1/server/cd34", "tcp://127.0.0.1:41235", party="dc1")
+    van.send("dc1/server/cd34", Message(Kind.PULL, key=0))
+    van.stop()
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+
+from .config import LinkSpec, Topology
+from .emulator import ShapedLink
+from .wire import Kind, Message, WireError, decode, encode, frames_nbytes
+
+log = logging.getLogger("geomx.transport")
+
+Handler = Callable[[Message], None]
+
+LAN = "lan"
+WAN = "wan"
+
+
+@dataclass
+class _Peer:
+    identity: str
+    address: str
+    party: str
+    link_class: str
+    link_key: tuple[str, str]
+
+
+@dataclass
+class _Outgoing:
+    peer: str
+    frames: list[Any]
+    nbytes: int
+
+
+@dataclass
+class ByteCounters:
+    """Bytes sent and received, per link class and per peer. Updated by the I/O thread only."""
+
+    by_class: dict[str, dict[str, int]] = field(
+        default_factory=lambda: {LAN: {"sent": 0, "recv": 0}, WAN: {"sent": 0, "recv": 0}})
+    by_peer: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def add(self, peer: str, link_class: str, direction: str, nbytes: int) -> None:
+        self.by_class[link_class][direction] += nbytes
+        entry = self.by_peer.setdefault(peer, {"class": link_class, "sent": 0, "recv": 0})
+        entry[direction] += nbytes
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"lan": dict(self.by_class[LAN]), "wan": dict(self.by_class[WAN]),
+                "peers": {name: dict(entry) for name, entry in self.by_peer.items()}}
+
+
+class Van:
+    """Sockets, emulation and counters for one node. See the module docstring."""
+
+    def __init__(self, identity: str, party: str, topology: Topology, handler: Handler,
+                 bind_host: str = "127.0.0.1", bind_port: int = 0, name: str | None = None) -> None:
+        self.identity = identity
+        self.party = party
+        self.name = name or identity
+        self._topology = topology
+        self._handler = handler
+        self._bind_host = bind_host
+        self._bind_port = bind_port
+        self._context = zmq.Context()
+        self._peers: dict[str, _Peer] = {}
+        self._sockets: dict[str, zmq.Socket[Any]] = {}
+        self._links: dict[tuple[str, str], ShapedLink[_Outgoing]] = {}
+        self._due: list[tuple[float, int, _Outgoing]] = []
+        self._due_seq = itertools.count()
+        self._commands: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[Message | None] = queue.SimpleQueue()
+        self._wake_read, self._wake_write = os.pipe()
+        os.set_blocking(self._wake_read, False)
+        os.set_blocking(self._wake_write, False)
+        self._stopping = threading.Event()
+        self._idle = threading.Event()
+        self._started = threading.Event()
+        self._start_error: BaseException | None = None
+        self._threads: list[threading.Thread] = []
+        self.counters = ByteCounters()
+        self.address = ""
+        self.malformed = 0
+
+    # -- public API ---------------------------------------------------------------------------------------
+    def start(self) -> str:
+        """Bind the ROUTER socket and start the threads; returns the bound address."""
+        io = threading.Thread(target=self._io_loop, name=f"{self.name}-io", daemon=True)
+        dispatch = threading.Thread(target=self._dispatch_loop, name=f"{self.name}-dispatch", daemon=True)
+        self._threads = [io, dispatch]
+        io.start()
+        if not self._started.wait(10):
+            raise RuntimeError(f"{self.name}: transport did not start within 10 s")
+        if self._start_error is not None:
+            raise self._start_error
+        dispatch.start()
+        return self.address
+
+    def add_peer(self, identity: str, address: str, party: str, share: int = 1) -> None:
+        """Connect to a peer. ``share``: how many processes of this party share the WAN pipe to its party."""
+        if identity in self._peers:
+            return
+        link_class = LAN if party == self.party else WAN
+        link_key = (link_class, party if link_class == WAN else self.party)
+        peer = _Peer(identity, address, party, link_class, link_key)
+        self._peers[identity] = peer
+        self._commands.put(("connect", (peer, share)))
+        self._wake()
+
+    def knows(self, identity: str) -> bool:
+        return identity in self._peers
+
+    def peer_party(self, identity: str) -> str | None:
+        peer = self._peers.get(identity)
+        return peer.party if peer else None
+
+    def send(self, peer: str, message: Message) -> None:
+        """Queue ``message`` to ``peer``. Data frames are referenced until sent: do not mutate them."""
+        if peer not in self._peers:
+            raise KeyError(f"{self.name}: no connection to peer {peer!r}")
+        frames = encode(message)
+        self._commands.put(("send", (_Outgoing(peer, frames, frames_nbytes(frames)), message.priority)))
+        self._wake()
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until every queued message has been handed to ZeroMQ; False on timeout."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self._idle.clear()
+            self._commands.put(("flush", None))
+            self._wake()
+            if self._idle.wait(max(0.0, deadline - time.monotonic())):
+                return True
+        return False
+
+    def stop(self, flush_timeout: float = 5.0) -> None:
+        """Deliver what is queued (up to ``flush_timeout``), then close the sockets and join the threads."""
+        if self._stopping.is_set():
+            return
+        if self._started.is_set() and self._start_error is None:
+            self.flush(flush_timeout)
+        self._stopping.set()
+        self._inbox.put(None)
+        self._wake()
+        for thread in self._threads:
+            if thread is not threading.current_thread():
+                thread.join(timeout=5)
+        os.close(self._wake_read)
+        os.close(self._wake_write)
+        self._context.term()
+
+    # -- internals ----------------------------------------------------------------------------------------
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_write, b"x")
+        except (BlockingIOError, OSError):
+            pass  # the pipe is full (a wake-up is pending anyway) or closed at shutdown
+
+    def _link_spec(self, link_class: str) -> LinkSpec:
+        return self._topology.wan if link_class == WAN else self._topology.lan
+
+    def _open_router(self) -> zmq.Socket[Any]:
+        router = self._context.socket(zmq.ROUTER)
+        router.setsockopt(zmq.RCVHWM, 0)
+        router.setsockopt(zmq.LINGER, 0)
+        router.setsockopt(zmq.MAXMSGSIZE, self._topology.max_message_bytes + (1 << 20))
+        if self._bind_port:
+            router.bind(f"tcp://{self._bind_host}:{self._bind_port}")
+        else:
+            router.bind(f"tcp://{self._bind_host}:*")
+        self.address = router.getsockopt_string(zmq.LAST_ENDPOINT)
+        return router
+
+    def _connect(self, peer: _Peer, share: int) -> None:
+        sock = self._context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.IDENTITY, self.identity.encode())
+        sock.setsockopt(zmq.SNDHWM, 0)
+        sock.setsockopt(zmq.LINGER, 2000)
+        sock.connect(peer.address)
+        self._sockets[peer.identity] = sock
+        if peer.link_key not in self._links:
+            spec = self._link_spec(peer.link_class)
+            self._links[peer.link_key] = ShapedLink(spec, share if peer.link_class == WAN else 1)
+
+    def _io_loop(self) -> None:
+        try:
+            router = self._open_router()
+        except zmq.ZMQError as exc:
+            self._start_error = RuntimeError(f"{self.name}: cannot bind tcp://{self._bind_host}:"
+                                             f"{self._bind_port or '*'}: {exc}")
+            self._started.set()
+            return
+        self._started.set()
+        poller = zmq.Poller()
+        poller.register(router, zmq.POLLIN)
+        poller.register(self._wake_read, zmq.POLLIN)
+        wake_at: float | None = None
+        try:
+            while not self._stopping.is_set():
+                timeout_ms = 200.0
+                if wake_at is not None:
+                    timeout_ms = min(timeout_ms, max(0.0, (wake_at - time.monotonic()) * 1000.0))
+                events = dict(poller.poll(timeout_ms))
+                if router in events:
+                    self._receive_available(router)
+                if self._wake_read in events:
+                    try:
+                        while os.read(self._wake_read, 4096):
+                            pass
+                    except BlockingIOError:
+                        pass
+                wake_at = self._pump()
+        finally:
+            router.close(linger=0)
+            for sock in self._sockets.values():
+                sock.close(linger=1000)
+
+    def _pump(self) -> float | None:
+        """Run queued commands, move messages through the links, send what is due. Returns next wake time."""
+        now = time.monotonic()
+        flush_requested = False
+        while True:
+            try:
+                command, payload = self._commands.get_nowait()
+            except queue.Empty:
+                break
+            if command == "connect":
+                self._connect(*payload)
+            elif command == "send":
+                outgoing, priority = payload
+                link = self._links[self._peers[outgoing.peer].link_key]
+                link.offer(outgoing, outgoing.nbytes, priority, now)
+            elif command == "flush":
+                flush_requested = True
+        wake_at: float | None = None
+        for link in self._links.values():
+            started, link_wake = link.poll(now)
+            for deliver_at, outgoing in started:
+                heapq.heappush(self._due, (deliver_at, next(self._due_seq), outgoing))
+            if link_wake is not None:
+                wake_at = link_wake if wake_at is None else min(wake_at, link_wake)
+        now = time.monotonic()
+        while self._due and self._due[0][0] <= now:
+            _, _, outgoing = heapq.heappop(self._due)
+            self._transmit(outgoing)
+        if self._due:
+            wake_at = self._due[0][0] if wake_at is None else min(wake_at, self._due[0][0])
+        if flush_requested:
+            if not self._due and all(len(link) == 0 for link in self._links.values()):
+                self._idle.set()
+            else:
+                self._commands.put(("flush", None))  # look again at the next wake-up
+        return wake_at
+
+    def _transmit(self, outgoing: _Outgoing) -> None:
+        peer = self._peers[outgoing.peer]
+        try:
+            self._sockets[outgoing.peer].send_multipart(outgoing.frames, copy=False)
+        except zmq.ZMQError as exc:
+            log.error("[%s] cannot send to %s at %s: %s", self.name, peer.identity, peer.address, exc)
+            return
+        self.counters.add(peer.identity, peer.link_class, "sent", outgoing.nbytes)
+
+    def _receive_available(self, router: zmq.Socket[Any]) -> None:
+        for _ in range(256):
+            try:
+                frames = router.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            sender = bytes(frames[0].buffer).decode("utf-8", errors="replace")
+            body = frames[1:]
+            peer = self._peers.get(sender)
+            nbytes = sum(len(f.buffer) for f in body)
+            self.counters.add(sender if peer else "<unknown>", peer.link_class if peer else LAN, "recv", nbytes)
+            try:
+                message = decode(body, self._topology.max_message_bytes)
+            except WireError as exc:
+                self.malformed += 1
+                log.warning("[%s] dropped a malformed message from %r: %s", self.name, sender, exc)
+                continue
+            message.sender = sender.encode()
+            self._inbox.put(message)
+
+    def _dispatch_loop(self) -> None:
+        while True:
+            message = self._inbox.get()
+            if message is None:
+                return
+            try:
+                self._handler(message)
+            except Exception as exc:  # a bad message must never kill the node
+                log.exception("[%s] handler failed on %s from %r", self.name, message.kind.name,
+                              message.sender)
+                sender = message.sender.decode()
+                if not message.is_reply and message.kind is not Kind.ERROR and sender in self._peers:
+                    self.send(sender, message.error(f"{self.name}: {type(exc).__name__}: {exc}"))

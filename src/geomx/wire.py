@@ -1,0 +1,244 @@
+"""The wire format: one small fixed header, an optional JSON body, and raw tensor frames.
+
+A message travels as ZeroMQ frames ``[header, body, *data]``:
+
+* ``header`` — a packed struct (see ``_HEADER``) with a version byte, one ``Kind``, flags, the codec id,
+  the tensor's dtype and shape, the key and its slice (``part`` of ``num_parts``), the request id, the
+  round number and the priority; followed by ``ndim`` little-endian uint64 dimensions.
+* ``body`` — UTF-8 JSON for control messages (registration, optimizer specs, errors), or empty.
+  Never pickle: nothing on the wire is executable.
+* ``data`` — for codec ``DENSE``: exactly one frame of ``prod(shape) * itemsize`` bytes, decoded
+  without a copy (a read-only NumPy view of the received buffer).
+
+Every field is validated on decode; anything wrong raises ``WireError`` naming the field.
+
+Usage::
+
+    frames = encode(Message(Kind.PUSHPULL, key=3, tensor=np.ones(4, np.float32)))
+    message = decode(frames)
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+PROTOCOL_VERSION = 1
+MAX_NDIM = 8
+MAX_BODY_BYTES = 1 << 20
+
+
+class WireError(ValueError):
+    """A frame sequence that is not a valid geomx message."""
+
+
+class Kind(enum.IntEnum):
+    """What a message asks for (or answers, with ``Flag.REPLY``)."""
+
+    REGISTER = 1  # node -> scheduler: who I am, where I listen; reply: the address book
+    INIT = 2  # client -> server: declare a key (the master's copy carries the initial value)
+    PUSHPULL = 3  # client -> server: contribute to this round; reply: the round's result
+    PULL = 4  # client -> server: the current value
+    SET_OPTIMIZER = 5  # client -> server: install a server optimizer (JSON spec)
+    BARRIER = 6  # client -> server: a round without data
+    STATS = 7  # anyone -> node: its byte counters (JSON)
+    SHUTDOWN = 8  # client -> server / node -> scheduler: I am done
+    ERROR = 9  # reply carrying {"error": "..."} in the body
+    HEARTBEAT = 10  # reserved for failure detection
+
+
+class Flag(enum.IntFlag):
+    NONE = 0
+    REPLY = 1  # this answers request_id
+    SHAPE_ONLY = 2  # dtype and shape are set but no data frame follows (e.g. a non-master INIT)
+
+
+class Codec(enum.IntEnum):
+    """How the data frames encode the tensor. Only DENSE exists yet; the id lets receivers decode unasked."""
+
+    DENSE = 0
+
+
+# dtype code <-> numpy dtype. Code 0 means "no tensor".
+_DTYPES: dict[int, np.dtype[Any]] = {
+    1: np.dtype(np.float32),
+    2: np.dtype(np.float16),
+    3: np.dtype(np.float64),
+    4: np.dtype(np.int32),
+    5: np.dtype(np.int64),
+    6: np.dtype(np.uint8),
+    7: np.dtype(np.int8),
+}
+_DTYPE_CODES = {dtype: code for code, dtype in _DTYPES.items()}
+
+# magic, version, kind, flags, codec, dtype, ndim, priority, key, part, num_parts, request_id, round
+_HEADER = struct.Struct("<2sBBBBBBiqIIQQ")
+_MAGIC = b"GX"
+
+
+def dtype_code(dtype: np.dtype[Any]) -> int:
+    try:
+        return _DTYPE_CODES[np.dtype(dtype)]
+    except KeyError:
+        raise WireError(f"dtype {dtype} cannot travel; supported: {[str(d) for d in _DTYPES.values()]}") from None
+
+
+@dataclass
+class Message:
+    """One decoded message. ``tensor`` may be a read-only view into the received buffer."""
+
+    kind: Kind
+    key: int = 0
+    part: int = 0
+    num_parts: int = 1
+    request_id: int = 0
+    round: int = 0
+    priority: int = 0
+    flags: Flag = Flag.NONE
+    codec: Codec = Codec.DENSE
+    body: dict[str, Any] | None = None
+    tensor: np.ndarray | None = None
+    dtype: np.dtype[Any] | None = None  # set with SHAPE_ONLY (and mirrors tensor.dtype otherwise)
+    shape: tuple[int, ...] = ()
+    sender: bytes = field(default=b"", compare=False)
+
+    @property
+    def is_reply(self) -> bool:
+        return bool(self.flags & Flag.REPLY)
+
+    def reply(self, kind: Kind | None = None, **fields: Any) -> Message:
+        """A reply to this request: same key/part/request id/round, REPLY flag set."""
+        base: dict[str, Any] = dict(kind=kind or self.kind, key=self.key, part=self.part,
+                                    num_parts=self.num_parts, request_id=self.request_id,
+                                    round=self.round, priority=self.priority, flags=Flag.REPLY)
+        base.update(fields)
+        return Message(**base)
+
+    def error(self, text: str) -> Message:
+        return self.reply(Kind.ERROR, body={"error": text})
+
+
+def encode(message: Message) -> list[bytes | memoryview]:
+    """Frames for ``message``. Tensor data is referenced, not copied: keep it alive and unchanged until sent."""
+    flags = message.flags
+    if message.tensor is not None:
+        array = np.ascontiguousarray(message.tensor)
+        dtype = array.dtype
+        shape = array.shape
+        flags &= ~Flag.SHAPE_ONLY
+        data: list[bytes | memoryview] = [memoryview(array.reshape(-1).view(np.uint8))]
+    elif message.dtype is not None:
+        dtype = np.dtype(message.dtype)
+        shape = tuple(message.shape)
+        flags |= Flag.SHAPE_ONLY
+        data = []
+    else:
+        dtype = None
+        shape = ()
+        data = []
+    if len(shape) > MAX_NDIM:
+        raise WireError(f"tensor has {len(shape)} dimensions; at most {MAX_NDIM} travel")
+    code = dtype_code(dtype) if dtype is not None else 0
+    header = _HEADER.pack(_MAGIC, PROTOCOL_VERSION, int(message.kind), int(flags), int(message.codec), code,
+                          len(shape), message.priority, message.key, message.part, message.num_parts,
+                          message.request_id, message.round)
+    header += struct.pack(f"<{len(shape)}Q", *shape)
+    body = b"" if message.body is None else json.dumps(message.body, separators=(",", ":")).encode()
+    if len(body) > MAX_BODY_BYTES:
+        raise WireError(f"JSON body of {len(body)} bytes exceeds the limit of {MAX_BODY_BYTES}")
+    return [header, body, *data]
+
+
+def _buffer(frame: Any) -> memoryview:
+    """A memoryview of a zmq Frame, bytes or memoryview, without copying."""
+    if isinstance(frame, memoryview):
+        return frame
+    if isinstance(frame, (bytes, bytearray)):
+        return memoryview(frame)
+    buffer = getattr(frame, "buffer", None)
+    if buffer is not None:
+        return memoryview(buffer)
+    raise WireError(f"frame of type {type(frame).__name__} is not a buffer")
+
+
+def decode(frames: Sequence[Any], max_message_bytes: int = 1 << 31) -> Message:
+    """Parse and validate frames into a Message; raises WireError saying what is wrong."""
+    if len(frames) < 2:
+        raise WireError(f"a message has at least 2 frames (header, body), got {len(frames)}")
+    header = _buffer(frames[0])
+    if len(header) < _HEADER.size:
+        raise WireError(f"header of {len(header)} bytes is shorter than the fixed {_HEADER.size}")
+    (magic, version, kind, flags, codec, code, ndim, priority, key, part, num_parts, request_id,
+     round_) = _HEADER.unpack_from(header, 0)
+    if magic != _MAGIC:
+        raise WireError(f"bad magic {bytes(magic)!r}; not a geomx message")
+    if version != PROTOCOL_VERSION:
+        raise WireError(f"protocol version {version} is not supported (this node speaks {PROTOCOL_VERSION})")
+    try:
+        kind_value = Kind(kind)
+    except ValueError:
+        raise WireError(f"unknown message kind {kind}") from None
+    if flags & ~int(Flag.REPLY | Flag.SHAPE_ONLY):
+        raise WireError(f"unknown flag bits {flags:#x}")
+    try:
+        codec_value = Codec(codec)
+    except ValueError:
+        raise WireError(f"unknown codec id {codec}") from None
+    if ndim > MAX_NDIM:
+        raise WireError(f"ndim {ndim} exceeds {MAX_NDIM}")
+    if len(header) != _HEADER.size + 8 * ndim:
+        raise WireError(f"header is {len(header)} bytes; ndim={ndim} needs {_HEADER.size + 8 * ndim}")
+    shape = struct.unpack_from(f"<{ndim}Q", header, _HEADER.size)
+    if num_parts < 1 or part >= num_parts:
+        raise WireError(f"slice {part} of {num_parts} is impossible")
+    body_frame = _buffer(frames[1])
+    if len(body_frame) > MAX_BODY_BYTES:
+        raise WireError(f"JSON body of {len(body_frame)} bytes exceeds {MAX_BODY_BYTES}")
+    body: dict[str, Any] | None = None
+    if len(body_frame):
+        try:
+            body = json.loads(bytes(body_frame))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise WireError(f"body is not valid JSON: {exc}") from None
+        if not isinstance(body, dict):
+            raise WireError("body must be a JSON object")
+    dtype: np.dtype[Any] | None = None
+    tensor: np.ndarray | None = None
+    data_frames = frames[2:]
+    if code == 0:
+        if ndim or data_frames:
+            raise WireError("a message without dtype carries no shape and no data")
+    else:
+        if code not in _DTYPES:
+            raise WireError(f"unknown dtype code {code}")
+        dtype = _DTYPES[code]
+        count = math.prod(shape)
+        nbytes = count * dtype.itemsize
+        if nbytes > max_message_bytes:
+            raise WireError(f"shape {tuple(shape)} declares {nbytes} bytes, above the limit {max_message_bytes}")
+        if flags & Flag.SHAPE_ONLY:
+            if data_frames:
+                raise WireError("SHAPE_ONLY message carries data frames")
+        else:
+            if len(data_frames) != 1:
+                raise WireError(f"dense tensor needs exactly 1 data frame, got {len(data_frames)}")
+            buffer = _buffer(data_frames[0])
+            if len(buffer) != nbytes:
+                raise WireError(f"data frame holds {len(buffer)} bytes; shape {tuple(shape)} of {dtype} "
+                                f"needs {nbytes}")
+            tensor = np.frombuffer(buffer, dtype=dtype, count=count).reshape(shape)
+    return Message(kind=kind_value, key=key, part=part, num_parts=num_parts, request_id=request_id,
+                   round=round_, priority=priority, flags=Flag(flags), codec=codec_value, body=body,
+                   tensor=tensor, dtype=dtype, shape=tuple(shape))
+
+
+def frames_nbytes(frames: Sequence[Any]) -> int:
+    """Total payload bytes of a frame list (what the byte counters count)."""
+    return sum(len(_buffer(f)) for f in frames)
