@@ -8,7 +8,6 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip==23.2.1
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $(STAMP)
 

@@ -120,7 +120,8 @@ class Launcher:
     def _start(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         for spec in self.specs:
-            env = {**os.environ, **spec.env, "PYTHONUNBUFFERED": "1"}
+            # Many processes share this machine's cores: one math thread each unless the user chose otherwise.
+            env = {"OMP_NUM_THREADS": "1", **os.environ, **spec.env, "PYTHONUNBUFFERED": "1"}
             proc = subprocess.Popen(spec.argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True)
             self._procs.append((spec, proc))
