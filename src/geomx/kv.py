@@ -99,15 +99,15 @@ class KVStore:
         master = cfg.is_master or None
         if cfg.topology.mode is Mode.FLAT:
             book, me = register(self._van, self._requests, cfg.global_scheduler, GLOBAL_SCHEDULER_ID,
-                                role=Role.WORKER, party=cfg.party, rank=cfg.rank, timeout=wait,
-                                master=bool(master))
+                                role=Role.WORKER, party=cfg.party, scheduler_party=cfg.topology.central,
+                                rank=cfg.rank, timeout=wait, master=bool(master))
             servers = book.of_role(Role.GLOBAL_SERVER)
             scheduler = GLOBAL_SCHEDULER_ID
         else:
             assert cfg.scheduler is not None
             book, me = register(self._van, self._requests, cfg.scheduler, local_scheduler_id(cfg.party),
-                                role=Role.WORKER, party=cfg.party, rank=cfg.rank, timeout=wait,
-                                master=bool(master))
+                                role=Role.WORKER, party=cfg.party, scheduler_party=cfg.party, rank=cfg.rank,
+                                timeout=wait, master=bool(master))
             servers = book.of_role(Role.LOCAL_SERVER)
             scheduler = local_scheduler_id(cfg.party)
         self._connect(book, [m.id for m in servers])

@@ -70,26 +70,26 @@ def plan_processes(topology: Topology, topology_path: Path, command: list[str], 
     def add(label: str, node: NodeConfig, argv: list[str], is_worker: bool = False) -> None:
         specs.append(ProcessSpec(label, argv, node_env(node, topology_path.resolve()), is_worker))
 
-    base = dict(topology=topology, global_scheduler=global_address, bind_host=host, run_dir=run_dir)
+    def node(role: Role, party: str, scheduler: str | None = None, rank: int | None = None,
+             is_master: bool = False) -> NodeConfig:
+        return NodeConfig(role=role, party=party, topology=topology, global_scheduler=global_address,
+                          scheduler=scheduler, rank=rank, is_master=is_master, bind_host=host, run_dir=run_dir)
+
     if topology.central in selected:
-        add("global_scheduler", NodeConfig(role=Role.GLOBAL_SCHEDULER, party=topology.central, **base), node_cmd)
+        add("global_scheduler", node(Role.GLOBAL_SCHEDULER, topology.central), node_cmd)
         for shard in range(topology.num_global_servers):
-            add(f"global_server{shard}",
-                NodeConfig(role=Role.GLOBAL_SERVER, party=topology.central, rank=shard, **base), node_cmd)
+            add(f"global_server{shard}", node(Role.GLOBAL_SERVER, topology.central, rank=shard), node_cmd)
     for name in selected:
         party = topology.party(name)
         scheduler = None
         if topology.mode is Mode.HIPS:
             scheduler = f"{host}:{free_port(host)}"
-            add(f"{name}/scheduler", NodeConfig(role=Role.LOCAL_SCHEDULER, party=name, scheduler=scheduler, **base),
-                node_cmd)
-            add(f"{name}/server", NodeConfig(role=Role.LOCAL_SERVER, party=name, scheduler=scheduler, **base),
-                node_cmd)
+            add(f"{name}/scheduler", node(Role.LOCAL_SCHEDULER, name, scheduler), node_cmd)
+            add(f"{name}/server", node(Role.LOCAL_SERVER, name, scheduler), node_cmd)
         for rank in range(party.num_workers):
             is_master = name == topology.central and rank == 0
-            add(f"{name}/worker{rank}",
-                NodeConfig(role=Role.WORKER, party=name, scheduler=scheduler, rank=rank, is_master=is_master,
-                           **base), list(command), is_worker=True)
+            add(f"{name}/worker{rank}", node(Role.WORKER, name, scheduler, rank, is_master), list(command),
+                is_worker=True)
     return specs
 
 
@@ -211,10 +211,18 @@ def summarize(run_dir: Path, wall_s: float) -> dict[str, Any]:
             "wan_bytes_sent_by_party": wan_by_party, "processes_reporting": len(stats), "last_metrics": last}
 
 
+def _status(result: LaunchResult) -> str:
+    if result.exit_code == 0:
+        return "ok"
+    if result.failed is None:
+        return "interrupted"
+    return f"FAILED ({result.failed})"
+
+
 def format_summary(result: LaunchResult) -> str:
     s = result.summary
     lines = ["", "=== geomx run summary ===",
-             f"status        : {'ok' if result.exit_code == 0 else f'FAILED ({result.failed})'}",
+             f"status        : {_status(result)}",
              f"wall time     : {result.wall_s:.1f} s",
              f"LAN traffic   : {s.get('lan_bytes', 0) / 1e6:.2f} MB",
              f"WAN traffic   : {s.get('wan_bytes', 0) / 1e6:.2f} MB  "

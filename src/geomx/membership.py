@@ -108,10 +108,15 @@ class AddressBook:
 
 
 def register(van: Van, requests: Requests, scheduler_address: str, scheduler_id: str, *, role: Role,
-             party: str, rank: int | None, timeout: float, master: bool = False) -> tuple[AddressBook, Member]:
-    """Register with a scheduler and wait for the address book; returns it and this node's own entry."""
+             party: str, scheduler_party: str, rank: int | None, timeout: float,
+             master: bool = False) -> tuple[AddressBook, Member]:
+    """Register with a scheduler and wait for the address book; returns it and this node's own entry.
+
+    ``scheduler_party``: where the scheduler runs (the central party for the global scheduler), which
+    decides whether registration crosses the WAN.
+    """
     if not van.knows(scheduler_id):
-        van.add_peer(scheduler_id, f"tcp://{scheduler_address}", party=_scheduler_party(scheduler_id, party))
+        van.add_peer(scheduler_id, f"tcp://{scheduler_address}", party=scheduler_party)
     body = {"role": role.value, "party": party, "address": van.address, "rank": rank, "master": master}
     future = requests.call(scheduler_id, Message(Kind.REGISTER, body=body))
     reply = requests.wait(future, timeout, f"the scheduler at {scheduler_address} ({scheduler_id}) to "
@@ -120,8 +125,3 @@ def register(van: Van, requests: Requests, scheduler_address: str, scheduler_id:
     book = AddressBook(members)
     return book, book.get(van.identity)
 
-
-def _scheduler_party(scheduler_id: str, my_party: str) -> str:
-    # A local scheduler lives in my party; the global scheduler's party is unknown before registration,
-    # and registration traffic is tiny, so it is treated as LAN.
-    return my_party

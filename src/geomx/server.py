@@ -100,7 +100,8 @@ class ParameterServer:
         cfg = self.config
         wait = self.timeouts.register_s
         global_book, me = register(self.van, self.requests, cfg.global_scheduler, GLOBAL_SCHEDULER_ID,
-                                   role=cfg.role, party=cfg.party, rank=cfg.rank, timeout=wait)
+                                   role=cfg.role, party=cfg.party, scheduler_party=cfg.topology.central,
+                                   rank=cfg.rank, timeout=wait)
         schedulers = [GLOBAL_SCHEDULER_ID]
         self._connect(global_book)
         if self.is_global:
@@ -112,7 +113,8 @@ class ParameterServer:
             self.upstream = [m.id for m in global_book.of_role(Role.GLOBAL_SERVER)]
             assert cfg.scheduler is not None
             local_book, _ = register(self.van, self.requests, cfg.scheduler, local_scheduler_id(cfg.party),
-                                     role=cfg.role, party=cfg.party, rank=0, timeout=wait)
+                                     role=cfg.role, party=cfg.party, scheduler_party=cfg.party, rank=0,
+                                     timeout=wait)
             self._connect(local_book)
             self.clients = {m.id for m in local_book.of_role(Role.WORKER)}
             schedulers.append(local_scheduler_id(cfg.party))

@@ -225,7 +225,7 @@ class Van:
                 timeout_ms = 200.0
                 if wake_at is not None:
                     timeout_ms = min(timeout_ms, max(0.0, (wake_at - time.monotonic()) * 1000.0))
-                events = dict(poller.poll(timeout_ms))
+                events = dict(poller.poll(int(timeout_ms + 0.999)))
                 if router in events:
                     self._receive_available(router)
                 if self._wake_read in events:

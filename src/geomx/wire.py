@@ -115,9 +115,9 @@ class Message:
 
     def reply(self, kind: Kind | None = None, **fields: Any) -> Message:
         """A reply to this request: same key/part/request id/round, REPLY flag set."""
-        base: dict[str, Any] = dict(kind=kind or self.kind, key=self.key, part=self.part,
-                                    num_parts=self.num_parts, request_id=self.request_id,
-                                    round=self.round, priority=self.priority, flags=Flag.REPLY)
+        base: dict[str, Any] = {"kind": kind or self.kind, "key": self.key, "part": self.part,
+                                "num_parts": self.num_parts, "request_id": self.request_id,
+                                "round": self.round, "priority": self.priority, "flags": Flag.REPLY}
         base.update(fields)
         return Message(**base)
 
@@ -133,7 +133,7 @@ def encode(message: Message) -> list[bytes | memoryview]:
         dtype = array.dtype
         shape = array.shape
         flags &= ~Flag.SHAPE_ONLY
-        data: list[bytes | memoryview] = [memoryview(array.reshape(-1).view(np.uint8))]
+        data: list[bytes | memoryview] = [memoryview(array.reshape(-1).view(np.uint8))]  # type: ignore[arg-type]
     elif message.dtype is not None:
         dtype = np.dtype(message.dtype)
         shape = tuple(message.shape)
