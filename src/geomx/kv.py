@@ -195,10 +195,17 @@ class KVStore:
             self._copy_out(self._wait(futures, k, "INIT"), info, v.data)
 
     def push(self, key: int | Sequence[int], value: torch.Tensor | Sequence[torch.Tensor], priority: int = 0) -> None:
-        """Send this round's contribution for ``key``; returns at once. Pull to get the round's result."""
+        """Send this round's contribution for ``key``; returns at once. Pull to get the round's result.
+
+        The tensor is copied first, so the caller may change it (zero the gradient) right away.
+        """
+        self._push(key, value, priority, snapshot=True)
+
+    def _push(self, key: int | Sequence[int], value: torch.Tensor | Sequence[torch.Tensor], priority: int,
+              snapshot: bool) -> None:
         for k, v in zip(_as_list(key), _as_list(value), strict=True):
             info = self._check(k, v, "push")
-            data = _to_numpy(v, snapshot=True)
+            data = _to_numpy(v, snapshot=snapshot)
             self._pending[k] = [
                 self._requests.call(self._server_for(k, part),
                                     Message(Kind.PUSHPULL, key=k, part=part, num_parts=len(info.parts),
@@ -221,8 +228,11 @@ class KVStore:
 
     def pushpull(self, key: int | Sequence[int], value: torch.Tensor | Sequence[torch.Tensor],
                  out: torch.Tensor | Sequence[torch.Tensor] | None = None, priority: int = 0) -> None:
-        """Push then pull in one call; ``out`` defaults to ``value`` (in place)."""
-        self.push(key, value, priority)
+        """Push then pull in one call; ``out`` defaults to ``value`` (in place).
+
+        No copy of ``value`` is made: the call returns only after the server has received it.
+        """
+        self._push(key, value, priority, snapshot=False)
         self.pull(key, value if out is None else out, priority)
 
     def set_optimizer(self, optimizer: Optimizer) -> None:

@@ -296,8 +296,12 @@ class ParameterServer:
             rnd.started_at = time.monotonic()
         rnd.contributions[sender] = message
         if message.kind is Kind.PUSHPULL and message.tensor is not None:
+            # The first contribution is kept as the received (read-only) buffer; the second allocates the
+            # sum; later ones add in place. One pass over memory per contribution, no copy.
             if rnd.accum is None:
-                rnd.accum = np.array(message.tensor, copy=True)
+                rnd.accum = message.tensor
+            elif not rnd.accum.flags.writeable:
+                rnd.accum = np.add(rnd.accum, message.tensor)
             else:
                 np.add(rnd.accum, message.tensor, out=rnd.accum)
         if self.policy.round_complete(rnd.contributions.keys(), self.clients):
