@@ -88,6 +88,7 @@ class Topology:
     timeouts: Timeouts = Timeouts()
     slice_elems: int = 1 << 20
     max_message_bytes: int = 1 << 31
+    parties_known: bool = True  # False when built from DMLC_* counts alone: party names are placeholders
 
     def __post_init__(self) -> None:
         names = [p.name for p in self.parties]
@@ -376,7 +377,7 @@ def _topology_from_env(env: Mapping[str, str], role: Role, party: str) -> Topolo
     central = env.get("GEOMX_CENTRAL") or party
     if central not in {p.name for p in parties}:
         central = party
-    return Topology(parties=tuple(parties), central=central,
+    return Topology(parties=tuple(parties), central=central, parties_known=False,
                     num_global_servers=_int(env, "GEOMX_NUM_GLOBAL_SERVERS") or 1,
                     timeouts=_timeouts_from_env(env, Timeouts()))
 

@@ -9,8 +9,8 @@ Usage::
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 

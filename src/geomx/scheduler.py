@@ -39,12 +39,12 @@ def expected_members(config: NodeConfig) -> collections.Counter[tuple[Role, str 
     topology = config.topology
     expected: collections.Counter[tuple[Role, str | None]] = collections.Counter()
     if config.role is Role.GLOBAL_SCHEDULER:
-        expected[(Role.GLOBAL_SERVER, topology.central)] = topology.num_global_servers
+        known = topology.parties_known
+        expected[(Role.GLOBAL_SERVER, topology.central if known else None)] = topology.num_global_servers
         for party in topology.parties:
-            if topology.mode is Mode.FLAT:
-                expected[(Role.WORKER, party.name)] = party.num_workers
-            else:
-                expected[(Role.LOCAL_SERVER, party.name)] = 1
+            role, count = ((Role.WORKER, party.num_workers) if topology.mode is Mode.FLAT
+                           else (Role.LOCAL_SERVER, 1))
+            expected[(role, party.name if known else None)] += count
     else:
         expected[(Role.LOCAL_SERVER, config.party)] = 1
         expected[(Role.WORKER, config.party)] = config.num_workers
@@ -131,8 +131,9 @@ class Scheduler:
                              f"registration is closed; the job already has all its {sum(self.expected.values())} "
                              "members")
                 return
-            key = (role, party) if (role, party) in self.expected else (role, None)
-            have = sum(1 for r in self._registrations.values() if (r.role, r.party) == (role, party))
+            key: tuple[Role, str | None] = (role, party) if (role, party) in self.expected else (role, None)
+            have = sum(1 for r in self._registrations.values()
+                       if r.role is role and (key[1] is None or r.party == party))
             if self.expected.get(key, 0) <= have:
                 wanted = {f"{r.value}@{p}": n for (r, p), n in self.expected.items()}
                 self._refuse(sender, address, party, message,
