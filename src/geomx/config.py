@@ -154,29 +154,40 @@ class NodeConfig:
 _UNITS = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
 
 
-def parse_bandwidth(text: str | float | int | None) -> float | None:
-    """'100Mbit' / '10 Gbit/s' / '1e8' (bits per second) / None or 'unlimited' -> bits per second."""
+def _number(text: str, what: str, hint: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ConfigError(f"cannot read {what} {text!r}; write it like {hint}") from None
+
+
+def parse_bandwidth(text: str | float | None) -> float | None:
+    """'100Mbit' / '10 Gbit/s' / '1e8' (bits per second) / '12MB' (bytes) / None or 'unlimited' -> bit/s.
+
+    A lower-case ``b`` (or ``bit``, ``bps``) means bits, an upper-case ``B`` (or ``byte``) bytes.
+    """
     if text is None:
         return None
     if isinstance(text, (int, float)):
         if text <= 0:
             raise ConfigError(f"bandwidth must be positive, got {text}")
         return float(text)
-    cleaned = text.strip().lower().replace(" ", "")
-    if cleaned in ("", "none", "unlimited", "inf"):
+    cleaned = text.strip().replace(" ", "")
+    if cleaned.lower() in ("", "none", "unlimited", "inf"):
         return None
-    match = re.fullmatch(r"([0-9.e+-]+)([kmgt]?)(bit|bps|b)?(/s)?", cleaned)
+    hint = "'100Mbit' or '10Gbit'"
+    match = re.fullmatch(r"([0-9.eE+-]+)([kKmMgGtT]?)(bit|bps|b|B|Bps|byte|bytes)?(/s)?", cleaned)
     if not match:
-        raise ConfigError(f"cannot read bandwidth {text!r}; write it like '100Mbit' or '10Gbit'")
-    value = float(match.group(1)) * _UNITS[match.group(2)]
-    if match.group(3) == "b":  # bytes
+        raise ConfigError(f"cannot read bandwidth {text!r}; write it like {hint}")
+    value = _number(match.group(1), "bandwidth", hint) * _UNITS[match.group(2).lower()]
+    if match.group(3) in ("B", "Bps", "byte", "bytes"):
         value *= 8
     if value <= 0:
         raise ConfigError(f"bandwidth must be positive, got {text!r}")
     return value
 
 
-def parse_duration(text: str | float | int | None) -> float:
+def parse_duration(text: str | float | None) -> float:
     """'25ms' / '0.5s' / '100us' / 0.025 -> seconds."""
     if text is None:
         return 0.0
@@ -184,11 +195,12 @@ def parse_duration(text: str | float | int | None) -> float:
         if text < 0:
             raise ConfigError(f"duration must not be negative, got {text}")
         return float(text)
+    hint = "'25ms' or '1.5s'"
     match = re.fullmatch(r"\s*([0-9.e+-]+)\s*(us|ms|s|)\s*", text.lower())
     if not match:
-        raise ConfigError(f"cannot read duration {text!r}; write it like '25ms' or '1.5s'")
+        raise ConfigError(f"cannot read duration {text!r}; write it like {hint}")
     scale = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "": 1.0}[match.group(2)]
-    value = float(match.group(1)) * scale
+    value = _number(match.group(1), "duration", hint) * scale
     if value < 0:
         raise ConfigError(f"duration must not be negative, got {text!r}")
     return value
@@ -221,6 +233,13 @@ _TOPOLOGY_FIELDS = {"parties", "central", "global_servers", "mode", "links", "ti
                     "max_message_bytes"}
 
 
+def _int_field(raw: Mapping[str, Any], name: str, default: int) -> int:
+    value = raw.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"topology field {name!r} must be an integer, got {value!r}")
+    return value
+
+
 def topology_from_dict(raw: Mapping[str, Any]) -> Topology:
     """Build a Topology from the YAML structure documented in ``topologies/demo.yaml``."""
     if not isinstance(raw, Mapping):
@@ -248,13 +267,13 @@ def topology_from_dict(raw: Mapping[str, Any]) -> Topology:
     return Topology(
         parties=tuple(parties),
         central=str(raw.get("central", parties[0].name)),
-        num_global_servers=int(raw.get("global_servers", 1)),
+        num_global_servers=_int_field(raw, "global_servers", 1),
         mode=mode,
         lan=_link(links.get("lan"), "links.lan"),
         wan=_link(links.get("wan"), "links.wan"),
         timeouts=_timeouts(raw.get("timeouts")),
-        slice_elems=int(raw.get("slice_elems", 1 << 20)),
-        max_message_bytes=int(raw.get("max_message_bytes", 1 << 31)),
+        slice_elems=_int_field(raw, "slice_elems", 1 << 20),
+        max_message_bytes=_int_field(raw, "max_message_bytes", 1 << 31),
     )
 
 
@@ -348,14 +367,14 @@ def _role_from_env(env: Mapping[str, str]) -> Role:
 
 
 def _address(env: Mapping[str, str], canonical: str, uri: str, port: str) -> str | None:
-    value = env.get(canonical)
-    if value:
-        if not re.fullmatch(r"[^:\s]+:\d+", value):
-            raise ConfigError(f"{canonical}={value!r} must be HOST:PORT")
-        return value
-    if env.get(uri) and env.get(port):
-        return f"{env[uri]}:{env[port]}"
-    return None
+    value, source = env.get(canonical), canonical
+    if not value and env.get(uri) and env.get(port):
+        value, source = f"{env[uri]}:{env[port]}", f"{uri}:{port}"
+    if not value:
+        return None
+    if not re.fullmatch(r"[^:\s]+:\d{1,5}", value):
+        raise ConfigError(f"{source}={value!r} must be HOST:PORT with a numeric port")
+    return value
 
 
 def _topology_from_env(env: Mapping[str, str], role: Role, party: str) -> Topology:
@@ -365,13 +384,16 @@ def _topology_from_env(env: Mapping[str, str], role: Role, party: str) -> Topolo
     ``num_all_workers`` matches DMLC_NUM_ALL_WORKER. No link emulation.
     """
     num_workers = _int(env, "GEOMX_NUM_WORKERS") or 1
-    num_parties = _int(env, "GEOMX_NUM_PARTIES") or 1
-    all_workers = _int(env, "GEOMX_NUM_ALL_WORKERS") or num_workers * num_parties
+    all_workers = _int(env, "GEOMX_NUM_ALL_WORKERS")
+    num_parties = _int(env, "GEOMX_NUM_PARTIES")
+    if num_parties is None:  # GeoMX sets DMLC_NUM_GLOBAL_WORKER only on servers and schedulers
+        num_parties = 1 if all_workers is None else max(1, -(-all_workers // num_workers))
+    if all_workers is None:
+        all_workers = num_workers * num_parties
     parties = [PartySpec(party, num_workers)]
     remaining = max(all_workers - num_workers, 0)
     for index in range(1, num_parties):
-        share = remaining // (num_parties - index) if index < num_parties else remaining
-        share = max(share, 1)
+        share = max(remaining // (num_parties - index), 1)
         remaining -= share
         parties.append(PartySpec(f"{party}-peer{index}", share))
     central = env.get("GEOMX_CENTRAL") or party

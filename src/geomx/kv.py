@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import atexit
 import logging
-import warnings
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from .policies.sync import sync_policy
 from .rpc import Requests
 from .runlog import append_metrics, write_stats
 from .sharding import shard_for, slice_plan
+from .tensors import readonly_tensor
 from .transport import Van
 from .wire import Kind, Message
 
@@ -161,10 +161,7 @@ class KVStore:
         for (start, stop), reply in zip(info.parts, replies):
             if reply.tensor is None:
                 raise RuntimeError("server answered without data")
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", UserWarning)  # read-only receive buffer; we only read it
-                source = torch.from_numpy(reply.tensor)
-            target[start:stop].copy_(source)
+            target[start:stop].copy_(readonly_tensor(reply.tensor))
         if flat is None:
             out.copy_(target.view(out.shape))
 

@@ -24,6 +24,8 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from .tensors import readonly_tensor
+
 SlotId = tuple[int, int]
 
 
@@ -42,7 +44,7 @@ class Optimizer:
         """Return new weights for ``slot`` (a new array: the old one may still be on the wire)."""
         scale = 1.0 if self.rescale_grad is None else self.rescale_grad
         w = torch.from_numpy(np.array(weight, dtype=np.float32, copy=True))
-        g = torch.from_numpy(np.asarray(grad_sum, dtype=np.float32))
+        g = readonly_tensor(np.asarray(grad_sum, dtype=np.float32))  # only read; scaling makes a new tensor
         if scale != 1.0:
             g = g * scale
         self._update(slot, w, g)

@@ -59,6 +59,7 @@ def assign_ranks(registrations: list[_Registration]) -> list[int]:
         groups[(reg.role, reg.party if reg.role is not Role.GLOBAL_SERVER else "")].append(index)
     for (role, _), indices in groups.items():
         taken: set[int] = set()
+        indices = sorted(indices, key=lambda i: not registrations[i].master)  # the master claims 0 first
         for index in indices:
             reg = registrations[index]
             wanted = 0 if reg.master else reg.requested_rank

@@ -303,6 +303,10 @@ class Van:
                 self.malformed += 1
                 log.warning("[%s] dropped a malformed message from %r: %s", self.name, sender, exc)
                 continue
+            except Exception:  # decode has a bug: log it, keep receiving
+                self.malformed += 1
+                log.exception("[%s] could not decode a message from %r", self.name, sender)
+                continue
             message.sender = sender.encode()
             self._inbox.put(message)
 

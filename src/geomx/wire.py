@@ -129,9 +129,10 @@ def encode(message: Message) -> list[bytes | memoryview]:
     """Frames for ``message``. Tensor data is referenced, not copied: keep it alive and unchanged until sent."""
     flags = message.flags
     if message.tensor is not None:
-        array = np.ascontiguousarray(message.tensor)
+        array = message.tensor if message.tensor.flags.c_contiguous else message.tensor.copy(order="C")
         dtype = array.dtype
         shape = array.shape
+        dtype_code(dtype)  # refuse dtypes that cannot travel before touching the data
         flags &= ~Flag.SHAPE_ONLY
         data: list[bytes | memoryview] = [memoryview(array.reshape(-1).view(np.uint8))]  # type: ignore[arg-type]
     elif message.dtype is not None:
@@ -205,8 +206,8 @@ def decode(frames: Sequence[Any], max_message_bytes: int = 1 << 31) -> Message:
     if len(body_frame):
         try:
             body = json.loads(bytes(body_frame))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise WireError(f"body is not valid JSON: {exc}") from None
+        except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
+            raise WireError(f"body is not valid JSON: {type(exc).__name__}: {str(exc)[:200]}") from None
         if not isinstance(body, dict):
             raise WireError("body must be a JSON object")
     dtype: np.dtype[Any] | None = None
@@ -221,6 +222,8 @@ def decode(frames: Sequence[Any], max_message_bytes: int = 1 << 31) -> Message:
         dtype = _DTYPES[code]
         count = math.prod(shape)
         nbytes = count * dtype.itemsize
+        if any(dim > max_message_bytes for dim in shape):
+            raise WireError(f"shape {tuple(shape)} has a dimension above the limit {max_message_bytes}")
         if nbytes > max_message_bytes:
             raise WireError(f"shape {tuple(shape)} declares {nbytes} bytes, above the limit {max_message_bytes}")
         if flags & Flag.SHAPE_ONLY:

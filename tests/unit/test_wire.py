@@ -108,7 +108,7 @@ def assert_header_fields_equal(got: Message, sent: Message) -> None:
 # Round trips
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(kind=kinds, flags=reply_flags, key=keys, pc=part_and_count(), priority=priorities, request_id=uint64s,
        round_=uint64s, tensor=tensors())
 def test_roundtrip_tensor_and_header_fields(kind, flags, key, pc, priority, request_id, round_, tensor):
@@ -136,10 +136,17 @@ def test_every_supported_dtype_travels(dtype):
     np.testing.assert_array_equal(got.tensor, tensor)
 
 
-@pytest.mark.parametrize("dtype", [np.complex64, np.bool_, np.uint16, np.uint32, np.uint64, object])
+@pytest.mark.parametrize("dtype", [np.complex64, np.bool_, np.uint16, np.uint32, np.uint64])
 def test_unsupported_dtype_refused_on_encode(dtype):
     with pytest.raises(WireError, match="cannot travel"):
         encode(Message(Kind.PUSHPULL, tensor=np.zeros(3, dtype=dtype)))
+    with pytest.raises(WireError, match="cannot travel"):
+        encode(Message(Kind.INIT, dtype=np.dtype(dtype), shape=(3,)))
+
+
+def test_object_dtype_refused_on_encode_with_wire_error():
+    with pytest.raises(WireError, match="cannot travel"):
+        encode(Message(Kind.PUSHPULL, tensor=np.array([1, "a", None], dtype=object)))
 
 
 @pytest.mark.parametrize("shape", [(0,), (0, 5), (3, 0, 2), (1, 1, 1, 0)])
@@ -173,15 +180,13 @@ def test_encode_references_tensor_data_without_copying():
     assert frames_nbytes(frames) == len(frames[0]) + len(frames[1]) + data.nbytes
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: wire.encode uses np.ascontiguousarray, which turns a 0-d "
-                                       "tensor into shape (1,); the shape does not survive the round trip")
 def test_zero_dim_tensor_keeps_its_shape():
     got = roundtrip(Message(Kind.PUSHPULL, tensor=np.array(2.5, dtype=np.float32)))
     assert got.shape == ()
     assert got.tensor.shape == ()
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(kind=kinds, body=json_objects, flags=reply_flags)
 def test_body_json_roundtrip(kind, body, flags):
     got = roundtrip(Message(kind, body=body, flags=flags))
@@ -412,23 +417,17 @@ def test_frame_that_is_not_a_buffer():
         decode([raw_header(), 12345, bytes(16)])
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: wire.decode lets numpy's ValueError escape for a zero-size shape "
-                                       "whose other dimensions overflow (reshape: 'array is too big')")
 def test_zero_size_shape_with_huge_dimension_is_a_wire_error():
     header = raw_header(dtype=1, shape=(0, 2**62))
     with pytest.raises(WireError):
         decode([header, b"", b""])
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: wire.decode catches only UnicodeDecodeError/JSONDecodeError; a "
-                                       "deeply nested body raises RecursionError")
 def test_deeply_nested_body_is_a_wire_error():
     with pytest.raises(WireError):
         decode([raw_header(), b"[" * 100_000, bytes(16)])
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: wire.decode catches only UnicodeDecodeError/JSONDecodeError; an "
-                                       "integer literal over 4300 digits raises a plain ValueError")
 def test_huge_integer_in_body_is_a_wire_error():
     body = b'{"n": ' + b"9" * 5000 + b"}"
     with pytest.raises(WireError):
@@ -472,7 +471,7 @@ def plausible_frames(draw):
     return [header, body, *data]
 
 
-@settings(max_examples=1000, deadline=None)
+@settings(max_examples=400, deadline=None)
 @given(plausible_frames())
 def test_plausible_frames_raise_only_wire_error(frames):
     try:

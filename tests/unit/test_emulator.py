@@ -1,0 +1,169 @@
+"""ShapedLink on a fake clock: priorities, serialization + latency, pipelining, shared pipes."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from geomx.config import LinkSpec
+from geomx.emulator import ShapedLink
+
+MBIT = 1e6
+
+
+def drain(link: ShapedLink, now: float = 0.0, limit: int = 10_000) -> list[tuple[float, object]]:
+    """Poll the link exactly when it asks to be polled, until its queue is empty."""
+    delivered: list[tuple[float, object]] = []
+    for _ in range(limit):
+        started, wake_at = link.poll(now)
+        delivered.extend(started)
+        if wake_at is None:
+            return delivered
+        assert wake_at >= now, "the link asked to be polled in the past"
+        now = wake_at
+    raise AssertionError("link never drained")
+
+
+def test_unlimited_link_delivers_immediately():
+    link: ShapedLink[str] = ShapedLink(LinkSpec())
+    for i in range(5):
+        link.offer(f"m{i}", nbytes=10**9, priority=0, now=3.0)
+    started, wake_at = link.poll(3.0)
+    assert started == [(3.0, f"m{i}") for i in range(5)]
+    assert wake_at is None
+    assert len(link) == 0
+
+
+def test_unlimited_link_with_latency_only():
+    link: ShapedLink[str] = ShapedLink(LinkSpec(latency_s=0.05))
+    link.offer("a", nbytes=10**9, priority=0, now=1.0)
+    link.offer("b", nbytes=1, priority=0, now=1.0)
+    started, wake_at = link.poll(1.0)
+    assert started == [(pytest.approx(1.05), "a"), (pytest.approx(1.05), "b")]
+    assert wake_at is None
+
+
+def test_delivery_time_is_serialization_plus_latency():
+    link: ShapedLink[str] = ShapedLink(LinkSpec(bandwidth_bps=8 * MBIT, latency_s=0.025))  # 1 MB/s
+    link.offer("m", nbytes=100_000, priority=0, now=10.0)
+    started, wake_at = link.poll(10.0)
+    assert started == [(pytest.approx(10.0 + 0.1 + 0.025), "m")]
+    assert wake_at is None
+
+
+def test_one_message_on_the_wire_at_a_time():
+    link: ShapedLink[str] = ShapedLink(LinkSpec(bandwidth_bps=8 * MBIT))  # 1 MB/s
+    link.offer("a", nbytes=500_000, priority=0, now=0.0)
+    link.offer("b", nbytes=500_000, priority=0, now=0.0)
+    started, wake_at = link.poll(0.0)
+    assert [item for _, item in started] == ["a"]  # "b" waits for the wire
+    assert wake_at == pytest.approx(0.5)
+    assert len(link) == 1
+    # polling early starts nothing
+    assert link.poll(0.3) == ([], pytest.approx(0.5))
+    started, wake_at = link.poll(0.5)
+    assert started == [(pytest.approx(1.0), "b")]
+    assert wake_at is None
+
+
+def test_latency_does_not_reduce_throughput():
+    """Messages pipeline: with 100 ms latency, n back-to-back messages take n*serialization + one latency."""
+    rate = 10 * MBIT
+    size = 125_000  # 0.1 s each at 10 Mbit/s
+    n = 20
+    for latency in (0.0, 0.1, 1.0):
+        link: ShapedLink[int] = ShapedLink(LinkSpec(bandwidth_bps=rate, latency_s=latency))
+        for i in range(n):
+            link.offer(i, nbytes=size, priority=0, now=0.0)
+        delivered = drain(link)
+        times = [t for t, _ in delivered]
+        assert [item for _, item in delivered] == list(range(n))
+        assert times == pytest.approx([(i + 1) * 0.1 + latency for i in range(n)])
+        # arrivals are spaced by the serialization time, whatever the latency
+        gaps = [b - a for a, b in itertools.pairwise(times)]
+        assert gaps == pytest.approx([0.1] * (n - 1))
+        throughput = n * size * 8 / (times[-1] - latency)
+        assert throughput == pytest.approx(rate)
+
+
+def test_priority_higher_first_fifo_among_equals():
+    link: ShapedLink[str] = ShapedLink(LinkSpec(bandwidth_bps=8 * MBIT))
+    link.offer("blocker", nbytes=1000, priority=0, now=0.0)
+    assert [item for _, item in link.poll(0.0)[0]] == ["blocker"]
+    # while the wire is busy, a mixed queue forms
+    for name, priority in [("low1", -5), ("mid1", 0), ("high1", 7), ("mid2", 0), ("low2", -5), ("high2", 7),
+                           ("mid3", 0)]:
+        link.offer(name, nbytes=1000, priority=priority, now=0.0001)
+    order = [item for _, item in drain(link, now=0.0001)]
+    assert order == ["high1", "high2", "mid1", "mid2", "mid3", "low1", "low2"]
+
+
+def test_priority_only_reorders_what_is_waiting():
+    """A high-priority message does not preempt one already on the wire."""
+    link: ShapedLink[str] = ShapedLink(LinkSpec(bandwidth_bps=8 * MBIT))  # 1 MB/s
+    link.offer("big", nbytes=1_000_000, priority=-100, now=0.0)
+    link.poll(0.0)
+    link.offer("urgent", nbytes=1000, priority=100, now=0.2)
+    started, wake_at = link.poll(0.2)
+    assert started == [] and wake_at == pytest.approx(1.0)
+    started, _ = link.poll(1.0)
+    assert started == [(pytest.approx(1.001), "urgent")]
+
+
+def test_idle_link_starts_at_offer_time_even_if_polled_late():
+    link: ShapedLink[str] = ShapedLink(LinkSpec(bandwidth_bps=8 * MBIT, latency_s=0.01))
+    link.offer("a", nbytes=100_000, priority=0, now=5.0)  # 0.1 s
+    started, _ = link.poll(5.03)  # the I/O thread woke up late
+    assert started == [(pytest.approx(5.0 + 0.1 + 0.01), "a")]
+
+
+def test_link_idles_between_sparse_messages():
+    link: ShapedLink[str] = ShapedLink(LinkSpec(bandwidth_bps=8 * MBIT))
+    link.offer("a", nbytes=100_000, priority=0, now=0.0)
+    assert link.poll(0.0)[0] == [(pytest.approx(0.1), "a")]
+    link.offer("b", nbytes=100_000, priority=0, now=2.0)  # long after "a" left
+    assert link.poll(2.0)[0] == [(pytest.approx(2.1), "b")]
+
+
+@pytest.mark.parametrize("share", [1, 2, 4])
+def test_share_divides_the_rate(share):
+    spec = LinkSpec(bandwidth_bps=80 * MBIT, latency_s=0.005)
+    link: ShapedLink[str] = ShapedLink(spec, share=share)
+    assert link.rate_bps == pytest.approx(80 * MBIT / share)
+    link.offer("m", nbytes=1_000_000, priority=0, now=0.0)  # 0.1 s at the full rate
+    started, _ = link.poll(0.0)
+    assert started == [(pytest.approx(0.1 * share + 0.005), "m")]
+
+
+def test_share_does_not_change_latency_or_unlimited():
+    link: ShapedLink[str] = ShapedLink(LinkSpec(latency_s=0.02), share=8)
+    assert link.rate_bps is None
+    link.offer("m", nbytes=10**8, priority=0, now=0.0)
+    assert link.poll(0.0)[0] == [(pytest.approx(0.02), "m")]
+
+
+@pytest.mark.parametrize("share", [0, -1])
+def test_share_must_be_positive(share):
+    with pytest.raises(ValueError, match="share"):
+        ShapedLink(LinkSpec(bandwidth_bps=1e6), share=share)
+
+
+def test_zero_byte_messages_take_no_wire_time():
+    link: ShapedLink[int] = ShapedLink(LinkSpec(bandwidth_bps=1e3, latency_s=0.5))
+    for i in range(3):
+        link.offer(i, nbytes=0, priority=0, now=1.0)
+    started, wake_at = link.poll(1.0)
+    assert started == [(pytest.approx(1.5), 0), (pytest.approx(1.5), 1), (pytest.approx(1.5), 2)]
+    assert wake_at is None
+
+
+def test_len_counts_waiting_messages():
+    link: ShapedLink[int] = ShapedLink(LinkSpec(bandwidth_bps=8 * MBIT))
+    for i in range(4):
+        link.offer(i, nbytes=1_000_000, priority=0, now=0.0)
+    assert len(link) == 4
+    link.poll(0.0)
+    assert len(link) == 3
+    drain(link)
+    assert len(link) == 0

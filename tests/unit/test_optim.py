@@ -1,0 +1,234 @@
+"""Server optimizers against torch.optim, and their JSON specs."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from geomx import optim
+from geomx.optim import SGD, Adam, optimizer_from_spec
+
+STEPS = 6
+SHAPES = [(17,), (4, 5), (2, 3, 4)]
+
+
+def random_problem(shape, seed):
+    generator = torch.Generator().manual_seed(seed)
+    weight = torch.randn(shape, generator=generator)
+    grads = [torch.randn(shape, generator=generator) * 3 for _ in range(STEPS)]
+    return weight, grads
+
+
+def run_geomx(optimizer, weight, grads, slot=(0, 0)):
+    w = weight.numpy().copy()
+    history = []
+    for g in grads:
+        w = optimizer.step(slot, w, g.numpy())
+        history.append(w.copy())
+    return history
+
+
+def run_torch(cls, kwargs, weight, grads, scale=1.0):
+    param = torch.nn.Parameter(weight.clone())
+    opt = cls([param], **kwargs)
+    history = []
+    for g in grads:
+        param.grad = g * scale if scale != 1.0 else g.clone()
+        opt.step()
+        history.append(param.detach().numpy().copy())
+    return history
+
+
+def assert_same_trajectory(ours, theirs):
+    assert len(ours) == len(theirs)
+    for step, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+        assert a.dtype == np.float32
+        torch.testing.assert_close(torch.from_numpy(a), torch.from_numpy(b), msg=lambda m, s=step: f"step {s}: {m}")
+
+
+SGD_CASES = [
+    {"lr": 0.1},
+    {"lr": 0.05, "momentum": 0.9},
+    {"lr": 0.05, "weight_decay": 0.01},
+    {"lr": 0.05, "momentum": 0.9, "weight_decay": 0.001},
+    {"lr": 0.02, "momentum": 0.8, "nesterov": True},
+    {"lr": 0.02, "momentum": 0.5, "weight_decay": 0.1, "nesterov": True},
+]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("kwargs", SGD_CASES, ids=lambda k: ",".join(f"{a}={b}" for a, b in k.items()))
+def test_sgd_matches_torch(kwargs, shape):
+    weight, grads = random_problem(shape, seed=len(shape) * 31 + len(kwargs))
+    ours = run_geomx(SGD(**kwargs), weight, grads)
+    theirs = run_torch(torch.optim.SGD, kwargs, weight, grads)
+    assert_same_trajectory(ours, theirs)
+    # the weights really moved, so the comparison means something
+    assert not np.allclose(ours[-1], weight.numpy())
+
+
+ADAM_CASES = [
+    ({"lr": 0.01}, {"lr": 0.01}),
+    ({"lr": 0.1, "beta1": 0.8, "beta2": 0.99, "epsilon": 1e-6},
+     {"lr": 0.1, "betas": (0.8, 0.99), "eps": 1e-6}),
+    ({"lr": 0.01, "weight_decay": 0.05}, {"lr": 0.01, "weight_decay": 0.05}),
+]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("ours_kwargs,torch_kwargs", ADAM_CASES, ids=["default", "betas-eps", "weight_decay"])
+def test_adam_matches_torch(ours_kwargs, torch_kwargs, shape):
+    weight, grads = random_problem(shape, seed=7 + len(shape))
+    ours = run_geomx(Adam(**ours_kwargs), weight, grads)
+    theirs = run_torch(torch.optim.Adam, torch_kwargs, weight, grads)
+    assert_same_trajectory(ours, theirs)
+    assert not np.allclose(ours[-1], weight.numpy())
+
+
+@pytest.mark.parametrize("scale", [0.25, 1 / 3, 2.0])
+def test_rescale_grad_sgd(scale):
+    weight, grads = random_problem((10,), seed=3)
+    ours = run_geomx(SGD(lr=0.1, momentum=0.9, rescale_grad=scale), weight, grads)
+    theirs = run_torch(torch.optim.SGD, {"lr": 0.1, "momentum": 0.9}, weight, grads, scale=scale)
+    assert_same_trajectory(ours, theirs)
+    unscaled = run_geomx(SGD(lr=0.1, momentum=0.9), weight, grads)
+    assert not np.allclose(ours[-1], unscaled[-1])
+
+
+@pytest.mark.parametrize("scale", [0.25, 1e-3])
+def test_rescale_grad_adam_with_weight_decay(scale):
+    # Adam is almost scale invariant, except through weight decay and epsilon: make both matter
+    weight, grads = random_problem((10,), seed=4)
+    ours = run_geomx(Adam(lr=0.05, weight_decay=0.5, epsilon=1e-3, rescale_grad=scale), weight, grads)
+    theirs = run_torch(torch.optim.Adam, {"lr": 0.05, "weight_decay": 0.5, "eps": 1e-3}, weight, grads, scale=scale)
+    assert_same_trajectory(ours, theirs)
+
+
+def test_rescale_none_and_one_are_the_raw_sum():
+    weight, grads = random_problem((8,), seed=5)
+    a = run_geomx(SGD(lr=0.1), weight, grads)
+    b = run_geomx(SGD(lr=0.1, rescale_grad=1.0), weight, grads)
+    np.testing.assert_array_equal(a[-1], b[-1])
+
+
+@pytest.mark.parametrize("make", [lambda: SGD(lr=0.1, momentum=0.9), lambda: Adam(lr=0.01)], ids=["sgd", "adam"])
+def test_state_is_kept_per_slot(make):
+    """Two slots interleaved on one optimizer == two independent torch optimizers."""
+    optimizer = make()
+    w1, g1 = random_problem((6,), seed=10)
+    w2, g2 = random_problem((3, 2), seed=11)
+    cls, kwargs = ((torch.optim.SGD, {"lr": 0.1, "momentum": 0.9}) if isinstance(optimizer, SGD)
+                   else (torch.optim.Adam, {"lr": 0.01}))
+    a, b = w1.numpy().copy(), w2.numpy().copy()
+    ours1, ours2 = [], []
+    for x, y in zip(g1, g2, strict=True):
+        a = optimizer.step((0, 0), a, x.numpy())
+        b = optimizer.step((0, 1), b, y.numpy())
+        ours1.append(a.copy())
+        ours2.append(b.copy())
+    assert_same_trajectory(ours1, run_torch(cls, kwargs, w1, g1))
+    assert_same_trajectory(ours2, run_torch(cls, kwargs, w2, g2))
+
+
+def test_step_returns_a_new_array_and_leaves_inputs_alone():
+    optimizer = SGD(lr=0.5, momentum=0.9, weight_decay=0.1)
+    weight = np.arange(5, dtype=np.float32)
+    grad = np.ones(5, dtype=np.float32)
+    weight_before, grad_before = weight.copy(), grad.copy()
+    for _ in range(3):
+        new = optimizer.step((1, 0), weight, grad)
+        assert new is not weight and not np.shares_memory(new, weight)
+        assert not np.shares_memory(new, grad)
+    np.testing.assert_array_equal(weight, weight_before)
+    np.testing.assert_array_equal(grad, grad_before)
+
+
+def test_step_accepts_read_only_wire_buffers():
+    """Gradients arrive as read-only views of received frames."""
+    weight = np.frombuffer(np.arange(4, dtype=np.float32).tobytes(), dtype=np.float32)
+    grad = np.frombuffer(np.ones(4, dtype=np.float32).tobytes(), dtype=np.float32)
+    assert not weight.flags.writeable and not grad.flags.writeable
+    new = Adam(lr=0.1).step((0, 0), weight, grad)
+    assert new.dtype == np.float32 and new.shape == (4,)
+    assert np.all(new < np.arange(4, dtype=np.float32))
+
+
+def test_step_casts_to_float32():
+    new = SGD(lr=1.0).step((0, 0), np.zeros(3, np.float64), np.ones(3, np.float64))
+    assert new.dtype == np.float32
+    np.testing.assert_array_equal(new, -np.ones(3, np.float32))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Specs
+
+
+@pytest.mark.parametrize("optimizer", [
+    SGD(),
+    SGD(lr=0.1, momentum=0.9, weight_decay=1e-4, nesterov=True, rescale_grad=0.25),
+    Adam(),
+    Adam(lr=3e-4, beta1=0.5, beta2=0.9, epsilon=1e-6, weight_decay=0.01, rescale_grad=1.0),
+], ids=["sgd-default", "sgd-full", "adam-default", "adam-full"])
+def test_spec_round_trip(optimizer):
+    spec = optimizer.spec()
+    assert spec["name"] == optimizer.name
+    wire_spec = json.loads(json.dumps(spec))  # it travels as JSON
+    rebuilt = optimizer_from_spec(wire_spec)
+    assert type(rebuilt) is type(optimizer)
+    assert rebuilt == optimizer
+    assert rebuilt.spec() == spec
+
+
+def test_spec_round_trip_behaves_the_same():
+    original = SGD(lr=0.1, momentum=0.9, nesterov=True, rescale_grad=0.5)
+    rebuilt = optimizer_from_spec(json.loads(json.dumps(original.spec())))
+    weight, grads = random_problem((9,), seed=12)
+    np.testing.assert_array_equal(run_geomx(original, weight, grads)[-1], run_geomx(rebuilt, weight, grads)[-1])
+
+
+def test_spec_name_is_case_insensitive_and_params_optional():
+    assert optimizer_from_spec({"name": "ADAM"}) == Adam()
+    assert optimizer_from_spec({"name": "Sgd", "params": None}) == SGD()
+    assert optimizer_from_spec({"name": "sgd", "params": {"lr": 1}}).lr == 1.0
+
+
+def test_registry_lists_both():
+    assert {"sgd": SGD, "adam": Adam} == optim.OPTIMIZERS
+
+
+def test_unknown_optimizer_name():
+    with pytest.raises(ValueError, match=r"unknown optimizer 'lamb'; valid: \['adam', 'sgd'\]"):
+        optimizer_from_spec({"name": "lamb", "params": {}})
+
+
+@pytest.mark.parametrize("name,params,listed", [
+    ("sgd", {"learning_rate": 0.1}, r"\['learning_rate'\]"),
+    ("sgd", {"lr": 0.1, "betas": 0.9, "eps": 1}, r"\['betas', 'eps'\]"),  # torch's Adam names, on SGD
+    ("adam", {"momentum": 0.9}, r"\['momentum'\]"),
+])
+def test_unknown_parameter(name, params, listed):
+    with pytest.raises(ValueError, match=f"optimizer '{name}' has no parameters {listed}; valid: "):
+        optimizer_from_spec({"name": name, "params": params})
+
+
+@pytest.mark.parametrize("key,value", [("lr", math.nan), ("lr", math.inf), ("momentum", -math.inf),
+                                       ("weight_decay", "0.1"), ("lr", None), ("lr", [0.1]),
+                                       ("rescale_grad", math.nan)])
+def test_non_finite_or_non_numeric_value(key, value):
+    with pytest.raises(ValueError, match=f"optimizer parameter {key}="):
+        optimizer_from_spec({"name": "sgd", "params": {key: value}})
+
+
+@pytest.mark.parametrize("spec", [None, "sgd", {"params": {}}, {"name": 3}, ["sgd"]])
+def test_malformed_spec(spec):
+    with pytest.raises(ValueError, match="an optimizer spec is"):
+        optimizer_from_spec(spec)
+
+
+def test_params_must_be_an_object():
+    with pytest.raises(ValueError, match="params must be an object"):
+        optimizer_from_spec({"name": "sgd", "params": [0.1]})

@@ -1,0 +1,178 @@
+"""Slice plans, shard placement, the digits data set and its per-worker shards."""
+
+from __future__ import annotations
+
+import collections
+import itertools
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from geomx.data import Dataset, digits_split, steps_per_epoch
+from geomx.sharding import shard_for, slice_plan
+
+# ---------------------------------------------------------------------------------------------------------
+# slice_plan / shard_for
+
+
+@st.composite
+def numel_and_slice(draw):
+    """Sizes up to 10**10 elements, with at most ~5000 slices so each example stays cheap."""
+    numel = draw(st.integers(1, 10**4) | st.integers(1, 10**10))
+    slice_elems = draw(st.integers(max(1, numel // 5000), max(1, numel // 5000) + 2 * numel))
+    return numel, slice_elems
+
+
+@settings(max_examples=300, deadline=None)
+@given(numel_and_slice())
+def test_slice_plan_covers_exactly_without_overlap(sizes):
+    numel, slice_elems = sizes
+    plan = slice_plan(numel, slice_elems)
+    assert plan[0][0] == 0
+    assert plan[-1][1] == numel
+    for (_, stop), (next_start, _) in itertools.pairwise(plan):
+        assert stop == next_start  # contiguous: no gap, no overlap
+    assert all(0 < stop - start <= slice_elems for start, stop in plan)
+    assert sum(stop - start for start, stop in plan) == numel
+    assert len(plan) == -(-numel // slice_elems)  # as few slices as possible
+    # only the last slice may be short
+    assert all(stop - start == slice_elems for start, stop in plan[:-1])
+
+
+@pytest.mark.parametrize("numel,slice_elems,plan", [
+    (10, 3, [(0, 3), (3, 6), (6, 9), (9, 10)]),
+    (9, 3, [(0, 3), (3, 6), (6, 9)]),
+    (1, 100, [(0, 1)]),
+    (3_000_000, 1 << 20, [(0, 1048576), (1048576, 2097152), (2097152, 3000000)]),
+])
+def test_slice_plan_examples(numel, slice_elems, plan):
+    assert slice_plan(numel, slice_elems) == plan
+
+
+@pytest.mark.parametrize("numel", [0, -1])
+def test_slice_plan_empty_tensor(numel):
+    assert slice_plan(numel, 8) == [(0, 0)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(key=st.integers(0, 10**6), num_servers=st.integers(1, 16), start=st.integers(0, 100))
+def test_shard_for_spreads_consecutive_parts(key, num_servers, start):
+    owners = [shard_for(key, part, num_servers) for part in range(start, start + num_servers)]
+    assert sorted(owners) == list(range(num_servers))  # any num_servers consecutive parts: all servers, once
+    assert all(0 <= shard_for(key, p, num_servers) < num_servers for p in range(start, start + 3 * num_servers))
+
+
+def test_shard_for_is_deterministic_and_balances_keys():
+    assert shard_for(3, 1, 2) == shard_for(3, 1, 2)
+    assert all(shard_for(k, p, 1) == 0 for k in range(10) for p in range(10))
+    # single-slice keys (part 0) spread over the servers too
+    load = collections.Counter(shard_for(key, 0, 4) for key in range(100))
+    assert set(load) == {0, 1, 2, 3} and max(load.values()) - min(load.values()) <= 1
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Data
+
+
+@pytest.fixture(scope="module")
+def digits() -> tuple[Dataset, Dataset]:
+    return digits_split()
+
+
+def test_digits_split_sizes_and_format(digits):
+    train, test = digits
+    assert len(train) + len(test) == 1797
+    assert len(train) == int(1797 * 0.8) and len(test) == 1797 - int(1797 * 0.8)
+    for part in digits:
+        assert part.images.shape == (len(part), 1, 8, 8)
+        assert part.images.dtype == torch.float32 and part.labels.dtype == torch.int64
+        assert float(part.images.min()) >= 0.0 and float(part.images.max()) <= 1.0
+        assert set(part.labels.tolist()) == set(range(10))
+
+
+def _rows(dataset: Dataset) -> collections.Counter:
+    return collections.Counter(
+        (tuple(img.flatten().tolist()), int(label)) for img, label in zip(dataset.images, dataset.labels, strict=True))
+
+
+def test_digits_split_is_disjoint_and_complete(digits):
+    from sklearn.datasets import load_digits
+
+    train, test = digits
+    raw = load_digits()
+    everything = Dataset(torch.tensor(raw.images, dtype=torch.float32).unsqueeze(1) / 16.0,
+                         torch.tensor(raw.target, dtype=torch.int64))
+    # train + test is exactly the data set (as a multiset: a few digits images are duplicates)
+    assert _rows(train) + _rows(test) == _rows(everything)
+
+
+def test_digits_split_is_deterministic_per_seed():
+    a_train, _ = digits_split(seed=0)
+    b_train, _ = digits_split(seed=0)
+    c_train, _ = digits_split(seed=1)
+    assert torch.equal(a_train.labels, b_train.labels) and torch.equal(a_train.images, b_train.images)
+    assert not torch.equal(a_train.labels, c_train.labels)
+    small_train, small_test = digits_split(test_fraction=0.5)
+    assert len(small_train) == int(1797 * 0.5) and len(small_test) == 1797 - int(1797 * 0.5)
+
+
+def _toy(n: int) -> Dataset:
+    return Dataset(torch.arange(n, dtype=torch.float32).reshape(n, 1, 1, 1).expand(n, 1, 8, 8).clone(),
+                   torch.arange(n))
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(0, 300), count=st.integers(1, 12))
+def test_dataset_shard_partitions(n, count):
+    data = _toy(n)
+    shards = [data.shard(i, count) for i in range(count)]
+    ids = [int(label) for shard in shards for label in shard.labels]
+    assert sorted(ids) == list(range(n))  # disjoint and covering
+    sizes = [len(s) for s in shards]
+    assert max(sizes) - min(sizes) <= (1 if n else 0)  # balanced
+    for shard in shards:  # images travel with their labels
+        assert torch.equal(shard.images[:, 0, 0, 0].long(), shard.labels)
+
+
+@pytest.mark.parametrize("index,count", [(-1, 3), (3, 3), (0, 0)])
+def test_dataset_shard_bad_index(index, count):
+    with pytest.raises(ValueError, match="shard index"):
+        _toy(10).shard(index, count)
+
+
+@pytest.mark.parametrize("num_shards,batch_size", [(1, 32), (2, 32), (3, 16), (4, 32), (7, 10), (12, 8)])
+def test_steps_per_epoch_equal_for_all_shards(digits, num_shards, batch_size):
+    train, _ = digits
+    steps = steps_per_epoch(len(train), num_shards, batch_size)
+    assert steps == (len(train) // num_shards) // batch_size
+    for index in range(num_shards):
+        shard = train.shard(index, num_shards)
+        batches = list(shard.batches(batch_size, epoch=0, steps=steps))
+        assert len(batches) == steps  # every worker makes exactly the same number of rounds
+        assert all(x.shape == (batch_size, 1, 8, 8) and y.shape == (batch_size,) for x, y in batches)
+
+
+def test_steps_per_epoch_uses_the_smallest_shard():
+    # 10 samples over 3 shards: sizes 4, 3, 3 -> batches of 2: the small shards make 1 step, so everyone does
+    assert steps_per_epoch(10, 3, 2) == 1
+    assert [len(_toy(10).shard(i, 3)) // 2 for i in range(3)] == [2, 1, 1]
+
+
+def test_steps_per_epoch_too_small():
+    with pytest.raises(ValueError, match="cannot fill a batch of 64"):
+        steps_per_epoch(100, 4, 64)
+
+
+def test_batches_shuffle_per_epoch_and_drop_the_partial_batch():
+    data = _toy(50)
+    epoch0 = [y.tolist() for _, y in data.batches(8, epoch=0)]
+    epoch0_again = [y.tolist() for _, y in data.batches(8, epoch=0)]
+    epoch1 = [y.tolist() for _, y in data.batches(8, epoch=1)]
+    assert len(epoch0) == 50 // 8
+    assert epoch0 == epoch0_again and epoch0 != epoch1
+    seen = [i for batch in epoch0 for i in batch]
+    assert len(set(seen)) == len(seen) == 48  # no sample twice within an epoch
+    assert len(list(data.batches(8, epoch=0, steps=2))) == 2
+    assert len(list(data.batches(8, epoch=0, steps=100))) == 6
