@@ -28,7 +28,7 @@ class ConfigError(ValueError):
     """A topology file or environment that cannot describe a valid geomx job."""
 
 
-class Role(str, enum.Enum):
+class Role(enum.StrEnum):
     """What one OS process does in the job."""
 
     GLOBAL_SCHEDULER = "global_scheduler"
@@ -38,7 +38,7 @@ class Role(str, enum.Enum):
     WORKER = "worker"
 
 
-class Mode(str, enum.Enum):
+class Mode(enum.StrEnum):
     """HiPS (two tiers, the default) or a flat single-tier parameter server (the baseline)."""
 
     HIPS = "hips"

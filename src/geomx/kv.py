@@ -158,7 +158,7 @@ class KVStore:
     def _copy_out(replies: list[Message], info: _KeyInfo, out: torch.Tensor) -> None:
         flat = out.view(-1) if out.is_contiguous() else None
         target = flat if flat is not None else torch.empty(out.numel(), dtype=out.dtype)
-        for (start, stop), reply in zip(info.parts, replies):
+        for (start, stop), reply in zip(info.parts, replies, strict=True):
             if reply.tensor is None:
                 raise RuntimeError("server answered without data")
             target[start:stop].copy_(readonly_tensor(reply.tensor))
@@ -172,7 +172,7 @@ class KVStore:
         if len(keys) != len(values):
             raise ValueError(f"init got {len(keys)} keys but {len(values)} values")
         pending = []
-        for k, v in zip(keys, values):
+        for k, v in zip(keys, values, strict=True):
             if not isinstance(k, int) or isinstance(k, bool) or k < 0:
                 raise TypeError(f"keys are non-negative ints, got {k!r}")
             if not isinstance(v, torch.Tensor):
@@ -245,7 +245,7 @@ class KVStore:
             spec["params"]["rescale_grad"] = 1.0 / self.num_all_workers
         futures = [self._requests.call(s, Message(Kind.SET_OPTIMIZER, body={"optimizer": spec}))
                    for s in self._servers]
-        for server, future in zip(self._servers, futures):
+        for server, future in zip(self._servers, futures, strict=True):
             self._requests.wait(future, self._timeout, f"{self._requests.names.get(server)} to set the optimizer")
 
     def barrier(self) -> None:
@@ -284,7 +284,7 @@ class KVStore:
         wait = self._topology.timeouts.shutdown_s
         try:
             futures = [self._requests.call(s, Message(Kind.SHUTDOWN)) for s in self._servers]
-            for server, future in zip(self._servers, futures):
+            for server, future in zip(self._servers, futures, strict=True):
                 self._requests.wait(future, wait, f"{self._requests.names.get(server)} to acknowledge shutdown")
             self._van.send(self._scheduler, Message(Kind.SHUTDOWN))
         finally:

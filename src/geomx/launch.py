@@ -14,6 +14,7 @@ Usage::
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -133,10 +134,8 @@ class Launcher:
     def _signal_all(self, sig: int) -> None:
         for _, proc in self._procs:
             if proc.poll() is None:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, sig)
-                except ProcessLookupError:
-                    pass
 
     def _stop_all(self, grace: float) -> None:
         self._signal_all(signal.SIGTERM)
@@ -221,12 +220,12 @@ def _status(result: LaunchResult) -> str:
 
 def format_summary(result: LaunchResult) -> str:
     s = result.summary
+    per_party = ", ".join(f"{k} {v / 1e6:.2f} MB" for k, v in s.get("wan_bytes_sent_by_party", {}).items())
     lines = ["", "=== geomx run summary ===",
              f"status        : {_status(result)}",
              f"wall time     : {result.wall_s:.1f} s",
              f"LAN traffic   : {s.get('lan_bytes', 0) / 1e6:.2f} MB",
-             f"WAN traffic   : {s.get('wan_bytes', 0) / 1e6:.2f} MB  "
-             f"(sent per party: {', '.join(f'{k} {v / 1e6:.2f} MB' for k, v in s.get('wan_bytes_sent_by_party', {}).items())})"]
+             f"WAN traffic   : {s.get('wan_bytes', 0) / 1e6:.2f} MB  (sent per party: {per_party})"]
     for name, record in s.get("last_metrics", {}).items():
         shown = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items()
                           if k != "time")

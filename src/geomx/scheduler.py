@@ -118,7 +118,7 @@ class Scheduler:
     def _on_register(self, sender: str, message: Message) -> None:
         body = message.body or {}
         try:
-            role = Role(body.get("role"))
+            role = Role(str(body.get("role")))
             party = str(body["party"])
             address = str(body["address"])
             requested = body.get("rank")
@@ -151,9 +151,10 @@ class Scheduler:
         ids = list(self._registrations)
         regs = [self._registrations[i] for i in ids]
         ranks = assign_ranks(regs)
-        self._members = [Member(i, r.role, r.party, rank, r.address) for i, r, rank in zip(ids, regs, ranks)]
+        self._members = [Member(i, r.role, r.party, rank, r.address)
+                         for i, r, rank in zip(ids, regs, ranks, strict=True)]
         book = {"members": [m.to_json() for m in self._members]}
-        for member, reg in zip(self._members, regs):
+        for member, reg in zip(self._members, regs, strict=True):
             self.van.add_peer(member.id, member.address, member.party)
             self.van.send(member.id, reg.message.reply(body=book))
         self._complete.set()

@@ -16,6 +16,7 @@ Usage::
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
 import logging
@@ -176,10 +177,9 @@ class Van:
 
     # -- internals ----------------------------------------------------------------------------------------
     def _wake(self) -> None:
-        try:
+        # A full pipe means a wake-up is pending anyway; a closed one means we are shutting down.
+        with contextlib.suppress(BlockingIOError, OSError):
             os.write(self._wake_write, b"x")
-        except (BlockingIOError, OSError):
-            pass  # the pipe is full (a wake-up is pending anyway) or closed at shutdown
 
     def _link_spec(self, link_class: str) -> LinkSpec:
         return self._topology.wan if link_class == WAN else self._topology.lan
