@@ -142,6 +142,7 @@ class NodeConfig:
     bind_host: str = "127.0.0.1"
     bind_port: int = 0  # schedulers bind this port; others take a free one when 0
     run_dir: Path | None = None
+    worker_offset: int | None = None  # global rank of this party's first worker; None: from the topology
 
     @property
     def num_workers(self) -> int:
@@ -456,6 +457,7 @@ def node_config_from_env(env: Mapping[str, str]) -> NodeConfig:
         bind_host=_get(env, "GEOMX_HOST") or "127.0.0.1",
         bind_port=bind_port,
         run_dir=Path(run_dir) if run_dir else None,
+        worker_offset=_int(env, "GEOMX_WORKER_OFFSET"),
     )
 
 

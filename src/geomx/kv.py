@@ -88,7 +88,10 @@ class KVStore:
         self.party = config.party
         self.num_workers = config.num_workers
         self.num_all_workers = config.topology.num_all_workers
-        self.global_rank = config.topology.worker_offset(config.party) + self.rank
+        offset = config.worker_offset
+        if offset is None:
+            offset = config.topology.worker_offset(config.party)
+        self.global_rank = offset + self.rank
         # The master worker: flagged by the launcher (or DMLC_ROLE_MASTER_WORKER), else rank 0 of the central party.
         self.is_master_worker = config.is_master or (
             config.topology.parties_known and config.party == config.topology.central and self.rank == 0)
