@@ -19,8 +19,6 @@ def _launch(args: argparse.Namespace) -> int:
     from .launch import format_summary, launch
 
     command = list(args.command)
-    if command and command[0] == "--":
-        command = command[1:]
     try:
         result = launch(Path(args.topology), command, run_dir=Path(args.run_dir) if args.run_dir else None,
                         host=args.host, party=args.party, global_scheduler=args.global_scheduler)
@@ -46,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("--global-scheduler", help="HOST:PORT of the global scheduler (with --party)")
     launch.add_argument("--host", default="127.0.0.1", help="address this host's processes bind and announce")
     launch.add_argument("--run-dir", help="folder for stats and metrics (default: runs/<time>-<topology>)")
-    launch.add_argument("command", nargs=argparse.REMAINDER, help="-- the worker command")
+    launch.add_argument("command", nargs="*", help="the worker command, after '--'")
     launch.set_defaults(func=_launch)
     bench = sub.add_parser("bench", help="measure geomx against a flat PS and gloo, side by side")
     bench.add_argument("--quick", action="store_true", help="fewer steps and smaller tensors")
@@ -58,7 +56,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command: list[str] = []
+    if "--" in argv:  # the worker command follows the first "--"; options may come before it in any order
+        split = argv.index("--")
+        argv, command = argv[:split], argv[split + 1:]
     args = build_parser().parse_args(argv)
+    if command:
+        args.command = [*getattr(args, "command", []), *command]
     return int(args.func(args))
 
 

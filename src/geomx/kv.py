@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import sys
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -92,9 +93,12 @@ class KVStore:
         if offset is None:
             offset = config.topology.worker_offset(config.party)
         self.global_rank = offset + self.rank
-        # The master worker: flagged by the launcher (or DMLC_ROLE_MASTER_WORKER), else rank 0 of the central party.
-        self.is_master_worker = config.is_master or (
-            config.topology.parties_known and config.party == config.topology.central and self.rank == 0)
+        # The scheduler decides: the flagged worker (GEOMX_MASTER_WORKER / DMLC_ROLE_MASTER_WORKER), else rank 0
+        # of the central party.
+        self.is_master_worker = me.master
+        self._crashed = False
+        self._previous_excepthook = sys.excepthook
+        sys.excepthook = self._on_uncaught
         atexit.register(self.close)
 
     # -- setup --------------------------------------------------------------------------------------------
@@ -278,13 +282,27 @@ class KVStore:
         if self.config.run_dir is not None:
             append_metrics(self.config.run_dir, self.name, metrics)
 
+    def _on_uncaught(self, *exc_info: Any) -> None:
+        """An uncaught exception: the atexit close must not wait for a shutdown round nobody will join."""
+        self._crashed = True
+        self._previous_excepthook(*exc_info)
+
     def close(self) -> None:
-        """Leave the job: a shutdown round through the servers, then stop. Safe to call twice."""
+        """Leave the job: a shutdown round through the servers, then stop. Safe to call twice.
+
+        After an uncaught exception (close runs from atexit), the worker just disconnects, so the process
+        exits at once with its error and the launcher stops the job.
+        """
         if self._closed:
             return
         self._closed = True
         atexit.unregister(self.close)
+        if sys.excepthook == self._on_uncaught:
+            sys.excepthook = self._previous_excepthook
         wait = self._topology.timeouts.shutdown_s
+        if self._crashed:
+            self._van.stop(flush_timeout=1.0)
+            return
         try:
             futures = [self._requests.call(s, Message(Kind.SHUTDOWN)) for s in self._servers]
             for server, future in zip(self._servers, futures, strict=True):

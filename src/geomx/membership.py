@@ -44,6 +44,7 @@ class Member:
     party: str
     rank: int
     address: str
+    master: bool = False  # the master worker: the only one allowed to configure the servers
 
     @property
     def name(self) -> str:
@@ -66,7 +67,7 @@ class Member:
     @staticmethod
     def from_json(data: dict[str, Any]) -> Member:
         return Member(str(data["id"]), Role(data["role"]), str(data["party"]), int(data["rank"]),
-                      str(data["address"]))
+                      str(data["address"]), bool(data.get("master", False)))
 
 
 @dataclass(frozen=True)

@@ -46,13 +46,18 @@ class Requests:
         return future
 
     def resolve(self, message: Message) -> bool:
-        """Complete the request this reply answers. False if it answers nothing we wait for."""
+        """Complete the request this reply answers. False if it answers nothing we wait for.
+
+        Only the peer the request went to can answer it: a reply with a known id from anyone else is ignored.
+        """
         if not message.is_reply:
             return False
+        sender = message.sender.decode(errors="replace")
         with self._lock:
-            entry = self._pending.pop(message.request_id, None)
-        if entry is None:
-            return False
+            entry = self._pending.get(message.request_id)
+            if entry is None or entry[0] != sender:  # unknown id, or an answer from someone we did not ask
+                return False
+            del self._pending[message.request_id]
         peer, future = entry
         if message.kind is Kind.ERROR:
             text = (message.body or {}).get("error", "unspecified error")

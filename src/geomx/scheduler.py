@@ -151,8 +151,12 @@ class Scheduler:
         ids = list(self._registrations)
         regs = [self._registrations[i] for i in ids]
         ranks = assign_ranks(regs)
-        self._members = [Member(i, r.role, r.party, rank, r.address)
-                         for i, r, rank in zip(ids, regs, ranks, strict=True)]
+        topology = self.config.topology
+        self._members = [
+            Member(i, r.role, r.party, rank, r.address,
+                   master=r.role is Role.WORKER and (r.master or (topology.parties_known and rank == 0
+                                                                  and r.party == topology.central)))
+            for i, r, rank in zip(ids, regs, ranks, strict=True)]
         book = {"members": [m.to_json() for m in self._members]}
         for member, reg in zip(self._members, regs, strict=True):
             self.van.add_peer(member.id, member.address, member.party)

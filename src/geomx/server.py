@@ -83,6 +83,7 @@ class ParameterServer:
         self.slots: dict[tuple[int, int], Slot] = {}
         self.rounds: dict[RoundId, Round] = {}
         self.clients: set[str] = set()
+        self.configurers: set[str] = set()  # clients allowed to set the optimizer (the master worker's path)
         self.upstream: list[str] = []
         self._lock = threading.RLock()
         self._ready = False
@@ -107,8 +108,12 @@ class ParameterServer:
         if self.is_global:
             self.name = me.name
             self.van.name = me.name
-            client_role = Role.WORKER if cfg.topology.mode is Mode.FLAT else Role.LOCAL_SERVER
-            self.clients = {m.id for m in global_book.of_role(client_role)}
+            if cfg.topology.mode is Mode.FLAT:
+                self.clients = {m.id for m in global_book.of_role(Role.WORKER)}
+                self.configurers = {m.id for m in global_book.of_role(Role.WORKER) if m.master}
+            else:
+                self.clients = {m.id for m in global_book.of_role(Role.LOCAL_SERVER)}
+                self.configurers = {m.id for m in global_book.of_role(Role.LOCAL_SERVER, cfg.topology.central)}
         else:
             self.upstream = [m.id for m in global_book.of_role(Role.GLOBAL_SERVER)]
             assert cfg.scheduler is not None
@@ -117,6 +122,7 @@ class ParameterServer:
                                      timeout=wait)
             self._connect(local_book)
             self.clients = {m.id for m in local_book.of_role(Role.WORKER)}
+            self.configurers = {m.id for m in local_book.of_role(Role.WORKER) if m.master}
             schedulers.append(local_scheduler_id(cfg.party))
         return schedulers
 
@@ -265,6 +271,9 @@ class ParameterServer:
     def _on_set_optimizer(self, message: Message) -> None:
         spec = (message.body or {}).get("optimizer")
         sender = message.sender.decode()
+        if sender not in self.configurers:
+            self._refuse(message, "only the master worker may set the optimizer")
+            return
         if not self.is_global:
             futures = [self.requests.call(gs, Message(Kind.SET_OPTIMIZER, body={"optimizer": spec}))
                        for gs in self.upstream]

@@ -1,0 +1,53 @@
+"""Fixtures of the multi-process integration tests (the helpers themselves are in ``harness.py``).
+
+Each job starts real processes (schedulers, servers, workers) on 127.0.0.1 with OS-chosen ports, so every
+test here gets a hard timeout: a hung job fails its test instead of hanging the suite.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+_HERE = Path(__file__).resolve().parent
+for _folder in (_HERE, _HERE / "workers"):
+    if str(_folder) not in sys.path:
+        sys.path.insert(0, str(_folder))
+
+from harness import Job, run_job  # noqa: E402
+
+TEST_TIMEOUT_S = 240
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if _HERE in Path(str(item.path)).resolve().parents and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(TEST_TIMEOUT_S))
+
+
+@pytest.fixture
+def geomx_job(tmp_path: Path):
+    """``geomx_job(script, *args, **options)``: run a job in this test's tmp_path (see harness.run_job).
+
+    Options are write_topology's (parties, mode, links, timeouts, slice_elems, global_servers, central) or
+    run_job's (name, party, global_scheduler, topology).
+    """
+
+    def run(script: str | Path, *args: str, **options) -> Job:
+        return run_job(tmp_path, script, *args, **options)
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def standard_hips_job(tmp_path_factory: pytest.TempPathFactory) -> Job:
+    """The reference job, shared by the FSA and WAN tests: 2 parties x 2 workers, HiPS, SGD with momentum."""
+    return run_job(tmp_path_factory.mktemp("standard-hips"), "train.py", name="hips")
+
+
+@pytest.fixture(scope="session")
+def standard_flat_job(tmp_path_factory: pytest.TempPathFactory) -> Job:
+    """The same job under a flat parameter server (every worker talks to the global server directly)."""
+    return run_job(tmp_path_factory.mktemp("standard-flat"), "train.py", name="flat", mode="flat")

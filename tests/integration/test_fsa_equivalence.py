@@ -1,0 +1,36 @@
+"""FSA over HiPS is one big synchronous SGD: 4 workers x N steps == one process on the union of batches.
+
+The global server runs SGD(lr, momentum=0.9) on the sum of the 4 gradients scaled by 1/num_all_workers,
+so after every step each worker must hold exactly what torch.optim.SGD computes in one process on the
+union of the 4 batches (mean loss over the union), starting from the master worker's initial weights.
+"""
+
+from __future__ import annotations
+
+import jobkit
+import pytest
+
+
+def test_fsa_matches_single_process_sgd(standard_hips_job):
+    job = standard_hips_job
+    job.assert_ok()
+    jobkit.assert_fsa_equivalent(job.workers(), num_workers=4)
+    names = {report["name"] for _, report in job.workers().values()}
+    assert names == {"dc0/worker0", "dc0/worker1", "dc1/worker0", "dc1/worker1"}
+    masters = [rank for rank, (_, report) in job.workers().items() if report["is_master_worker"]]
+    assert masters == [0]
+
+
+@pytest.mark.parametrize(("slice_elems", "global_servers"), [(64, 2)], ids=["64-elem-slices-2-global-servers"])
+def test_fsa_with_slices_and_two_global_servers(geomx_job, slice_elems, global_servers):
+    # Linear(32, 64) has 2048 weights: 32 slices spread over both global servers (see sharding.shard_for).
+    assert 10 * slice_elems < jobkit.IN_FEATURES * jobkit.HIDDEN
+    job = geomx_job("train.py", slice_elems=slice_elems, global_servers=global_servers)
+    job.assert_ok()
+    jobkit.assert_fsa_equivalent(job.workers(), num_workers=4)
+    # both global servers really served slices: each received tensor bytes from the local servers
+    stats = job.workers()[0][1]["stats"]["servers"]["dc0/server"]["upstream"]
+    assert sorted(stats) == ["global_server0", "global_server1"]
+    for name, body in stats.items():
+        received = body["lan"]["recv"] + body["wan"]["recv"]
+        assert received > jobkit.STEPS * jobkit.param_bytes() / 2 * 0.8, (name, body)
