@@ -11,7 +11,6 @@ import sys
 import threading
 
 import jobkit
-import pytest
 from harness import run_job, worker_command, write_topology
 
 from geomx.launch import free_port
