@@ -59,10 +59,14 @@ class LinkSpec:
 
 @dataclass(frozen=True)
 class PartySpec:
-    """One data center: its name and how many training workers it runs."""
+    """One data center: its name, how many training workers it runs, and optionally its own WAN link.
+
+    ``wan`` overrides the topology's WAN link for this party's traffic (e.g. one far-away region).
+    """
 
     name: str
     num_workers: int
+    wan: LinkSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -117,6 +121,13 @@ class Topology:
             if party.name == name:
                 return party
         raise ConfigError(f"unknown party {name!r}; the topology has {[p.name for p in self.parties]}")
+
+    def wan_between(self, a: str, b: str) -> LinkSpec:
+        """The WAN link between parties ``a`` and ``b``: the slower of their links (lowest rate, highest delay)."""
+        overrides = {p.name: p.wan for p in self.parties if p.wan is not None}
+        specs = [overrides.get(a, self.wan), overrides.get(b, self.wan)]
+        rates = [s.bandwidth_bps for s in specs if s.bandwidth_bps is not None]
+        return LinkSpec(min(rates) if rates else None, max(s.latency_s for s in specs))
 
     def worker_offset(self, party: str) -> int:
         """Global rank of the first worker of ``party`` (parties in topology order)."""
@@ -256,7 +267,11 @@ def topology_from_dict(raw: Mapping[str, Any]) -> Topology:
         workers = spec.get("workers") if isinstance(spec, Mapping) else spec
         if not isinstance(workers, int) or isinstance(workers, bool):
             raise ConfigError(f"party {name!r} needs an integer 'workers'")
-        parties.append(PartySpec(str(name), workers))
+        if isinstance(spec, Mapping) and set(spec) - {"workers", "wan"}:
+            raise ConfigError(f"party {name!r} has unknown fields {sorted(set(spec) - {'workers', 'wan'})}; "
+                              "allowed: workers, wan")
+        wan = _link(spec.get("wan"), f"parties.{name}.wan") if isinstance(spec, Mapping) and spec.get("wan") else None
+        parties.append(PartySpec(str(name), workers, wan))
     links = raw.get("links") or {}
     if not isinstance(links, Mapping) or set(links) - {"lan", "wan"}:
         raise ConfigError("'links' may hold only 'lan' and 'wan'")
@@ -298,7 +313,8 @@ def topology_to_dict(topology: Topology) -> dict[str, Any]:
         return {"bandwidth": spec.bandwidth_bps, "latency": spec.latency_s}
 
     return {
-        "parties": {p.name: {"workers": p.num_workers} for p in topology.parties},
+        "parties": {p.name: {"workers": p.num_workers, **({"wan": link(p.wan)} if p.wan else {})}
+                    for p in topology.parties},
         "central": topology.central,
         "global_servers": topology.num_global_servers,
         "mode": topology.mode.value,

@@ -181,8 +181,10 @@ class Van:
         with contextlib.suppress(BlockingIOError, OSError):
             os.write(self._wake_write, b"x")
 
-    def _link_spec(self, link_class: str) -> LinkSpec:
-        return self._topology.wan if link_class == WAN else self._topology.lan
+    def _link_spec(self, peer: _Peer) -> LinkSpec:
+        if peer.link_class == LAN:
+            return self._topology.lan
+        return self._topology.wan_between(self.party, peer.party)
 
     def _open_router(self) -> zmq.Socket[Any]:
         router = self._context.socket(zmq.ROUTER)
@@ -204,7 +206,7 @@ class Van:
         sock.connect(peer.address)
         self._sockets[peer.identity] = sock
         if peer.link_key not in self._links:
-            spec = self._link_spec(peer.link_class)
+            spec = self._link_spec(peer)
             self._links[peer.link_key] = ShapedLink(spec, share if peer.link_class == WAN else 1)
 
     def _io_loop(self) -> None:

@@ -510,3 +510,17 @@ def test_node_config_is_frozen(topo_file):
     with pytest.raises(dataclasses.FrozenInstanceError):
         node.rank = 3  # type: ignore[misc]
     assert math.isclose(node.topology.wan.latency_s, 0.025)
+
+
+def test_a_party_can_have_its_own_wan_link():
+    topology = topology_from_dict({
+        "parties": {"dc0": {"workers": 1}, "dc1": {"workers": 1, "wan": {"bandwidth": "10Mbit", "latency": "80ms"}},
+                    "dc2": 1},
+        "links": {"wan": {"bandwidth": "100Mbit", "latency": "25ms"}},
+    })
+    assert topology.wan_between("dc0", "dc1") == LinkSpec(10e6, 0.08)
+    assert topology.wan_between("dc1", "dc0") == LinkSpec(10e6, 0.08)
+    assert topology.wan_between("dc0", "dc2") == LinkSpec(100e6, 0.025)
+    assert topology_from_dict(topology_to_dict(topology)) == topology
+    with pytest.raises(ConfigError, match="unknown fields"):
+        topology_from_dict({"parties": {"dc0": {"workers": 1, "cpus": 3}}})

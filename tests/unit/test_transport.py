@@ -230,6 +230,25 @@ def test_wan_share_divides_the_senders_rate(make_van):
     assert measured_bps == pytest.approx(rate_bps / share, rel=0.15)
 
 
+def test_a_party_override_sets_its_wan_link(make_van):
+    """Party "b" has its own 20 Mbit/s, 60 ms WAN link; the topology's default WAN is unlimited."""
+    slow = LinkSpec(bandwidth_bps=20e6, latency_s=0.06)
+    topo = Topology(parties=(PartySpec("a", 1), PartySpec("b", 1, wan=slow)), central="a")
+    a, _ = make_van("a/sender", "a", topo)
+    b, inbox_b = make_van("b/receiver", "b", topo)
+    connect(a, b)
+    payload = np.zeros(1 << 16, np.uint8)
+    message_nbytes = frames_nbytes(encode(Message(Kind.PUSHPULL, tensor=payload)))
+    count = math.ceil(0.5 * slow.bandwidth_bps / 8 / message_nbytes)
+    start = time.monotonic()
+    for i in range(count):
+        a.send(b.identity, Message(Kind.PUSHPULL, key=i, tensor=payload))
+    arrivals = sorted(t for t, _ in inbox_b.get_many(count))
+    assert arrivals[0] - start >= slow.latency_s
+    measured_bps = count * message_nbytes * 8 / (arrivals[-1] - start - slow.latency_s)
+    assert measured_bps == pytest.approx(slow.bandwidth_bps, rel=0.10)
+
+
 def test_lan_is_not_limited_by_the_wan_setting(make_van):
     topo = topology(wan=LinkSpec(bandwidth_bps=1e6, latency_s=0.5))  # absurdly slow WAN
     a1, _ = make_van("a/one", "a", topo)
