@@ -1,0 +1,541 @@
+"""``geomx bench``: geomx measured against its baselines, side by side in one run.
+
+Two sections (see ``benchmarks/README.md`` for how to read them):
+
+* ``training`` — the digits CNN of ``examples/cnn.py`` (Adam on the global server) trained for the same
+  number of steps under a flat parameter server and under HiPS (fully synchronous), both on the same
+  emulated WAN: 2 parties x 2 workers, WAN 100 Mbit/s 25 ms one way, LAN 10 Gbit/s 0 ms. Ratios are to the
+  flat PS.
+* ``transport`` — ``kv.pushpull`` of a 4 MB and a 100 MB float32 tensor between a worker and the global
+  server on loopback (no emulation), against ``torch.distributed`` gloo ``all_reduce`` of the same tensor
+  between 2 processes. Ratio geomx / gloo.
+
+Nothing here asserts: the bench prints a table and writes every raw figure to ``OUT/bench.json``.
+It returns 1 only when a measurement could not be taken (a run failed).
+
+Usage::
+
+    geomx bench --quick              # about 1 minute on 2 cores
+    geomx bench --out bench-results  # the full run, 2 to 4 minutes
+    geomx bench --only transport
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .launch import LaunchResult, launch
+from .runlog import read_metrics
+
+SECTIONS = ("training", "transport")
+
+# The emulated WAN of the training section (the demo topology's links).
+WAN = {"bandwidth": "100Mbit", "latency": "25ms"}
+LAN = {"bandwidth": "10Gbit", "latency": "0ms"}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How much to run: --quick or the full bench."""
+
+    epochs: int
+    training_repeats: int  # runs per mode, alternated (flat, hips, hips, flat, ...) to cancel drift
+    sizes_mb: tuple[float, ...]
+    reps: int
+    warmup: int
+    two_workers: bool
+
+
+# digits: 1437 training images / 4 workers / batch 32 = 11 steps per epoch
+QUICK = Plan(epochs=5, training_repeats=1, sizes_mb=(4.0, 100.0), reps=10, warmup=2, two_workers=True)
+FULL = Plan(epochs=20, training_repeats=2, sizes_mb=(4.0, 100.0), reps=30, warmup=3, two_workers=True)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# helpers
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def machine_info() -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "torch": _version("torch"),
+        "numpy": _version("numpy"),
+        "pyzmq": _version("pyzmq"),
+        "geomx": _version("geomx"),
+    }
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        info["torch_threads"] = torch.get_num_threads()
+    except Exception:  # torch missing or broken: the bench still reports what it can
+        pass
+    try:
+        import zmq
+
+        info["libzmq"] = zmq.zmq_version()
+    except Exception:
+        pass
+    return info
+
+
+def _load() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def _write_topology(path: Path, raw: dict[str, Any]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def _say(text: str) -> None:
+    print(text, flush=True)
+
+
+def _run_job(name: str, topology: Path, command: list[str],
+             out_dir: Path) -> tuple[LaunchResult, dict[str, list[dict[str, Any]]]]:
+    """Launch a whole topology locally; child output goes to OUT/logs/NAME.log. Returns (result, metrics)."""
+    run_dir = out_dir / "runs" / name
+    if run_dir.exists():
+        shutil.rmtree(run_dir)  # metrics files are appended to: start clean
+    log_path = out_dir / "logs" / f"{name}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "w") as log:
+        result = launch(topology, command, run_dir=run_dir, out=log)
+    if result.exit_code != 0 and result.failed is None:  # Ctrl-C: the launcher stopped the job
+        raise KeyboardInterrupt
+    metrics = read_metrics(run_dir)
+    return result, metrics
+
+
+def _master_records(metrics: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The metric records of the one worker that records (the master worker)."""
+    for name in sorted(metrics):
+        if metrics[name]:
+            return metrics[name]
+    return []
+
+
+# ---------------------------------------------------------------------------------------------------------
+# training
+
+def find_cnn_example() -> Path | None:
+    """examples/cnn.py of the source checkout geomx runs from (editable install), or of the cwd."""
+    here = Path(__file__).resolve()
+    candidates = [here.parents[2] / "examples" / "cnn.py", Path.cwd() / "examples" / "cnn.py"]
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _warm_caches() -> None:
+    """Import torch and load the digits once, untimed, so the first run does not pay a cold file cache."""
+    code = "import torch, geomx.kv, geomx.data; geomx.data.digits_split()"
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        subprocess.run([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       timeout=120, check=False)
+
+
+def training_topology(mode: str) -> dict[str, Any]:
+    return {
+        "parties": {"dc0": {"workers": 2}, "dc1": {"workers": 2}},
+        "central": "dc0",
+        "global_servers": 1,
+        "mode": mode,
+        "links": {"lan": dict(LAN), "wan": dict(WAN)},
+    }
+
+
+def summarize_training_run(records: list[dict[str, Any]], summary: dict[str, Any], wall_s: float,
+                           warmup_epochs: int = 1) -> dict[str, Any]:
+    """Per-run figures from the master worker's per-epoch records and the launcher's byte totals."""
+    if not records:
+        raise RuntimeError("the master worker left no metrics records")
+    steps_total = int(records[-1]["steps"])
+    # steps per epoch from the cumulative counter; epochs after the warm-up weigh by their step count
+    previous = 0
+    epochs = []
+    for record in records:
+        steps = int(record["steps"]) - previous
+        previous = int(record["steps"])
+        epochs.append((steps, float(record["step_ms"])))
+    timed = epochs[warmup_epochs:] or epochs
+    timed_steps = sum(s for s, _ in timed)
+    step_ms = sum(s * ms for s, ms in timed) / max(timed_steps, 1)
+    # steady-state WAN bytes per step from the global servers' counters between the first and last record
+    steady = None
+    if len(records) > 1 and records[-1]["steps"] > records[0]["steps"]:
+        steady = (records[-1]["wan_mb"] - records[0]["wan_mb"]) * 1e6 / (records[-1]["steps"] - records[0]["steps"])
+    wan_bytes = int(summary.get("wan_bytes", 0))
+    return {
+        "steps": steps_total,
+        "epochs": len(records),
+        "step_ms": step_ms,
+        "step_ms_median_epoch": statistics.median(ms for _, ms in timed),
+        "step_ms_all_epochs": sum(s * ms for s, ms in epochs) / max(sum(s for s, _ in epochs), 1),
+        "step_ms_per_epoch": [ms for _, ms in epochs],
+        "timed_steps": timed_steps,
+        "wan_bytes_total": wan_bytes,
+        "lan_bytes_total": int(summary.get("lan_bytes", 0)),
+        "wan_bytes_per_step": wan_bytes / max(steps_total, 1),
+        "wan_bytes_per_step_steady": steady,
+        "test_accuracy": float(records[-1]["test_accuracy"]),
+        "final_loss": float(records[-1]["loss"]),
+        "train_s": float(records[-1]["elapsed_s"]),
+        "wall_s": wall_s,
+    }
+
+
+def _mean_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Average the numeric figures of repeated runs of one mode (a single run passes through)."""
+    if len(runs) == 1:
+        return dict(runs[0])
+    merged: dict[str, Any] = {}
+    for key in ("step_ms", "step_ms_median_epoch", "step_ms_all_epochs", "wan_bytes_per_step",
+                "wan_bytes_per_step_steady", "test_accuracy", "final_loss", "train_s", "wall_s"):
+        values = [r[key] for r in runs if r.get(key) is not None]
+        merged[key] = statistics.fmean(values) if values else None
+    merged["steps"] = runs[0]["steps"]
+    merged["step_ms_runs"] = [r["step_ms"] for r in runs]
+    return merged
+
+
+def bench_training(plan: Plan, out_dir: Path) -> dict[str, Any]:
+    cnn = find_cnn_example()
+    if cnn is None:
+        raise RuntimeError("examples/cnn.py not found: run geomx bench from a geomx source checkout "
+                           "(pip install -e .) or from its root folder")
+    topo_dir = out_dir / "topologies"
+    topologies = {mode: _write_topology(topo_dir / f"training-{mode}.yaml", training_topology(mode))
+                  for mode in ("flat", "hips")}
+    command = [sys.executable, str(cnn), "--epochs", str(plan.epochs), "--optimizer", "adam", "--seed", "0"]
+    _warm_caches()
+    order: list[str] = []
+    for repeat in range(plan.training_repeats):
+        order += ["flat", "hips"] if repeat % 2 == 0 else ["hips", "flat"]
+    runs: dict[str, list[dict[str, Any]]] = {"flat": [], "hips": []}
+    errors = []
+    for index, mode in enumerate(order):
+        name = f"training-{mode}-{order[:index + 1].count(mode)}"
+        _say(f"[training] {name}: {plan.epochs} epochs of examples/cnn.py under "
+             f"{'a flat PS' if mode == 'flat' else 'HiPS FSA'} (log: {out_dir / 'logs' / name}.log) ...")
+        result, metrics = _run_job(name, topologies[mode], command, out_dir)
+        if result.exit_code != 0:
+            errors.append(f"{name} failed ({result.failed}); see {out_dir / 'logs' / name}.log")
+            _say(f"[training] {name} FAILED ({result.failed})")
+            continue
+        try:
+            figures = summarize_training_run(_master_records(metrics), result.summary, result.wall_s)
+        except (KeyError, ValueError, RuntimeError) as exc:
+            errors.append(f"{name}: unreadable metrics records ({type(exc).__name__}: {exc})")
+            _say(f"[training] {name}: unreadable metrics records: {exc}")
+            continue
+        figures["load_avg_after"] = _load()
+        runs[mode].append(figures)
+        _say(f"[training] {name}: {figures['steps']} steps, {figures['step_ms']:.1f} ms/step, "
+             f"{figures['wan_bytes_per_step'] / 1e3:.1f} kB WAN/step, acc {figures['test_accuracy']:.4f}, "
+             f"wall {result.wall_s:.1f} s")
+    section: dict[str, Any] = {
+        "job": {"script": str(cnn), "command": command, "epochs": plan.epochs, "optimizer": "adam",
+                "parties": 2, "workers_per_party": 2, "wan": WAN, "lan": LAN,
+                "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "1 (launcher default)"),
+                "warmup": "epoch 1 excluded from step_ms", "order": order},
+        "runs": runs, "errors": errors, "rows": {},
+    }
+    for mode in ("flat", "hips"):
+        if runs[mode]:
+            section["rows"][mode] = _mean_runs(runs[mode])
+    flat, hips = section["rows"].get("flat"), section["rows"].get("hips")
+    if flat and hips:
+        section["ratios"] = {
+            "step_time_speedup": flat["step_ms"] / hips["step_ms"],
+            "step_time_speedup_median_epoch": flat["step_ms_median_epoch"] / hips["step_ms_median_epoch"],
+            "wan_bytes_reduction": flat["wan_bytes_per_step"] / hips["wan_bytes_per_step"],
+            "wan_bytes_reduction_steady": (flat["wan_bytes_per_step_steady"] / hips["wan_bytes_per_step_steady"]
+                                           if flat.get("wan_bytes_per_step_steady")
+                                           and hips.get("wan_bytes_per_step_steady") else None),
+            "accuracy_difference": hips["test_accuracy"] - flat["test_accuracy"],
+            "wall_speedup": flat["wall_s"] / hips["wall_s"],
+            "train_time_speedup": flat["train_s"] / hips["train_s"],
+        }
+    return section
+
+
+# ---------------------------------------------------------------------------------------------------------
+# transport
+
+def transport_topology(workers: int) -> dict[str, Any]:
+    """One party, one global server, flat: the worker(s) talk straight to the global server, no emulation."""
+    return {"parties": {"dc0": {"workers": workers}}, "central": "dc0", "global_servers": 1, "mode": "flat"}
+
+
+def bench_geomx_pushpull(plan: Plan, out_dir: Path, workers: int) -> list[dict[str, Any]]:
+    topology = _write_topology(out_dir / "topologies" / f"transport-{workers}w.yaml", transport_topology(workers))
+    command = [sys.executable, "-m", "geomx.bench_workers.transport", "--sizes-mb",
+               *[f"{s:g}" for s in plan.sizes_mb], "--reps", str(plan.reps), "--warmup", str(plan.warmup)]
+    name = f"transport-geomx-{workers}w"
+    _say(f"[transport] {name}: pushpull of {', '.join(f'{s:g} MB' for s in plan.sizes_mb)} "
+         f"x{plan.reps} ({workers} worker{'s' if workers > 1 else ''} + 1 global server) ...")
+    result, metrics = _run_job(name, topology, command, out_dir)
+    if result.exit_code != 0:
+        raise RuntimeError(f"{name} failed ({result.failed}); see {out_dir / 'logs' / name}.log")
+    records = _master_records(metrics)
+    if len(records) != len(plan.sizes_mb):
+        raise RuntimeError(f"{name}: expected {len(plan.sizes_mb)} records, got {len(records)}")
+    for record in records:
+        record["wall_s"] = result.wall_s
+    return records
+
+
+def bench_gloo(plan: Plan, out_dir: Path, world: int = 2, timeout_s: float = 300.0) -> list[dict[str, Any]]:
+    _say(f"[transport] gloo all_reduce of {', '.join(f'{s:g} MB' for s in plan.sizes_mb)} x{plan.reps} "
+         f"({world} processes) ...")
+    out_file = out_dir / "runs" / "transport-gloo.json"
+    out_file.parent.mkdir(parents=True, exist_ok=True)
+    out_file.unlink(missing_ok=True)
+    port = _free_port()
+    log_path = out_dir / "logs" / "transport-gloo.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    procs = []
+    with open(log_path, "w") as log:
+        for rank in range(world):
+            argv = [sys.executable, "-m", "geomx.bench_workers.gloo", "--rank", str(rank), "--world", str(world),
+                    "--port", str(port), "--out", str(out_file), "--reps", str(plan.reps),
+                    "--warmup", str(plan.warmup), "--sizes-mb", *[f"{s:g}" for s in plan.sizes_mb]]
+            procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+        deadline = time.monotonic() + timeout_s
+        try:
+            # one rank failing early would leave the other waiting for it: stop all at the first failure
+            while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+                if any(p.poll() not in (None, 0) for p in procs):
+                    break
+                time.sleep(0.05)
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        codes = [p.returncode for p in procs]
+    if any(codes) or not out_file.is_file():
+        raise RuntimeError(f"gloo all_reduce failed (exit codes {codes}); see {log_path}")
+    return list(json.loads(out_file.read_text()))
+
+
+def bench_transport(plan: Plan, out_dir: Path) -> dict[str, Any]:
+    section: dict[str, Any] = {
+        "setup": {"sizes_mb": list(plan.sizes_mb), "reps": plan.reps, "warmup": plan.warmup,
+                  "geomx": "flat topology, 1 party, 1 global server, links unlimited (loopback TCP); "
+                           "kv.pushpull(key, value, out=out); default slice_elems (1M elements)",
+                  "gloo": "torch.distributed gloo all_reduce, 2 processes, tcp:// on 127.0.0.1",
+                  "gbps": "tensor bytes / mean time per operation, 1 GB = 1e9 bytes"},
+        "errors": [],
+    }
+    measured: dict[str, list[dict[str, Any]]] = {}
+    jobs = [("geomx_1w", lambda: bench_geomx_pushpull(plan, out_dir, 1)),
+            ("gloo_2p", lambda: bench_gloo(plan, out_dir, 2))]
+    if plan.two_workers:
+        jobs.append(("geomx_2w", lambda: bench_geomx_pushpull(plan, out_dir, 2)))
+    for label, job in jobs:
+        try:
+            measured[label] = job()
+            for entry in measured[label]:
+                _say(f"[transport] {label} {entry['size_mb']:g} MB: {entry['mean_s'] * 1000:.1f} ms/op, "
+                     f"{entry['gbps']:.3f} GB/s")
+        except Exception as exc:  # record and go on: the other measurements still count
+            section["errors"].append(f"{label}: {exc}")
+            _say(f"[transport] {label} FAILED: {exc}")
+    section["raw"] = measured
+    rows = []
+    for index, size in enumerate(plan.sizes_mb):
+        row: dict[str, Any] = {"size_mb": size}
+        for label, entries in measured.items():
+            if index < len(entries):
+                row[f"{label}_gbps"] = entries[index]["gbps"]
+                row[f"{label}_ms"] = entries[index]["mean_s"] * 1000
+                row[f"{label}_median_ms"] = entries[index]["median_s"] * 1000
+        gloo = row.get("gloo_2p_gbps")
+        for label in ("geomx_1w", "geomx_2w"):
+            if gloo and row.get(f"{label}_gbps") is not None:
+                row[f"{label}_over_gloo"] = row[f"{label}_gbps"] / gloo
+                # time ratio of the medians: gloo time / geomx time = geomx GB/s / gloo GB/s
+                row[f"{label}_over_gloo_median"] = row["gloo_2p_median_ms"] / row[f"{label}_median_ms"]
+        rows.append(row)
+    section["rows"] = rows
+    return section
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the table
+
+def _fmt(value: Any, spec: str, suffix: str = "") -> str:
+    if value is None:
+        return "-"
+    return f"{value:{spec}}{suffix}"
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
+    """Plain-text columns: the first left-aligned, the others right-aligned."""
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
+
+    return [line(headers), line(["-" * w for w in widths]), *(line(r) for r in rows)]
+
+
+def format_report(report: dict[str, Any]) -> str:
+    machine = report["machine"]
+    lines = ["", f"=== geomx bench ({'quick' if report['quick'] else 'full'}) === "
+             f"{machine.get('cores')} cores, torch {machine.get('torch')}, python {machine.get('python')}, "
+             f"load avg at start {report.get('load_avg_start')}"]
+    cores = machine.get("cores") or 1
+    load = report.get("load_avg_start")
+    if load and load[0] > 0.75 * cores:
+        lines.append(f"warning: the machine was already busy (1-min load {load[0]} on {cores} cores): "
+                     "times and their ratios are noisy; compare medians in bench.json")
+    training = report.get("training")
+    if training:
+        job = training.get("job", {})
+        steps = next((r["steps"] for r in training.get("rows", {}).values()), None)
+        lines += ["", f"[training] digits CNN (examples/cnn.py), Adam, 2 parties x 2 workers, "
+                      f"WAN {WAN['bandwidth']}/s {WAN['latency']} one way, LAN {LAN['bandwidth']}/s "
+                      f"{LAN['latency']}; {steps} steps per run, {job.get('order') and len(job['order']) // 2} "
+                      f"run(s) per mode"]
+        rows = []
+        ratios = training.get("ratios", {})
+        for mode, label in (("flat", "flat PS"), ("hips", "HiPS FSA")):
+            row = training.get("rows", {}).get(mode)
+            if not row:
+                rows.append([label, "failed", "-", "-", "-", "-", "-", "-"])
+                continue
+            is_flat = mode == "flat"
+            rows.append([
+                label,
+                _fmt(row["step_ms"], ".1f"),
+                "1.00x" if is_flat else _fmt(ratios.get("step_time_speedup"), ".2f", "x"),
+                _fmt(row["wan_bytes_per_step"] / 1e3, ".1f"),
+                "1.00x" if is_flat else _fmt(ratios.get("wan_bytes_reduction"), ".2f", "x"),
+                _fmt(row["test_accuracy"], ".4f"),
+                _fmt(row["train_s"], ".1f"),
+                _fmt(row["wall_s"], ".1f"),
+            ])
+        lines += _table(["mode", "step ms", "speedup", "WAN kB/step", "WAN reduction", "test acc", "train s",
+                         "wall s"], rows)
+        lines.append("note: step ms = mean over epochs 2..N (epoch 1 is warm-up), from the master worker's "
+                     "records; speedup and WAN reduction = flat / HiPS;")
+        lines.append("      WAN kB/step = all WAN bytes sent by every process (incl. init and shutdown) / steps; "
+                     "train s = training loop time; wall s = launch to exit.")
+        if ratios.get("step_time_speedup_median_epoch"):
+            lines.append(f"      speedup from the median epoch instead of the mean (robust to load bursts): "
+                         f"{ratios['step_time_speedup_median_epoch']:.2f}x.")
+        if ratios.get("wan_bytes_reduction_steady"):
+            lines.append(f"      steady-state WAN reduction (global-server counters, epoch 1 to last): "
+                         f"{ratios['wan_bytes_reduction_steady']:.2f}x; expected 2.00x.")
+        for error in training.get("errors", []):
+            lines.append(f"error: {error}")
+    elif "training_error" in report:
+        lines += ["", f"[training] not measured: {report['training_error']}"]
+    transport = report.get("transport")
+    if transport:
+        setup = transport["setup"]
+        lines += ["", f"[transport] loopback, no emulation; {setup['reps']} timed ops after {setup['warmup']} "
+                      "warm-up; GB/s = tensor bytes / time per op"]
+        rows = []
+        for row in transport.get("rows", []):
+            rows.append([f"{row['size_mb']:g} MB",
+                         _fmt(row.get("geomx_1w_gbps"), ".3f"), _fmt(row.get("gloo_2p_gbps"), ".3f"),
+                         _fmt(row.get("geomx_1w_over_gloo"), ".2f", "x"),
+                         _fmt(row.get("geomx_2w_gbps"), ".3f"), _fmt(row.get("geomx_2w_over_gloo"), ".2f", "x")])
+        lines += _table(["tensor", "geomx 1w GB/s", "gloo 2p GB/s", "geomx/gloo", "geomx 2w GB/s",
+                         "geomx 2w/gloo"], rows)
+        lines.append("note: geomx = kv.pushpull worker <-> global server (flat, 1 party; 2w: two workers, "
+                     "3 processes); gloo = all_reduce between 2 processes; goal geomx/gloo >= 1.0.")
+        medians = [f"{row['size_mb']:g} MB {row['geomx_1w_over_gloo_median']:.2f}x"
+                   + (f" (2w {row['geomx_2w_over_gloo_median']:.2f}x)" if "geomx_2w_over_gloo_median" in row else "")
+                   for row in transport.get("rows", []) if "geomx_1w_over_gloo_median" in row]
+        if medians:
+            lines.append(f"      geomx/gloo from median times (robust to load bursts): {', '.join(medians)}.")
+        for error in transport.get("errors", []):
+            lines.append(f"error: {error}")
+    elif "transport_error" in report:
+        lines += ["", f"[transport] not measured: {report['transport_error']}"]
+    lines.append("")
+    lines.append(f"raw figures: {report.get('json_path')}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# entry point
+
+def run_bench(quick: bool, out_dir: Path, sections: list[str] | None = None) -> int:
+    """Run the chosen sections (default: all), print the table, write OUT/bench.json. Never asserts."""
+    plan = QUICK if quick else FULL
+    chosen = [s for s in SECTIONS if not sections or s in sections]
+    out_dir = Path(out_dir).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path = out_dir / "bench.json"
+    started = time.monotonic()
+    report: dict[str, Any] = {
+        "quick": quick, "sections": chosen, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": machine_info(), "load_avg_start": _load(), "plan": plan.__dict__, "json_path": str(json_path),
+    }
+    failed = False
+    interrupted = False
+    for section, runner in (("training", bench_training), ("transport", bench_transport)):
+        if section not in chosen:
+            continue
+        try:
+            report[section] = runner(plan, out_dir)
+            failed = failed or bool(report[section].get("errors"))
+        except KeyboardInterrupt:
+            interrupted = True
+            report[f"{section}_error"] = "interrupted"
+            _say(f"[{section}] interrupted; writing what was measured so far")
+            break
+        except Exception as exc:
+            failed = True
+            report[f"{section}_error"] = f"{type(exc).__name__}: {exc}"
+            report[f"{section}_traceback"] = traceback.format_exc()
+            _say(f"[{section}] not measured: {exc}")
+    report["load_avg_end"] = _load()
+    report["bench_wall_s"] = time.monotonic() - started
+    json_path.write_text(json.dumps(report, indent=2, default=str))
+    _say(format_report(report))
+    _say(f"bench wall time: {report['bench_wall_s']:.0f} s")
+    return 130 if interrupted else 1 if failed else 0
