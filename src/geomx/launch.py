@@ -30,6 +30,19 @@ from .config import Mode, NodeConfig, Role, Topology, load_topology, node_env
 from .runlog import read_metrics, read_stats
 
 
+# Environment defaults for every launched process (the user's environment wins):
+# - many processes share this machine's cores: one math thread each;
+# - glibc keeps freed receive buffers instead of returning them to the OS, so the next message of the same
+#   size does not page-fault fresh memory in (measured: 3.5x fewer page faults, ~25% less CPU per 100 MB
+#   pushpull).
+PROCESS_DEFAULTS = {
+    "OMP_NUM_THREADS": "1",
+    "MALLOC_ARENA_MAX": "2",
+    "MALLOC_MMAP_THRESHOLD_": str(64 << 20),
+    "MALLOC_TRIM_THRESHOLD_": str(1 << 30),
+}
+
+
 @dataclass
 class ProcessSpec:
     """One process to start: a label for its log lines, its command and its environment."""
@@ -121,8 +134,7 @@ class Launcher:
     def _start(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         for spec in self.specs:
-            # Many processes share this machine's cores: one math thread each unless the user chose otherwise.
-            env = {"OMP_NUM_THREADS": "1", **os.environ, **spec.env, "PYTHONUNBUFFERED": "1"}
+            env = {**PROCESS_DEFAULTS, **os.environ, **spec.env, "PYTHONUNBUFFERED": "1"}
             proc = subprocess.Popen(spec.argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True)
             self._procs.append((spec, proc))
