@@ -32,7 +32,7 @@ from . import config as config_module
 from .config import Mode, NodeConfig, Role
 from .membership import GLOBAL_SCHEDULER_ID, AddressBook, local_scheduler_id, new_node_id, register
 from .optim import Optimizer
-from .policies.sync import sync_policy
+from .policies.sync import SYNC_POLICIES, sync_policy
 from .rpc import Requests
 from .runlog import append_metrics, write_stats
 from .sharding import shard_for, slice_plan
@@ -42,7 +42,7 @@ from .wire import Kind, Message
 
 log = logging.getLogger("geomx.kv")
 
-KVSTORE_TYPES = ("dist_sync",)
+KVSTORE_TYPES = tuple(SYNC_POLICIES)
 
 
 @dataclass
@@ -99,6 +99,8 @@ class KVStore:
         self._crashed = False
         self._previous_excepthook = sys.excepthook
         sys.excepthook = self._on_uncaught
+        if self.is_master_worker:  # before any init round completes, so every push meets the right policy
+            self._configure({"sync": kind}, f"switch to {kind}")
         atexit.register(self.close)
 
     # -- setup --------------------------------------------------------------------------------------------
@@ -250,10 +252,12 @@ class KVStore:
         spec = optimizer.spec()
         if spec["params"].get("rescale_grad") is None:
             spec["params"]["rescale_grad"] = 1.0 / self.num_all_workers
-        futures = [self._requests.call(s, Message(Kind.SET_OPTIMIZER, body={"optimizer": spec}))
-                   for s in self._servers]
+        self._configure({"optimizer": spec}, "set the optimizer")
+
+    def _configure(self, body: dict[str, Any], what: str) -> None:
+        futures = [self._requests.call(s, Message(Kind.CONFIGURE, body=body)) for s in self._servers]
         for server, future in zip(self._servers, futures, strict=True):
-            self._requests.wait(future, self._timeout, f"{self._requests.names.get(server)} to set the optimizer")
+            self._requests.wait(future, self._timeout, f"{self._requests.names.get(server)} to {what}")
 
     def barrier(self) -> None:
         """Wait until every worker of every party reaches this barrier."""

@@ -40,17 +40,20 @@ class Optimizer:
         """The JSON-safe description that travels to the servers."""
         return {"name": self.name, "params": dataclasses.asdict(self)}
 
-    def step(self, slot: SlotId, weight: np.ndarray, grad_sum: np.ndarray) -> np.ndarray:
-        """Return new weights for ``slot`` (a new array: the old one may still be on the wire)."""
+    def step(self, slot: SlotId, weight: np.ndarray, grad_sum: np.ndarray, contributor: str = "") -> np.ndarray:
+        """Return new weights for ``slot`` (a new array: the old one may still be on the wire).
+
+        ``contributor``: who pushed ``grad_sum`` (one party under MixedSync; "" for a synchronous round).
+        """
         scale = 1.0 if self.rescale_grad is None else self.rescale_grad
         w = torch.from_numpy(np.array(weight, dtype=np.float32, copy=True))
         g = readonly_tensor(np.asarray(grad_sum, dtype=np.float32))  # only read; scaling makes a new tensor
         if scale != 1.0:
             g = g * scale
-        self._update(slot, w, g)
+        self._update(slot, w, g, contributor)
         return w.numpy()
 
-    def _update(self, slot: SlotId, weight: torch.Tensor, grad: torch.Tensor) -> None:
+    def _update(self, slot: SlotId, weight: torch.Tensor, grad: torch.Tensor, contributor: str) -> None:
         raise NotImplementedError
 
 
@@ -67,7 +70,7 @@ class SGD(Optimizer):
     def __post_init__(self) -> None:
         self._momentum: dict[SlotId, torch.Tensor] = {}
 
-    def _update(self, slot: SlotId, weight: torch.Tensor, grad: torch.Tensor) -> None:
+    def _update(self, slot: SlotId, weight: torch.Tensor, grad: torch.Tensor, contributor: str) -> None:
         if self.weight_decay:
             grad = grad.add(weight, alpha=self.weight_decay)
         if self.momentum:
@@ -95,7 +98,7 @@ class Adam(Optimizer):
     def __post_init__(self) -> None:
         self._state: dict[SlotId, tuple[torch.Tensor, torch.Tensor, list[int]]] = {}
 
-    def _update(self, slot: SlotId, weight: torch.Tensor, grad: torch.Tensor) -> None:
+    def _update(self, slot: SlotId, weight: torch.Tensor, grad: torch.Tensor, contributor: str) -> None:
         if self.weight_decay:
             grad = grad.add(weight, alpha=self.weight_decay)
         state = self._state.get(slot)
@@ -112,7 +115,50 @@ class Adam(Optimizer):
         weight.addcdiv_(exp_avg, denom, value=-self.lr / bias1)
 
 
-OPTIMIZERS: dict[str, type[Optimizer]] = {cls.name: cls for cls in (SGD, Adam)}
+@dataclass
+class DCASGD(Optimizer):
+    """Delay-compensated asynchronous SGD (Zheng et al., 2017), for MixedSync.
+
+    A party's gradient was computed on the weights that party last received, ``w_bak[party]``, while the
+    server has moved on to ``w``. The update compensates with the gradient's diagonal curvature estimate::
+
+        g' = g + lamda * g * g * (w - w_bak[party])
+        v  = momentum * v - lr * g'        (v = -lr * g' without momentum)
+        w  = w + v;  w_bak[party] = w      (the party receives w in the reply)
+
+    One backup per (key, slice) *and party*, as in the paper (GeoMX keeps one per key). A party's first
+    push is compensated against the weights at that moment.
+    """
+
+    name: ClassVar[str] = "dcasgd"
+    lr: float = 0.01
+    momentum: float = 0.0
+    lamda: float = 0.04
+    weight_decay: float = 0.0
+
+    def __post_init__(self) -> None:
+        self._velocity: dict[SlotId, torch.Tensor] = {}
+        self._backup: dict[tuple[SlotId, str], torch.Tensor] = {}
+
+    def _update(self, slot: SlotId, weight: torch.Tensor, grad: torch.Tensor, contributor: str) -> None:
+        if self.weight_decay:
+            grad = grad.add(weight, alpha=self.weight_decay)
+        backup = self._backup.get((slot, contributor))
+        if backup is not None:
+            grad = grad + self.lamda * grad * grad * (weight - backup)
+        step = grad.mul(-self.lr)
+        if self.momentum:
+            velocity = self._velocity.get(slot)
+            if velocity is None:
+                velocity = self._velocity[slot] = step
+            else:
+                velocity.mul_(self.momentum).add_(step)
+            step = velocity
+        weight.add_(step)
+        self._backup[(slot, contributor)] = weight.clone()
+
+
+OPTIMIZERS: dict[str, type[Optimizer]] = {cls.name: cls for cls in (SGD, Adam, DCASGD)}
 
 
 def optimizer_from_spec(spec: Any) -> Optimizer:

@@ -28,7 +28,7 @@ import numpy as np
 from .config import Mode, NodeConfig, Role
 from .membership import GLOBAL_SCHEDULER_ID, AddressBook, local_scheduler_id, new_node_id, register
 from .optim import Optimizer, optimizer_from_spec
-from .policies.sync import FullySynchronous, SyncPolicy
+from .policies.sync import FullySynchronous, SyncPolicy, sync_policy
 from .rpc import Requests
 from .runlog import write_stats
 from .sharding import shard_for
@@ -71,14 +71,17 @@ class Round:
 class ParameterServer:
     """A local or global parameter server process. See the module docstring."""
 
-    def __init__(self, config: NodeConfig, policy: SyncPolicy | None = None) -> None:
+    def __init__(self, config: NodeConfig) -> None:
         if config.role not in (Role.LOCAL_SERVER, Role.GLOBAL_SERVER):
             raise ValueError(f"ParameterServer cannot play role {config.role.value}")
         self.config = config
         self.is_global = config.role is Role.GLOBAL_SERVER
         self.name = f"global_server{config.rank or 0}" if self.is_global else f"{config.party}/server"
         self.identity = new_node_id(config.role, config.party)
-        self.policy = policy or FullySynchronous()
+        # Rounds of pushes follow the configured algorithm (global servers only; local servers stay
+        # synchronous). INIT, BARRIER and SHUTDOWN rounds always wait for every client.
+        self.push_policy: SyncPolicy = FullySynchronous()
+        self.all_clients_policy = FullySynchronous()
         self.optimizer: Optimizer | None = None
         self.slots: dict[tuple[int, int], Slot] = {}
         self.rounds: dict[RoundId, Round] = {}
@@ -190,7 +193,7 @@ class ParameterServer:
         handlers: dict[Kind, Callable[[Message], None]] = {
             Kind.INIT: self._on_init, Kind.PUSHPULL: self._on_pushpull, Kind.PULL: self._on_pull,
             Kind.BARRIER: self._contribute, Kind.SHUTDOWN: self._contribute,
-            Kind.SET_OPTIMIZER: self._on_set_optimizer,
+            Kind.CONFIGURE: self._on_configure,
         }
         handler = handlers.get(message.kind)
         if handler is None:
@@ -239,11 +242,25 @@ class ParameterServer:
         self._contribute(message)
 
     def _on_pull(self, message: Message) -> None:
+        """The current value. A local server asks its global server: under MixedSync its own copy may be stale."""
         slot = self.slots.get((message.key, message.part))
+        sender = message.sender.decode()
         if slot is None:
             self._refuse(message, f"key {message.key} slice {message.part} was never initialized; call init first")
             return
-        self.van.send(message.sender.decode(), message.reply(tensor=slot.value))
+        if self.is_global:
+            self.van.send(sender, message.reply(tensor=slot.value))
+            return
+        owner = self.upstream[shard_for(message.key, message.part, len(self.upstream))]
+        future = self.requests.call(owner, Message(Kind.PULL, key=message.key, part=message.part,
+                                                   num_parts=message.num_parts, priority=message.priority))
+
+        def answer(result: Future[Message]) -> None:
+            error = result.exception()
+            reply = message.error(f"{self.name}: {error}") if error else message.reply(tensor=result.result().tensor)
+            self.van.send(sender, reply)
+
+        future.add_done_callback(answer)
 
     def _on_stats(self, message: Message) -> None:
         """Our counters; a local server adds its global servers' under "upstream"."""
@@ -268,27 +285,36 @@ class ParameterServer:
 
         self._when_all(futures, answer)
 
-    def _on_set_optimizer(self, message: Message) -> None:
-        spec = (message.body or {}).get("optimizer")
+    def _on_configure(self, message: Message) -> None:
+        """Server settings from the master worker: {"optimizer": spec} and/or {"sync": kvstore type}."""
+        body = message.body or {}
         sender = message.sender.decode()
         if sender not in self.configurers:
-            self._refuse(message, "only the master worker may set the optimizer")
+            self._refuse(message, "only the master worker may configure the servers")
             return
-        if not self.is_global:
-            futures = [self.requests.call(gs, Message(Kind.SET_OPTIMIZER, body={"optimizer": spec}))
-                       for gs in self.upstream]
-            self._when_all(futures, lambda error: self.van.send(
-                sender, message.error(error) if error else message.reply()))
+        unknown = set(body) - {"optimizer", "sync"}
+        if unknown or not body:
+            self._refuse(message, f"CONFIGURE takes 'optimizer' and/or 'sync', got {sorted(body)}")
             return
         try:
-            optimizer = optimizer_from_spec(spec)
+            optimizer = optimizer_from_spec(body["optimizer"]) if "optimizer" in body else None
+            policy = sync_policy(str(body["sync"])) if "sync" in body else None
         except ValueError as exc:
             self._refuse(message, str(exc))
             return
-        if self.optimizer is not None:
-            log.warning("[%s] replacing optimizer %s (its state is dropped)", self.name, self.optimizer.name)
-        self.optimizer = optimizer
-        log.info("[%s] optimizer set: %s", self.name, spec)
+        if not self.is_global:  # the local tier stays synchronous; the global servers take the settings
+            futures = [self.requests.call(gs, Message(Kind.CONFIGURE, body=body)) for gs in self.upstream]
+            self._when_all(futures, lambda error: self.van.send(
+                sender, message.error(error) if error else message.reply()))
+            return
+        if optimizer is not None:
+            if self.optimizer is not None:
+                log.warning("[%s] replacing optimizer %s (its state is dropped)", self.name, self.optimizer.name)
+            self.optimizer = optimizer
+            log.info("[%s] optimizer set: %s", self.name, body["optimizer"])
+        if policy is not None:
+            self.push_policy = policy
+            log.info("[%s] synchronization: %s", self.name, policy.name)
         self.van.send(sender, message.reply())
 
     # -- rounds -------------------------------------------------------------------------------------------
@@ -313,7 +339,8 @@ class ParameterServer:
                 rnd.accum = np.add(rnd.accum, message.tensor)
             else:
                 np.add(rnd.accum, message.tensor, out=rnd.accum)
-        if self.policy.round_complete(rnd.contributions.keys(), self.clients):
+        policy = self.push_policy if rnd.kind is Kind.PUSHPULL else self.all_clients_policy
+        if policy.round_complete(rnd.contributions.keys(), self.clients):
             self._complete(rnd)
 
     def _complete(self, rnd: Round) -> None:
@@ -361,7 +388,8 @@ class ParameterServer:
         slot = self.slots[(rnd.key, rnd.part)]
         if self.optimizer is not None:
             try:
-                slot.value = self.optimizer.step((rnd.key, rnd.part), slot.value, total)
+                contributor = next(iter(rnd.contributions)) if len(rnd.contributions) == 1 else ""
+                slot.value = self.optimizer.step((rnd.key, rnd.part), slot.value, total, contributor)
             except Exception as exc:  # a failing optimizer must not take the server down
                 log.exception("[%s] optimizer failed on key %d", self.name, rnd.key)
                 self._release(rnd, None, f"optimizer {self.optimizer.name} failed: {exc}")

@@ -46,7 +46,7 @@ class Kind(enum.IntEnum):
     INIT = 2  # client -> server: declare a key (the master's copy carries the initial value)
     PUSHPULL = 3  # client -> server: contribute to this round; reply: the round's result
     PULL = 4  # client -> server: the current value
-    SET_OPTIMIZER = 5  # client -> server: install a server optimizer (JSON spec)
+    CONFIGURE = 5  # master worker -> servers: JSON {"optimizer": spec, "sync": name}
     BARRIER = 6  # client -> server: a round without data
     STATS = 7  # anyone -> node: its byte counters (JSON)
     SHUTDOWN = 8  # client -> server / node -> scheduler: I am done

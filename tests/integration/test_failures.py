@@ -35,7 +35,7 @@ def _check_bad_requests(results: dict, server_name: str) -> None:
         "init_conflicting_shape": [f"({n0 + 1},) float32", f"({n0},) float32"],
         "unsupported_kind": ["HEARTBEAT"],
         "bogus_optimizer": ["unknown optimizer 'bogus'", "sgd"],
-        "optimizer_from_non_master": ["only the master worker may set the optimizer"],
+        "optimizer_from_non_master": ["only the master worker may configure the servers"],
     }
     assert ("bogus_optimizer" in results) != ("optimizer_from_non_master" in results), sorted(results)
     for case, fragments in expectations.items():
@@ -91,7 +91,7 @@ def test_bad_requests_and_junk_frames_at_the_global_server(geomx_job):
 
 
 def test_kv_create_rejects_unknown_type(tmp_path):
-    with pytest.raises(ValueError, match=r"dist_bogus.*\['dist_sync'\]"):
+    with pytest.raises(ValueError, match=r"dist_bogus.*\['dist_sync', 'dist_async'\]"):
         geomx.kv.create("dist_bogus")
     # the constructor checks the type too, before touching the network
     topology = load_topology(write_topology(tmp_path / "bogus.yaml"))

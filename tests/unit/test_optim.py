@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from geomx import optim
-from geomx.optim import SGD, Adam, optimizer_from_spec
+from geomx.optim import DCASGD, SGD, Adam, optimizer_from_spec
 
 STEPS = 6
 SHAPES = [(17,), (4, 5), (2, 3, 4)]
@@ -196,12 +196,12 @@ def test_spec_name_is_case_insensitive_and_params_optional():
     assert optimizer_from_spec({"name": "sgd", "params": {"lr": 1}}).lr == 1.0
 
 
-def test_registry_lists_both():
-    assert {"sgd": SGD, "adam": Adam} == optim.OPTIMIZERS
+def test_registry_lists_all():
+    assert {"sgd": SGD, "adam": Adam, "dcasgd": DCASGD} == optim.OPTIMIZERS
 
 
 def test_unknown_optimizer_name():
-    with pytest.raises(ValueError, match=r"unknown optimizer 'lamb'; valid: \['adam', 'sgd'\]"):
+    with pytest.raises(ValueError, match=r"unknown optimizer 'lamb'; valid: \['adam', 'dcasgd', 'sgd'\]"):
         optimizer_from_spec({"name": "lamb", "params": {}})
 
 
@@ -232,3 +232,51 @@ def test_malformed_spec(spec):
 def test_params_must_be_an_object():
     with pytest.raises(ValueError, match="params must be an object"):
         optimizer_from_spec({"name": "sgd", "params": [0.1]})
+
+
+# ---------------------------------------------------------------------------------------------------------
+# DCASGD: replayed in NumPy (the paper's update), with one backup per party
+
+
+def dcasgd_reference(weight, pushes, lr, momentum, lamda):
+    """pushes: [(party, grad)] in arrival order -> final weights, by the formula in the paper."""
+    w = weight.astype(np.float64)
+    backup: dict[str, np.ndarray] = {}
+    velocity = None
+    for party, grad in pushes:
+        g = grad.astype(np.float64)
+        if party in backup:
+            g = g + lamda * g * g * (w - backup[party])
+        step = -lr * g
+        velocity = step if velocity is None or not momentum else momentum * velocity + step
+        w = w + (velocity if momentum else step)
+        backup[party] = w.copy()
+    return w
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_dcasgd_matches_the_paper_with_per_party_backups(momentum):
+    rng = np.random.default_rng(3)
+    weight = rng.standard_normal(50).astype(np.float32)
+    pushes = [(party, rng.standard_normal(50).astype(np.float32))
+              for party in ["dc0", "dc1", "dc1", "dc0", "dc2", "dc1", "dc0"]]
+    opt = DCASGD(lr=0.1, momentum=momentum, lamda=0.5, rescale_grad=1.0)
+    w = weight
+    for party, grad in pushes:
+        w = opt.step((0, 0), w, grad, contributor=party)
+    expected = dcasgd_reference(weight, pushes, lr=0.1, momentum=momentum, lamda=0.5)
+    np.testing.assert_allclose(w, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_dcasgd_compensation_uses_the_pushing_partys_backup():
+    """With one backup per key (GeoMX), dc1's push would be compensated against dc0's last weights."""
+    weight = np.ones(4, np.float32)
+    g = np.full(4, 2.0, np.float32)
+    ours = DCASGD(lr=0.1, lamda=1.0, rescale_grad=1.0)
+    w = ours.step((0, 0), weight, g, contributor="dc1")   # dc1's backup := w after its step
+    w = ours.step((0, 0), w, g, contributor="dc0")        # dc0 has no backup yet: plain step
+    w_before = w.copy()
+    w = ours.step((0, 0), w, g, contributor="dc1")        # compensated by (w - dc1's backup)
+    drift = w_before - (1 - 0.1 * 2.0)                   # w moved by dc0's step since dc1's backup
+    expected = w_before - 0.1 * (g + 1.0 * g * g * drift)
+    np.testing.assert_allclose(w, expected, rtol=1e-6)

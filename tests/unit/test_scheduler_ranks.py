@@ -199,3 +199,16 @@ def test_member_names_and_json():
     assert book.get("dc1/local_server/0").party == "dc1"
     with pytest.raises(KeyError):
         book.get("nobody")
+
+
+def test_sync_policies():
+    from geomx.policies.sync import SYNC_POLICIES, sync_policy
+
+    assert set(SYNC_POLICIES) == {"dist_sync", "dist_async"}
+    fsa, mixed = sync_policy("dist_sync"), sync_policy("dist_async")
+    assert not fsa.round_complete({"a"}, {"a", "b"})
+    assert fsa.round_complete({"a", "b"}, {"a", "b"})
+    assert mixed.round_complete({"a"}, {"a", "b"})
+    assert not mixed.round_complete(set(), {"a", "b"})
+    with pytest.raises(ValueError, match="valid: \\['dist_async', 'dist_sync'\\]"):
+        sync_policy("dist_bogus")

@@ -1,12 +1,12 @@
 """Synchronization policies: when a server round is complete.
 
-The server core runs rounds (collect, reduce, release); a policy decides when a round may be released.
-Only FSA exists yet: every expected client must contribute. MixedSync, HFA and ESync will be one class
-each behind the same interface.
+The server core runs rounds (collect, reduce, release); a policy decides when a round of pushes may be
+released. FSA (``dist_sync``) waits for every client. MixedSync (``dist_async``) releases every push on
+arrival at the global servers, while local servers stay synchronous. Each algorithm is one class here.
 
 Usage::
 
-    policy = sync_policy("dist_sync")
+    policy = sync_policy("dist_async")
     if policy.round_complete(contributors, expected): ...
 """
 
@@ -33,7 +33,16 @@ class FullySynchronous(SyncPolicy):
         return set(expected) <= set(contributors)
 
 
-SYNC_POLICIES: dict[str, type[SyncPolicy]] = {cls.name: cls for cls in (FullySynchronous,)}
+class Asynchronous(SyncPolicy):
+    """MixedSync's global tier: every push is its own round, applied and answered on arrival."""
+
+    name = "dist_async"
+
+    def round_complete(self, contributors: Collection[str], expected: Collection[str]) -> bool:
+        return len(contributors) >= 1
+
+
+SYNC_POLICIES: dict[str, type[SyncPolicy]] = {cls.name: cls for cls in (FullySynchronous, Asynchronous)}
 
 
 def sync_policy(kind: str) -> SyncPolicy:

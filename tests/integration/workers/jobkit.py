@@ -124,7 +124,7 @@ def bad_requests(kv: Any) -> dict[str, dict[str, str]]:
     }
     # The servers check the sender before the spec: only the master worker's path may configure them.
     optimizer_case = "bogus_optimizer" if kv.is_master_worker else "optimizer_from_non_master"
-    cases[optimizer_case] = Message(Kind.SET_OPTIMIZER, body={"optimizer": {"name": "bogus", "params": {}}})
+    cases[optimizer_case] = Message(Kind.CONFIGURE, body={"optimizer": {"name": "bogus", "params": {}}})
     results: dict[str, dict[str, str]] = {}
     for name, message in cases.items():
         future = kv._requests.call(server, message)
@@ -226,7 +226,7 @@ def fuzz(kv: Any, count: int, seed: int = 7) -> dict[str, Any]:
         encode(Message(Kind.BARRIER, request_id=9)),
         encode(Message(Kind.SHUTDOWN, request_id=10)),
         encode(Message(Kind.STATS, request_id=11)),
-        encode(Message(Kind.SET_OPTIMIZER, request_id=12, body={"optimizer": {"name": "sgd", "params": {"lr": 5}}})),
+        encode(Message(Kind.CONFIGURE, request_id=12, body={"optimizer": {"name": "sgd", "params": {"lr": 5}}})),
         encode(Message(Kind.REGISTER, request_id=13, body={"role": "worker", "party": kv.party,
                                                            "address": "tcp://127.0.0.1:1", "rank": 0})),
     ]

@@ -1,0 +1,36 @@
+"""MixedSync (dist_async): the global tier applies each party's push on arrival; a slow party blocks nobody."""
+
+from __future__ import annotations
+
+import jobkit
+import pytest
+import torch
+
+STEPS = 8
+DELAY_S = 0.25
+
+
+def _outputs(job):
+    workers = jobkit.load_worker_outputs(job.run_dir)
+    assert sorted(workers) == [0, 1, 2, 3], sorted(workers)
+    return workers
+
+
+@pytest.mark.parametrize("kind", ["dist_async", "dist_sync"])
+def test_every_push_applied_once_and_the_slow_party_blocks_only_under_fsa(geomx_job, kind):
+    job = geomx_job("mixed_sync.py", "--steps", str(STEPS), "--delay", str(DELAY_S), "--kind", kind)
+    job.assert_ok()
+    workers = _outputs(job)
+    initial = workers[0][0]["initial"]
+    total_pushed = [sum(workers[r][0]["pushed"][i] for r in workers) for i in range(len(initial))]
+    expected = [w0 - jobkit.LR * g for w0, g in zip(initial, total_pushed, strict=True)]
+    for rank, (tensors, _) in workers.items():
+        for got, want in zip(tensors["final"], expected, strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, msg=f"worker {rank}")
+    fast = max(report["train_s"] for tensors, report in workers.values() if report["party"] == "dc0")
+    slow = min(report["train_s"] for tensors, report in workers.values() if report["party"] == "dc1")
+    assert slow >= STEPS * DELAY_S
+    if kind == "dist_async":
+        assert fast < 0.5 * slow, f"dc0 took {fast:.2f} s, the slowed dc1 {slow:.2f} s: dc0 was held back"
+    else:
+        assert fast >= 0.8 * slow, f"under FSA dc0 ({fast:.2f} s) must wait for dc1 ({slow:.2f} s)"

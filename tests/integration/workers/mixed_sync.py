@@ -1,0 +1,61 @@
+"""Integration worker for MixedSync (dist_async): plain SGD on the global server, one party slowed down.
+
+Each worker pushes its gradient every step and records the sum of everything it pushed, how long its
+training loop took, and (after a barrier) the global weights it pulls. With plain SGD every applied push
+moves the weights by -lr * rescale * push, in any order, so the final weights must equal
+w0 - lr * rescale * (sum of all pushes): each push applied exactly once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import jobkit
+import torch
+import torch.nn.functional as F
+
+import geomx
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--slow-party", default="dc1")
+    parser.add_argument("--delay", type=float, default=0.25, help="seconds of extra compute per step")
+    parser.add_argument("--kind", default="dist_async")
+    args = parser.parse_args()
+    kv = geomx.kv.create(args.kind)
+    rank = kv.global_rank
+    torch.manual_seed(jobkit.seed_for(rank))
+    model = jobkit.make_model()
+    params = list(model.parameters())
+    if kv.is_master_worker:
+        kv.set_optimizer(geomx.optim.SGD(lr=jobkit.LR, rescale_grad=1.0))
+    kv.init(list(range(len(params))), [p.data for p in params])
+    initial = [p.detach().clone() for p in params]
+    pushed = [torch.zeros_like(p) for p in params]
+    inputs, targets = jobkit.make_data(args.steps, kv.num_all_workers)
+    started = time.monotonic()
+    for step in range(args.steps):
+        if kv.party == args.slow_party:
+            time.sleep(args.delay)  # an emulated slow data center (slower GPUs)
+        model.zero_grad()
+        F.mse_loss(model(inputs[step, rank]), targets[step, rank]).backward()
+        for idx, param in enumerate(params):
+            pushed[idx] += param.grad
+            kv.push(idx, param.grad)
+        for idx, param in enumerate(params):
+            kv.pull(idx, param.data)
+    train_s = time.monotonic() - started
+    kv.barrier()
+    for idx, param in enumerate(params):
+        kv.pull(idx, param.data)
+    jobkit.save_worker_output(kv.config.run_dir, rank, {"initial": initial, "pushed": pushed,
+                                                        "final": [p.detach().clone() for p in params]},
+                              {"party": kv.party, "train_s": train_s, "steps": args.steps})
+    kv.close()
+
+
+if __name__ == "__main__":
+    main()
