@@ -80,6 +80,18 @@ class Timeouts:
 
 
 @dataclass(frozen=True)
+class HFASpec:
+    """Hierarchical frequency aggregation: K1 local steps per local average, K2 local averages per global one."""
+
+    k1: int = 1
+    k2: int = 1
+
+    def __post_init__(self) -> None:
+        if self.k1 < 1 or self.k2 < 1:
+            raise ConfigError(f"HFA needs K1 >= 1 and K2 >= 1, got K1={self.k1}, K2={self.k2}")
+
+
+@dataclass(frozen=True)
 class Topology:
     """The whole job: parties, global servers, link classes and transport limits."""
 
@@ -93,6 +105,7 @@ class Topology:
     slice_elems: int = 1 << 20
     max_message_bytes: int = 1 << 31
     parties_known: bool = True  # False when built from DMLC_* counts alone: party names are placeholders
+    hfa: HFASpec | None = None  # hierarchical frequency aggregation, when enabled
 
     def __post_init__(self) -> None:
         names = [p.name for p in self.parties]
@@ -242,7 +255,19 @@ def _timeouts(raw: Any) -> Timeouts:
 
 
 _TOPOLOGY_FIELDS = {"parties", "central", "global_servers", "mode", "links", "timeouts", "slice_elems",
-                    "max_message_bytes"}
+                    "max_message_bytes", "hfa"}
+
+
+def _hfa(raw: Any) -> HFASpec | None:
+    if raw is None or raw is False:
+        return None
+    if not isinstance(raw, Mapping) or set(raw) - {"k1", "k2"}:
+        raise ConfigError("'hfa' must be a mapping with 'k1' and 'k2' (integers)")
+    values = {k: raw.get(k, 1) for k in ("k1", "k2")}
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"hfa.{name} must be an integer, got {value!r}")
+    return HFASpec(**values)
 
 
 def _int_field(raw: Mapping[str, Any], name: str, default: int) -> int:
@@ -290,6 +315,7 @@ def topology_from_dict(raw: Mapping[str, Any]) -> Topology:
         timeouts=_timeouts(raw.get("timeouts")),
         slice_elems=_int_field(raw, "slice_elems", 1 << 20),
         max_message_bytes=_int_field(raw, "max_message_bytes", 1 << 31),
+        hfa=_hfa(raw.get("hfa")),
     )
 
 
@@ -323,6 +349,7 @@ def topology_to_dict(topology: Topology) -> dict[str, Any]:
                      for f in dataclasses.fields(Timeouts)},
         "slice_elems": topology.slice_elems,
         "max_message_bytes": topology.max_message_bytes,
+        **({"hfa": {"k1": topology.hfa.k1, "k2": topology.hfa.k2}} if topology.hfa else {}),
     }
 
 
@@ -337,6 +364,9 @@ ENV_ALIASES: dict[str, tuple[str, ...]] = {
     "GEOMX_NUM_PARTIES": ("DMLC_NUM_GLOBAL_WORKER",),
     "GEOMX_MASTER_WORKER": ("DMLC_ROLE_MASTER_WORKER",),
     "GEOMX_HOST": ("DMLC_NODE_HOST",),
+    "GEOMX_HFA": ("MXNET_KVSTORE_USE_HFA",),
+    "GEOMX_HFA_K1": ("MXNET_KVSTORE_HFA_K1",),
+    "GEOMX_HFA_K2": ("MXNET_KVSTORE_HFA_K2",),
 }
 
 _ROLE_NAMES = {r.value for r in Role}
@@ -421,6 +451,19 @@ def _topology_from_env(env: Mapping[str, str], role: Role, party: str) -> Topolo
                     timeouts=_timeouts_from_env(env, Timeouts()))
 
 
+def _hfa_from_env(env: Mapping[str, str], base: HFASpec | None) -> HFASpec | None:
+    """GEOMX_HFA / MXNET_KVSTORE_USE_HFA (with _K1, _K2) override the topology's ``hfa``."""
+    flag = _get(env, "GEOMX_HFA")
+    if flag is None:
+        return base
+    if flag.lower() in ("0", "false", "no", "off"):
+        return None
+    if flag.lower() not in ("1", "true", "yes", "on"):
+        raise ConfigError(f"GEOMX_HFA / MXNET_KVSTORE_USE_HFA must be 0 or 1, got {flag!r}")
+    current = base or HFASpec()
+    return HFASpec(k1=_int(env, "GEOMX_HFA_K1") or current.k1, k2=_int(env, "GEOMX_HFA_K2") or current.k2)
+
+
 def _timeouts_from_env(env: Mapping[str, str], base: Timeouts) -> Timeouts:
     value = env.get("GEOMX_TIMEOUT")
     if not value:
@@ -441,6 +484,7 @@ def node_config_from_env(env: Mapping[str, str]) -> NodeConfig:
         topology = dataclasses.replace(topology, timeouts=_timeouts_from_env(env, topology.timeouts))
     else:
         topology = _topology_from_env(env, role, party)
+    topology = dataclasses.replace(topology, hfa=_hfa_from_env(env, topology.hfa))
     if role not in (Role.GLOBAL_SCHEDULER,) and party not in {p.name for p in topology.parties}:
         raise ConfigError(f"GEOMX_PARTY={party!r} is not a party of the topology "
                           f"{[p.name for p in topology.parties]}")

@@ -87,6 +87,7 @@ class KVStore:
         self.name = me.name
         self._van.name = me.name
         self.party = config.party
+        self.hfa = config.topology.hfa  # HFASpec(k1, k2) when hierarchical frequency aggregation is on
         self.num_workers = config.num_workers
         self.num_all_workers = config.topology.num_all_workers
         offset = config.worker_offset
@@ -251,7 +252,10 @@ class KVStore:
             raise TypeError(f"expected a geomx.optim optimizer, got {type(optimizer).__name__}")
         spec = optimizer.spec()
         if spec["params"].get("rescale_grad") is None:
-            spec["params"]["rescale_grad"] = 1.0 / self.num_all_workers
+            # FSA/MixedSync: the servers sum the workers' gradients, the optimizer wants their mean.
+            # HFA: the global server already receives a weighted average delta.
+            hfa = self._topology.hfa is not None
+            spec["params"]["rescale_grad"] = 1.0 if hfa else 1.0 / self.num_all_workers
         self._configure({"optimizer": spec}, "set the optimizer")
 
     def _configure(self, body: dict[str, Any], what: str) -> None:

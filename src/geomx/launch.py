@@ -29,7 +29,6 @@ from typing import IO, Any
 from .config import Mode, NodeConfig, Role, Topology, load_topology, node_env
 from .runlog import read_metrics, read_stats
 
-
 # Environment defaults for every launched process (the user's environment wins):
 # - many processes share this machine's cores: one math thread each;
 # - glibc keeps freed receive buffers instead of returning them to the OS, so the next message of the same

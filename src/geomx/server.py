@@ -28,6 +28,7 @@ import numpy as np
 from .config import Mode, NodeConfig, Role
 from .membership import GLOBAL_SCHEDULER_ID, AddressBook, local_scheduler_id, new_node_id, register
 from .optim import Optimizer, optimizer_from_spec
+from .policies.hfa import LocalFrequencyAggregation
 from .policies.sync import FullySynchronous, SyncPolicy, sync_policy
 from .rpc import Requests
 from .runlog import write_stats
@@ -97,6 +98,11 @@ class ParameterServer:
                        bind_host=config.bind_host, name=self.name)
         self.requests = Requests(self.van)
         self.timeouts = config.topology.timeouts
+        self.hfa: LocalFrequencyAggregation | None = None
+        topology = config.topology
+        if topology.hfa is not None and not self.is_global:
+            weight = config.num_workers / topology.num_all_workers
+            self.hfa = LocalFrequencyAggregation(topology.hfa.k2, weight)
 
     # -- setup --------------------------------------------------------------------------------------------
     def _join(self) -> list[str]:
@@ -381,21 +387,34 @@ class ParameterServer:
         first = next(iter(rnd.contributions.values()))
         assert rnd.accum is not None
         total, rnd.accum = rnd.accum, None
+        sid = (rnd.key, rnd.part)
         if not self.is_global:
+            upward = total
+            if self.hfa is not None:
+                delta = self.hfa.after_local_round(sid, total)
+                if delta is None:  # a local round: the party's average model goes straight back
+                    self.slots[sid] = Slot(total)
+                    self._release(rnd, total)
+                    return
+                upward = delta
             self._forward(rnd, Message(Kind.PUSHPULL, key=rnd.key, part=rnd.part, num_parts=first.num_parts,
-                                       round=rnd.number, priority=first.priority, tensor=total))
+                                       round=rnd.number, priority=first.priority, tensor=upward))
             return
-        slot = self.slots[(rnd.key, rnd.part)]
+        slot = self.slots[sid]
+        # Under HFA the pushes are weighted model deltas: the global model moves by their sum, or an outer
+        # optimizer takes their negation as its gradient.
+        hfa = self.config.topology.hfa is not None
         if self.optimizer is not None:
             try:
                 contributor = next(iter(rnd.contributions)) if len(rnd.contributions) == 1 else ""
-                slot.value = self.optimizer.step((rnd.key, rnd.part), slot.value, total, contributor)
+                gradient = np.negative(total) if hfa else total
+                slot.value = self.optimizer.step(sid, slot.value, gradient, contributor)
             except Exception as exc:  # a failing optimizer must not take the server down
                 log.exception("[%s] optimizer failed on key %d", self.name, rnd.key)
                 self._release(rnd, None, f"optimizer {self.optimizer.name} failed: {exc}")
                 return
         else:
-            slot.value = total
+            slot.value = np.add(slot.value, total) if hfa else total
         self._release(rnd, slot.value)
 
     def _forward(self, rnd: Round, message: Message) -> None:
@@ -413,6 +432,8 @@ class ParameterServer:
                 reply = result.result()
                 if reply.tensor is not None and rnd.number == number and rnd.forwarding:
                     self.slots[(rnd.key, rnd.part)] = Slot(reply.tensor)
+                    if self.hfa is not None:  # INIT and global rounds both answer with the global model
+                        self.hfa.set_global_model((rnd.key, rnd.part), reply.tensor)
                 self._release(rnd, reply.tensor, None, number)
 
         future.add_done_callback(done)

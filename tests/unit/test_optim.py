@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from geomx import optim
-from geomx.optim import DCASGD, SGD, Adam, optimizer_from_spec
+from geomx.optim import DCASGD, SGD, Adam, OuterNesterov, optimizer_from_spec
 
 STEPS = 6
 SHAPES = [(17,), (4, 5), (2, 3, 4)]
@@ -197,11 +197,12 @@ def test_spec_name_is_case_insensitive_and_params_optional():
 
 
 def test_registry_lists_all():
-    assert {"sgd": SGD, "adam": Adam, "dcasgd": DCASGD} == optim.OPTIMIZERS
+    assert {"sgd": SGD, "adam": Adam, "dcasgd": DCASGD, "outer_nesterov": OuterNesterov} == optim.OPTIMIZERS
 
 
 def test_unknown_optimizer_name():
-    with pytest.raises(ValueError, match=r"unknown optimizer 'lamb'; valid: \['adam', 'dcasgd', 'sgd'\]"):
+    valid = r"\['adam', 'dcasgd', 'outer_nesterov', 'sgd'\]"
+    with pytest.raises(ValueError, match=rf"unknown optimizer 'lamb'; valid: {valid}"):
         optimizer_from_spec({"name": "lamb", "params": {}})
 
 

@@ -1,0 +1,60 @@
+"""Hierarchical frequency aggregation (HFA) at a local server.
+
+Workers take K1 local optimizer steps, then push ``param / num_local_workers`` and pull (the script does
+this, as in GeoMX's example). The local server sums the pushes: the party's average model. Every round it
+answers with that average (a LAN-only model average), except every K2-th round, when the party's change
+since the last global model goes up the WAN, weighted by the party's share of all workers::
+
+    delta_p = (average_p - global_model) * n_p / N
+
+The global server adds the weighted deltas to the global model (or feeds ``-sum(delta)`` to an outer
+optimizer as a gradient), answers with the new global model, and the local server hands it to its workers.
+Parties therefore count by their workers; a party of 4 weighs twice a party of 2. Unlike GeoMX, rounds are
+counted per (key, slice), not by key 0 alone, and the global model every party starts from is the master
+worker's, sent explicitly.
+
+Usage (inside the local server)::
+
+    hfa = LocalFrequencyAggregation(k2=10, party_weight=2 / 4)
+    hfa.set_global_model(slot, initial_weights)
+    delta = hfa.after_local_round(slot, average)     # None: answer the workers with `average`
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+SlotId = tuple[int, int]
+
+
+class LocalFrequencyAggregation:
+    """The local server's side of HFA: which rounds go global, and what they send."""
+
+    def __init__(self, k2: int, party_weight: float) -> None:
+        if k2 < 1:
+            raise ValueError(f"HFA K2 must be at least 1, got {k2}")
+        if not 0 < party_weight <= 1:
+            raise ValueError(f"a party's weight is its share of all workers, got {party_weight}")
+        self.k2 = k2
+        self.party_weight = party_weight
+        self._rounds: dict[SlotId, int] = {}
+        self._global_model: dict[SlotId, np.ndarray] = {}
+
+    def set_global_model(self, slot: SlotId, model: np.ndarray) -> None:
+        """Record the latest global model of ``slot`` (after init and after every global round)."""
+        self._global_model[slot] = model
+
+    def after_local_round(self, slot: SlotId, average: np.ndarray) -> np.ndarray | None:
+        """None for a local round; for a global one, the weighted delta to push to the global server."""
+        count = self._rounds[slot] = self._rounds.get(slot, 0) + 1
+        if count % self.k2:
+            return None
+        base = self._global_model.get(slot)
+        if base is None:
+            raise RuntimeError(f"HFA has no global model for key {slot[0]} slice {slot[1]}: was it initialized?")
+        delta = np.subtract(average, base, dtype=np.float32)
+        delta *= np.float32(self.party_weight)
+        return delta
+
+    def rounds(self, slot: SlotId) -> int:
+        return self._rounds.get(slot, 0)

@@ -1,0 +1,51 @@
+"""Integration worker for HFA: local SGD steps, and every K1 steps push param / num_local_workers and pull.
+
+This is GeoMX's cnn_hfa.py loop on jobkit's model and data. The master may install an outer optimizer.
+Saves initial and final weights to $GEOMX_RUN_DIR/out/worker<global rank>.*
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import jobkit
+import torch
+import torch.nn.functional as F
+
+import geomx
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--outer", choices=["none", "outer_nesterov"], default="none")
+    args = parser.parse_args()
+    kv = geomx.kv.create("dist_sync")
+    assert kv.hfa is not None, "run with hfa in the topology (or MXNET_KVSTORE_USE_HFA=1)"
+    rank = kv.global_rank
+    torch.manual_seed(jobkit.seed_for(rank))
+    model = jobkit.make_model()
+    params = list(model.parameters())
+    if kv.is_master_worker and args.outer != "none":
+        kv.set_optimizer(geomx.optim.OuterNesterov())
+    kv.init(list(range(len(params))), [p.data for p in params])
+    initial = [p.detach().clone() for p in params]
+    local = torch.optim.SGD(params, lr=jobkit.LR)
+    inputs, targets = jobkit.make_data(args.steps, kv.num_all_workers)
+    for step in range(1, args.steps + 1):
+        local.zero_grad()
+        F.mse_loss(model(inputs[step - 1, rank]), targets[step - 1, rank]).backward()
+        local.step()
+        if step % kv.hfa.k1 == 0:
+            for idx, param in enumerate(params):
+                kv.push(idx, param.data / kv.num_workers, priority=-idx)
+            for idx, param in enumerate(params):
+                kv.pull(idx, param.data, priority=-idx)
+    jobkit.save_worker_output(kv.config.run_dir, rank, {"initial": initial,
+                                                        "final": [p.detach().clone() for p in params]},
+                              {"party": kv.party, "num_workers": kv.num_workers})
+    kv.close()
+
+
+if __name__ == "__main__":
+    main()
