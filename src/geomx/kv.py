@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import math
 import sys
 from collections.abc import Sequence
 from concurrent.futures import Future
@@ -262,6 +263,22 @@ class KVStore:
         futures = [self._requests.call(s, Message(Kind.CONFIGURE, body=body)) for s in self._servers]
         for server, future in zip(self._servers, futures, strict=True):
             self._requests.wait(future, self._timeout, f"{self._requests.names.get(server)} to {what}")
+
+    def assign_local_steps(self, seconds_per_step: float, base_steps: int) -> int:
+        """ESync: report this worker's time per local step; returns its local steps for the next round.
+
+        Every worker calls this once per round (it is a synchronous round through the servers). The
+        slowest worker gets ``base_steps``, the others as many as fit in the same time.
+        """
+        if not math.isfinite(seconds_per_step) or seconds_per_step <= 0:
+            raise ValueError(f"seconds_per_step must be positive, got {seconds_per_step}")
+        body = {"seconds_per_step": {self.name: float(seconds_per_step)}, "base_steps": int(base_steps)}
+        future = self._requests.call(self._servers[0], Message(Kind.STATE, body=body))
+        reply = self._requests.wait(future, self._timeout, "the ESync step assignment (all workers of all parties)")
+        steps = (reply.body or {}).get("steps", {})
+        if self.name not in steps:
+            raise RuntimeError(f"the state server assigned no steps to {self.name}")
+        return int(steps[self.name])
 
     def barrier(self) -> None:
         """Wait until every worker of every party reaches this barrier."""

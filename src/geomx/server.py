@@ -22,12 +22,14 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from .config import Mode, NodeConfig, Role
 from .membership import GLOBAL_SCHEDULER_ID, AddressBook, local_scheduler_id, new_node_id, register
 from .optim import Optimizer, optimizer_from_spec
+from .policies.esync import assign_steps
 from .policies.hfa import LocalFrequencyAggregation
 from .policies.sync import FullySynchronous, SyncPolicy, sync_policy
 from .rpc import Requests
@@ -198,7 +200,7 @@ class ParameterServer:
             return
         handlers: dict[Kind, Callable[[Message], None]] = {
             Kind.INIT: self._on_init, Kind.PUSHPULL: self._on_pushpull, Kind.PULL: self._on_pull,
-            Kind.BARRIER: self._contribute, Kind.SHUTDOWN: self._contribute,
+            Kind.BARRIER: self._contribute, Kind.SHUTDOWN: self._contribute, Kind.STATE: self._on_state,
             Kind.CONFIGURE: self._on_configure,
         }
         handler = handlers.get(message.kind)
@@ -355,6 +357,8 @@ class ParameterServer:
             self._complete_init(rnd)
         elif rnd.kind is Kind.PUSHPULL:
             self._complete_pushpull(rnd)
+        elif rnd.kind is Kind.STATE:
+            self._complete_state(rnd)
         else:  # BARRIER, SHUTDOWN: rounds without data
             if self.is_global:
                 self._release(rnd, None)
@@ -363,6 +367,46 @@ class ParameterServer:
                 futures = [self.requests.call(gs, Message(rnd.kind, round=rnd.number)) for gs in targets]
                 number = rnd.number
                 self._when_all(futures, lambda error: self._release(rnd, None, error, number))
+
+    def _on_state(self, message: Message) -> None:
+        """An ESync speed report: {"seconds_per_step": {worker: s}, "base_steps": n}; validated, then a round."""
+        body = message.body or {}
+        speeds = body.get("seconds_per_step")
+        base = body.get("base_steps")
+        if (not isinstance(speeds, dict) or not speeds or not isinstance(base, int) or isinstance(base, bool)
+                or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in speeds.values())):
+            self._refuse(message, "STATE needs {'seconds_per_step': {worker: seconds}, 'base_steps': int}")
+            return
+        self._contribute(message)
+
+    def _complete_state(self, rnd: Round) -> None:
+        """Merge the reports; the global server (shard 0) assigns local steps, everyone gets the assignment."""
+        speeds: dict[str, float] = {}
+        base = 1
+        for message in rnd.contributions.values():
+            body = message.body or {}
+            speeds.update(body["seconds_per_step"])
+            base = max(base, int(body["base_steps"]))
+        if self.is_global:
+            try:
+                steps = assign_steps(speeds, base)
+            except ValueError as exc:
+                self._release(rnd, None, str(exc))
+                return
+            self._release(rnd, None, body={"steps": steps})
+            return
+        number = rnd.number
+        future = self.requests.call(self.upstream[0], Message(Kind.STATE, round=rnd.number, body={
+            "seconds_per_step": speeds, "base_steps": base}))
+        future.add_done_callback(lambda f: self._finish_state(rnd, f, number))
+
+    def _finish_state(self, rnd: Round, future: Future[Message], number: int) -> None:
+        with self._lock:
+            error = future.exception()
+            if error is not None:
+                self._release(rnd, None, str(error), number)
+            else:
+                self._release(rnd, None, None, number, body=future.result().body)
 
     def _complete_init(self, rnd: Round) -> None:
         with_data = [m for m in rnd.contributions.values() if m.tensor is not None]
@@ -456,7 +500,7 @@ class ParameterServer:
             future.add_done_callback(one_done)
 
     def _release(self, rnd: Round, value: np.ndarray | None, error: str | None = None,
-                 number: int | None = None) -> None:
+                 number: int | None = None, body: dict[str, Any] | None = None) -> None:
         """Answer every contributor of ``rnd`` (with ``value`` or ``error``), then start the next round.
 
         ``number``: release only if the round is still that one (a late answer to a round that already
@@ -466,7 +510,7 @@ class ParameterServer:
             log.warning("[%s] dropped a late answer for %s", self.name, rnd.describe())
             return
         for sender, message in rnd.contributions.items():
-            reply = message.error(f"{self.name}: {error}") if error else message.reply(tensor=value)
+            reply = message.error(f"{self.name}: {error}") if error else message.reply(tensor=value, body=body)
             self.van.send(sender, reply)
         if error:
             log.error("[%s] %s failed: %s", self.name, rnd.describe(), error)

@@ -52,6 +52,7 @@ class Kind(enum.IntEnum):
     SHUTDOWN = 8  # client -> server / node -> scheduler: I am done
     ERROR = 9  # reply carrying {"error": "..."} in the body
     HEARTBEAT = 10  # reserved for failure detection
+    STATE = 11  # worker -> servers: ESync speed report (JSON); reply: local step assignment
 
 
 class Flag(enum.IntFlag):
