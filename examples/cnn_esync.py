@@ -73,9 +73,10 @@ def main() -> None:
         steps = kv.assign_local_steps(per_step, base_steps=kv.hfa.k1)
         if kv.is_master_worker:
             acc = accuracy(model, test.images, test.labels)
-            print(f"round {round_index}/{args.rounds}  local steps {total_steps}  loss {sum(losses) / len(losses):.4f}  "
+            mean_loss = sum(losses) / len(losses)
+            print(f"round {round_index}/{args.rounds}  local steps {total_steps}  loss {mean_loss:.4f}  "
                   f"test acc {acc:.4f}  next steps {steps}  elapsed {time.monotonic() - started:.1f} s", flush=True)
-            kv.record(round=round_index, steps=total_steps, loss=sum(losses) / len(losses), test_accuracy=acc,
+            kv.record(round=round_index, steps=total_steps, loss=mean_loss, test_accuracy=acc,
                       next_steps=steps, elapsed_s=time.monotonic() - started)
     print(f"{kv.name}: {total_steps} local steps in {args.rounds} rounds", flush=True)
     kv.close()
