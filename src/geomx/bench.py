@@ -4,8 +4,9 @@ Two sections (see ``benchmarks/README.md`` for how to read them):
 
 * ``training`` — the digits CNN of ``examples/cnn.py`` (Adam on the global server) trained for the same
   number of steps under a flat parameter server and under HiPS (fully synchronous), both on the same
-  emulated WAN: 2 parties x 2 workers, WAN 100 Mbit/s 25 ms one way, LAN 10 Gbit/s 0 ms. Ratios are to the
-  flat PS.
+  emulated WAN: 2 parties x 2 workers, WAN 100 Mbit/s 25 ms one way, LAN 10 Gbit/s 0 ms. Two workloads:
+  the small CNN (38k parameters, latency-bound on this WAN) and a wide one (1.6M parameters, 6.4 MB of
+  gradients, bandwidth-bound). Ratios are to the flat PS of the same workload.
 * ``transport`` — ``kv.pushpull`` of a 4 MB and a 100 MB float32 tensor between a worker and the global
   server on loopback (no emulation), against ``torch.distributed`` gloo ``all_reduce`` of the same tensor
   between 2 processes. Ratio geomx / gloo.
@@ -15,8 +16,8 @@ It returns 1 only when a measurement could not be taken (a run failed).
 
 Usage::
 
-    geomx bench --quick              # about 1 minute on 2 cores
-    geomx bench --out bench-results  # the full run, 2 to 4 minutes
+    geomx bench --quick              # about 1.5 minutes on 2 cores
+    geomx bench --out bench-results  # the full run, 5 to 8 minutes
     geomx bench --only transport
 """
 
@@ -33,7 +34,7 @@ import subprocess
 import sys
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -51,10 +52,26 @@ LAN = {"bandwidth": "10Gbit", "latency": "0ms"}
 
 
 @dataclass(frozen=True)
+class Workload:
+    """One job of the training section: the size of examples/cnn.py's DigitsCNN and how long to train it."""
+
+    name: str  # its key in bench.json
+    label: str  # its name in the table
+    channels: int
+    hidden: int
+    batch_size: int
+    epochs: int
+
+    def cnn_args(self) -> list[str]:
+        return ["--epochs", str(self.epochs), "--batch-size", str(self.batch_size),
+                "--channels", str(self.channels), "--hidden", str(self.hidden)]
+
+
+@dataclass(frozen=True)
 class Plan:
     """How much to run: --quick or the full bench."""
 
-    epochs: int
+    workloads: tuple[Workload, ...]
     training_repeats: int  # runs per mode, alternated (flat, hips, hips, flat, ...) to cancel drift
     sizes_mb: tuple[float, ...]
     reps: int
@@ -62,9 +79,16 @@ class Plan:
     two_workers: bool
 
 
-# digits: 1437 training images / 4 workers / batch 32 = 11 steps per epoch
-QUICK = Plan(epochs=5, training_repeats=1, sizes_mb=(4.0, 100.0), reps=10, warmup=2, two_workers=True)
-FULL = Plan(epochs=20, training_repeats=2, sizes_mb=(4.0, 100.0), reps=30, warmup=3, two_workers=True)
+# digits: 1437 training images / 4 workers = 359 per worker: 11 steps per epoch at batch 32, 5 at batch 64.
+# The small CNN (38k parameters, 153 kB of gradients) is latency-bound on the emulated WAN; the wide one
+# (1.6M parameters, 6.4 MB) is bandwidth-bound, about 1.5 s per flat-PS step, so it runs fewer steps: batch
+# 64 keeps its warm-up epoch (excluded from step ms) at 5 steps.
+SMALL_CNN = Workload("small", "small CNN", channels=16, hidden=64, batch_size=32, epochs=20)
+WIDE_CNN = Workload("wide", "wide CNN", channels=32, hidden=1536, batch_size=64, epochs=6)
+QUICK = Plan(workloads=(replace(SMALL_CNN, epochs=5), replace(WIDE_CNN, epochs=2)), training_repeats=1,
+             sizes_mb=(4.0, 100.0), reps=10, warmup=2, two_workers=True)
+FULL = Plan(workloads=(SMALL_CNN, WIDE_CNN), training_repeats=2, sizes_mb=(4.0, 100.0), reps=30, warmup=3,
+            two_workers=True)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -235,24 +259,40 @@ def _mean_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return merged
 
 
-def bench_training(plan: Plan, out_dir: Path) -> dict[str, Any]:
-    cnn = find_cnn_example()
-    if cnn is None:
-        raise RuntimeError("examples/cnn.py not found: run geomx bench from a geomx source checkout "
-                           "(pip install -e .) or from its root folder")
-    topo_dir = out_dir / "topologies"
-    topologies = {mode: _write_topology(topo_dir / f"training-{mode}.yaml", training_topology(mode))
-                  for mode in ("flat", "hips")}
-    command = [sys.executable, str(cnn), "--epochs", str(plan.epochs), "--optimizer", "adam", "--seed", "0"]
-    _warm_caches()
+def model_size(workload: Workload) -> int:
+    """Parameters of the workload's DigitsCNN (the gradient a worker pushes per step is 4 bytes each)."""
+    from .models import DigitsCNN
+
+    return sum(p.numel() for p in DigitsCNN(channels=workload.channels, hidden=workload.hidden).parameters())
+
+
+def training_ratios(flat: dict[str, Any], hips: dict[str, Any]) -> dict[str, Any]:
+    """flat / HiPS for one workload (>1: HiPS is faster or sends less), and the accuracy difference."""
+    return {
+        "step_time_speedup": flat["step_ms"] / hips["step_ms"],
+        "step_time_speedup_median_epoch": flat["step_ms_median_epoch"] / hips["step_ms_median_epoch"],
+        "wan_bytes_reduction": flat["wan_bytes_per_step"] / hips["wan_bytes_per_step"],
+        "wan_bytes_reduction_steady": (flat["wan_bytes_per_step_steady"] / hips["wan_bytes_per_step_steady"]
+                                       if flat.get("wan_bytes_per_step_steady")
+                                       and hips.get("wan_bytes_per_step_steady") else None),
+        "accuracy_difference": hips["test_accuracy"] - flat["test_accuracy"],
+        "wall_speedup": flat["wall_s"] / hips["wall_s"],
+        "train_time_speedup": flat["train_s"] / hips["train_s"],
+    }
+
+
+def bench_workload(workload: Workload, repeats: int, cnn: Path, topologies: dict[str, Path], out_dir: Path,
+                   errors: list[str]) -> dict[str, Any]:
+    """Train one workload under the flat PS and under HiPS, ``repeats`` runs each; failures go to ``errors``."""
+    parameters = model_size(workload)
+    command = [sys.executable, str(cnn), *workload.cnn_args(), "--optimizer", "adam", "--seed", "0"]
     order: list[str] = []
-    for repeat in range(plan.training_repeats):
+    for repeat in range(repeats):
         order += ["flat", "hips"] if repeat % 2 == 0 else ["hips", "flat"]
     runs: dict[str, list[dict[str, Any]]] = {"flat": [], "hips": []}
-    errors = []
     for index, mode in enumerate(order):
-        name = f"training-{mode}-{order[:index + 1].count(mode)}"
-        _say(f"[training] {name}: {plan.epochs} epochs of examples/cnn.py under "
+        name = f"training-{workload.name}-{mode}-{order[:index + 1].count(mode)}"
+        _say(f"[training] {name}: {workload.epochs} epochs of examples/cnn.py ({workload.label}) under "
              f"{'a flat PS' if mode == 'flat' else 'HiPS FSA'} (log: {out_dir / 'logs' / name}.log) ...")
         result, metrics = _run_job(name, topologies[mode], command, out_dir)
         if result.exit_code != 0:
@@ -268,32 +308,40 @@ def bench_training(plan: Plan, out_dir: Path) -> dict[str, Any]:
         figures["load_avg_after"] = _load()
         runs[mode].append(figures)
         _say(f"[training] {name}: {figures['steps']} steps, {figures['step_ms']:.1f} ms/step, "
-             f"{figures['wan_bytes_per_step'] / 1e3:.1f} kB WAN/step, acc {figures['test_accuracy']:.4f}, "
+             f"{figures['wan_bytes_per_step'] / 1e6:.3f} MB WAN/step, acc {figures['test_accuracy']:.4f}, "
              f"wall {result.wall_s:.1f} s")
     section: dict[str, Any] = {
-        "job": {"script": str(cnn), "command": command, "epochs": plan.epochs, "optimizer": "adam",
+        "job": {"workload": workload.name, "label": workload.label, "script": str(cnn), "command": command,
+                "model": f"DigitsCNN(channels={workload.channels}, hidden={workload.hidden})",
+                "parameters": parameters, "gradient_bytes_per_worker": 4 * parameters,
+                "epochs": workload.epochs, "batch_size": workload.batch_size, "optimizer": "adam",
                 "parties": 2, "workers_per_party": 2, "wan": WAN, "lan": LAN,
                 "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "1 (launcher default)"),
                 "warmup": "epoch 1 excluded from step_ms", "order": order},
-        "runs": runs, "errors": errors, "rows": {},
+        "runs": runs, "rows": {},
     }
     for mode in ("flat", "hips"):
         if runs[mode]:
             section["rows"][mode] = _mean_runs(runs[mode])
     flat, hips = section["rows"].get("flat"), section["rows"].get("hips")
     if flat and hips:
-        section["ratios"] = {
-            "step_time_speedup": flat["step_ms"] / hips["step_ms"],
-            "step_time_speedup_median_epoch": flat["step_ms_median_epoch"] / hips["step_ms_median_epoch"],
-            "wan_bytes_reduction": flat["wan_bytes_per_step"] / hips["wan_bytes_per_step"],
-            "wan_bytes_reduction_steady": (flat["wan_bytes_per_step_steady"] / hips["wan_bytes_per_step_steady"]
-                                           if flat.get("wan_bytes_per_step_steady")
-                                           and hips.get("wan_bytes_per_step_steady") else None),
-            "accuracy_difference": hips["test_accuracy"] - flat["test_accuracy"],
-            "wall_speedup": flat["wall_s"] / hips["wall_s"],
-            "train_time_speedup": flat["train_s"] / hips["train_s"],
-        }
+        section["ratios"] = training_ratios(flat, hips)
     return section
+
+
+def bench_training(plan: Plan, out_dir: Path) -> dict[str, Any]:
+    cnn = find_cnn_example()
+    if cnn is None:
+        raise RuntimeError("examples/cnn.py not found: run geomx bench from a geomx source checkout "
+                           "(pip install -e .) or from its root folder")
+    topo_dir = out_dir / "topologies"
+    topologies = {mode: _write_topology(topo_dir / f"training-{mode}.yaml", training_topology(mode))
+                  for mode in ("flat", "hips")}
+    _warm_caches()
+    errors: list[str] = []
+    workloads = {workload.name: bench_workload(workload, plan.training_repeats, cnn, topologies, out_dir, errors)
+                 for workload in plan.workloads}
+    return {"workloads": workloads, "errors": errors}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -408,15 +456,68 @@ def _fmt(value: Any, spec: str, suffix: str = "") -> str:
     return f"{value:{spec}}{suffix}"
 
 
-def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
-    """Plain-text columns: the first left-aligned, the others right-aligned."""
+def _table(headers: list[str], rows: list[list[str]], left: int = 1) -> list[str]:
+    """Plain-text columns: the first ``left`` left-aligned, the others right-aligned."""
     widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
 
     def line(cells: list[str]) -> str:
-        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+        return "  ".join(c.ljust(w) if i < left else c.rjust(w)
                          for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
 
     return [line(headers), line(["-" * w for w in widths]), *(line(r) for r in rows)]
+
+
+def _training_lines(training: dict[str, Any]) -> list[str]:
+    workloads = training.get("workloads", {})
+    repeats = next((len(w["job"]["order"]) // 2 for w in workloads.values()), None)
+    lines = [f"[training] examples/cnn.py, Adam, 2 parties x 2 workers, WAN {WAN['bandwidth']}/s {WAN['latency']} "
+             f"one way, LAN {LAN['bandwidth']}/s {LAN['latency']}; {repeats} run(s) per mode and workload"]
+    rows = []
+    medians, steady = [], []
+    for workload in workloads.values():
+        job, ratios = workload["job"], workload.get("ratios", {})
+        steps = next((r["steps"] for r in workload["rows"].values()), None)
+        lines.append(f"  {job['label']}: {job['model']}, {job['parameters']:,} parameters "
+                     f"({job['gradient_bytes_per_worker'] / 1e6:.2f} MB of gradients per worker), "
+                     f"batch {job['batch_size']}, {steps} steps per run")
+        for mode, label in (("flat", "flat PS"), ("hips", "HiPS FSA")):
+            row = workload["rows"].get(mode)
+            if not row:
+                rows.append([job["label"], label, "failed", "-", "-", "-", "-", "-", "-"])
+                continue
+            is_flat = mode == "flat"
+            rows.append([
+                job["label"],
+                label,
+                _fmt(row["step_ms"], ".1f"),
+                "1.00x" if is_flat else _fmt(ratios.get("step_time_speedup"), ".2f", "x"),
+                _fmt(row["wan_bytes_per_step"] / 1e6, ".3f"),
+                "1.00x" if is_flat else _fmt(ratios.get("wan_bytes_reduction"), ".2f", "x"),
+                _fmt(row["test_accuracy"], ".4f"),
+                _fmt(row["train_s"], ".1f"),
+                _fmt(row["wall_s"], ".1f"),
+            ])
+        if ratios.get("step_time_speedup_median_epoch"):
+            medians.append(f"{job['label']} {ratios['step_time_speedup_median_epoch']:.2f}x")
+        if ratios.get("wan_bytes_reduction_steady"):
+            steady.append(f"{job['label']} {ratios['wan_bytes_reduction_steady']:.2f}x")
+    lines += _table(["workload", "mode", "step ms", "speedup", "WAN MB/step", "WAN reduction", "test acc",
+                     "train s", "wall s"], rows, left=2)
+    lines.append("note: step ms = mean over epochs 2..N (epoch 1 is warm-up), from the master worker's records; "
+                 "speedup and WAN reduction = flat / HiPS of the same workload;")
+    lines.append("      WAN MB/step = all WAN bytes sent by every process (incl. init and shutdown) / steps; "
+                 "train s = training loop time; wall s = launch to exit.")
+    lines.append("      small CNN: latency-bound, WAN-only bound on the speedup about 1.3x; wide CNN: bandwidth-bound, "
+                 "up to 2x less the local servers' CPU time (see benchmarks/README.md).")
+    if medians:
+        lines.append(f"      speedup from the median epoch instead of the mean (robust to load bursts): "
+                     f"{', '.join(medians)}.")
+    if steady:
+        lines.append(f"      steady-state WAN reduction (global-server counters, epoch 1 to last): "
+                     f"{', '.join(steady)}; expected 2.00x.")
+    for error in training.get("errors", []):
+        lines.append(f"error: {error}")
+    return lines
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -431,44 +532,7 @@ def format_report(report: dict[str, Any]) -> str:
                      "times and their ratios are noisy; compare medians in bench.json")
     training = report.get("training")
     if training:
-        job = training.get("job", {})
-        steps = next((r["steps"] for r in training.get("rows", {}).values()), None)
-        lines += ["", f"[training] digits CNN (examples/cnn.py), Adam, 2 parties x 2 workers, "
-                      f"WAN {WAN['bandwidth']}/s {WAN['latency']} one way, LAN {LAN['bandwidth']}/s "
-                      f"{LAN['latency']}; {steps} steps per run, {job.get('order') and len(job['order']) // 2} "
-                      f"run(s) per mode"]
-        rows = []
-        ratios = training.get("ratios", {})
-        for mode, label in (("flat", "flat PS"), ("hips", "HiPS FSA")):
-            row = training.get("rows", {}).get(mode)
-            if not row:
-                rows.append([label, "failed", "-", "-", "-", "-", "-", "-"])
-                continue
-            is_flat = mode == "flat"
-            rows.append([
-                label,
-                _fmt(row["step_ms"], ".1f"),
-                "1.00x" if is_flat else _fmt(ratios.get("step_time_speedup"), ".2f", "x"),
-                _fmt(row["wan_bytes_per_step"] / 1e3, ".1f"),
-                "1.00x" if is_flat else _fmt(ratios.get("wan_bytes_reduction"), ".2f", "x"),
-                _fmt(row["test_accuracy"], ".4f"),
-                _fmt(row["train_s"], ".1f"),
-                _fmt(row["wall_s"], ".1f"),
-            ])
-        lines += _table(["mode", "step ms", "speedup", "WAN kB/step", "WAN reduction", "test acc", "train s",
-                         "wall s"], rows)
-        lines.append("note: step ms = mean over epochs 2..N (epoch 1 is warm-up), from the master worker's "
-                     "records; speedup and WAN reduction = flat / HiPS;")
-        lines.append("      WAN kB/step = all WAN bytes sent by every process (incl. init and shutdown) / steps; "
-                     "train s = training loop time; wall s = launch to exit.")
-        if ratios.get("step_time_speedup_median_epoch"):
-            lines.append(f"      speedup from the median epoch instead of the mean (robust to load bursts): "
-                         f"{ratios['step_time_speedup_median_epoch']:.2f}x.")
-        if ratios.get("wan_bytes_reduction_steady"):
-            lines.append(f"      steady-state WAN reduction (global-server counters, epoch 1 to last): "
-                         f"{ratios['wan_bytes_reduction_steady']:.2f}x; expected 2.00x.")
-        for error in training.get("errors", []):
-            lines.append(f"error: {error}")
+        lines += ["", *_training_lines(training)]
     elif "training_error" in report:
         lines += ["", f"[training] not measured: {report['training_error']}"]
     transport = report.get("transport")
@@ -513,7 +577,7 @@ def run_bench(quick: bool, out_dir: Path, sections: list[str] | None = None) -> 
     started = time.monotonic()
     report: dict[str, Any] = {
         "quick": quick, "sections": chosen, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "machine": machine_info(), "load_avg_start": _load(), "plan": plan.__dict__, "json_path": str(json_path),
+        "machine": machine_info(), "load_avg_start": _load(), "plan": asdict(plan), "json_path": str(json_path),
     }
     failed = False
     interrupted = False
