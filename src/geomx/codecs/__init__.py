@@ -1,0 +1,49 @@
+"""WAN compression codecs: pure NumPy in, NumPy out; the server and transport plug them in.
+
+Built-ins (spec ``{"type": name, ...}``; wire id in brackets):
+
+* ``dense`` [0] — raw bytes (wire.py's DENSE).
+* ``fp16`` [1] — float16 on the wire, saturating at ±65504.
+* ``bsc`` [2] — Bi-Sparse: DGC top-k with momentum correction on push, error feedback on pull;
+  the spec adds GeoMX's size gate (tensors below ``size_lower_bound`` go dense).
+* ``int8`` [3] — per-block absmax int8; use inside ``error_feedback``.
+* ``error_feedback``, ``size_adaptive``, ``mpq`` — composites; their payloads carry the id of the
+  codec that encoded them.
+
+Usage::
+
+    from geomx.codecs import TensorInfo, make_codec
+    codec = make_codec({"type": "mpq", "threshold": 0.01, "size_lower_bound": 200000})
+    payload = codec.encode(grad, TensorInfo(key=0, part=0, kind="gradient", direction="push"))
+    grad_hat = codec.decode(payload, grad.shape, grad.dtype)
+"""
+
+from .base import COMPOSITE_ID, DENSE_ID, Codec, CodecError, Encoded, TensorInfo
+from .bsc import BSC, DEFAULT_SIZE_LOWER_BOUND
+from .composite import SizeAdaptive
+from .dense import Dense
+from .error_feedback import ErrorFeedback
+from .fp16 import FP16
+from .int8 import Int8
+from .mpq import MPQ
+from .registry import Registry, default_registry, make_codec
+
+__all__ = [
+    "BSC",
+    "COMPOSITE_ID",
+    "DEFAULT_SIZE_LOWER_BOUND",
+    "DENSE_ID",
+    "FP16",
+    "MPQ",
+    "Codec",
+    "CodecError",
+    "Dense",
+    "Encoded",
+    "ErrorFeedback",
+    "Int8",
+    "Registry",
+    "SizeAdaptive",
+    "TensorInfo",
+    "default_registry",
+    "make_codec",
+]

@@ -1,0 +1,175 @@
+"""Codec registry: names and wire ids to classes, and JSON specs to configured codec instances.
+
+A spec is ``{"type": name, **params}`` — GeoMX's ``set_gradient_compression({"type": "bsc",
+"threshold": 0.01})`` shape. Parameters are validated against the codec constructor's signature and
+type hints (int, float, bool, str, or a nested codec spec for ``Codec``-typed parameters); anything
+unknown or mistyped raises CodecError listing what is valid. There is no hidden global registry:
+``default_registry()`` builds a fresh one holding the built-ins.
+
+Usage::
+
+    registry = default_registry()
+    codec = registry.make_codec({"type": "error_feedback", "inner": {"type": "int8", "block": 256}})
+    array = registry.decode(payload, shape, np.dtype(np.float32))   # any wire codec, by payload id
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from .base import COMPOSITE_ID, Codec, CodecError, Encoded
+from .bsc import BSC
+from .composite import SizeAdaptive
+from .dense import Dense
+from .error_feedback import ErrorFeedback
+from .fp16 import FP16
+from .int8 import Int8
+from .mpq import MPQ
+
+BUILTINS: tuple[type[Codec], ...] = (Dense, FP16, BSC, Int8, ErrorFeedback, SizeAdaptive, MPQ)
+
+
+class Registry:
+    """Codec classes by name (unique) and by wire id (unique; composites have no id of their own)."""
+
+    def __init__(self) -> None:
+        self._by_name: dict[str, type[Codec]] = {}
+        self._by_id: dict[int, type[Codec]] = {}
+        self._decoders: dict[int, Codec] = {}
+
+    def register(self, cls: type[Codec]) -> type[Codec]:
+        """Add ``cls``; refuses a name or a wire id that is already taken. Returns ``cls`` (decorator use)."""
+        if not (isinstance(cls, type) and issubclass(cls, Codec)) or inspect.isabstract(cls):
+            raise TypeError(f"{cls!r} is not a concrete Codec subclass")
+        name, codec_id = getattr(cls, "name", None), getattr(cls, "codec_id", None)
+        if not isinstance(name, str) or not name or name != name.lower():
+            raise CodecError(f"{cls.__qualname__}.name must be a non-empty lower-case string, got {name!r}")
+        if not isinstance(codec_id, int) or not (codec_id >= 0 or codec_id == COMPOSITE_ID) or codec_id > 255:
+            raise CodecError(f"{cls.__qualname__}.codec_id must be in [0, 255] (one header byte) or "
+                             f"COMPOSITE_ID, got {codec_id!r}")
+        if name in self._by_name:
+            raise CodecError(f"codec name {name!r} is already registered by {self._by_name[name].__qualname__}")
+        if codec_id != COMPOSITE_ID and codec_id in self._by_id:
+            raise CodecError(f"codec id {codec_id} (for {cls.__qualname__}) is already taken by "
+                             f"{self._by_id[codec_id].__qualname__}")
+        self._by_name[name] = cls
+        if codec_id != COMPOSITE_ID:
+            self._by_id[codec_id] = cls
+        return cls
+
+    def names(self) -> list[str]:
+        return sorted(self._by_name)
+
+    def codec_class(self, name_or_id: str | int) -> type[Codec]:
+        """The class registered under a spec name or a wire id."""
+        if isinstance(name_or_id, str):
+            cls = self._by_name.get(name_or_id.lower())
+            if cls is None:
+                raise CodecError(f"unknown codec {name_or_id!r}; known: {self.names()}")
+            return cls
+        cls = self._by_id.get(int(name_or_id))
+        if cls is None:
+            raise CodecError(f"unknown codec id {name_or_id}; known: {sorted(self._by_id)}")
+        return cls
+
+    def make_codec(self, spec: Mapping[str, object]) -> Codec:
+        """A configured codec from ``{"type": name, **params}``; CodecError says what is wrong."""
+        if not isinstance(spec, Mapping) or not isinstance(spec.get("type"), str):
+            raise CodecError(f"a codec spec is {{'type': name, ...params}} with name one of {self.names()}; "
+                             f"got {spec!r}"[:500])
+        cls = self.codec_class(str(spec["type"]))
+        params = {key: value for key, value in spec.items() if key != "type"}
+        try:
+            return cls.from_spec(params, self)
+        except RecursionError:
+            raise CodecError("codec spec is nested too deeply") from None
+
+    def decoder(self, codec_id: int) -> Codec:
+        """An instance able to decode payloads of ``codec_id`` (decoding never depends on configuration)."""
+        codec = self._decoders.get(codec_id)
+        if codec is None:
+            codec = self.codec_class(codec_id)()
+            self._decoders[codec_id] = codec
+        return codec
+
+    def decode(self, encoded: Encoded, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
+        """Decode any payload by the codec id it carries — what a receiver does without negotiation."""
+        if isinstance(encoded.codec_id, bool) or not isinstance(encoded.codec_id, int):
+            raise CodecError(f"payload codec id {encoded.codec_id!r} is not an integer")
+        return self.decoder(encoded.codec_id).decode(encoded, shape, dtype)
+
+    def constructor_kwargs(self, cls: type[Codec], params: Mapping[str, object],
+                           extra: Mapping[str, type] | None = None, spec_name: str | None = None) -> dict[str, Any]:
+        """Spec ``params`` checked against ``cls.__init__`` (plus ``extra`` name → type) as keyword arguments.
+
+        ``spec_name``: the spec type to name in errors, when it is not ``cls.name`` (e.g. "mpq" building a BSC).
+        """
+        label = spec_name or cls.name
+        hints = typing.get_type_hints(cls.__init__)
+        parameters = [parameter for name, parameter in inspect.signature(cls.__init__).parameters.items()
+                      if name != "self" and parameter.kind in (parameter.POSITIONAL_OR_KEYWORD,
+                                                               parameter.KEYWORD_ONLY)]
+        accepted: dict[str, Any] = {parameter.name: hints.get(parameter.name, Any) for parameter in parameters}
+        accepted.update(extra or {})
+        unknown = sorted(set(params) - set(accepted))
+        if unknown:
+            raise CodecError(f"codec {label!r} has no parameter {', '.join(map(repr, unknown))}; "
+                             f"valid: {sorted(accepted)}")
+        missing = [p.name for p in parameters if p.default is inspect.Parameter.empty and p.name not in params]
+        if missing:
+            raise CodecError(f"codec {label!r} needs parameter {', '.join(map(repr, missing))}")
+        return {name: self._coerce(label, name, accepted[name], value) for name, value in params.items()}
+
+    def _coerce(self, codec: str, name: str, hint: Any, value: object) -> Any:
+        """``value`` as the type ``hint`` names, or CodecError. bool is never accepted as a number."""
+        if typing.get_origin(hint) in (typing.Union, types.UnionType):
+            options = [arg for arg in typing.get_args(hint) if arg is not type(None)]
+            if value is None and len(options) < len(typing.get_args(hint)):
+                return None
+            if len(options) == 1:
+                hint = options[0]
+        where = f"codec {codec!r} parameter {name}={value!r}"[:300]
+        if hint is bool:
+            if isinstance(value, bool):
+                return value
+            raise CodecError(f"{where} must be true or false")
+        if hint is int:
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+            raise CodecError(f"{where} must be an integer")
+        if hint is float:
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                return float(value)
+            raise CodecError(f"{where} must be a finite number")
+        if hint is str:
+            if isinstance(value, str):
+                return value
+            raise CodecError(f"{where} must be a string")
+        if isinstance(hint, type) and issubclass(hint, Codec):
+            if isinstance(value, Mapping):
+                codec_value = self.make_codec(value)
+                if isinstance(codec_value, hint):
+                    return codec_value
+            raise CodecError(f"{where} must be a nested spec of a {hint.__name__} codec")
+        raise TypeError(f"{codec}.{name} has a type hint codec specs cannot express: {hint!r}")
+
+
+def default_registry() -> Registry:
+    """A fresh registry holding the built-in codecs (dense, fp16, bsc, int8, error_feedback, size_adaptive,
+    mpq)."""
+    registry = Registry()
+    for cls in BUILTINS:
+        registry.register(cls)
+    return registry
+
+
+def make_codec(spec: Mapping[str, object]) -> Codec:
+    """``default_registry().make_codec(spec)``, for callers that need no custom codecs."""
+    return default_registry().make_codec(spec)
