@@ -5,6 +5,12 @@ servers run the optimizer. Run it through the launcher:
 
     geomx launch topologies/demo.yaml -- python examples/cnn.py --epochs 8
 
+``--mixed-sync`` switches to MixedSync (``dist_async``: each party's push is applied on arrival),
+``--dcasgd`` installs DCASGD on the global server, and ``--slow-party dc1 --slowdown 3`` makes one data
+center 3x slower to show what MixedSync is for:
+
+    geomx launch topologies/demo.yaml -- python examples/cnn.py --mixed-sync --dcasgd
+
 ``--channels`` and ``--hidden`` widen the model (``geomx bench``'s bandwidth-bound "wide CNN" is
 ``--channels 32 --hidden 1536 --batch-size 64``: 1.6M parameters instead of 38k).
 """
@@ -28,6 +34,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=0.003)
     parser.add_argument("--optimizer", choices=["adam", "sgd"], default="adam")
+    parser.add_argument("--mixed-sync", action="store_true", help="MixedSync: asynchronous across parties")
+    parser.add_argument("--dcasgd", action="store_true", help="DCASGD on the global server (with --mixed-sync)")
+    parser.add_argument("--lamda", type=float, default=0.04, help="DCASGD's variance control")
+    parser.add_argument("--slow-party", default=None, help="make this party's workers slower")
+    parser.add_argument("--slowdown", type=float, default=3.0, help="how many times slower --slow-party is")
     parser.add_argument("--momentum", type=float, default=0.9, help="for --optimizer sgd")
     parser.add_argument("--max-steps", type=int, default=None, help="stop after this many steps in total")
     parser.add_argument("--seed", type=int, default=0)
@@ -38,13 +49,18 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    kv = geomx.kv.create("dist_sync")
+    kv = geomx.kv.create("dist_async" if args.mixed_sync else "dist_sync")
     torch.manual_seed(args.seed + 1000 * kv.global_rank)  # weights differ per process until init syncs them
     model = DigitsCNN(channels=args.channels, hidden=args.hidden)
     params = list(model.parameters())
     if kv.is_master_worker:
-        optimizer = (geomx.optim.Adam(lr=args.lr) if args.optimizer == "adam"
-                     else geomx.optim.SGD(lr=args.lr, momentum=args.momentum))
+        if args.dcasgd:
+            optimizer: geomx.optim.Optimizer = geomx.optim.DCASGD(lr=args.lr, momentum=args.momentum,
+                                                                  lamda=args.lamda)
+        elif args.optimizer == "adam":
+            optimizer = geomx.optim.Adam(lr=args.lr)
+        else:
+            optimizer = geomx.optim.SGD(lr=args.lr, momentum=args.momentum)
         kv.set_optimizer(optimizer)
     kv.init(list(range(len(params))), [p.data for p in params])  # everyone now holds the master's weights
 
@@ -58,9 +74,12 @@ def main() -> None:
         losses = []
         epoch_started = time.monotonic()
         for images, labels in shard.batches(args.batch_size, epoch, steps, seed=args.seed + kv.global_rank):
+            compute_started = time.monotonic()
             model.zero_grad()
             loss = F.cross_entropy(model(images), labels)
             loss.backward()
+            if kv.party == args.slow_party:  # an emulated slower data center
+                time.sleep((args.slowdown - 1) * (time.monotonic() - compute_started))
             for idx, param in enumerate(params):
                 kv.push(idx, param.grad, priority=-idx)
             for idx, param in enumerate(params):
