@@ -106,6 +106,7 @@ class Topology:
     max_message_bytes: int = 1 << 31
     parties_known: bool = True  # False when built from DMLC_* counts alone: party names are placeholders
     hfa: HFASpec | None = None  # hierarchical frequency aggregation, when enabled
+    size_lower_bound: int = 200_000  # tensors smaller than this travel dense under Bi-Sparse / MPQ
 
     def __post_init__(self) -> None:
         names = [p.name for p in self.parties]
@@ -255,7 +256,7 @@ def _timeouts(raw: Any) -> Timeouts:
 
 
 _TOPOLOGY_FIELDS = {"parties", "central", "global_servers", "mode", "links", "timeouts", "slice_elems",
-                    "max_message_bytes", "hfa"}
+                    "max_message_bytes", "hfa", "size_lower_bound"}
 
 
 def _hfa(raw: Any) -> HFASpec | None:
@@ -316,6 +317,7 @@ def topology_from_dict(raw: Mapping[str, Any]) -> Topology:
         slice_elems=_int_field(raw, "slice_elems", 1 << 20),
         max_message_bytes=_int_field(raw, "max_message_bytes", 1 << 31),
         hfa=_hfa(raw.get("hfa")),
+        size_lower_bound=_int_field(raw, "size_lower_bound", 200_000),
     )
 
 
@@ -350,6 +352,7 @@ def topology_to_dict(topology: Topology) -> dict[str, Any]:
         "slice_elems": topology.slice_elems,
         "max_message_bytes": topology.max_message_bytes,
         **({"hfa": {"k1": topology.hfa.k1, "k2": topology.hfa.k2}} if topology.hfa else {}),
+        "size_lower_bound": topology.size_lower_bound,
     }
 
 
@@ -367,6 +370,7 @@ ENV_ALIASES: dict[str, tuple[str, ...]] = {
     "GEOMX_HFA": ("MXNET_KVSTORE_USE_HFA",),
     "GEOMX_HFA_K1": ("MXNET_KVSTORE_HFA_K1",),
     "GEOMX_HFA_K2": ("MXNET_KVSTORE_HFA_K2",),
+    "GEOMX_SIZE_LOWER_BOUND": ("MXNET_KVSTORE_SIZE_LOWER_BOUND",),
 }
 
 _ROLE_NAMES = {r.value for r in Role}
@@ -484,7 +488,9 @@ def node_config_from_env(env: Mapping[str, str]) -> NodeConfig:
         topology = dataclasses.replace(topology, timeouts=_timeouts_from_env(env, topology.timeouts))
     else:
         topology = _topology_from_env(env, role, party)
-    topology = dataclasses.replace(topology, hfa=_hfa_from_env(env, topology.hfa))
+    bound = _int(env, "GEOMX_SIZE_LOWER_BOUND")
+    topology = dataclasses.replace(topology, hfa=_hfa_from_env(env, topology.hfa),
+                                   size_lower_bound=topology.size_lower_bound if bound is None else bound)
     if role not in (Role.GLOBAL_SCHEDULER,) and party not in {p.name for p in topology.parties}:
         raise ConfigError(f"GEOMX_PARTY={party!r} is not a party of the topology "
                           f"{[p.name for p in topology.parties]}")

@@ -30,6 +30,8 @@ import numpy as np
 import torch
 
 from . import config as config_module
+from .codecs import default_registry
+from .codecs.messages import decode_message
 from .config import Mode, NodeConfig, Role
 from .membership import GLOBAL_SCHEDULER_ID, AddressBook, local_scheduler_id, new_node_id, register
 from .optim import Optimizer
@@ -76,6 +78,7 @@ class KVStore:
         self._topology = config.topology
         self._timeout = config.topology.timeouts.request_s
         self._keys: dict[int, _KeyInfo] = {}
+        self._codecs = default_registry()
         self._pending: dict[int, list[Future[Message]]] = {}
         self._closed = False
         identity = new_node_id(Role.WORKER, config.party)
@@ -165,14 +168,14 @@ class KVStore:
                                                       f"to answer {what} of key {key} slice {i}")
                 for i, f in enumerate(futures)]
 
-    @staticmethod
-    def _copy_out(replies: list[Message], info: _KeyInfo, out: torch.Tensor) -> None:
+    def _copy_out(self, replies: list[Message], info: _KeyInfo, out: torch.Tensor) -> None:
         flat = out.view(-1) if out.is_contiguous() else None
         target = flat if flat is not None else torch.empty(out.numel(), dtype=out.dtype)
         for (start, stop), reply in zip(info.parts, replies, strict=True):
-            if reply.tensor is None:
+            data = decode_message(self._codecs, reply)  # a flat PS's global server may compress its answers
+            if data is None:
                 raise RuntimeError("server answered without data")
-            target[start:stop].copy_(readonly_tensor(reply.tensor))
+            target[start:stop].copy_(readonly_tensor(data))
         if flat is None:
             out.copy_(target.view(out.shape))
 
@@ -258,6 +261,23 @@ class KVStore:
             hfa = self._topology.hfa is not None
             spec["params"]["rescale_grad"] = 1.0 if hfa else 1.0 / self.num_all_workers
         self._configure({"optimizer": spec}, "set the optimizer")
+
+    def set_gradient_compression(self, spec: dict[str, Any]) -> None:
+        """Compress the WAN tier (master worker only), e.g. ``{"type": "bsc", "threshold": 0.01}``.
+
+        Local servers encode what they push, global servers what they answer; the LAN stays dense. Types:
+        ``fp16``, ``bsc`` (Bi-Sparse; tensors below ``size_lower_bound`` — MXNET_KVSTORE_SIZE_LOWER_BOUND,
+        default 200000 — travel dense), ``mpq`` (fp16 below the bound, Bi-Sparse above), ``int8``,
+        ``error_feedback``. Residual codecs (bsc, mpq) need additive data: use them without a server
+        optimizer (workers step on the pulled aggregate, as in GeoMX's example) or with HFA.
+        """
+        if not self.is_master_worker:
+            raise RuntimeError("only the master worker (rank 0 of the central party) may set the compression")
+        spec = dict(spec)
+        if spec.get("type") in ("bsc", "mpq") and "size_lower_bound" not in spec:
+            spec["size_lower_bound"] = self._topology.size_lower_bound
+        default_registry().make_codec(spec)  # a bad spec fails here, with the codec's own message
+        self._configure({"compression": spec}, "set the compression")
 
     def _configure(self, body: dict[str, Any], what: str) -> None:
         futures = [self._requests.call(s, Message(Kind.CONFIGURE, body=body)) for s in self._servers]

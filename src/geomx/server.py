@@ -26,6 +26,10 @@ from typing import Any
 
 import numpy as np
 
+from .codecs import Codec as TensorCodec
+from .codecs import CodecError, TensorInfo, default_registry
+from .codecs.base import Kind as TensorKind
+from .codecs.messages import decode_message, payload_fields
 from .config import Mode, NodeConfig, Role
 from .membership import GLOBAL_SCHEDULER_ID, AddressBook, local_scheduler_id, new_node_id, register
 from .optim import Optimizer, optimizer_from_spec
@@ -100,6 +104,10 @@ class ParameterServer:
                        bind_host=config.bind_host, name=self.name)
         self.requests = Requests(self.van)
         self.timeouts = config.topology.timeouts
+        # WAN compression (set by the master through CONFIGURE): a local server encodes its pushes with it,
+        # a global server its replies; every server decodes whatever arrives by the payload's codec id.
+        self.codecs = default_registry()
+        self.wan_codec: TensorCodec | None = None
         self.hfa: LocalFrequencyAggregation | None = None
         topology = config.topology
         if topology.hfa is not None and not self.is_global:
@@ -195,7 +203,8 @@ class ParameterServer:
         if message.kind is Kind.STATS:
             self._on_stats(message)
             return
-        if sender not in self.clients:
+        from_upstream = message.kind is Kind.CONFIGURE and sender in self.upstream
+        if sender not in self.clients and not from_upstream:
             self._refuse(message, f"{sender!r} is not a client of this server")
             return
         handlers: dict[Kind, Callable[[Message], None]] = {
@@ -203,6 +212,13 @@ class ParameterServer:
             Kind.BARRIER: self._contribute, Kind.SHUTDOWN: self._contribute, Kind.STATE: self._on_state,
             Kind.CONFIGURE: self._on_configure,
         }
+        if message.encoded is not None:
+            try:
+                message.tensor = decode_message(self.codecs, message)
+            except CodecError as exc:
+                self._refuse(message, f"undecodable payload for key {message.key} slice {message.part}: {exc}")
+                return
+            message.encoded = None
         handler = handlers.get(message.kind)
         if handler is None:
             self._refuse(message, f"a server does not handle {message.kind.name} requests")
@@ -297,18 +313,29 @@ class ParameterServer:
         """Server settings from the master worker: {"optimizer": spec} and/or {"sync": kvstore type}."""
         body = message.body or {}
         sender = message.sender.decode()
-        if sender not in self.configurers:
+        from_upstream = sender in self.upstream  # a global server spreading the compression to every party
+        if sender not in self.configurers and not from_upstream:
             self._refuse(message, "only the master worker may configure the servers")
             return
-        unknown = set(body) - {"optimizer", "sync"}
+        if from_upstream and set(body) != {"compression"}:
+            self._refuse(message, "a global server may only spread the compression setting")
+            return
+        unknown = set(body) - {"optimizer", "sync", "compression"}
         if unknown or not body:
-            self._refuse(message, f"CONFIGURE takes 'optimizer' and/or 'sync', got {sorted(body)}")
+            self._refuse(message, f"CONFIGURE takes 'optimizer', 'sync' and/or 'compression', got {sorted(body)}")
             return
         try:
             optimizer = optimizer_from_spec(body["optimizer"]) if "optimizer" in body else None
             policy = sync_policy(str(body["sync"])) if "sync" in body else None
-        except ValueError as exc:
+            codec = self.codecs.make_codec(body["compression"]) if "compression" in body else None
+        except ValueError as exc:  # CodecError is a ValueError too
             self._refuse(message, str(exc))
+            return
+        if codec is not None:
+            self.wan_codec = codec
+            log.info("[%s] WAN compression: %r", self.name, codec)
+        if from_upstream:
+            self.van.send(sender, message.reply())
             return
         if not self.is_global:  # the local tier stays synchronous; the global servers take the settings
             futures = [self.requests.call(gs, Message(Kind.CONFIGURE, body=body)) for gs in self.upstream]
@@ -323,7 +350,15 @@ class ParameterServer:
         if policy is not None:
             self.push_policy = policy
             log.info("[%s] synchronization: %s", self.name, policy.name)
-        self.van.send(sender, message.reply())
+        others = [c for c in self.clients if c != sender and self.config.topology.mode is Mode.HIPS]
+        if codec is None or not others:
+            self.van.send(sender, message.reply())
+            return
+        # Every party's local server encodes its pushes: spread the setting (GeoMX's GS does the same).
+        futures = [self.requests.call(c, Message(Kind.CONFIGURE, body={"compression": body["compression"]}))
+                   for c in others]
+        self._when_all(futures, lambda error: self.van.send(
+            sender, message.error(error) if error else message.reply()))
 
     # -- rounds -------------------------------------------------------------------------------------------
     def _contribute(self, message: Message) -> None:
@@ -441,8 +476,16 @@ class ParameterServer:
                     self._release(rnd, total)
                     return
                 upward = delta
+            fields: dict[str, Any] = {"tensor": upward}
+            if self.wan_codec is not None:
+                kind: TensorKind = "delta" if self.hfa is not None else "gradient"
+                try:
+                    fields = payload_fields(self.wan_codec, upward, TensorInfo(rnd.key, rnd.part, kind, "push"))
+                except CodecError as exc:
+                    self._release(rnd, None, f"cannot compress key {rnd.key} slice {rnd.part}: {exc}")
+                    return
             self._forward(rnd, Message(Kind.PUSHPULL, key=rnd.key, part=rnd.part, num_parts=first.num_parts,
-                                       round=rnd.number, priority=first.priority, tensor=upward))
+                                       round=rnd.number, priority=first.priority, **fields))
             return
         slot = self.slots[sid]
         # Under HFA the pushes are weighted model deltas: the global model moves by their sum, or an outer
@@ -459,7 +502,25 @@ class ParameterServer:
                 return
         else:
             slot.value = np.add(slot.value, total) if hfa else total
-        self._release(rnd, slot.value)
+        self._release(rnd, slot.value, fields=self._reply_fields(rnd, slot.value, hfa))
+
+    def _reply_fields(self, rnd: Round, value: np.ndarray, hfa: bool) -> dict[str, Any] | None:
+        """The global server's answer, compressed when a WAN codec is set (None: the plain value).
+
+        An aggregate of gradients is additive, so residual codecs (Bi-Sparse) may sparsify it, keeping what
+        they hold back for later rounds. Weights (after a server optimizer, or HFA's global model) are not:
+        they travel with stateless codecs (fp16) or dense.
+        """
+        if self.wan_codec is None:
+            return None
+        kind: TensorKind = "weights" if self.optimizer is not None or hfa else "gradient"
+        try:
+            return payload_fields(self.wan_codec, value, TensorInfo(rnd.key, rnd.part, kind, "pull"))
+        except CodecError as exc:
+            if kind != "weights":
+                raise
+            log.debug("[%s] key %d is sent dense: %s", self.name, rnd.key, exc)
+            return None
 
     def _forward(self, rnd: Round, message: Message) -> None:
         """Send this round's reduction to the owning global server; release the round with its answer."""
@@ -474,6 +535,11 @@ class ParameterServer:
                     self._release(rnd, None, str(error), number)
                     return
                 reply = result.result()
+                try:
+                    reply.tensor = decode_message(self.codecs, reply)
+                except CodecError as exc:
+                    self._release(rnd, None, f"undecodable answer from the global server: {exc}", number)
+                    return
                 if reply.tensor is not None and rnd.number == number and rnd.forwarding:
                     self.slots[(rnd.key, rnd.part)] = Slot(reply.tensor)
                     if self.hfa is not None:  # INIT and global rounds both answer with the global model
@@ -500,7 +566,8 @@ class ParameterServer:
             future.add_done_callback(one_done)
 
     def _release(self, rnd: Round, value: np.ndarray | None, error: str | None = None,
-                 number: int | None = None, body: dict[str, Any] | None = None) -> None:
+                 number: int | None = None, body: dict[str, Any] | None = None,
+                 fields: dict[str, Any] | None = None) -> None:
         """Answer every contributor of ``rnd`` (with ``value`` or ``error``), then start the next round.
 
         ``number``: release only if the round is still that one (a late answer to a round that already
@@ -510,7 +577,10 @@ class ParameterServer:
             log.warning("[%s] dropped a late answer for %s", self.name, rnd.describe())
             return
         for sender, message in rnd.contributions.items():
-            reply = message.error(f"{self.name}: {error}") if error else message.reply(tensor=value, body=body)
+            if error:
+                reply = message.error(f"{self.name}: {error}")
+            else:
+                reply = message.reply(**fields) if fields else message.reply(tensor=value, body=body)
             self.van.send(sender, reply)
         if error:
             log.error("[%s] %s failed: %s", self.name, rnd.describe(), error)

@@ -62,9 +62,16 @@ class Flag(enum.IntFlag):
 
 
 class Codec(enum.IntEnum):
-    """How the data frames encode the tensor. Only DENSE exists yet; the id lets receivers decode unasked."""
+    """How the data frames encode the tensor. DENSE is decoded here; any other id (1..MAX_CODEC_ID) names a
+    codec of ``geomx.codecs``: its frames stay raw bytes (``Message.encoded``) for the receiver's codec
+    registry, with the codec's small meta in the JSON body under ``CODEC_META``."""
 
     DENSE = 0
+
+
+MAX_CODEC_ID = 63
+MAX_ENCODED_FRAMES = 8
+CODEC_META = "codec_meta"
 
 
 # dtype code <-> numpy dtype. Code 0 means "no tensor".
@@ -103,9 +110,10 @@ class Message:
     round: int = 0
     priority: int = 0
     flags: Flag = Flag.NONE
-    codec: Codec = Codec.DENSE
+    codec: int = Codec.DENSE
     body: dict[str, Any] | None = None
     tensor: np.ndarray | None = None
+    encoded: list[np.ndarray] | None = None  # a non-DENSE codec's frames (raw bytes; dtype/shape: the decoded)
     dtype: np.dtype[Any] | None = None  # set with SHAPE_ONLY (and mirrors tensor.dtype otherwise)
     shape: tuple[int, ...] = ()
     sender: bytes = field(default=b"", compare=False)
@@ -128,14 +136,25 @@ class Message:
 
 def encode(message: Message) -> list[bytes | memoryview]:
     """Frames for ``message``. Tensor data is referenced, not copied: keep it alive and unchanged until sent."""
+    data: list[bytes | memoryview]
     flags = message.flags
-    if message.tensor is not None:
+    if message.encoded is not None:
+        if not 0 < message.codec <= MAX_CODEC_ID:
+            raise WireError(f"encoded frames need a codec id in 1..{MAX_CODEC_ID}, got {message.codec}")
+        if message.dtype is None or not 1 <= len(message.encoded) <= MAX_ENCODED_FRAMES:
+            raise WireError(f"an encoded tensor needs its dtype and 1..{MAX_ENCODED_FRAMES} frames")
+        dtype = np.dtype(message.dtype)
+        shape = tuple(message.shape)
+        flags &= ~Flag.SHAPE_ONLY
+        data = [memoryview(np.ascontiguousarray(f).reshape(-1).view(np.uint8))  # type: ignore[arg-type]
+                for f in message.encoded]
+    elif message.tensor is not None:
         array = message.tensor if message.tensor.flags.c_contiguous else message.tensor.copy(order="C")
         dtype = array.dtype
         shape = array.shape
         dtype_code(dtype)  # refuse dtypes that cannot travel before touching the data
         flags &= ~Flag.SHAPE_ONLY
-        data: list[bytes | memoryview] = [memoryview(array.reshape(-1).view(np.uint8))]  # type: ignore[arg-type]
+        data = [memoryview(array.reshape(-1).view(np.uint8))]  # type: ignore[arg-type]
     elif message.dtype is not None:
         dtype = np.dtype(message.dtype)
         shape = tuple(message.shape)
@@ -189,10 +208,8 @@ def decode(frames: Sequence[Any], max_message_bytes: int = 1 << 31) -> Message:
         raise WireError(f"unknown message kind {kind}") from None
     if flags & ~int(Flag.REPLY | Flag.SHAPE_ONLY):
         raise WireError(f"unknown flag bits {flags:#x}")
-    try:
-        codec_value = Codec(codec)
-    except ValueError:
-        raise WireError(f"unknown codec id {codec}") from None
+    if codec > MAX_CODEC_ID:
+        raise WireError(f"unknown codec id {codec}")
     if ndim > MAX_NDIM:
         raise WireError(f"ndim {ndim} exceeds {MAX_NDIM}")
     if len(header) != _HEADER.size + 8 * ndim:
@@ -213,8 +230,18 @@ def decode(frames: Sequence[Any], max_message_bytes: int = 1 << 31) -> Message:
             raise WireError("body must be a JSON object")
     dtype: np.dtype[Any] | None = None
     tensor: np.ndarray | None = None
+    encoded: list[np.ndarray] | None = None
     data_frames = frames[2:]
-    if code == 0:
+    if codec != Codec.DENSE:
+        if code not in _DTYPES or flags & Flag.SHAPE_ONLY:
+            raise WireError(f"codec {codec} payload needs a known dtype and data frames")
+        if not 1 <= len(data_frames) <= MAX_ENCODED_FRAMES:
+            raise WireError(f"codec {codec} payload has {len(data_frames)} frames; 1..{MAX_ENCODED_FRAMES} allowed")
+        if any(dim > max_message_bytes for dim in shape):
+            raise WireError(f"shape {tuple(shape)} has a dimension above the limit {max_message_bytes}")
+        dtype = _DTYPES[code]
+        encoded = [np.frombuffer(_buffer(f), dtype=np.uint8) for f in data_frames]
+    elif code == 0:
         if ndim or data_frames:
             raise WireError("a message without dtype carries no shape and no data")
     else:
@@ -239,8 +266,9 @@ def decode(frames: Sequence[Any], max_message_bytes: int = 1 << 31) -> Message:
                                 f"needs {nbytes}")
             tensor = np.frombuffer(buffer, dtype=dtype, count=count).reshape(shape)
     return Message(kind=kind_value, key=key, part=part, num_parts=num_parts, request_id=request_id,
-                   round=round_, priority=priority, flags=Flag(flags), codec=codec_value, body=body,
-                   tensor=tensor, dtype=dtype, shape=tuple(shape))
+                   round=round_, priority=priority, flags=Flag(flags),
+                   codec=Codec.DENSE if codec == Codec.DENSE else codec, body=body,
+                   tensor=tensor, dtype=dtype, shape=tuple(shape), encoded=encoded)
 
 
 def frames_nbytes(frames: Sequence[Any]) -> int:

@@ -311,10 +311,34 @@ def test_unknown_flag(flags):
         decode([raw_header(flags=flags), b"", bytes(16)])
 
 
-@pytest.mark.parametrize("codec", [1, 7, 255])
+@pytest.mark.parametrize("codec", [64, 255])
 def test_unknown_codec(codec):
     with pytest.raises(WireError, match="codec"):
         decode([raw_header(codec=codec), b"", bytes(16)])
+
+
+def test_encoded_payload_round_trip():
+    """A codec's frames travel raw with the decoded tensor's dtype and shape; meta rides in the body."""
+    values = np.arange(5, dtype=np.float16)
+    indices = np.array([1, 7, 9], np.int32)
+    message = Message(Kind.PUSHPULL, key=3, codec=2, encoded=[values, indices], dtype=np.dtype(np.float32),
+                      shape=(100,), body={wire.CODEC_META: {"k": 3}})
+    got = decode(encode(message))
+    assert got.codec == 2 and got.tensor is None
+    assert got.dtype == np.float32 and got.shape == (100,)
+    assert got.body == {wire.CODEC_META: {"k": 3}}
+    assert [bytes(f) for f in got.encoded] == [values.tobytes(), indices.tobytes()]
+
+
+@pytest.mark.parametrize("frames", [
+    [raw_header(codec=2), b""],                                   # no payload frame
+    [raw_header(codec=2, flags=int(Flag.SHAPE_ONLY)), b"", b"x"],  # shape-only and frames
+    [raw_header(codec=2, dtype=0, shape=()), b"", b"x"],          # no dtype
+    [raw_header(codec=2), b"", *([b"x"] * 9)],                    # too many frames
+])
+def test_malformed_encoded_payloads(frames):
+    with pytest.raises(WireError, match="codec 2"):
+        decode(frames)
 
 
 @pytest.mark.parametrize("code", [8, 99, 255])
