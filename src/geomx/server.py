@@ -375,9 +375,11 @@ class ParameterServer:
         rnd.contributions[sender] = message
         if message.kind is Kind.PUSHPULL and message.tensor is not None:
             # The first contribution is kept as the received (read-only) buffer; the second allocates the
-            # sum; later ones add in place. One pass over memory per contribution, no copy.
+            # sum; later ones add in place. One pass over memory per contribution, no copy. Half precision
+            # is summed in float32 (GeoMX sums fp16 in fp16) and cast back when the round completes.
             if rnd.accum is None:
-                rnd.accum = message.tensor
+                tensor = message.tensor
+                rnd.accum = tensor.astype(np.float32) if tensor.dtype == np.float16 else tensor
             elif not rnd.accum.flags.writeable:
                 rnd.accum = np.add(rnd.accum, message.tensor)
             else:
@@ -467,15 +469,16 @@ class ParameterServer:
         assert rnd.accum is not None
         total, rnd.accum = rnd.accum, None
         sid = (rnd.key, rnd.part)
+        dtype = self.slots[sid].value.dtype  # what init declared; sums of fp16 were kept in fp32 until now
         if not self.is_global:
-            upward = total
+            upward = total.astype(dtype, copy=False)
             if self.hfa is not None:
                 delta = self.hfa.after_local_round(sid, total)
                 if delta is None:  # a local round: the party's average model goes straight back
-                    self.slots[sid] = Slot(total)
-                    self._release(rnd, total)
+                    self.slots[sid] = Slot(upward)
+                    self._release(rnd, upward)
                     return
-                upward = delta
+                upward = delta.astype(dtype, copy=False)
             fields: dict[str, Any] = {"tensor": upward}
             if self.wan_codec is not None:
                 kind: TensorKind = "delta" if self.hfa is not None else "gradient"
@@ -495,13 +498,13 @@ class ParameterServer:
             try:
                 contributor = next(iter(rnd.contributions)) if len(rnd.contributions) == 1 else ""
                 gradient = np.negative(total) if hfa else total
-                slot.value = self.optimizer.step(sid, slot.value, gradient, contributor)
+                slot.value = self.optimizer.step(sid, slot.value, gradient, contributor).astype(dtype, copy=False)
             except Exception as exc:  # a failing optimizer must not take the server down
                 log.exception("[%s] optimizer failed on key %d", self.name, rnd.key)
                 self._release(rnd, None, f"optimizer {self.optimizer.name} failed: {exc}")
                 return
         else:
-            slot.value = np.add(slot.value, total) if hfa else total
+            slot.value = (np.add(slot.value, total) if hfa else total).astype(dtype, copy=False)
         self._release(rnd, slot.value, fields=self._reply_fields(rnd, slot.value, hfa))
 
     def _reply_fields(self, rnd: Round, value: np.ndarray, hfa: bool) -> dict[str, Any] | None:

@@ -73,3 +73,12 @@ def test_dense_fp16_and_bisparse(geomx_job):
     for _, report in bsc.values():
         losses = report["losses"]
         assert sum(losses[-5:]) < sum(losses[:5]), losses
+
+
+def test_fp16_tensors_are_summed_in_fp32(geomx_job):
+    job = geomx_job("fp16_sum.py", parties={"dc0": 3}, name="fp16sum")
+    job.assert_ok()
+    for rank in range(3):
+        report = json.loads((job.run_dir / f"fp16_{rank}.json").read_text())
+        assert report["dtype"] == "torch.float16"
+        assert report["pulled"] == [2050.0] * 8, report  # fp16 summation would give 2048
