@@ -1,7 +1,7 @@
 """Integration worker for ESync: local steps as assigned by the state server, one worker slowed down.
 
 Runs on HFA with K2 = 1 (every round is global); K1 from the topology is the slowest worker's step count.
-Records the assignments it received and how long each round took.
+Records the assignments it received and how long each round's local computation took.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def main() -> None:
     kv.init(list(range(len(params))), [p.data for p in params])
     local = torch.optim.SGD(params, lr=jobkit.LR)
     inputs, targets = jobkit.make_data(16, kv.num_all_workers)
-    steps, assigned, round_s, done = kv.hfa.k1, [], [], 0
+    steps, assigned, compute_s, done = kv.hfa.k1, [], [], 0
     for _ in range(args.rounds):
         started = time.monotonic()
         for _ in range(steps):
@@ -43,16 +43,16 @@ def main() -> None:
             F.mse_loss(model(inputs[done % 16, rank]), targets[done % 16, rank]).backward()
             local.step()
             done += 1
-        per_step = (time.monotonic() - started) / steps
+        compute_s.append(time.monotonic() - started)
+        per_step = compute_s[-1] / steps
         for idx, param in enumerate(params):
             kv.push(idx, param.data / kv.num_workers)
         for idx, param in enumerate(params):
             kv.pull(idx, param.data)
         steps = kv.assign_local_steps(per_step, base_steps=kv.hfa.k1)
         assigned.append(steps)
-        round_s.append(time.monotonic() - started)
     jobkit.save_worker_output(kv.config.run_dir, rank, {"final": [p.detach().clone() for p in params]},
-                              {"assigned": assigned, "round_s": round_s, "local_steps": done})
+                              {"assigned": assigned, "compute_s": compute_s, "local_steps": done})
     kv.close()
 
 
