@@ -26,6 +26,7 @@ import torch.nn.functional as F
 import geomx
 from geomx.data import digits_split, steps_per_epoch
 from geomx.models import DigitsCNN, accuracy
+from geomx.progress import Progress
 
 
 def parse_args() -> argparse.Namespace:
@@ -67,7 +68,7 @@ def main() -> None:
     train, test = digits_split()
     shard = train.shard(kv.global_rank, kv.num_all_workers)
     steps = steps_per_epoch(len(train), kv.num_all_workers, args.batch_size)
-    started = time.monotonic()
+    progress = Progress(kv)
     total_steps = 0
     acc = 0.0
     for epoch in range(args.epochs):
@@ -90,18 +91,11 @@ def main() -> None:
                 break
         step_time = (time.monotonic() - epoch_started) / max(len(losses), 1)
         acc = accuracy(model, test.images, test.labels)
-        if kv.is_master_worker:
-            wan_mb = kv.wan_bytes() / 1e6
-            print(f"epoch {epoch + 1}/{args.epochs}  step {total_steps}  loss {sum(losses) / len(losses):.4f}  "
-                  f"test acc {acc:.4f}  WAN {wan_mb:.2f} MB  step {step_time * 1000:.1f} ms  "
-                  f"elapsed {time.monotonic() - started:.1f} s", flush=True)
-            kv.record(epoch=epoch + 1, steps=total_steps, loss=sum(losses) / len(losses), test_accuracy=acc,
-                      wan_mb=wan_mb, step_ms=step_time * 1000, elapsed_s=time.monotonic() - started)
+        progress.epoch(epoch + 1, args.epochs, steps=total_steps, losses=losses, accuracy=acc,
+                       step_ms=step_time * 1000)
         if args.max_steps is not None and total_steps >= args.max_steps:
             break
-    if kv.is_master_worker:
-        print(f"final test accuracy {acc:.4f} after {total_steps} steps in {time.monotonic() - started:.1f} s",
-              flush=True)
+    progress.finish(accuracy=acc, steps=total_steps)
     kv.close()
 
 

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 import geomx
 from geomx.data import digits_split
 from geomx.models import DigitsCNN, accuracy
+from geomx.progress import Progress
 
 
 def parse_args() -> argparse.Namespace:
@@ -50,7 +51,7 @@ def main() -> None:
     shard = train.shard(kv.global_rank, kv.num_all_workers)
     batches = itertools.chain.from_iterable(shard.batches(args.batch_size, epoch, seed=args.seed + kv.global_rank)
                                             for epoch in itertools.count())
-    steps, total_steps, started = kv.hfa.k1, 0, time.monotonic()
+    steps, total_steps, progress = kv.hfa.k1, 0, Progress(kv, unit="round")
     for round_index in range(1, args.rounds + 1):
         round_started = time.monotonic()
         losses = []
@@ -71,13 +72,9 @@ def main() -> None:
         for idx, param in enumerate(params):
             kv.pull(idx, param.data, priority=-idx)
         steps = kv.assign_local_steps(per_step, base_steps=kv.hfa.k1)
-        if kv.is_master_worker:
+        if kv.is_master_worker:  # evaluating costs time: only where it is shown
             acc = accuracy(model, test.images, test.labels)
-            mean_loss = sum(losses) / len(losses)
-            print(f"round {round_index}/{args.rounds}  local steps {total_steps}  loss {mean_loss:.4f}  "
-                  f"test acc {acc:.4f}  next steps {steps}  elapsed {time.monotonic() - started:.1f} s", flush=True)
-            kv.record(round=round_index, steps=total_steps, loss=mean_loss, test_accuracy=acc,
-                      next_steps=steps, elapsed_s=time.monotonic() - started)
+            progress.epoch(round_index, args.rounds, steps=total_steps, losses=losses, accuracy=acc, next_steps=steps)
     print(f"{kv.name}: {total_steps} local steps in {args.rounds} rounds", flush=True)
     kv.close()
 

@@ -10,7 +10,6 @@ fp32 (GeoMX sums in fp16) and answer in fp16, so LAN and WAN bytes halve.
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +17,7 @@ import torch.nn.functional as F
 import geomx
 from geomx.data import digits_split, steps_per_epoch
 from geomx.models import DigitsCNN, accuracy
+from geomx.progress import Progress
 
 
 def main() -> None:
@@ -41,7 +41,7 @@ def main() -> None:
     train, test = digits_split()
     shard = train.shard(kv.global_rank, kv.num_all_workers)
     steps = steps_per_epoch(len(train), kv.num_all_workers, args.batch_size)
-    started, total_steps, acc = time.monotonic(), 0, 0.0
+    progress, total_steps, acc = Progress(kv), 0, 0.0
     for epoch in range(args.epochs):
         losses = []
         for images, labels in shard.batches(args.batch_size, epoch, steps, seed=args.seed + kv.global_rank):
@@ -57,15 +57,8 @@ def main() -> None:
             losses.append(loss.item())
             total_steps += 1
         acc = accuracy(model, test.images, test.labels)
-        if kv.is_master_worker:
-            wan_mb = kv.wan_bytes() / 1e6
-            print(f"epoch {epoch + 1}/{args.epochs}  step {total_steps}  loss {sum(losses) / len(losses):.4f}  "
-                  f"test acc {acc:.4f}  WAN {wan_mb:.2f} MB  elapsed {time.monotonic() - started:.1f} s", flush=True)
-            kv.record(epoch=epoch + 1, steps=total_steps, loss=sum(losses) / len(losses), test_accuracy=acc,
-                      wan_mb=wan_mb, elapsed_s=time.monotonic() - started)
-    if kv.is_master_worker:
-        print(f"final test accuracy {acc:.4f} after {total_steps} steps in {time.monotonic() - started:.1f} s",
-              flush=True)
+        progress.epoch(epoch + 1, args.epochs, steps=total_steps, losses=losses, accuracy=acc)
+    progress.finish(accuracy=acc, steps=total_steps)
     kv.close()
 
 

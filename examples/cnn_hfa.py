@@ -11,7 +11,6 @@ weighted by their workers). K1 and K2 come from the topology's ``hfa`` (or MXNET
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +18,7 @@ import torch.nn.functional as F
 import geomx
 from geomx.data import digits_split, steps_per_epoch
 from geomx.models import DigitsCNN, accuracy
+from geomx.progress import Progress
 
 
 def parse_args() -> argparse.Namespace:
@@ -47,7 +47,7 @@ def main() -> None:
     train, test = digits_split()
     shard = train.shard(kv.global_rank, kv.num_all_workers)
     steps = steps_per_epoch(len(train), kv.num_all_workers, args.batch_size)
-    started = time.monotonic()
+    progress = Progress(kv)
     global_iters = 0
     acc = 0.0
     for epoch in range(args.epochs):
@@ -65,15 +65,8 @@ def main() -> None:
                 for idx, param in enumerate(params):
                     kv.pull(idx, param.data, priority=-idx)
         acc = accuracy(model, test.images, test.labels)
-        if kv.is_master_worker:
-            wan_mb = kv.wan_bytes() / 1e6
-            print(f"epoch {epoch + 1}/{args.epochs}  step {global_iters}  loss {sum(losses) / len(losses):.4f}  "
-                  f"test acc {acc:.4f}  WAN {wan_mb:.2f} MB  elapsed {time.monotonic() - started:.1f} s", flush=True)
-            kv.record(epoch=epoch + 1, steps=global_iters, loss=sum(losses) / len(losses), test_accuracy=acc,
-                      wan_mb=wan_mb, elapsed_s=time.monotonic() - started)
-    if kv.is_master_worker:
-        print(f"final test accuracy {acc:.4f} after {global_iters} steps in {time.monotonic() - started:.1f} s",
-              flush=True)
+        progress.epoch(epoch + 1, args.epochs, steps=global_iters, losses=losses, accuracy=acc)
+    progress.finish(accuracy=acc, steps=global_iters)
     kv.close()
 
 

@@ -13,6 +13,10 @@ from __future__ import annotations
 
 import importlib
 from types import ModuleType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # type checkers see the submodules; at run time they load on first use
+    from . import kv, optim
 
 __all__ = ["kv", "optim"]
 __version__ = "0.1.0"
