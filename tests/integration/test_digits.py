@@ -21,3 +21,27 @@ def test_cnn_example_learns_digits_over_emulated_wan(geomx_job):
     assert record["step_ms"] >= 50.0, record
     # and the model's weights crossed it: ~38k float32 parameters up and down per step
     assert job.summary["wan_bytes"] >= record["steps"] * 2 * 38_000 * 4
+
+
+# Every synchronization algorithm and lossless-enough codec learns the digits (the issues ask for >= 0.88).
+# No link emulation here: accuracy does not depend on it, and CI time does.
+ALGORITHMS = {
+    "mixed_sync": ("cnn.py", ["--mixed-sync"], {}),
+    "mixed_sync_dcasgd": ("cnn.py", ["--mixed-sync", "--dcasgd", "--lr", "0.3", "--momentum", "0"], {}),
+    "hfa": ("cnn_hfa.py", [], {"hfa": {"k1": 4, "k2": 5}}),
+    "hfa_outer": ("cnn_hfa.py", ["--outer"], {"hfa": {"k1": 4, "k2": 5}}),
+    "esync": ("cnn_esync.py", ["--rounds", "12", "--slow-rank", "3", "--slowdown", "3"], {"hfa": {"k1": 4, "k2": 1}}),
+    "fp16": ("cnn_fp16.py", [], {}),
+    "int8_error_feedback": ("cnn_bsc.py", ["--type", "int8"], {}),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_every_algorithm_learns_digits(geomx_job, name):
+    script, args, options = ALGORITHMS[name]
+    extra = ["--epochs", str(EPOCHS)] if script != "cnn_esync.py" else []
+    job = geomx_job(EXAMPLES_DIR / script, *extra, *args, name=name, **options)
+    job.assert_ok()
+    record = job.summary["last_metrics"]["dc0_worker0"]
+    assert record["test_accuracy"] >= 0.88, record
