@@ -34,3 +34,10 @@ def test_fsa_with_slices_and_two_global_servers(geomx_job, slice_elems, global_s
     for name, body in stats.items():
         received = body["lan"]["recv"] + body["wan"]["recv"]
         assert received > jobkit.STEPS * jobkit.param_bytes() / 2 * 0.8, (name, body)
+
+
+def test_dcasgd_with_a_single_party_is_momentum_sgd(geomx_job):
+    """One party under MixedSync has no staleness: DCASGD's compensation vanishes and it is momentum SGD."""
+    job = geomx_job("train.py", "--kind", "dist_async", "--dcasgd", parties={"dc0": 2})
+    job.assert_ok()
+    jobkit.assert_fsa_equivalent(job.workers(), num_workers=2)

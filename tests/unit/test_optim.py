@@ -281,3 +281,27 @@ def test_dcasgd_compensation_uses_the_pushing_partys_backup():
     drift = w_before - (1 - 0.1 * 2.0)                   # w moved by dc0's step since dc1's backup
     expected = w_before - 0.1 * (g + 1.0 * g * g * drift)
     np.testing.assert_allclose(w, expected, rtol=1e-6)
+
+
+def test_outer_optimizer_with_lr_1_and_no_momentum_is_plain_averaging():
+    """HFA feeds the outer optimizer -delta; lr 1 without momentum must move the model by exactly delta."""
+    rng = np.random.default_rng(5)
+    weight = rng.standard_normal(40).astype(np.float32)
+    opt = OuterNesterov(lr=1.0, momentum=0.0, rescale_grad=1.0)
+    for _ in range(3):
+        delta = rng.standard_normal(40).astype(np.float32)
+        new = opt.step((0, 0), weight, -delta)
+        np.testing.assert_allclose(new, weight + delta, rtol=1e-6, atol=1e-7)
+        weight = new
+
+
+def test_dcasgd_with_one_contributor_is_torch_momentum_sgd():
+    """No staleness (a single party): the compensation term is zero every step."""
+    weight, grads = random_problem((6, 5), seed=11)
+    ours = DCASGD(lr=0.05, momentum=0.9, lamda=0.5, rescale_grad=1.0)
+    w = weight.numpy().copy()
+    trajectory = []
+    for g in grads:
+        w = ours.step((0, 0), w, g.numpy(), contributor="dc0")
+        trajectory.append(w.copy())
+    assert_same_trajectory(trajectory, run_torch(torch.optim.SGD, {"lr": 0.05, "momentum": 0.9}, weight, grads))

@@ -32,6 +32,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--die-rank", type=int, default=-1, help="os._exit(3) at the fault step")
     parser.add_argument("--raise-rank", type=int, default=-1, help="raise an exception at the fault step")
     parser.add_argument("--bogus-create", action="store_true", help="first try kv.create('dist_bogus')")
+    parser.add_argument("--kind", default="dist_sync", help="kvstore type")
+    parser.add_argument("--dcasgd", action="store_true", help="DCASGD instead of SGD on the global server")
     return parser.parse_args()
 
 
@@ -44,7 +46,7 @@ def main() -> None:
             report["bogus_create"] = {"outcome": "no error", "text": ""}
         except Exception as exc:
             report["bogus_create"] = {"outcome": type(exc).__name__, "text": str(exc)}
-    kv = geomx.kv.create("dist_sync")
+    kv = geomx.kv.create(args.kind)
     rank = kv.global_rank
     report.update(name=kv.name, global_rank=rank, rank=kv.rank, party=kv.party, num_workers=kv.num_workers,
                   num_all_workers=kv.num_all_workers, is_master_worker=kv.is_master_worker)
@@ -53,7 +55,8 @@ def main() -> None:
     params = list(model.parameters())
     before = [p.detach().clone() for p in params]
     if kv.is_master_worker:
-        kv.set_optimizer(geomx.optim.SGD(lr=args.lr, momentum=args.momentum))
+        optimizer_class = geomx.optim.DCASGD if args.dcasgd else geomx.optim.SGD
+        kv.set_optimizer(optimizer_class(lr=args.lr, momentum=args.momentum))
     kv.init(list(range(len(params))), [p.data for p in params])
     after = [p.detach().clone() for p in params]
     inputs, targets = jobkit.make_data(args.steps, kv.num_all_workers)
