@@ -1,6 +1,6 @@
 """``geomx bench``: geomx measured against its baselines, side by side in one run.
 
-Two sections (see ``benchmarks/README.md`` for how to read them):
+Three sections (see ``benchmarks/README.md`` for how to read them):
 
 * ``training`` — the digits CNN of ``examples/cnn.py`` (Adam on the global server) trained for the same
   number of steps under a flat parameter server and under HiPS (fully synchronous), both on the same
@@ -10,15 +10,20 @@ Two sections (see ``benchmarks/README.md`` for how to read them):
 * ``transport`` — ``kv.pushpull`` of a 4 MB and a 100 MB float32 tensor between a worker and the global
   server on loopback (no emulation), against ``torch.distributed`` gloo ``all_reduce`` of the same tensor
   between 2 processes. Ratio geomx / gloo.
+* ``sync`` — the small digits CNN on the training section's emulated WAN under every synchronization
+  algorithm (flat-PS FSA, HiPS FSA, MixedSync, MixedSync + DCASGD, HFA, HFA + outer Nesterov, ESync), then
+  FSA, MixedSync and ESync with one party (ESync: one worker) 3x slower: time to a target test accuracy,
+  total WAN bytes and final accuracy, each against flat-PS FSA of the same scenario.
 
 Nothing here asserts: the bench prints a table and writes every raw figure to ``OUT/bench.json``.
 It returns 1 only when a measurement could not be taken (a run failed).
 
 Usage::
 
-    geomx bench --quick              # about 1.5 minutes on 2 cores
-    geomx bench --out bench-results  # the full run, 5 to 8 minutes
+    geomx bench --quick              # about 5 minutes on 2 cores (sync alone: about 3.5)
+    geomx bench --out bench-results  # the full run, 10 to 14 minutes (sync alone: about 5.5)
     geomx bench --only transport
+    geomx bench --only sync
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ import yaml
 from .launch import LaunchResult, launch
 from .runlog import read_metrics
 
-SECTIONS = ("training", "transport")
+SECTIONS = ("training", "transport", "sync")
 
 # The emulated WAN of the training section (the demo topology's links).
 WAN = {"bandwidth": "100Mbit", "latency": "25ms"}
@@ -68,6 +73,25 @@ class Workload:
 
 
 @dataclass(frozen=True)
+class SyncRow:
+    """One run of the sync section: an example script with its flags, on a topology derived from the WAN job."""
+
+    name: str  # its key in bench.json
+    label: str  # its name in the table
+    script: str  # in examples/: cnn.py, cnn_hfa.py or cnn_esync.py
+    length: int  # epochs (cnn.py, cnn_hfa.py) or rounds (cnn_esync.py)
+    args: tuple[str, ...] = ()
+    mode: str = "hips"  # the topology's mode
+    hfa: tuple[int, int] | None = None  # the topology's hfa: (k1, k2)
+    scenario: str = "same"  # "same": every worker at its own speed; "slow": one party (ESync: one worker) 3x slower
+
+    def command(self, examples: Path, batch_size: int) -> list[str]:
+        length_flag = "--rounds" if self.script == "cnn_esync.py" else "--epochs"
+        return [sys.executable, str(examples / self.script), length_flag, str(self.length),
+                "--batch-size", str(batch_size), "--seed", "0", *self.args]
+
+
+@dataclass(frozen=True)
 class Plan:
     """How much to run: --quick or the full bench."""
 
@@ -77,6 +101,8 @@ class Plan:
     reps: int
     warmup: int
     two_workers: bool
+    sync_rows: tuple[SyncRow, ...] = ()
+    sync_batch_size: int = 32
 
 
 # digits: 1437 training images / 4 workers = 359 per worker: 11 steps per epoch at batch 32, 5 at batch 64.
@@ -85,10 +111,48 @@ class Plan:
 # 64 keeps its warm-up epoch (excluded from step ms) at 5 steps.
 SMALL_CNN = Workload("small", "small CNN", channels=16, hidden=64, batch_size=32, epochs=20)
 WIDE_CNN = Workload("wide", "wide CNN", channels=32, hidden=1536, batch_size=64, epochs=6)
+
+# The sync section's slowdowns: cnn.py slows a whole party (both dc1 workers), cnn_esync.py one worker (rank 3,
+# in dc1). Neither touches the master worker (dc0/worker0, rank 0), whose records the section reads.
+SLOW_PARTY = ("--slow-party", "dc1", "--slowdown", "3")
+SLOW_RANK = ("--slow-rank", "3", "--slowdown", "3")
+SYNC_BASELINE = "flat_fsa"  # flat-PS FSA: the ratios' denominator in its scenario and the source of the target
+
+
+def sync_rows(quick: bool) -> tuple[SyncRow, ...]:
+    """The sync section's runs: every algorithm at the same speed, then FSA, MixedSync and ESync with a slow party.
+
+    Lengths (epochs, or rounds for ESync) are what each needs to reach flat-PS FSA's final accuracy minus 0.5
+    point with some margin (measured on 2 cores, batch 32: 11 steps per epoch): HFA with K1=20, K2=10 averages
+    over the WAN every 200 steps (18 epochs), so it runs 3x the epochs of FSA; MixedSync + DCASGD (SGD, lr 0.2)
+    is the noisiest (one 60-epoch run peaked at 0.93, another reached the target at epoch 23). --quick leaves out the
+    slow HiPS FSA row (the slow flat-PS FSA row is the baseline) to stay near 3 minutes.
+    """
+    def n(full: int, short: int) -> int:
+        return short if quick else full
+
+    adam = ("--optimizer", "adam")
+    same = (
+        SyncRow(SYNC_BASELINE, "FSA, flat PS", "cnn.py", n(20, 10), adam, mode="flat"),
+        SyncRow("hips_fsa", "FSA, HiPS", "cnn.py", n(20, 10), adam),
+        SyncRow("mixedsync", "MixedSync (Adam)", "cnn.py", n(30, 15), ("--mixed-sync", *adam)),
+        SyncRow("mixedsync_dcasgd", "MixedSync + DCASGD", "cnn.py", n(40, 15),
+                ("--mixed-sync", "--dcasgd", "--lr", "0.2")),
+        SyncRow("hfa", "HFA K1=20 K2=10", "cnn_hfa.py", n(60, 30), hfa=(20, 10)),
+        SyncRow("hfa_outer", "HFA K1=20 K2=10 + outer", "cnn_hfa.py", n(60, 30), ("--outer",), hfa=(20, 10)),
+        SyncRow("esync", "ESync K1=4", "cnn_esync.py", n(40, 25), hfa=(4, 1)),
+    )
+    slowed = (SYNC_BASELINE, "mixedsync", "esync") if quick else (SYNC_BASELINE, "hips_fsa", "mixedsync", "esync")
+    slow = tuple(replace(row, name=f"{row.name}_slow", scenario="slow",
+                         args=(*row.args, *(SLOW_RANK if row.script == "cnn_esync.py" else SLOW_PARTY)))
+                 for row in same if row.name in slowed)
+    return same + slow
+
+
 QUICK = Plan(workloads=(replace(SMALL_CNN, epochs=5), replace(WIDE_CNN, epochs=2)), training_repeats=1,
-             sizes_mb=(4.0, 100.0), reps=10, warmup=2, two_workers=True)
+             sizes_mb=(4.0, 100.0), reps=10, warmup=2, two_workers=True, sync_rows=sync_rows(quick=True))
 FULL = Plan(workloads=(SMALL_CNN, WIDE_CNN), training_repeats=2, sizes_mb=(4.0, 100.0), reps=30, warmup=3,
-            two_workers=True)
+            two_workers=True, sync_rows=sync_rows(quick=False))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -448,6 +512,148 @@ def bench_transport(plan: Plan, out_dir: Path) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------------------
+# sync
+
+SYNC_FIXED_TARGET = 0.90  # the target when the baseline did not run
+SYNC_TARGET_MARGIN = 0.005  # the target is the baseline's final accuracy minus 0.5 point
+SYNC_SHUTDOWN = "300s"  # MixedSync: the fast party ends long before the slow one and waits for it in close()
+
+
+def sync_topology(row: SyncRow) -> dict[str, Any]:
+    """The training section's WAN job in the row's mode, with its HFA settings and a patient shutdown."""
+    raw = training_topology(row.mode)
+    raw["timeouts"] = {"shutdown": SYNC_SHUTDOWN}
+    if row.hfa is not None:
+        raw["hfa"] = {"k1": row.hfa[0], "k2": row.hfa[1]}
+    return raw
+
+
+def summarize_sync_run(records: list[dict[str, Any]], summary: dict[str, Any], wall_s: float) -> dict[str, Any]:
+    """Per-run figures and the accuracy curve from the master worker's records (one per epoch or round)."""
+    if not records:
+        raise RuntimeError("the master worker left no metrics records")
+    curve: list[dict[str, Any]] = [{"steps": int(r["steps"]), "test_accuracy": float(r["test_accuracy"]),
+                                    "elapsed_s": float(r["elapsed_s"]), "wan_mb": r.get("wan_mb")} for r in records]
+    return {
+        "records": len(records),
+        "steps": curve[-1]["steps"],
+        "test_accuracy": curve[-1]["test_accuracy"],
+        "best_accuracy": max(c["test_accuracy"] for c in curve),
+        "train_s": curve[-1]["elapsed_s"],
+        "wall_s": wall_s,
+        "wan_bytes_total": int(summary.get("wan_bytes", 0)),
+        "lan_bytes_total": int(summary.get("lan_bytes", 0)),
+        "curve": curve,
+    }
+
+
+def reach_target(figures: dict[str, Any], target: float) -> dict[str, Any]:
+    """When the run's curve first reached ``target``: elapsed seconds, steps and WAN bytes by then.
+
+    The WAN bytes come from the record's ``wan_mb`` (every WAN byte so far, read from the global servers); for
+    a script that records none, the launcher's total pro rata by records (epochs or rounds), marked estimated.
+    """
+    curve = figures["curve"]
+    index = next((i for i, c in enumerate(curve) if c["test_accuracy"] >= target - 1e-9), None)
+    if index is None:
+        return {"reached": False, "time_to_target_s": None, "steps_to_target": None, "wan_bytes_to_target": None,
+                "wan_bytes_to_target_estimated": False}
+    point = curve[index]
+    estimated = point.get("wan_mb") is None
+    wan = (figures["wan_bytes_total"] * (index + 1) / len(curve)) if estimated else point["wan_mb"] * 1e6
+    return {"reached": True, "time_to_target_s": point["elapsed_s"], "steps_to_target": point["steps"],
+            "records_to_target": index + 1, "wan_bytes_to_target": wan, "wan_bytes_to_target_estimated": estimated}
+
+
+def _ratio(numerator: float | None, denominator: float | None) -> float | None:
+    return numerator / denominator if numerator is not None and denominator else None
+
+
+def sync_ratios(base: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
+    """Baseline / row (>1: the row is faster or sends less), and the accuracy difference row - baseline."""
+    return {
+        "time_to_target_speedup": _ratio(base.get("time_to_target_s"), row.get("time_to_target_s")),
+        "wan_bytes_reduction": _ratio(base["wan_bytes_total"], row["wan_bytes_total"]),
+        "wan_bytes_to_target_reduction": _ratio(base.get("wan_bytes_to_target"), row.get("wan_bytes_to_target")),
+        "accuracy_difference": row["test_accuracy"] - base["test_accuracy"],
+    }
+
+
+def bench_sync(plan: Plan, out_dir: Path) -> dict[str, Any]:
+    """Run every row of ``plan.sync_rows``, then rate each against flat-PS FSA of its scenario."""
+    cnn = find_cnn_example()
+    if cnn is None:
+        raise RuntimeError("examples/ not found: run geomx bench from a geomx source checkout "
+                           "(pip install -e .) or from its root folder")
+    examples = cnn.parent
+    _warm_caches()
+    errors: list[str] = []
+    jobs: dict[str, dict[str, Any]] = {}
+    rows: dict[str, dict[str, Any]] = {}
+    for row in plan.sync_rows:
+        name = f"sync-{row.name}"
+        topology = _write_topology(out_dir / "topologies" / f"{name}.yaml", sync_topology(row))
+        command = row.command(examples, plan.sync_batch_size)
+        jobs[row.name] = {**asdict(row), "command": command, "topology": str(topology)}
+        _say(f"[sync] {name}: {row.label}, {row.length} {'rounds' if row.script == 'cnn_esync.py' else 'epochs'} "
+             f"of examples/{' '.join((row.script, *row.args))} (log: {out_dir / 'logs' / name}.log) ...")
+        result, metrics = _run_job(name, topology, command, out_dir)
+        if result.exit_code != 0:
+            errors.append(f"{name} failed ({result.failed}); see {out_dir / 'logs' / name}.log")
+            _say(f"[sync] {name} FAILED ({result.failed})")
+            continue
+        try:
+            figures = summarize_sync_run(_master_records(metrics), result.summary, result.wall_s)
+        except (KeyError, ValueError, RuntimeError) as exc:
+            errors.append(f"{name}: unreadable metrics records ({type(exc).__name__}: {exc})")
+            _say(f"[sync] {name}: unreadable metrics records: {exc}")
+            continue
+        figures["load_avg_after"] = _load()
+        rows[row.name] = figures
+        _say(f"[sync] {name}: {figures['steps']} steps, acc {figures['test_accuracy']:.4f}, "
+             f"WAN {figures['wan_bytes_total'] / 1e6:.2f} MB, train {figures['train_s']:.1f} s, "
+             f"wall {result.wall_s:.1f} s")
+    baseline = rows.get(SYNC_BASELINE)
+    if baseline is not None:
+        target = baseline["test_accuracy"] - SYNC_TARGET_MARGIN
+        rule = f"flat-PS FSA's final test accuracy ({baseline['test_accuracy']:.4f}) minus 0.5 point"
+    else:
+        target, rule = SYNC_FIXED_TARGET, f"fixed {SYNC_FIXED_TARGET:.2f} (flat-PS FSA did not run)"
+    for figures in rows.values():
+        figures.update(reach_target(figures, target))
+        figures["time_to_090_s"] = reach_target(figures, 0.90)["time_to_target_s"]
+    for row in plan.sync_rows:
+        base = rows.get(SYNC_BASELINE if row.scenario == "same" else f"{SYNC_BASELINE}_slow")
+        if row.name in rows and base is not None:
+            rows[row.name]["ratios"] = sync_ratios(base, rows[row.name])
+    return {"target_accuracy": target, "target_rule": rule, "batch_size": plan.sync_batch_size,
+            "parties": 2, "workers_per_party": 2, "wan": WAN, "lan": LAN, "jobs": jobs, "rows": rows,
+            "goals": sync_goals(rows), "errors": errors}
+
+
+def sync_goals(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The issue's goals, measured (reported, never asserted)."""
+    goals: dict[str, Any] = {}
+    outer, flat = rows.get("hfa_outer"), rows.get(SYNC_BASELINE)
+    if outer and flat:
+        speedup = outer.get("ratios", {}).get("time_to_target_speedup")
+        loss = flat["test_accuracy"] - outer["test_accuracy"]
+        goals["hfa_outer"] = {"time_to_target_speedup": speedup, "accuracy_loss": loss,
+                              "speedup_20x": bool(speedup and speedup >= 20),
+                              "speedup_50x": bool(speedup and speedup >= 50),
+                              "accuracy_loss_le_0.5pt": loss <= SYNC_TARGET_MARGIN + 1e-9}
+    fsa = [rows[n] for n in (f"{SYNC_BASELINE}_slow", "hips_fsa_slow") if n in rows]
+    for name in ("mixedsync_slow", "esync_slow"):
+        if name in rows and fsa:
+            time = rows[name].get("time_to_target_s")
+            fsa_times = [f.get("time_to_target_s") for f in fsa]
+            goals[name] = {"time_to_target_s": time, "fsa_time_to_target_s": fsa_times,
+                           "fsa_rows": [n for n in (f"{SYNC_BASELINE}_slow", "hips_fsa_slow") if n in rows],
+                           "beats_fsa": bool(time is not None and all(t is None or time < t for t in fsa_times))}
+    return goals
+
+
+# ---------------------------------------------------------------------------------------------------------
 # the table
 
 def _fmt(value: Any, spec: str, suffix: str = "") -> str:
@@ -520,6 +726,73 @@ def _training_lines(training: dict[str, Any]) -> list[str]:
     return lines
 
 
+SCENARIOS = {"same": "same speed", "slow": "1 slow (3x)"}
+
+
+def _sync_lines(sync: dict[str, Any]) -> list[str]:
+    rows, jobs = sync.get("rows", {}), sync.get("jobs", {})
+    lines = [f"[sync] the small CNN (examples/cnn*.py), 2 parties x 2 workers, WAN {WAN['bandwidth']}/s "
+             f"{WAN['latency']} one way, LAN {LAN['bandwidth']}/s {LAN['latency']}, batch {sync['batch_size']}; "
+             f"target test accuracy {sync['target_accuracy']:.4f}"]
+    table = []
+    for name, job in jobs.items():
+        row = rows.get(name)
+        scenario = SCENARIOS.get(job["scenario"], job["scenario"])
+        if row is None:
+            table.append([scenario, job["label"], "failed", *["-"] * 10])
+            continue
+        ratios = row.get("ratios", {})
+        is_base = name.startswith(SYNC_BASELINE)
+        wan_to = row.get("wan_bytes_to_target")
+        table.append([
+            scenario,
+            job["label"],
+            str(row["steps"]),
+            _fmt(row.get("time_to_target_s"), ".2f") if row.get("reached") else "not reached",
+            "1.00x" if is_base else _fmt(ratios.get("time_to_target_speedup"), ".2f", "x"),
+            _fmt(row["test_accuracy"], ".4f"),
+            "base" if is_base else _fmt(100 * ratios["accuracy_difference"], "+.2f") if ratios else "-",
+            _fmt(row["wan_bytes_total"] / 1e6, ".2f"),
+            "1.00x" if is_base else _fmt(ratios.get("wan_bytes_reduction"), ".1f", "x"),
+            ("~" if row.get("wan_bytes_to_target_estimated") else "") + _fmt(None if wan_to is None else wan_to / 1e6,
+                                                                              ".2f"),
+            "1.00x" if is_base else _fmt(ratios.get("wan_bytes_to_target_reduction"), ".1f", "x"),
+            _fmt(row["train_s"], ".1f"),
+            _fmt(row["wall_s"], ".1f"),
+        ])
+    lines += _table(["scenario", "algorithm", "steps", "to target s", "speedup", "final acc", "d acc pt", "WAN MB",
+                     "WAN red.", "WAN MB @target", "red. @target", "train s", "wall s"], table, left=2)
+    lines.append(f"note: target = {sync['target_rule']}; to target s = the master worker's (dc0/worker0) "
+                 "training-loop time at its first epoch/round record at or above it;")
+    lines.append("      speedup, WAN red(uction) = flat-PS FSA of the same scenario / the row; d acc pt = final acc "
+                 "minus that FSA's, in points; steps = the master's (local steps for HFA, ESync);")
+    lines.append("      WAN MB = the launcher's total (whole run); @target = WAN bytes by the target record "
+                 "(~: no wan_mb recorded, total pro rata by records); train s = loop time, wall s = launch to exit.")
+    lines.append("      1 slow (3x): cnn.py --slow-party dc1 --slowdown 3 (both dc1 workers); cnn_esync.py "
+                 "--slow-rank 3 --slowdown 3 (one dc1 worker). MixedSync: the master is in dc0, next to the")
+    lines.append("      global server, so its time is the fast party's; dc1 lags and finishes later (wall s).")
+    goals = sync.get("goals", {})
+    outer = goals.get("hfa_outer")
+    if outer:
+        speedup = outer["time_to_target_speedup"]
+        lines.append(f"goals: HFA + outer reaches the target {_fmt(speedup, '.1f', 'x')} sooner than flat-PS FSA "
+                     f"(goal >= 20x: {'met' if outer['speedup_20x'] else 'not met'}; stretch >= 50x: "
+                     f"{'met' if outer['speedup_50x'] else 'not met'}); its final accuracy is "
+                     f"{-100 * outer['accuracy_loss']:+.2f} pt against FSA's (goal: loss <= 0.5 pt: "
+                     f"{'met' if outer['accuracy_loss_le_0.5pt'] else 'not met'}).")
+    for name, label in (("mixedsync_slow", "MixedSync"), ("esync_slow", "ESync")):
+        goal = goals.get(name)
+        if goal:
+            fsa = ", ".join(f"{'HiPS' if n.startswith('hips') else 'flat PS'} "
+                            + ("not reached" if t is None else f"{t:.2f} s")
+                            for n, t in zip(goal["fsa_rows"], goal["fsa_time_to_target_s"], strict=True))
+            lines.append(f"       1 slow (3x): {label} {_fmt(goal['time_to_target_s'], '.2f', ' s')} to target "
+                         f"against FSA ({fsa}): {'beats' if goal['beats_fsa'] else 'does not beat'} FSA.")
+    for error in sync.get("errors", []):
+        lines.append(f"error: {error}")
+    return lines
+
+
 def format_report(report: dict[str, Any]) -> str:
     machine = report["machine"]
     lines = ["", f"=== geomx bench ({'quick' if report['quick'] else 'full'}) === "
@@ -559,6 +832,11 @@ def format_report(report: dict[str, Any]) -> str:
             lines.append(f"error: {error}")
     elif "transport_error" in report:
         lines += ["", f"[transport] not measured: {report['transport_error']}"]
+    sync = report.get("sync")
+    if sync:
+        lines += ["", *_sync_lines(sync)]
+    elif "sync_error" in report:
+        lines += ["", f"[sync] not measured: {report['sync_error']}"]
     lines.append("")
     lines.append(f"raw figures: {report.get('json_path')}")
     return "\n".join(lines)
@@ -581,7 +859,7 @@ def run_bench(quick: bool, out_dir: Path, sections: list[str] | None = None) -> 
     }
     failed = False
     interrupted = False
-    for section, runner in (("training", bench_training), ("transport", bench_transport)):
+    for section, runner in (("training", bench_training), ("transport", bench_transport), ("sync", bench_sync)):
         if section not in chosen:
             continue
         try:

@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="measure geomx against a flat PS and gloo, side by side")
     bench.add_argument("--quick", action="store_true", help="fewer steps and repetitions (about two minutes)")
     bench.add_argument("--out", default="bench-results", help="folder for the JSON results")
-    bench.add_argument("--only", action="append", choices=["training", "transport"],
+    bench.add_argument("--only", action="append", choices=["training", "transport", "sync"],
                        help="run only these sections (repeatable)")
     bench.set_defaults(func=_bench)
     return parser
