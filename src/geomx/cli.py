@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("command", nargs="*", help="the worker command, after '--'")
     launch.set_defaults(func=_launch)
     bench = sub.add_parser("bench", help="measure geomx against a flat PS and gloo, side by side")
-    bench.add_argument("--quick", action="store_true", help="fewer steps and repetitions (about five minutes for all sections)")
+    bench.add_argument("--quick", action="store_true", help="fewer steps and repetitions (~5 min)")
     bench.add_argument("--out", default="bench-results", help="folder for the JSON results")
     bench.add_argument("--only", action="append", choices=["training", "transport", "sync"],
                        help="run only these sections (repeatable)")
