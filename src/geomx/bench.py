@@ -39,6 +39,7 @@ import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from importlib import metadata
 from pathlib import Path
@@ -230,6 +231,25 @@ def _run_job(name: str, topology: Path, command: list[str],
     return result, metrics
 
 
+def _measure(section: str, name: str, topology: Path, command: list[str], out_dir: Path,
+             summarize: Callable[[list[dict[str, Any]], dict[str, Any], float], dict[str, Any]],
+             errors: list[str]) -> tuple[LaunchResult, dict[str, Any] | None]:
+    """Run one job and summarize its master worker's records; a failure is noted in ``errors`` (figures None)."""
+    result, metrics = _run_job(name, topology, command, out_dir)
+    if result.exit_code != 0:
+        errors.append(f"{name} failed ({result.failed}); see {out_dir / 'logs' / name}.log")
+        _say(f"[{section}] {name} FAILED ({result.failed})")
+        return result, None
+    try:
+        figures = summarize(_master_records(metrics), result.summary, result.wall_s)
+    except (KeyError, ValueError, RuntimeError) as exc:
+        errors.append(f"{name}: unreadable metrics records ({type(exc).__name__}: {exc})")
+        _say(f"[{section}] {name}: unreadable metrics records: {exc}")
+        return result, None
+    figures["load_avg_after"] = _load()
+    return result, figures
+
+
 def _master_records(metrics: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """The metric records of the one worker that records (the master worker)."""
     for name in sorted(metrics):
@@ -358,18 +378,10 @@ def bench_workload(workload: Workload, repeats: int, cnn: Path, topologies: dict
         name = f"training-{workload.name}-{mode}-{order[:index + 1].count(mode)}"
         _say(f"[training] {name}: {workload.epochs} epochs of examples/cnn.py ({workload.label}) under "
              f"{'a flat PS' if mode == 'flat' else 'HiPS FSA'} (log: {out_dir / 'logs' / name}.log) ...")
-        result, metrics = _run_job(name, topologies[mode], command, out_dir)
-        if result.exit_code != 0:
-            errors.append(f"{name} failed ({result.failed}); see {out_dir / 'logs' / name}.log")
-            _say(f"[training] {name} FAILED ({result.failed})")
+        result, figures = _measure("training", name, topologies[mode], command, out_dir, summarize_training_run,
+                                   errors)
+        if figures is None:
             continue
-        try:
-            figures = summarize_training_run(_master_records(metrics), result.summary, result.wall_s)
-        except (KeyError, ValueError, RuntimeError) as exc:
-            errors.append(f"{name}: unreadable metrics records ({type(exc).__name__}: {exc})")
-            _say(f"[training] {name}: unreadable metrics records: {exc}")
-            continue
-        figures["load_avg_after"] = _load()
         runs[mode].append(figures)
         _say(f"[training] {name}: {figures['steps']} steps, {figures['step_ms']:.1f} ms/step, "
              f"{figures['wan_bytes_per_step'] / 1e6:.3f} MB WAN/step, acc {figures['test_accuracy']:.4f}, "
@@ -597,18 +609,9 @@ def bench_sync(plan: Plan, out_dir: Path) -> dict[str, Any]:
         jobs[row.name] = {**asdict(row), "command": command, "topology": str(topology)}
         _say(f"[sync] {name}: {row.label}, {row.length} {'rounds' if row.script == 'cnn_esync.py' else 'epochs'} "
              f"of examples/{' '.join((row.script, *row.args))} (log: {out_dir / 'logs' / name}.log) ...")
-        result, metrics = _run_job(name, topology, command, out_dir)
-        if result.exit_code != 0:
-            errors.append(f"{name} failed ({result.failed}); see {out_dir / 'logs' / name}.log")
-            _say(f"[sync] {name} FAILED ({result.failed})")
+        result, figures = _measure("sync", name, topology, command, out_dir, summarize_sync_run, errors)
+        if figures is None:
             continue
-        try:
-            figures = summarize_sync_run(_master_records(metrics), result.summary, result.wall_s)
-        except (KeyError, ValueError, RuntimeError) as exc:
-            errors.append(f"{name}: unreadable metrics records ({type(exc).__name__}: {exc})")
-            _say(f"[sync] {name}: unreadable metrics records: {exc}")
-            continue
-        figures["load_avg_after"] = _load()
         rows[row.name] = figures
         _say(f"[sync] {name}: {figures['steps']} steps, acc {figures['test_accuracy']:.4f}, "
              f"WAN {figures['wan_bytes_total'] / 1e6:.2f} MB, train {figures['train_s']:.1f} s, "
