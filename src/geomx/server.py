@@ -93,6 +93,7 @@ class ParameterServer:
         self.slots: dict[tuple[int, int], Slot] = {}
         self.rounds: dict[RoundId, Round] = {}
         self.clients: set[str] = set()
+        self.departed: set[str] = set()  # clients that left on their own (asynchronous global tier only)
         self.configurers: set[str] = set()  # clients allowed to set the optimizer (the master worker's path)
         self.upstream: list[str] = []
         self._lock = threading.RLock()
@@ -207,9 +208,12 @@ class ParameterServer:
         if sender not in self.clients and not from_upstream:
             self._refuse(message, f"{sender!r} is not a client of this server")
             return
+        if sender in self.departed:
+            self._refuse(message, f"{self.requests.names.get(sender, sender)} has already shut down")
+            return
         handlers: dict[Kind, Callable[[Message], None]] = {
             Kind.INIT: self._on_init, Kind.PUSHPULL: self._on_pushpull, Kind.PULL: self._on_pull,
-            Kind.BARRIER: self._contribute, Kind.SHUTDOWN: self._contribute, Kind.STATE: self._on_state,
+            Kind.BARRIER: self._contribute, Kind.SHUTDOWN: self._on_shutdown, Kind.STATE: self._on_state,
             Kind.CONFIGURE: self._on_configure,
         }
         if message.encoded is not None:
@@ -361,6 +365,21 @@ class ParameterServer:
             sender, message.error(error) if error else message.reply()))
 
     # -- rounds -------------------------------------------------------------------------------------------
+    def _on_shutdown(self, message: Message) -> None:
+        """A client leaves. Where the push policy never waits for every client (MixedSync's global tier), each
+        client leaves on its own, so a fast party exits while a slow one still trains; elsewhere shutdown is a
+        round that every client joins."""
+        if not (self.is_global and self.push_policy.clients_leave_independently):
+            self._contribute(message)
+            return
+        sender = message.sender.decode()
+        self.departed.add(sender)
+        self.van.send(sender, message.reply())
+        log.info("[%s] %s left (%d of %d clients gone)", self.name, self.requests.names.get(sender, sender),
+                 len(self.departed), len(self.clients))
+        if self.departed >= self.clients:
+            self._done.set()
+
     def _contribute(self, message: Message) -> None:
         rid: RoundId = (message.kind, message.key, message.part)
         rnd = self.rounds.get(rid)

@@ -34,3 +34,20 @@ def test_every_push_applied_once_and_the_slow_party_blocks_only_under_fsa(geomx_
         assert fast < 0.5 * slow, f"dc0 took {fast:.2f} s, the slowed dc1 {slow:.2f} s: dc0 was held back"
     else:
         assert fast >= 0.8 * slow, f"under FSA dc0 ({fast:.2f} s) must wait for dc1 ({slow:.2f} s)"
+
+
+def test_a_fast_party_leaves_while_the_slow_party_still_trains(geomx_job):
+    # The slow party keeps going until every fast worker's close() has returned, so with shutdown as a round
+    # over all parties (the old behaviour) the fast workers would time out in close() after 3 s.
+    job = geomx_job("mixed_sync.py", "--steps", str(STEPS), "--delay", str(DELAY_S), "--leave-early",
+                    timeouts={"shutdown": "3s"})
+    job.assert_ok()
+    workers = _outputs(job)
+    initial = workers[0][0]["initial"]
+    total_pushed = [sum(workers[r][0]["pushed"][i] for r in workers) for i in range(len(initial))]
+    expected = [w0 - jobkit.LR * g for w0, g in zip(initial, total_pushed, strict=True)]
+    slow = {rank: tensors for rank, (tensors, report) in workers.items() if report["party"] == "dc1"}
+    assert sorted(slow) == [2, 3]
+    for rank, tensors in slow.items():
+        for got, want in zip(tensors["final"], expected, strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, msg=f"worker {rank}")

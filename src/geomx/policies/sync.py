@@ -19,6 +19,9 @@ class SyncPolicy:
     """Decides when the contributions collected so far make a complete round."""
 
     name = ""
+    # Whether a client may leave (shut down) while others still push. Only where rounds never wait for
+    # every client: under FSA an early leaver would stall everyone else's next round.
+    clients_leave_independently = False
 
     def round_complete(self, contributors: Collection[str], expected: Collection[str]) -> bool:
         raise NotImplementedError
@@ -37,6 +40,7 @@ class Asynchronous(SyncPolicy):
     """MixedSync's global tier: every push is its own round, applied and answered on arrival."""
 
     name = "dist_async"
+    clients_leave_independently = True
 
     def round_complete(self, contributors: Collection[str], expected: Collection[str]) -> bool:
         return len(contributors) >= 1

@@ -24,6 +24,9 @@ def main() -> None:
     parser.add_argument("--slow-party", default="dc1")
     parser.add_argument("--delay", type=float, default=0.25, help="seconds of extra compute per step")
     parser.add_argument("--kind", default="dist_async")
+    parser.add_argument("--leave-early", action="store_true",
+                        help="no final barrier: the fast party closes as soon as it is done; the slow party "
+                             "goes on until it has seen every fast worker's close return")
     args = parser.parse_args()
     kv = geomx.kv.create(args.kind)
     rank = kv.global_rank
@@ -48,6 +51,9 @@ def main() -> None:
         for idx, param in enumerate(params):
             kv.pull(idx, param.data)
     train_s = time.monotonic() - started
+    if args.leave_early:
+        _leave_early(kv, args.slow_party, rank, params, initial, pushed, train_s, args.steps)
+        return
     kv.barrier()
     for idx, param in enumerate(params):
         kv.pull(idx, param.data)
@@ -55,6 +61,38 @@ def main() -> None:
                                                         "final": [p.detach().clone() for p in params]},
                               {"party": kv.party, "train_s": train_s, "steps": args.steps})
     kv.close()
+
+
+def _leave_early(kv: geomx.kv.KVStore, slow_party: str, rank: int, params: list[torch.Tensor],
+                 initial: list[torch.Tensor], pushed: list[torch.Tensor], train_s: float, steps: int) -> None:
+    """Fast party: close, then leave a marker. Slow party: wait (bounded) for every fast marker, then pull."""
+    run_dir = kv.config.run_dir
+    assert run_dir is not None
+    fast_ranks = [r for r in range(kv.num_all_workers) if r not in _party_ranks(kv, slow_party)]
+    if kv.party != slow_party:
+        kv.close()
+        (run_dir / f"closed-{rank}").write_text(str(time.time()))
+        jobkit.save_worker_output(run_dir, rank, {"initial": initial, "pushed": pushed},
+                                  {"party": kv.party, "train_s": train_s, "steps": steps})
+        return
+    deadline = time.monotonic() + 60.0
+    while not all((run_dir / f"closed-{r}").exists() for r in fast_ranks):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the fast workers {fast_ranks} did not get out of close() within 60 s")
+        time.sleep(0.05)
+    for idx, param in enumerate(params):
+        kv.pull(idx, param.data)
+    jobkit.save_worker_output(run_dir, rank, {"initial": initial, "pushed": pushed,
+                                              "final": [p.detach().clone() for p in params]},
+                              {"party": kv.party, "train_s": train_s, "steps": steps,
+                               "fast_closed_before_pull": True})
+    kv.close()
+
+
+def _party_ranks(kv: geomx.kv.KVStore, party: str) -> range:
+    offset = kv.config.topology.worker_offset(party)
+    count = next(p.num_workers for p in kv.config.topology.parties if p.name == party)
+    return range(offset, offset + count)
 
 
 if __name__ == "__main__":
