@@ -1,4 +1,4 @@
-"""Integration worker for ESync: local steps as assigned by the state server, one worker slowed down.
+"""Integration worker for ESync: local steps as assigned by the state server, one worker's device 3x slower.
 
 Runs on HFA with K2 = 1 (every round is global); K1 from the topology is the slowest worker's step count.
 Records the assignments it received and how long each round's local computation took.
@@ -20,7 +20,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--slow-rank", type=int, default=3)
-    parser.add_argument("--delay", type=float, default=0.02, help="extra seconds per local step on the slow rank")
+    parser.add_argument("--step-s", type=float, default=0.04,
+                        help="emulated device time per local step (a sleep: the model itself is tiny)")
+    parser.add_argument("--slowdown", type=float, default=3.0, help="the slow rank's device is this many times slower")
     args = parser.parse_args()
     kv = geomx.kv.create("dist_sync")
     assert kv.hfa is not None and kv.hfa.k2 == 1, "ESync runs on HFA with K2 = 1"
@@ -37,8 +39,7 @@ def main() -> None:
     for _ in range(args.rounds):
         started = time.monotonic()
         for _ in range(steps):
-            if rank == args.slow_rank:
-                time.sleep(args.delay)
+            time.sleep(args.step_s * (args.slowdown if rank == args.slow_rank else 1.0))
             local.zero_grad()
             F.mse_loss(model(inputs[done % 16, rank]), targets[done % 16, rank]).backward()
             local.step()
