@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import json
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +92,46 @@ class HFASpec:
             raise ConfigError(f"HFA needs K1 >= 1 and K2 >= 1, got K1={self.k1}, K2={self.k2}")
 
 
+SYNC_KINDS = ("dist_sync", "dist_async")
+SERVER_OPTIMIZER_CHOICES = ("auto", "none", "sgd", "adam", "dcasgd", "outer_nesterov")
+
+
+@dataclass(frozen=True)
+class TrainingSpec:
+    """How ``geomx.torch.DistributedOptimizer`` runs a training loop: the topology's ``training`` block or env.
+
+    ``sync``: dist_sync (FSA) or dist_async (MixedSync). ``server_optimizer``: ``auto`` runs the wrapped
+    torch optimizer on the global servers when it can be translated (SGD, Adam), else averages gradients
+    and steps locally; ``none`` always steps locally; a name (``dcasgd``, ``outer_nesterov`` ...) installs
+    that server optimizer with ``server_optimizer_params``. ``compression``: a codec spec for the WAN.
+    ``esync``: ESync's balanced local steps (needs HFA with K2 = 1). ``p3``: Priority-based Parameter
+    Propagation: tensors cut into ``p3_slice_elems`` slices, shallow layers first.
+    Usage: ``TrainingSpec(sync="dist_async", server_optimizer="dcasgd")``.
+    """
+
+    sync: str = "dist_sync"
+    server_optimizer: str = "auto"
+    server_optimizer_params: tuple[tuple[str, float], ...] = ()
+    compression: dict[str, Any] | None = field(default=None, hash=False, compare=True)
+    esync: bool = False
+    p3: bool = False
+    p3_slice_elems: int = 50_000
+    metrics_every: int = 10
+
+    def __post_init__(self) -> None:
+        if self.sync not in SYNC_KINDS:
+            raise ConfigError(f"training.sync {self.sync!r} is unknown; valid: {list(SYNC_KINDS)}")
+        if self.server_optimizer not in SERVER_OPTIMIZER_CHOICES:
+            raise ConfigError(f"training.server_optimizer {self.server_optimizer!r} is unknown; "
+                              f"valid: {list(SERVER_OPTIMIZER_CHOICES)}")
+        if self.compression is not None and not isinstance(self.compression.get("type"), str):
+            raise ConfigError(f"training.compression needs a 'type', got {self.compression!r}")
+        if self.p3_slice_elems < 1:
+            raise ConfigError(f"training.p3_slice_elems must be positive, got {self.p3_slice_elems}")
+        if self.metrics_every < 1:
+            raise ConfigError(f"training.metrics_every must be positive, got {self.metrics_every}")
+
+
 @dataclass(frozen=True)
 class Topology:
     """The whole job: parties, global servers, link classes and transport limits."""
@@ -107,6 +148,7 @@ class Topology:
     parties_known: bool = True  # False when built from DMLC_* counts alone: party names are placeholders
     hfa: HFASpec | None = None  # hierarchical frequency aggregation, when enabled
     size_lower_bound: int = 200_000  # tensors smaller than this travel dense under Bi-Sparse / MPQ
+    training: TrainingSpec = TrainingSpec()  # geomx.torch's choices (the kvstore API ignores them)
 
     def __post_init__(self) -> None:
         names = [p.name for p in self.parties]
@@ -256,7 +298,7 @@ def _timeouts(raw: Any) -> Timeouts:
 
 
 _TOPOLOGY_FIELDS = {"parties", "central", "global_servers", "mode", "links", "timeouts", "slice_elems",
-                    "max_message_bytes", "hfa", "size_lower_bound"}
+                    "max_message_bytes", "hfa", "size_lower_bound", "training"}
 
 
 def _hfa(raw: Any) -> HFASpec | None:
@@ -269,6 +311,68 @@ def _hfa(raw: Any) -> HFASpec | None:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"hfa.{name} must be an integer, got {value!r}")
     return HFASpec(**values)
+
+
+def _named_spec(raw: Any, where: str) -> tuple[str, dict[str, Any]]:
+    """``name``, ``name:key=value,key=value``, ``{type: name, key: value}`` or JSON -> (name, params)."""
+    if isinstance(raw, str) and raw.strip().startswith("{"):
+        try:
+            raw = json.loads(raw)
+        except ValueError as exc:
+            raise ConfigError(f"{where} is not valid JSON: {exc}") from None
+    if isinstance(raw, Mapping):
+        params = {str(k): v for k, v in raw.items() if k != "type"}
+        if not isinstance(raw.get("type"), str):
+            raise ConfigError(f"{where} needs a 'type' naming it, got {dict(raw)!r}")
+        return str(raw["type"]).lower(), params
+    if not isinstance(raw, str) or not raw.strip():
+        raise ConfigError(f"{where} must be a name like 'dcasgd' or 'dcasgd:lamda=0.04', got {raw!r}")
+    name, _, rest = raw.strip().partition(":")
+    params = {}
+    for item in filter(None, (part.strip() for part in rest.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"{where}: {item!r} is not key=value")
+        params[key.strip()] = yaml.safe_load(value)
+    return name.strip().lower(), params
+
+
+def _training(raw: Any, base: TrainingSpec | None = None) -> TrainingSpec:
+    """The ``training`` block of a topology (every field optional)."""
+    base = base or TrainingSpec()
+    if raw is None:
+        return base
+    if not isinstance(raw, Mapping):
+        raise ConfigError("'training' must be a mapping")
+    allowed = {f.name for f in dataclasses.fields(TrainingSpec)} - {"server_optimizer_params"}
+    unknown = set(raw) - allowed
+    if unknown:
+        raise ConfigError(f"training has unknown fields {sorted(unknown)}; allowed: {sorted(allowed)}")
+    values: dict[str, Any] = {}
+    if "server_optimizer" in raw:
+        name, params = _named_spec(raw["server_optimizer"], "training.server_optimizer")
+        values["server_optimizer"] = name
+        values["server_optimizer_params"] = _numbers(params, "training.server_optimizer")
+    if raw.get("compression") is not None:
+        name, params = _named_spec(raw["compression"], "training.compression")
+        values["compression"] = {"type": name, **params}
+    for name in ("sync", "esync", "p3", "p3_slice_elems", "metrics_every"):
+        if name in raw:
+            value = raw[name]
+            expected = {"sync": str, "esync": bool, "p3": bool}.get(name, int)
+            if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
+                raise ConfigError(f"training.{name} must be {expected.__name__}, got {value!r}")
+            values[name] = value
+    return dataclasses.replace(base, **values)
+
+
+def _numbers(params: Mapping[str, Any], where: str) -> tuple[tuple[str, float], ...]:
+    out = []
+    for key, value in params.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where}: parameter {key}={value!r} must be a number")
+        out.append((key, float(value)))
+    return tuple(out)
 
 
 def _int_field(raw: Mapping[str, Any], name: str, default: int) -> int:
@@ -318,6 +422,7 @@ def topology_from_dict(raw: Mapping[str, Any]) -> Topology:
         max_message_bytes=_int_field(raw, "max_message_bytes", 1 << 31),
         hfa=_hfa(raw.get("hfa")),
         size_lower_bound=_int_field(raw, "size_lower_bound", 200_000),
+        training=_training(raw.get("training")),
     )
 
 
@@ -353,7 +458,16 @@ def topology_to_dict(topology: Topology) -> dict[str, Any]:
         "max_message_bytes": topology.max_message_bytes,
         **({"hfa": {"k1": topology.hfa.k1, "k2": topology.hfa.k2}} if topology.hfa else {}),
         "size_lower_bound": topology.size_lower_bound,
+        "training": _training_to_dict(topology.training),
     }
+
+
+def _training_to_dict(spec: TrainingSpec) -> dict[str, Any]:
+    optimizer = {"type": spec.server_optimizer, **dict(spec.server_optimizer_params)}
+    return {"sync": spec.sync, "server_optimizer": optimizer,
+            **({"compression": dict(spec.compression)} if spec.compression else {}),
+            "esync": spec.esync, "p3": spec.p3, "p3_slice_elems": spec.p3_slice_elems,
+            "metrics_every": spec.metrics_every}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -371,6 +485,7 @@ ENV_ALIASES: dict[str, tuple[str, ...]] = {
     "GEOMX_HFA_K1": ("MXNET_KVSTORE_HFA_K1",),
     "GEOMX_HFA_K2": ("MXNET_KVSTORE_HFA_K2",),
     "GEOMX_SIZE_LOWER_BOUND": ("MXNET_KVSTORE_SIZE_LOWER_BOUND",),
+    "GEOMX_P3": ("ENABLE_P3",),
 }
 
 _ROLE_NAMES = {r.value for r in Role}
@@ -468,6 +583,37 @@ def _hfa_from_env(env: Mapping[str, str], base: HFASpec | None) -> HFASpec | Non
     return HFASpec(k1=_int(env, "GEOMX_HFA_K1") or current.k1, k2=_int(env, "GEOMX_HFA_K2") or current.k2)
 
 
+def _flag(env: Mapping[str, str], name: str) -> bool | None:
+    value = _get(env, name)
+    if value is None:
+        return None
+    if value.lower() in ("0", "false", "no", "off"):
+        return False
+    if value.lower() in ("1", "true", "yes", "on"):
+        return True
+    raise ConfigError(f"{name} must be 0 or 1, got {value!r}")
+
+
+def _training_from_env(env: Mapping[str, str], base: TrainingSpec) -> TrainingSpec:
+    """GEOMX_SYNC, GEOMX_SERVER_OPTIMIZER, GEOMX_COMPRESSION, GEOMX_ESYNC, GEOMX_P3 (ENABLE_P3) and
+    GEOMX_P3_SLICE_ELEMS override the topology's ``training`` block."""
+    raw: dict[str, Any] = {}
+    if _get(env, "GEOMX_SYNC") is not None:
+        raw["sync"] = _get(env, "GEOMX_SYNC")
+    for name, key in (("GEOMX_SERVER_OPTIMIZER", "server_optimizer"), ("GEOMX_COMPRESSION", "compression")):
+        if _get(env, name) is not None:
+            raw[key] = _get(env, name)
+    for name, key in (("GEOMX_ESYNC", "esync"), ("GEOMX_P3", "p3")):
+        flag = _flag(env, name)
+        if flag is not None:
+            raw[key] = flag
+    for name, key in (("GEOMX_P3_SLICE_ELEMS", "p3_slice_elems"), ("GEOMX_METRICS_EVERY", "metrics_every")):
+        number = _int(env, name)
+        if number is not None:
+            raw[key] = number
+    return _training(raw, base) if raw else base
+
+
 def _timeouts_from_env(env: Mapping[str, str], base: Timeouts) -> Timeouts:
     value = env.get("GEOMX_TIMEOUT")
     if not value:
@@ -491,6 +637,9 @@ def node_config_from_env(env: Mapping[str, str]) -> NodeConfig:
     bound = _int(env, "GEOMX_SIZE_LOWER_BOUND")
     topology = dataclasses.replace(topology, hfa=_hfa_from_env(env, topology.hfa),
                                    size_lower_bound=topology.size_lower_bound if bound is None else bound)
+    training = _training_from_env(env, topology.training)
+    topology = dataclasses.replace(topology, training=training,
+                                   slice_elems=training.p3_slice_elems if training.p3 else topology.slice_elems)
     if role not in (Role.GLOBAL_SCHEDULER,) and party not in {p.name for p in topology.parties}:
         raise ConfigError(f"GEOMX_PARTY={party!r} is not a party of the topology "
                           f"{[p.name for p in topology.parties]}")
