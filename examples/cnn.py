@@ -40,6 +40,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--lamda", type=float, default=0.04, help="DCASGD's variance control")
     parser.add_argument("--slow-party", default=None, help="make this party's workers slower")
     parser.add_argument("--slowdown", type=float, default=3.0, help="how many times slower --slow-party is")
+    parser.add_argument("--idle-party", default=None,
+                        help="this party's workers join and leave without training (MixedSync: the others train "
+                             "alone, the baseline of the fast-party speed in geomx bench)")
     parser.add_argument("--momentum", type=float, default=0.9, help="for --optimizer sgd")
     parser.add_argument("--max-steps", type=int, default=None, help="stop after this many steps in total")
     parser.add_argument("--seed", type=int, default=0)
@@ -51,6 +54,10 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     kv = geomx.kv.create("dist_async" if args.mixed_sync else "dist_sync")
+    if args.idle_party is not None and not args.mixed_sync:
+        raise SystemExit("--idle-party needs --mixed-sync: under FSA every step waits for every party")
+    if args.idle_party == kv.party and kv.is_master_worker:
+        raise SystemExit("--idle-party cannot be the master worker's party (it reports the progress)")
     torch.manual_seed(args.seed + 1000 * kv.global_rank)  # weights differ per process until init syncs them
     model = DigitsCNN(channels=args.channels, hidden=args.hidden)
     params = list(model.parameters())
@@ -71,7 +78,8 @@ def main() -> None:
     progress = Progress(kv)
     total_steps = 0
     acc = 0.0
-    for epoch in range(args.epochs):
+    epochs = 0 if kv.party == args.idle_party else args.epochs
+    for epoch in range(epochs):
         losses = []
         epoch_started = time.monotonic()
         for images, labels in shard.batches(args.batch_size, epoch, steps, seed=args.seed + kv.global_rank):
