@@ -314,6 +314,10 @@ class KVStore:
             result["servers"][self._requests.names.get(server, server)] = reply.body
         return result
 
+    def counters(self) -> dict[str, Any]:
+        """This worker's own byte counters, without asking anyone: ``{"lan": {"sent", "recv"}, "wan": {...}}``."""
+        return self._van.counters.snapshot()
+
     def wan_bytes(self) -> int:
         """Bytes that crossed the WAN so far, whole job (every WAN byte passes through a global server)."""
         total = 0
