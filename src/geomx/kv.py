@@ -239,6 +239,11 @@ class KVStore:
                            for part in range(len(info.parts))]
             self._copy_out(self._wait(futures, k, what), info, o.data if o.requires_grad else o)
 
+    def ready(self, key: int) -> bool:
+        """Whether a pull of ``key`` would return without waiting (its pushed round has been answered)."""
+        futures = self._pending.get(key)
+        return futures is None or all(f.done() for f in futures)
+
     def pushpull(self, key: int | Sequence[int], value: torch.Tensor | Sequence[torch.Tensor],
                  out: torch.Tensor | Sequence[torch.Tensor] | None = None, priority: int = 0) -> None:
         """Push then pull in one call; ``out`` defaults to ``value`` (in place).
