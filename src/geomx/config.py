@@ -78,6 +78,13 @@ class Timeouts:
     request_s: float = 120.0
     round_s: float = 120.0
     shutdown_s: float = 30.0
+    heartbeat_s: float = 10.0  # a node silent this long is declared dead by its scheduler
+    heartbeat_interval_s: float = 1.0  # how often every node tells its scheduler(s) it is alive
+
+    def __post_init__(self) -> None:
+        if not 0 < self.heartbeat_interval_s < self.heartbeat_s:
+            raise ConfigError(f"timeouts need 0 < heartbeat_interval ({self.heartbeat_interval_s:g} s) < "
+                              f"heartbeat ({self.heartbeat_s:g} s)")
 
 
 @dataclass(frozen=True)
@@ -90,6 +97,49 @@ class HFASpec:
     def __post_init__(self) -> None:
         if self.k1 < 1 or self.k2 < 1:
             raise ConfigError(f"HFA needs K1 >= 1 and K2 >= 1, got K1={self.k1}, K2={self.k2}")
+
+
+@dataclass(frozen=True)
+class SecuritySpec:
+    """Who may talk to the job, and whether links are encrypted (see ``geomx.security``).
+
+    ``secret``: a shared secret every connection must present (ZeroMQ PLAIN through a ZAP handler), from
+    the topology's ``security.secret`` / ``secret_file`` or GEOMX_SECRET. ``curve_keys``: a folder made by
+    ``geomx keygen``; when set, every link is encrypted and authenticated with CURVE instead.
+    Usage: ``SecuritySpec(secret="correct horse battery staple")``.
+    """
+
+    secret: str | None = field(default=None, repr=False)
+    curve_keys: Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.secret is not None and len(self.secret) < 8:
+            raise ConfigError("the shared secret must be at least 8 characters long")
+
+    @property
+    def enabled(self) -> bool:
+        return self.secret is not None or self.curve_keys is not None
+
+
+@dataclass(frozen=True)
+class CheckpointSpec:
+    """Where and how often global servers save the global model (see ``geomx.checkpoint``).
+
+    A checkpoint is written every ``every_steps`` completed rounds and/or ``every_s`` seconds; the newest
+    ``keep`` are kept. Usage: ``CheckpointSpec(dir=Path("ckpt"), every_steps=50)``.
+    """
+
+    dir: Path | None = None
+    every_steps: int = 0
+    every_s: float = 0.0
+    keep: int = 3
+
+    def __post_init__(self) -> None:
+        if self.every_steps < 0 or self.every_s < 0 or self.keep < 1:
+            raise ConfigError(f"checkpoint needs every_steps >= 0, every_seconds >= 0 and keep >= 1, got "
+                              f"{self.every_steps}, {self.every_s}, {self.keep}")
+        if self.dir is not None and not (self.every_steps or self.every_s):
+            raise ConfigError("checkpoint.dir is set: say how often with every_steps and/or every_seconds")
 
 
 SYNC_KINDS = ("dist_sync", "dist_async")
@@ -149,6 +199,8 @@ class Topology:
     hfa: HFASpec | None = None  # hierarchical frequency aggregation, when enabled
     size_lower_bound: int = 200_000  # tensors smaller than this travel dense under Bi-Sparse / MPQ
     training: TrainingSpec = TrainingSpec()  # geomx.torch's choices (the kvstore API ignores them)
+    security: SecuritySpec = SecuritySpec()  # shared secret / CURVE keys
+    checkpoint: CheckpointSpec = CheckpointSpec()  # global servers' checkpoints
 
     def __post_init__(self) -> None:
         names = [p.name for p in self.parties]
@@ -210,6 +262,7 @@ class NodeConfig:
     bind_port: int = 0  # schedulers bind this port; others take a free one when 0
     run_dir: Path | None = None
     worker_offset: int | None = None  # global rank of this party's first worker; None: from the topology
+    resume: bool = False  # global servers start from the newest valid checkpoint (`geomx launch --resume`)
 
     @property
     def num_workers(self) -> int:
@@ -298,7 +351,7 @@ def _timeouts(raw: Any) -> Timeouts:
 
 
 _TOPOLOGY_FIELDS = {"parties", "central", "global_servers", "mode", "links", "timeouts", "slice_elems",
-                    "max_message_bytes", "hfa", "size_lower_bound", "training"}
+                    "max_message_bytes", "hfa", "size_lower_bound", "training", "security", "checkpoint"}
 
 
 def _hfa(raw: Any) -> HFASpec | None:
@@ -382,8 +435,56 @@ def _int_field(raw: Mapping[str, Any], name: str, default: int) -> int:
     return value
 
 
-def topology_from_dict(raw: Mapping[str, Any]) -> Topology:
-    """Build a Topology from the YAML structure documented in ``topologies/demo.yaml``."""
+def _path(value: Any, where: str, base_dir: Path | None) -> Path:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{where} must be a path, got {value!r}")
+    path = Path(value).expanduser()
+    return path if path.is_absolute() or base_dir is None else base_dir / path
+
+
+def _security(raw: Any, base_dir: Path | None) -> SecuritySpec:
+    if raw is None:
+        return SecuritySpec()
+    allowed = {"secret", "secret_file", "curve_keys"}
+    if not isinstance(raw, Mapping) or set(raw) - allowed:
+        raise ConfigError(f"'security' must be a mapping with some of {sorted(allowed)}")
+    if "secret" in raw and "secret_file" in raw:
+        raise ConfigError("security: give 'secret' or 'secret_file', not both")
+    secret = raw.get("secret")
+    if secret is not None and not isinstance(secret, str):
+        raise ConfigError("security.secret must be a string")
+    if "secret_file" in raw:
+        secret = _read_secret(_path(raw["secret_file"], "security.secret_file", base_dir))
+    keys = _path(raw["curve_keys"], "security.curve_keys", base_dir) if raw.get("curve_keys") else None
+    return SecuritySpec(secret=secret, curve_keys=keys)
+
+
+def _read_secret(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError as exc:
+        raise ConfigError(f"cannot read the shared secret from {path}: {exc}") from None
+
+
+def _checkpoint(raw: Any, base_dir: Path | None) -> CheckpointSpec:
+    if raw is None:
+        return CheckpointSpec()
+    allowed = {"dir", "every_steps", "every_seconds", "keep"}
+    if not isinstance(raw, Mapping) or set(raw) - allowed:
+        raise ConfigError(f"'checkpoint' must be a mapping with some of {sorted(allowed)}")
+    for name in ("every_steps", "keep"):
+        if name in raw and (isinstance(raw[name], bool) or not isinstance(raw[name], int)):
+            raise ConfigError(f"checkpoint.{name} must be an integer, got {raw[name]!r}")
+    return CheckpointSpec(dir=_path(raw["dir"], "checkpoint.dir", base_dir) if raw.get("dir") else None,
+                          every_steps=raw.get("every_steps", 0),
+                          every_s=parse_duration(raw.get("every_seconds", 0)), keep=raw.get("keep", 3))
+
+
+def topology_from_dict(raw: Mapping[str, Any], base_dir: Path | None = None) -> Topology:
+    """Build a Topology from the YAML structure documented in ``topologies/demo.yaml``.
+
+    ``base_dir``: relative paths (checkpoint dir, secret file, CURVE keys) are relative to it.
+    """
     if not isinstance(raw, Mapping):
         raise ConfigError("a topology must be a mapping at the top level")
     unknown = set(raw) - _TOPOLOGY_FIELDS
@@ -423,6 +524,8 @@ def topology_from_dict(raw: Mapping[str, Any]) -> Topology:
         hfa=_hfa(raw.get("hfa")),
         size_lower_bound=_int_field(raw, "size_lower_bound", 200_000),
         training=_training(raw.get("training")),
+        security=_security(raw.get("security"), base_dir),
+        checkpoint=_checkpoint(raw.get("checkpoint"), base_dir),
     )
 
 
@@ -436,7 +539,7 @@ def load_topology(path: str | Path) -> Topology:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"topology file {path} is not valid YAML: {exc}") from exc
-    return topology_from_dict(raw)
+    return topology_from_dict(raw, Path(path).resolve().parent)
 
 
 def topology_to_dict(topology: Topology) -> dict[str, Any]:
@@ -459,6 +562,11 @@ def topology_to_dict(topology: Topology) -> dict[str, Any]:
         **({"hfa": {"k1": topology.hfa.k1, "k2": topology.hfa.k2}} if topology.hfa else {}),
         "size_lower_bound": topology.size_lower_bound,
         "training": _training_to_dict(topology.training),
+        # the shared secret is never written out
+        **({"security": {"curve_keys": str(topology.security.curve_keys)}} if topology.security.curve_keys else {}),
+        **({"checkpoint": {"dir": str(topology.checkpoint.dir), "every_steps": topology.checkpoint.every_steps,
+                           "every_seconds": topology.checkpoint.every_s, "keep": topology.checkpoint.keep}}
+           if topology.checkpoint.dir else {}),
     }
 
 
@@ -615,11 +723,39 @@ def _training_from_env(env: Mapping[str, str], base: TrainingSpec) -> TrainingSp
 
 
 def _timeouts_from_env(env: Mapping[str, str], base: Timeouts) -> Timeouts:
+    changes: dict[str, float] = {}
     value = env.get("GEOMX_TIMEOUT")
-    if not value:
+    if value:
+        seconds = parse_duration(value)
+        changes.update(register_s=seconds, request_s=seconds, round_s=seconds)
+    for name, attr in (("GEOMX_HEARTBEAT_TIMEOUT", "heartbeat_s"),
+                       ("GEOMX_HEARTBEAT_INTERVAL", "heartbeat_interval_s")):
+        if env.get(name):
+            changes[attr] = parse_duration(env[name])
+    return dataclasses.replace(base, **changes) if changes else base
+
+
+def _security_from_env(env: Mapping[str, str], base: SecuritySpec) -> SecuritySpec:
+    """GEOMX_SECRET / GEOMX_SECRET_FILE and GEOMX_CURVE_KEYS override the topology's ``security``."""
+    secret = env.get("GEOMX_SECRET") or None
+    if env.get("GEOMX_SECRET_FILE") and secret is None:
+        secret = _read_secret(Path(env["GEOMX_SECRET_FILE"]))
+    keys = Path(env["GEOMX_CURVE_KEYS"]) if env.get("GEOMX_CURVE_KEYS") else None
+    if secret is None and keys is None:
         return base
-    seconds = parse_duration(value)
-    return Timeouts(register_s=seconds, request_s=seconds, round_s=seconds, shutdown_s=base.shutdown_s)
+    return SecuritySpec(secret=secret if secret is not None else base.secret, curve_keys=keys or base.curve_keys)
+
+
+def _checkpoint_from_env(env: Mapping[str, str], base: CheckpointSpec) -> CheckpointSpec:
+    """GEOMX_CHECKPOINT_DIR / _EVERY_STEPS / _EVERY_SECONDS override the topology's ``checkpoint``."""
+    directory = env.get("GEOMX_CHECKPOINT_DIR")
+    steps = _int(env, "GEOMX_CHECKPOINT_EVERY_STEPS")
+    seconds = env.get("GEOMX_CHECKPOINT_EVERY_SECONDS")
+    if not (directory or steps is not None or seconds):
+        return base
+    return CheckpointSpec(dir=Path(directory) if directory else base.dir,
+                          every_steps=base.every_steps if steps is None else steps,
+                          every_s=parse_duration(seconds) if seconds else base.every_s, keep=base.keep)
 
 
 def node_config_from_env(env: Mapping[str, str]) -> NodeConfig:
@@ -638,6 +774,8 @@ def node_config_from_env(env: Mapping[str, str]) -> NodeConfig:
     topology = dataclasses.replace(topology, hfa=_hfa_from_env(env, topology.hfa),
                                    size_lower_bound=topology.size_lower_bound if bound is None else bound)
     training = _training_from_env(env, topology.training)
+    topology = dataclasses.replace(topology, security=_security_from_env(env, topology.security),
+                                   checkpoint=_checkpoint_from_env(env, topology.checkpoint))
     topology = dataclasses.replace(topology, training=training,
                                    slice_elems=training.p3_slice_elems if training.p3 else topology.slice_elems)
     if role not in (Role.GLOBAL_SCHEDULER,) and party not in {p.name for p in topology.parties}:
@@ -673,6 +811,7 @@ def node_config_from_env(env: Mapping[str, str]) -> NodeConfig:
         bind_port=bind_port,
         run_dir=Path(run_dir) if run_dir else None,
         worker_offset=_int(env, "GEOMX_WORKER_OFFSET"),
+        resume=env.get("GEOMX_RESUME", "") not in ("", "0", "false", "False"),
     )
 
 
@@ -698,4 +837,6 @@ def node_env(node: NodeConfig, topology_path: Path) -> dict[str, str]:
         env["GEOMX_MASTER_WORKER"] = "1"
     if node.run_dir is not None:
         env["GEOMX_RUN_DIR"] = str(node.run_dir)
+    if node.resume:
+        env["GEOMX_RESUME"] = "1"
     return env
