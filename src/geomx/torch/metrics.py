@@ -1,0 +1,133 @@
+"""Per-step metrics of a wrapped training loop, as JSON lines in the run folder (``geomx report`` plots them).
+
+Every ``every`` steps a worker appends one record to ``RUN/metrics/<worker>.jsonl``: ``step``, ``time``,
+``elapsed_s``, ``step_s`` (mean wall time per step since the last record), ``loss`` (mean of the losses the
+script logged since then), ``lan_bytes`` and ``wan_bytes`` (this worker's own traffic, both directions),
+``net_wait_s`` (cumulative seconds the loop was blocked waiting on the network). The master worker adds
+``wan_bytes_total``: every byte that crossed the WAN in the whole job, read in the background from the
+global servers (no step waits for it). ``log(accuracy=...)`` writes a record at once.
+
+Usage::
+
+    recorder = StepRecorder(kv, every=10)
+    recorder.step(net_wait_s=0.02)
+    recorder.log(loss=0.7)
+    recorder.close()
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from typing import Any, Protocol
+
+log = logging.getLogger("geomx.torch")
+
+
+class _Store(Protocol):
+    is_master_worker: bool
+
+    def counters(self) -> dict[str, Any]: ...
+
+    def wan_bytes(self) -> int: ...
+
+    def record(self, **metrics: Any) -> None: ...
+
+
+class WanMeter:
+    """Polls the job's WAN byte total from a background thread; ``latest`` never blocks."""
+
+    def __init__(self, kv: _Store, interval_s: float = 1.0) -> None:
+        self.kv = kv
+        self.interval_s = interval_s
+        self.latest: int | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="geomx-wan-meter", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                self.latest = self.kv.wan_bytes()
+            except Exception as exc:  # the job is ending; the last value stands
+                log.debug("WAN meter stopped: %s", exc)
+                return
+            if self._stop.wait(self.interval_s):
+                return
+
+    def stop(self) -> int | None:
+        """Stop polling; one last reading (None if the servers no longer answer)."""
+        self._stop.set()
+        self._thread.join(timeout=30)
+        try:
+            self.latest = self.kv.wan_bytes()
+        except Exception as exc:
+            log.debug("last WAN reading failed: %s", exc)
+        return self.latest
+
+
+def _traffic(counters: dict[str, Any], link: str) -> int:
+    entry = counters.get(link, {})
+    return int(entry.get("sent", 0)) + int(entry.get("recv", 0))
+
+
+class StepRecorder:
+    """Counts steps and network waits; writes a metrics record every ``every`` steps."""
+
+    def __init__(self, kv: _Store, every: int) -> None:
+        if every < 1:
+            raise ValueError(f"record every >= 1 steps, got {every}")
+        self.kv = kv
+        self.every = every
+        self.steps = 0
+        self.net_wait_s = 0.0
+        self.started = time.monotonic()
+        self._interval_started = self.started
+        self._interval_steps = 0
+        self._losses: list[float] = []
+        self._meter = WanMeter(kv) if kv.is_master_worker else None
+
+    def waited(self, seconds: float) -> None:
+        self.net_wait_s += seconds
+
+    def step(self) -> None:
+        self.steps += 1
+        self._interval_steps += 1
+        if self.steps % self.every == 0:
+            self.write()
+
+    def log(self, **metrics: float) -> None:
+        """``loss`` joins the next record's mean; anything else (accuracy ...) is written at once."""
+        loss = metrics.pop("loss", None)
+        if loss is not None:
+            value = float(loss.item() if hasattr(loss, "item") else loss)
+            if math.isfinite(value):
+                self._losses.append(value)
+        if metrics:
+            self.write(**{k: float(v.item() if hasattr(v, "item") else v) for k, v in metrics.items()})
+
+    def write(self, **extra: float) -> None:
+        now = time.monotonic()
+        counters = self.kv.counters()
+        record: dict[str, Any] = {"step": self.steps, "elapsed_s": now - self.started,
+                                  "lan_bytes": _traffic(counters, "lan"), "wan_bytes": _traffic(counters, "wan"),
+                                  "net_wait_s": self.net_wait_s}
+        if self._interval_steps:
+            record["step_s"] = (now - self._interval_started) / self._interval_steps
+        if self._losses:
+            record["loss"] = sum(self._losses) / len(self._losses)
+        if self._meter is not None and self._meter.latest is not None:
+            record["wan_bytes_total"] = self._meter.latest
+        record.update(extra)
+        self.kv.record(**record)
+        self._losses = []
+        self._interval_started, self._interval_steps = now, 0
+
+    def close(self) -> None:
+        """A last record (with a final WAN reading on the master), then stop the background meter."""
+        if self._meter is not None:
+            self._meter.stop()
+        if self._interval_steps or self._losses:
+            self.write()

@@ -1,0 +1,143 @@
+"""Which way the wrapped training loop runs, decided once from the configuration and the torch optimizer.
+
+The loop never changes; the topology's ``training`` block (or GEOMX_* variables) and ``hfa`` decide:
+
+- ``SERVER``: FSA, MixedSync or DCASGD. Workers push gradients, the global servers run the optimizer
+  (the wrapped torch optimizer translated, or the configured server optimizer), workers pull weights.
+- ``LOCAL``: FSA with the optimizer on the workers. Workers push gradients, pull their sum, and the
+  wrapped torch optimizer steps on the mean (any torch optimizer; needed by residual codecs such as bsc).
+- ``HFA``: local optimizer steps; every K1 steps the model is averaged (K2 local averages per global one).
+- ``ESYNC``: HFA with K2 = 1 and the local step count per round assigned by measured speed.
+
+Usage::
+
+    plan = make_plan(topology.training, topology.hfa, torch.optim.Adam(model.parameters(), lr=1e-3))
+    plan.mode, plan.server_optimizer          # Mode.SERVER, geomx.optim.Adam(lr=0.001, ...)
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .. import optim
+from ..config import ConfigError, HFASpec, TrainingSpec
+
+log = logging.getLogger("geomx.torch")
+
+# Codecs that keep residuals: they need additive data (gradients or deltas), never weights.
+RESIDUAL_CODECS = ("bsc", "mpq")
+
+
+class Mode(enum.Enum):
+    SERVER = "server optimizer"
+    LOCAL = "local optimizer on averaged gradients"
+    HFA = "hierarchical frequency aggregation"
+    ESYNC = "ESync"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What DistributedOptimizer does: the mode, the kvstore type, what the master installs on the servers."""
+
+    mode: Mode
+    kvstore_type: str
+    server_optimizer: optim.Optimizer | None
+    compression: dict[str, Any] | None
+    p3: bool
+
+    def describe(self) -> str:
+        parts = [self.mode.value, self.kvstore_type]
+        if self.server_optimizer is not None:
+            parts.append(f"server optimizer {self.server_optimizer.name}")
+        if self.compression:
+            parts.append(f"WAN codec {self.compression['type']}")
+        if self.p3:
+            parts.append("P3")
+        return ", ".join(parts)
+
+
+def translate(torch_optimizer: torch.optim.Optimizer) -> optim.Optimizer | None:
+    """The geomx server optimizer doing the same arithmetic as ``torch_optimizer``; None if there is none.
+
+    Translatable: ``torch.optim.SGD`` (no dampening) and ``torch.optim.Adam`` (no amsgrad), one set of
+    hyperparameters for every parameter group.
+    """
+    groups = torch_optimizer.param_groups
+    if not groups:
+        return None
+    ignore = {"params", "name", "initial_lr"}
+    first = {k: v for k, v in groups[0].items() if k not in ignore}
+    if any({k: v for k, v in g.items() if k not in ignore} != first for g in groups[1:]):
+        return None
+    lr = first.get("lr")
+    if not isinstance(lr, (int, float)):  # a tensor learning rate cannot travel as a number
+        return None
+    if type(torch_optimizer) is torch.optim.SGD:
+        if first.get("dampening", 0) or first.get("maximize"):
+            return None
+        return optim.SGD(lr=float(lr), momentum=float(first.get("momentum", 0.0)),
+                         weight_decay=float(first.get("weight_decay", 0.0)), nesterov=bool(first.get("nesterov")))
+    if type(torch_optimizer) is torch.optim.Adam:
+        if first.get("amsgrad") or first.get("maximize") or first.get("decoupled_weight_decay"):
+            return None
+        beta1, beta2 = first.get("betas", (0.9, 0.999))
+        return optim.Adam(lr=float(lr), beta1=float(beta1), beta2=float(beta2), epsilon=float(first.get("eps", 1e-8)),
+                          weight_decay=float(first.get("weight_decay", 0.0)))
+    return None
+
+
+def _named_optimizer(spec: TrainingSpec, torch_optimizer: torch.optim.Optimizer) -> optim.Optimizer:
+    """The configured server optimizer; its lr defaults to the torch optimizer's (except the outer one)."""
+    cls = optim.OPTIMIZERS[spec.server_optimizer]
+    params: dict[str, Any] = dict(spec.server_optimizer_params)
+    lr = torch_optimizer.param_groups[0].get("lr") if torch_optimizer.param_groups else None
+    if "lr" not in params and cls is not optim.OuterNesterov and isinstance(lr, (int, float)):
+        params["lr"] = float(lr)
+    try:
+        return optim.optimizer_from_spec({"name": cls.name, "params": params})
+    except ValueError as exc:
+        raise ConfigError(f"training.server_optimizer: {exc}") from None
+
+
+def make_plan(spec: TrainingSpec, hfa: HFASpec | None, torch_optimizer: torch.optim.Optimizer) -> Plan:
+    """Decide the mode; ConfigError names any combination that cannot work."""
+    codec = spec.compression["type"] if spec.compression else None
+    residual = codec in RESIDUAL_CODECS
+    named = spec.server_optimizer not in ("auto", "none")
+    if spec.esync and (hfa is None or hfa.k2 != 1):
+        raise ConfigError("ESync runs on HFA with K2 = 1: add `hfa: {k1: 4, k2: 1}` to the topology")
+    if hfa is not None:
+        if spec.sync != "dist_sync":
+            raise ConfigError("HFA and ESync average models synchronously: use training.sync dist_sync")
+        if named and spec.server_optimizer in ("adam", "dcasgd"):
+            raise ConfigError(f"under HFA the global server sees model deltas: server optimizer "
+                              f"{spec.server_optimizer!r} does not apply; use outer_nesterov, sgd or none")
+        outer = _named_optimizer(spec, torch_optimizer) if named else None
+        return Plan(Mode.ESYNC if spec.esync else Mode.HFA, spec.sync, outer, spec.compression, spec.p3)
+    if spec.server_optimizer == "outer_nesterov":
+        raise ConfigError("the outer Nesterov optimizer needs HFA: add `hfa: {k1: ..., k2: ...}` to the topology")
+    if named:
+        server: optim.Optimizer | None = _named_optimizer(spec, torch_optimizer)
+    elif spec.server_optimizer == "auto" and not residual:
+        server = translate(torch_optimizer)
+    else:
+        server = None
+    if server is not None and residual:
+        raise ConfigError(f"codec {codec!r} keeps residuals and needs additive data, but a server optimizer "
+                          "answers with weights: set training.server_optimizer to none")
+    if server is None:
+        if spec.sync == "dist_async":
+            raise ConfigError(
+                f"MixedSync (dist_async) applies each party's gradient on the global server, so it needs a "
+                f"server optimizer; {type(torch_optimizer).__name__} with these settings cannot be translated "
+                "(SGD and Adam can): set training.server_optimizer (e.g. sgd, adam or dcasgd)")
+        if spec.server_optimizer == "auto" and not residual:
+            log.info("%s has no server equivalent: gradients are averaged and it steps on every worker",
+                     type(torch_optimizer).__name__)
+        return Plan(Mode.LOCAL, spec.sync, None, spec.compression, spec.p3)
+    return Plan(Mode.SERVER, spec.sync, server, spec.compression, spec.p3)
