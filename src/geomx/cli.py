@@ -1,9 +1,10 @@
-"""The ``geomx`` command: ``geomx launch``, ``geomx bench``.
+"""The ``geomx`` command: ``geomx launch``, ``geomx bench``, ``geomx report``.
 
 Usage::
 
     geomx launch topologies/demo.yaml -- python examples/cnn.py --epochs 8
     geomx bench --quick
+    geomx report runs/fsa runs/hfa --out report/
 """
 
 from __future__ import annotations
@@ -35,6 +36,12 @@ def _bench(args: argparse.Namespace) -> int:
     return run_bench(quick=args.quick, out_dir=Path(args.out), sections=args.only)
 
 
+def _report(args: argparse.Namespace) -> int:
+    from .report import main as report_main
+
+    return report_main(args.runs, args.out, args.label)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="geomx", description="Train one PyTorch model across data centers.")
     sub = parser.add_subparsers(dest="command_name", required=True)
@@ -52,6 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--only", action="append", choices=["training", "transport", "sync"],
                        help="run only these sections (repeatable)")
     bench.set_defaults(func=_bench)
+    report = sub.add_parser("report", help="plots (loss, accuracy, WAN bytes against wall time) and a table of runs")
+    report.add_argument("runs", nargs="+", help="run folders (geomx launch --run-dir)")
+    report.add_argument("--out", default="report", help="folder for the PNG plots, report.md and report.json")
+    report.add_argument("--label", action="append", help="a name per run, in order (default: folder names)")
+    report.set_defaults(func=_report)
     return parser
 
 
