@@ -32,11 +32,13 @@ import zmq
 
 from .config import LinkSpec, Topology
 from .emulator import ShapedLink
+from .security import Guard
 from .wire import Kind, Message, WireError, decode, encode, frames_nbytes
 
 log = logging.getLogger("geomx.transport")
 
 Handler = Callable[[Message], None]
+Hook = Callable[[Message], bool]  # True: the message was consumed
 
 LAN = "lan"
 WAN = "wan"
@@ -107,6 +109,11 @@ class Van:
         self.counters = ByteCounters()
         self.address = ""
         self.malformed = 0
+        # refuses peers without the shared secret / CURVE key during the handshake (see geomx.security)
+        self.guard = Guard(topology.security, party, name=self.name)
+        # sees HEARTBEAT messages first, on the I/O thread, so a slow handler never delays them
+        self.heartbeat_hook: Hook | None = None
+        self._stop_hooks: list[Callable[[], None]] = []
 
     # -- public API ---------------------------------------------------------------------------------------
     def start(self) -> str:
@@ -159,10 +166,16 @@ class Van:
                 return True
         return False
 
+    def on_stop(self, hook: Callable[[], None]) -> None:
+        """Run ``hook`` when the van stops (before the sockets close), e.g. to end a heartbeat thread."""
+        self._stop_hooks.append(hook)
+
     def stop(self, flush_timeout: float = 5.0) -> None:
         """Deliver what is queued (up to ``flush_timeout``), then close the sockets and join the threads."""
         if self._stopping.is_set():
             return
+        for hook in self._stop_hooks:
+            hook()
         if self._started.is_set() and self._start_error is None:
             self.flush(flush_timeout)
         self._stopping.set()
@@ -186,23 +199,25 @@ class Van:
             return self._topology.lan
         return self._topology.wan_between(self.party, peer.party)
 
-    def _open_router(self) -> zmq.Socket[Any]:
+    def _open_router(self) -> tuple[zmq.Socket[Any], list[zmq.Socket[Any]]]:
         router = self._context.socket(zmq.ROUTER)
         router.setsockopt(zmq.RCVHWM, 0)
         router.setsockopt(zmq.LINGER, 0)
         router.setsockopt(zmq.MAXMSGSIZE, self._topology.max_message_bytes + (1 << 20))
+        guards = self.guard.serve(self._context, router)
         if self._bind_port:
             router.bind(f"tcp://{self._bind_host}:{self._bind_port}")
         else:
             router.bind(f"tcp://{self._bind_host}:*")
         self.address = router.getsockopt_string(zmq.LAST_ENDPOINT)
-        return router
+        return router, guards
 
     def _connect(self, peer: _Peer, share: int) -> None:
         sock = self._context.socket(zmq.DEALER)
         sock.setsockopt(zmq.IDENTITY, self.identity.encode())
         sock.setsockopt(zmq.SNDHWM, 0)
         sock.setsockopt(zmq.LINGER, 2000)
+        self.guard.connect(sock, peer.party)
         sock.connect(peer.address)
         self._sockets[peer.identity] = sock
         if peer.link_key not in self._links:
@@ -211,7 +226,7 @@ class Van:
 
     def _io_loop(self) -> None:
         try:
-            router = self._open_router()
+            router, guards = self._open_router()
         except zmq.ZMQError as exc:
             self._start_error = RuntimeError(f"{self.name}: cannot bind tcp://{self._bind_host}:"
                                              f"{self._bind_port or '*'}: {exc}")
@@ -221,6 +236,8 @@ class Van:
         poller = zmq.Poller()
         poller.register(router, zmq.POLLIN)
         poller.register(self._wake_read, zmq.POLLIN)
+        for sock in guards:
+            poller.register(sock, zmq.POLLIN)
         wake_at: float | None = None
         try:
             while not self._stopping.is_set():
@@ -228,6 +245,9 @@ class Van:
                 if wake_at is not None:
                     timeout_ms = min(timeout_ms, max(0.0, (wake_at - time.monotonic()) * 1000.0))
                 events = dict(poller.poll(int(timeout_ms + 0.999)))
+                for sock in guards:
+                    if sock in events:
+                        self.guard.answer(sock)
                 if router in events:
                     self._receive_available(router)
                 if self._wake_read in events:
@@ -239,6 +259,8 @@ class Van:
                 wake_at = self._pump()
         finally:
             router.close(linger=0)
+            for sock in guards:
+                sock.close(linger=0)
             for sock in self._sockets.values():
                 sock.close(linger=1000)
 
@@ -310,6 +332,8 @@ class Van:
                 log.exception("[%s] could not decode a message from %r", self.name, sender)
                 continue
             message.sender = sender.encode()
+            if message.kind is Kind.HEARTBEAT and self.heartbeat_hook is not None and self.heartbeat_hook(message):
+                continue
             self._inbox.put(message)
 
     def _dispatch_loop(self) -> None:
