@@ -22,12 +22,32 @@ def _launch(args: argparse.Namespace) -> int:
     command = list(args.command)
     try:
         result = launch(Path(args.topology), command, run_dir=Path(args.run_dir) if args.run_dir else None,
-                        host=args.host, party=args.party, global_scheduler=args.global_scheduler)
+                        host=args.host, party=args.party, global_scheduler=args.global_scheduler,
+                        resume=args.resume)
     except (ConfigError, ValueError) as exc:
         print(f"geomx launch: {exc}", file=sys.stderr)
         return 2
     print(format_summary(result))
     return result.exit_code
+
+
+def _keygen(args: argparse.Namespace) -> int:
+    from .config import load_topology
+    from .security import SecurityError, generate_keys
+
+    try:
+        parties = list(args.parties or [])
+        if args.topology:
+            parties += [p.name for p in load_topology(args.topology).parties if p.name not in parties]
+        written = generate_keys(Path(args.folder), parties)
+    except (ConfigError, SecurityError) as exc:
+        print(f"geomx keygen: {exc}", file=sys.stderr)
+        return 2
+    for path in written:
+        print(path)
+    print(f"give every host the *.key files and only its own party's *.key_secret; then set "
+          f"security.curve_keys: {args.folder} in the topology (or GEOMX_CURVE_KEYS={args.folder})")
+    return 0
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -51,8 +71,15 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("--global-scheduler", help="HOST:PORT of the global scheduler (with --party)")
     launch.add_argument("--host", default="127.0.0.1", help="address this host's processes bind and announce")
     launch.add_argument("--run-dir", help="folder for stats and metrics (default: runs/<time>-<topology>)")
+    launch.add_argument("--resume", action="store_true",
+                        help="global servers start from the newest valid checkpoint (topology 'checkpoint.dir')")
     launch.add_argument("command", nargs="*", help="the worker command, after '--'")
     launch.set_defaults(func=_launch)
+    keygen = sub.add_parser("keygen", help="make CURVE key pairs (one per party) that encrypt the job's links")
+    keygen.add_argument("folder", help="where to write <party>.key (public) and <party>.key_secret")
+    keygen.add_argument("--parties", nargs="+", help="party names")
+    keygen.add_argument("--topology", help="make keys for every party of this topology file")
+    keygen.set_defaults(func=_keygen)
     bench = sub.add_parser("bench", help="measure geomx against a flat PS and gloo, side by side")
     bench.add_argument("--quick", action="store_true", help="fewer steps and repetitions (~5 min)")
     bench.add_argument("--out", default="bench-results", help="folder for the JSON results")

@@ -69,8 +69,11 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def plan_processes(topology: Topology, topology_path: Path, command: list[str], run_dir: Path, *,
                    host: str = "127.0.0.1", global_scheduler: str | None = None,
-                   parties: list[str] | None = None) -> list[ProcessSpec]:
-    """Every process of the topology (or of ``parties`` only), with the environment each one needs."""
+                   parties: list[str] | None = None, resume: bool = False) -> list[ProcessSpec]:
+    """Every process of the topology (or of ``parties`` only), with the environment each one needs.
+
+    ``resume``: the global servers start from their newest valid checkpoint.
+    """
     if not command:
         raise ValueError("no worker command given: geomx launch TOPOLOGY.yaml -- python train.py ...")
     selected = parties or [p.name for p in topology.parties]
@@ -86,7 +89,8 @@ def plan_processes(topology: Topology, topology_path: Path, command: list[str], 
     def node(role: Role, party: str, scheduler: str | None = None, rank: int | None = None,
              is_master: bool = False) -> NodeConfig:
         return NodeConfig(role=role, party=party, topology=topology, global_scheduler=global_address,
-                          scheduler=scheduler, rank=rank, is_master=is_master, bind_host=host, run_dir=run_dir)
+                          scheduler=scheduler, rank=rank, is_master=is_master, bind_host=host, run_dir=run_dir,
+                          resume=resume and role is Role.GLOBAL_SERVER)
 
     if topology.central in selected:
         add("global_scheduler", node(Role.GLOBAL_SCHEDULER, topology.central), node_cmd)
@@ -250,13 +254,13 @@ def default_run_dir(topology_path: Path) -> Path:
 
 def launch(topology_path: Path, command: list[str], *, run_dir: Path | None = None, host: str = "127.0.0.1",
            party: str | None = None, global_scheduler: str | None = None,
-           out: IO[str] | None = None) -> LaunchResult:
+           out: IO[str] | None = None, resume: bool = False) -> LaunchResult:
     """Plan, start and watch a job; returns its result (the caller prints the summary)."""
     topology = load_topology(topology_path)
     run_dir = run_dir or default_run_dir(topology_path)
     if party is not None and party != topology.central and global_scheduler is None:
         raise ValueError(f"party {party!r} is not the central party: give --global-scheduler HOST:PORT")
     specs = plan_processes(topology, topology_path, command, run_dir, host=host,
-                           global_scheduler=global_scheduler, parties=[party] if party else None)
+                           global_scheduler=global_scheduler, parties=[party] if party else None, resume=resume)
     grace = topology.timeouts.shutdown_s + 10.0
     return Launcher(specs, run_dir, shutdown_grace_s=grace, out=out).run()
