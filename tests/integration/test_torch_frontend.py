@@ -1,0 +1,125 @@
+"""The PyTorch front end across real processes: a plain loop wrapped in DistributedOptimizer.
+
+The algorithm is chosen by the topology's ``training`` block only; the worker script never changes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jobkit
+import pytest
+import torch
+import torch.nn.functional as F
+import yaml
+from harness import write_topology
+from test_hfa import simulate as simulate_hfa
+
+SCRIPT = "frontend_train.py"
+
+
+def topology(tmp_path: Path, training: dict[str, Any] | None = None, **options: Any) -> Path:
+    """harness.write_topology plus a ``training`` block."""
+    path = write_topology(tmp_path / "frontend.yaml", **options)
+    if training is not None:
+        raw = yaml.safe_load(path.read_text())
+        raw["training"] = training
+        path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def single_process(optimizer: str, steps: int = jobkit.STEPS) -> list[torch.Tensor]:
+    """One worker's loop without geomx: the master's seed, its batches, the same torch optimizer."""
+    torch.manual_seed(jobkit.seed_for(0))
+    model = jobkit.make_model()
+    inner = {"adam": lambda: torch.optim.Adam(model.parameters(), lr=jobkit.LR),
+             "adamw": lambda: torch.optim.AdamW(model.parameters(), lr=jobkit.LR)}[optimizer]()
+    inputs, targets = jobkit.make_data(steps, 1)
+    for step in range(steps):
+        inner.zero_grad()
+        F.mse_loss(model(inputs[step, 0]), targets[step, 0]).backward()
+        inner.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def test_wrapped_loop_equals_the_kvstore_loop_under_fsa(geomx_job, standard_hips_job):
+    """Same model, data and SGD as the kvstore loop (train.py): the wrapper translates torch's SGD to the servers."""
+    job = geomx_job(SCRIPT)
+    job.assert_ok()
+    workers = job.workers()
+    jobkit.assert_fsa_equivalent(workers, num_workers=4)
+    standard_hips_job.assert_ok()
+    kvstore = standard_hips_job.workers()
+    for rank, (tensors, report) in workers.items():
+        assert report["mode"] == "SERVER"
+        for got, want in zip(tensors["final"], kvstore[rank][0]["final"], strict=True):
+            torch.testing.assert_close(got, want)
+    # the run folder holds per-step metrics: steps, losses, traffic, time blocked on the network
+    from geomx.runlog import read_metrics
+    records = read_metrics(job.run_dir)["dc0_worker0"]
+    assert records[-1]["step"] == jobkit.STEPS
+    assert records[-1]["lan_bytes"] > 0 and records[-1]["net_wait_s"] >= 0 and "loss" in records[-1]
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "adamw"], ids=["adam-on-the-server", "adamw-stepped-locally"])
+def test_one_worker_equals_single_process_training(geomx_job, optimizer):
+    """Adam runs on the global server (translated); AdamW has no server twin and steps on the averaged gradient."""
+    job = geomx_job(SCRIPT, "--optimizer", optimizer, parties={"dc0": 1})
+    job.assert_ok()
+    (tensors, report), = job.workers().values()
+    assert report["mode"] == {"adam": "SERVER", "adamw": "LOCAL"}[optimizer]
+    for index, (got, want, start) in enumerate(zip(tensors["final"], single_process(optimizer),
+                                                   tensors["after_init"], strict=True)):
+        assert not torch.equal(got, start), f"parameter {index} was not trained"
+        torch.testing.assert_close(got, want, msg=lambda m, i=index: f"parameter {i}: {m}")
+
+
+def test_p3_changes_only_the_order_and_the_next_forward_starts_early(geomx_job, tmp_path):
+    """P3 slices (64 elements here) over a slow WAN: the same weights as without P3, and forwards that start
+    while deeper layers' updates are still on their way."""
+    path = topology(tmp_path, {"p3": True, "p3_slice_elems": 64},
+                    links={"wan": {"bandwidth": "20Mbit", "latency": "10ms"}})
+    job = geomx_job(SCRIPT, "--steps", "5", topology=path)
+    job.assert_ok()
+    workers = job.workers()
+    jobkit.assert_fsa_equivalent(workers, num_workers=4)
+    overlap = [report["overlap"] for _, report in workers.values()]
+    assert all(o["forwards"] == jobkit.STEPS for o in overlap), overlap
+    # loosely: at least one worker began a forward before all of the previous step's answers had arrived
+    assert sum(o["forwards_before_all_arrived"] for o in overlap) >= 1, overlap
+
+
+def test_mixed_sync_with_dcasgd_from_the_topology(geomx_job, tmp_path):
+    """dist_async + DCASGD chosen in the topology; one party has no staleness, so it is momentum SGD."""
+    path = topology(tmp_path, {"sync": "dist_async", "server_optimizer": {"type": "dcasgd", "momentum": 0.9}},
+                    parties={"dc0": 2})
+    job = geomx_job(SCRIPT, topology=path)
+    job.assert_ok()
+    jobkit.assert_fsa_equivalent(job.workers(), num_workers=2)
+
+
+@pytest.mark.parametrize("outer", ["none", "outer_nesterov"])
+def test_hfa_through_the_wrapper_matches_the_simulation(geomx_job, tmp_path, outer):
+    from test_hfa import K1, K2, PARTIES, STEPS
+
+    path = topology(tmp_path, {"server_optimizer": outer}, parties=PARTIES, hfa={"k1": K1, "k2": K2})
+    job = geomx_job(SCRIPT, "--steps", str(STEPS), "--momentum", "0", topology=path)
+    job.assert_ok()
+    workers = job.workers()
+    initial = workers[0][0]["after_init"]
+    expected = simulate_hfa(initial, outer)
+    for rank, (tensors, report) in workers.items():
+        assert report["mode"] == "HFA"
+        for got, want in zip(tensors["final"], expected[rank], strict=True):
+            torch.testing.assert_close(got, want)
+
+
+def test_a_worker_with_a_different_model_fails_at_start(geomx_job):
+    job = geomx_job(SCRIPT, "--mismatch-rank", "3")
+    assert job.result.exit_code != 0
+    assert job.result.failed == "dc1/worker1", job.tail()
+    assert "ModelMismatchError" in job.output
+    assert "the first difference is parameter 0 ('0.weight', shape (65, 32)): 2,080 elements here, 2,048" \
+           in job.output, job.tail()
+    assert job.result.wall_s < 60

@@ -1,0 +1,62 @@
+"""geomx report on two recorded runs: the plots exist and the table's numbers are the JSON records'."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from geomx.cli import main as cli_main
+from geomx.report import build_report
+from geomx.runlog import append_metrics
+
+
+def record_run(run_dir: Path, losses: list[float], accuracies: list[float], wan_step: int) -> list[dict]:
+    """Metrics as the front end writes them: the master's records carry the job's WAN total."""
+    records = []
+    for step, loss in enumerate(losses, start=1):
+        record = {"step": step * 10, "elapsed_s": step * 0.5, "loss": loss, "lan_bytes": 1000 * step,
+                  "wan_bytes": 0, "net_wait_s": 0.01 * step, "wan_bytes_total": wan_step * step}
+        if step - 1 < len(accuracies):
+            record["accuracy"] = accuracies[step - 1]
+        append_metrics(run_dir, "dc0/worker0", record)
+        records.append(record)
+    append_metrics(run_dir, "dc1/worker0", {"step": 10 * len(losses), "elapsed_s": 1.0, "loss": 9.0,
+                                            "lan_bytes": 777, "wan_bytes": 0, "net_wait_s": 0.0})
+    return records
+
+
+def test_report_on_two_runs_writes_plots_and_a_matching_table(tmp_path):
+    fsa = record_run(tmp_path / "fsa", [2.3, 1.5, 0.9], [0.4, 0.7, 0.8], wan_step=3_000_000)
+    hfa = record_run(tmp_path / "hfa", [2.3, 1.9, 1.2, 1.0], [0.3, 0.5, 0.75, 0.7], wan_step=400_000)
+    out = tmp_path / "report"
+    code = cli_main(["report", str(tmp_path / "fsa"), str(tmp_path / "hfa"), "--out", str(out)])
+    assert code == 0
+    for name in ("loss.png", "accuracy.png", "wan_bytes.png"):
+        data = (out / name).read_bytes()
+        assert data.startswith(b"\x89PNG") and len(data) > 5000, name
+    rows = json.loads((out / "report.json").read_text())["rows"]
+    for row, records in zip(rows, (fsa, hfa), strict=True):
+        assert row["worker"] == "dc0_worker0"  # the master (it carries the job's WAN total)
+        assert row["steps"] == records[-1]["step"]
+        assert row["final_loss"] == records[-1]["loss"]
+        assert row["final_accuracy"] == records[-1]["accuracy"]
+        assert row["best_accuracy"] == max(r["accuracy"] for r in records)
+        assert row["wan_mb"] == records[-1]["wan_bytes_total"] / 1e6
+        assert row["lan_mb"] == (records[-1]["lan_bytes"] + 777) / 1e6
+        assert row["wall_s"] == records[-1]["elapsed_s"]
+    table = (out / "report.md").read_text().splitlines()
+    assert table[0].startswith("| run | worker | steps")
+    assert table[2].split(" | ")[:3] == ["| fsa", "dc0_worker0", "30"]
+    assert "| 0.7 | 0.75 | 1.6 |" in table[3]  # hfa: final accuracy, best accuracy, WAN MB
+
+
+def test_report_names_a_folder_without_metrics(tmp_path, capsys):
+    assert cli_main(["report", str(tmp_path), "--out", str(tmp_path / "r")]) == 2
+    assert "has no metrics" in capsys.readouterr().out
+
+
+def test_build_report_accepts_the_examples_epoch_records(tmp_path):
+    append_metrics(tmp_path / "run", "dc0/worker0", {"epoch": 1, "steps": 12, "loss": 1.0, "test_accuracy": 0.5,
+                                                     "wan_mb": 2.5, "elapsed_s": 3.0})
+    rows = build_report([tmp_path / "run"], tmp_path / "out")
+    assert rows[0]["final_accuracy"] == 0.5 and rows[0]["wan_mb"] == 2.5 and rows[0]["steps"] == 12

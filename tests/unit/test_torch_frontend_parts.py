@@ -1,0 +1,90 @@
+"""The front end's pure parts: the plan chosen from the configuration, the model fingerprint, the shards."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from geomx import optim
+from geomx.config import ConfigError, HFASpec, TrainingSpec
+from geomx.torch import Mode, make_plan, translate
+from geomx.torch.data import shard_indices
+from geomx.torch.optimizer import _layer_of_params
+from geomx.torch.signature import compare, signature
+
+
+def params() -> list[nn.Parameter]:
+    return list(nn.Linear(3, 2).parameters())
+
+
+def test_torch_sgd_and_adam_translate_to_the_same_server_arithmetic():
+    sgd = translate(torch.optim.SGD(params(), lr=0.1, momentum=0.9, weight_decay=1e-4, nesterov=True))
+    assert sgd == optim.SGD(lr=0.1, momentum=0.9, weight_decay=1e-4, nesterov=True)
+    adam = translate(torch.optim.Adam(params(), lr=1e-3, betas=(0.8, 0.99), eps=1e-6))
+    assert adam == optim.Adam(lr=1e-3, beta1=0.8, beta2=0.99, epsilon=1e-6)
+    assert translate(torch.optim.AdamW(params(), lr=1e-3)) is None
+    assert translate(torch.optim.Adam(params(), amsgrad=True)) is None
+    model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+    groups = [{"params": model[0].parameters(), "lr": 0.1}, {"params": model[1].parameters(), "lr": 0.2}]
+    assert translate(torch.optim.SGD(groups)) is None  # two learning rates cannot run as one server optimizer
+
+
+def test_plans_follow_the_configuration():
+    adam = torch.optim.Adam(params(), lr=1e-3)
+    assert make_plan(TrainingSpec(), None, adam).mode is Mode.SERVER
+    assert make_plan(TrainingSpec(server_optimizer="none"), None, adam).mode is Mode.LOCAL
+    assert make_plan(TrainingSpec(), None, torch.optim.AdamW(params())).mode is Mode.LOCAL
+    bsc = make_plan(TrainingSpec(compression={"type": "bsc", "threshold": 0.01}), None, adam)
+    assert bsc.mode is Mode.LOCAL and bsc.server_optimizer is None
+    dcasgd = make_plan(TrainingSpec(sync="dist_async", server_optimizer="dcasgd",
+                                    server_optimizer_params=(("lamda", 0.1),)), None, adam)
+    assert dcasgd.mode is Mode.SERVER and dcasgd.server_optimizer == optim.DCASGD(lr=1e-3, lamda=0.1)
+    hfa = make_plan(TrainingSpec(server_optimizer="outer_nesterov"), HFASpec(4, 5), adam)
+    assert hfa.mode is Mode.HFA and hfa.server_optimizer == optim.OuterNesterov()
+    assert make_plan(TrainingSpec(esync=True), HFASpec(4, 1), adam).mode is Mode.ESYNC
+    assert make_plan(TrainingSpec(p3=True), None, adam).p3
+
+
+@pytest.mark.parametrize(("spec", "hfa", "text"), [
+    (TrainingSpec(sync="dist_async", server_optimizer="none"), None, "MixedSync"),
+    (TrainingSpec(compression={"type": "bsc"}, server_optimizer="sgd"), None, "keeps residuals"),
+    (TrainingSpec(esync=True), HFASpec(4, 5), "K2 = 1"),
+    (TrainingSpec(server_optimizer="outer_nesterov"), None, "needs HFA"),
+    (TrainingSpec(server_optimizer="dcasgd"), HFASpec(2, 2), "model deltas"),
+    (TrainingSpec(sync="dist_async"), HFASpec(2, 2), "synchronously"),
+])
+def test_impossible_combinations_fail_with_a_reason(spec, hfa, text):
+    with pytest.raises(ConfigError, match=text):
+        make_plan(spec, hfa, torch.optim.SGD(params(), lr=0.1) if "MixedSync" not in text
+                  else torch.optim.AdamW(params()))
+
+
+def test_the_fingerprint_names_the_first_differing_parameter():
+    a = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    b = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+    assert compare(signature(a), signature(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))), a) is None
+    text = compare(signature(a), signature(b), a)
+    assert text is not None and "parameter 2 ('2.weight', shape (2, 8)): 16 elements here, 24 on the master" in text
+    square = nn.Linear(4, 8, bias=False)
+    transposed = nn.Linear(8, 4, bias=False)  # the same number of elements, another shape
+    assert "beyond the sizes" in str(compare(signature(transposed), signature(square), transposed))
+
+
+def test_shards_are_equal_disjoint_where_possible_and_cover_everything():
+    shards = [shard_indices(10, r, 4, seed=3) for r in range(4)]
+    assert {len(s) for s in shards} == {3}
+    assert set().union(*shards) == set(range(10))
+    assert shard_indices(10, 1, 4, seed=3) == shards[1]  # the same on every worker
+    assert sorted(i for s in [shard_indices(8, r, 4) for r in range(4)] for i in s) == list(range(8))
+    assert len(shard_indices(2, 4, 5)) == 1  # fewer samples than workers: padded by wrapping around
+    with pytest.raises(ValueError, match="outside"):
+        shard_indices(10, 4, 4)
+
+
+def test_layers_are_numbered_in_definition_order_with_shared_tensors_owned_once():
+    model = nn.Sequential(nn.Linear(2, 3), nn.Linear(3, 2))
+    model[1].weight = nn.Parameter(torch.zeros(2, 3))
+    layers, owned = _layer_of_params(model, list(model.parameters()))
+    assert layers == [0, 0, 1, 1]
+    assert list(owned.values()) == [[0, 1], [2, 3]]
