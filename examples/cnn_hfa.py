@@ -28,6 +28,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=0.003, help="the workers' local Adam learning rate")
     parser.add_argument("--outer", action="store_true", help="outer Nesterov optimizer on the global server")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--channels", type=int, default=16, help="DigitsCNN width: conv channels")
+    parser.add_argument("--hidden", type=int, default=64, help="DigitsCNN width: dense hidden units")
     return parser.parse_args()
 
 
@@ -37,7 +39,7 @@ def main() -> None:
     if kv.hfa is None:
         raise SystemExit("HFA is off: add `hfa: {k1: 20, k2: 10}` to the topology or set MXNET_KVSTORE_USE_HFA=1")
     torch.manual_seed(args.seed + 1000 * kv.global_rank)
-    model = DigitsCNN()
+    model = DigitsCNN(channels=args.channels, hidden=args.hidden)
     params = list(model.parameters())
     if kv.is_master_worker and args.outer:
         kv.set_optimizer(geomx.optim.OuterNesterov())
