@@ -82,9 +82,16 @@ def test_shards_are_equal_disjoint_where_possible_and_cover_everything():
         shard_indices(10, 4, 4)
 
 
-def test_layers_are_numbered_in_definition_order_with_shared_tensors_owned_once():
-    model = nn.Sequential(nn.Linear(2, 3), nn.Linear(3, 2))
+def test_layers_are_numbered_in_definition_order_and_modules_wait_for_their_subtree():
+    model = nn.Sequential(nn.Linear(2, 3), nn.Linear(3, 2), nn.TransformerEncoderLayer(4, 2, 8))
     model[1].weight = nn.Parameter(torch.zeros(2, 3))
-    layers, owned = _layer_of_params(model, list(model.parameters()))
-    assert layers == [0, 0, 1, 1]
-    assert list(owned.values()) == [[0, 1], [2, 3]]
+    params = list(model.parameters())
+    layers, waits = _layer_of_params(model, params)
+    assert layers[:4] == [0, 0, 1, 1] and layers[4] == 2  # then the attention's in_proj, out_proj ...
+    assert model not in waits  # the root Sequential owns nothing itself
+    attention = model[2]
+    # the encoder layer waits for everything under it (its fused path never calls its children) ...
+    assert waits[attention] == list(range(4, len(params)))
+    # ... and the attention for its out_proj too (it uses out_proj.weight without calling out_proj)
+    out_proj = next(i for i, p in enumerate(params) if p is attention.self_attn.out_proj.weight)
+    assert out_proj in waits[attention.self_attn]

@@ -50,22 +50,35 @@ class ModelMismatchError(ValueError):
     """The workers' models do not have the same parameters (raised on every mismatched worker at start)."""
 
 
+# Modules that only hold others and never use their children's parameters themselves.
+_CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
+
+
 def _layer_of_params(model: nn.Module, params: list[nn.Parameter]) -> tuple[list[int], dict[nn.Module, list[int]]]:
-    """Layer index per parameter (modules in definition order) and the parameter indices each module owns."""
+    """Layer index per parameter (modules in definition order) and what each module's forward waits for.
+
+    The root and pure containers wait for their own parameters only; any other module waits for its whole
+    subtree, because its forward may use a child's parameters without calling the child (PyTorch's
+    attention uses ``out_proj.weight`` directly; its fused inference path skips every child).
+    """
     index_of = {id(p): i for i, p in enumerate(params)}
     layers = [0] * len(params)
-    owned: dict[nn.Module, list[int]] = {}
+    seen: set[int] = set()
+    waits: dict[nn.Module, list[int]] = {}
     layer = 0
     for module in model.modules():
-        keys = [index_of[id(p)] for p in module.parameters(recurse=False) if id(p) in index_of]
-        keys = [k for k in keys if all(k not in ks for ks in owned.values())]  # a shared tensor: first owner
-        if not keys:
-            continue
-        owned[module] = keys
-        for key in keys:
-            layers[key] = layer
-        layer += 1
-    return layers, owned
+        own = [index_of[id(p)] for p in module.parameters(recurse=False) if id(p) in index_of]
+        own = [k for k in own if k not in seen]  # a shared tensor belongs to its first owner
+        if own:
+            seen.update(own)
+            for key in own:
+                layers[key] = layer
+            layer += 1
+        recurse = not (module is model or isinstance(module, _CONTAINERS))
+        keys = sorted({index_of[id(p)] for p in module.parameters(recurse=recurse) if id(p) in index_of})
+        if keys:
+            waits[module] = keys
+    return layers, waits
 
 
 class DistributedOptimizer:
@@ -98,7 +111,7 @@ class DistributedOptimizer:
                                      f"(shape {tuple(p.shape)}): pass the model the optimizer trains")
                 trained.add(id(p))
         self._trained = [k for k, p in enumerate(self._params) if id(p) in trained and p.requires_grad]
-        layers, owned = _layer_of_params(model, self._params)
+        layers, waits = _layer_of_params(model, self._params)
         self._priority = [-layer for layer in layers]
         self._pending: set[int] = set()  # keys whose new values are on their way
         self._pushed: set[int] = set()  # keys pushed during this step's backward
@@ -118,7 +131,7 @@ class DistributedOptimizer:
             for key in self._trained:
                 hook = functools.partial(self._on_gradient, key)
                 self._handles.append(self._params[key].register_post_accumulate_grad_hook(hook))
-        for module, keys in owned.items():
+        for module, keys in waits.items():
             self._handles.append(module.register_forward_pre_hook(functools.partial(self._before_forward, keys)))
         if self.kv.is_master_worker:
             log.info("geomx.torch: %s", self.plan.describe())
