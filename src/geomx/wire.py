@@ -237,9 +237,11 @@ def decode(frames: Sequence[Any], max_message_bytes: int = 1 << 31) -> Message:
             raise WireError(f"codec {codec} payload needs a known dtype and data frames")
         if not 1 <= len(data_frames) <= MAX_ENCODED_FRAMES:
             raise WireError(f"codec {codec} payload has {len(data_frames)} frames; 1..{MAX_ENCODED_FRAMES} allowed")
-        if any(dim > max_message_bytes for dim in shape):
-            raise WireError(f"shape {tuple(shape)} has a dimension above the limit {max_message_bytes}")
         dtype = _DTYPES[code]
+        decoded_nbytes = math.prod(shape) * dtype.itemsize  # what the codec will allocate: check it first
+        if any(dim > max_message_bytes for dim in shape) or decoded_nbytes > max_message_bytes:
+            raise WireError(f"shape {tuple(shape)} of {dtype} declares {decoded_nbytes} decoded bytes, above the "
+                            f"limit {max_message_bytes}")
         encoded = [np.frombuffer(_buffer(f), dtype=np.uint8) for f in data_frames]
     elif code == 0:
         if ndim or data_frames:
