@@ -38,7 +38,7 @@ from .optim import Optimizer
 from .policies.sync import SYNC_POLICIES, sync_policy
 from .rpc import Requests
 from .runlog import append_metrics, write_stats
-from .sharding import shard_for, slice_plan
+from .sharding import ShardPlanner
 from .tensors import readonly_tensor
 from .transport import Van
 from .wire import Kind, Message
@@ -53,6 +53,7 @@ class _KeyInfo:
     shape: torch.Size
     dtype: torch.dtype
     parts: list[tuple[int, int]]
+    shards: list[int]  # the global server (shard id) of each part; see geomx.sharding
 
 
 def _to_numpy(tensor: torch.Tensor, snapshot: bool) -> np.ndarray:
@@ -78,6 +79,7 @@ class KVStore:
         self._topology = config.topology
         self._timeout = config.topology.timeouts.request_s
         self._keys: dict[int, _KeyInfo] = {}
+        self._planner = ShardPlanner(config.topology.num_global_servers, config.topology.slice_elems)
         self._codecs = default_registry()
         self._pending: dict[int, list[Future[Message]]] = {}
         self._closed = False
@@ -142,7 +144,10 @@ class KVStore:
 
     # -- helpers ------------------------------------------------------------------------------------------
     def _server_for(self, key: int, part: int) -> str:
-        return self._servers[shard_for(key, part, len(self._servers))]
+        """Under HiPS the party's local server; in flat mode the global server that owns the slice."""
+        if len(self._servers) == 1:
+            return self._servers[0]
+        return self._servers[self._keys[key].shards[part]]
 
     def _info(self, key: int) -> _KeyInfo:
         if self._closed:
@@ -193,16 +198,17 @@ class KVStore:
                 raise TypeError(f"init of key {k}: expected a torch.Tensor, got {type(v).__name__}")
             if k in self._keys:
                 raise ValueError(f"key {k} is already initialized")
-            info = _KeyInfo(v.shape, v.dtype, slice_plan(v.numel(), self._topology.slice_elems))
+            placed = self._planner.place(v.numel(), v.element_size())
+            info = _KeyInfo(v.shape, v.dtype, [(p.start, p.stop) for p in placed], [p.shard for p in placed])
+            self._keys[k] = info
             data = _to_numpy(v, snapshot=True)
             futures = []
             for part, (start, stop) in enumerate(info.parts):
                 piece = data[start:stop]
                 message = Message(Kind.INIT, key=k, part=part, num_parts=len(info.parts),
                                   tensor=piece if self.is_master_worker else None,
-                                  dtype=piece.dtype, shape=piece.shape)
+                                  dtype=piece.dtype, shape=piece.shape, body={"shard": info.shards[part]})
                 futures.append(self._requests.call(self._server_for(k, part), message))
-            self._keys[k] = info
             pending.append((k, v, info, futures))
         for k, v, info, futures in pending:
             self._copy_out(self._wait(futures, k, "INIT"), info, v.data)

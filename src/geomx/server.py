@@ -31,6 +31,7 @@ from .codecs import CodecError, TensorInfo, default_registry
 from .codecs.base import Kind as TensorKind
 from .codecs.messages import decode_message, payload_fields
 from .config import Mode, NodeConfig, Role
+from .heartbeat import pulse_for
 from .membership import GLOBAL_SCHEDULER_ID, AddressBook, local_scheduler_id, new_node_id, register
 from .optim import Optimizer, optimizer_from_spec
 from .policies.esync import assign_steps
@@ -38,7 +39,6 @@ from .policies.hfa import LocalFrequencyAggregation
 from .policies.sync import FullySynchronous, SyncPolicy, sync_policy
 from .rpc import Requests
 from .runlog import write_stats
-from .sharding import shard_for
 from .transport import Van
 from .wire import Kind, Message
 
@@ -96,10 +96,14 @@ class ParameterServer:
         self.departed: set[str] = set()  # clients that left on their own (asynchronous global tier only)
         self.configurers: set[str] = set()  # clients allowed to set the optimizer (the master worker's path)
         self.upstream: list[str] = []
+        self.shard_owner: dict[int, str] = {}  # a local server's global servers by explicit shard id (= rank)
+        self.shard_id = 0  # a global server's own shard id
+        self.shards: dict[tuple[int, int], int] = {}  # (key, slice) -> shard id, as declared by INIT
         self._lock = threading.RLock()
         self._ready = False
         self._early: list[Message] = []
         self._done = threading.Event()
+        self._fatal: str | None = None  # why this server had to stop (a client or its global server died)
         self._stop_watchdog = threading.Event()
         self.van = Van(self.identity, config.party, config.topology, self._on_message,
                        bind_host=config.bind_host, name=self.name)
@@ -128,6 +132,7 @@ class ParameterServer:
         if self.is_global:
             self.name = me.name
             self.van.name = me.name
+            self.shard_id = me.rank
             if cfg.topology.mode is Mode.FLAT:
                 self.clients = {m.id for m in global_book.of_role(Role.WORKER)}
                 self.configurers = {m.id for m in global_book.of_role(Role.WORKER) if m.master}
@@ -136,6 +141,7 @@ class ParameterServer:
                 self.configurers = {m.id for m in global_book.of_role(Role.LOCAL_SERVER, cfg.topology.central)}
         else:
             self.upstream = [m.id for m in global_book.of_role(Role.GLOBAL_SERVER)]
+            self.shard_owner = {m.rank: m.id for m in global_book.of_role(Role.GLOBAL_SERVER)}
             assert cfg.scheduler is not None
             local_book, _ = register(self.van, self.requests, cfg.scheduler, local_scheduler_id(cfg.party),
                                      role=cfg.role, party=cfg.party, scheduler_party=cfg.party, rank=0,
@@ -164,20 +170,53 @@ class ParameterServer:
             early, self._early = self._early, []
             for message in early:
                 self._handle(message)
+        pulse_for(self.van, self.requests, self.timeouts).on_dead(self._on_member_dead)
         watchdog = threading.Thread(target=self._watchdog, name=f"{self.name}-watchdog", daemon=True)
         watchdog.start()
         self._done.wait()
         self._stop_watchdog.set()
-        for scheduler in schedulers:
-            self.van.send(scheduler, Message(Kind.SHUTDOWN))
+        for scheduler in schedulers:  # a fatal stop is announced, so the schedulers tell everyone at once
+            self.van.send(scheduler, Message(Kind.SHUTDOWN, body={"failed": self._fatal} if self._fatal else None))
         self.van.flush(self.timeouts.shutdown_s)
         if self.config.run_dir is not None:
             write_stats(self.config.run_dir, self.name, {"role": self.config.role.value,
                                                          "party": self.config.party,
                                                          **self.van.counters.snapshot()})
         self.van.stop()
+        if self._fatal:
+            log.error("[%s] stopped: %s", self.name, self._fatal)
+            return 4
         log.info("[%s] shut down", self.name)
         return 0
+
+    def _on_member_dead(self, member: str, why: str) -> None:
+        """Heartbeats say ``member`` is dead. A client of MixedSync's global tier is dropped from the rounds;
+        anywhere else the rounds need it (FSA, the local tier, our global server): stop, naming it."""
+        name = self.requests.names.get(member, member)
+        with self._lock:
+            if member in self.clients and member not in self.departed:
+                if self.is_global and self.push_policy.clients_leave_independently:
+                    self.departed.add(member)
+                    log.warning("[%s] dropped %s from the global rounds (%s); %d of %d clients left", self.name,
+                                name, why, len(self.clients - self.departed), len(self.clients))
+                    if self.departed >= self.clients:
+                        self._done.set()
+                    return
+                tier = self.push_policy.name if self.is_global else "the local tier"
+                self._stop_fatally(f"{name} is dead ({why}); {tier} cannot go on without it")
+            elif member in self.upstream:
+                self._stop_fatally(f"{name} is dead ({why}); this party cannot train without it")
+
+    def _stop_fatally(self, text: str) -> None:
+        """Fail every open round with ``text`` (its clients see who died) and stop the server (under the lock)."""
+        if self._fatal is not None:
+            return
+        self._fatal = text
+        log.error("[%s] %s", self.name, text)
+        for rnd in list(self.rounds.values()):
+            if rnd.contributions:
+                self._release(rnd, None, text)
+        self._done.set()
 
     # -- message handling ---------------------------------------------------------------------------------
     def _on_message(self, message: Message) -> None:
@@ -201,6 +240,9 @@ class ParameterServer:
 
     def _handle(self, message: Message) -> None:
         sender = message.sender.decode()
+        if self._fatal is not None:
+            self._refuse(message, self._fatal)
+            return
         if message.kind is Kind.STATS:
             self._on_stats(message)
             return
@@ -246,6 +288,10 @@ class ParameterServer:
             else:
                 self.van.send(message.sender.decode(), message.reply(tensor=slot.value))
             return
+        problem = self._check_shard(message)
+        if problem:
+            self._refuse(message, problem)
+            return
         current = self.rounds.get((Kind.INIT, message.key, message.part))
         if current is not None and current.contributions:
             first = next(iter(current.contributions.values()))
@@ -254,6 +300,27 @@ class ParameterServer:
                 self._refuse(message, problem + " (as declared by another client's INIT)")
                 return
         self._contribute(message)
+
+    def _check_shard(self, message: Message) -> str | None:
+        """Record the explicit shard id an INIT names (see geomx.sharding); the problem with it, if any."""
+        shard = (message.body or {}).get("shard")
+        where = f"INIT of key {message.key} slice {message.part}"
+        if not isinstance(shard, int) or isinstance(shard, bool):
+            return f"{where} names no shard id (body {{'shard': int}})"
+        if self.is_global and shard != self.shard_id:
+            return f"{where} is meant for shard {shard}, but this is shard {self.shard_id}"
+        if not self.is_global and shard not in self.shard_owner:
+            return f"{where} names shard {shard}; the global servers are shards {sorted(self.shard_owner)}"
+        sid = (message.key, message.part)
+        known = self.shards.setdefault(sid, shard)
+        if known != shard:
+            return f"{where} names shard {shard}, but another client placed it on shard {known} " \
+                   "(every worker must init the same keys in the same order)"
+        return None
+
+    def _owner(self, key: int, part: int) -> str:
+        """The global server that holds (key, slice), by the shard id its INIT declared."""
+        return self.shard_owner[self.shards[(key, part)]]
 
     def _on_pushpull(self, message: Message) -> None:
         slot = self.slots.get((message.key, message.part))
@@ -279,7 +346,7 @@ class ParameterServer:
         if self.is_global:
             self.van.send(sender, message.reply(tensor=slot.value))
             return
-        owner = self.upstream[shard_for(message.key, message.part, len(self.upstream))]
+        owner = self._owner(message.key, message.part)
         future = self.requests.call(owner, Message(Kind.PULL, key=message.key, part=message.part,
                                                    num_parts=message.num_parts, priority=message.priority))
 
@@ -480,7 +547,8 @@ class ParameterServer:
                                      "value; only the master worker may")
             return
         upward = Message(Kind.INIT, key=rnd.key, part=rnd.part, num_parts=first.num_parts,
-                         tensor=with_data[0].tensor if with_data else None, dtype=first.dtype, shape=first.shape)
+                         tensor=with_data[0].tensor if with_data else None, dtype=first.dtype, shape=first.shape,
+                         body={"shard": self.shards[(rnd.key, rnd.part)]})
         self._forward(rnd, upward)
 
     def _complete_pushpull(self, rnd: Round) -> None:
@@ -546,8 +614,7 @@ class ParameterServer:
 
     def _forward(self, rnd: Round, message: Message) -> None:
         """Send this round's reduction to the owning global server; release the round with its answer."""
-        owner = self.upstream[shard_for(rnd.key, rnd.part, len(self.upstream))]
-        future = self.requests.call(owner, message)
+        future = self.requests.call(self._owner(rnd.key, rnd.part), message)
         number = rnd.number
 
         def done(result: Future[Message]) -> None:

@@ -1,25 +1,84 @@
-"""How a tensor is cut into slices and which server holds each slice.
+"""How a tensor is cut into slices and which global server (shard) holds each slice.
 
-Large tensors travel as slices of at most ``slice_elems`` elements, each an independent (key, part)
-on the servers: they pipeline through the tiers and spread over several global servers. Every process
-computes the same plan from the same topology, so no negotiation is needed.
+Every slice is an independent (key, part) on the servers: slices pipeline through the tiers and spread
+over several global servers (MultiGPS). The placement rule:
+
+* a **large** tensor (more than ``slice_elems`` elements) is cut into nearly equal slices, as many as
+  needed to stay under ``slice_elems`` and rounded up to a multiple of the number of global servers, and
+  slice ``i`` goes to shard ``i % G``: every global server holds the same number of its bytes;
+* a **small** tensor stays whole and goes to the shard holding the fewest bytes so far (ties: the lowest
+  shard id), which balances the bytes of many small tensors.
+
+The placement depends on the order in which keys are declared, so the worker that decides it (the client
+calling ``init``) sends the **explicit shard id** with every slice's INIT; the local server remembers it
+and forwards there, and a global server refuses a slice meant for another shard. (GeoMX instead derives
+shard ids from two independent rank orders that can disagree.)
 
 Usage::
 
-    plan = slice_plan(numel=3_000_000, slice_elems=1 << 20)   # [(0, 1048576), (1048576, 2097152), ...]
-    server = shard_for(key=3, part=1, num_servers=2)
+    planner = ShardPlanner(num_servers=2, slice_elems=1 << 20)
+    parts = planner.place(numel=3_000_000, itemsize=4)   # 4 slices of 750000, shards 0, 1, 0, 1
+    small = planner.place(numel=10, itemsize=4)          # one slice on the lighter shard
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Part:
+    """Slice ``[start, stop)`` of a flattened tensor, held by global server ``shard``."""
+
+    start: int
+    stop: int
+    shard: int
+
+    @property
+    def numel(self) -> int:
+        return self.stop - self.start
+
 
 def slice_plan(numel: int, slice_elems: int) -> list[tuple[int, int]]:
-    """[start, stop) ranges covering ``numel`` elements; one empty range for an empty tensor."""
+    """[start, stop) ranges of at most ``slice_elems`` covering ``numel`` elements; one empty range if empty."""
     if numel <= 0:
         return [(0, 0)]
     return [(start, min(start + slice_elems, numel)) for start in range(0, numel, slice_elems)]
 
 
-def shard_for(key: int, part: int, num_servers: int) -> int:
-    """The server (shard id) that owns slice ``part`` of ``key``: consecutive slices on different servers."""
-    return (key + part) % num_servers
+def even_split(numel: int, parts: int) -> list[tuple[int, int]]:
+    """``parts`` contiguous [start, stop) ranges whose sizes differ by at most one element."""
+    if parts < 1:
+        raise ValueError(f"parts must be at least 1, got {parts}")
+    bounds = [i * numel // parts for i in range(parts + 1)]
+    return list(zip(bounds[:-1], bounds[1:], strict=True))
+
+
+class ShardPlanner:
+    """Places tensors on ``num_servers`` global servers, balancing bytes. Deterministic: every client that
+    declares the same tensors in the same order computes the same plan."""
+
+    def __init__(self, num_servers: int, slice_elems: int) -> None:
+        if num_servers < 1:
+            raise ValueError(f"num_servers must be at least 1, got {num_servers}")
+        if slice_elems < 1:
+            raise ValueError(f"slice_elems must be positive, got {slice_elems}")
+        self.num_servers = num_servers
+        self.slice_elems = slice_elems
+        self.loads = [0] * num_servers  # bytes placed on each shard so far
+
+    def place(self, numel: int, itemsize: int) -> tuple[Part, ...]:
+        """The slices of a tensor of ``numel`` elements of ``itemsize`` bytes, and their shards."""
+        if numel < 0 or itemsize < 1:
+            raise ValueError(f"cannot place a tensor of {numel} elements of {itemsize} bytes")
+        if numel <= self.slice_elems:
+            shard = min(range(self.num_servers), key=lambda s: (self.loads[s], s))
+            self.loads[shard] += numel * itemsize
+            return (Part(0, numel, shard),)
+        count = -(-numel // self.slice_elems)
+        count = -(-count // self.num_servers) * self.num_servers
+        parts = tuple(Part(start, stop, i % self.num_servers)
+                      for i, (start, stop) in enumerate(even_split(numel, count)))
+        for part in parts:
+            self.loads[part.shard] += part.numel * itemsize
+        return parts

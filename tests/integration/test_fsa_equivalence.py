@@ -23,7 +23,7 @@ def test_fsa_matches_single_process_sgd(standard_hips_job):
 
 @pytest.mark.parametrize(("slice_elems", "global_servers"), [(64, 2)], ids=["64-elem-slices-2-global-servers"])
 def test_fsa_with_slices_and_two_global_servers(geomx_job, slice_elems, global_servers):
-    # Linear(32, 64) has 2048 weights: 32 slices spread over both global servers (see sharding.shard_for).
+    # Linear(32, 64) has 2048 weights: 32 slices spread over both global servers (see sharding.ShardPlanner).
     assert 10 * slice_elems < jobkit.IN_FEATURES * jobkit.HIDDEN
     job = geomx_job("train.py", slice_elems=slice_elems, global_servers=global_servers)
     job.assert_ok()

@@ -11,10 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from geomx.data import Dataset, digits_split, steps_per_epoch
-from geomx.sharding import shard_for, slice_plan
+from geomx.sharding import Part, ShardPlanner, even_split, slice_plan
 
 # ---------------------------------------------------------------------------------------------------------
-# slice_plan / shard_for
+# slice_plan / ShardPlanner
 
 
 @st.composite
@@ -56,20 +56,42 @@ def test_slice_plan_empty_tensor(numel):
     assert slice_plan(numel, 8) == [(0, 0)]
 
 
-@settings(max_examples=300, deadline=None)
-@given(key=st.integers(0, 10**6), num_servers=st.integers(1, 16), start=st.integers(0, 100))
-def test_shard_for_spreads_consecutive_parts(key, num_servers, start):
-    owners = [shard_for(key, part, num_servers) for part in range(start, start + num_servers)]
-    assert sorted(owners) == list(range(num_servers))  # any num_servers consecutive parts: all servers, once
-    assert all(0 <= shard_for(key, p, num_servers) < num_servers for p in range(start, start + 3 * num_servers))
+@settings(max_examples=200, deadline=None)
+@given(numel=st.integers(0, 10**7), slice_elems=st.integers(1000, 10**6), servers=st.integers(1, 8))
+def test_planner_covers_the_tensor_and_splits_large_ones_evenly(numel, slice_elems, servers):
+    parts = ShardPlanner(servers, slice_elems).place(numel, 4)
+    assert parts[0].start == 0 and parts[-1].stop == numel
+    assert all(a.stop == b.start for a, b in itertools.pairwise(parts))
+    assert all(p.numel <= slice_elems for p in parts)
+    if numel > slice_elems:  # large: equal slices, the same number on every shard
+        assert len(parts) % servers == 0
+        assert max(p.numel for p in parts) - min(p.numel for p in parts) <= 1
+        count = collections.Counter(p.shard for p in parts)
+        assert sorted(count) == list(range(servers)) and len(set(count.values())) == 1
+    else:
+        assert len(parts) == 1
 
 
-def test_shard_for_is_deterministic_and_balances_keys():
-    assert shard_for(3, 1, 2) == shard_for(3, 1, 2)
-    assert all(shard_for(k, p, 1) == 0 for k in range(10) for p in range(10))
-    # single-slice keys (part 0) spread over the servers too
-    load = collections.Counter(shard_for(key, 0, 4) for key in range(100))
-    assert set(load) == {0, 1, 2, 3} and max(load.values()) - min(load.values()) <= 1
+def test_planner_balances_the_bytes_of_small_tensors():
+    planner = ShardPlanner(num_servers=2, slice_elems=1000)
+    shards = [planner.place(n, 4)[0].shard for n in (800, 100, 100, 500, 300)]
+    # lightest first: 800 -> 0; 100 -> 1; 100 -> 1 (200 < 800); 500 -> 1 (700); 300 -> 1 (700 < 800 -> 1000)
+    assert shards == [0, 1, 1, 1, 1]
+    assert planner.loads == [3200, 4000]
+    big = planner.place(4000, 4)  # large: 4 slices of 1000, 2 per shard, whatever the loads
+    assert [p.shard for p in big] == [0, 1, 0, 1]
+    assert planner.loads == [11200, 12000]
+
+
+def test_planner_is_deterministic_and_validates():
+    sizes = [5, 3000, 7, 7, 120, 9000, 1]
+    plans = [[ShardPlanner(4, 1000).place(n, 2) for n in sizes] for _ in range(2)]
+    assert plans[0] == plans[1]
+    assert ShardPlanner(1, 10).place(35, 4) == tuple(Part(a, b, 0) for a, b in [(0, 8), (8, 17), (17, 26), (26, 35)])
+    with pytest.raises(ValueError, match="num_servers"):
+        ShardPlanner(0, 10)
+    with pytest.raises(ValueError, match="parts"):
+        even_split(10, 0)
 
 
 # ---------------------------------------------------------------------------------------------------------
