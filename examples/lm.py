@@ -1,0 +1,154 @@
+"""A small character-level transformer language model, trained across data centers with the PyTorch wrapper.
+
+The text is the Python standard library's own source code, found at run time through ``sysconfig``:
+nothing is downloaded. The loop is a plain PyTorch loop; the lines marked ``# geomx`` are all it takes.
+The algorithm comes from the topology (or GEOMX_* variables), not from this file:
+
+    geomx launch topologies/demo.yaml --run-dir runs/lm-fsa -- python examples/lm.py          # FSA
+    geomx launch topologies/lm_hfa.yaml --run-dir runs/lm-hfa -- python examples/lm.py        # HFA + outer
+    geomx report runs/lm-fsa runs/lm-hfa --out report/lm
+
+The master worker evaluates on held-out text every ``--eval-every`` steps and logs ``val_loss`` and the
+next-character ``accuracy``; every worker logs its training loss.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sysconfig
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+import geomx.torch as gx
+
+VOCAB = 128  # ASCII; anything else becomes '?'
+
+
+def stdlib_text(max_chars: int) -> str:
+    """The standard library's top-level ``.py`` files, in name order, up to ``max_chars`` characters."""
+    folder = Path(sysconfig.get_paths()["stdlib"])
+    parts: list[str] = []
+    total = 0
+    for path in sorted(folder.glob("*.py")):
+        text = path.read_text(encoding="utf-8", errors="replace")
+        parts.append(text)
+        total += len(text)
+        if total >= max_chars:
+            break
+    if total == 0:
+        raise SystemExit(f"no Python sources found under {folder}")
+    return "".join(parts)[:max_chars]
+
+
+def encode(text: str) -> torch.Tensor:
+    return torch.tensor(list(text.encode("ascii", errors="replace")), dtype=torch.int64).clamp_(max=VOCAB - 1)
+
+
+class Windows(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """Non-overlapping windows of ``context`` characters and the same shifted by one (the targets)."""
+
+    def __init__(self, ids: torch.Tensor, context: int) -> None:
+        self.ids = ids
+        self.context = context
+
+    def __len__(self) -> int:
+        return (len(self.ids) - 1) // self.context
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        start = index * self.context
+        return self.ids[start:start + self.context], self.ids[start + 1:start + self.context + 1]
+
+
+class CharTransformer(nn.Module):
+    """Token and position embeddings, ``layers`` pre-norm causal transformer blocks, a linear head."""
+
+    def __init__(self, context: int, dim: int, layers: int, heads: int) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, dim)
+        self.position = nn.Embedding(context, dim)
+        self.blocks = nn.ModuleList(nn.TransformerEncoderLayer(dim, heads, 2 * dim, dropout=0.0, batch_first=True,
+                                                               norm_first=True) for _ in range(layers))
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, VOCAB)
+        self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(context), persistent=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        length = ids.shape[1]
+        x = self.embed(ids) + self.position(torch.arange(length, device=ids.device))
+        for block in self.blocks:
+            x = block(x, src_mask=self.mask[:length, :length], is_causal=True)
+        return self.head(self.norm(x))
+
+
+def evaluate(model: nn.Module, val: Windows, batches: int, batch_size: int) -> tuple[float, float]:
+    """Mean loss and next-character accuracy on the first ``batches`` validation batches."""
+    model.eval()
+    losses, correct, count = [], 0, 0
+    with torch.no_grad():
+        for _, (x, y) in zip(range(batches), DataLoader(val, batch_size=batch_size), strict=False):
+            logits = model(x).reshape(-1, VOCAB)
+            losses.append(float(F.cross_entropy(logits, y.reshape(-1))))
+            correct += int((logits.argmax(dim=1) == y.reshape(-1)).sum())
+            count += y.numel()
+    model.train()
+    return sum(losses) / len(losses), correct / count
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--context", type=int, default=64)
+    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--max-chars", type=int, default=1_000_000)
+    parser.add_argument("--eval-every", type=int, default=50)
+    parser.add_argument("--eval-batches", type=int, default=8)
+    parser.add_argument("--seed", type=int, default=0)
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    ids = encode(stdlib_text(args.max_chars))
+    cut = int(len(ids) * 0.9)
+    train_windows, val = Windows(ids[:cut], args.context), Windows(ids[cut:], args.context)
+    torch.manual_seed(args.seed)
+    model = CharTransformer(args.context, args.dim, args.layers, args.heads)
+
+    train = gx.shard(train_windows, seed=args.seed)  # geomx: this worker's part of the text
+    opt = gx.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=args.lr), model)  # geomx
+    loader = DataLoader(train, batch_size=args.batch_size, shuffle=True, drop_last=True,
+                        generator=torch.Generator().manual_seed(args.seed + opt.global_rank))
+    step, started = 0, time.monotonic()
+    if opt.is_master_worker:  # the starting point (the master's initial weights, which every worker now holds)
+        val_loss, accuracy = evaluate(model, val, args.eval_batches, args.batch_size)
+        opt.log(val_loss=val_loss, accuracy=accuracy)
+        print(f"step 0  val loss {val_loss:.3f}  val accuracy {accuracy:.3f}", flush=True)
+    while step < args.steps:
+        for x, y in gx.progress(loader, desc=f"step {step}"):
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x).reshape(-1, VOCAB), y.reshape(-1))
+            loss.backward()
+            opt.step()
+            opt.log(loss=loss)  # geomx: the loss in the run's metrics
+            step += 1
+            if opt.is_master_worker and (step % args.eval_every == 0 or step == args.steps):
+                val_loss, accuracy = evaluate(model, val, args.eval_batches, args.batch_size)
+                opt.log(val_loss=val_loss, accuracy=accuracy)
+                print(f"step {step}  train loss {loss.item():.3f}  val loss {val_loss:.3f}  "
+                      f"val accuracy {accuracy:.3f}  elapsed {time.monotonic() - started:.1f} s", flush=True)
+            if step >= args.steps:
+                break
+    opt.close()  # geomx: the last updates land, the worker leaves the job
+
+
+if __name__ == "__main__":
+    main()
