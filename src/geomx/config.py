@@ -198,6 +198,7 @@ class Topology:
     parties_known: bool = True  # False when built from DMLC_* counts alone: party names are placeholders
     hfa: HFASpec | None = None  # hierarchical frequency aggregation, when enabled
     size_lower_bound: int = 200_000  # tensors smaller than this travel dense under Bi-Sparse / MPQ
+    fp16: bool = False  # kvstore data travels as float16 on LAN and WAN (the model stays float32)
     training: TrainingSpec = TrainingSpec()  # geomx.torch's choices (the kvstore API ignores them)
     security: SecuritySpec = SecuritySpec()  # shared secret / CURVE keys
     checkpoint: CheckpointSpec = CheckpointSpec()  # global servers' checkpoints
@@ -351,7 +352,7 @@ def _timeouts(raw: Any) -> Timeouts:
 
 
 _TOPOLOGY_FIELDS = {"parties", "central", "global_servers", "mode", "links", "timeouts", "slice_elems",
-                    "max_message_bytes", "hfa", "size_lower_bound", "training", "security", "checkpoint"}
+                    "max_message_bytes", "hfa", "size_lower_bound", "fp16", "training", "security", "checkpoint"}
 
 
 def _hfa(raw: Any) -> HFASpec | None:
@@ -432,6 +433,13 @@ def _int_field(raw: Mapping[str, Any], name: str, default: int) -> int:
     value = raw.get(name, default)
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(f"topology field {name!r} must be an integer, got {value!r}")
+    return value
+
+
+def _bool_field(raw: Mapping[str, Any], name: str, default: bool) -> bool:
+    value = raw.get(name, default)
+    if not isinstance(value, bool):
+        raise ConfigError(f"topology field {name!r} must be true or false, got {value!r}")
     return value
 
 
@@ -523,6 +531,7 @@ def topology_from_dict(raw: Mapping[str, Any], base_dir: Path | None = None) -> 
         max_message_bytes=_int_field(raw, "max_message_bytes", 1 << 31),
         hfa=_hfa(raw.get("hfa")),
         size_lower_bound=_int_field(raw, "size_lower_bound", 200_000),
+        fp16=_bool_field(raw, "fp16", False),
         training=_training(raw.get("training")),
         security=_security(raw.get("security"), base_dir),
         checkpoint=_checkpoint(raw.get("checkpoint"), base_dir),
@@ -561,6 +570,7 @@ def topology_to_dict(topology: Topology) -> dict[str, Any]:
         "max_message_bytes": topology.max_message_bytes,
         **({"hfa": {"k1": topology.hfa.k1, "k2": topology.hfa.k2}} if topology.hfa else {}),
         "size_lower_bound": topology.size_lower_bound,
+        "fp16": topology.fp16,
         "training": _training_to_dict(topology.training),
         # the shared secret is never written out
         **({"security": {"curve_keys": str(topology.security.curve_keys)}} if topology.security.curve_keys else {}),
@@ -771,8 +781,10 @@ def node_config_from_env(env: Mapping[str, str]) -> NodeConfig:
     else:
         topology = _topology_from_env(env, role, party)
     bound = _int(env, "GEOMX_SIZE_LOWER_BOUND")
+    fp16 = _flag(env, "GEOMX_FP16")
     topology = dataclasses.replace(topology, hfa=_hfa_from_env(env, topology.hfa),
-                                   size_lower_bound=topology.size_lower_bound if bound is None else bound)
+                                   size_lower_bound=topology.size_lower_bound if bound is None else bound,
+                                   fp16=topology.fp16 if fp16 is None else fp16)
     training = _training_from_env(env, topology.training)
     topology = dataclasses.replace(topology, security=_security_from_env(env, topology.security),
                                    checkpoint=_checkpoint_from_env(env, topology.checkpoint))
