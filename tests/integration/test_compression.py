@@ -74,6 +74,21 @@ def test_dense_fp16_and_bisparse(geomx_job):
         losses = report["losses"]
         assert sum(losses[-5:]) < sum(losses[:5]), losses
 
+    # Bi-Sparse's pull is as sparse as its push: the global server sends (to both parties together) about
+    # what it receives from them, counted by the global server's byte counters over the training steps.
+    # GeoMX's pull re-sends every non-zero of the sum of P pushes: up to P times its push.
+    dense_push, dense_pull = directions(dense)
+    bsc_push, bsc_pull = directions(bsc)
+    assert 0.8 < bsc_pull / bsc_push < 1.25, (bsc_pull, bsc_push)
+    assert bsc_push * 8 < dense_push and bsc_pull * 8 < dense_pull, (bsc_push, bsc_pull, dense_push, dense_pull)
+
+
+def directions(workers):
+    """(push, pull): bytes the global server received and sent between the master's two counter snapshots."""
+    counters = workers[0][1]["global_server_bytes"]
+    before, after = counters["before"], counters["after"]
+    return after["recv"] - before["recv"], after["sent"] - before["sent"]
+
 
 def test_fp16_tensors_are_summed_in_fp32(geomx_job):
     job = geomx_job("fp16_sum.py", parties={"dc0": 3}, name="fp16sum")

@@ -2,7 +2,9 @@
 
 The master sets the compression; servers only sum (no server optimizer); every worker pushes its gradient,
 pulls the aggregate into the gradient, and steps a local SGD on the mean. Saves initial and final weights
-and the loss history.
+and the loss history. The master also reports the global server's byte counters after init and after the
+last step (each behind a barrier, so every party's traffic of the training steps is in between): bytes
+received by the global server are the parties' pushes, bytes it sent are its answers (the pulls).
 """
 
 from __future__ import annotations
@@ -25,6 +27,16 @@ def teacher_data(steps: int, num_workers: int) -> tuple[torch.Tensor, torch.Tens
     return inputs, inputs @ teacher / jobkit.IN_FEATURES ** 0.5
 
 
+def global_server_counters(kv: geomx.kv.KVStore) -> dict[str, int] | None:
+    """The global server's bytes received and sent (LAN + WAN), behind a barrier; None on non-masters."""
+    kv.barrier()
+    if not kv.is_master_worker:
+        return None
+    (body,) = kv.stats()["servers"].values()
+    (gs,) = body["upstream"].values()
+    return {"recv": gs["lan"]["recv"] + gs["wan"]["recv"], "sent": gs["lan"]["sent"] + gs["wan"]["sent"]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=30)
@@ -43,6 +55,7 @@ def main() -> None:
         kv.set_gradient_compression(spec)
     kv.init(list(range(len(params))), [p.data for p in params])
     initial = [p.detach().clone() for p in params]
+    before = global_server_counters(kv)
     local = torch.optim.SGD(params, lr=args.lr)
     inputs, targets = teacher_data(args.steps, kv.num_all_workers)
     losses = []
@@ -57,9 +70,10 @@ def main() -> None:
             kv.pull(idx, param.grad, priority=-idx)
             param.grad /= kv.num_all_workers
         local.step()
+    after = global_server_counters(kv)
     jobkit.save_worker_output(kv.config.run_dir, rank, {"initial": initial,
                                                         "final": [p.detach().clone() for p in params]},
-                              {"losses": losses})
+                              {"losses": losses, "global_server_bytes": {"before": before, "after": after}})
     kv.close()
 
 
