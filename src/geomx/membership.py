@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from .config import Role
+from .heartbeat import pulse_for
 from .rpc import Requests
 from .transport import Van
 from .wire import Kind, Message
@@ -114,7 +115,8 @@ def register(van: Van, requests: Requests, scheduler_address: str, scheduler_id:
     """Register with a scheduler and wait for the address book; returns it and this node's own entry.
 
     ``scheduler_party``: where the scheduler runs (the central party for the global scheduler), which
-    decides whether registration crosses the WAN.
+    decides whether registration crosses the WAN. Once registered, the node sends the scheduler
+    heartbeats until its van stops (see ``geomx.heartbeat``).
     """
     if not van.knows(scheduler_id):
         van.add_peer(scheduler_id, f"tcp://{scheduler_address}", party=scheduler_party)
@@ -124,5 +126,7 @@ def register(van: Van, requests: Requests, scheduler_address: str, scheduler_id:
                                            "complete registration; is it running, and are all members started?")
     members = tuple(Member.from_json(m) for m in (reply.body or {}).get("members", []))
     book = AddressBook(members)
+    requests.names.setdefault(scheduler_id, scheduler_id)
+    pulse_for(van, requests, van.topology.timeouts).watch(scheduler_id)  # from now on: heartbeats
     return book, book.get(van.identity)
 

@@ -35,13 +35,19 @@ class Requests:
         self._pending: dict[int, tuple[str, Future[Message]]] = {}
         self._lock = threading.Lock()
         self.names = names if names is not None else {}
+        self._dead: dict[str, str] = {}  # peers declared dead (by heartbeats): requests to them fail at once
 
     def call(self, peer: str, message: Message) -> Future[Message]:
         """Send ``message`` to ``peer`` as a new request; the future resolves with the reply."""
         future: Future[Message] = Future()
         with self._lock:
             message.request_id = next(self._ids)
-            self._pending[message.request_id] = (peer, future)
+            dead = self._dead.get(peer)
+            if dead is None:
+                self._pending[message.request_id] = (peer, future)
+        if dead is not None:
+            future.set_exception(RemoteError(dead))
+            return future
         self._van.send(peer, message)
         return future
 
@@ -73,6 +79,16 @@ class Requests:
         for peer, future in pending.values():
             if not future.done():
                 future.set_exception(RemoteError(f"request to {self.names.get(peer, peer)} abandoned: {reason}"))
+
+    def fail_peer(self, peer: str, reason: str) -> None:
+        """``peer`` is dead: fail its outstanding requests, and every later one at once, with ``reason``."""
+        with self._lock:
+            self._dead[peer] = reason
+            mine = [rid for rid, (to, _) in self._pending.items() if to == peer]
+            futures = [self._pending.pop(rid)[1] for rid in mine]
+        for future in futures:
+            if not future.done():
+                future.set_exception(RemoteError(reason))
 
     def wait(self, future: Future[Message], timeout: float, what: str) -> Message:
         """The reply, or RequestTimeout naming ``what`` after ``timeout`` seconds."""

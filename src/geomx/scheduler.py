@@ -17,6 +17,7 @@ import threading
 from dataclasses import dataclass
 
 from .config import Mode, NodeConfig, Role
+from .heartbeat import Watch
 from .membership import GLOBAL_SCHEDULER_ID, Member, local_scheduler_id
 from .transport import Van
 from .wire import Kind, Message
@@ -92,22 +93,45 @@ class Scheduler:
         self._lock = threading.Lock()
         self._complete = threading.Event()
         self._finished = threading.Event()
+        self._watch: Watch | None = None  # members' heartbeats, from the moment the book is published
         self.van = Van(identity, config.party, config.topology, self._on_message,
                        bind_host=config.bind_host, bind_port=config.bind_port, name=self.name)
+        self.van.heartbeat_hook = self._on_heartbeat
 
     def _on_message(self, message: Message) -> None:
         sender = message.sender.decode()
         if message.kind is Kind.REGISTER and not message.is_reply:
             self._on_register(sender, message)
         elif message.kind is Kind.SHUTDOWN and not message.is_reply:
+            failed = (message.body or {}).get("failed")
             with self._lock:
                 self._goodbyes.add(sender)
-                if self._complete.is_set() and self._goodbyes >= {m.id for m in self._members}:
-                    self._finished.set()
+                if failed and self._watch is not None:  # it stopped on a fatal error: its peers must know
+                    self._watch.declare(sender, f"stopped after a fatal error: {str(failed)[:500]}")
+                    log.error("[%s] %s stopped after a fatal error: %s", self.name,
+                              self._watch.names.get(sender, sender), failed)
+                self._check_finished()
         elif message.kind is Kind.STATS and not message.is_reply and self.van.knows(sender):
             self.van.send(sender, message.reply(body=self.van.counters.snapshot()))
         else:
             log.warning("[%s] ignored %s from %r", self.name, message.kind.name, sender)
+
+    def _on_heartbeat(self, message: Message) -> bool:
+        """A member is alive (I/O thread): answer with the members declared dead so far."""
+        watch = self._watch
+        sender = message.sender.decode(errors="replace")
+        if message.is_reply or watch is None or not watch.heard(sender):
+            return False
+        self.van.send(sender, message.reply(body={"dead": watch.snapshot()}))
+        return True
+
+    def _check_finished(self) -> None:
+        """Done when every member said goodbye or was declared dead (called under the lock)."""
+        if not self._complete.is_set():
+            return
+        dead = set(self._watch.dead) if self._watch is not None else set()
+        if self._goodbyes | dead >= {m.id for m in self._members}:
+            self._finished.set()
 
     def _refuse(self, sender: str, address: str, party: str, message: Message, text: str) -> None:
         log.error("[%s] refused registration from %s: %s", self.name, sender, text)
@@ -158,6 +182,7 @@ class Scheduler:
                                                                   and r.party == topology.central)))
             for i, r, rank in zip(ids, regs, ranks, strict=True)]
         book = {"members": [m.to_json() for m in self._members]}
+        self._watch = Watch(self.config.topology.timeouts, {m.id: m.name for m in self._members}, self.name)
         for member, reg in zip(self._members, regs, strict=True):
             self.van.add_peer(member.id, member.address, member.party)
             self.van.send(member.id, reg.message.reply(body=book))
@@ -174,7 +199,8 @@ class Scheduler:
         return missing
 
     def run(self) -> int:
-        """Serve until every member said goodbye. Exit code 0, or 1 if registration timed out."""
+        """Serve until every member said goodbye or died. Exit code 0; 1 if registration timed out; 4 if a
+        member died (each one is logged when it is declared dead)."""
         self.van.start()
         log.info("[%s] listening at %s", self.name, self.van.address)
         timeout = self.config.topology.timeouts.register_s
@@ -186,8 +212,18 @@ class Scheduler:
                              f"{self.name}: registration timed out; missing {self.missing()}")
             self.van.stop()
             return 1
-        while not self._finished.wait(1.0):
-            pass
+        assert self._watch is not None
+        interval = self.config.topology.timeouts.heartbeat_interval_s
+        while not self._finished.wait(interval):
+            with self._lock:
+                for member, why in self._watch.check(self._goodbyes):
+                    log.error("[%s] %s is dead: %s", self.name, self._watch.names.get(member, member), why)
+                self._check_finished()
         self.van.stop()
+        dead = self._watch.snapshot()
+        if dead:
+            log.error("[%s] exiting; members lost: %s", self.name,
+                      ", ".join(f"{self._watch.names.get(m, m)} ({why})" for m, why in dead.items()))
+            return 4
         log.info("[%s] every member left; exiting", self.name)
         return 0

@@ -140,6 +140,10 @@ class Van:
         self._commands.put(("connect", (peer, share)))
         self._wake()
 
+    @property
+    def topology(self) -> Topology:
+        return self._topology
+
     def knows(self, identity: str) -> bool:
         return identity in self._peers
 
