@@ -1,0 +1,42 @@
+"""MultiGPS end to end: several global servers give exactly the results of one (dense and Bi-Sparse)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from harness import EXAMPLES_DIR
+
+BSC = {"type": "bsc", "threshold": 0.01, "size_lower_bound": 0}
+SLICE = 4096  # Linear(32, 1024) has 32768 weights: 8 slices whatever the number of global servers (1, 2, 4)
+
+
+def run(geomx_job, servers: int, name: str):
+    job = geomx_job("multigps_train.py", "--compression", json.dumps(BSC), "--lr", "0.01",
+                    global_servers=servers, slice_elems=SLICE, parties={"dc0": 1, "dc1": 1}, name=name)
+    job.assert_ok()
+    return job.workers()
+
+
+def test_two_global_servers_equal_one_with_bisparse(geomx_job):
+    one = run(geomx_job, 1, "one-gs")
+    two = run(geomx_job, 2, "two-gs")
+    for rank in (0, 1):
+        for got, want in zip(two[rank][0]["final"], one[rank][0]["final"], strict=True):
+            assert torch.equal(got, want), (got - want).abs().max()
+    report = two[0][1]
+    # the large weight was split evenly over both servers; small tensors went whole to the lighter one
+    assert report["parts"] == [8, 1, 1, 1]
+    assert report["shards"][0] == [0, 1] * 4
+    assert sorted(report["global_servers"]) == ["global_server0", "global_server1"]
+    recv = [body["recv"] for body in report["global_servers"].values()]
+    assert min(recv) > 0.6 * max(recv), recv  # both did real work, roughly balanced
+
+
+@pytest.mark.slow
+def test_cnn_learns_digits_over_two_global_servers(geomx_job):
+    job = geomx_job(EXAMPLES_DIR / "cnn.py", "--epochs", "8", global_servers=2, slice_elems=2048, name="multigps")
+    job.assert_ok()
+    record = job.summary["last_metrics"]["dc0_worker0"]
+    assert record["test_accuracy"] >= 0.88, record
