@@ -126,6 +126,7 @@ class DistributedOptimizer:
         self._configure_servers()
         self._check_and_init()
         self.recorder = StepRecorder(self.kv, config.topology.training.metrics_every)
+        self.kv.record(step=0, elapsed_s=0.0, plan=self.plan.describe())  # which algorithm this run used
         self._handles: list[Any] = []
         if self.plan.mode in (Mode.SERVER, Mode.LOCAL):
             for key in self._trained:

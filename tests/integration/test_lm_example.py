@@ -1,0 +1,32 @@
+"""examples/lm.py, the wrapper's second workload, lowers its validation loss under FSA and under HFA + outer."""
+
+from __future__ import annotations
+
+import pytest
+from harness import EXAMPLES_DIR
+
+from geomx.runlog import read_metrics
+
+SMALL = ("--steps", "24", "--dim", "32", "--context", "32", "--batch-size", "16", "--max-chars", "200000",
+         "--eval-every", "24", "--eval-batches", "4", "--lr", "0.01")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", ["fsa", "hfa-outer"])
+def test_lm_lowers_its_validation_loss(geomx_job, monkeypatch, algorithm):
+    options = {}
+    if algorithm == "hfa-outer":  # chosen by the topology and the environment; lm.py is the same
+        options["hfa"] = {"k1": 2, "k2": 2}
+        monkeypatch.setenv("GEOMX_SERVER_OPTIMIZER", "outer_nesterov")
+    job = geomx_job(EXAMPLES_DIR / "lm.py", *SMALL, parties={"dc0": 1, "dc1": 1}, **options)
+    job.assert_ok()
+    all_records = read_metrics(job.run_dir)["dc0_worker0"]
+    expected = "hierarchical frequency aggregation" if algorithm == "hfa-outer" else "server optimizer adam"
+    assert expected in all_records[0]["plan"], all_records[0]
+    records = [r for r in all_records if "val_loss" in r]
+    assert len(records) == 2, records  # step 0 and the last step
+    first, last = records[0]["val_loss"], records[-1]["val_loss"]
+    assert last < first - 0.5, (first, last)
+    assert records[-1]["accuracy"] > records[0]["accuracy"]
+    if algorithm == "hfa-outer":
+        assert "outer_nesterov" in all_records[0]["plan"]
