@@ -22,6 +22,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=jobkit.STEPS)
     parser.add_argument("--optimizer", choices=["sgd", "adam", "adamw"], default="sgd")
     parser.add_argument("--lr", type=float, default=jobkit.LR)
+    parser.add_argument("--momentum", type=float, default=jobkit.MOMENTUM, help="for --optimizer sgd")
     parser.add_argument("--mismatch-rank", type=int, default=-1, help="this global rank builds a wider model")
     parser.add_argument("--hidden", type=int, default=jobkit.HIDDEN)
     args = parser.parse_args()
@@ -31,7 +32,7 @@ def main() -> None:
     model = nn.Sequential(nn.Linear(jobkit.IN_FEATURES, hidden), nn.ReLU(), nn.Linear(hidden, jobkit.OUT_FEATURES))
     before = [p.detach().clone() for p in model.parameters()]
     if args.optimizer == "sgd":
-        inner: torch.optim.Optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=jobkit.MOMENTUM)
+        inner: torch.optim.Optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     elif args.optimizer == "adam":
         inner = torch.optim.Adam(model.parameters(), lr=args.lr)
     else:
