@@ -30,8 +30,8 @@ import numpy as np
 import torch
 
 from . import config as config_module
-from .codecs import default_registry
-from .codecs.messages import decode_message
+from .codecs import FP16, TensorInfo, default_registry
+from .codecs.messages import decode_message, payload_fields
 from .config import Mode, NodeConfig, Role
 from .membership import GLOBAL_SCHEDULER_ID, AddressBook, local_scheduler_id, new_node_id, register
 from .optim import Optimizer
@@ -81,6 +81,9 @@ class KVStore:
         self._keys: dict[int, _KeyInfo] = {}
         self._planner = ShardPlanner(config.topology.num_global_servers, config.topology.slice_elems)
         self._codecs = default_registry()
+        # The fp16 switch (topology ``fp16: true`` / GEOMX_FP16=1): pushes travel as float16, answers come
+        # back as float16, the caller's tensors stay float32. INIT stays exact.
+        self._fp16 = FP16() if config.topology.fp16 else None
         self._pending: dict[int, list[Future[Message]]] = {}
         self._closed = False
         identity = new_node_id(Role.WORKER, config.party)
@@ -228,8 +231,14 @@ class KVStore:
             self._pending[k] = [
                 self._requests.call(self._server_for(k, part),
                                     Message(Kind.PUSHPULL, key=k, part=part, num_parts=len(info.parts),
-                                            priority=priority, tensor=data[start:stop]))
+                                            priority=priority, **self._payload(k, part, data[start:stop])))
                 for part, (start, stop) in enumerate(info.parts)]
+
+    def _payload(self, key: int, part: int, piece: np.ndarray) -> dict[str, Any]:
+        """Message fields carrying ``piece``: float16 under the fp16 switch (float32/64 data only), else as is."""
+        if self._fp16 is None or piece.dtype not in (np.float32, np.float64):
+            return {"tensor": piece}
+        return payload_fields(self._fp16, piece, TensorInfo(key, part, "gradient", "push"))
 
     def pull(self, key: int | Sequence[int], out: torch.Tensor | Sequence[torch.Tensor], priority: int = 0) -> None:
         """Write the latest value of ``key`` into ``out`` (after a push: that round's result)."""

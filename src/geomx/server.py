@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from .codecs import FP16, CodecError, TensorInfo, default_registry
 from .codecs import Codec as TensorCodec
-from .codecs import CodecError, TensorInfo, default_registry
 from .codecs.base import Kind as TensorKind
 from .codecs.messages import decode_message, payload_fields
 from .config import Mode, NodeConfig, Role
@@ -113,6 +113,9 @@ class ParameterServer:
         # a global server its replies; every server decodes whatever arrives by the payload's codec id.
         self.codecs = default_registry()
         self.wan_codec: TensorCodec | None = None
+        # The fp16 switch (topology ``fp16: true`` / GEOMX_FP16=1): push-pull data travels as float16 on the
+        # LAN (a local server's answers; workers encode their pushes) and on the WAN unless a WAN codec is set.
+        self.fp16: FP16 | None = FP16() if config.topology.fp16 else None
         self.hfa: LocalFrequencyAggregation | None = None
         topology = config.topology
         if topology.hfa is not None and not self.is_global:
@@ -567,10 +570,11 @@ class ParameterServer:
                     return
                 upward = delta.astype(dtype, copy=False)
             fields: dict[str, Any] = {"tensor": upward}
-            if self.wan_codec is not None:
+            codec = self.wan_codec or self._fp16_for(upward)
+            if codec is not None:
                 kind: TensorKind = "delta" if self.hfa is not None else "gradient"
                 try:
-                    fields = payload_fields(self.wan_codec, upward, TensorInfo(rnd.key, rnd.part, kind, "push"))
+                    fields = payload_fields(codec, upward, TensorInfo(rnd.key, rnd.part, kind, "push"))
                 except CodecError as exc:
                     self._release(rnd, None, f"cannot compress key {rnd.key} slice {rnd.part}: {exc}")
                     return
@@ -601,16 +605,23 @@ class ParameterServer:
         they hold back for later rounds. Weights (after a server optimizer, or HFA's global model) are not:
         they travel with stateless codecs (fp16) or dense.
         """
-        if self.wan_codec is None:
+        codec = self.wan_codec or self._fp16_for(value)
+        if codec is None:
             return None
         kind: TensorKind = "weights" if self.optimizer is not None or hfa else "gradient"
         try:
-            return payload_fields(self.wan_codec, value, TensorInfo(rnd.key, rnd.part, kind, "pull"))
+            return payload_fields(codec, value, TensorInfo(rnd.key, rnd.part, kind, "pull"))
         except CodecError as exc:
             if kind != "weights":
                 raise
             log.debug("[%s] key %d is sent dense: %s", self.name, rnd.key, exc)
             return None
+
+    def _fp16_for(self, value: np.ndarray) -> FP16 | None:
+        """The fp16 switch's codec for ``value``, if the switch is on and ``value`` is wider than float16."""
+        if self.fp16 is None or value.dtype not in (np.float32, np.float64):
+            return None
+        return self.fp16
 
     def _forward(self, rnd: Round, message: Message) -> None:
         """Send this round's reduction to the owning global server; release the round with its answer."""
@@ -665,6 +676,13 @@ class ParameterServer:
         if number is not None and (rnd.number != number or not rnd.forwarding):
             log.warning("[%s] dropped a late answer for %s", self.name, rnd.describe())
             return
+        lan_fp16 = None if self.is_global or rnd.kind is not Kind.PUSHPULL or value is None else self._fp16_for(value)
+        if lan_fp16 is not None and not error and fields is None:
+            assert value is not None
+            try:  # the fp16 switch: a local server answers its workers in float16
+                fields = payload_fields(lan_fp16, value, TensorInfo(rnd.key, rnd.part, "weights", "pull"))
+            except CodecError as exc:
+                error = f"cannot send key {rnd.key} slice {rnd.part} as fp16: {exc}"
         for sender, message in rnd.contributions.items():
             if error:
                 reply = message.error(f"{self.name}: {error}")

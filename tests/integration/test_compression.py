@@ -7,15 +7,25 @@ import json
 import jobkit
 import torch
 import torch.nn.functional as F
+import yaml
 from compressed_train import teacher_data
+from harness import write_topology
 from torch import nn
 
 STEPS, HIDDEN = 30, 1024
 
 
-def run(geomx_job, spec, name, lr=jobkit.LR):
+def fp16_topology(path, **options):
+    """A topology file with the kvstore's fp16 switch on (``fp16: true``)."""
+    write_topology(path, **options)
+    raw = yaml.safe_load(path.read_text())
+    path.write_text(yaml.safe_dump({**raw, "fp16": True}, sort_keys=False))
+    return path
+
+
+def run(geomx_job, spec, name, lr=jobkit.LR, **options):
     job = geomx_job("compressed_train.py", "--steps", str(STEPS), "--hidden", str(HIDDEN),
-                    "--compression", json.dumps(spec), "--lr", str(lr), name=name)
+                    "--compression", json.dumps(spec), "--lr", str(lr), name=name, **options)
     job.assert_ok()
     workers = jobkit.load_worker_outputs(job.run_dir)
     assert sorted(workers) == [0, 1, 2, 3]
@@ -88,6 +98,19 @@ def directions(workers):
     counters = workers[0][1]["global_server_bytes"]
     before, after = counters["before"], counters["after"]
     return after["recv"] - before["recv"], after["sent"] - before["sent"]
+
+
+def test_fp16_switch_halves_lan_and_wan_bytes(geomx_job, tmp_path):
+    """``fp16: true`` in the topology: the same fp32 training loop, float16 on every link, fp32 sums."""
+    dense_job, dense = run(geomx_job, None, "dense")
+    fp16_job, fp16 = run(geomx_job, None, "fp16switch", topology=fp16_topology(tmp_path / "fp16.yaml"))
+    expected = reference(dense[0][0]["initial"])
+    for got, want in zip(fp16[0][0]["final"], expected, strict=True):  # fp16 rounding of pushes and answers
+        assert torch.linalg.norm(got - want) <= 0.03 * torch.linalg.norm(want), (got - want).abs().max()
+    assert_all_equal(fp16)
+    for tier in ("lan_bytes", "wan_bytes"):  # init travels exact (fp32): a few percent of the total
+        ratio = fp16_job.summary[tier] / dense_job.summary[tier]
+        assert 0.45 < ratio < 0.56, (tier, fp16_job.summary[tier], dense_job.summary[tier])
 
 
 def test_fp16_tensors_are_summed_in_fp32(geomx_job):
