@@ -100,6 +100,54 @@ class HFASpec:
 
 
 @dataclass(frozen=True)
+class DGTSpec:
+    """Differential Gradient Transmission on local servers' pushes to the global servers (see ``geomx.dgt``).
+
+    Blocks of ``block_bytes`` are ranked by their contribution (an EMA with coefficient ``alpha`` of the mean
+    magnitude); the top ``k`` fraction travels on the reliable ZeroMQ channel, the rest on ``channels`` UDP
+    channels in falling priority, paced at the WAN's rate (``rate_bps`` when the WAN is not limited). The
+    receiver assembles at ``deadline_s``. ``loss``: the emulated loss rate of each UDP channel (seeded by
+    ``seed``). ``adaptive``: K follows ``geomx.dgt.adaptive_k`` (never below ``k_min``). ``random_order``: the
+    baseline that ranks blocks at random. Usage: ``DGTSpec(channels=3, k=0.8, loss=(0.01, 0.01, 0.01))``.
+    """
+
+    channels: int = 3
+    k: float = 0.8
+    adaptive: bool = False
+    k_min: float = 0.2
+    block_bytes: int = 4096
+    alpha: float = 0.3
+    deadline_s: float = 0.05
+    loss: tuple[float, ...] = ()
+    seed: int = 0
+    random_order: bool = False
+    rate_bps: float = 400e6
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.channels <= 7:
+            raise ConfigError(f"dgt.channels (DMLC_UDP_CHANNEL_NUM) must be 1..7, got {self.channels}")
+        if not 0.0 < self.k <= 1.0 or not 0.0 < self.k_min <= self.k:
+            raise ConfigError(f"dgt needs 0 < k_min <= k <= 1 (DMLC_K, DMLC_K_MIN), got k={self.k}, "
+                              f"k_min={self.k_min}")
+        if self.block_bytes < 4 or self.block_bytes % 4 or self.block_bytes > 60_000:
+            raise ConfigError(f"dgt.block_bytes (DGT_BLOCK_SIZE) must be a multiple of 4 in 4..60000 (one UDP "
+                              f"datagram), got {self.block_bytes}")
+        if not 0.0 <= self.alpha < 1.0:
+            raise ConfigError(f"dgt.alpha (DGT_CONTRIBUTION_ALPHA) must be in [0, 1), got {self.alpha}")
+        if self.deadline_s <= 0 or self.rate_bps <= 0:
+            raise ConfigError("dgt.deadline and dgt.rate must be positive")
+        if len(self.loss) not in (0, 1, self.channels) or not all(0.0 <= x < 1.0 for x in self.loss):
+            raise ConfigError(f"dgt.loss needs one rate in [0, 1) or one per channel ({self.channels}), "
+                              f"got {list(self.loss)}")
+
+    def loss_of(self, channel: int) -> float:
+        """The emulated loss rate of UDP channel ``channel`` (1..channels)."""
+        if not self.loss:
+            return 0.0
+        return self.loss[0] if len(self.loss) == 1 else self.loss[channel - 1]
+
+
+@dataclass(frozen=True)
 class SecuritySpec:
     """Who may talk to the job, and whether links are encrypted (see ``geomx.security``).
 
@@ -202,6 +250,7 @@ class Topology:
     training: TrainingSpec = TrainingSpec()  # geomx.torch's choices (the kvstore API ignores them)
     security: SecuritySpec = SecuritySpec()  # shared secret / CURVE keys
     checkpoint: CheckpointSpec = CheckpointSpec()  # global servers' checkpoints
+    dgt: DGTSpec | None = None  # Differential Gradient Transmission, when enabled
 
     def __post_init__(self) -> None:
         names = [p.name for p in self.parties]
@@ -220,6 +269,13 @@ class Topology:
             raise ConfigError("num_global_servers must be at least 1")
         if self.slice_elems < 1:
             raise ConfigError("slice_elems must be positive")
+        if self.dgt is not None:
+            unsupported = {"a flat parameter server (DGT is for local servers' pushes)": self.mode is Mode.FLAT,
+                           "HFA": self.hfa is not None, "the fp16 switch": self.fp16,
+                           "security (UDP datagrams are not authenticated)": self.security.enabled}
+            for what, present in unsupported.items():
+                if present:
+                    raise ConfigError(f"DGT (ENABLE_DGT) does not combine with {what}; see the README's table")
 
     @property
     def num_all_workers(self) -> int:
@@ -352,7 +408,8 @@ def _timeouts(raw: Any) -> Timeouts:
 
 
 _TOPOLOGY_FIELDS = {"parties", "central", "global_servers", "mode", "links", "timeouts", "slice_elems",
-                    "max_message_bytes", "hfa", "size_lower_bound", "fp16", "training", "security", "checkpoint"}
+                    "max_message_bytes", "hfa", "size_lower_bound", "fp16", "training", "security", "checkpoint",
+                    "dgt"}
 
 
 def _hfa(raw: Any) -> HFASpec | None:
@@ -365,6 +422,39 @@ def _hfa(raw: Any) -> HFASpec | None:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"hfa.{name} must be an integer, got {value!r}")
     return HFASpec(**values)
+
+
+_DGT_FIELDS = {"channels": int, "k": float, "adaptive": bool, "k_min": float, "block_bytes": int, "alpha": float,
+               "deadline": float, "loss": tuple, "seed": int, "random_order": bool, "rate": float}
+
+
+def _dgt(raw: Any, base: DGTSpec | None = None) -> DGTSpec | None:
+    """The topology's ``dgt`` block: ``true``, or a mapping of _DGT_FIELDS (durations and rates as text)."""
+    if raw is None or raw is False:
+        return base
+    if raw is True:
+        return base or DGTSpec()
+    if not isinstance(raw, Mapping) or set(raw) - set(_DGT_FIELDS):
+        raise ConfigError(f"'dgt' must be true or a mapping with fields from {sorted(_DGT_FIELDS)}")
+    values: dict[str, Any] = {}
+    for name, value in raw.items():
+        kind = _DGT_FIELDS[name]
+        target = {"deadline": "deadline_s", "rate": "rate_bps"}.get(name, name)
+        try:
+            if name == "deadline":
+                values[target] = parse_duration(value)
+            elif name == "rate":
+                values[target] = parse_bandwidth(value)
+            elif name == "loss":
+                items = value.split(",") if isinstance(value, str) else value if isinstance(value, list) else [value]
+                values[target] = tuple(float(x) for x in items)
+            elif kind is bool:
+                values[target] = value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes", "on")
+            else:
+                values[target] = kind(value)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"dgt.{name}: cannot read {value!r} ({exc})") from None
+    return dataclasses.replace(base or DGTSpec(), **values)
 
 
 def _named_spec(raw: Any, where: str) -> tuple[str, dict[str, Any]]:
@@ -535,6 +625,7 @@ def topology_from_dict(raw: Mapping[str, Any], base_dir: Path | None = None) -> 
         training=_training(raw.get("training")),
         security=_security(raw.get("security"), base_dir),
         checkpoint=_checkpoint(raw.get("checkpoint"), base_dir),
+        dgt=_dgt(raw.get("dgt")),
     )
 
 
@@ -577,7 +668,14 @@ def topology_to_dict(topology: Topology) -> dict[str, Any]:
         **({"checkpoint": {"dir": str(topology.checkpoint.dir), "every_steps": topology.checkpoint.every_steps,
                            "every_seconds": topology.checkpoint.every_s, "keep": topology.checkpoint.keep}}
            if topology.checkpoint.dir else {}),
+        **({"dgt": _dgt_to_dict(topology.dgt)} if topology.dgt else {}),
     }
+
+
+def _dgt_to_dict(spec: DGTSpec) -> dict[str, Any]:
+    return {"channels": spec.channels, "k": spec.k, "adaptive": spec.adaptive, "k_min": spec.k_min,
+            "block_bytes": spec.block_bytes, "alpha": spec.alpha, "deadline": spec.deadline_s,
+            "loss": list(spec.loss), "seed": spec.seed, "random_order": spec.random_order, "rate": spec.rate_bps}
 
 
 def _training_to_dict(spec: TrainingSpec) -> dict[str, Any]:
@@ -604,6 +702,16 @@ ENV_ALIASES: dict[str, tuple[str, ...]] = {
     "GEOMX_HFA_K2": ("MXNET_KVSTORE_HFA_K2",),
     "GEOMX_SIZE_LOWER_BOUND": ("MXNET_KVSTORE_SIZE_LOWER_BOUND",),
     "GEOMX_P3": ("ENABLE_P3",),
+    "GEOMX_DGT": ("ENABLE_DGT",),
+    "GEOMX_DGT_CHANNELS": ("DMLC_UDP_CHANNEL_NUM",),
+    "GEOMX_DGT_K": ("DMLC_K",),
+    "GEOMX_DGT_K_MIN": ("DMLC_K_MIN",),
+    "GEOMX_DGT_ADAPTIVE": ("ADAPTIVE_K_FLAG",),
+    "GEOMX_DGT_BLOCK_BYTES": ("DGT_BLOCK_SIZE",),
+    "GEOMX_DGT_ALPHA": ("DGT_CONTRIBUTION_ALPHA",),
+    "GEOMX_DGT_RANDOM_ORDER": ("DGT_SET_RANDOM",),
+    "GEOMX_INTRA_TS": ("ENABLE_INTRA_TS",),
+    "GEOMX_INTER_TS": ("ENABLE_INTER_TS",),
 }
 
 _ROLE_NAMES = {r.value for r in Role}
@@ -701,6 +809,32 @@ def _hfa_from_env(env: Mapping[str, str], base: HFASpec | None) -> HFASpec | Non
     return HFASpec(k1=_int(env, "GEOMX_HFA_K1") or current.k1, k2=_int(env, "GEOMX_HFA_K2") or current.k2)
 
 
+_DGT_ENV = {"GEOMX_DGT_CHANNELS": "channels", "GEOMX_DGT_K": "k", "GEOMX_DGT_K_MIN": "k_min",
+            "GEOMX_DGT_ADAPTIVE": "adaptive", "GEOMX_DGT_BLOCK_BYTES": "block_bytes", "GEOMX_DGT_ALPHA": "alpha",
+            "GEOMX_DGT_DEADLINE": "deadline", "GEOMX_DGT_LOSS": "loss", "GEOMX_DGT_SEED": "seed",
+            "GEOMX_DGT_RANDOM_ORDER": "random_order", "GEOMX_DGT_RATE": "rate"}
+
+
+def _dgt_from_env(env: Mapping[str, str], base: DGTSpec | None) -> DGTSpec | None:
+    """GEOMX_DGT / ENABLE_DGT (0, 1 or 2; GeoMX's mode 3 quantizes and is refused) and the GEOMX_DGT_* knobs
+    (DMLC_UDP_CHANNEL_NUM, DMLC_K, DMLC_K_MIN, ADAPTIVE_K_FLAG, DGT_BLOCK_SIZE, DGT_CONTRIBUTION_ALPHA,
+    DGT_SET_RANDOM) override the topology's ``dgt``. ENABLE_INTRA_TS / ENABLE_INTER_TS are refused."""
+    for name in ("GEOMX_INTRA_TS", "GEOMX_INTER_TS"):
+        if _flag(env, name):
+            raise ConfigError(f"{name} ({ENV_ALIASES[name][0]}): TSEngine is not implemented in geomx; "
+                              "unset it (see the README's feature table)")
+    mode = _get(env, "GEOMX_DGT")
+    if mode is not None and mode.strip() not in ("0", "1", "2"):
+        raise ConfigError(f"GEOMX_DGT / ENABLE_DGT must be 0, 1 or 2 (GeoMX's mode 3, 4-bit quantization of "
+                          f"the unreliable blocks, is not supported), got {mode!r}")
+    if mode is not None and mode.strip() == "0":
+        return None
+    overrides = {key: _get(env, name) for name, key in _DGT_ENV.items() if _get(env, name) is not None}
+    if mode is None and (base is None or not overrides):
+        return base
+    return _dgt(overrides or True, base)
+
+
 def _flag(env: Mapping[str, str], name: str) -> bool | None:
     value = _get(env, name)
     if value is None:
@@ -782,7 +916,7 @@ def node_config_from_env(env: Mapping[str, str]) -> NodeConfig:
         topology = _topology_from_env(env, role, party)
     bound = _int(env, "GEOMX_SIZE_LOWER_BOUND")
     fp16 = _flag(env, "GEOMX_FP16")
-    topology = dataclasses.replace(topology, hfa=_hfa_from_env(env, topology.hfa),
+    topology = dataclasses.replace(topology, hfa=_hfa_from_env(env, topology.hfa), dgt=_dgt_from_env(env, topology.dgt),
                                    size_lower_bound=topology.size_lower_bound if bound is None else bound,
                                    fp16=topology.fp16 if fp16 is None else fp16)
     training = _training_from_env(env, topology.training)

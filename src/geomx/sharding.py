@@ -23,6 +23,7 @@ Usage::
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 
@@ -51,7 +52,7 @@ def even_split(numel: int, parts: int) -> list[tuple[int, int]]:
     if parts < 1:
         raise ValueError(f"parts must be at least 1, got {parts}")
     bounds = [i * numel // parts for i in range(parts + 1)]
-    return list(zip(bounds[:-1], bounds[1:], strict=True))
+    return list(itertools.pairwise(bounds))
 
 
 class ShardPlanner:

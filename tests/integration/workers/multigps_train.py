@@ -51,9 +51,10 @@ def main() -> None:
     if kv.is_master_worker:
         (body,) = kv.stats()["servers"].values()
         per_server = {name: {"recv": gs["lan"]["recv"] + gs["wan"]["recv"]} for name, gs in body["upstream"].items()}
+    infos = [kv._keys[i] for i in range(len(params))]
     jobkit.save_worker_output(kv.config.run_dir, rank, {"final": [p.detach().clone() for p in params]},
-                              {"global_servers": per_server, "parts": [len(kv._keys[i].parts) for i in range(len(params))],
-                               "shards": [kv._keys[i].shards for i in range(len(params))]})
+                              {"global_servers": per_server, "parts": [len(info.parts) for info in infos],
+                               "shards": [info.shards for info in infos]})
     kv.close()
 
 
