@@ -1,4 +1,4 @@
-"""User-space link emulation: a bandwidth limit (one message on the wire at a time) and a one-way delay.
+"""User-space link emulation: a bandwidth limit (one message on the wire at a time), a one-way delay and loss.
 
 This kernel has no ``netem``, so geomx emulates its WAN inside the transport. Each sending process keeps
 one ``ShapedLink`` per link class and destination party. A message waits in the link's priority queue
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import random
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -71,3 +72,29 @@ class ShapedLink(Generic[T]):
 
     def __len__(self) -> int:
         return len(self._queue)
+
+
+class LossyChannel:
+    """A seeded Bernoulli loss process for one emulated channel: the same seed drops the same datagrams.
+
+    Usage::
+
+        channel = LossyChannel(rate=0.05, seed=7)
+        if not channel.drop():
+            sock.sendto(datagram, address)
+    """
+
+    def __init__(self, rate: float, seed: int) -> None:
+        if not 0.0 <= rate < 1.0:
+            raise ValueError(f"a loss rate must be in [0, 1), got {rate}")
+        self.rate = rate
+        self._random = random.Random(seed)
+        self.offered = 0
+        self.dropped = 0
+
+    def drop(self) -> bool:
+        """Whether the next datagram is lost (draws from the seeded generator even at rate 0)."""
+        self.offered += 1
+        lost = self._random.random() < self.rate
+        self.dropped += lost
+        return lost

@@ -31,6 +31,7 @@ from .codecs import Codec as TensorCodec
 from .codecs.base import Kind as TensorKind
 from .codecs.messages import decode_message, payload_fields
 from .config import Mode, NodeConfig, Role
+from .dgt import DgtAssembler, DgtError, DgtSender, write_report
 from .heartbeat import pulse_for
 from .membership import GLOBAL_SCHEDULER_ID, AddressBook, local_scheduler_id, new_node_id, register
 from .optim import Optimizer, optimizer_from_spec
@@ -40,6 +41,7 @@ from .policies.sync import FullySynchronous, SyncPolicy, sync_policy
 from .rpc import Requests
 from .runlog import write_stats
 from .transport import Van
+from .udp import Datagram, UdpReceiver
 from .wire import Kind, Message
 
 log = logging.getLogger("geomx.server")
@@ -75,6 +77,12 @@ class Round:
         return f"{self.kind.name} round {self.number} of key {self.key} slice {self.part}"
 
 
+def _udp_endpoint(address: str) -> tuple[str, int]:
+    """``tcp://HOST:PORT`` -> (HOST, PORT): a global server's DGT UDP socket uses its ZeroMQ port number."""
+    host, _, port = address.removeprefix("tcp://").rpartition(":")
+    return host, int(port)
+
+
 class ParameterServer:
     """A local or global parameter server process. See the module docstring."""
 
@@ -99,6 +107,12 @@ class ParameterServer:
         self.shard_owner: dict[int, str] = {}  # a local server's global servers by explicit shard id (= rank)
         self.shard_id = 0  # a global server's own shard id
         self.shards: dict[tuple[int, int], int] = {}  # (key, slice) -> shard id, as declared by INIT
+        # DGT (topology ``dgt``): a local server sends its pushes' minor blocks by UDP to its global servers'
+        # UDP endpoints; a global server reassembles them (see geomx.dgt).
+        self.dgt_sender: DgtSender | None = None
+        self.dgt_assembler: DgtAssembler | None = None
+        self.udp: UdpReceiver | None = None
+        self.udp_address: dict[str, tuple[str, int]] = {}
         self._lock = threading.RLock()
         self._ready = False
         self._early: list[Message] = []
@@ -145,6 +159,7 @@ class ParameterServer:
         else:
             self.upstream = [m.id for m in global_book.of_role(Role.GLOBAL_SERVER)]
             self.shard_owner = {m.rank: m.id for m in global_book.of_role(Role.GLOBAL_SERVER)}
+            self.udp_address = {m.id: _udp_endpoint(m.address) for m in global_book.of_role(Role.GLOBAL_SERVER)}
             assert cfg.scheduler is not None
             local_book, _ = register(self.van, self.requests, cfg.scheduler, local_scheduler_id(cfg.party),
                                      role=cfg.role, party=cfg.party, scheduler_party=cfg.party, rank=0,
@@ -166,6 +181,7 @@ class ParameterServer:
         """Serve until every client has shut down. Returns the process exit code."""
         self.van.start()
         schedulers = self._join()
+        self._start_dgt()
         log.info("[%s] serving %d clients%s", self.name, len(self.clients),
                  f", upstream {len(self.upstream)} global servers" if self.upstream else "")
         with self._lock:
@@ -178,12 +194,14 @@ class ParameterServer:
         watchdog.start()
         self._done.wait()
         self._stop_watchdog.set()
+        self._stop_dgt()
         for scheduler in schedulers:  # a fatal stop is announced, so the schedulers tell everyone at once
             self.van.send(scheduler, Message(Kind.SHUTDOWN, body={"failed": self._fatal} if self._fatal else None))
         self.van.flush(self.timeouts.shutdown_s)
         if self.config.run_dir is not None:
             write_stats(self.config.run_dir, self.name, {"role": self.config.role.value,
                                                          "party": self.config.party,
+                                                         "cpu_s": time.process_time(),
                                                          **self.van.counters.snapshot()})
         self.van.stop()
         if self._fatal:
@@ -268,6 +286,9 @@ class ParameterServer:
                 self._refuse(message, f"undecodable payload for key {message.key} slice {message.part}: {exc}")
                 return
             message.encoded = None
+        if self.dgt_assembler is not None and message.kind is Kind.PUSHPULL and "dgt" in (message.body or {}):
+            self._on_dgt_push(message)
+            return
         handler = handlers.get(message.kind)
         if handler is None:
             self._refuse(message, f"a server does not handle {message.kind.name} requests")
@@ -303,6 +324,70 @@ class ParameterServer:
                 self._refuse(message, problem + " (as declared by another client's INIT)")
                 return
         self._contribute(message)
+
+    # -- DGT ----------------------------------------------------------------------------------------------
+    def _start_dgt(self) -> None:
+        """A global server listens for UDP blocks on its ZeroMQ port number; a local server starts pacing."""
+        spec = self.config.topology.dgt
+        if spec is None:
+            return
+        if self.is_global:
+            self.dgt_assembler = DgtAssembler(spec.deadline_s)
+            _, port = _udp_endpoint(self.van.address)
+            self.udp = UdpReceiver(self.config.bind_host, port, self._on_datagram, self._on_dgt_tick, name=self.name)
+            self.udp.start()
+        else:
+            link = self.config.topology.wan_between(self.config.party, self.config.topology.central)
+            self.dgt_sender = DgtSender(spec, self.identity, link)
+            self.dgt_sender.start()
+        log.info("[%s] DGT on: K=%g%s, %d UDP channels, %d-byte blocks", self.name, spec.k,
+                 " (adaptive)" if spec.adaptive else "", spec.channels, spec.block_bytes)
+
+    def _stop_dgt(self) -> None:
+        report = None
+        if self.dgt_sender is not None:
+            self.dgt_sender.stop()
+            report = self.dgt_sender.report()
+        if self.udp is not None:
+            self.udp.stop()
+            with self._lock:
+                report = {"name": self.name, **(self.dgt_assembler.report() if self.dgt_assembler else {}),
+                          "malformed": self.udp.malformed}
+                names = self.requests.names
+                for entry in report.get("missing", []):
+                    entry[0] = names.get(entry[0], entry[0])
+        if report is not None and self.config.run_dir is not None:
+            write_report(self.config.run_dir, self.name, report)
+
+    def _on_dgt_push(self, message: Message) -> None:
+        assert self.dgt_assembler is not None
+        try:
+            done = self.dgt_assembler.on_reliable(message.sender.decode(), message, time.monotonic())
+        except DgtError as exc:
+            self._refuse(message, f"DGT push of key {message.key} slice {message.part}: {exc}")
+            return
+        if done is not None:
+            self._on_pushpull(done)
+
+    def _on_datagram(self, datagram: Datagram) -> None:
+        """A UDP block (the receiver thread): a push whose last block this was joins its round."""
+        with self._lock:
+            if self.dgt_assembler is None or datagram.sender not in self.clients:
+                return
+            done = self.dgt_assembler.on_block(datagram)
+            if done is not None:
+                self._on_pushpull(done)
+
+    def _on_dgt_tick(self, now: float) -> None:
+        """Deadlines (the receiver thread): pushes still missing blocks join their rounds with zeros there."""
+        if self.dgt_assembler is None:
+            return
+        with self._lock:
+            deadline = self.dgt_assembler.next_deadline()
+            if deadline is None or deadline > now:
+                return
+            for done in self.dgt_assembler.expire(now):
+                self._on_pushpull(done)
 
     def _check_shard(self, message: Message) -> str | None:
         """Record the explicit shard id an INIT names (see geomx.sharding); the problem with it, if any."""
@@ -404,6 +489,9 @@ class ParameterServer:
             codec = self.codecs.make_codec(body["compression"]) if "compression" in body else None
         except ValueError as exc:  # CodecError is a ValueError too
             self._refuse(message, str(exc))
+            return
+        if codec is not None and self.config.topology.dgt is not None:
+            self._refuse(message, "DGT (ENABLE_DGT) does not combine with WAN compression; see the README's table")
             return
         if codec is not None:
             self.wan_codec = codec
@@ -578,6 +666,9 @@ class ParameterServer:
                 except CodecError as exc:
                     self._release(rnd, None, f"cannot compress key {rnd.key} slice {rnd.part}: {exc}")
                     return
+            if self.dgt_sender is not None and "tensor" in fields and upward.dtype == np.float32:
+                address = self.udp_address[self._owner(rnd.key, rnd.part)]
+                fields = self.dgt_sender.push(address, rnd.key, rnd.part, rnd.number, upward)
             self._forward(rnd, Message(Kind.PUSHPULL, key=rnd.key, part=rnd.part, num_parts=first.num_parts,
                                        round=rnd.number, priority=first.priority, **fields))
             return
