@@ -50,7 +50,7 @@ import yaml
 from .launch import LaunchResult, launch
 from .runlog import read_metrics
 
-SECTIONS = ("training", "transport", "sync")
+SECTIONS = ("training", "transport", "sync", "frontend")
 
 # The emulated WAN of the training section (the demo topology's links).
 WAN = {"bandwidth": "100Mbit", "latency": "25ms"}
@@ -877,6 +877,11 @@ def format_report(report: dict[str, Any]) -> str:
         lines += ["", *_sync_lines(sync)]
     elif "sync_error" in report:
         lines += ["", f"[sync] not measured: {report['sync_error']}"]
+    if report.get("frontend"):  # the section lives in bench_frontend.py
+        from .bench_frontend import frontend_lines
+        lines += ["", *frontend_lines(report["frontend"])]
+    elif "frontend_error" in report:
+        lines += ["", f"[frontend] not measured: {report['frontend_error']}"]
     lines.append("")
     lines.append(f"raw figures: {report.get('json_path')}")
     return "\n".join(lines)
@@ -884,6 +889,11 @@ def format_report(report: dict[str, Any]) -> str:
 
 # ---------------------------------------------------------------------------------------------------------
 # entry point
+
+def _bench_frontend(plan: Plan, out_dir: Path) -> dict[str, Any]:
+    from .bench_frontend import run_frontend
+    return run_frontend(plan is QUICK, out_dir)
+
 
 def run_bench(quick: bool, out_dir: Path, sections: list[str] | None = None) -> int:
     """Run the chosen sections (default: all), print the table, write OUT/bench.json. Never asserts."""
@@ -899,7 +909,8 @@ def run_bench(quick: bool, out_dir: Path, sections: list[str] | None = None) -> 
     }
     failed = False
     interrupted = False
-    for section, runner in (("training", bench_training), ("transport", bench_transport), ("sync", bench_sync)):
+    for section, runner in (("training", bench_training), ("transport", bench_transport), ("sync", bench_sync),
+                            ("frontend", _bench_frontend)):
         if section not in chosen:
             continue
         try:

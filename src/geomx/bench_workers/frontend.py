@@ -1,0 +1,112 @@
+"""Bench worker of the front-end section: one communication-bound CNN, trained by one of two loops.
+
+``--loop sequential`` is the kvstore loop of examples/cnn.py: forward, backward, then push every gradient
+and pull every parameter (communication after backward, one after the other). ``--loop wrapper`` is the
+same model and server optimizer through ``geomx.torch.DistributedOptimizer`` (pushes from gradient hooks,
+forward pre-hooks wait per layer; P3 if the topology says so). Inputs are synthetic: this measures time.
+
+Writes ``$GEOMX_RUN_DIR/out/frontend-<global rank>.json``: mean step, forward, backward and communication
+times (ms) over the steps after ``--warmup``.
+
+Usage::
+
+    geomx launch bench.yaml -- python -m geomx.bench_workers.frontend --loop wrapper --steps 12
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import geomx
+import geomx.torch as gx
+
+
+class CommBoundCNN(nn.Module):
+    """VGG-like: three small convolutions, then a 4096x256 dense layer (1M of its 1.1M parameters) deepest."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(64, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2))
+        self.classifier = nn.Sequential(nn.Flatten(), nn.Linear(64 * 8 * 8, 256), nn.ReLU(), nn.Linear(256, 10))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x))
+
+
+def _mean_ms(values: list[float]) -> float:
+    return 1000 * statistics.fmean(values) if values else float("nan")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--loop", choices=["sequential", "wrapper"], required=True)
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--batch-size", type=int, default=16)
+    args = parser.parse_args()
+    rank, _ = gx.worker_place()
+    torch.manual_seed(rank)
+    model = CommBoundCNN()
+    images = torch.randn(args.batch_size, 3, 32, 32)
+    labels = torch.randint(0, 10, (args.batch_size,))
+    times: dict[str, list[float]] = {"step": [], "forward": [], "backward": [], "comm": []}
+    if args.loop == "wrapper":
+        opt = gx.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), model)
+        kv = opt.kv
+        for step in range(args.steps + args.warmup):
+            started = time.monotonic()
+            opt.zero_grad()
+            loss = F.cross_entropy(model(images), labels)
+            loss.backward()
+            opt.step()
+            if step >= args.warmup:
+                times["step"].append(time.monotonic() - started)
+        opt.synchronize()
+        name, run_dir = kv.name, kv.config.run_dir
+        opt.close()
+    else:
+        kv = geomx.kv.create("dist_sync")
+        params = list(model.parameters())
+        if kv.is_master_worker:
+            kv.set_optimizer(geomx.optim.SGD(lr=0.01))
+        kv.init(list(range(len(params))), [p.data for p in params])
+        for step in range(args.steps + args.warmup):
+            started = time.monotonic()
+            model.zero_grad()
+            loss = F.cross_entropy(model(images), labels)
+            forward_done = time.monotonic()
+            loss.backward()
+            backward_done = time.monotonic()
+            for idx, param in enumerate(params):
+                assert param.grad is not None
+                kv.push(idx, param.grad, priority=-idx)
+            for idx, param in enumerate(params):
+                kv.pull(idx, param.data, priority=-idx)
+            done = time.monotonic()
+            if step >= args.warmup:
+                times["step"].append(done - started)
+                times["forward"].append(forward_done - started)
+                times["backward"].append(backward_done - forward_done)
+                times["comm"].append(done - backward_done)
+        name, run_dir = kv.name, kv.config.run_dir
+        kv.close()
+    if run_dir is not None:
+        folder = Path(run_dir) / "out"
+        folder.mkdir(parents=True, exist_ok=True)
+        result = {"name": name, "loop": args.loop, "steps": len(times["step"]),
+                  **{f"{k}_ms": _mean_ms(v) for k, v in times.items() if v}}
+        (folder / f"frontend-{rank}.json").write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
