@@ -56,6 +56,51 @@ class Optimizer:
     def _update(self, slot: SlotId, weight: torch.Tensor, grad: torch.Tensor, contributor: str) -> None:
         raise NotImplementedError
 
+    def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """The per-slot state as (JSON layout, named arrays), for checkpoints (no pickle).
+
+        Every subclass keeps its state in private dicts (``_momentum``, ``_state`` ...) whose values are
+        tensors, lists of ints, or tuples of those; this walks them all. Usage: ``layout, arrays = opt.state()``.
+        """
+        layout: dict[str, Any] = {}
+        arrays: dict[str, np.ndarray] = {}
+        for attr, table in vars(self).items():
+            if not attr.startswith("_") or not isinstance(table, dict):
+                continue
+            entries = []
+            for index, (slot, value) in enumerate(table.items()):
+                leaves = list(value) if isinstance(value, tuple) else [value]
+                kinds = []
+                for position, leaf in enumerate(leaves):
+                    name = f"{attr}/{index}/{position}"
+                    if isinstance(leaf, torch.Tensor):
+                        arrays[name], kind = leaf.detach().cpu().numpy().copy(), "tensor"
+                    elif isinstance(leaf, list):
+                        arrays[name], kind = np.asarray(leaf, dtype=np.int64), "ints"
+                    else:
+                        raise TypeError(f"optimizer {self.name}: cannot save state {attr} of type {type(leaf)}")
+                    kinds.append(kind)
+                entries.append({"slot": slot, "leaves": kinds, "tuple": isinstance(value, tuple)})
+            layout[attr] = entries
+        return layout, arrays
+
+    def load_state(self, layout: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
+        """Restore what ``state`` returned (ValueError if it does not fit this optimizer)."""
+        def slot_id(raw: Any) -> Any:  # JSON turned the tuples into lists
+            return tuple(slot_id(x) for x in raw) if isinstance(raw, list) else raw
+
+        for attr, entries in layout.items():
+            table = getattr(self, attr, None)
+            if not attr.startswith("_") or not isinstance(table, dict):
+                raise ValueError(f"optimizer {self.name} has no state {attr!r}")
+            table.clear()
+            for index, entry in enumerate(entries):
+                leaves: list[Any] = []
+                for position, kind in enumerate(entry["leaves"]):
+                    array = arrays[f"{attr}/{index}/{position}"]
+                    leaves.append(torch.from_numpy(np.array(array)) if kind == "tensor" else [int(x) for x in array])
+                table[slot_id(entry["slot"])] = tuple(leaves) if entry["tuple"] else leaves[0]
+
 
 @dataclass
 class SGD(Optimizer):

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from .checkpoint import CheckpointWriter, Snapshot, load_latest, shard_dir
 from .codecs import FP16, CodecError, TensorInfo, default_registry
 from .codecs import Codec as TensorCodec
 from .codecs.base import Kind as TensorKind
@@ -123,6 +124,8 @@ class ParameterServer:
                        bind_host=config.bind_host, name=self.name)
         self.requests = Requests(self.van)
         self.timeouts = config.topology.timeouts
+        self.checkpoints: CheckpointWriter | None = None  # global servers with checkpoint.dir set
+        self.resumed: Snapshot | None = None  # the checkpoint this global server started from (--resume)
         # WAN compression (set by the master through CONFIGURE): a local server encodes its pushes with it,
         # a global server its replies; every server decodes whatever arrives by the payload's codec id.
         self.codecs = default_registry()
@@ -179,9 +182,14 @@ class ParameterServer:
 
     def run(self) -> int:
         """Serve until every client has shut down. Returns the process exit code."""
+        if self.config.resume and self.is_global and not self._resume():
+            return 2
         self.van.start()
         schedulers = self._join()
         self._start_dgt()
+        spec = self.config.topology.checkpoint
+        if self.is_global and spec.dir is not None:
+            self.checkpoints = CheckpointWriter(spec, self.config.rank or 0, self.name)
         log.info("[%s] serving %d clients%s", self.name, len(self.clients),
                  f", upstream {len(self.upstream)} global servers" if self.upstream else "")
         with self._lock:
@@ -195,6 +203,8 @@ class ParameterServer:
         self._done.wait()
         self._stop_watchdog.set()
         self._stop_dgt()
+        if self.checkpoints is not None and not self.checkpoints.wait_idle(self.timeouts.shutdown_s):
+            log.error("[%s] a checkpoint was still being written at shutdown", self.name)
         for scheduler in schedulers:  # a fatal stop is announced, so the schedulers tell everyone at once
             self.van.send(scheduler, Message(Kind.SHUTDOWN, body={"failed": self._fatal} if self._fatal else None))
         self.van.flush(self.timeouts.shutdown_s)
@@ -509,6 +519,7 @@ class ParameterServer:
                 log.warning("[%s] replacing optimizer %s (its state is dropped)", self.name, self.optimizer.name)
             self.optimizer = optimizer
             log.info("[%s] optimizer set: %s", self.name, body["optimizer"])
+            self._restore_optimizer_state()
         if policy is not None:
             self.push_policy = policy
             log.info("[%s] synchronization: %s", self.name, policy.name)
@@ -688,6 +699,61 @@ class ParameterServer:
         else:
             slot.value = (np.add(slot.value, total) if hfa else total).astype(dtype, copy=False)
         self._release(rnd, slot.value, fields=self._reply_fields(rnd, slot.value, hfa))
+        self._maybe_checkpoint()
+
+    # -- checkpoints (global servers) ---------------------------------------------------------------------
+    def _resume(self) -> bool:
+        """Load the newest valid checkpoint of this shard (--resume); False (logged) if there is none."""
+        spec = self.config.topology.checkpoint
+        if spec.dir is None:
+            log.error("[%s] --resume needs a checkpoint folder: set checkpoint.dir in the topology "
+                      "(or GEOMX_CHECKPOINT_DIR)", self.name)
+            return False
+        snapshot = load_latest(spec.dir, self.config.rank or 0)
+        if snapshot is None:
+            log.error("[%s] --resume: no valid checkpoint in %s", self.name, shard_dir(spec.dir, self.config.rank or 0))
+            return False
+        self.resumed = snapshot
+        self.slots = {sid: Slot(value) for sid, value in snapshot.slots.items()}
+        for (key, part), number in snapshot.rounds.items():
+            self.rounds[(Kind.PUSHPULL, key, part)] = Round(Kind.PUSHPULL, key, part, number=number)
+        log.info("[%s] resumed from %s: step %d, %d slots", self.name, snapshot.source, snapshot.step,
+                 len(snapshot.slots))
+        return True
+
+    def _restore_optimizer_state(self) -> None:
+        """After a resume, give the newly configured optimizer the checkpoint's state if it is the same one."""
+        snapshot, optimizer = self.resumed, self.optimizer
+        if snapshot is None or optimizer is None or snapshot.optimizer_spec is None:
+            return
+        if snapshot.optimizer_spec != optimizer.spec():
+            log.warning("[%s] the checkpoint's optimizer %s differs from the configured %s: its state is not "
+                        "restored", self.name, snapshot.optimizer_spec, optimizer.spec())
+            return
+        try:
+            optimizer.load_state(snapshot.optimizer_layout, snapshot.optimizer_state)
+        except (KeyError, TypeError, ValueError) as exc:
+            log.error("[%s] cannot restore the optimizer state of %s: %s", self.name, snapshot.source, exc)
+            return
+        log.info("[%s] optimizer state restored from step %d", self.name, snapshot.step)
+
+    def _maybe_checkpoint(self) -> None:
+        """Checkpoint when due; the step is the completed rounds of the least advanced slot."""
+        if self.checkpoints is None or not self.slots:
+            return
+        rounds = {sid: self._rounds_done(sid) for sid in self.slots}
+        step = min(rounds.values())
+
+        def take() -> Snapshot:
+            layout, state = self.optimizer.state() if self.optimizer is not None else ({}, {})
+            return Snapshot(step, {sid: np.array(slot.value, copy=True) for sid, slot in self.slots.items()},
+                            rounds, self.optimizer.spec() if self.optimizer is not None else None, state, layout)
+
+        self.checkpoints.maybe_write(step, take)
+
+    def _rounds_done(self, sid: tuple[int, int]) -> int:
+        rnd = self.rounds.get((Kind.PUSHPULL, *sid))
+        return rnd.number if rnd is not None else 0
 
     def _reply_fields(self, rnd: Round, value: np.ndarray, hfa: bool) -> dict[str, Any] | None:
         """The global server's answer, compressed when a WAN codec is set (None: the plain value).

@@ -1,0 +1,116 @@
+"""Worker of the survival tests: jobkit's FSA training (SGD with momentum on the global server), plus faults.
+
+Faults (at ``--fault-step``, by the worker of global rank ``--fault-rank``):
+  --freeze self            SIGSTOP this worker (alive but silent: only heartbeats can tell)
+  --freeze global_server   SIGSTOP the job's global server
+  --kill global_server     SIGKILL the job's global server, once a checkpoint of step >= --wait-checkpoint exists
+
+``--resume-from-checkpoint``: start at the step of the newest valid checkpoint (what a resumed job does).
+Every worker that ends writes ``out/worker<rank>.pt/.json`` (jobkit); one that fails writes
+``out/error<rank>.json`` with the exception's text, then re-raises.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import jobkit
+import torch
+import torch.nn.functional as F
+
+import geomx
+from geomx.checkpoint import load_latest
+
+
+def find_pid(run_dir: Path, role: str) -> int:
+    """The pid of this job's process playing ``role`` (its environment names the role and the run folder)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            env = dict(item.split("=", 1) for item in (entry / "environ").read_text().split("\0") if "=" in item)
+        except OSError:
+            continue
+        if env.get("GEOMX_ROLE") == role and env.get("GEOMX_RUN_DIR") == str(run_dir):
+            return int(entry.name)
+    raise RuntimeError(f"no {role} process of run {run_dir}")
+
+
+def wait_for_checkpoint(folder: Path, step: int, timeout: float = 30.0) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        snapshot = load_latest(folder, shard=0)
+        if snapshot is not None and snapshot.step >= step:
+            return snapshot.step
+        time.sleep(0.05)
+    raise RuntimeError(f"no checkpoint of step >= {step} in {folder} within {timeout} s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=jobkit.STEPS)
+    parser.add_argument("--fault-step", type=int, default=-1)
+    parser.add_argument("--fault-rank", type=int, default=-1)
+    parser.add_argument("--freeze", choices=["self", "global_server"])
+    parser.add_argument("--kill", choices=["global_server"])
+    parser.add_argument("--wait-checkpoint", type=int, default=0)
+    parser.add_argument("--resume-from-checkpoint", action="store_true")
+    args = parser.parse_args()
+    kv = geomx.kv.create("dist_sync")
+    rank = kv.global_rank
+    run_dir = Path(kv.config.run_dir or ".")
+    out = jobkit.out_dir(run_dir)
+    torch.manual_seed(jobkit.seed_for(rank))
+    model = jobkit.make_model()
+    params = list(model.parameters())
+    before = [p.detach().clone() for p in params]
+    if kv.is_master_worker:
+        kv.set_optimizer(geomx.optim.SGD(lr=jobkit.LR, momentum=jobkit.MOMENTUM))
+    kv.init(list(range(len(params))), [p.data for p in params])
+    after = [p.detach().clone() for p in params]
+    first = 0
+    report: dict = {"name": kv.name, "global_rank": rank}
+    checkpoints = kv.config.topology.checkpoint.dir
+    if args.resume_from_checkpoint:
+        assert checkpoints is not None
+        snapshot = load_latest(checkpoints, shard=0)
+        assert snapshot is not None, "resumed without a checkpoint"
+        first = snapshot.step
+        report["resumed_at"] = first
+    inputs, targets = jobkit.make_data(args.steps, kv.num_all_workers)
+    try:
+        for step in range(first, args.steps):
+            if step == args.fault_step and rank == args.fault_rank:
+                (out / "fault.json").write_text(json.dumps({"time": time.time(), "step": step}))
+                if args.freeze == "self":
+                    os.kill(os.getpid(), signal.SIGSTOP)
+                elif args.freeze == "global_server":
+                    os.kill(find_pid(run_dir, "global_server"), signal.SIGSTOP)
+                elif args.kill == "global_server":
+                    assert checkpoints is not None
+                    saved = wait_for_checkpoint(checkpoints, args.wait_checkpoint)
+                    (out / "fault.json").write_text(json.dumps({"time": time.time(), "step": step,
+                                                                "checkpoint_step": saved}))
+                    os.kill(find_pid(run_dir, "global_server"), signal.SIGKILL)
+            model.zero_grad()
+            F.mse_loss(model(inputs[step, rank]), targets[step, rank]).backward()
+            for idx, param in enumerate(params):
+                kv.push(idx, param.grad, priority=-idx)
+            for idx, param in enumerate(params):
+                kv.pull(idx, param.data, priority=-idx)
+    except Exception as exc:
+        (out / f"error{rank}.json").write_text(json.dumps({"time": time.time(), "error": f"{type(exc).__name__}: "
+                                                                                       f"{exc}"}))
+        raise
+    jobkit.save_worker_output(run_dir, rank, {"before_init": before, "after_init": after,
+                                              "final": [p.detach().clone() for p in params]}, report)
+    kv.close()
+
+
+if __name__ == "__main__":
+    main()
