@@ -359,6 +359,34 @@ def test_bsc_replays_dgc(direction: str, momentum: float, warmup: int, exact: bo
         np.testing.assert_allclose(decoded, expected, rtol=1e-6, atol=1e-7, err_msg=f"step {step}")
 
 
+def test_bsc_pushes_deltas_without_momentum() -> None:
+    """HFA pushes model deltas (already shaped by the local optimizer's momentum): plain error feedback."""
+    rng = np.random.default_rng(9)
+    grads = [rng.standard_normal(2_000).astype(np.float32) for _ in range(6)]
+    reference = dgc_reference(grads, 0.03, 0.0, 0)
+    codec = BSC(threshold=0.03, momentum=0.9, exact=True)
+    for step, (g, expected) in enumerate(zip(grads, reference, strict=True)):
+        decoded = codec.decode(codec.encode(g, info(kind="delta")), g.shape, F32)
+        np.testing.assert_allclose(decoded, expected, rtol=1e-6, atol=1e-7, err_msg=f"step {step}")
+
+
+def test_fp16_switch_is_a_topology_field_and_an_environment_flag(tmp_path: Any) -> None:
+    from geomx.config import ConfigError, node_config_from_env, topology_from_dict, topology_to_dict
+
+    raw = {"parties": {"dc0": {"workers": 1}}, "central": "dc0"}
+    assert topology_from_dict(raw).fp16 is False
+    topology = topology_from_dict({**raw, "fp16": True})
+    assert topology.fp16 is True and topology_from_dict(topology_to_dict(topology)).fp16 is True
+    with pytest.raises(ConfigError, match="'fp16' must be true or false"):
+        topology_from_dict({**raw, "fp16": "yes"})
+    env = {"GEOMX_ROLE": "worker", "GEOMX_PARTY": "dc0", "GEOMX_NUM_WORKERS": "1",
+           "GEOMX_GLOBAL_SCHEDULER": "127.0.0.1:9000", "GEOMX_SCHEDULER": "127.0.0.1:9001"}
+    assert node_config_from_env(env).topology.fp16 is False
+    assert node_config_from_env({**env, "GEOMX_FP16": "1"}).topology.fp16 is True
+    with pytest.raises(ConfigError, match="GEOMX_FP16 must be 0 or 1"):
+        node_config_from_env({**env, "GEOMX_FP16": "half"})
+
+
 def test_warmup_ramps_exponentially_per_slot() -> None:
     codec = BSC(threshold=0.01, warmup_steps=4)
     assert [round(codec.fraction(i), 4) for i in range(6)] == [1.0, 0.3162, 0.1, 0.0316, 0.01, 0.01]

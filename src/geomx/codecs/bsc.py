@@ -8,6 +8,9 @@ factor masking as in Deep Gradient Compression (Lin et al., 2018)::
     S = the k entries of largest |v|, k = max(1, int(n * fraction))
     send (S, v[S]);  u[S] = 0;  v[S] = 0
 
+A pushed ``delta`` (HFA's model change, which local optimizer steps produced) gets no momentum: plain
+error feedback, ``v = v + g``.
+
 Pull (the global server's aggregate, direction "pull"): the same sparsifier with ``momentum = 0``, so
 ``v`` is a plain error-feedback residual; pull bytes ≈ push bytes. (GeoMX instead re-sends every
 non-zero of the sum of P parties' sparse pushes, up to P·k entries, with no residual.)
@@ -240,7 +243,10 @@ class BSC(Codec):
     def _slot(self, info: TensorInfo, n: int) -> _SlotState:
         state = self._state.get(info.slot)
         if state is None:
-            with_momentum = info.direction == "push" and self.momentum > 0
+            # Momentum correction stands in for the optimizer's momentum on raw gradients. A delta (HFA's
+            # model change after local optimizer steps) already carries the optimizer's momentum; adding
+            # more would overshoot, so deltas get plain error feedback.
+            with_momentum = info.direction == "push" and info.kind == "gradient" and self.momentum > 0
             velocity = np.zeros(n, np.float32) if with_momentum else None
             state = _SlotState(velocity=velocity, accumulated=np.zeros(n, np.float32))
             self._state[info.slot] = state
