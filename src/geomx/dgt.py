@@ -14,10 +14,11 @@ Only a local server's pushes to its global server use it (as in GeoMX). Per push
    next round of the same stream (GeoMX does the same).
 
 **Adaptive K** (``adaptive``; GeoMX reads ``ADAPTIVE_K_FLAG`` and ignores it): after each push the sender
-sets ``K`` to the smallest fraction (at least ``k_min``) whose *expected lost contribution* stays within
+sets that slice's ``K`` to the smallest fraction (at least ``k_min``) whose *expected lost contribution* stays within
 ``LOSS_BUDGET`` (1%) of the total: ``mean_loss * tail_mass(K) <= LOSS_BUDGET``, where ``tail_mass(K)`` is the
 share of the contribution ranked below the top ``K`` and ``mean_loss`` is the loss rate measured on the UDP
-channels so far (here the emulator's drops; a real deployment would count receiver acknowledgements). So K
+channels so far (once 50 datagrams were offered; here the emulator's drops; a real deployment would count
+receiver acknowledgements). So K
 rises when losses rise and falls as contributions concentrate (the convergence signal: a converging model
 has a few large blocks and a long flat tail), and with no loss everything may go over UDP.
 
@@ -105,11 +106,12 @@ class DgtSender:
     """A local server's side: splits, ranks, sends the UDP blocks, returns the reliable request's fields."""
 
     MAX_DROP_LOG = 100_000
+    MIN_LOSS_SAMPLES = 50
 
     def __init__(self, spec: DGTSpec, name: str, link: LinkSpec) -> None:
         self.spec = spec
         self.name = name
-        self.k = spec.k
+        self.k_of: dict[tuple[int, int], float] = {}  # K per (key, slice); starts at spec.k
         self.block_elems = spec.block_bytes // 4
         self._contribution: dict[tuple[int, int], np.ndarray] = {}
         self._random = random.Random(spec.seed)
@@ -143,7 +145,8 @@ class DgtSender:
             self._random.shuffle(order)
         else:
             order = [int(i) for i in np.argsort(-scores, kind="stable")]
-        channel_of = assign_channels(order, self.k, self.spec.channels) if ranges else {}
+        k = self.k_of.get((key, part), self.spec.k)
+        channel_of = assign_channels(order, k, self.spec.channels) if ranges else {}
         reliable = sorted(b for b, c in channel_of.items() if c == 0)
         udp = sorted((channel_of[b], rank, b) for rank, b in enumerate(order) if channel_of[b] != 0)
         for channel, _, block in udp:
@@ -154,9 +157,11 @@ class DgtSender:
         self.stats.pushes += 1
         self.stats.reliable_blocks += len(reliable)
         self.stats.udp_blocks += len(udp)
-        self.stats.k_history.append(self.k)
-        if self.spec.adaptive:
-            self.k = adaptive_k(sorted(scores.tolist(), reverse=True), self.measured_loss(), self.spec.k_min)
+        self.stats.k_history.append(k)
+        offered = sum(c.offered for c in self._channels.values())
+        if self.spec.adaptive and offered >= self.MIN_LOSS_SAMPLES:  # too few datagrams say little about loss
+            self.k_of[(key, part)] = adaptive_k(sorted(scores.tolist(), reverse=True), self.measured_loss(),
+                                                self.spec.k_min)
         values_out = (np.concatenate([flat[ranges[b][0]:ranges[b][1]] for b in reliable]) if reliable
                       else np.zeros(0, np.float32))
         body = {BODY_KEY: {"blocks": reliable, "udp": len(udp), "block_elems": self.block_elems, "numel": flat.size,
@@ -166,7 +171,7 @@ class DgtSender:
     def report(self) -> dict[str, Any]:
         return {"name": self.name, "role": "sender", "pushes": self.stats.pushes,
                 "reliable_blocks": self.stats.reliable_blocks, "udp_blocks": self.stats.udp_blocks,
-                "udp_sent": self.udp.sent, "measured_loss": self.measured_loss(), "k": self.k,
+                "udp_sent": self.udp.sent, "measured_loss": self.measured_loss(),
                 "k_history": self.stats.k_history[-2000:], "dropped": self.stats.dropped}
 
 

@@ -17,7 +17,7 @@ NUMEL, ROUNDS, BLOCK_BYTES = 8192, 6, 256  # 128 blocks of 64 values per push
 
 
 def dgt_topology(tmp_path: Path, name: str, dgt: dict[str, Any], **options: Any) -> Path:
-    path = write_topology(tmp_path / f"{name}.yaml", parties={"dc0": 1, "dc1": 1}, **options)
+    path = write_topology(tmp_path / f"{name}.yaml", **{"parties": {"dc0": 1, "dc1": 1}, **options})
     raw = yaml.safe_load(path.read_text())
     raw["dgt"] = dgt
     path.write_text(yaml.safe_dump(raw))
