@@ -1,0 +1,62 @@
+"""Failure detection with real processes: a node that goes silent (SIGSTOP: alive, but it says nothing, so
+the launcher cannot notice) is declared dead by its scheduler within the heartbeat timeout, every process
+that waits for it names it, and FSA stops with that message, long before any round or request timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jobkit
+
+HEARTBEAT_S = 2.0
+LONG_S = 90.0  # round and request timeouts: the job must stop long before these could fire
+TIMEOUTS = {"heartbeat": f"{HEARTBEAT_S:g}s", "heartbeat_interval": "0.25s", "round": f"{LONG_S:g}s",
+            "request": f"{LONG_S:g}s", "shutdown": "5s"}
+
+
+def lines_naming(output: str, dead: str) -> dict[str, list[str]]:
+    """Process label -> its log lines that say ``dead`` is dead."""
+    found: dict[str, list[str]] = {}
+    for line in output.splitlines():
+        match = re.match(r"\[([^\]]+)\] (.*)", line)
+        if match and f"{dead} is dead" in match.group(2):
+            found.setdefault(match.group(1), []).append(match.group(2))
+    return found
+
+
+def fault_time(job) -> float:
+    return json.loads((job.run_dir / jobkit.OUT_DIR / "fault.json").read_text())["time"]
+
+
+def test_silent_worker_is_declared_dead_and_fsa_stops_naming_it(geomx_job):
+    """dc1/worker1 stops itself at step 2. Its scheduler declares it dead, its local server fails the round
+    naming it and stops, dc1/worker0 gets that error and exits: the job ends, with a clear message."""
+    job = geomx_job("survive_train.py", "--steps", "6", "--fault-step", "2", "--fault-rank", "3",
+                    "--freeze", "self", timeouts=TIMEOUTS)
+    assert job.result.exit_code != 0
+    named = lines_naming(job.output, "dc1/worker1")
+    for process in ("dc1/scheduler", "dc1/server"):
+        assert process in named, (process, sorted(named), job.tail())
+    assert any("sent no heartbeat" in line or "no heartbeat for" in line for line in named["dc1/scheduler"])
+    assert any("cannot go on without it" in line for line in named["dc1/server"]), named["dc1/server"]
+    error = json.loads((job.run_dir / jobkit.OUT_DIR / "error2.json").read_text())["error"]
+    assert "dc1/worker1 is dead" in error and "dc1/server" in error, error  # dc1/worker0's failure says why
+    assert job.returned_at - fault_time(job) < HEARTBEAT_S + 20, "detection took too long"
+    assert job.result.wall_s < LONG_S
+
+
+def test_silent_global_server_is_named_by_every_party(geomx_job):
+    """dc0/worker0 stops the global server at step 2. The global scheduler declares it dead; both local
+    servers learn it from their heartbeats, fail their rounds naming it, and the workers fail with it."""
+    job = geomx_job("survive_train.py", "--steps", "6", "--fault-step", "2", "--fault-rank", "0",
+                    "--freeze", "global_server", parties={"dc0": 1, "dc1": 1}, timeouts=TIMEOUTS)
+    assert job.result.exit_code != 0
+    named = lines_naming(job.output, "global_server0")
+    for process in ("global_scheduler", "dc0/server", "dc1/server"):
+        assert process in named, (process, sorted(named), job.tail())
+    errors = [json.loads(p.read_text())["error"] for p in (job.run_dir / jobkit.OUT_DIR).glob("error*.json")]
+    assert errors and all("global_server0 is dead" in e for e in errors), errors
+    assert job.returned_at - fault_time(job) < HEARTBEAT_S + 20, "detection took too long"
+    assert job.result.wall_s < LONG_S
