@@ -186,7 +186,8 @@ class Watch:
     def declare(self, member: str, why: str) -> None:
         """Mark ``member`` dead for a reason other than silence (it left after a fatal error)."""
         with self._lock:
-            self.dead.setdefault(member, why)
+            if member in self._last:
+                self.dead.setdefault(member, why)
 
     def snapshot(self) -> dict[str, str]:
         with self._lock:

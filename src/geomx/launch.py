@@ -124,6 +124,10 @@ class Launcher:
         self._readers: list[threading.Thread] = []
         self._interrupted = False
 
+    def pids(self) -> dict[str, int]:
+        """Label -> pid of every process started so far (e.g. to find a job's ports)."""
+        return {spec.label: proc.pid for spec, proc in list(self._procs)}
+
     def _say(self, text: str) -> None:
         with self._print_lock:
             self.out.write(text + "\n")

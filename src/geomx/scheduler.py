@@ -105,6 +105,9 @@ class Scheduler:
         elif message.kind is Kind.SHUTDOWN and not message.is_reply:
             failed = (message.body or {}).get("failed")
             with self._lock:
+                if self._watch is None or sender not in self._watch.names:
+                    log.warning("[%s] ignored a goodbye from %r, which is not a member", self.name, sender)
+                    return
                 self._goodbyes.add(sender)
                 if failed and self._watch is not None:  # it stopped on a fatal error: its peers must know
                     self._watch.declare(sender, f"stopped after a fatal error: {str(failed)[:500]}")

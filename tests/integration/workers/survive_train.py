@@ -4,6 +4,7 @@ Faults (at ``--fault-step``, by the worker of global rank ``--fault-rank``):
   --freeze self            SIGSTOP this worker (alive but silent: only heartbeats can tell)
   --freeze global_server   SIGSTOP the job's global server
   --kill global_server     SIGKILL the job's global server, once a checkpoint of step >= --wait-checkpoint exists
+  --hold-until FILE        wait (at most 120 s) until run_dir/FILE exists, e.g. while a fuzzer sprays the job
 
 ``--resume-from-checkpoint``: start at the step of the newest valid checkpoint (what a resumed job does).
 Every worker that ends writes ``out/worker<rank>.pt/.json`` (jobkit); one that fails writes
@@ -51,6 +52,14 @@ def wait_for_checkpoint(folder: Path, step: int, timeout: float = 30.0) -> int:
     raise RuntimeError(f"no checkpoint of step >= {step} in {folder} within {timeout} s")
 
 
+def wait_for_file(path: Path, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{path} did not appear within {timeout} s")
+        time.sleep(0.05)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=jobkit.STEPS)
@@ -59,6 +68,7 @@ def main() -> None:
     parser.add_argument("--freeze", choices=["self", "global_server"])
     parser.add_argument("--kill", choices=["global_server"])
     parser.add_argument("--wait-checkpoint", type=int, default=0)
+    parser.add_argument("--hold-until")
     parser.add_argument("--resume-from-checkpoint", action="store_true")
     args = parser.parse_args()
     kv = geomx.kv.create("dist_sync")
@@ -91,6 +101,8 @@ def main() -> None:
                     os.kill(os.getpid(), signal.SIGSTOP)
                 elif args.freeze == "global_server":
                     os.kill(find_pid(run_dir, "global_server"), signal.SIGSTOP)
+                elif args.hold_until:
+                    wait_for_file(run_dir / args.hold_until)
                 elif args.kill == "global_server":
                     assert checkpoints is not None
                     saved = wait_for_checkpoint(checkpoints, args.wait_checkpoint)
