@@ -5,7 +5,7 @@ file's: FSA with the optimizer on the global servers by default, MixedSync + DCA
 Nesterov), ESync, a WAN codec, P3:
 
     geomx launch topologies/demo.yaml -- python examples/cnn_torch.py
-    GEOMX_SYNC=dist_async GEOMX_SERVER_OPTIMIZER=dcasgd geomx launch topologies/demo.yaml -- \
+    GEOMX_SYNC=dist_async GEOMX_SERVER_OPTIMIZER=dcasgd:lr=0.05,momentum=0.9 geomx launch topologies/demo.yaml -- \
         python examples/cnn_torch.py
     GEOMX_SERVER_OPTIMIZER=outer_nesterov geomx launch topologies/hfa.yaml -- python examples/cnn_torch.py
     GEOMX_ESYNC=1 geomx launch topologies/esync.yaml -- python examples/cnn_torch.py

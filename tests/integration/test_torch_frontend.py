@@ -123,3 +123,33 @@ def test_a_worker_with_a_different_model_fails_at_start(geomx_job):
     assert "the first difference is parameter 0 ('0.weight', shape (65, 32)): 2,080 elements here, 2,048" \
            in job.output, job.tail()
     assert job.result.wall_s < 60
+
+
+def test_fp16_wan_codec_from_the_topology_stays_close_to_fsa(geomx_job, tmp_path):
+    """The master sets the topology's codec; fp16 on the WAN rounds gradient sums and weights, nothing more."""
+    job = geomx_job(SCRIPT, topology=topology(tmp_path, {"compression": {"type": "fp16"}}))
+    job.assert_ok()
+    _, final = jobkit.reference_run(4)
+    workers = job.workers()
+    for tensors, report in workers.values():
+        assert report["mode"] == "SERVER"
+        for got, want in zip(tensors["final"], final, strict=True):
+            torch.testing.assert_close(got, want, atol=5e-3, rtol=5e-3)
+    # fp16 really rounded something on the way (the same job in fp32 matches to fp32 tolerance, see above)
+    assert any(not torch.equal(got, want) for got, want in zip(workers[0][0]["final"], final, strict=True))
+
+
+def test_esync_through_the_wrapper_ends_together(geomx_job, tmp_path):
+    """ESync's local step counts differ per worker; when the first worker's data ends that round is the last,
+    and every worker ends with the same (global) model."""
+    path = topology(tmp_path, {"esync": True}, hfa={"k1": 2, "k2": 1})
+    job = geomx_job(SCRIPT, "--steps", "7", "--momentum", "0", topology=path)
+    job.assert_ok()
+    workers = job.workers()
+    assert sorted(workers) == [0, 1, 2, 3]
+    master = workers[0][0]
+    for rank, (tensors, report) in workers.items():
+        assert report["mode"] == "ESYNC"
+        for got, want, start in zip(tensors["final"], master["final"], master["after_init"], strict=True):
+            assert torch.equal(got, want), f"worker {rank} ended with another model"
+            assert not torch.equal(got, start)

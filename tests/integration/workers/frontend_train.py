@@ -46,12 +46,11 @@ def main() -> None:
         loss.backward()
         opt.step()
         opt.log(loss=loss)
-    opt.synchronize()
+    opt.close()  # the last updates land (under ESync: the last round runs here)
     final = [p.detach().clone() for p in model.parameters()]
     jobkit.save_worker_output(opt.kv.config.run_dir, rank, {"before_init": before, "after_init": after, "final": final},
                               {"name": opt.kv.name, "global_rank": rank, "is_master_worker": opt.is_master_worker,
                                "mode": opt.plan.mode.name, "overlap": opt.overlap})
-    opt.close()
 
 
 if __name__ == "__main__":
