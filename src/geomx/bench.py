@@ -50,7 +50,7 @@ import yaml
 from .launch import LaunchResult, launch
 from .runlog import read_metrics
 
-SECTIONS = ("training", "transport", "sync", "frontend")
+SECTIONS = ("training", "transport", "sync", "frontend", "sched")
 
 # The emulated WAN of the training section (the demo topology's links).
 WAN = {"bandwidth": "100Mbit", "latency": "25ms"}
@@ -877,6 +877,9 @@ def format_report(report: dict[str, Any]) -> str:
         lines += ["", *_sync_lines(sync)]
     elif "sync_error" in report:
         lines += ["", f"[sync] not measured: {report['sync_error']}"]
+    if report.get("sched"):  # the section lives in bench_sched.py
+        from .bench_sched import sched_lines
+        lines += sched_lines(report["sched"])
     if report.get("frontend"):  # the section lives in bench_frontend.py
         from .bench_frontend import frontend_lines
         lines += ["", *frontend_lines(report["frontend"])]
@@ -895,6 +898,11 @@ def _bench_frontend(plan: Plan, out_dir: Path) -> dict[str, Any]:
     return run_frontend(plan is QUICK, out_dir)
 
 
+def _bench_sched(plan: Plan, out_dir: Path) -> dict[str, Any]:
+    from .bench_sched import bench_sched  # MultiGPS and DGT (the module imports this one)
+    return bench_sched(plan is QUICK, out_dir)
+
+
 def run_bench(quick: bool, out_dir: Path, sections: list[str] | None = None) -> int:
     """Run the chosen sections (default: all), print the table, write OUT/bench.json. Never asserts."""
     plan = QUICK if quick else FULL
@@ -910,7 +918,7 @@ def run_bench(quick: bool, out_dir: Path, sections: list[str] | None = None) -> 
     failed = False
     interrupted = False
     for section, runner in (("training", bench_training), ("transport", bench_transport), ("sync", bench_sync),
-                            ("frontend", _bench_frontend)):
+                            ("frontend", _bench_frontend), ("sched", _bench_sched)):
         if section not in chosen:
             continue
         try:

@@ -1,0 +1,142 @@
+"""``geomx bench --only sched``: communication scheduling — MultiGPS and DGT, measured, never asserted.
+
+* **MultiGPS**: pushpull of a large tensor (split evenly over the global servers) from 2 parties with 1, 2
+  and 4 global servers (HiPS, no link emulation: the servers' CPU and sockets are the limit). Per global
+  server: bytes received and sent and CPU seconds (from the run's stats files); the master's time per
+  pushpull.
+* **DGT**: examples/cnn.py on digits over the emulated WAN (2 parties x 2 workers), reliable-only against
+  DGT at 0%, 1% and 5% loss per UDP channel, DGT with random block order at 5% (the baseline that shows
+  contribution order matters) and adaptive K at 5%: step time, final accuracy, blocks lost.
+
+Usage::
+
+    geomx bench --only sched --quick          # or: python -c "from geomx.bench_sched import bench_sched; ..."
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+from .bench import WAN, _master_records, _run_job, _say, _table, _write_topology, find_cnn_example
+from .dgt import read_reports
+from .runlog import read_stats
+
+GLOBAL_SERVERS = (1, 2, 4)
+
+
+def _multigps(quick: bool, out_dir: Path, errors: list[str]) -> dict[str, Any]:
+    size_mb, reps = (16.0, 5) if quick else (64.0, 10)
+    rows: dict[str, Any] = {}
+    for servers in GLOBAL_SERVERS:
+        name = f"sched-multigps-{servers}gs"
+        raw = {"parties": {"dc0": {"workers": 1}, "dc1": {"workers": 1}}, "central": "dc0",
+               "global_servers": servers, "mode": "hips"}
+        topology = _write_topology(out_dir / "topologies" / f"{name}.yaml", raw)
+        command = [sys.executable, "-m", "geomx.bench_workers.transport", "--sizes-mb", f"{size_mb:g}",
+                   "--reps", str(reps), "--warmup", "1"]
+        _say(f"[sched] {name}: pushpull of {size_mb:g} MB x{reps}, 2 parties, {servers} global server(s) ...")
+        result, metrics = _run_job(name, topology, command, out_dir)
+        records = _master_records(metrics)
+        if result.exit_code != 0 or not records:
+            errors.append(f"{name} failed ({result.failed}); see {out_dir / 'logs' / name}.log")
+            continue
+        per_server = {s["name"]: {"recv_mb": (s["lan"]["recv"] + s["wan"]["recv"]) / 1e6,
+                                  "sent_mb": (s["lan"]["sent"] + s["wan"]["sent"]) / 1e6,
+                                  "cpu_s": s.get("cpu_s")}
+                      for s in read_stats(out_dir / "runs" / name) if s.get("role") == "global_server"}
+        rows[str(servers)] = {"global_servers": servers, "size_mb": size_mb, "reps": reps,
+                              "step_ms": records[0]["mean_s"] * 1000, "median_ms": records[0]["median_s"] * 1000,
+                              "per_server": per_server, "wall_s": result.wall_s}
+        _say(f"[sched] {name}: {rows[str(servers)]['step_ms']:.0f} ms per pushpull; "
+             + ", ".join(f"{n} {v['recv_mb']:.0f} MB in / {v['cpu_s'] or 0:.1f} s CPU" for n, v in per_server.items()))
+    return rows
+
+
+DGT_ROWS: tuple[tuple[str, dict[str, Any] | None], ...] = (
+    ("reliable_only", None),
+    ("dgt_loss0", {"loss": 0.0}),
+    ("dgt_loss1", {"loss": 0.01}),
+    ("dgt_loss5", {"loss": 0.05}),
+    ("dgt_loss5_random_order", {"loss": 0.05, "random_order": True}),
+    ("dgt_loss5_adaptive", {"loss": 0.05, "adaptive": True, "k_min": 0.2}),
+)
+DGT_BASE = {"channels": 3, "k": 0.5, "block_bytes": 512, "deadline": "50ms", "seed": 1}
+
+
+def _dgt(quick: bool, out_dir: Path, errors: list[str]) -> dict[str, Any]:
+    cnn = find_cnn_example()
+    if cnn is None:
+        errors.append("examples/cnn.py not found: run from a geomx source checkout")
+        return {}
+    epochs = 6 if quick else 12
+    rows: dict[str, Any] = {}
+    for label, extra in DGT_ROWS:
+        name = f"sched-{label}"
+        raw: dict[str, Any] = {"parties": {"dc0": {"workers": 2}, "dc1": {"workers": 2}}, "central": "dc0",
+                               "mode": "hips", "links": {"wan": WAN}}
+        if extra is not None:
+            raw["dgt"] = {**DGT_BASE, **extra}
+        topology = _write_topology(out_dir / "topologies" / f"{name}.yaml", raw)
+        command = [sys.executable, str(cnn), "--epochs", str(epochs)]
+        _say(f"[sched] {name}: examples/cnn.py, {epochs} epochs over the emulated WAN ...")
+        result, metrics = _run_job(name, topology, command, out_dir)
+        records = _master_records(metrics)
+        if result.exit_code != 0 or not records:
+            errors.append(f"{name} failed ({result.failed}); see {out_dir / 'logs' / name}.log")
+            continue
+        reports = read_reports(out_dir / "runs" / name)
+        senders = [r for r in reports.values() if r.get("role") == "sender"]
+        receiver = next((r for r in reports.values() if r.get("role") == "receiver"), {})
+        ks = [k for r in senders for k in r.get("k_history", [])]
+        rows[label] = {
+            "dgt": raw.get("dgt"), "epochs": epochs, "steps": records[-1]["steps"],
+            "test_accuracy": records[-1]["test_accuracy"],
+            "step_ms": statistics.median(r["step_ms"] for r in records[1:]) if len(records) > 1
+            else records[-1]["step_ms"],
+            "wan_mb": result.summary.get("wan_bytes", 0) / 1e6,
+            "udp_blocks": sum(r.get("udp_blocks", 0) for r in senders),
+            "udp_mb": sum(r.get("udp_bytes", 0) for r in senders) / 1e6,
+            "reliable_blocks": sum(r.get("reliable_blocks", 0) for r in senders),
+            "blocks_lost": receiver.get("lost"), "late_folded": receiver.get("late_folded"),
+            "k_mean": statistics.fmean(ks) if ks else None,
+        }
+        row = rows[label]
+        _say(f"[sched] {name}: acc {row['test_accuracy']:.4f}, step {row['step_ms']:.0f} ms, "
+             f"UDP blocks {row['udp_blocks']}, lost {row['blocks_lost']}")
+    return rows
+
+
+def bench_sched(quick: bool, out_dir: Path) -> dict[str, Any]:
+    """Run the MultiGPS and DGT measurements; print their tables; return the figures for bench.json."""
+    errors: list[str] = []
+    report = {"multigps": _multigps(quick, out_dir, errors), "dgt": _dgt(quick, out_dir, errors), "errors": errors}
+    for line in sched_lines(report):
+        _say(line)
+    return report
+
+
+def sched_lines(report: dict[str, Any]) -> list[str]:
+    """The section's two tables."""
+    lines = ["", "[sched] MultiGPS: pushpull of one large tensor, 2 parties, HiPS, no emulation"]
+    rows = []
+    for row in report.get("multigps", {}).values():
+        servers = row["per_server"].values()
+        rows.append([str(row["global_servers"]), f"{row['step_ms']:.0f}",
+                     " / ".join(f"{s['recv_mb']:.0f}" for s in servers),
+                     " / ".join(f"{s['cpu_s'] or 0:.1f}" for s in servers)])
+    lines += _table(["global servers", "ms per pushpull", "MB received per server", "CPU s per server"], rows)
+    lines += ["", "[sched] DGT: examples/cnn.py over the emulated WAN (2 parties x 2 workers)"]
+    rows = []
+    for label, row in report.get("dgt", {}).items():
+        rows.append([label, f"{row['test_accuracy']:.4f}", f"{row['step_ms']:.0f}", f"{row['wan_mb']:.1f}",
+                     f"{row['udp_mb']:.1f}",
+                     str(row["udp_blocks"]), str(row["blocks_lost"] if row["blocks_lost"] is not None else "-"),
+                     f"{row['k_mean']:.2f}" if row["k_mean"] is not None else "-"])
+    lines += _table(["run", "accuracy", "step ms", "WAN MB (ZeroMQ)", "UDP MB", "UDP blocks", "lost", "mean K"],
+                    rows)
+    if report.get("errors"):
+        lines += [f"[sched] error: {e}" for e in report["errors"]]
+    return lines
