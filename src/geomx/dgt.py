@@ -171,7 +171,7 @@ class DgtSender:
     def report(self) -> dict[str, Any]:
         return {"name": self.name, "role": "sender", "pushes": self.stats.pushes,
                 "reliable_blocks": self.stats.reliable_blocks, "udp_blocks": self.stats.udp_blocks,
-                "udp_sent": self.udp.sent, "measured_loss": self.measured_loss(),
+                "udp_sent": self.udp.sent, "udp_bytes": self.udp.sent_bytes, "measured_loss": self.measured_loss(),
                 "k_history": self.stats.k_history[-2000:], "dropped": self.stats.dropped}
 
 

@@ -165,6 +165,7 @@ class PacedSender:
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
         self.sent = 0
+        self.sent_bytes = 0
         self.send_errors = 0
         self._thread = threading.Thread(target=self._loop, name=f"{name}-udp-send", daemon=True)
 
@@ -217,6 +218,7 @@ class PacedSender:
                 try:
                     self._sock.sendto(data, address)
                     self.sent += 1
+                    self.sent_bytes += len(data)
                 except OSError as exc:
                     self.send_errors += 1
                     log.warning("[%s] UDP send to %s failed: %s", self.name, address, exc)
