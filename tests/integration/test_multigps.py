@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import json
 
+import jobkit
 import pytest
 import torch
+import yaml
 from harness import EXAMPLES_DIR
+
+from geomx.dgt import read_reports
 
 BSC = {"type": "bsc", "threshold": 0.01, "size_lower_bound": 0}
 SLICE = 4096  # Linear(32, 1024) has 32768 weights: 8 slices whatever the number of global servers (1, 2, 4)
@@ -32,6 +36,22 @@ def test_two_global_servers_equal_one_with_bisparse(geomx_job):
     assert sorted(report["global_servers"]) == ["global_server0", "global_server1"]
     recv = [body["recv"] for body in report["global_servers"].values()]
     assert min(recv) > 0.6 * max(recv), recv  # both did real work, roughly balanced
+
+
+def test_p3_and_dgt_over_two_global_servers_equal_single_process_sgd(geomx_job, tmp_path):
+    """The PyTorch wrapper with P3 (64-element slices) and DGT without loss, over two global servers."""
+    from test_torch_frontend import SCRIPT, topology
+
+    path = topology(tmp_path, {"p3": True, "p3_slice_elems": 64}, global_servers=2)
+    raw = yaml.safe_load(path.read_text())
+    raw["dgt"] = {"channels": 2, "k": 0.5, "block_bytes": 64}
+    path.write_text(yaml.safe_dump(raw))
+    job = geomx_job(SCRIPT, "--steps", "5", topology=path)
+    job.assert_ok()
+    jobkit.assert_fsa_equivalent(job.workers(), num_workers=4)
+    reports = read_reports(job.run_dir)
+    receivers = [r for r in reports.values() if r["role"] == "receiver"]
+    assert len(receivers) == 2 and all(r["udp_received"] > 0 and r["lost"] == 0 for r in receivers), receivers
 
 
 @pytest.mark.slow
