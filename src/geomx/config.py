@@ -439,7 +439,7 @@ def _dgt(raw: Any, base: DGTSpec | None = None) -> DGTSpec | None:
     values: dict[str, Any] = {}
     for name, value in raw.items():
         kind = _DGT_FIELDS[name]
-        target = {"deadline": "deadline_s", "rate": "rate_bps"}.get(name, name)
+        target = {"deadline": "deadline_s", "rate": "rate_bps"}.get(str(name), str(name))
         try:
             if name == "deadline":
                 values[target] = parse_duration(value)
