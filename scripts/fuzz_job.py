@@ -128,7 +128,8 @@ def junk(count: int, seed: int) -> list[list[bytes]]:
 @dataclass
 class SprayReport:
     with_secret: bool
-    frames: int = 0
+    frames: int = 0  # handed to ZeroMQ
+    unsendable: int = 0  # refused: the connection to that port was closed by the handshake (no pipe to queue on)
     bytes: int = 0
     seconds: float = 0.0
     by_port: dict[int, int] = field(default_factory=dict)
@@ -153,7 +154,11 @@ def spray(ports: list[int], frames: list[list[bytes]], security: SecuritySpec | 
     started = time.monotonic()
     for index, message in enumerate(frames):
         target = index % len(sockets)
-        sockets[target].send_multipart(message)
+        try:
+            sockets[target].send_multipart(message, flags=zmq.NOBLOCK)
+        except zmq.Again:
+            report.unsendable += 1
+            continue
         report.frames += 1
         report.bytes += sum(len(f) for f in message)
         report.by_port[ports[target]] = report.by_port.get(ports[target], 0) + 1
@@ -240,7 +245,8 @@ def main(argv: list[str] | None = None) -> int:
         report = spray(ports, junk(args.frames, args.seed + index), credentials,
                        linger_s=10.0 if credentials else 1.0)
         reports.append(report)
-        print(f"[fuzz] sent {report.frames} frame lists ({report.bytes / 1e6:.1f} MB) "
+        print(f"[fuzz] sent {report.frames} frame lists ({report.bytes / 1e6:.1f} MB; {report.unsendable} more "
+              f"could not be queued: connection refused) "
               f"{'with' if report.with_secret else 'without'} the secret in {report.seconds:.1f} s", flush=True)
     result = job.wait(args.timeout)
     print(job.output.getvalue()[-4000:])

@@ -42,7 +42,7 @@ def test_fuzzing_every_port_of_a_secured_job(tmp_path):
     output = job.output.getvalue()
     print(output)
     assert result.exit_code == 0, output[-3000:]
-    assert stranger.frames == insider.frames == FRAMES
+    assert stranger.frames + stranger.unsendable == insider.frames == FRAMES
     jobkit.assert_fsa_equivalent(jobkit.load_worker_outputs(run_dir), num_workers=2, steps=STEPS)
 
     lines = output.splitlines()
@@ -55,3 +55,34 @@ def test_fuzzing_every_port_of_a_secured_job(tmp_path):
     for stats in servers:  # the insider's junk reached every server's decoder (and nothing was answered)
         unknown = stats["peers"].get("<unknown>", {"recv": 0, "sent": 0})
         assert unknown["recv"] > 0 and unknown["sent"] == 0, stats
+
+
+def test_a_job_whose_links_are_all_curve_encrypted_trains_exactly(tmp_path):
+    """Keys from `geomx keygen`, every link CURVE: the job trains to the reference, and a stranger who only
+    knows the servers' public keys (its own key pair is not the job's) is refused by every process."""
+    from geomx.cli import main as geomx_main
+
+    topology = write_topology(tmp_path / "curve.yaml", parties={"dc0": 1, "dc1": 1},
+                              timeouts={"request": "60s", "round": "60s", "shutdown": "5s"})
+    assert geomx_main(["keygen", str(tmp_path / "keys"), "--topology", str(topology)]) == 0
+    topology.write_text(topology.read_text() + "security:\n  curve_keys: keys\n")  # relative to the topology
+    run_dir = tmp_path / "run"
+    job = LiveJob(topology, worker_command("survive_train.py", "--steps", str(STEPS), "--fault-step", "2",
+                                           "--fault-rank", "0", "--hold-until", "fuzzed"), run_dir)
+    try:
+        ports_by_process = job.wait_for_ports(timeout=60)
+        ports = sorted(p for found in ports_by_process.values() for p in found)
+        stranger = spray(ports, junk(200, seed=3), SecuritySpec(secret=SECRET), linger_s=1.0)
+    finally:
+        (run_dir / "fuzzed").touch()
+    result = job.wait(timeout=180)
+    output = job.output.getvalue()
+    print(output)
+    assert result.exit_code == 0, output[-3000:]
+    assert stranger.frames + stranger.unsendable == 200
+    jobkit.assert_fsa_equivalent(jobkit.load_worker_outputs(run_dir), num_workers=2, steps=STEPS)
+    lines = output.splitlines()
+    refusing = {label for label in ports_by_process
+                if any(line.startswith(f"[{label}]") and "refused a connection" in line for line in lines)}
+    assert refusing == set(ports_by_process), sorted(set(ports_by_process) - refusing)
+    assert "dropped a malformed message" not in output  # nothing of the stranger reached a decoder
