@@ -124,6 +124,10 @@ class Launcher:
         self._readers: list[threading.Thread] = []
         self._interrupted = False
 
+    def stop(self) -> None:
+        """Stop the job as Ctrl-C would (from another thread); ``run`` then returns."""
+        self._on_interrupt(signal.SIGINT, None)
+
     def pids(self) -> dict[str, int]:
         """Label -> pid of every process started so far (e.g. to find a job's ports)."""
         return {spec.label: proc.pid for spec, proc in list(self._procs)}
