@@ -232,23 +232,27 @@ def main(argv: list[str] | None = None) -> int:
     topology_path = Path(args.topology)
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(topology_path)
     job = LiveJob(topology_path, command, run_dir)
-    ports_by_process = job.wait_for_ports(timeout=job.topology.timeouts.register_s)
-    ports = sorted(p for found in ports_by_process.values() for p in found)
-    print(f"[fuzz] {len(ports)} ports of {len(ports_by_process)} processes: {ports}", flush=True)
-    security = job.topology.security
-    passes: list[SecuritySpec | None] = [None]
-    if security.secret is not None:
-        passes.append(security)  # without the secret first, then with it
-    reports = []
-    for index, credentials in enumerate(passes):
-        # refused connections never drain: do not linger on them
-        report = spray(ports, junk(args.frames, args.seed + index), credentials,
-                       linger_s=10.0 if credentials else 1.0)
-        reports.append(report)
-        print(f"[fuzz] sent {report.frames} frame lists ({report.bytes / 1e6:.1f} MB; {report.unsendable} more "
-              f"could not be queued: connection refused) "
-              f"{'with' if report.with_secret else 'without'} the secret in {report.seconds:.1f} s", flush=True)
-    result = job.wait(args.timeout)
+    try:
+        ports_by_process = job.wait_for_ports(timeout=job.topology.timeouts.register_s)
+        ports = sorted(p for found in ports_by_process.values() for p in found)
+        print(f"[fuzz] {len(ports)} ports of {len(ports_by_process)} processes: {ports}", flush=True)
+        security = job.topology.security
+        passes: list[SecuritySpec | None] = [None]
+        if security.secret is not None:
+            passes.append(security)  # without the secret first, then with it
+        reports = []
+        for index, credentials in enumerate(passes):
+            # refused connections never drain: do not linger on them
+            report = spray(ports, junk(args.frames, args.seed + index), credentials,
+                           linger_s=10.0 if credentials else 1.0)
+            reports.append(report)
+            print(f"[fuzz] sent {report.frames} frame lists ({report.bytes / 1e6:.1f} MB; {report.unsendable} more "
+                  f"could not be queued: connection refused) "
+                  f"{'with' if report.with_secret else 'without'} the secret in {report.seconds:.1f} s", flush=True)
+        result = job.wait(args.timeout)
+    except BaseException:
+        job.launcher.stop()  # never leave the job's processes behind
+        raise
     print(job.output.getvalue()[-4000:])
     print(format_summary(result))
     if args.out:
