@@ -148,6 +148,20 @@ class DGTSpec:
 
 
 @dataclass(frozen=True)
+class TSEngineSpec:
+    """TSEngine across parties (``ENABLE_INTER_TS``): each round's result reaches the local servers over an
+    overlay chosen online, ε-greedy with exploration probability ``1 - max_greed`` (``MAX_GREED_RATE_TS``);
+    see ``geomx.tsengine``. Usage: ``TSEngineSpec(max_greed=0.9)``."""
+
+    max_greed: float = 0.9
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.max_greed <= 1.0:
+            raise ConfigError(f"tsengine.max_greed (MAX_GREED_RATE_TS) must be in [0, 1], got {self.max_greed}")
+
+
+@dataclass(frozen=True)
 class SecuritySpec:
     """Who may talk to the job, and whether links are encrypted (see ``geomx.security``).
 
@@ -251,6 +265,7 @@ class Topology:
     security: SecuritySpec = SecuritySpec()  # shared secret / CURVE keys
     checkpoint: CheckpointSpec = CheckpointSpec()  # global servers' checkpoints
     dgt: DGTSpec | None = None  # Differential Gradient Transmission, when enabled
+    tsengine: TSEngineSpec | None = None  # TSEngine's dissemination overlay across parties, when enabled
 
     def __post_init__(self) -> None:
         names = [p.name for p in self.parties]
@@ -276,6 +291,13 @@ class Topology:
             for what, present in unsupported.items():
                 if present:
                     raise ConfigError(f"DGT (ENABLE_DGT) does not combine with {what}; see the README's table")
+        if self.tsengine is not None:
+            unsupported = {"a flat parameter server (there are no local servers to relay)": self.mode is Mode.FLAT,
+                           "HFA": self.hfa is not None, "the fp16 switch": self.fp16, "DGT": self.dgt is not None}
+            for what, present in unsupported.items():
+                if present:
+                    raise ConfigError(f"TSEngine (ENABLE_INTER_TS) does not combine with {what}; "
+                                      "see the README's table")
 
     @property
     def num_all_workers(self) -> int:
@@ -409,7 +431,7 @@ def _timeouts(raw: Any) -> Timeouts:
 
 _TOPOLOGY_FIELDS = {"parties", "central", "global_servers", "mode", "links", "timeouts", "slice_elems",
                     "max_message_bytes", "hfa", "size_lower_bound", "fp16", "training", "security", "checkpoint",
-                    "dgt"}
+                    "dgt", "tsengine"}
 
 
 def _hfa(raw: Any) -> HFASpec | None:
@@ -626,7 +648,22 @@ def topology_from_dict(raw: Mapping[str, Any], base_dir: Path | None = None) -> 
         security=_security(raw.get("security"), base_dir),
         checkpoint=_checkpoint(raw.get("checkpoint"), base_dir),
         dgt=_dgt(raw.get("dgt")),
+        tsengine=_tsengine(raw.get("tsengine")),
     )
+
+
+def _tsengine(raw: Any) -> TSEngineSpec | None:
+    """The topology's ``tsengine`` block: ``true`` or ``{max_greed: 0.9, seed: 0}``."""
+    if raw is None or raw is False:
+        return None
+    if raw is True:
+        return TSEngineSpec()
+    if not isinstance(raw, Mapping) or set(raw) - {"max_greed", "seed"}:
+        raise ConfigError("'tsengine' must be true or a mapping with 'max_greed' and/or 'seed'")
+    try:
+        return TSEngineSpec(max_greed=float(raw.get("max_greed", 0.9)), seed=int(raw.get("seed", 0)))
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"tsengine: {exc}") from None
 
 
 def load_topology(path: str | Path) -> Topology:
@@ -669,6 +706,8 @@ def topology_to_dict(topology: Topology) -> dict[str, Any]:
                            "every_seconds": topology.checkpoint.every_s, "keep": topology.checkpoint.keep}}
            if topology.checkpoint.dir else {}),
         **({"dgt": _dgt_to_dict(topology.dgt)} if topology.dgt else {}),
+        **({"tsengine": {"max_greed": topology.tsengine.max_greed, "seed": topology.tsengine.seed}}
+           if topology.tsengine else {}),
     }
 
 
@@ -712,6 +751,7 @@ ENV_ALIASES: dict[str, tuple[str, ...]] = {
     "GEOMX_DGT_RANDOM_ORDER": ("DGT_SET_RANDOM",),
     "GEOMX_INTRA_TS": ("ENABLE_INTRA_TS",),
     "GEOMX_INTER_TS": ("ENABLE_INTER_TS",),
+    "GEOMX_MAX_GREED_RATE_TS": ("MAX_GREED_RATE_TS",),
 }
 
 _ROLE_NAMES = {r.value for r in Role}
@@ -818,11 +858,7 @@ _DGT_ENV = {"GEOMX_DGT_CHANNELS": "channels", "GEOMX_DGT_K": "k", "GEOMX_DGT_K_M
 def _dgt_from_env(env: Mapping[str, str], base: DGTSpec | None) -> DGTSpec | None:
     """GEOMX_DGT / ENABLE_DGT (0, 1 or 2; GeoMX's mode 3 quantizes and is refused) and the GEOMX_DGT_* knobs
     (DMLC_UDP_CHANNEL_NUM, DMLC_K, DMLC_K_MIN, ADAPTIVE_K_FLAG, DGT_BLOCK_SIZE, DGT_CONTRIBUTION_ALPHA,
-    DGT_SET_RANDOM) override the topology's ``dgt``. ENABLE_INTRA_TS / ENABLE_INTER_TS are refused."""
-    for name in ("GEOMX_INTRA_TS", "GEOMX_INTER_TS"):
-        if _flag(env, name):
-            raise ConfigError(f"{name} ({ENV_ALIASES[name][0]}): TSEngine is not implemented in geomx; "
-                              "unset it (see the README's feature table)")
+    DGT_SET_RANDOM) override the topology's ``dgt``."""
     mode = _get(env, "GEOMX_DGT")
     if mode is not None and mode.strip() not in ("0", "1", "2"):
         raise ConfigError(f"GEOMX_DGT / ENABLE_DGT must be 0, 1 or 2 (GeoMX's mode 3, 4-bit quantization of "
@@ -833,6 +869,25 @@ def _dgt_from_env(env: Mapping[str, str], base: DGTSpec | None) -> DGTSpec | Non
     if mode is None and (base is None or not overrides):
         return base
     return _dgt(overrides or True, base)
+
+
+def _tsengine_from_env(env: Mapping[str, str], base: TSEngineSpec | None) -> TSEngineSpec | None:
+    """GEOMX_INTER_TS / ENABLE_INTER_TS and GEOMX_MAX_GREED_RATE_TS / MAX_GREED_RATE_TS override the topology's
+    ``tsengine``. GEOMX_INTRA_TS / ENABLE_INTRA_TS (TSEngine inside a party) is not implemented: refused."""
+    if _flag(env, "GEOMX_INTRA_TS"):
+        raise ConfigError("GEOMX_INTRA_TS (ENABLE_INTRA_TS): TSEngine inside a party is not implemented in geomx; "
+                          "unset it (ENABLE_INTER_TS, across parties, is; see the README's feature table)")
+    flag = _flag(env, "GEOMX_INTER_TS")
+    if flag is False:
+        return None
+    greed = _get(env, "GEOMX_MAX_GREED_RATE_TS")
+    if flag is None and (base is None or greed is None):
+        return base
+    current = base or TSEngineSpec()
+    try:
+        return dataclasses.replace(current, max_greed=current.max_greed if greed is None else float(greed))
+    except ValueError:
+        raise ConfigError(f"GEOMX_MAX_GREED_RATE_TS / MAX_GREED_RATE_TS must be a number, got {greed!r}") from None
 
 
 def _flag(env: Mapping[str, str], name: str) -> bool | None:
@@ -917,6 +972,7 @@ def node_config_from_env(env: Mapping[str, str]) -> NodeConfig:
     bound = _int(env, "GEOMX_SIZE_LOWER_BOUND")
     fp16 = _flag(env, "GEOMX_FP16")
     topology = dataclasses.replace(topology, hfa=_hfa_from_env(env, topology.hfa), dgt=_dgt_from_env(env, topology.dgt),
+                                   tsengine=_tsengine_from_env(env, topology.tsengine),
                                    size_lower_bound=topology.size_lower_bound if bound is None else bound,
                                    fp16=topology.fp16 if fp16 is None else fp16)
     training = _training_from_env(env, topology.training)

@@ -42,6 +42,8 @@ from .policies.sync import FullySynchronous, SyncPolicy, sync_policy
 from .rpc import Requests
 from .runlog import write_stats
 from .transport import Van
+from .tsengine import Coordinator, Dissemination
+from .tsengine import write_report as write_ts_report
 from .udp import Datagram, UdpReceiver
 from .wire import Kind, Message
 
@@ -114,6 +116,13 @@ class ParameterServer:
         self.dgt_assembler: DgtAssembler | None = None
         self.udp: UdpReceiver | None = None
         self.udp_address: dict[str, tuple[str, int]] = {}
+        # TSEngine (topology ``tsengine``): a global server hands each round's result to one local server at a
+        # time and holders relay it, over an overlay its coordinator picks (see geomx.tsengine).
+        ts = config.topology.tsengine
+        self.ts: Coordinator | None = Coordinator(ts.max_greed, ts.seed) if ts and self.is_global else None
+        self.ts_rounds: dict[tuple[int, int], Dissemination] = {}
+        self.ts_values: dict[tuple[int, int], tuple[np.ndarray, int]] = {}  # value, num_parts
+        self.relay_peers: set[str] = set()  # a local server's fellow local servers (TSEngine relays)
         self._lock = threading.RLock()
         self._ready = False
         self._early: list[Message] = []
@@ -163,6 +172,7 @@ class ParameterServer:
             self.upstream = [m.id for m in global_book.of_role(Role.GLOBAL_SERVER)]
             self.shard_owner = {m.rank: m.id for m in global_book.of_role(Role.GLOBAL_SERVER)}
             self.udp_address = {m.id: _udp_endpoint(m.address) for m in global_book.of_role(Role.GLOBAL_SERVER)}
+            self.relay_peers = {m.id for m in global_book.of_role(Role.LOCAL_SERVER)} - {self.identity}
             assert cfg.scheduler is not None
             local_book, _ = register(self.van, self.requests, cfg.scheduler, local_scheduler_id(cfg.party),
                                      role=cfg.role, party=cfg.party, scheduler_party=cfg.party, rank=0,
@@ -277,6 +287,9 @@ class ParameterServer:
         if message.kind is Kind.STATS:
             self._on_stats(message)
             return
+        if message.kind is Kind.RELAY:
+            self._on_relay(message)
+            return
         from_upstream = message.kind is Kind.CONFIGURE and sender in self.upstream
         if sender not in self.clients and not from_upstream:
             self._refuse(message, f"{sender!r} is not a client of this server")
@@ -368,6 +381,9 @@ class ParameterServer:
                     entry[0] = names.get(entry[0], entry[0])
         if report is not None and self.config.run_dir is not None:
             write_report(self.config.run_dir, self.name, report)
+        if self.ts is not None and self.config.run_dir is not None:
+            with self._lock:
+                write_ts_report(self.config.run_dir, self.name, self.ts.report())
 
     def _on_dgt_push(self, message: Message) -> None:
         assert self.dgt_assembler is not None
@@ -398,6 +414,81 @@ class ParameterServer:
                 return
             for done in self.dgt_assembler.expire(now):
                 self._on_pushpull(done)
+
+    # -- TSEngine -----------------------------------------------------------------------------------------
+    def _disseminate(self, rnd: Round, value: np.ndarray) -> None:
+        """Answer every local server at once without the value, then hand the value on through the overlay."""
+        assert self.ts is not None
+        sid = (rnd.key, rnd.part)
+        targets = {sender: message.round for sender, message in rnd.contributions.items()}
+        self.ts_values[sid] = (value, next(iter(rnd.contributions.values())).num_parts)
+        self.ts_rounds[sid] = self.ts.start(self.identity, targets, value.nbytes)
+        self._release(rnd, None, body={"ts": "relayed"})
+        self._ts_serve(sid, self.identity)
+
+    def _ts_serve(self, sid: tuple[int, int], holder: str) -> None:
+        """Let ``holder`` (this global server or a local server that has the value) send to the next target."""
+        assert self.ts is not None
+        dissemination = self.ts_rounds.get(sid)
+        if dissemination is None:
+            return
+        target = self.ts.next_target(dissemination, holder)
+        if target is None:
+            return
+        value, num_parts = self.ts_values[sid]
+        message = Message(Kind.RELAY, key=sid[0], part=sid[1], num_parts=num_parts,
+                          round=dissemination.targets[target])
+        if holder == self.identity:
+            message.tensor = value
+            self.van.send(target, message)
+        else:
+            message.body = {"to": target}
+            self.van.send(holder, message)
+
+    def _on_relay(self, message: Message) -> None:
+        """TSEngine: an ack (global server), or a value to take or an instruction to pass ours on (local server)."""
+        sender = message.sender.decode()
+        sid = (message.key, message.part)
+        body = message.body or {}
+        if self.config.topology.tsengine is None:
+            self._refuse(message, "RELAY needs TSEngine (ENABLE_INTER_TS), which is off")
+            return
+        if self.is_global:
+            dissemination = self.ts_rounds.get(sid)
+            if sender not in self.clients or body != {"ack": True} or self.ts is None:
+                self._refuse(message, "a global server takes only RELAY acks from its local servers")
+                return
+            holder = None if dissemination is None else self.ts.acknowledged(dissemination, sender)
+            if dissemination is None or holder is None:
+                log.warning("[%s] stray RELAY ack for key %d slice %d", self.name, *sid)
+                return
+            self._ts_serve(sid, holder)
+            self._ts_serve(sid, sender)
+            if dissemination.done:
+                self.ts_rounds.pop(sid, None)
+                self.ts_values.pop(sid, None)
+            return
+        if "to" in body:  # pass our copy on
+            target, slot = body["to"], self.slots.get(sid)
+            if sender not in self.upstream or target not in self.relay_peers or slot is None:
+                self._refuse(message, f"cannot relay key {message.key} slice {message.part} to {target!r}")
+                return
+            self.van.send(target, Message(Kind.RELAY, key=message.key, part=message.part, round=message.round,
+                                          num_parts=message.num_parts, tensor=slot.value))
+            return
+        rnd = self.rounds.get((Kind.PUSHPULL, *sid))
+        if (sender not in self.upstream and sender not in self.relay_peers) or message.tensor is None:
+            self._refuse(message, "RELAY data must come from a global server or a fellow local server")
+            return
+        if rnd is None or not rnd.forwarding or rnd.number != message.round:
+            log.warning("[%s] RELAY of key %d slice %d round %d matches no waiting round", self.name, *sid,
+                        message.round)
+            return
+        self.slots[sid] = Slot(message.tensor)
+        self._release(rnd, message.tensor, None, message.round)
+        self.van.send(self._owner(*sid), Message(Kind.RELAY, key=message.key, part=message.part,
+                                                 num_parts=message.num_parts, round=message.round,
+                                                 body={"ack": True}))
 
     def _check_shard(self, message: Message) -> str | None:
         """Record the explicit shard id an INIT names (see geomx.sharding); the problem with it, if any."""
@@ -499,6 +590,11 @@ class ParameterServer:
             codec = self.codecs.make_codec(body["compression"]) if "compression" in body else None
         except ValueError as exc:  # CodecError is a ValueError too
             self._refuse(message, str(exc))
+            return
+        if self.config.topology.tsengine is not None and (
+                codec is not None or (policy is not None and not isinstance(policy, FullySynchronous))):
+            self._refuse(message, "TSEngine (ENABLE_INTER_TS) works with dist_sync and without WAN compression; "
+                                  "see the README's table")
             return
         if codec is not None and self.config.topology.dgt is not None:
             self._refuse(message, "DGT (ENABLE_DGT) does not combine with WAN compression; see the README's table")
@@ -792,6 +888,8 @@ class ParameterServer:
                     self._release(rnd, None, str(error), number)
                     return
                 reply = result.result()
+                if (reply.body or {}).get("ts") == "relayed":
+                    return  # TSEngine: the value comes as a RELAY from the global server or a fellow local server
                 try:
                     reply.tensor = decode_message(self.codecs, reply)
                 except CodecError as exc:
@@ -832,6 +930,9 @@ class ParameterServer:
         """
         if number is not None and (rnd.number != number or not rnd.forwarding):
             log.warning("[%s] dropped a late answer for %s", self.name, rnd.describe())
+            return
+        if self.ts is not None and rnd.kind is Kind.PUSHPULL and value is not None and not error:
+            self._disseminate(rnd, value)  # TSEngine: the value goes through the overlay
             return
         lan_fp16 = None if self.is_global or rnd.kind is not Kind.PUSHPULL or value is None else self._fp16_for(value)
         if lan_fp16 is not None and not error and fields is None:

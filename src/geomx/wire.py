@@ -53,6 +53,7 @@ class Kind(enum.IntEnum):
     ERROR = 9  # reply carrying {"error": "..."} in the body
     HEARTBEAT = 10  # reserved for failure detection
     STATE = 11  # worker -> servers: ESync speed report (JSON); reply: local step assignment
+    RELAY = 12  # TSEngine: a round's result handed on between servers, an instruction to do so, or its ack
 
 
 class Flag(enum.IntFlag):
