@@ -113,6 +113,7 @@ class DistributedOptimizer:
         self._trained = [k for k, p in enumerate(self._params) if id(p) in trained and p.requires_grad]
         layers, waits = _layer_of_params(model, self._params)
         self._priority = [-layer for layer in layers]
+        self._deepest = [k for k, layer in enumerate(layers) if layers and layer == max(layers)]
         self._pending: set[int] = set()  # keys whose new values are on their way
         self._pushed: set[int] = set()  # keys pushed during this step's backward
         self._local_steps = 0
@@ -121,7 +122,10 @@ class DistributedOptimizer:
         self._esync_done = False
         self._warned: set[str] = set()
         self._closed = False
-        self.overlap = {"forwards": 0, "forwards_before_all_arrived": 0}
+        # How much the next forward overlapped the previous step's communication (observed, never waited for):
+        # forwards that started before every answer had arrived, and forwards whose first layer had its new
+        # values while the deepest layer's were still on their way (P3: shallow slices travel first).
+        self.overlap = {"forwards": 0, "forwards_before_all_arrived": 0, "first_layer_before_deepest": 0}
         self._forward_started = False
         self._configure_servers()
         self._check_and_init()
@@ -170,12 +174,15 @@ class DistributedOptimizer:
         self._pushed.add(key)
 
     def _before_forward(self, keys: list[int], module: nn.Module, args: Any) -> None:
-        if not self._forward_started:
+        first = not self._forward_started
+        if first:
             self._forward_started = True
             self.overlap["forwards"] += 1
             if self._pending and not all(self.kv.ready(k) for k in self._pending):
                 self.overlap["forwards_before_all_arrived"] += 1
         self._await(keys)
+        if first and any(k in self._pending and not self.kv.ready(k) for k in self._deepest):
+            self.overlap["first_layer_before_deepest"] += 1
 
     def _await(self, keys: list[int]) -> None:
         waiting = [k for k in keys if k in self._pending]

@@ -17,6 +17,27 @@ from torch import nn
 import geomx.torch as gx
 
 
+class DeepHead(nn.Module):
+    """P3's case: a small first layer, parameter-free work in between (so backward takes a while after the
+    deepest gradient is out), and a deepest layer (no bias) of 8 x 3 x ``heads`` weights averaged per head."""
+
+    def __init__(self, heads: int) -> None:
+        super().__init__()
+        self.first = nn.Linear(jobkit.IN_FEATURES, 8)
+        mixer = torch.Generator().manual_seed(0)
+        self.register_buffer("widen", torch.randn(8, 1024, generator=mixer) / 8 ** 0.5)
+        self.register_buffer("mix", torch.randn(1024, 1024, generator=mixer) / 32)
+        self.register_buffer("narrow", torch.randn(1024, 8, generator=mixer) / 32)
+        self.deepest = nn.Linear(8, jobkit.OUT_FEATURES * heads, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.first(x)) @ self.widen
+        for _ in range(12):  # ~0.5 GFLOP of backward between the deepest gradient and the first layer's
+            h = torch.tanh(h @ self.mix)
+        out = self.deepest(h @ self.narrow)
+        return out.reshape(x.shape[0], -1, jobkit.OUT_FEATURES).mean(dim=1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=jobkit.STEPS)
@@ -25,11 +46,16 @@ def main() -> None:
     parser.add_argument("--momentum", type=float, default=jobkit.MOMENTUM, help="for --optimizer sgd")
     parser.add_argument("--mismatch-rank", type=int, default=-1, help="this global rank builds a wider model")
     parser.add_argument("--hidden", type=int, default=jobkit.HIDDEN)
+    parser.add_argument("--deep-head", type=int, default=0,
+                        help="instead: a tiny first layer and a deepest layer of 8 x 3 x N weights (P3's case)")
     args = parser.parse_args()
     rank, num_workers = gx.worker_place()
     torch.manual_seed(jobkit.seed_for(rank))  # deliberately different per worker: the wrapper's init fixes it
     hidden = args.hidden + (1 if rank == args.mismatch_rank else 0)
-    model = nn.Sequential(nn.Linear(jobkit.IN_FEATURES, hidden), nn.ReLU(), nn.Linear(hidden, jobkit.OUT_FEATURES))
+    model: nn.Module = nn.Sequential(nn.Linear(jobkit.IN_FEATURES, hidden), nn.ReLU(),
+                                     nn.Linear(hidden, jobkit.OUT_FEATURES))
+    if args.deep_head:
+        model = DeepHead(args.deep_head)
     before = [p.detach().clone() for p in model.parameters()]
     if args.optimizer == "sgd":
         inner: torch.optim.Optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
