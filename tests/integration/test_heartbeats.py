@@ -60,3 +60,23 @@ def test_silent_global_server_is_named_by_every_party(geomx_job):
     assert errors and all("global_server0 is dead" in e for e in errors), errors
     assert job.returned_at - fault_time(job) < HEARTBEAT_S + 20, "detection took too long"
     assert job.result.wall_s < LONG_S
+
+
+def test_mixed_sync_drops_a_silent_party_and_the_other_goes_on(geomx_job):
+    """Under MixedSync every process of dc1 stops at its step 3 (the whole data center goes dark). The
+    global scheduler declares dc1/server dead, the global server drops it from the global rounds, and dc0
+    keeps training to its last step and leaves normally. The job still exits non-zero: the global
+    scheduler reports the member it lost (and the launcher then stops the frozen processes)."""
+    steps = 50
+    job = geomx_job("survive_train.py", "--kind", "dist_async", "--steps", str(steps), "--fault-step", "3",
+                    "--fault-rank", "1", "--freeze", "party", "--step-seconds", "0.1",
+                    parties={"dc0": 1, "dc1": 1}, timeouts=TIMEOUTS)
+    assert job.workers().keys() == {0}, "dc0's worker did not finish its training"
+    named = lines_naming(job.output, "dc1/server")
+    assert "global_scheduler" in named and "global_server0" in named, (sorted(named), job.tail())
+    lines = job.output.splitlines()
+    dropped = next(i for i, line in enumerate(lines) if "dropped dc1/server from the global rounds" in line)
+    left = next(i for i, line in enumerate(lines) if "[global_server0]" in line and "dc0/server left" in line)
+    assert dropped < left, "dc0 should still have been training when dc1 was dropped"
+    assert job.result.failed == "global_scheduler" and "members lost: dc1/server" in job.output, job.tail()
+    assert job.result.wall_s < LONG_S

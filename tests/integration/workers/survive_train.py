@@ -3,6 +3,7 @@
 Faults (at ``--fault-step``, by the worker of global rank ``--fault-rank``):
   --freeze self            SIGSTOP this worker (alive but silent: only heartbeats can tell)
   --freeze global_server   SIGSTOP the job's global server
+  --freeze party           SIGSTOP every process of this worker's party (scheduler, server, workers, itself last)
   --kill global_server     SIGKILL the job's global server, once a checkpoint of step >= --wait-checkpoint exists
   --hold-until FILE        wait (at most 120 s) until run_dir/FILE exists, e.g. while a fuzzer sprays the job
 
@@ -28,18 +29,26 @@ import geomx
 from geomx.checkpoint import load_latest
 
 
-def find_pid(run_dir: Path, role: str) -> int:
-    """The pid of this job's process playing ``role`` (its environment names the role and the run folder)."""
+def find_pids(run_dir: Path, **wanted: str) -> list[int]:
+    """Pids of this job's processes whose environment has every GEOMX_<KEY>=value of ``wanted``."""
+    pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             env = dict(item.split("=", 1) for item in (entry / "environ").read_text().split("\0") if "=" in item)
-        except OSError:
+        except (OSError, UnicodeDecodeError):
             continue
-        if env.get("GEOMX_ROLE") == role and env.get("GEOMX_RUN_DIR") == str(run_dir):
-            return int(entry.name)
-    raise RuntimeError(f"no {role} process of run {run_dir}")
+        if env.get("GEOMX_RUN_DIR") == str(run_dir) and all(env.get(f"GEOMX_{k.upper()}") == v
+                                                             for k, v in wanted.items()):
+            pids.append(int(entry.name))
+    if not pids:
+        raise RuntimeError(f"no process with {wanted} in run {run_dir}")
+    return pids
+
+
+def find_pid(run_dir: Path, role: str) -> int:
+    return find_pids(run_dir, role=role)[0]
 
 
 def wait_for_checkpoint(folder: Path, step: int, timeout: float = 30.0) -> int:
@@ -65,13 +74,16 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=jobkit.STEPS)
     parser.add_argument("--fault-step", type=int, default=-1)
     parser.add_argument("--fault-rank", type=int, default=-1)
-    parser.add_argument("--freeze", choices=["self", "global_server"])
+    parser.add_argument("--freeze", choices=["self", "global_server", "party"])
+    parser.add_argument("--kind", default="dist_sync", help="kvstore type")
+    parser.add_argument("--step-seconds", type=float, default=0.0,
+                        help="simulated compute time per step from the fault step on")
     parser.add_argument("--kill", choices=["global_server"])
     parser.add_argument("--wait-checkpoint", type=int, default=0)
     parser.add_argument("--hold-until")
     parser.add_argument("--resume-from-checkpoint", action="store_true")
     args = parser.parse_args()
-    kv = geomx.kv.create("dist_sync")
+    kv = geomx.kv.create(args.kind)
     rank = kv.global_rank
     run_dir = Path(kv.config.run_dir or ".")
     out = jobkit.out_dir(run_dir)
@@ -101,6 +113,9 @@ def main() -> None:
                     os.kill(os.getpid(), signal.SIGSTOP)
                 elif args.freeze == "global_server":
                     os.kill(find_pid(run_dir, "global_server"), signal.SIGSTOP)
+                elif args.freeze == "party":
+                    for pid in sorted(find_pids(run_dir, party=kv.party), key=lambda p: p == os.getpid()):
+                        os.kill(pid, signal.SIGSTOP)
                 elif args.hold_until:
                     wait_for_file(run_dir / args.hold_until)
                 elif args.kill == "global_server":
@@ -109,6 +124,8 @@ def main() -> None:
                     (out / "fault.json").write_text(json.dumps({"time": time.time(), "step": step,
                                                                 "checkpoint_step": saved}))
                     os.kill(find_pid(run_dir, "global_server"), signal.SIGKILL)
+            if args.step_seconds and step >= args.fault_step:
+                time.sleep(args.step_seconds)  # compute time: keeps the survivors training after the fault
             model.zero_grad()
             F.mse_loss(model(inputs[step, rank]), targets[step, rank]).backward()
             for idx, param in enumerate(params):
