@@ -50,7 +50,7 @@ import yaml
 from .launch import LaunchResult, launch
 from .runlog import read_metrics
 
-SECTIONS = ("training", "transport", "sync", "frontend", "sched")
+SECTIONS = ("training", "transport", "sync", "frontend", "sched", "security")
 
 # The emulated WAN of the training section (the demo topology's links).
 WAN = {"bandwidth": "100Mbit", "latency": "25ms"}
@@ -885,6 +885,11 @@ def format_report(report: dict[str, Any]) -> str:
         lines += ["", *frontend_lines(report["frontend"])]
     elif "frontend_error" in report:
         lines += ["", f"[frontend] not measured: {report['frontend_error']}"]
+    if report.get("security"):  # the section lives in bench_security.py
+        from .bench_security import security_lines
+        lines += ["", *security_lines(report["security"])]
+    elif "security_error" in report:
+        lines += ["", f"[security] not measured: {report['security_error']}"]
     lines.append("")
     lines.append(f"raw figures: {report.get('json_path')}")
     return "\n".join(lines)
@@ -903,6 +908,11 @@ def _bench_sched(plan: Plan, out_dir: Path) -> dict[str, Any]:
     return bench_sched(plan is QUICK, out_dir)
 
 
+def _bench_security(plan: Plan, out_dir: Path) -> dict[str, Any]:
+    from .bench_security import run_security
+    return run_security(plan is QUICK, out_dir)
+
+
 def run_bench(quick: bool, out_dir: Path, sections: list[str] | None = None) -> int:
     """Run the chosen sections (default: all), print the table, write OUT/bench.json. Never asserts."""
     plan = QUICK if quick else FULL
@@ -918,7 +928,8 @@ def run_bench(quick: bool, out_dir: Path, sections: list[str] | None = None) -> 
     failed = False
     interrupted = False
     for section, runner in (("training", bench_training), ("transport", bench_transport), ("sync", bench_sync),
-                            ("frontend", _bench_frontend), ("sched", _bench_sched)):
+                            ("frontend", _bench_frontend), ("sched", _bench_sched),
+                            ("security", _bench_security)):
         if section not in chosen:
             continue
         try:
