@@ -1,9 +1,11 @@
-"""``geomx bench --only sched``: communication scheduling — MultiGPS and DGT, measured, never asserted.
+"""``geomx bench --only sched``: communication scheduling — MultiGPS, DGT, TSEngine; measured, never asserted.
 
 * **MultiGPS**: pushpull of a large tensor (split evenly over the global servers) from 2 parties with 1, 2
   and 4 global servers (HiPS, no link emulation: the servers' CPU and sockets are the limit). Per global
   server: bytes received and sent and CPU seconds (from the run's stats files); the master's time per
   pushpull.
+* **TSEngine**: pushpull to 4 parties over uneven WAN links, the star against TSEngine's relay overlay
+  (``ENABLE_INTER_TS``; dissemination only).
 * **DGT**: examples/cnn.py on digits over the emulated WAN (2 parties x 2 workers), reliable-only against
   DGT at 0%, 1% and 5% loss per UDP channel, DGT with random block order at 5% (the baseline that shows
   contribution order matters) and adaptive K at 5%: step time, final accuracy, blocks lost.
@@ -23,6 +25,7 @@ from typing import Any
 from .bench import WAN, _master_records, _run_job, _say, _table, _write_topology, find_cnn_example
 from .dgt import read_reports
 from .runlog import read_stats
+from .tsengine import read_reports as read_ts_reports
 
 GLOBAL_SERVERS = (1, 2, 4)
 
@@ -109,13 +112,44 @@ def _dgt(quick: bool, out_dir: Path, errors: list[str]) -> dict[str, Any]:
     return rows
 
 
+def _tsengine(quick: bool, out_dir: Path, errors: list[str]) -> dict[str, Any]:
+    """Dissemination to 4 parties: the central party behind a 50 Mbit/s WAN, one party behind 20 Mbit/s."""
+    size_mb, reps = (4.0, 5) if quick else (16.0, 10)
+    rows: dict[str, Any] = {}
+    for label, ts in (("star", None), ("tsengine", {"max_greed": 0.9, "seed": 0})):
+        name = f"sched-incast-{label}"
+        raw: dict[str, Any] = {"parties": {"dc0": {"workers": 1, "wan": {"bandwidth": "50Mbit", "latency": "10ms"}},
+                                           "dc1": {"workers": 1}, "dc2": {"workers": 1},
+                                           "dc3": {"workers": 1, "wan": {"bandwidth": "20Mbit", "latency": "40ms"}}},
+                               "central": "dc0", "mode": "hips", "links": {"wan": {"bandwidth": "200Mbit",
+                                                                                    "latency": "10ms"}}}
+        if ts is not None:
+            raw["tsengine"] = ts
+        topology = _write_topology(out_dir / "topologies" / f"{name}.yaml", raw)
+        command = [sys.executable, "-m", "geomx.bench_workers.transport", "--sizes-mb", f"{size_mb:g}",
+                   "--reps", str(reps), "--warmup", "1"]
+        _say(f"[sched] {name}: pushpull of {size_mb:g} MB x{reps}, 4 parties, uneven WAN ...")
+        result, metrics = _run_job(name, topology, command, out_dir)
+        records = _master_records(metrics)
+        if result.exit_code != 0 or not records:
+            errors.append(f"{name} failed ({result.failed}); see {out_dir / 'logs' / name}.log")
+            continue
+        reports = read_ts_reports(out_dir / "runs" / name)
+        report = next(iter(reports.values()), {})
+        rows[label] = {"step_ms": records[0]["mean_s"] * 1000, "size_mb": size_mb,
+                       "disseminate_ms": (report["mean_disseminate_s"] * 1000
+                                          if report.get("mean_disseminate_s") is not None else None),
+                       "explore": report.get("explore"), "exploit": report.get("exploit"),
+                       "wan_mb": result.summary.get("wan_bytes", 0) / 1e6}
+        _say(f"[sched] {name}: {rows[label]['step_ms']:.0f} ms per pushpull")
+    return rows
+
+
 def bench_sched(quick: bool, out_dir: Path) -> dict[str, Any]:
-    """Run the MultiGPS and DGT measurements; print their tables; return the figures for bench.json."""
+    """Run the MultiGPS, DGT and TSEngine measurements; the figures for bench.json (``sched_lines`` prints them)."""
     errors: list[str] = []
-    report = {"multigps": _multigps(quick, out_dir, errors), "dgt": _dgt(quick, out_dir, errors), "errors": errors}
-    for line in sched_lines(report):
-        _say(line)
-    return report
+    return {"multigps": _multigps(quick, out_dir, errors), "dgt": _dgt(quick, out_dir, errors),
+            "tsengine": _tsengine(quick, out_dir, errors), "errors": errors}
 
 
 def sched_lines(report: dict[str, Any]) -> list[str]:
@@ -137,6 +171,13 @@ def sched_lines(report: dict[str, Any]) -> list[str]:
                      f"{row['k_mean']:.2f}" if row["k_mean"] is not None else "-"])
     lines += _table(["run", "accuracy", "step ms", "WAN MB (ZeroMQ)", "UDP MB", "UDP blocks", "lost", "mean K"],
                     rows)
+    lines.append("      UDP MB: both local servers' datagrams (dc0's travel on its LAN); lost: missing at the deadline "
+                 "(late ones are folded into the next round)")
+    lines += ["", "[sched] TSEngine: pushpull to 4 parties (dc0 50 Mbit/s, dc3 20 Mbit/s, others 200 Mbit/s)"]
+    rows = [[label, f"{row['step_ms']:.0f}",
+             f"{row['disseminate_ms']:.0f}" if row["disseminate_ms"] is not None else "-", f"{row['wan_mb']:.1f}"]
+            for label, row in report.get("tsengine", {}).items()]
+    lines += _table(["overlay", "ms per pushpull", "ms to disseminate (coordinator)", "WAN MB"], rows)
     if report.get("errors"):
         lines += [f"[sched] error: {e}" for e in report["errors"]]
     return lines
