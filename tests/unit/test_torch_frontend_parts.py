@@ -95,3 +95,43 @@ def test_layers_are_numbered_in_definition_order_and_modules_wait_for_their_subt
     # ... and the attention for its out_proj too (it uses out_proj.weight without calling out_proj)
     out_proj = next(i for i, p in enumerate(params) if p is attention.self_attn.out_proj.weight)
     assert out_proj in waits[attention.self_attn]
+
+
+def test_the_training_block_and_its_environment_variables():
+    from geomx.config import node_config_from_env, topology_from_dict
+
+    topology = topology_from_dict({"parties": {"dc0": 1}, "training": {
+        "sync": "dist_async", "server_optimizer": {"type": "dcasgd", "lr": 0.05, "momentum": 0.9},
+        "compression": "bsc:threshold=0.01", "p3": True, "metrics_every": 5}})
+    spec = topology.training
+    assert (spec.sync, spec.server_optimizer, dict(spec.server_optimizer_params)) == \
+        ("dist_async", "dcasgd", {"lr": 0.05, "momentum": 0.9})
+    assert spec.compression == {"type": "bsc", "threshold": 0.01} and spec.p3 and spec.metrics_every == 5
+    env = {"GEOMX_ROLE": "worker", "GEOMX_PARTY": "dc0", "GEOMX_GLOBAL_SCHEDULER": "127.0.0.1:1",
+           "GEOMX_SCHEDULER": "127.0.0.1:2", "ENABLE_P3": "1", "GEOMX_P3_SLICE_ELEMS": "1000",
+           "GEOMX_SERVER_OPTIMIZER": "outer_nesterov", "GEOMX_COMPRESSION": '{"type": "fp16"}', "GEOMX_ESYNC": "0"}
+    node = node_config_from_env(env)
+    assert node.topology.training.p3 and node.topology.slice_elems == 1000  # P3 slices every tensor
+    assert node.topology.training.server_optimizer == "outer_nesterov"
+    assert node.topology.training.compression == {"type": "fp16"}
+    for bad, text in [({"training": {"sync": "dist_bogus"}}, "sync"), ({"training": {"p3": "yes"}}, "p3 must be"),
+                      ({"training": {"server_optimizer": "lion"}}, "server_optimizer 'lion'"),
+                      ({"training": {"colour": 1}}, "unknown fields"),
+                      ({"training": {"compression": "bsc:threshold"}}, "not key=value")]:
+        with pytest.raises(ConfigError, match=text):
+            topology_from_dict({"parties": {"dc0": 1}, **bad})
+    with pytest.raises(ConfigError, match="GEOMX_P3 must be 0 or 1"):
+        node_config_from_env({**env, "ENABLE_P3": "maybe"})
+
+
+def test_the_sampler_reshuffles_per_epoch_and_matches_the_shards():
+    from geomx.torch import ShardSampler
+
+    sampler = ShardSampler(list(range(10)), rank=1, num_workers=3, seed=4)
+    first = list(sampler)
+    sampler.set_epoch(1)
+    second = list(sampler)
+    assert len(first) == len(second) == len(sampler) == 4
+    assert first != second
+    assert sorted(i for r in range(3) for i in ShardSampler(list(range(9)), rank=r, num_workers=3,
+                                                             shuffle=False)) == list(range(9))
