@@ -13,7 +13,7 @@ The bound comes from the topology's ``size_lower_bound`` (or GEOMX_SIZE_LOWER_BO
 MXNET_KVSTORE_SIZE_LOWER_BOUND, default 200000), or ``--size-lower-bound``; the demo CNN's layers are all
 below 200000 elements, so its scripts set 1000 (as GeoMX's do). A tensor is large when ``numel >= bound``,
 the servers' rule (GeoMX's example script says ``>``). As in ``cnn_bsc.py`` the workers step plain SGD
-(lr 0.3): Bi-Sparse's momentum correction is the momentum.
+(lr 0.2): Bi-Sparse's momentum correction is the momentum.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--lr", type=float, default=0.3, help="the workers' local SGD learning rate")
+    parser.add_argument("--lr", type=float, default=0.2, help="the workers' local SGD learning rate")
     parser.add_argument("--threshold", type=float, default=0.01, help="fraction of a large tensor kept")
     parser.add_argument("--size-lower-bound", type=int, default=None,
                         help="large/tiny split (default: the topology's, i.e. MXNET_KVSTORE_SIZE_LOWER_BOUND)")

@@ -50,7 +50,7 @@ import yaml
 from .launch import LaunchResult, launch
 from .runlog import read_metrics
 
-SECTIONS = ("training", "transport", "sync", "frontend", "sched", "security")
+SECTIONS = ("training", "transport", "sync", "codecs", "frontend", "sched", "security")
 
 # The emulated WAN of the training section (the demo topology's links).
 WAN = {"bandwidth": "100Mbit", "latency": "25ms"}
@@ -877,6 +877,11 @@ def format_report(report: dict[str, Any]) -> str:
         lines += ["", *_sync_lines(sync)]
     elif "sync_error" in report:
         lines += ["", f"[sync] not measured: {report['sync_error']}"]
+    if report.get("codecs"):  # the section lives in bench_codecs.py
+        from .bench_codecs import codecs_lines
+        lines += ["", *codecs_lines(report["codecs"])]
+    elif "codecs_error" in report:
+        lines += ["", f"[codecs] not measured: {report['codecs_error']}"]
     if report.get("sched"):  # the section lives in bench_sched.py
         from .bench_sched import sched_lines
         lines += sched_lines(report["sched"])
@@ -897,6 +902,11 @@ def format_report(report: dict[str, Any]) -> str:
 
 # ---------------------------------------------------------------------------------------------------------
 # entry point
+
+def _bench_codecs(plan: Plan, out_dir: Path) -> dict[str, Any]:
+    from .bench_codecs import bench_codecs
+    return bench_codecs(plan is QUICK, out_dir)
+
 
 def _bench_frontend(plan: Plan, out_dir: Path) -> dict[str, Any]:
     from .bench_frontend import run_frontend
@@ -928,6 +938,7 @@ def run_bench(quick: bool, out_dir: Path, sections: list[str] | None = None) -> 
     failed = False
     interrupted = False
     for section, runner in (("training", bench_training), ("transport", bench_transport), ("sync", bench_sync),
+                            ("codecs", _bench_codecs),
                             ("frontend", _bench_frontend), ("sched", _bench_sched),
                             ("security", _bench_security)):
         if section not in chosen:

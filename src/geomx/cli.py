@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--quick", action="store_true", help="fewer steps and repetitions (~5 min)")
     bench.add_argument("--out", default="bench-results", help="folder for the JSON results")
     bench.add_argument("--only", action="append",
-                       choices=["training", "transport", "sync", "frontend", "sched", "security"],
+                       choices=["training", "transport", "sync", "codecs", "frontend", "sched", "security"],
                        help="run only these sections (repeatable)")
     bench.set_defaults(func=_bench)
     report = sub.add_parser("report", help="plots (loss, accuracy, WAN bytes against wall time) and a table of runs")
