@@ -1,0 +1,114 @@
+"""DistributedOptimizer's loop logic against an in-process stand-in for the kvstore (one worker, no sockets).
+
+The real multi-process runs are in tests/integration/test_torch_frontend.py; here: the errors a user can hit.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from geomx.config import NodeConfig, PartySpec, Role, Topology, TrainingSpec
+from geomx.torch import DistributedOptimizer, ModelMismatchError
+from geomx.torch.signature import signature
+
+
+class OneWorkerStore:
+    """What a one-worker job's kvstore answers: a pull returns the last push (the sum over one worker)."""
+
+    def __init__(self, training: TrainingSpec, master_values: dict[int, torch.Tensor] | None = None) -> None:
+        topology = Topology(parties=(PartySpec("dc0", 1),), central="dc0", training=training)
+        self.config = NodeConfig(role=Role.WORKER, party="dc0", topology=topology, global_scheduler="127.0.0.1:1")
+        self.is_master_worker, self.name, self.global_rank = True, "dc0/worker0", 0
+        self.num_workers = self.num_all_workers = 1
+        self.values: dict[int, torch.Tensor] = {}
+        self.master_values = master_values or {}
+        self.pushes: list[int] = []
+        self.records: list[dict[str, Any]] = []
+
+    def init(self, keys: Any, values: Any) -> None:
+        keys, values = (keys, values) if isinstance(keys, list) else ([keys], [values])
+        for key, value in zip(keys, values, strict=True):
+            if key in self.master_values:
+                value.copy_(self.master_values[key])
+            self.values[key] = value.detach().clone()
+
+    def push(self, key: int, value: torch.Tensor, priority: int = 0) -> None:
+        self.pushes.append(key)
+        self.values[key] = value.detach().clone()
+
+    def pull(self, key: int, out: torch.Tensor, priority: int = 0) -> None:
+        out.data.copy_(self.values[key])
+
+    def ready(self, key: int) -> bool:
+        return True
+
+    def counters(self) -> dict[str, Any]:
+        return {}
+
+    def wan_bytes(self) -> int:
+        return 0
+
+    def record(self, **metrics: Any) -> None:
+        self.records.append(metrics)
+
+    def close(self) -> None:
+        pass
+
+
+def model_and_adam() -> tuple[nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+    return model, torch.optim.AdamW(model.parameters(), lr=0.01)
+
+
+def test_a_second_backward_before_step_names_the_parameter():
+    model, inner = model_and_adam()
+    DistributedOptimizer(inner, model, kv=OneWorkerStore(TrainingSpec()))  # type: ignore[arg-type]
+    model(torch.randn(5, 4)).sum().backward()
+    with pytest.raises(RuntimeError, match=r"parameter '2\.(weight|bias)' got a second gradient before step"):
+        model(torch.randn(5, 4)).sum().backward()
+
+
+def test_parameters_without_a_gradient_push_zeros_and_the_step_matches_plain_torch():
+    """Like DDP, an unused parameter steps on a zero gradient (a no-op for Adam without weight decay)."""
+    model, _ = model_and_adam()
+    inner = torch.optim.Adam(model.parameters(), lr=0.01)
+    reference, _ = model_and_adam()
+    reference_inner = torch.optim.Adam(reference.parameters(), lr=0.01)
+    store = OneWorkerStore(TrainingSpec(server_optimizer="none"))
+    opt = DistributedOptimizer(inner, model, kv=store)  # type: ignore[arg-type]
+    x = torch.randn(5, 4)
+    for net, optimizer in ((model, opt), (reference, reference_inner)):
+        optimizer.zero_grad()
+        net[2](torch.relu(x[:, :3])).sum().backward()  # the first layer gets no gradient
+        optimizer.step()
+    assert sorted(store.pushes) == [0, 1, 2, 3]  # zeros for the unused first layer, FSA needs every key
+    for got, want in zip(model.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(got, want)
+    assert store.records[0]["plan"].startswith("local optimizer")
+
+
+def test_a_model_that_differs_from_the_masters_fails_before_any_parameter_is_declared():
+    model, inner = model_and_adam()
+    wider = nn.Sequential(nn.Linear(4, 5), nn.ReLU(), nn.Linear(5, 2))
+    from geomx.torch.optimizer import SIGNATURE_KEY
+
+    store = OneWorkerStore(TrainingSpec(), master_values={SIGNATURE_KEY: signature(wider)})
+    with pytest.raises(ModelMismatchError, match=r"parameter 0 \('0.weight', shape \(3, 4\)\): 12 elements here, "
+                                                 r"20 on the master worker"):
+        DistributedOptimizer(inner, model, kv=store)  # type: ignore[arg-type]
+    assert list(store.values) == [SIGNATURE_KEY]
+
+
+def test_wrong_arguments_are_named():
+    model, _ = model_and_adam()
+    store = OneWorkerStore(TrainingSpec())
+    with pytest.raises(TypeError, match=r"wraps a torch\.optim\.Optimizer"):
+        DistributedOptimizer(model, model, kv=store)  # type: ignore[arg-type]
+    other = torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="not one of the model's"):
+        DistributedOptimizer(other, model, kv=store)  # type: ignore[arg-type]
