@@ -135,3 +135,34 @@ def test_the_sampler_reshuffles_per_epoch_and_matches_the_shards():
     assert first != second
     assert sorted(i for r in range(3) for i in ShardSampler(list(range(9)), rank=r, num_workers=3,
                                                              shuffle=False)) == list(range(9))
+
+
+def test_the_recorder_averages_losses_per_interval_and_writes_evaluations_apart():
+    from geomx.torch.metrics import StepRecorder
+
+    class Store:
+        is_master_worker = False
+
+        def __init__(self) -> None:
+            self.records: list[dict] = []
+
+        def counters(self) -> dict:
+            return {"lan": {"sent": 5, "recv": 7}, "wan": {"sent": 0, "recv": 0}}
+
+        def wan_bytes(self) -> int:
+            return 0
+
+        def record(self, **metrics) -> None:
+            self.records.append(metrics)
+
+    store = Store()
+    recorder = StepRecorder(store, every=2)
+    for loss in (1.0, 3.0, 10.0, 20.0):
+        recorder.log(loss=torch.tensor(loss))
+        if loss == 10.0:
+            recorder.log(accuracy=0.5)  # an evaluation mid-interval does not cut the loss average
+        recorder.step()
+    recorder.close()
+    shown = [{k: r[k] for k in ("step", "loss", "accuracy", "lan_bytes") if k in r} for r in store.records]
+    assert shown == [{"step": 2, "loss": 2.0, "lan_bytes": 12}, {"step": 2, "accuracy": 0.5, "lan_bytes": 12},
+                     {"step": 4, "loss": 15.0, "lan_bytes": 12}]

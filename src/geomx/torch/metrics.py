@@ -105,25 +105,27 @@ class StepRecorder:
             value = float(loss.item() if hasattr(loss, "item") else loss)
             if math.isfinite(value):
                 self._losses.append(value)
-        if metrics:
-            self.write(**{k: float(v.item() if hasattr(v, "item") else v) for k, v in metrics.items()})
+        if metrics:  # an evaluation: its own record; the training losses keep averaging for the next one
+            self.write(interval=False, **{k: float(v.item() if hasattr(v, "item") else v) for k, v in metrics.items()})
 
-    def write(self, **extra: float) -> None:
+    def write(self, interval: bool = True, **extra: float) -> None:
+        """One record: the counters, ``extra``, and (``interval``) the mean loss and step time since the last."""
         now = time.monotonic()
         counters = self.kv.counters()
         record: dict[str, Any] = {"step": self.steps, "elapsed_s": now - self.started,
                                   "lan_bytes": _traffic(counters, "lan"), "wan_bytes": _traffic(counters, "wan"),
                                   "net_wait_s": self.net_wait_s}
-        if self._interval_steps:
+        if interval and self._interval_steps:
             record["step_s"] = (now - self._interval_started) / self._interval_steps
-        if self._losses:
+        if interval and self._losses:
             record["loss"] = sum(self._losses) / len(self._losses)
         if self._meter is not None and self._meter.latest is not None:
             record["wan_bytes_total"] = self._meter.latest
         record.update(extra)
         self.kv.record(**record)
-        self._losses = []
-        self._interval_started, self._interval_steps = now, 0
+        if interval:
+            self._losses = []
+            self._interval_started, self._interval_steps = now, 0
 
     def close(self) -> None:
         """A last record (with a final WAN reading on the master), then stop the background meter."""
