@@ -329,7 +329,9 @@ class Van:
                 message = decode(body, self._topology.max_message_bytes)
             except WireError as exc:
                 self.malformed += 1
-                log.warning("[%s] dropped a malformed message from %r: %s", self.name, sender, exc)
+                if self.malformed <= 20 or self.malformed % 1000 == 0:  # a flood of junk must not flood the log
+                    log.warning("[%s] dropped a malformed message from %r (%d so far): %s", self.name, sender,
+                                self.malformed, exc)
                 continue
             except Exception:  # decode has a bug: log it, keep receiving
                 self.malformed += 1
