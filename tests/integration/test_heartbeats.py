@@ -10,7 +10,7 @@ import re
 
 import jobkit
 
-HEARTBEAT_S = 2.0
+HEARTBEAT_S = 3.0
 LONG_S = 90.0  # round and request timeouts: the job must stop long before these could fire
 TIMEOUTS = {"heartbeat": f"{HEARTBEAT_S:g}s", "heartbeat_interval": "0.25s", "round": f"{LONG_S:g}s",
             "request": f"{LONG_S:g}s", "shutdown": "5s"}
