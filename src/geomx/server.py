@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from .checkpoint import CheckpointWriter, Snapshot, load_latest, shard_dir
-from .codecs import FP16, CodecError, TensorInfo, default_registry
+from .codecs import FP16, CodecError, SizeAdaptive, TensorInfo, default_registry
 from .codecs import Codec as TensorCodec
 from .codecs.base import Kind as TensorKind
 from .codecs.messages import decode_message, payload_fields
@@ -50,6 +50,9 @@ from .wire import Kind, Message
 log = logging.getLogger("geomx.server")
 
 RoundId = tuple[Kind, int, int]
+# A global server's answer under HFA with a residual codec carries the change of the global model since the
+# last answer (compressed with the codec's own residual), not the model: flagged in the body by this key.
+MODEL_CHANGE = "model_change"
 
 
 @dataclass
@@ -780,6 +783,7 @@ class ParameterServer:
                                        round=rnd.number, priority=first.priority, **fields))
             return
         slot = self.slots[sid]
+        previous = slot.value
         # Under HFA the pushes are weighted model deltas: the global model moves by their sum, or an outer
         # optimizer takes their negation as its gradient.
         hfa = self.config.topology.hfa is not None
@@ -794,7 +798,8 @@ class ParameterServer:
                 return
         else:
             slot.value = (np.add(slot.value, total) if hfa else total).astype(dtype, copy=False)
-        self._release(rnd, slot.value, fields=self._reply_fields(rnd, slot.value, hfa))
+        answer = self._model_change_fields(rnd, slot.value, previous) if hfa else None
+        self._release(rnd, slot.value, fields=answer or self._reply_fields(rnd, slot.value, hfa))
         self._maybe_checkpoint()
 
     # -- checkpoints (global servers) ---------------------------------------------------------------------
@@ -870,6 +875,30 @@ class ParameterServer:
             log.debug("[%s] key %d is sent dense: %s", self.name, rnd.key, exc)
             return None
 
+    def _model_change_fields(self, rnd: Round, value: np.ndarray, previous: np.ndarray) -> dict[str, Any] | None:
+        """HFA with a residual codec (bsc, mpq's large tensors, error feedback): the global model's change
+        since the last answer, compressed with the codec's residual, so the WAN is sparse both ways.
+
+        Every party applies the same changes to the same initial model, so all hold ``value - residual``; what
+        is held back arrives in later answers. Only where every party gets every answer (synchronous rounds,
+        HiPS); None (answer as usual) otherwise, or when the tensor's codec keeps no residual.
+        """
+        codec = self.wan_codec
+        if isinstance(codec, SizeAdaptive):
+            codec = codec.pick(value.size)
+        if (codec is None or not codec.keeps_residual() or self.config.topology.mode is not Mode.HIPS
+                or not isinstance(self.push_policy, FullySynchronous)):
+            return None
+        change = np.subtract(value, previous, dtype=np.float32)
+        try:
+            fields = payload_fields(codec, change, TensorInfo(rnd.key, rnd.part, "delta", "pull"))
+        except CodecError as exc:
+            log.error("[%s] key %d slice %d: cannot compress the model change (%s); the model goes dense",
+                      self.name, rnd.key, rnd.part, exc)
+            return None
+        fields["body"] = {**(fields.get("body") or {}), MODEL_CHANGE: True}
+        return fields
+
     def _fp16_for(self, value: np.ndarray) -> FP16 | None:
         """The fp16 switch's codec for ``value``, if the switch is on and ``value`` is wider than float16."""
         if self.fp16 is None or value.dtype not in (np.float32, np.float64):
@@ -895,6 +924,13 @@ class ParameterServer:
                 except CodecError as exc:
                     self._release(rnd, None, f"undecodable answer from the global server: {exc}", number)
                     return
+                if reply.tensor is not None and (reply.body or {}).get(MODEL_CHANGE):
+                    known = self.hfa.global_model((rnd.key, rnd.part)) if self.hfa is not None else None
+                    if known is None:
+                        self._release(rnd, None, "the global server sent a model change, but this server holds "
+                                                 f"no global model of key {rnd.key} slice {rnd.part}", number)
+                        return
+                    reply.tensor = np.add(known, reply.tensor, dtype=np.float32).astype(known.dtype, copy=False)
                 if reply.tensor is not None and rnd.number == number and rnd.forwarding:
                     self.slots[(rnd.key, rnd.part)] = Slot(reply.tensor)
                     if self.hfa is not None:  # INIT and global rounds both answer with the global model

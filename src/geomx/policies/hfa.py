@@ -44,6 +44,10 @@ class LocalFrequencyAggregation:
         """Record the latest global model of ``slot`` (after init and after every global round)."""
         self._global_model[slot] = model
 
+    def global_model(self, slot: SlotId) -> np.ndarray | None:
+        """The latest global model of ``slot`` (None before init)."""
+        return self._global_model.get(slot)
+
     def after_local_round(self, slot: SlotId, average: np.ndarray) -> np.ndarray | None:
         """None for a local round; for a global one, the weighted delta to push to the global server."""
         count = self._rounds[slot] = self._rounds.get(slot, 0) + 1

@@ -37,12 +37,35 @@ def global_server_counters(kv: geomx.kv.KVStore) -> dict[str, int] | None:
     return {"recv": gs["lan"]["recv"] + gs["wan"]["recv"], "sent": gs["lan"]["sent"] + gs["wan"]["sent"]}
 
 
+def bad_compression_requests(kv: geomx.kv.KVStore) -> dict[str, str]:
+    """Error texts of compression requests that must fail: bad specs (master), any spec (other workers), and
+    a CONFIGURE sent straight to the local server by a worker that is not the master."""
+    attempts = {"unknown_type": {"type": "zip"}, "threshold_above_1": {"type": "bsc", "threshold": 1.5},
+                "threshold_0": {"type": "mpq", "threshold": 0}} if kv.is_master_worker else {
+                "not_master": {"type": "fp16"}}
+    errors = {}
+    for name, spec in attempts.items():
+        try:
+            kv.set_gradient_compression(spec)
+            errors[name] = "no error"
+        except Exception as exc:
+            errors[name] = f"{type(exc).__name__}: {exc}"
+    if not kv.is_master_worker:
+        try:
+            kv._configure({"compression": {"type": "fp16"}}, "set the compression")  # bypasses the API's check
+            errors["forged_configure"] = "no error"
+        except Exception as exc:
+            errors["forged_configure"] = f"{type(exc).__name__}: {exc}"
+    return errors
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--compression", default="null", help="JSON spec, or null for dense")
     parser.add_argument("--lr", type=float, default=jobkit.LR)
+    parser.add_argument("--bad-requests", action="store_true", help="try invalid compression requests first")
     args = parser.parse_args()
     spec = json.loads(args.compression)
     kv = geomx.kv.create("dist_sync")
@@ -51,6 +74,7 @@ def main() -> None:
     model = nn.Sequential(nn.Linear(jobkit.IN_FEATURES, args.hidden), nn.ReLU(),
                           nn.Linear(args.hidden, jobkit.OUT_FEATURES))
     params = list(model.parameters())
+    errors = bad_compression_requests(kv) if args.bad_requests else {}
     if kv.is_master_worker and spec is not None:
         kv.set_gradient_compression(spec)
     kv.init(list(range(len(params))), [p.data for p in params])
@@ -73,7 +97,8 @@ def main() -> None:
     after = global_server_counters(kv)
     jobkit.save_worker_output(kv.config.run_dir, rank, {"initial": initial,
                                                         "final": [p.detach().clone() for p in params]},
-                              {"losses": losses, "global_server_bytes": {"before": before, "after": after}})
+                              {"losses": losses, "global_server_bytes": {"before": before, "after": after},
+                               "bad_requests": errors})
     kv.close()
 
 
