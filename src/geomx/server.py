@@ -42,7 +42,7 @@ from .policies.sync import FullySynchronous, SyncPolicy, sync_policy
 from .rpc import Requests
 from .runlog import write_stats
 from .transport import Van
-from .tsengine import Coordinator, Dissemination
+from .tsengine import Coordinator, Dissemination, PushPairing
 from .tsengine import write_report as write_ts_report
 from .udp import Datagram, UdpReceiver
 from .wire import Kind, Message
@@ -126,6 +126,8 @@ class ParameterServer:
         self.ts_rounds: dict[tuple[int, int], Dissemination] = {}
         self.ts_values: dict[tuple[int, int], tuple[np.ndarray, int]] = {}  # value, num_parts
         self.relay_peers: set[str] = set()  # a local server's fellow local servers (TSEngine relays)
+        self.ts_pairings: dict[tuple[int, int], PushPairing] = {}  # a global server's aggregation overlays
+        self.ts_pending: dict[tuple[int, int], tuple[Round, np.ndarray]] = {}  # a local server's held sums
         self._lock = threading.RLock()
         self._ready = False
         self._early: list[Message] = []
@@ -448,6 +450,45 @@ class ParameterServer:
             message.body = {"to": target}
             self.van.send(holder, message)
 
+    def _ts_instruct(self, sid: tuple[int, int], message: Message, orders: list[tuple[str, str | None]]) -> None:
+        """Tell each local server in ``orders`` where to send its held sum (None: to this global server)."""
+        for node, target in orders:
+            body: dict[str, Any] = {"push": "server"} if target is None else {"push": "peer", "to": target}
+            self.van.send(node, Message(Kind.RELAY, key=sid[0], part=sid[1], num_parts=message.num_parts,
+                                        round=message.round, body=body))
+
+    def _ts_push(self, message: Message, sender: str) -> None:
+        """A local server: send the held sum as told, or add a fellow local server's sum to it and ask again."""
+        sid = (message.key, message.part)
+        body = message.body or {}
+        pending = self.ts_pending.get(sid)
+        if pending is None or pending[0].number != message.round or not pending[0].forwarding:
+            log.error("[%s] TSEngine %s for key %d slice %d round %d, but no sum of that round is held",
+                      self.name, sorted(body), message.key, message.part, message.round)
+            return
+        rnd, total = pending
+        if "merge" in body:
+            if sender not in self.relay_peers or message.tensor is None or message.tensor.size != total.size:
+                self._refuse(message, "a TSEngine merge needs a fellow local server's sum of the same slice")
+                return
+            np.add(total, message.tensor.reshape(total.shape), out=total)
+            self.van.send(self._owner(*sid), Message(Kind.RELAY, key=rnd.key, part=rnd.part, round=rnd.number,
+                                                     num_parts=message.num_parts, body={"ask": True}))
+            return
+        if sender not in self.upstream:
+            self._refuse(message, "only the global server directs TSEngine pushes")
+            return
+        del self.ts_pending[sid]
+        push = Message(Kind.PUSHPULL, key=rnd.key, part=rnd.part, num_parts=message.num_parts, round=rnd.number)
+        target = body.get("to")
+        if body.get("push") == "peer" and isinstance(target, str) and target in self.relay_peers:
+            self.van.send(target, Message(Kind.RELAY, key=rnd.key, part=rnd.part, round=rnd.number,
+                                          num_parts=message.num_parts, tensor=total, body={"merge": True}))
+            push.body = {"ts_merged": target}
+        else:
+            push.tensor = total.astype(self.slots[sid].value.dtype, copy=False)
+        self._forward(rnd, push)
+
     def _on_relay(self, message: Message) -> None:
         """TSEngine: an ack (global server), or a value to take or an instruction to pass ours on (local server)."""
         sender = message.sender.decode()
@@ -458,8 +499,12 @@ class ParameterServer:
             return
         if self.is_global:
             dissemination = self.ts_rounds.get(sid)
+            if sender in self.clients and body == {"ask": True} and self.ts is not None:
+                self._ts_instruct(sid, message, self.ts.ask_push(self.ts_pairings.setdefault(sid, PushPairing()),
+                                                                 sender))
+                return
             if sender not in self.clients or body != {"ack": True} or self.ts is None:
-                self._refuse(message, "a global server takes only RELAY acks from its local servers")
+                self._refuse(message, "a global server takes only RELAY asks and acks from its local servers")
                 return
             holder = None if dissemination is None else self.ts.acknowledged(dissemination, sender)
             if dissemination is None or holder is None:
@@ -470,6 +515,9 @@ class ParameterServer:
             if dissemination.done:
                 self.ts_rounds.pop(sid, None)
                 self.ts_values.pop(sid, None)
+            return
+        if "push" in body or "merge" in body:
+            self._ts_push(message, sender)
             return
         if "to" in body:  # pass our copy on
             target, slot = body["to"], self.slots.get(sid)
@@ -519,6 +567,9 @@ class ParameterServer:
         if slot is None:
             self._refuse(message, f"key {message.key} slice {message.part} was never initialized; call init first")
             return
+        if message.tensor is None and self.ts is not None and "ts_merged" in (message.body or {}):
+            self._contribute(message)  # TSEngine: this party's sum travels inside another party's push
+            return
         if message.tensor is None:
             self._refuse(message, f"PUSHPULL of key {message.key} carries no tensor")
             return
@@ -527,6 +578,9 @@ class ParameterServer:
             self._refuse(message, problem)
             return
         self._contribute(message)
+        if self.ts is not None and self.is_global:  # the link is free: the next waiting local server may push
+            sid = (message.key, message.part)
+            self._ts_instruct(sid, message, self.ts.pushed(self.ts_pairings.setdefault(sid, PushPairing())))
 
     def _on_pull(self, message: Message) -> None:
         """The current value. A local server asks its global server: under MixedSync its own copy may be stale."""
@@ -776,6 +830,11 @@ class ParameterServer:
                 except CodecError as exc:
                     self._release(rnd, None, f"cannot compress key {rnd.key} slice {rnd.part}: {exc}")
                     return
+            if self.config.topology.tsengine is not None and "tensor" in fields:
+                self.ts_pending[sid] = (rnd, np.array(fields["tensor"], dtype=np.float32))
+                self.van.send(self._owner(*sid), Message(Kind.RELAY, key=rnd.key, part=rnd.part, round=rnd.number,
+                                                         num_parts=first.num_parts, body={"ask": True}))
+                return
             if self.dgt_sender is not None and "tensor" in fields and upward.dtype == np.float32:
                 address = self.udp_address[self._owner(rnd.key, rnd.part)]
                 fields = self.dgt_sender.push(address, rnd.key, rnd.part, rnd.number, upward)

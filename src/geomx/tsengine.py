@@ -1,8 +1,13 @@
-"""TSEngine's dissemination overlay: who sends a round's result to whom, chosen online from measured throughput.
+"""TSEngine's overlays: who sends a round's pushes and its result to whom, chosen online from measured throughput.
 
-After a global round, the global server that owns the (key, slice) coordinates its dissemination to the
-local servers (``ENABLE_INTER_TS``). Every node that holds the new value (the global server first, then
-each local server that received it) serves one unserved local server at a time; for each hand-off the
+**Aggregation** (GeoMX's ASKPUSH): a local server with its party's sum asks the coordinator (the global server
+owning the slice) where to send it. If the global server is not receiving another push, there; otherwise it
+waits, and two waiting local servers are paired: one sends its sum to the other (the faster measured
+direction, ε-greedy), which adds it and asks again. Pushes pre-merge while the global server's link is busy.
+
+**Dissemination**: after a global round, the global server that owns the (key, slice) coordinates its
+dissemination to the local servers (``ENABLE_INTER_TS``). Every node that holds the new value (the global
+server first, then each local server that received it) serves one unserved local server at a time; for each hand-off the
 coordinator picks the target **ε-greedily**: with probability ``1 - max_greed`` a uniformly random unserved
 node (exploration), otherwise the one with the best measured throughput from that holder (exploitation;
 a holder with no measured link to any unserved node explores by necessity, counted apart). Throughput is
@@ -16,7 +21,8 @@ Usage::
     coordinator = Coordinator(max_greed=0.9, seed=0)
     round_ = coordinator.start("gs", {"ls1": 4, "ls2": 4}, nbytes=4096)   # targets -> their round numbers
     target = coordinator.next_target(round_, holder="gs")                 # "ls1" or "ls2"
-    coordinator.acknowledged(round_, holder="gs", target=target)          # measures gs -> target
+    coordinator.acknowledged(round_, target)                              # measures gs -> target
+    coordinator.ask_push(PushPairing(), "ls1")                            # [("ls1", None)]: to the server
 """
 
 from __future__ import annotations
@@ -50,6 +56,14 @@ class Dissemination:
 
 
 @dataclass
+class PushPairing:
+    """One (key, slice)'s aggregation overlay: whether the global server is receiving a push, who waits."""
+
+    busy: bool = False
+    waiting: list[str] = field(default_factory=list)
+
+
+@dataclass
 class Choices:
     explore: int = 0
     exploit: int = 0
@@ -69,6 +83,7 @@ class Coordinator:
         self.choices = Choices()
         self.rounds_done = 0
         self.seconds: list[float] = []  # dissemination time of each finished round
+        self.merges = 0  # pushes merged into another local server's instead of sent to the global server
 
     def start(self, root: str, targets: dict[str, int], nbytes: int) -> Dissemination:
         return Dissemination(root, dict(targets), nbytes, set(targets), started_at=self._clock())
@@ -109,8 +124,39 @@ class Coordinator:
             self.seconds.append(self._clock() - round_.started_at)
         return holder
 
+    # -- aggregation (GeoMX's ASKPUSH) ----------------------------------------------------------------------
+    def ask_push(self, pairing: PushPairing, asker: str) -> list[tuple[str, str | None]]:
+        """``asker`` holds a (partial) sum. Instructions ``(node, target)``: target None means "send it to the
+        global server"; otherwise node sends its sum to target, which adds it to its own and asks again.
+        While the global server receives one push, waiting local servers pair up and pre-merge."""
+        if not pairing.busy:
+            pairing.busy = True
+            return [(asker, None)]
+        if pairing.waiting:
+            other = pairing.waiting.pop(0)
+            self.merges += 1
+            return [self.merge_direction(asker, other)]
+        pairing.waiting.append(asker)
+        return []
+
+    def pushed(self, pairing: PushPairing) -> list[tuple[str, str | None]]:
+        """The global server received a push: the next waiting local server may send."""
+        if pairing.waiting:
+            return [(pairing.waiting.pop(0), None)]
+        pairing.busy = False
+        return []
+
+    def merge_direction(self, a: str, b: str) -> tuple[str, str]:
+        """(sender, receiver) of a merge: the faster measured direction, ε-greedy (random when exploring or
+        when a direction is unmeasured)."""
+        forward, backward = self.throughput.get((a, b)), self.throughput.get((b, a))
+        if forward is None or backward is None or self._random.random() >= self.max_greed:
+            return (a, b) if self._random.random() < 0.5 else (b, a)
+        return (a, b) if forward >= backward else (b, a)
+
     def report(self) -> dict[str, Any]:
-        return {"rounds": self.rounds_done, "explore": self.choices.explore, "exploit": self.choices.exploit,
+        return {"rounds": self.rounds_done, "merges": self.merges, "explore": self.choices.explore,
+                "exploit": self.choices.exploit,
                 "forced": self.choices.forced, "max_greed": self.max_greed,
                 "mean_disseminate_s": sum(self.seconds) / len(self.seconds) if self.seconds else None,
                 "throughput": {f"{a}->{b}": rate for (a, b), rate in sorted(self.throughput.items())}}

@@ -1,4 +1,5 @@
-"""TSEngine across parties: results reach the local servers through a relay overlay, and equal the star's."""
+"""TSEngine across parties: pushes pre-merge between local servers and results reach them through a relay
+overlay; the training equals the star's (single-process SGD)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ def test_tsengine_over_two_global_servers_equals_single_process_sgd(geomx_job, t
     assert sorted(reports) == ["global_server0", "global_server1"]
     for report in reports.values():
         assert report["rounds"] > 0  # each global server coordinated its own slices' rounds
+        assert report["merges"] > 0  # some parties' sums reached the global server inside another party's push
         choices = report["explore"] + report["exploit"] + report["forced"]
         assert choices == report["rounds"] * len(PARTIES)  # one hand-off per local server per round
         # exploration at the configured rate, 1 - MAX_GREED_RATE_TS = 0.5 (a few hundred choices)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from geomx.tsengine import Coordinator
+from geomx.tsengine import Coordinator, PushPairing
 
 
 class Clock:
@@ -74,3 +74,22 @@ def test_a_round_reaches_every_target_once_through_relays():
 def test_greed_is_validated():
     with pytest.raises(ValueError, match="MAX_GREED_RATE_TS"):
         Coordinator(max_greed=1.5)
+
+
+def test_waiting_local_servers_pair_up_while_the_global_server_receives():
+    coordinator = Coordinator(max_greed=0.9, seed=2)
+    pairing = PushPairing()
+    assert coordinator.ask_push(pairing, "a") == [("a", None)]  # the link is free: straight to the server
+    assert coordinator.ask_push(pairing, "b") == []  # busy: b waits
+    (sender, receiver), = coordinator.ask_push(pairing, "c")  # c and b pre-merge, one into the other
+    assert {sender, receiver} == {"b", "c"} and coordinator.merges == 1
+    assert coordinator.ask_push(pairing, receiver) == []  # the receiver asks again with the merged sum: waits
+    assert coordinator.pushed(pairing) == [(receiver, None)]  # a's push arrived: the receiver may send
+    assert coordinator.pushed(pairing) == [] and not pairing.busy  # everything arrived: the link is free
+
+
+def test_merge_direction_follows_measured_throughput():
+    coordinator = Coordinator(max_greed=1.0, seed=0)
+    coordinator.throughput[("a", "b")] = 1e6
+    coordinator.throughput[("b", "a")] = 5e6
+    assert all(coordinator.merge_direction("a", "b") == ("b", "a") for _ in range(20))
