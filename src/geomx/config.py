@@ -264,6 +264,7 @@ class Topology:
     training: TrainingSpec = TrainingSpec()  # geomx.torch's choices (the kvstore API ignores them)
     security: SecuritySpec = SecuritySpec()  # shared secret / CURVE keys
     checkpoint: CheckpointSpec = CheckpointSpec()  # global servers' checkpoints
+    elastic: bool = False  # FSA: a dead party/worker is dropped and the aggregate rescaled (default: stop)
     dgt: DGTSpec | None = None  # Differential Gradient Transmission, when enabled
     tsengine: TSEngineSpec | None = None  # TSEngine's dissemination overlay across parties, when enabled
 
@@ -431,7 +432,7 @@ def _timeouts(raw: Any) -> Timeouts:
 
 _TOPOLOGY_FIELDS = {"parties", "central", "global_servers", "mode", "links", "timeouts", "slice_elems",
                     "max_message_bytes", "hfa", "size_lower_bound", "fp16", "training", "security", "checkpoint",
-                    "dgt", "tsengine"}
+                    "elastic", "dgt", "tsengine"}
 
 
 def _hfa(raw: Any) -> HFASpec | None:
@@ -647,6 +648,7 @@ def topology_from_dict(raw: Mapping[str, Any], base_dir: Path | None = None) -> 
         training=_training(raw.get("training")),
         security=_security(raw.get("security"), base_dir),
         checkpoint=_checkpoint(raw.get("checkpoint"), base_dir),
+        elastic=_bool_field(raw, "elastic", False),
         dgt=_dgt(raw.get("dgt")),
         tsengine=_tsengine(raw.get("tsengine")),
     )
@@ -705,6 +707,7 @@ def topology_to_dict(topology: Topology) -> dict[str, Any]:
         **({"checkpoint": {"dir": str(topology.checkpoint.dir), "every_steps": topology.checkpoint.every_steps,
                            "every_seconds": topology.checkpoint.every_s, "keep": topology.checkpoint.keep}}
            if topology.checkpoint.dir else {}),
+        **({"elastic": True} if topology.elastic else {}),
         **({"dgt": _dgt_to_dict(topology.dgt)} if topology.dgt else {}),
         **({"tsengine": {"max_greed": topology.tsengine.max_greed, "seed": topology.tsengine.seed}}
            if topology.tsengine else {}),
@@ -976,8 +979,10 @@ def node_config_from_env(env: Mapping[str, str]) -> NodeConfig:
                                    size_lower_bound=topology.size_lower_bound if bound is None else bound,
                                    fp16=topology.fp16 if fp16 is None else fp16)
     training = _training_from_env(env, topology.training)
+    elastic = _flag(env, "GEOMX_ELASTIC")
     topology = dataclasses.replace(topology, security=_security_from_env(env, topology.security),
-                                   checkpoint=_checkpoint_from_env(env, topology.checkpoint))
+                                   checkpoint=_checkpoint_from_env(env, topology.checkpoint),
+                                   elastic=topology.elastic if elastic is None else elastic)
     topology = dataclasses.replace(topology, training=training,
                                    slice_elems=training.p3_slice_elems if training.p3 else topology.slice_elems)
     if role not in (Role.GLOBAL_SCHEDULER,) and party not in {p.name for p in topology.parties}:
