@@ -98,9 +98,12 @@ def frontend_lines(section: dict[str, Any]) -> list[str]:
              f"steps after {setup['warmup']} warm-up"]
     for name, row in section["rows"].items():
         extra = ""
-        if "backward_ms" in row:
+        if "comm_ms" in row:
             extra = (f"  (forward {row['forward_ms']:.0f} + backward {row['backward_ms']:.0f} + "
                      f"communication {row['comm_ms']:.0f} ms, one after the other)")
+        elif "backward_ms" in row:
+            extra = (f"  (forward incl. waits for updates {row['forward_ms']:.0f} + backward incl. pushes "
+                     f"{row['backward_ms']:.0f} ms)")
         lines.append(f"  {name:<10} WAN {row['wan']:>7} batch {row['batch_size']:>3}  step {row['step_ms']:7.1f} ms"
                      f"  CPU {row.get('cpu_ms', float('nan')):6.1f} ms{extra}")
     if "wrapper_over_sequential" in section:

@@ -67,12 +67,16 @@ def main() -> None:
         for step in range(args.steps + args.warmup):
             started, cpu_started = time.monotonic(), time.process_time()
             opt.zero_grad()
-            loss = F.cross_entropy(model(images), labels)
-            loss.backward()
+            loss = F.cross_entropy(model(images), labels)  # waits, per layer, for the last step's updates
+            forward_done = time.monotonic()
+            loss.backward()  # pushes each gradient as it is produced
+            backward_done = time.monotonic()
             opt.step()
             if step >= args.warmup:
                 times["step"].append(time.monotonic() - started)
                 times["cpu"].append(time.process_time() - cpu_started)
+                times["forward"].append(forward_done - started)
+                times["backward"].append(backward_done - forward_done)
         opt.synchronize()
         name, run_dir = kv.name, kv.config.run_dir
         opt.close()
