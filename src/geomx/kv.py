@@ -288,8 +288,11 @@ class KVStore:
         Local servers encode what they push, global servers what they answer; the LAN stays dense. Types:
         ``fp16``, ``bsc`` (Bi-Sparse; tensors below ``size_lower_bound`` — MXNET_KVSTORE_SIZE_LOWER_BOUND,
         default 200000 — travel dense), ``mpq`` (fp16 below the bound, Bi-Sparse above), ``int8``,
-        ``error_feedback``. Residual codecs (bsc, mpq) need additive data: use them without a server
-        optimizer (workers step on the pulled aggregate, as in GeoMX's example) or with HFA.
+        ``error_feedback``. Residual codecs (bsc, mpq) compress both directions without a server optimizer
+        (workers step on the pulled aggregate, as in GeoMX's example: use plain SGD, the codec's momentum
+        correction is the momentum) and under HFA (the global model's changes come back); a server
+        optimizer's weights (MixedSync) come back dense. The fp16 switch for LAN and WAN is the topology's
+        ``fp16: true`` (GEOMX_FP16=1).
         """
         if not self.is_master_worker:
             raise RuntimeError("only the master worker (rank 0 of the central party) may set the compression")
