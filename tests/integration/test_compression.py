@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 import yaml
 from compressed_train import teacher_data
-from harness import write_topology
+from harness import run_job, write_topology
 from torch import nn
 
 STEPS, HIDDEN = 30, 1024
@@ -31,6 +31,12 @@ def run(geomx_job, spec, name, lr=jobkit.LR, *flags, **options):
     workers = jobkit.load_worker_outputs(job.run_dir)
     assert sorted(workers) == [0, 1, 2, 3]
     return job, workers
+
+
+@pytest.fixture(scope="module")
+def dense_run(tmp_path_factory):
+    """The uncompressed job, shared by the tests that compare a codec with it."""
+    return run(lambda *args, **options: run_job(tmp_path_factory.mktemp("dense"), *args, **options), None, "dense")
 
 
 def reference(initial):
@@ -56,8 +62,8 @@ def assert_all_equal(workers):
             assert torch.equal(got, want)
 
 
-def test_dense_fp16_and_bisparse(geomx_job):
-    dense_job, dense = run(geomx_job, None, "dense")
+def test_dense_fp16_and_bisparse(geomx_job, dense_run):
+    dense_job, dense = dense_run
     fp16_job, fp16 = run(geomx_job, {"type": "fp16"}, "fp16")
     # DGC's momentum correction (0.9) lives in the codec: the workers' plain SGD takes a 10x smaller lr
     bsc_job, bsc = run(geomx_job, {"type": "bsc", "threshold": 0.01, "size_lower_bound": 0}, "bsc",
@@ -111,9 +117,9 @@ def directions(workers):
     return after["recv"] - before["recv"], after["sent"] - before["sent"]
 
 
-def test_fp16_switch_halves_lan_and_wan_bytes(geomx_job, tmp_path):
+def test_fp16_switch_halves_lan_and_wan_bytes(geomx_job, tmp_path, dense_run):
     """``fp16: true`` in the topology: the same fp32 training loop, float16 on every link, fp32 sums."""
-    dense_job, dense = run(geomx_job, None, "dense")
+    dense_job, dense = dense_run
     fp16_job, fp16 = run(geomx_job, None, "fp16switch", topology=fp16_topology(tmp_path / "fp16.yaml"))
     expected = reference(dense[0][0]["initial"])
     for got, want in zip(fp16[0][0]["final"], expected, strict=True):  # fp16 rounding of pushes and answers
