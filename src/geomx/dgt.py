@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import math
 import random
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,7 +100,7 @@ class SenderStats:
     reliable_blocks: int = 0
     udp_blocks: int = 0
     dropped: list[list[int]] = field(default_factory=list)  # [key, part, round, block] dropped by emulation
-    k_history: list[float] = field(default_factory=list)
+    k_history: deque[float] = field(default_factory=lambda: deque(maxlen=2000))  # the latest pushes' K
 
 
 class DgtSender:
@@ -172,7 +173,7 @@ class DgtSender:
         return {"name": self.name, "role": "sender", "pushes": self.stats.pushes,
                 "reliable_blocks": self.stats.reliable_blocks, "udp_blocks": self.stats.udp_blocks,
                 "udp_sent": self.udp.sent, "udp_bytes": self.udp.sent_bytes, "measured_loss": self.measured_loss(),
-                "k_history": self.stats.k_history[-2000:], "dropped": self.stats.dropped}
+                "k_history": list(self.stats.k_history), "dropped": self.stats.dropped}
 
 
 class DgtError(ValueError):

@@ -82,7 +82,7 @@ class Coordinator:
         self.throughput: dict[tuple[str, str], float] = {}  # (from, to) -> bytes per second (EMA)
         self.choices = Choices()
         self.rounds_done = 0
-        self.seconds: list[float] = []  # dissemination time of each finished round
+        self.seconds_total = 0.0  # dissemination time summed over finished rounds
         self.merges = 0  # pushes merged into another local server's instead of sent to the global server
 
     def start(self, root: str, targets: dict[str, int], nbytes: int) -> Dissemination:
@@ -121,7 +121,7 @@ class Coordinator:
         self.throughput[(holder, target)] = rate if previous is None else EMA * previous + (1 - EMA) * rate
         if round_.done:
             self.rounds_done += 1
-            self.seconds.append(self._clock() - round_.started_at)
+            self.seconds_total += self._clock() - round_.started_at
         return holder
 
     # -- aggregation (GeoMX's ASKPUSH) ----------------------------------------------------------------------
@@ -158,7 +158,7 @@ class Coordinator:
         return {"rounds": self.rounds_done, "merges": self.merges, "explore": self.choices.explore,
                 "exploit": self.choices.exploit,
                 "forced": self.choices.forced, "max_greed": self.max_greed,
-                "mean_disseminate_s": sum(self.seconds) / len(self.seconds) if self.seconds else None,
+                "mean_disseminate_s": self.seconds_total / self.rounds_done if self.rounds_done else None,
                 "throughput": {f"{a}->{b}": rate for (a, b), rate in sorted(self.throughput.items())}}
 
 
