@@ -236,22 +236,56 @@ class ParameterServer:
         return 0
 
     def _on_member_dead(self, member: str, why: str) -> None:
-        """Heartbeats say ``member`` is dead. A client of MixedSync's global tier is dropped from the rounds;
-        anywhere else the rounds need it (FSA, the local tier, our global server): stop, naming it."""
+        """Heartbeats say ``member`` is dead. Where the algorithm allows it (``_may_drop``) the client is dropped
+        from the rounds and the others go on; elsewhere the rounds need it: stop, naming it."""
         name = self.requests.names.get(member, member)
         with self._lock:
             if member in self.clients and member not in self.departed:
-                if self.is_global and self.push_policy.clients_leave_independently:
-                    self.departed.add(member)
-                    log.warning("[%s] dropped %s from the global rounds (%s); %d of %d clients left", self.name,
-                                name, why, len(self.clients - self.departed), len(self.clients))
-                    if self.departed >= self.clients:
-                        self._done.set()
+                if self._may_drop():
+                    self._drop(member, name, why)
                     return
                 tier = self.push_policy.name if self.is_global else "the local tier"
                 self._stop_fatally(f"{name} is dead ({why}); {tier} cannot go on without it")
             elif member in self.upstream:
                 self._stop_fatally(f"{name} is dead ({why}); this party cannot train without it")
+
+    def _may_drop(self) -> bool:
+        """Whether a dead client is dropped instead of stopping: in the global tier of MixedSync and HFA (ESync
+        included), and in every tier of an elastic FSA job (a local tier under HFA keeps its weights: no)."""
+        topology = self.config.topology
+        if topology.elastic:
+            return self.is_global or topology.hfa is None
+        return self.is_global and (self.push_policy.clients_leave_independently or topology.hfa is not None)
+
+    def _drop(self, member: str, name: str, why: str) -> None:
+        """Go on without ``member`` (under the lock): open rounds that only waited for it complete now."""
+        self.departed.add(member)
+        remaining = self.clients - self.departed
+        log.warning("[%s] dropped %s from the rounds (%s); %d of %d clients left", self.name, name, why,
+                    len(remaining), len(self.clients))
+        if not remaining:
+            self._done.set()
+            return
+        for rnd in list(self.rounds.values()):
+            policy = self.push_policy if rnd.kind is Kind.PUSHPULL else self.all_clients_policy
+            if rnd.contributions and not rnd.forwarding and policy.round_complete(rnd.contributions.keys(), remaining):
+                self._complete(rnd)
+
+    def _rescaled(self, rnd: Round, total: np.ndarray) -> np.ndarray:
+        """After a drop (elastic FSA, HFA): the sum scaled as if every client had sent one like the present
+        ones, so the optimizer's mean (or HFA's weighted average) is over the workers still present."""
+        if not self.departed or self.push_policy.clients_leave_independently:
+            return total
+        present = sum(self._workers_behind(c) for c in rnd.contributions)
+        full = sum(self._workers_behind(c) for c in self.clients)
+        return total if present == full else total * (full / present)
+
+    def _workers_behind(self, client: str) -> int:
+        """Workers a client speaks for: its party's (a local server's pushes to a global server), else 1."""
+        party = self.van.peer_party(client)
+        if self.is_global and self.config.topology.mode is Mode.HIPS and party is not None:
+            return self.config.topology.party(party).num_workers
+        return 1
 
     def _stop_fatally(self, text: str) -> None:
         """Fail every open round with ``text`` (its clients see who died) and stop the server (under the lock)."""
@@ -726,7 +760,7 @@ class ParameterServer:
             else:
                 np.add(rnd.accum, message.tensor, out=rnd.accum)
         policy = self.push_policy if rnd.kind is Kind.PUSHPULL else self.all_clients_policy
-        if policy.round_complete(rnd.contributions.keys(), self.clients):
+        if policy.round_complete(rnd.contributions.keys(), self.clients - self.departed):
             self._complete(rnd)
 
     def _complete(self, rnd: Round) -> None:
@@ -812,6 +846,7 @@ class ParameterServer:
         total, rnd.accum = rnd.accum, None
         sid = (rnd.key, rnd.part)
         dtype = self.slots[sid].value.dtype  # what init declared; sums of fp16 were kept in fp32 until now
+        total = self._rescaled(rnd, total)
         if not self.is_global:
             upward = total.astype(dtype, copy=False)
             if self.hfa is not None:
@@ -1069,6 +1104,7 @@ class ParameterServer:
                     if rnd.forwarding:
                         what = "the global server to answer"
                     else:
-                        missing = sorted(self.requests.names.get(c, c) for c in self.clients - set(rnd.contributions))
+                        missing = sorted(self.requests.names.get(c, c)
+                                         for c in self.clients - self.departed - set(rnd.contributions))
                         what = f"clients {missing}"
                     self._release(rnd, None, f"{rnd.describe()} timed out after {limit:g} s waiting for {what}")

@@ -9,6 +9,9 @@ import json
 import re
 
 import jobkit
+import torch
+import torch.nn.functional as F
+from harness import write_topology
 
 HEARTBEAT_S = 3.0
 LONG_S = 90.0  # round and request timeouts: the job must stop long before these could fire
@@ -75,8 +78,42 @@ def test_mixed_sync_drops_a_silent_party_and_the_other_goes_on(geomx_job):
     named = lines_naming(job.output, "dc1/server")
     assert "global_scheduler" in named and "global_server0" in named, (sorted(named), job.tail())
     lines = job.output.splitlines()
-    dropped = next(i for i, line in enumerate(lines) if "dropped dc1/server from the global rounds" in line)
+    dropped = next(i for i, line in enumerate(lines) if "dropped dc1/server from the rounds" in line)
     left = next(i for i, line in enumerate(lines) if "[global_server0]" in line and "dc0/server left" in line)
     assert dropped < left, "dc0 should still have been training when dc1 was dropped"
     assert job.result.failed == "global_scheduler" and "members lost: dc1/server" in job.output, job.tail()
+    assert job.result.wall_s < LONG_S
+
+
+def reference_with_a_dropped_worker(steps: int, drop_at: int) -> list:
+    """Single-process SGD (momentum) on both workers' batches until ``drop_at``, then on worker 0's only."""
+    torch.manual_seed(jobkit.seed_for(0))
+    model = jobkit.make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=jobkit.LR, momentum=jobkit.MOMENTUM)
+    inputs, targets = jobkit.make_data(steps, 2)
+    for step in range(steps):
+        ranks = slice(0, 2) if step < drop_at else slice(0, 1)
+        optimizer.zero_grad()
+        F.mse_loss(model(inputs[step, ranks].reshape(-1, jobkit.IN_FEATURES)),
+                   targets[step, ranks].reshape(-1, jobkit.OUT_FEATURES)).backward()
+        optimizer.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def test_elastic_fsa_drops_a_silent_party_and_rescales_to_the_workers_present(geomx_job, tmp_path):
+    """``elastic: true``: dc1 goes dark before pushing step 3. The global server waits for it in round 3
+    until it is declared dead, then drops it and completes the round with dc0 alone, the sum rescaled so
+    the optimizer averages over the workers present. dc0's model equals a single-process run that used
+    both batches for steps 0-2 and dc0's batch from step 3 on: exactly the contributions that were applied."""
+    steps, drop_at = 8, 3
+    topology = write_topology(tmp_path / "elastic.yaml", parties={"dc0": 1, "dc1": 1}, timeouts=TIMEOUTS)
+    topology.write_text(topology.read_text() + "elastic: true\n")
+    job = geomx_job("survive_train.py", "--steps", str(steps), "--fault-step", str(drop_at), "--fault-rank", "1",
+                    "--freeze", "party", topology=topology)
+    workers = job.workers()
+    assert workers.keys() == {0}, job.tail()
+    assert "dropped dc1/server from the rounds" in job.output
+    reference = reference_with_a_dropped_worker(steps, drop_at)
+    for index, (got, want) in enumerate(zip(workers[0][0]["final"], reference, strict=True)):
+        torch.testing.assert_close(got, want, msg=lambda m, i=index: f"parameter {i}: {m}")
     assert job.result.wall_s < LONG_S
