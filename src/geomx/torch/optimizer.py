@@ -113,7 +113,8 @@ class DistributedOptimizer:
         self._trained = [k for k, p in enumerate(self._params) if id(p) in trained and p.requires_grad]
         layers, waits = _layer_of_params(model, self._params)
         self._priority = [-layer for layer in layers]
-        self._deepest = [k for k, layer in enumerate(layers) if layers and layer == max(layers)]
+        deepest = max(layers, default=0)
+        self._deepest = [k for k, layer in enumerate(layers) if layer == deepest]
         self._pending: set[int] = set()  # keys whose new values are on their way
         self._pushed: set[int] = set()  # keys pushed during this step's backward
         self._local_steps = 0
