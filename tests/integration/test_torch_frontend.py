@@ -76,9 +76,9 @@ def test_one_worker_equals_single_process_training(geomx_job, optimizer):
 
 
 def test_p3_changes_only_the_order_and_the_next_forward_starts_early(geomx_job, tmp_path):
-    """P3 slices (64 elements here) over a slow WAN: the same weights as without P3, and forwards that start
-    while deeper layers' updates are still on their way."""
-    path = topology(tmp_path, {"p3": True, "p3_slice_elems": 64},
+    """P3 slices (64 elements here) over a slow WAN and two global servers (slices spread over both): the same
+    weights as without P3, and forwards that start while deeper layers' updates are still on their way."""
+    path = topology(tmp_path, {"p3": True, "p3_slice_elems": 64}, global_servers=2,
                     links={"wan": {"bandwidth": "20Mbit", "latency": "10ms"}})
     job = geomx_job(SCRIPT, "--steps", "5", topology=path)
     job.assert_ok()
