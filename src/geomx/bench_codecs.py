@@ -21,8 +21,8 @@ FSA; fp16 exactly 2x; encoding costs less time than it saves at 100 Mbit/s.
 
 Usage::
 
-    geomx bench --only codecs            # about 4 minutes on 2 cores
-    geomx bench --only codecs --quick    # about 2 minutes
+    geomx bench --only codecs            # 11 minutes on 2 cores busy with other jobs (679 s)
+    geomx bench --only codecs --quick    # 9 minutes there (524 s): every job half as long
     .venv/bin/python benchmarks/codec_speed.py        # the speed part alone, with a table of its own
 """
 
