@@ -98,7 +98,7 @@ def codec_payloads(draw: st.DrawFn) -> list[bytes]:
     return [bytes(memoryview(f)) for f in encode(Message(Kind.PUSHPULL, **fields))]
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(mutated(codec_payloads()))
 def test_mutated_codec_payloads_raise_only_decoder_errors(frames: list[bytes]) -> None:
     """What the server does with a PUSHPULL: wire.decode, then the codec registry's decode."""
