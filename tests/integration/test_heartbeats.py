@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 
 import jobkit
 import torch
 import torch.nn.functional as F
-from harness import write_topology
+from harness import run_job, write_topology
+
+from geomx.launch import free_port
 
 HEARTBEAT_S = 3.0
 LONG_S = 90.0  # round and request timeouts: the job must stop long before these could fire
@@ -117,3 +120,31 @@ def test_elastic_fsa_drops_a_silent_party_and_rescales_to_the_workers_present(ge
     for index, (got, want) in enumerate(zip(workers[0][0]["final"], reference, strict=True)):
         torch.testing.assert_close(got, want, msg=lambda m, i=index: f"parameter {i}: {m}")
     assert job.result.wall_s < LONG_S
+
+
+def test_a_party_lost_across_hosts_is_named_by_the_central_party(tmp_path):
+    """Per-party launches (as on two hosts): dc1's worker dies, so dc1's launcher stops all of dc1 and
+    nothing tells dc0. Only the heartbeats do: the global scheduler declares dc1/server dead, and dc0 stops
+    naming it within seconds, not after the 90 s round timeout."""
+    topology = write_topology(tmp_path / "split.yaml", timeouts=TIMEOUTS)
+    global_scheduler = f"127.0.0.1:{free_port()}"
+    jobs: dict = {}
+
+    def launch_party(party: str) -> None:
+        jobs[party] = run_job(tmp_path, "train.py", "--die-rank", "3", "--fault-step", "2", "--steps", "6",
+                              name="split", party=party, global_scheduler=global_scheduler, topology=topology)
+
+    threads = [threading.Thread(target=launch_party, args=(party,)) for party in ("dc1", "dc0")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=LONG_S + 60)
+    assert set(jobs) == {"dc0", "dc1"}, "a launcher did not return"
+    dc0, dc1 = jobs["dc0"], jobs["dc1"]
+    assert dc1.result.failed == "dc1/worker1"
+    assert dc0.result.exit_code != 0
+    named = lines_naming(dc0.output, "dc1/server")
+    assert "global_scheduler" in named and "global_server0" in named, (sorted(named), dc0.tail())
+    died_at = json.loads((dc1.run_dir / jobkit.OUT_DIR / "death.json").read_text())["time"]
+    assert dc0.returned_at - died_at < HEARTBEAT_S + 30, "dc0 took too long to notice"
+    assert dc0.result.wall_s < LONG_S
