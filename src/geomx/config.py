@@ -71,6 +71,30 @@ class PartySpec:
 
 
 @dataclass(frozen=True)
+class Outage:
+    """A party cut off from the WAN: from ``start_s`` after the job's start, for ``duration_s`` seconds.
+
+    Every message between ``party`` and any other party (heartbeats included) is held for the outage, as
+    TCP would hold it across a network partition, then sent at the link's rate. Topology form::
+
+        outages: [{party: dc1, start: 20s, duration: 5s}]
+    """
+
+    party: str
+    start_s: float
+    duration_s: float
+
+    def __post_init__(self) -> None:
+        if self.start_s < 0 or self.duration_s <= 0:
+            raise ConfigError(f"outage of {self.party!r} needs start >= 0 and duration > 0, "
+                              f"got start {self.start_s:g} s, duration {self.duration_s:g} s")
+
+    @property
+    def end_s(self) -> float:
+        return self.start_s + self.duration_s
+
+
+@dataclass(frozen=True)
 class Timeouts:
     """Every blocking wait in geomx uses one of these (seconds)."""
 
@@ -267,6 +291,8 @@ class Topology:
     elastic: bool = False  # FSA: a dead party/worker is dropped and the aggregate rescaled (default: stop)
     dgt: DGTSpec | None = None  # Differential Gradient Transmission, when enabled
     tsengine: TSEngineSpec | None = None  # TSEngine's dissemination overlay across parties, when enabled
+    outages: tuple[Outage, ...] = ()  # emulated WAN cut-offs, in seconds from ``job_start``
+    job_start: float | None = None  # wall-clock time (time.time()) the outages count from: set by `geomx launch`
 
     def __post_init__(self) -> None:
         names = [p.name for p in self.parties]
@@ -283,6 +309,9 @@ class Topology:
                 raise ConfigError(f"party name {party.name!r} may hold only letters, digits, '_', '.', '-'")
         if self.num_global_servers < 1:
             raise ConfigError("num_global_servers must be at least 1")
+        for outage in self.outages:
+            if outage.party not in names:
+                raise ConfigError(f"outage names party {outage.party!r}, which is not one of the parties {names}")
         if self.slice_elems < 1:
             raise ConfigError("slice_elems must be positive")
         if self.dgt is not None:
@@ -432,7 +461,23 @@ def _timeouts(raw: Any) -> Timeouts:
 
 _TOPOLOGY_FIELDS = {"parties", "central", "global_servers", "mode", "links", "timeouts", "slice_elems",
                     "max_message_bytes", "hfa", "size_lower_bound", "fp16", "training", "security", "checkpoint",
-                    "elastic", "dgt", "tsengine"}
+                    "elastic", "dgt", "tsengine", "outages"}
+
+
+def _outages(raw: Any) -> tuple[Outage, ...]:
+    """The topology's ``outages`` list: ``[{party: dc1, start: 20s, duration: 5s}, ...]``."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise ConfigError("'outages' must be a list of {party, start, duration}")
+    outages = []
+    for index, entry in enumerate(raw):
+        if not isinstance(entry, Mapping) or set(entry) != {"party", "start", "duration"}:
+            raise ConfigError(f"outages[{index}] must be a mapping with exactly 'party', 'start' and 'duration', "
+                              f"got {entry!r}")
+        outages.append(Outage(str(entry["party"]), parse_duration(entry["start"]),
+                              parse_duration(entry["duration"])))
+    return tuple(outages)
 
 
 def _hfa(raw: Any) -> HFASpec | None:
@@ -651,6 +696,7 @@ def topology_from_dict(raw: Mapping[str, Any], base_dir: Path | None = None) -> 
         elastic=_bool_field(raw, "elastic", False),
         dgt=_dgt(raw.get("dgt")),
         tsengine=_tsengine(raw.get("tsengine")),
+        outages=_outages(raw.get("outages")),
     )
 
 
@@ -711,6 +757,8 @@ def topology_to_dict(topology: Topology) -> dict[str, Any]:
         **({"dgt": _dgt_to_dict(topology.dgt)} if topology.dgt else {}),
         **({"tsengine": {"max_greed": topology.tsengine.max_greed, "seed": topology.tsengine.seed}}
            if topology.tsengine else {}),
+        **({"outages": [{"party": o.party, "start": o.start_s, "duration": o.duration_s} for o in topology.outages]}
+           if topology.outages else {}),
     }
 
 
@@ -983,6 +1031,10 @@ def node_config_from_env(env: Mapping[str, str]) -> NodeConfig:
     topology = dataclasses.replace(topology, security=_security_from_env(env, topology.security),
                                    checkpoint=_checkpoint_from_env(env, topology.checkpoint),
                                    elastic=topology.elastic if elastic is None else elastic)
+    job_start = _get(env, "GEOMX_JOB_START")
+    if job_start is not None:
+        topology = dataclasses.replace(topology, job_start=_number(job_start, "GEOMX_JOB_START",
+                                                                   "seconds since the epoch, as time.time() gives"))
     topology = dataclasses.replace(topology, training=training,
                                    slice_elems=training.p3_slice_elems if training.p3 else topology.slice_elems)
     if role not in (Role.GLOBAL_SCHEDULER,) and party not in {p.name for p in topology.parties}:
@@ -1046,4 +1098,6 @@ def node_env(node: NodeConfig, topology_path: Path) -> dict[str, str]:
         env["GEOMX_RUN_DIR"] = str(node.run_dir)
     if node.resume:
         env["GEOMX_RESUME"] = "1"
+    if node.topology.job_start is not None:
+        env["GEOMX_JOB_START"] = repr(node.topology.job_start)
     return env

@@ -22,10 +22,11 @@ from __future__ import annotations
 import heapq
 import itertools
 import random
+import time
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from .config import LinkSpec
+from .config import LinkSpec, Outage
 
 T = TypeVar("T")
 
@@ -55,6 +56,10 @@ class ShapedLink(Generic[T]):
         """Queue ``item`` for transmission; higher ``priority`` goes first, FIFO among equals."""
         heapq.heappush(self._queue, _Queued(-priority, next(self._seq), now, nbytes, item))
 
+    def hold_until(self, until: float) -> None:
+        """Start nothing before ``until`` (an outage): the backlog then leaves at the link's rate, not in a burst."""
+        self._busy_until = max(self._busy_until, until)
+
     def poll(self, now: float) -> tuple[list[tuple[float, T]], float | None]:
         """Start every transmission the link can start by ``now``.
 
@@ -72,6 +77,36 @@ class ShapedLink(Generic[T]):
 
     def __len__(self) -> int:
         return len(self._queue)
+
+
+class OutageSchedule:
+    """When the WAN between this process's party and another party is cut (the topology's ``outages``).
+
+    Times in the topology count from the job's start (``job_start``, wall clock, set by ``geomx launch``;
+    without it, from this object's creation) and are turned into this process's monotonic clock once.
+
+    Usage::
+
+        schedule = OutageSchedule(topology.outages, own_party="dc0", job_start=topology.job_start)
+        until = schedule.blocked_until("dc1", time.monotonic())   # None, or when the cut ends
+    """
+
+    def __init__(self, outages: tuple[Outage, ...], own_party: str, job_start: float | None) -> None:
+        now = time.monotonic()
+        origin = now if job_start is None else now - (time.time() - job_start)
+        self._windows = [(o.party, origin + o.start_s, origin + o.end_s) for o in outages]
+        self._own_party = own_party
+
+    def __bool__(self) -> bool:
+        return bool(self._windows)
+
+    def blocked_until(self, peer_party: str, now: float) -> float | None:
+        """The end of the outage cutting this party from ``peer_party`` at ``now``, or None if the WAN is up."""
+        if peer_party == self._own_party:
+            return None
+        ends = [end for party, start, end in self._windows
+                if party in (self._own_party, peer_party) and start <= now < end]
+        return max(ends) if ends else None
 
 
 class LossyChannel:

@@ -55,6 +55,7 @@ class Pulse:
         self._dead: dict[str, str] = {}  # member id -> why, as announced
         self._new_dead: list[tuple[str, str]] = []
         self._listeners: list[DeadListener] = []
+        self._self_listeners: list[Callable[[str], None]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"{van.name}-heartbeat", daemon=True)
 
@@ -73,6 +74,12 @@ class Pulse:
             known = list(self._dead.items())
         for member, why in known:
             listener(member, why)
+
+    def on_self_dead(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(text)`` (on the heartbeat thread) if a scheduler declares *this* node dead: it was cut
+        off or frozen for longer than the heartbeat timeout, and its peers have dropped it or stopped."""
+        with self._lock:
+            self._self_listeners.append(listener)
 
     def dead(self) -> dict[str, str]:
         with self._lock:
@@ -118,10 +125,30 @@ class Pulse:
                     self._unreachable.discard(scheduler_id)
                     log.warning("[%s] %s answers heartbeats again", self._van.name, name)
             for member, why in new_dead:
-                self._declare(member, why, listeners)
+                if member == self._van.identity:
+                    self._declare_self(why)
+                else:
+                    self._declare(member, why, listeners)
+
+    def _declare_self(self, why: str) -> None:
+        """A scheduler says this node is dead: nothing it sends will be accepted again, so it stops at once."""
+        text = (f"{self._van.name} was declared dead ({why}) and dropped from the job; restart its party "
+                "to rejoin (MixedSync, HFA and ESync take a restarted party back)")
+        log.error("[%s] %s", self._van.name, text)
+        self._requests.fail_everything(text)
+        with self._lock:
+            listeners = list(self._self_listeners)
+        for listener in listeners:
+            try:
+                listener(text)
+            except Exception:  # a listener bug must not stop the heartbeats
+                log.exception("[%s] handler for this node's own death failed", self._van.name)
 
     def _declare(self, member: str, why: str, listeners: Iterable[DeadListener]) -> None:
-        name = self._requests.names.get(member, member)
+        name = self._requests.names.get(member)
+        if name is None:  # a member this node never knew (e.g. replaced by a rejoined one before we joined)
+            log.info("[%s] former member %s is dead: %s", self._van.name, member, why)
+            return
         log.error("[%s] %s is dead: %s", self._van.name, name, why)
         self._requests.fail_peer(member, f"{name} is dead: {why}")
         for listener in listeners:
@@ -168,6 +195,12 @@ class Watch:
                 return False
             self._last[member] = time.monotonic()
             return True
+
+    def add(self, member: str, name: str) -> None:
+        """Watch a member that joined later (a restarted party's server), from now on."""
+        with self._lock:
+            self.names[member] = name
+            self._last[member] = time.monotonic()
 
     def check(self, gone: Iterable[str]) -> list[tuple[str, str]]:
         """Declare dead every member silent too long that did not leave; returns the new ones."""

@@ -15,6 +15,7 @@ Usage::
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import socket
@@ -76,6 +77,8 @@ def plan_processes(topology: Topology, topology_path: Path, command: list[str], 
     """
     if not command:
         raise ValueError("no worker command given: geomx launch TOPOLOGY.yaml -- python train.py ...")
+    if topology.job_start is None:  # the origin of the topology's emulated outages, the same for every process
+        topology = dataclasses.replace(topology, job_start=time.time())
     selected = parties or [p.name for p in topology.parties]
     for name in selected:
         topology.party(name)  # raises on unknown party

@@ -36,13 +36,14 @@ class Requests:
         self._lock = threading.Lock()
         self.names = names if names is not None else {}
         self._dead: dict[str, str] = {}  # peers declared dead (by heartbeats): requests to them fail at once
+        self._self_dead: str | None = None  # this node was declared dead: every request fails at once
 
     def call(self, peer: str, message: Message) -> Future[Message]:
         """Send ``message`` to ``peer`` as a new request; the future resolves with the reply."""
         future: Future[Message] = Future()
         with self._lock:
             message.request_id = next(self._ids)
-            dead = self._dead.get(peer)
+            dead = self._self_dead or self._dead.get(peer)
             if dead is None:
                 self._pending[message.request_id] = (peer, future)
         if dead is not None:
@@ -87,6 +88,15 @@ class Requests:
             mine = [rid for rid, (to, _) in self._pending.items() if to == peer]
             futures = [self._pending.pop(rid)[1] for rid in mine]
         for future in futures:
+            if not future.done():
+                future.set_exception(RemoteError(reason))
+
+    def fail_everything(self, reason: str) -> None:
+        """This node was declared dead: fail every outstanding request, and every later one at once."""
+        with self._lock:
+            self._self_dead = reason
+            pending, self._pending = self._pending, {}
+        for _, future in pending.values():
             if not future.done():
                 future.set_exception(RemoteError(reason))
 

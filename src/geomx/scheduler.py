@@ -14,11 +14,14 @@ from __future__ import annotations
 import collections
 import logging
 import threading
+import time
+from concurrent.futures import wait
 from dataclasses import dataclass
 
 from .config import Mode, NodeConfig, Role
 from .heartbeat import Watch
 from .membership import GLOBAL_SCHEDULER_ID, Member, local_scheduler_id
+from .rpc import Requests
 from .transport import Van
 from .wire import Kind, Message
 
@@ -90,6 +93,9 @@ class Scheduler:
         self._registrations: dict[str, _Registration] = {}
         self._members: list[Member] = []
         self._goodbyes: set[str] = set()
+        self._replaced: dict[str, str] = {}  # dead member id -> the id of the restarted member that took its place
+        # restarted local servers whose old one is not declared dead yet: (give up at, sender, registration)
+        self._waiting: list[tuple[float, str, _Registration]] = []
         self._lock = threading.Lock()
         self._complete = threading.Event()
         self._finished = threading.Event()
@@ -97,12 +103,17 @@ class Scheduler:
         self.van = Van(identity, config.party, config.topology, self._on_message,
                        bind_host=config.bind_host, bind_port=config.bind_port, name=self.name)
         self.van.heartbeat_hook = self._on_heartbeat
+        self.requests = Requests(self.van)
 
     def _on_message(self, message: Message) -> None:
         sender = message.sender.decode()
-        if message.kind is Kind.REGISTER and not message.is_reply:
+        if message.is_reply:
+            if not self.requests.resolve(message):
+                log.warning("[%s] ignored a reply from %r that answers nothing asked", self.name, sender)
+            return
+        if message.kind is Kind.REGISTER:
             self._on_register(sender, message)
-        elif message.kind is Kind.SHUTDOWN and not message.is_reply:
+        elif message.kind is Kind.SHUTDOWN:
             failed = (message.body or {}).get("failed")
             with self._lock:
                 if self._watch is None or sender not in self._watch.names:
@@ -114,7 +125,7 @@ class Scheduler:
                     log.error("[%s] %s stopped after a fatal error: %s", self.name,
                               self._watch.names.get(sender, sender), failed)
                 self._check_finished()
-        elif message.kind is Kind.STATS and not message.is_reply and self.van.knows(sender):
+        elif message.kind is Kind.STATS and self.van.knows(sender):
             self.van.send(sender, message.reply(body=self.van.counters.snapshot()))
         else:
             log.warning("[%s] ignored %s from %r", self.name, message.kind.name, sender)
@@ -155,9 +166,19 @@ class Scheduler:
             return
         with self._lock:
             if self._complete.is_set():
-                self._refuse(sender, address, party, message,
-                             f"registration is closed; the job already has all its {sum(self.expected.values())} "
-                             "members")
+                registration = _Registration(message, role, party, address, requested_rank, False)
+                replaced = self._replaceable(role, party, dead_only=False)
+                if replaced is None:
+                    self._refuse(sender, address, party, message,
+                                 f"registration is closed; the job already has all its {sum(self.expected.values())}"
+                                 " members (only a restarted party's local server may join later)")
+                elif replaced.id in self._dead_ids():
+                    self._rejoin(sender, replaced, registration)
+                else:  # restarted at once: its old self is not declared dead yet
+                    give_up = time.monotonic() + 2 * self.config.topology.timeouts.heartbeat_s
+                    self._waiting.append((give_up, sender, registration))
+                    log.warning("[%s] a restarted %s of %s waits until the old one is declared dead", self.name,
+                                role.value, party)
                 return
             key: tuple[Role, str | None] = (role, party) if (role, party) in self.expected else (role, None)
             have = sum(1 for r in self._registrations.values()
@@ -192,6 +213,67 @@ class Scheduler:
         self._complete.set()
         log.info("[%s] all %d members registered", self.name, len(self._members))
 
+    def _dead_ids(self) -> set[str]:
+        return set(self._watch.snapshot()) if self._watch is not None else set()
+
+    def _replaceable(self, role: Role, party: str, dead_only: bool = True) -> Member | None:
+        """The (dead) local server of ``party`` that a restarted one may replace (global scheduler only)."""
+        if not self.is_global or role is not Role.LOCAL_SERVER or self._finished.is_set():
+            return None
+        dead = self._dead_ids()
+        return next((m for m in self._members if m.role is role and m.party == party
+                     and (m.id in dead or (not dead_only and m.id not in self._goodbyes))), None)
+
+    def _admit_waiting(self) -> None:
+        """Restarted local servers waiting for their old one's death: admit them, or refuse them after
+        twice the heartbeat timeout (the old one is alive: a second server for the same party). Under the lock."""
+        waiting, self._waiting = self._waiting, []
+        for give_up, sender, registration in waiting:
+            old = self._replaceable(registration.role, registration.party)
+            if old is not None:
+                self._rejoin(sender, old, registration)
+            elif time.monotonic() < give_up and not self._finished.is_set():
+                self._waiting.append((give_up, sender, registration))
+            else:
+                self._refuse(sender, registration.address, registration.party, registration.message,
+                             f"party {registration.party!r} already has a live local server; a restarted one "
+                             "rejoins only in place of one declared dead")
+
+    def _rejoin(self, sender: str, old: Member, reg: _Registration) -> None:
+        """A restarted party's local server takes the dead one's place (under the lock): the global servers are
+        told first (they take it as a client, or refuse where the algorithm needs every party), then it gets
+        the address book."""
+        assert self._watch is not None
+        new = Member(sender, old.role, old.party, old.rank, reg.address)
+        self._members = [new if m.id == old.id else m for m in self._members]
+        self._replaced[old.id] = sender
+        self._watch.add(sender, new.name)
+        self.van.add_peer(sender, reg.address, reg.party)
+        gone = self._goodbyes | set(self._watch.snapshot())
+        servers = [m for m in self._members if m.role is Role.GLOBAL_SERVER and m.id not in gone]
+        notice = {"member": new.to_json(), "replaces": old.id}
+        futures = [self.requests.call(m.id, Message(Kind.MEMBERS, body=notice)) for m in servers]
+        log.warning("[%s] %s of %s rejoins in place of the one declared dead; telling %d global servers",
+                    self.name, reg.role.value, reg.party, len(servers))
+        book = {"members": [m.to_json() for m in self._members]}
+        timeout = self.config.topology.timeouts.request_s
+
+        def answer() -> None:
+            done, pending = wait(futures, timeout)
+            errors = [str(f.exception()) for f in done if f.exception() is not None]
+            errors += [f"no answer from a global server within {timeout:g} s"] * len(pending)
+            with self._lock:
+                if errors:
+                    text = "; ".join(errors)
+                    self._watch.declare(sender, f"its rejoin was refused: {text}")  # type: ignore[union-attr]
+                    self._refuse(sender, reg.address, reg.party, reg.message, f"cannot rejoin: {text}")
+                    self._check_finished()
+                    return
+                self.van.send(sender, reg.message.reply(body=book))
+                log.info("[%s] %s rejoined", self.name, new.name)
+
+        threading.Thread(target=answer, name=f"{self.name}-rejoin", daemon=True).start()
+
     def missing(self) -> dict[str, int]:
         counts = collections.Counter((r.role, r.party) for r in self._registrations.values())
         missing = {}
@@ -221,9 +303,12 @@ class Scheduler:
             with self._lock:
                 for member, why in self._watch.check(self._goodbyes):
                     log.error("[%s] %s is dead: %s", self.name, self._watch.names.get(member, member), why)
+                self._admit_waiting()
                 self._check_finished()
         self.van.stop()
-        dead = self._watch.snapshot()
+        dead = {m: why for m, why in self._watch.snapshot().items() if m not in self._replaced}
+        for old in self._replaced:
+            log.info("[%s] a lost %s was replaced by a restarted one", self.name, self._watch.names.get(old, old))
         if dead:
             log.error("[%s] exiting; members lost: %s", self.name,
                       ", ".join(f"{self._watch.names.get(m, m)} ({why})" for m, why in dead.items()))

@@ -34,7 +34,7 @@ from .codecs.messages import decode_message, payload_fields
 from .config import Mode, NodeConfig, Role
 from .dgt import DgtAssembler, DgtError, DgtSender, write_report
 from .heartbeat import pulse_for
-from .membership import GLOBAL_SCHEDULER_ID, AddressBook, local_scheduler_id, new_node_id, register
+from .membership import GLOBAL_SCHEDULER_ID, AddressBook, Member, local_scheduler_id, new_node_id, register
 from .optim import Optimizer, optimizer_from_spec
 from .policies.esync import assign_steps
 from .policies.hfa import LocalFrequencyAggregation
@@ -78,6 +78,7 @@ class Round:
     deferred: list[Message] = field(default_factory=list)
     forwarding: bool = False
     started_at: float = 0.0
+    exempt: set[str] = field(default_factory=set)  # clients that joined after this round opened: not awaited
 
     def describe(self) -> str:
         return f"{self.kind.name} round {self.number} of key {self.key} slice {self.part}"
@@ -107,7 +108,8 @@ class ParameterServer:
         self.slots: dict[tuple[int, int], Slot] = {}
         self.rounds: dict[RoundId, Round] = {}
         self.clients: set[str] = set()
-        self.departed: set[str] = set()  # clients that left on their own (asynchronous global tier only)
+        self.departed: set[str] = set()  # clients that left or were dropped (dead); rounds no longer wait for them
+        self.dropped: dict[str, str] = {}  # departed clients that were dropped as dead -> why
         self.configurers: set[str] = set()  # clients allowed to set the optimizer (the master worker's path)
         self.upstream: list[str] = []
         self.shard_owner: dict[int, str] = {}  # a local server's global servers by explicit shard id (= rank)
@@ -144,6 +146,7 @@ class ParameterServer:
         # a global server its replies; every server decodes whatever arrives by the payload's codec id.
         self.codecs = default_registry()
         self.wan_codec: TensorCodec | None = None
+        self.wan_codec_spec: dict[str, Any] | None = None  # as the master sent it: given to rejoining parties
         # The fp16 switch (topology ``fp16: true`` / GEOMX_FP16=1): push-pull data travels as float16 on the
         # LAN (a local server's answers; workers encode their pushes) and on the WAN unless a WAN codec is set.
         self.fp16: FP16 | None = FP16() if config.topology.fp16 else None
@@ -212,7 +215,9 @@ class ParameterServer:
             early, self._early = self._early, []
             for message in early:
                 self._handle(message)
-        pulse_for(self.van, self.requests, self.timeouts).on_dead(self._on_member_dead)
+        pulse = pulse_for(self.van, self.requests, self.timeouts)
+        pulse.on_dead(self._on_member_dead)
+        pulse.on_self_dead(self._on_self_dead)
         watchdog = threading.Thread(target=self._watchdog, name=f"{self.name}-watchdog", daemon=True)
         watchdog.start()
         self._done.wait()
@@ -249,6 +254,11 @@ class ParameterServer:
             elif member in self.upstream:
                 self._stop_fatally(f"{name} is dead ({why}); this party cannot train without it")
 
+    def _on_self_dead(self, text: str) -> None:
+        """Our scheduler declared this server dead (cut off or frozen too long): its peers have moved on."""
+        with self._lock:
+            self._stop_fatally(text)
+
     def _may_drop(self) -> bool:
         """Whether a dead client is dropped instead of stopping: in the global tier of MixedSync and HFA (ESync
         included), and in every tier of an elastic FSA job (a local tier under HFA keeps its weights: no)."""
@@ -260,25 +270,39 @@ class ParameterServer:
     def _drop(self, member: str, name: str, why: str) -> None:
         """Go on without ``member`` (under the lock): open rounds that only waited for it complete now."""
         self.departed.add(member)
+        self.dropped[member] = why
         remaining = self.clients - self.departed
         log.warning("[%s] dropped %s from the rounds (%s); %d of %d clients left", self.name, name, why,
                     len(remaining), len(self.clients))
         if not remaining:
             self._done.set()
             return
+        self._complete_ready_rounds()
+
+    def _complete_ready_rounds(self) -> None:
+        """Complete every open round whose awaited clients are all in (after a client left or was dropped)."""
         for rnd in list(self.rounds.values()):
-            policy = self.push_policy if rnd.kind is Kind.PUSHPULL else self.all_clients_policy
-            if rnd.contributions and not rnd.forwarding and policy.round_complete(rnd.contributions.keys(), remaining):
+            if rnd.contributions and not rnd.forwarding and self._round_ready(rnd):
                 self._complete(rnd)
 
+    def _awaited(self, rnd: Round) -> set[str]:
+        """The clients ``rnd`` waits for: present ones that neither left nor joined after it opened."""
+        return self.clients - self.departed - rnd.exempt
+
+    def _round_ready(self, rnd: Round) -> bool:
+        policy = self.push_policy if rnd.kind is Kind.PUSHPULL else self.all_clients_policy
+        return policy.round_complete(rnd.contributions.keys(), self._awaited(rnd))
+
     def _rescaled(self, rnd: Round, total: np.ndarray) -> np.ndarray:
-        """After a drop (elastic FSA, HFA): the sum scaled as if every client had sent one like the present
-        ones, so the optimizer's mean (or HFA's weighted average) is over the workers still present."""
-        if not self.departed or self.push_policy.clients_leave_independently:
+        """After a drop or a departure (elastic FSA, HFA): the sum scaled as if every worker of the job had sent
+        one like the present ones, so the optimizer's mean (or HFA's weighted average) is over the workers
+        present. MixedSync applies each party's push alone, unscaled."""
+        if self.push_policy.clients_leave_independently:
             return total
         present = sum(self._workers_behind(c) for c in rnd.contributions)
-        full = sum(self._workers_behind(c) for c in self.clients)
-        return total if present == full else total * (full / present)
+        topology = self.config.topology
+        full = topology.num_all_workers if self.is_global else self.config.num_workers
+        return total if present in (0, full) else total * (full / present)
 
     def _workers_behind(self, client: str) -> int:
         """Workers a client speaks for: its party's (a local server's pushes to a global server), else 1."""
@@ -329,12 +353,18 @@ class ParameterServer:
         if message.kind is Kind.RELAY:
             self._on_relay(message)
             return
+        if message.kind is Kind.MEMBERS:
+            self._on_members(message)
+            return
         from_upstream = message.kind is Kind.CONFIGURE and sender in self.upstream
         if sender not in self.clients and not from_upstream:
             self._refuse(message, f"{sender!r} is not a client of this server")
             return
         if sender in self.departed:
-            self._refuse(message, f"{self.requests.names.get(sender, sender)} has already shut down")
+            name = self.requests.names.get(sender, sender)
+            why = self.dropped.get(sender)
+            self._refuse(message, f"{name} has already shut down" if why is None else
+                         f"{name} was dropped from the job ({why}); restart its party to rejoin")
             return
         handlers: dict[Kind, Callable[[Message], None]] = {
             Kind.INIT: self._on_init, Kind.PUSHPULL: self._on_pushpull, Kind.PULL: self._on_pull,
@@ -356,6 +386,49 @@ class ParameterServer:
             self._refuse(message, f"a server does not handle {message.kind.name} requests")
             return
         handler(message)
+
+    def _on_members(self, message: Message) -> None:
+        """The global scheduler admits a restarted party's local server in place of its dead one: take it as a
+        client. Rounds already open do not wait for it; it gets the current model from INIT (a late joiner's
+        answer) and the master's WAN compression setting now."""
+        body = message.body or {}
+        sender = message.sender.decode()
+        if sender != GLOBAL_SCHEDULER_ID or not self.is_global:
+            self._refuse(message, "only the global scheduler announces members, and only to global servers")
+            return
+        try:
+            member = Member.from_json(body["member"])
+            old = str(body["replaces"])
+        except (KeyError, TypeError, ValueError) as exc:
+            self._refuse(message, f"malformed MEMBERS notice: {exc}")
+            return
+        if old not in self.clients or member.role is not Role.LOCAL_SERVER:
+            self._refuse(message, f"{member.name} replaces {old!r}, which is not a local server of this job")
+            return
+        if not self._may_drop():
+            self._refuse(message, f"{self.push_policy.name} cannot take a party back (it needs every party in "
+                                  "every round); MixedSync, HFA, ESync and elastic FSA can")
+            return
+        if old not in self.departed:  # its death reached the scheduler before our heartbeat told us
+            self._drop(old, self.requests.names.get(old, old), f"replaced by a restarted {member.name}")
+        self.van.add_peer(member.id, member.address, member.party)
+        self.requests.names[member.id] = member.name
+        for rnd in self.rounds.values():
+            if rnd.contributions:
+                rnd.exempt.add(member.id)
+        self.clients.add(member.id)
+        if member.party == self.config.topology.central:
+            self.configurers.add(member.id)
+        log.warning("[%s] %s rejoined (replacing the one dropped); %d of %d clients present", self.name,
+                    member.name, len(self.clients - self.departed), len(self.clients))
+        if self.wan_codec_spec is not None:  # not awaited: the new server handles it once it has its address book
+            future = self.requests.call(member.id, Message(Kind.CONFIGURE, body={"compression": self.wan_codec_spec}))
+            def refused(result: Future[Message]) -> None:
+                if result.exception() is not None:
+                    log.error("[%s] %s refused the WAN compression: %s", self.name, member.name, result.exception())
+
+            future.add_done_callback(refused)
+        self.van.send(sender, message.reply())
 
     def _slot_mismatch(self, slot_desc: str, message: Message) -> str | None:
         declared = f"{message.shape} {message.dtype}"
@@ -692,6 +765,7 @@ class ParameterServer:
             return
         if codec is not None:
             self.wan_codec = codec
+            self.wan_codec_spec = body["compression"]
             log.info("[%s] WAN compression: %r", self.name, codec)
         if from_upstream:
             self.van.send(sender, message.reply())
@@ -722,10 +796,11 @@ class ParameterServer:
 
     # -- rounds -------------------------------------------------------------------------------------------
     def _on_shutdown(self, message: Message) -> None:
-        """A client leaves. Where the push policy never waits for every client (MixedSync's global tier), each
-        client leaves on its own, so a fast party exits while a slow one still trains; elsewhere shutdown is a
-        round that every client joins."""
-        if not (self.is_global and self.push_policy.clients_leave_independently):
+        """A client leaves. In a global tier that can go on without a client (MixedSync, HFA, ESync, elastic FSA:
+        see ``_may_drop``) each client leaves on its own: a fast party exits while a slow (or rejoined) one
+        still trains, and later rounds no longer wait for the one that left. Elsewhere shutdown is a round that
+        every client joins."""
+        if not (self.is_global and self._may_drop()):
             self._contribute(message)
             return
         sender = message.sender.decode()
@@ -735,6 +810,8 @@ class ParameterServer:
                  len(self.departed), len(self.clients))
         if self.departed >= self.clients:
             self._done.set()
+            return
+        self._complete_ready_rounds()
 
     def _contribute(self, message: Message) -> None:
         rid: RoundId = (message.kind, message.key, message.part)
@@ -759,8 +836,7 @@ class ParameterServer:
                 rnd.accum = np.add(rnd.accum, message.tensor)
             else:
                 np.add(rnd.accum, message.tensor, out=rnd.accum)
-        policy = self.push_policy if rnd.kind is Kind.PUSHPULL else self.all_clients_policy
-        if policy.round_complete(rnd.contributions.keys(), self.clients - self.departed):
+        if self._round_ready(rnd):
             self._complete(rnd)
 
     def _complete(self, rnd: Round) -> None:
@@ -1083,6 +1159,7 @@ class ParameterServer:
         rnd.contributions = {}
         rnd.accum = None
         rnd.forwarding = False
+        rnd.exempt = set()
         rnd.number += 1
         deferred, rnd.deferred = rnd.deferred, []
         for message in deferred:
@@ -1105,6 +1182,6 @@ class ParameterServer:
                         what = "the global server to answer"
                     else:
                         missing = sorted(self.requests.names.get(c, c)
-                                         for c in self.clients - self.departed - set(rnd.contributions))
+                                         for c in self._awaited(rnd) - set(rnd.contributions))
                         what = f"clients {missing}"
                     self._release(rnd, None, f"{rnd.describe()} timed out after {limit:g} s waiting for {what}")

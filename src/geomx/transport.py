@@ -31,7 +31,7 @@ from typing import Any
 import zmq
 
 from .config import LinkSpec, Topology
-from .emulator import ShapedLink
+from .emulator import OutageSchedule, ShapedLink
 from .security import Guard
 from .wire import Kind, Message, WireError, decode, encode, frames_nbytes
 
@@ -94,6 +94,7 @@ class Van:
         self._peers: dict[str, _Peer] = {}
         self._sockets: dict[str, zmq.Socket[Any]] = {}
         self._links: dict[tuple[str, str], ShapedLink[_Outgoing]] = {}
+        self._outages = OutageSchedule(topology.outages, party, topology.job_start)
         self._due: list[tuple[float, int, _Outgoing]] = []
         self._due_seq = itertools.count()
         self._commands: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
@@ -286,7 +287,10 @@ class Van:
             elif command == "flush":
                 flush_requested = True
         wake_at: float | None = None
-        for link in self._links.values():
+        for (link_class, party), link in self._links.items():
+            until = self._outages.blocked_until(party, now) if link_class == WAN and self._outages else None
+            if until is not None:  # the WAN to that party is cut: nothing starts before the outage ends
+                link.hold_until(until)
             started, link_wake = link.poll(now)
             for deliver_at, outgoing in started:
                 heapq.heappush(self._due, (deliver_at, next(self._due_seq), outgoing))
@@ -295,6 +299,11 @@ class Van:
         now = time.monotonic()
         while self._due and self._due[0][0] <= now:
             _, _, outgoing = heapq.heappop(self._due)
+            peer = self._peers[outgoing.peer]
+            until = self._outages.blocked_until(peer.party, now) if peer.link_class == WAN and self._outages else None
+            if until is not None:  # in flight when the WAN was cut: it arrives when the outage ends
+                heapq.heappush(self._due, (until, next(self._due_seq), outgoing))
+                continue
             self._transmit(outgoing)
         if self._due:
             wake_at = self._due[0][0] if wake_at is None else min(wake_at, self._due[0][0])

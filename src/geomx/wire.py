@@ -54,6 +54,7 @@ class Kind(enum.IntEnum):
     HEARTBEAT = 10  # reserved for failure detection
     STATE = 11  # worker -> servers: ESync speed report (JSON); reply: local step assignment
     RELAY = 12  # TSEngine: a round's result handed on between servers, an instruction to do so, or its ack
+    MEMBERS = 13  # global scheduler -> global servers: a restarted party's local server replaces its dead one
 
 
 class Flag(enum.IntFlag):

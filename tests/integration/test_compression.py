@@ -139,16 +139,16 @@ def test_fp16_tensors_are_summed_in_fp32(geomx_job):
         assert report["pulled"] == [2050.0] * 8, report  # fp16 summation would give 2048
 
 
-# Every codec learns the digits (the issue asks for >= 0.88) under FSA — GeoMX's Bi-Sparse loop: servers
-# sum, workers step on the pulled aggregate — and under HFA (K1=4, K2=2: the WAN carries weighted model
-# deltas up and, with a residual codec, the global model's changes down, both compressed; 8 epochs are only
-# 11 WAN rounds, so the sparse codecs get 16 epochs there; under MixedSync too: each party's stale, 1%-sparse
-# push is applied alone, and 8 epochs ended at 0.68-0.96 on a loaded machine, 16 at 0.98). Bi-Sparse and MPQ also under MixedSync (the
-# global server steps SGD on each party's sparse push as it arrives; GeoMX's Bi-Sparse with dist_async is a
-# stub that hangs). Bi-Sparse and MPQ: SGD at lr 0.2 under FSA and MixedSync, their momentum correction
-# being the momentum; under HFA their deltas get plain error feedback. "fp16_switch" is the topology's
-# ``fp16: true`` (float16 on LAN and WAN) instead of a WAN codec. No link emulation: accuracy does not
-# depend on it.
+# Every codec learns the digits (the issue asks for >= 0.88) under FSA — GeoMX's Bi-Sparse loop: servers sum,
+# workers step on the pulled aggregate — and under HFA (K1=4, K2=2: the WAN carries weighted model deltas up
+# and, with a residual codec, the global model's changes down, both compressed; 8 epochs are only 11 WAN rounds,
+# so the sparse codecs get 16 epochs there; under MixedSync too: each party's stale, 1%-sparse push is applied
+# alone, and 8 epochs ended at 0.68-0.96 on a loaded machine, 16 at 0.98). Bi-Sparse and MPQ also under
+# MixedSync (the global server steps SGD on each party's sparse push as it arrives; GeoMX's Bi-Sparse with
+# dist_async is a stub that hangs). Bi-Sparse and MPQ: SGD at lr 0.2 under FSA and MixedSync, their momentum
+# correction being the momentum; under HFA their deltas get plain error feedback. "fp16_switch" is the
+# topology's ``fp16: true`` (float16 on LAN and WAN) instead of a WAN codec. No link emulation: accuracy does
+# not depend on it.
 SPARSE_FSA = ("--optimizer", "sgd", "--lr", "0.2")
 DIGITS_CODECS = {  # name: (spec, extra FSA flags, the most WAN bytes under FSA as a fraction of dense)
     "fp16": ({"type": "fp16"}, (), 0.55),

@@ -27,7 +27,9 @@ def test_cnn_example_learns_digits_over_emulated_wan(geomx_job):
 # No link emulation here: accuracy does not depend on it, and CI time does.
 ALGORITHMS = {
     "mixed_sync": ("cnn.py", ["--mixed-sync"], {}),
-    "mixed_sync_dcasgd": ("cnn.py", ["--mixed-sync", "--dcasgd", "--lr", "0.3", "--momentum", "0"], {}),
+    # asynchrony makes DCASGD's accuracy after 8 epochs depend on the machine's load (0.87-0.95 seen): 12 epochs
+    "mixed_sync_dcasgd": ("cnn.py", ["--mixed-sync", "--dcasgd", "--lr", "0.3", "--momentum", "0", "--epochs", "12"],
+                          {}),
     "hfa": ("cnn_hfa.py", [], {"hfa": {"k1": 4, "k2": 5}}),
     "hfa_outer": ("cnn_hfa.py", ["--outer"], {"hfa": {"k1": 4, "k2": 5}}),
     "esync": ("cnn_esync.py", ["--rounds", "12", "--slow-rank", "3", "--slowdown", "3"], {"hfa": {"k1": 4, "k2": 1}}),
@@ -40,7 +42,7 @@ ALGORITHMS = {
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
 def test_every_algorithm_learns_digits(geomx_job, name):
     script, args, options = ALGORITHMS[name]
-    extra = ["--epochs", str(EPOCHS)] if script != "cnn_esync.py" else []
+    extra = ["--epochs", str(EPOCHS)] if script != "cnn_esync.py" and "--epochs" not in args else []
     job = geomx_job(EXAMPLES_DIR / script, *extra, *args, name=name, **options)
     job.assert_ok()
     record = job.summary["last_metrics"]["dc0_worker0"]

@@ -524,3 +524,37 @@ def test_a_party_can_have_its_own_wan_link():
     assert topology_from_dict(topology_to_dict(topology)) == topology
     with pytest.raises(ConfigError, match="unknown fields"):
         topology_from_dict({"parties": {"dc0": {"workers": 1, "cpus": 3}}})
+
+
+# ---------------------------------------------------------------------------------------------------------
+# outages (emulated WAN cut-offs)
+
+
+def test_outages_parse_round_trip_and_travel_with_the_job_start(tmp_path):
+    raw = demo(outages=[{"party": "dc1", "start": "20s", "duration": "1500ms"}])
+    topology = topology_from_dict(raw)
+    assert [(o.party, o.start_s, o.end_s) for o in topology.outages] == [("dc1", 20.0, 21.5)]
+    assert topology_from_dict(topology_to_dict(topology)).outages == topology.outages
+    env = geomx_env(str(write_topology(tmp_path, raw)), GEOMX_ROLE="global_server", GEOMX_PARTY="dc0",
+                    GEOMX_JOB_START="1700000000.25")
+    node = node_config_from_env(env)
+    assert node.topology.job_start == 1_700_000_000.25 and node.topology.outages == topology.outages
+    assert node_env(node, tmp_path / "topology.yaml")["GEOMX_JOB_START"] == "1700000000.25"  # the launcher's
+
+
+@pytest.mark.parametrize("outages,match", [
+    ([{"party": "dc9", "start": 1, "duration": 1}], "outage names party 'dc9'"),
+    ([{"party": "dc1", "start": 1}], r"outages\[0\] must be a mapping with exactly 'party', 'start' and 'duration'"),
+    ([{"party": "dc1", "start": 1, "duration": 0}], "needs start >= 0 and duration > 0"),
+    ({"party": "dc1"}, "'outages' must be a list"),
+])
+def test_bad_outages_are_named(outages, match):
+    with pytest.raises(ConfigError, match=match):
+        topology_from_dict(demo(outages=outages))
+
+
+def test_bad_job_start_is_named(tmp_path):
+    env = geomx_env(str(write_topology(tmp_path, DEMO)), GEOMX_ROLE="global_server", GEOMX_PARTY="dc0",
+                    GEOMX_JOB_START="yesterday")
+    with pytest.raises(ConfigError, match="GEOMX_JOB_START 'yesterday'"):
+        node_config_from_env(env)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import time
 
 import pytest
 
@@ -167,3 +168,43 @@ def test_len_counts_waiting_messages():
     assert len(link) == 3
     drain(link)
     assert len(link) == 0
+
+
+def test_hold_until_starts_the_backlog_at_the_end_of_an_outage_at_the_links_rate():
+    link: ShapedLink[str] = ShapedLink(LinkSpec(bandwidth_bps=8 * MBIT, latency_s=0.01))
+    for name in ("a", "b"):
+        link.offer(name, nbytes=1_000_000, priority=0, now=1.0)  # 1 s each at 8 Mbit/s
+    link.hold_until(5.0)
+    started, wake_at = link.poll(2.0)
+    assert started == [] and wake_at == 5.0
+    assert drain(link, now=5.0) == [(6.0 + 0.01, "a"), (7.0 + 0.01, "b")]  # not a burst at 5 s
+
+
+def test_outage_schedule_cuts_both_directions_of_the_party_for_its_window():
+    from geomx.config import Outage
+    from geomx.emulator import OutageSchedule
+
+    outages = (Outage("dc1", 10.0, 2.0), Outage("dc2", 30.0, 5.0))
+    start = time.time()
+    at_dc0 = OutageSchedule(outages, own_party="dc0", job_start=start)
+    at_dc1 = OutageSchedule(outages, own_party="dc1", job_start=start)
+    origin = time.monotonic()
+    assert at_dc0.blocked_until("dc1", origin + 9.5) is None
+    for schedule in (at_dc0, at_dc1):
+        peer = "dc1" if schedule is at_dc0 else "dc0"
+        until = schedule.blocked_until(peer, origin + 11.0)
+        assert until == pytest.approx(origin + 12.0, abs=0.05)
+        assert schedule.blocked_until(peer, origin + 12.1) is None
+    assert at_dc0.blocked_until("dc2", origin + 31.0) == pytest.approx(origin + 35.0, abs=0.05)
+    assert at_dc1.blocked_until("dc2", origin + 31.0) == pytest.approx(origin + 35.0, abs=0.05)  # dc2 is cut
+    assert at_dc1.blocked_until("dc1", origin + 11.0) is None  # inside a party: no WAN
+    assert not OutageSchedule((), "dc0", None)
+
+
+def test_outage_counts_from_the_jobs_start_not_from_the_process_start():
+    from geomx.config import Outage
+    from geomx.emulator import OutageSchedule
+
+    late_process = OutageSchedule((Outage("dc1", 10.0, 2.0),), "dc0", job_start=time.time() - 9.0)
+    now = time.monotonic()
+    assert late_process.blocked_until("dc1", now + 1.5) == pytest.approx(now + 3.0, abs=0.05)

@@ -82,6 +82,46 @@ def test_pulse_learns_the_dead_from_the_scheduler_and_fails_requests_to_them() -
         scheduler.stop(flush_timeout=0.5)
 
 
+def test_a_node_declared_dead_itself_fails_every_request_and_tells_its_listeners() -> None:
+    """Cut off longer than the heartbeat timeout, a node hears (once the WAN is back) that its scheduler declared
+    it dead: every request, pending or later, fails naming that, and its server stops (the listener)."""
+    topology = Topology(parties=(PartySpec("a", 1),), central="a", timeouts=FAST)
+    scheduler = Van("sched", "a", topology, handler=lambda m: None)
+    scheduler.heartbeat_hook = lambda message: scheduler.send(
+        message.sender.decode(), message.reply(body={"dead": {"node": "no heartbeat for 4.0 s"}})) is None
+    node = Van("node", "a", topology, handler=lambda m: None, name="dc1/server")
+    try:
+        scheduler.start()
+        node.start()
+        scheduler.add_peer("node", node.address, "a")
+        node.add_peer("sched", scheduler.address, "a")
+        requests = Requests(node)
+        pending = requests.call("sched", Message(Kind.PULL))  # the scheduler never answers it
+        pulse = pulse_for(node, requests, FAST)
+        told: list[str] = []
+        stopped = threading.Event()
+        pulse.on_self_dead(lambda text: (told.append(text), stopped.set()))
+        pulse.on_dead(lambda member, why: told.append(f"not me: {member}"))
+        pulse.watch("sched")
+        assert stopped.wait(5), "the node never learned it was declared dead"
+        expected = r"dc1/server was declared dead \(no heartbeat for 4.0 s\) and dropped from the job; restart"
+        with pytest.raises(RemoteError, match=expected):
+            pending.result(timeout=5)
+        with pytest.raises(RemoteError, match=expected):
+            requests.call("sched", Message(Kind.PULL)).result(timeout=0.01)
+        assert len(told) == 1 and "restart its party to rejoin" in told[0], told
+    finally:
+        node.stop(flush_timeout=0.5)
+        scheduler.stop(flush_timeout=0.5)
+
+
+def test_watch_adds_a_member_that_joins_later() -> None:
+    watch = Watch(FAST, {"a": "dc1/server"}, owner="global_scheduler")
+    assert not watch.heard("b")
+    watch.add("b", "dc1/server")
+    assert watch.heard("b") and watch.names["b"] == "dc1/server"
+
+
 def test_heartbeat_timeouts_are_validated() -> None:
     with pytest.raises(ConfigError, match="heartbeat_interval"):
         Timeouts(heartbeat_s=1.0, heartbeat_interval_s=1.0)

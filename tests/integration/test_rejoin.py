@@ -1,0 +1,131 @@
+"""A party lost and taken back, and WAN outages (real processes; per-party launches, as on separate hosts).
+
+* **Killed, restarted, rejoined** (HFA): every process of dc1 gets SIGKILL in the middle of training. The global
+  scheduler declares dc1/server dead within the heartbeat timeout, the global server drops it, dc0 trains on.
+  dc1 is started again at once with the same party name: its local server waits until the old one is declared
+  dead, registers in its place, and the global server takes it as a client. Its worker's ``init`` returns the
+  *current* global model (one dc0 pulled after dc1 died, not the master's initial weights) and from then on the
+  global rounds include it again. Everyone ends normally; the global scheduler exits 0 (the job is whole).
+* **Cut off, dropped, restarted** (MixedSync): the WAN emulator cuts dc1 off for longer than the heartbeat
+  timeout. dc1 is dropped; when the WAN comes back dc1/server hears it was declared dead and stops, naming why,
+  and dc1's worker fails with that message. Restarted, dc1 rejoins as above.
+* **A short outage** (FSA) only delays: every step waits for dc1, and the result is still exactly the
+  single-process run.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from pathlib import Path
+
+import jobkit
+import pytest
+import torch
+import yaml
+from harness import Job, run_job, write_topology
+
+from geomx.launch import free_port
+
+HEARTBEAT_S = 3.0
+TIMEOUTS = {"heartbeat": f"{HEARTBEAT_S:g}s", "heartbeat_interval": "0.25s", "round": "60s", "request": "60s",
+            "shutdown": "20s"}
+
+
+def same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def syncs(pulled: list[torch.Tensor], per: int) -> list[list[torch.Tensor]]:
+    """The flat list of pulled tensors, cut into one model per sync."""
+    return [pulled[i:i + per] for i in range(0, len(pulled), per)]
+
+
+def with_outage(path: Path, party: str, start: float, duration: float) -> Path:
+    raw = yaml.safe_load(path.read_text())
+    raw["outages"] = [{"party": party, "start": f"{start:g}s", "duration": f"{duration:g}s"}]
+    cut = path.with_name(f"{path.stem}-outage.yaml")
+    cut.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return cut
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("lost_by", "algorithm"), [("kill", "hfa"), ("outage", "mixed")])
+def test_a_lost_party_restarts_and_rejoins_with_the_current_model(tmp_path, lost_by, algorithm):
+    hfa = {"k1": 2, "k2": 1} if algorithm == "hfa" else None
+    topology = write_topology(tmp_path / "rejoin.yaml", parties={"dc0": 1, "dc1": 1}, timeouts=TIMEOUTS, hfa=hfa)
+    kind = ("--kind", "dist_async") if algorithm == "mixed" else ()
+    rejoined = tmp_path / "rejoined"
+    global_scheduler = f"127.0.0.1:{free_port()}"
+    jobs: dict[str, Job] = {}
+
+    def launch(label: str, party: str, *args: str, job_topology: Path = topology) -> None:
+        jobs[label] = run_job(tmp_path, "rejoin_train.py", *kind, *args, name=label, party=party,
+                              global_scheduler=global_scheduler, topology=job_topology)
+
+    survivor = threading.Thread(target=launch, args=("survivor", "dc0", "--until-file", str(rejoined),
+                                                     "--after", "10"))
+    survivor.start()
+    if lost_by == "kill":
+        launch("lost", "dc1", "--steps", "1000", "--die-step", "6")  # returns once dc1's processes are dead
+    else:  # the outage starts once dc1 trains (start-up takes a few seconds) and outlasts the heartbeat timeout
+        launch("lost", "dc1", "--steps", "2000", job_topology=with_outage(topology, "dc1", 8.0, HEARTBEAT_S + 2))
+    launch("rejoining", "dc1", "--steps", "12", "--rejoined-file", str(rejoined))
+    survivor.join(timeout=180)
+    assert not survivor.is_alive(), "dc0's launcher did not return"
+
+    lost, rejoining, dc0 = jobs["lost"], jobs["rejoining"], jobs["survivor"]
+    assert lost.result.exit_code != 0 and not lost.workers(), lost.tail()
+    if lost_by == "outage":  # back on the WAN, dc1 learns it was dropped; its worker's error says so
+        assert "[dc1/server] dc1/server was declared dead" in lost.output, lost.tail()
+        assert "restart its party to rejoin" in lost.output
+    rejoining.assert_ok()
+    dc0.assert_ok()  # the global scheduler exits 0: the member it lost was replaced
+    assert "rejoins in place of the one declared dead" in dc0.output
+    assert "dc1/server rejoined" in dc0.output, dc0.tail()
+    assert "dropped dc1/server from the rounds" in dc0.output, dc0.tail()
+
+    (dc0_tensors, _), = dc0.workers().values()
+    (new_tensors, new_report), = rejoining.workers().values()
+    per = len(new_tensors["final"])
+    dc0_models = syncs(dc0_tensors["pulled"], per)
+    new_models = syncs(new_tensors["pulled"], per)
+    # The restarted worker started from the current global model: one dc0 pulled after dc1 was lost (dc0's
+    # first syncs still had dc1 in them), neither its own random weights nor the master's initial ones.
+    start = new_tensors["after_init"]
+    assert not same(start, new_tensors["before_init"])
+    assert not same(start, dc0_tensors["after_init"])
+    matches = [i for i, model in enumerate(dc0_models) if same(model, start)]
+    assert matches and matches[0] >= 3, (matches, len(dc0_models))
+    assert new_report["syncs"] == (12 // 2 if algorithm == "hfa" else 12)
+    assert not same(new_tensors["final"], start)
+    if algorithm == "hfa":
+        # after the rejoin both parties were in the same global rounds: they pulled the same averages
+        common = [m for m in new_models if any(same(m, d) for d in dc0_models)]
+        assert len(common) >= 3, (len(common), len(new_models))
+
+
+@pytest.mark.slow
+def test_a_short_outage_only_delays_fsa(geomx_job, tmp_path):
+    """dc1 is cut off for 2 s (less than the heartbeat timeout) in the middle of an FSA run: no step ends
+    while it is cut off, nobody is declared dead, and the model is still exactly the single-process one."""
+    start, duration, steps = 6.0, 2.0, 120
+    topology = write_topology(tmp_path / "fsa.yaml", parties={"dc0": 1, "dc1": 1},
+                              timeouts={**TIMEOUTS, "heartbeat": "8s"})
+    job = geomx_job("rejoin_train.py", "--steps", str(steps), "--step-seconds", "0.05",
+                    topology=with_outage(topology, "dc1", start, duration))
+    job.assert_ok()
+    assert " is dead" not in job.output
+    workers = job.workers()
+    _, expected = jobkit.reference_run(2, steps=steps, momentum=0.0)
+    for tensors, _ in workers.values():
+        for got, want in zip(tensors["final"], expected, strict=True):
+            torch.testing.assert_close(got, want)
+    report = workers[0][1]
+    cut_from, cut_to = report["job_start"] + start, report["job_start"] + start + duration
+    ends = report["sync_ends"]
+    assert ends[0] < cut_from and ends[-1] > cut_to, "training did not span the outage; lengthen the run"
+    during = [t for t in ends if cut_from + 0.3 < t < cut_to]
+    assert not during, f"{len(during)} steps ended while dc1 was cut off"
+    gap = max(b - a for a, b in itertools.pairwise(ends))
+    assert gap >= duration - 0.4, gap

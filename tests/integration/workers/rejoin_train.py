@@ -1,0 +1,100 @@
+"""Integration worker of the rejoin tests: a party dies (kill -9 of all its processes), is restarted, rejoins.
+
+One worker per party. ``--kind dist_sync`` (FSA) or ``dist_async`` (MixedSync): every step pushes its gradient
+and pulls the global server's weights (SGD on the global server). With ``hfa`` in the topology: HFA, local SGD
+steps and every K1 steps a push of the model and a pull of the global average.
+
+Roles, by flags:
+  --die-step N        at step N, SIGKILL every process of this worker's party (itself last)
+  --until-file PATH   train until PATH exists (at most --max-steps), then --after more steps: the survivor
+  --rejoined-file PATH  after init, create PATH: the restarted party's worker
+
+Every worker that ends writes ``out/worker<rank>.pt/.json`` (jobkit) with its weights before and after init,
+every model it pulled (``pulled``, one list of tensors per sync) and its final weights; its report has the
+time each sync ended (``sync_ends``) and the job's start (``job_start``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import time
+from pathlib import Path
+
+import jobkit
+import torch
+import torch.nn.functional as F
+from survive_train import find_pids
+
+import geomx
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--kind", default="dist_sync")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--die-step", type=int, default=-1)
+    parser.add_argument("--until-file")
+    parser.add_argument("--max-steps", type=int, default=2000)
+    parser.add_argument("--after", type=int, default=10)
+    parser.add_argument("--rejoined-file")
+    parser.add_argument("--step-seconds", type=float, default=0.02, help="simulated compute time per step")
+    args = parser.parse_args()
+    kv = geomx.kv.create(args.kind)
+    rank = kv.global_rank
+    run_dir = Path(kv.config.run_dir or ".")
+    torch.manual_seed(jobkit.seed_for(rank) + (1000 if args.rejoined_file else 0))
+    model = jobkit.make_model()
+    params = list(model.parameters())
+    before = [p.detach().clone() for p in params]
+    hfa = kv.hfa
+    if kv.is_master_worker and hfa is None:
+        kv.set_optimizer(geomx.optim.SGD(lr=jobkit.LR))
+    kv.init(list(range(len(params))), [p.data for p in params])
+    after = [p.detach().clone() for p in params]
+    if args.rejoined_file:
+        Path(args.rejoined_file).write_text(str(time.time()))
+    local = torch.optim.SGD(params, lr=jobkit.LR)
+    steps = args.steps if not args.until_file else args.max_steps + args.after
+    inputs, targets = jobkit.make_data(steps, kv.num_all_workers)
+    pulled: list[torch.Tensor] = []
+    sync_ends: list[float] = []
+    stop_at = steps
+    done = 0
+    for step in range(steps):
+        if step >= stop_at:
+            break
+        done += 1
+        if args.until_file and stop_at == steps and Path(args.until_file).exists():
+            stop_at = step + args.after
+        if step == args.die_step:
+            for pid in sorted(find_pids(run_dir, party=kv.party), key=lambda p: p == os.getpid()):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(args.step_seconds)
+        local.zero_grad()
+        F.mse_loss(model(inputs[step, rank]), targets[step, rank]).backward()
+        if hfa is None:  # FSA / MixedSync: the global server steps on the (summed) gradients
+            for idx, param in enumerate(params):
+                kv.push(idx, param.grad, priority=-idx)
+        else:
+            local.step()
+            if (step + 1) % hfa.k1:
+                continue
+            for idx, param in enumerate(params):
+                kv.push(idx, param.data / kv.num_workers, priority=-idx)
+        for idx, param in enumerate(params):
+            kv.pull(idx, param.data, priority=-idx)
+        pulled.extend(p.detach().clone() for p in params)
+        sync_ends.append(time.time())
+    if args.until_file and stop_at == steps:
+        raise RuntimeError(f"{args.until_file} did not appear within {args.max_steps} steps")
+    report = {"name": kv.name, "syncs": len(pulled) // len(params), "steps": done, "sync_ends": sync_ends,
+              "job_start": kv.config.topology.job_start}
+    jobkit.save_worker_output(run_dir, rank, {"before_init": before, "after_init": after, "pulled": pulled,
+                                              "final": [p.detach().clone() for p in params]}, report)
+    kv.close()
+
+
+if __name__ == "__main__":
+    main()
