@@ -53,7 +53,7 @@ def main() -> None:
             for idx, param in enumerate(params):
                 kv.pull(idx, param.data, priority=-idx)
             step += 1
-            losses.append(float(loss))
+            losses.append(loss.item())
             if step % args.record_every == 0:
                 record = {"step": step, "loss": sum(losses) / len(losses)}
                 if step % (10 * args.record_every) == 0:
