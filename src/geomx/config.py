@@ -241,7 +241,8 @@ class TrainingSpec:
     and steps locally; ``none`` always steps locally; a name (``dcasgd``, ``outer_nesterov`` ...) installs
     that server optimizer with ``server_optimizer_params``. ``compression``: a codec spec for the WAN.
     ``esync``: ESync's balanced local steps (needs HFA with K2 = 1). ``p3``: Priority-based Parameter
-    Propagation: tensors cut into ``p3_slice_elems`` slices, shallow layers first.
+    Propagation: tensors cut into ``p3_slice_elems`` slices, shallow layers first. ``tensorboard``: the metrics
+    records also go to TensorBoard event files (needs ``pip install 'geomx[tensorboard]'``).
     Usage: ``TrainingSpec(sync="dist_async", server_optimizer="dcasgd")``.
     """
 
@@ -253,6 +254,7 @@ class TrainingSpec:
     p3: bool = False
     p3_slice_elems: int = 50_000
     metrics_every: int = 10
+    tensorboard: bool = False  # also write the metrics as TensorBoard scalars (RUN/tensorboard/<worker>/)
 
     def __post_init__(self) -> None:
         if self.sync not in SYNC_KINDS:
@@ -568,10 +570,10 @@ def _training(raw: Any, base: TrainingSpec | None = None) -> TrainingSpec:
     if raw.get("compression") is not None:
         name, params = _named_spec(raw["compression"], "training.compression")
         values["compression"] = {"type": name, **params}
-    for name in ("sync", "esync", "p3", "p3_slice_elems", "metrics_every"):
+    for name in ("sync", "esync", "p3", "p3_slice_elems", "metrics_every", "tensorboard"):
         if name in raw:
             value = raw[name]
-            expected = {"sync": str, "esync": bool, "p3": bool}.get(name, int)
+            expected = {"sync": str, "esync": bool, "p3": bool, "tensorboard": bool}.get(name, int)
             if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
                 raise ConfigError(f"training.{name} must be {expected.__name__}, got {value!r}")
             values[name] = value
@@ -953,15 +955,15 @@ def _flag(env: Mapping[str, str], name: str) -> bool | None:
 
 
 def _training_from_env(env: Mapping[str, str], base: TrainingSpec) -> TrainingSpec:
-    """GEOMX_SYNC, GEOMX_SERVER_OPTIMIZER, GEOMX_COMPRESSION, GEOMX_ESYNC, GEOMX_P3 (ENABLE_P3) and
-    GEOMX_P3_SLICE_ELEMS override the topology's ``training`` block."""
+    """GEOMX_SYNC, GEOMX_SERVER_OPTIMIZER, GEOMX_COMPRESSION, GEOMX_ESYNC, GEOMX_P3 (ENABLE_P3),
+    GEOMX_P3_SLICE_ELEMS, GEOMX_METRICS_EVERY and GEOMX_TENSORBOARD override the topology's ``training`` block."""
     raw: dict[str, Any] = {}
     if _get(env, "GEOMX_SYNC") is not None:
         raw["sync"] = _get(env, "GEOMX_SYNC")
     for name, key in (("GEOMX_SERVER_OPTIMIZER", "server_optimizer"), ("GEOMX_COMPRESSION", "compression")):
         if _get(env, name) is not None:
             raw[key] = _get(env, name)
-    for name, key in (("GEOMX_ESYNC", "esync"), ("GEOMX_P3", "p3")):
+    for name, key in (("GEOMX_ESYNC", "esync"), ("GEOMX_P3", "p3"), ("GEOMX_TENSORBOARD", "tensorboard")):
         flag = _flag(env, name)
         if flag is not None:
             raw[key] = flag

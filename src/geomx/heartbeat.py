@@ -6,7 +6,9 @@ Two halves, both small:
   ``timeouts.heartbeat_interval_s``. Each answer carries the scheduler's list of dead members. When one
   appears, the node logs it, fails every request it has outstanding to that member (so nobody waits for a
   dead peer until a long request timeout) and tells its listeners (a server fails the rounds that wait for
-  it). A scheduler that stops answering for ``timeouts.heartbeat_s`` is logged as unreachable.
+  it). When the node itself is on that list, or a scheduler stops answering for ``timeouts.heartbeat_s``
+  (its party is down, or this one is cut off: the scheduler declares this node dead by then anyway), the
+  node stops: every request fails naming why, and its ``on_self_dead`` listeners stop the server.
 * ``Watch`` (schedulers): remembers when each member was last heard from; a member silent for
   ``timeouts.heartbeat_s`` (and that did not say goodbye) is declared dead, logged, and listed in every
   heartbeat answer from then on.
@@ -56,6 +58,7 @@ class Pulse:
         self._new_dead: list[tuple[str, str]] = []
         self._listeners: list[DeadListener] = []
         self._self_listeners: list[Callable[[str], None]] = []
+        self._stopped_self = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"{van.name}-heartbeat", daemon=True)
 
@@ -118,22 +121,25 @@ class Pulse:
                 silent = now - last
                 name = self._requests.names.get(scheduler_id, scheduler_id)
                 if silent > self._timeout and scheduler_id not in self._unreachable:
+                    # The scheduler's side of the same silence declares this node dead by now: stop as well.
                     self._unreachable.add(scheduler_id)
-                    log.error("[%s] %s has not answered heartbeats for %.1f s; is it running and reachable?",
-                              self._van.name, name, silent)
-                elif silent <= self._timeout and scheduler_id in self._unreachable:
-                    self._unreachable.discard(scheduler_id)
-                    log.warning("[%s] %s answers heartbeats again", self._van.name, name)
+                    self._stop_self(f"{name} has not answered heartbeats for {silent:.1f} s (limit "
+                                    f"{self._timeout:g} s): its data center is down or this one is cut off; "
+                                    f"{self._van.name} stops; restart its party to rejoin")
             for member, why in new_dead:
                 if member == self._van.identity:
-                    self._declare_self(why)
+                    self._stop_self(f"{self._van.name} was declared dead ({why}) and dropped from the job; "
+                                    "restart its party to rejoin (MixedSync, HFA and ESync take a restarted "
+                                    "party back)")
                 else:
                     self._declare(member, why, listeners)
 
-    def _declare_self(self, why: str) -> None:
-        """A scheduler says this node is dead: nothing it sends will be accepted again, so it stops at once."""
-        text = (f"{self._van.name} was declared dead ({why}) and dropped from the job; restart its party "
-                "to rejoin (MixedSync, HFA and ESync take a restarted party back)")
+    def _stop_self(self, text: str) -> None:
+        """This node is out of the job (declared dead, or its scheduler is gone): nothing it sends would be
+        accepted again, so every request fails with ``text`` and the listeners stop the node. Once."""
+        if self._stopped_self:
+            return
+        self._stopped_self = True
         log.error("[%s] %s", self._van.name, text)
         self._requests.fail_everything(text)
         with self._lock:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -61,8 +62,32 @@ class LaunchResult:
     summary: dict[str, Any] = field(default_factory=dict)
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    """The ports the kernel hands out for bind(0) and outgoing connections (Linux; the usual default else)."""
+    try:
+        low, high = (int(n) for n in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port the OS says is free now."""
+    """A TCP port the OS says is free now, for a scheduler to bind later.
+
+    Picked below the kernel's ephemeral range and checked by binding it: a port from bind(0) lies *in* that
+    range, where any other process's bind(0) or outgoing connection may take it before the scheduler binds
+    it (seen with several jobs starting at once). Falls back to bind(0) if the low ports are all taken.
+    """
+    low, _ = _ephemeral_range()
+    pick = random.SystemRandom()
+    for _ in range(64):
+        port = pick.randrange(10_000, low) if low > 11_000 else 0
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return int(sock.getsockname()[1])
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])

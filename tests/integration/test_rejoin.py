@@ -77,7 +77,8 @@ def test_a_lost_party_restarts_and_rejoins_with_the_current_model(tmp_path, lost
     lost, rejoining, dc0 = jobs["lost"], jobs["rejoining"], jobs["survivor"]
     assert lost.result.exit_code != 0 and not lost.workers(), lost.tail()
     if lost_by == "outage":  # back on the WAN, dc1 learns it was dropped; its worker's error says so
-        assert "[dc1/server] dc1/server was declared dead" in lost.output, lost.tail()
+        assert "[dc1/server] dc1/server was declared dead" in lost.output or \
+            "global_scheduler has not answered heartbeats" in lost.output, lost.tail()
         assert "restart its party to rejoin" in lost.output
     rejoining.assert_ok()
     dc0.assert_ok()  # the global scheduler exits 0: the member it lost was replaced

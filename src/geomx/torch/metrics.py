@@ -5,11 +5,12 @@ Every ``every`` steps a worker appends one record to ``RUN/metrics/<worker>.json
 script logged since then), ``lan_bytes`` and ``wan_bytes`` (this worker's own traffic, both directions),
 ``net_wait_s`` (cumulative seconds the loop was blocked waiting on the network). The master worker adds
 ``wan_bytes_total``: every byte that crossed the WAN in the whole job, read in the background from the
-global servers (no step waits for it). ``log(accuracy=...)`` writes a record at once.
+global servers (no step waits for it). ``log(accuracy=...)`` writes a record at once. With a
+``TensorBoardSink`` every numeric field of every record also becomes a TensorBoard scalar at its step.
 
 Usage::
 
-    recorder = StepRecorder(kv, every=10)
+    recorder = StepRecorder(kv, every=10, sink=TensorBoardSink(run_dir / "tensorboard" / "dc0_worker0"))
     recorder.step(net_wait_s=0.02)
     recorder.log(loss=0.7)
     recorder.close()
@@ -21,6 +22,8 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Protocol
 
 log = logging.getLogger("geomx.torch")
@@ -68,6 +71,35 @@ class WanMeter:
         return self.latest
 
 
+class TensorBoardSink:
+    """Writes metrics records as TensorBoard scalars (tensorboardX's event files; no TensorFlow needed).
+
+    Usage: ``sink = TensorBoardSink(Path("runs/x/tensorboard/dc0_worker0")); sink({"step": 10, "loss": 0.7})``,
+    then ``tensorboard --logdir runs/x/tensorboard``.
+    """
+
+    SKIPPED = frozenset({"step", "time"})
+
+    def __init__(self, folder: Path) -> None:
+        try:
+            from tensorboardX import SummaryWriter
+        except ImportError:
+            raise RuntimeError("training.tensorboard (GEOMX_TENSORBOARD) needs the tensorboardX package: "
+                               "pip install 'geomx[tensorboard]'") from None
+        folder.mkdir(parents=True, exist_ok=True)
+        self.folder = folder
+        self._writer = SummaryWriter(logdir=str(folder))
+
+    def __call__(self, record: dict[str, Any]) -> None:
+        step = int(record.get("step", 0))
+        for name, value in record.items():
+            if name not in self.SKIPPED and isinstance(value, (int, float)) and not isinstance(value, bool):
+                self._writer.add_scalar(name, float(value), global_step=step)
+
+    def close(self) -> None:
+        self._writer.close()
+
+
 def _traffic(counters: dict[str, Any], link: str) -> int:
     entry = counters.get(link, {})
     return int(entry.get("sent", 0)) + int(entry.get("recv", 0))
@@ -76,11 +108,12 @@ def _traffic(counters: dict[str, Any], link: str) -> int:
 class StepRecorder:
     """Counts steps and network waits; writes a metrics record every ``every`` steps."""
 
-    def __init__(self, kv: _Store, every: int) -> None:
+    def __init__(self, kv: _Store, every: int, sink: Callable[[dict[str, Any]], None] | None = None) -> None:
         if every < 1:
             raise ValueError(f"record every >= 1 steps, got {every}")
         self.kv = kv
         self.every = every
+        self.sink = sink  # also gets every record (e.g. a TensorBoardSink)
         self.steps = 0
         self.net_wait_s = 0.0
         self.started = time.monotonic()
@@ -123,6 +156,8 @@ class StepRecorder:
             record["wan_bytes_total"] = self._meter.latest
         record.update(extra)
         self.kv.record(**record)
+        if self.sink is not None:
+            self.sink(record)
         if interval:
             self._losses = []
             self._interval_started, self._interval_steps = now, 0
@@ -133,3 +168,6 @@ class StepRecorder:
             self._meter.stop()
         if self._interval_steps or self._losses:
             self.write()
+        close = getattr(self.sink, "close", None)
+        if close is not None:
+            close()

@@ -35,7 +35,7 @@ from torch import nn
 
 from .. import kv as kv_module
 from ..config import NodeConfig, node_config
-from .metrics import StepRecorder
+from .metrics import StepRecorder, TensorBoardSink
 from .plan import Mode, Plan, make_plan
 from .signature import compare, signature
 
@@ -130,7 +130,10 @@ class DistributedOptimizer:
         self._forward_started = False
         self._configure_servers()
         self._check_and_init()
-        self.recorder = StepRecorder(self.kv, config.topology.training.metrics_every)
+        run_dir = config.run_dir
+        sink = (TensorBoardSink(run_dir / "tensorboard" / self.kv.name.replace("/", "_"))
+                if config.topology.training.tensorboard and run_dir is not None else None)
+        self.recorder = StepRecorder(self.kv, config.topology.training.metrics_every, sink)
         self.kv.record(step=0, elapsed_s=0.0, plan=self.plan.describe())  # which algorithm this run used
         self._handles: list[Any] = []
         if self.plan.mode in (Mode.SERVER, Mode.LOCAL):

@@ -5,12 +5,15 @@ and pulls the global server's weights (SGD on the global server). With ``hfa`` i
 steps and every K1 steps a push of the model and a pull of the global average.
 
 Roles, by flags:
-  --die-step N        at step N, SIGKILL every process of this worker's party (itself last)
+  --die-step N        at step N, SIGKILL (--kill) this worker's whole party (itself last), itself, its party's
+                      local server or the global server (--die-rank: only that worker; --fault-file: where the
+                      time of the fault is written)
   --until-file PATH   train until PATH exists (at most --max-steps), then --after more steps: the survivor
   --rejoined-file PATH  after init, create PATH: the restarted party's worker
 
 Every worker that ends writes ``out/worker<rank>.pt/.json`` (jobkit) with its weights before and after init,
-every model it pulled (``pulled``, one list of tensors per sync) and its final weights; its report has the
+every model it pulled (``pulled``, one list of tensors per sync; under HFA every model it pushed,
+``pushed``) and its final weights; its report has the
 time each sync ended (``sync_ends``) and the job's start (``job_start``).
 """
 
@@ -30,11 +33,23 @@ from survive_train import find_pids
 import geomx
 
 
+def victims(run_dir: Path, party: str, target: str) -> list[int]:
+    """The pids to SIGKILL for ``target``, this worker last."""
+    if target == "worker":
+        return [os.getpid()]
+    if target == "party":
+        return sorted(find_pids(run_dir, party=party), key=lambda pid: pid == os.getpid())
+    return find_pids(run_dir, role=target)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--kind", default="dist_sync")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--die-step", type=int, default=-1)
+    parser.add_argument("--die-rank", type=int, help="the worker (global rank) that injects the fault")
+    parser.add_argument("--kill", choices=["party", "worker", "local_server", "global_server"], default="party")
+    parser.add_argument("--fault-file")
     parser.add_argument("--until-file")
     parser.add_argument("--max-steps", type=int, default=2000)
     parser.add_argument("--after", type=int, default=10)
@@ -59,6 +74,7 @@ def main() -> None:
     steps = args.steps if not args.until_file else args.max_steps + args.after
     inputs, targets = jobkit.make_data(steps, kv.num_all_workers)
     pulled: list[torch.Tensor] = []
+    pushed: list[torch.Tensor] = []
     sync_ends: list[float] = []
     stop_at = steps
     done = 0
@@ -68,8 +84,10 @@ def main() -> None:
         done += 1
         if args.until_file and stop_at == steps and Path(args.until_file).exists():
             stop_at = step + args.after
-        if step == args.die_step:
-            for pid in sorted(find_pids(run_dir, party=kv.party), key=lambda p: p == os.getpid()):
+        if step == args.die_step and args.die_rank in (None, rank):
+            if args.fault_file:
+                Path(args.fault_file).write_text(repr(time.time()))
+            for pid in victims(run_dir, kv.party, args.kill):
                 os.kill(pid, signal.SIGKILL)
         time.sleep(args.step_seconds)
         local.zero_grad()
@@ -81,6 +99,7 @@ def main() -> None:
             local.step()
             if (step + 1) % hfa.k1:
                 continue
+            pushed.extend(p.detach().clone() for p in params)
             for idx, param in enumerate(params):
                 kv.push(idx, param.data / kv.num_workers, priority=-idx)
         for idx, param in enumerate(params):
@@ -91,8 +110,9 @@ def main() -> None:
         raise RuntimeError(f"{args.until_file} did not appear within {args.max_steps} steps")
     report = {"name": kv.name, "syncs": len(pulled) // len(params), "steps": done, "sync_ends": sync_ends,
               "job_start": kv.config.topology.job_start}
-    jobkit.save_worker_output(run_dir, rank, {"before_init": before, "after_init": after, "pulled": pulled,
-                                              "final": [p.detach().clone() for p in params]}, report)
+    tensors = {"before_init": before, "after_init": after, "pulled": pulled, "pushed": pushed,
+               "final": [p.detach().clone() for p in params]}
+    jobkit.save_worker_output(run_dir, rank, tensors, report)
     kv.close()
 
 
