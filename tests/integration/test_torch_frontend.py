@@ -91,12 +91,16 @@ def test_p3_changes_only_the_order_and_the_next_forward_starts_early(geomx_job, 
 
 
 def test_mixed_sync_with_dcasgd_from_the_topology(geomx_job, tmp_path):
-    """dist_async + DCASGD chosen in the topology; one party has no staleness, so it is momentum SGD."""
-    path = topology(tmp_path, {"sync": "dist_async", "server_optimizer": {"type": "dcasgd", "momentum": 0.9}},
-                    parties={"dc0": 2})
+    """dist_async + DCASGD chosen in the topology; one party has no staleness, so it is momentum SGD. The same
+    block asks for TensorBoard: every worker writes its event file."""
+    path = topology(tmp_path, {"sync": "dist_async", "server_optimizer": {"type": "dcasgd", "momentum": 0.9},
+                               "tensorboard": True}, parties={"dc0": 2})
     job = geomx_job(SCRIPT, topology=path)
     job.assert_ok()
     jobkit.assert_fsa_equivalent(job.workers(), num_workers=2)
+    for worker in ("dc0_worker0", "dc0_worker1"):
+        events = list((job.run_dir / "tensorboard" / worker).glob("events.out.tfevents.*"))
+        assert len(events) == 1 and events[0].stat().st_size > 200, (worker, events)
 
 
 @pytest.mark.parametrize("outer", ["none", "outer_nesterov"])
