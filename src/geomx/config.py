@@ -62,12 +62,17 @@ class LinkSpec:
 class PartySpec:
     """One data center: its name, how many training workers it runs, and optionally its own WAN link.
 
-    ``wan`` overrides the topology's WAN link for this party's traffic (e.g. one far-away region).
+    ``wan`` overrides the topology's WAN link for this party's traffic (e.g. one far-away region): the link
+    between two parties is the slower of theirs, one pipe per pair and direction. ``access_bps`` is the
+    party's own connection to the WAN, shared by *all* its WAN traffic in each direction whatever the other
+    party: many parties sending to it at once queue there (in-cast), and what it sends to several parties
+    shares it.
     """
 
     name: str
     num_workers: int
     wan: LinkSpec | None = None
+    access_bps: float | None = None
 
 
 @dataclass(frozen=True)
@@ -347,6 +352,10 @@ class Topology:
         specs = [overrides.get(a, self.wan), overrides.get(b, self.wan)]
         rates = [s.bandwidth_bps for s in specs if s.bandwidth_bps is not None]
         return LinkSpec(min(rates) if rates else None, max(s.latency_s for s in specs))
+
+    def access_bps(self, party: str) -> float | None:
+        """The rate of ``party``'s own connection to the WAN (None: not limited; see PartySpec)."""
+        return next((p.access_bps for p in self.parties if p.name == party), None)
 
     def worker_offset(self, party: str) -> int:
         """Global rank of the first worker of ``party`` (parties in topology order)."""
@@ -666,11 +675,13 @@ def topology_from_dict(raw: Mapping[str, Any], base_dir: Path | None = None) -> 
         workers = spec.get("workers") if isinstance(spec, Mapping) else spec
         if not isinstance(workers, int) or isinstance(workers, bool):
             raise ConfigError(f"party {name!r} needs an integer 'workers'")
-        if isinstance(spec, Mapping) and set(spec) - {"workers", "wan"}:
-            raise ConfigError(f"party {name!r} has unknown fields {sorted(set(spec) - {'workers', 'wan'})}; "
-                              "allowed: workers, wan")
+        fields = {"workers", "wan", "access"}
+        if isinstance(spec, Mapping) and set(spec) - fields:
+            raise ConfigError(f"party {name!r} has unknown fields {sorted(set(spec) - fields)}; "
+                              f"allowed: {', '.join(sorted(fields))}")
         wan = _link(spec.get("wan"), f"parties.{name}.wan") if isinstance(spec, Mapping) and spec.get("wan") else None
-        parties.append(PartySpec(str(name), workers, wan))
+        access = parse_bandwidth(spec.get("access")) if isinstance(spec, Mapping) else None
+        parties.append(PartySpec(str(name), workers, wan, access))
     links = raw.get("links") or {}
     if not isinstance(links, Mapping) or set(links) - {"lan", "wan"}:
         raise ConfigError("'links' may hold only 'lan' and 'wan'")
@@ -736,7 +747,8 @@ def topology_to_dict(topology: Topology) -> dict[str, Any]:
         return {"bandwidth": spec.bandwidth_bps, "latency": spec.latency_s}
 
     return {
-        "parties": {p.name: {"workers": p.num_workers, **({"wan": link(p.wan)} if p.wan else {})}
+        "parties": {p.name: {"workers": p.num_workers, **({"wan": link(p.wan)} if p.wan else {}),
+                             **({"access": p.access_bps} if p.access_bps is not None else {})}
                     for p in topology.parties},
         "central": topology.central,
         "global_servers": topology.num_global_servers,

@@ -58,6 +58,7 @@ class _Outgoing:
     peer: str
     frames: list[Any]
     nbytes: int
+    ready_at: float = 0.0  # when its last bit left the party's access link (delivery is not earlier + latency)
 
 
 @dataclass
@@ -95,6 +96,13 @@ class Van:
         self._sockets: dict[str, zmq.Socket[Any]] = {}
         self._links: dict[tuple[str, str], ShapedLink[_Outgoing]] = {}
         self._outages = OutageSchedule(topology.outages, party, topology.job_start)
+        # The party's own connection to the WAN (topology ``access``), shared by all WAN traffic per direction:
+        # sends pass it on their way into their destination's pipe, receipts before they are handled.
+        self._access_bps = topology.access_bps(party)
+        self._access_share = 1
+        self._access_out: ShapedLink[tuple[_Outgoing, int]] | None = None
+        self._access_in: ShapedLink[Message] | None = None
+        self._inbound: list[tuple[float, int, Message]] = []
         self._due: list[tuple[float, int, _Outgoing]] = []
         self._due_seq = itertools.count()
         self._commands: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
@@ -228,6 +236,13 @@ class Van:
         if peer.link_key not in self._links:
             spec = self._link_spec(peer)
             self._links[peer.link_key] = ShapedLink(spec, share if peer.link_class == WAN else 1)
+        if peer.link_class == WAN and self._access_bps is not None:
+            self._access_share = max(self._access_share, share)
+            if self._access_out is None or self._access_in is None:
+                self._access_out = ShapedLink(LinkSpec(self._access_bps))
+                self._access_in = ShapedLink(LinkSpec(self._access_bps))
+            for access in (self._access_out, self._access_in):
+                access.rate_bps = self._access_bps / self._access_share
 
     def _io_loop(self) -> None:
         try:
@@ -282,17 +297,21 @@ class Van:
                 self._connect(*payload)
             elif command == "send":
                 outgoing, priority = payload
-                link = self._links[self._peers[outgoing.peer].link_key]
-                link.offer(outgoing, outgoing.nbytes, priority, now)
+                peer = self._peers[outgoing.peer]
+                if peer.link_class == WAN and self._access_out is not None:
+                    self._access_out.offer((outgoing, priority), outgoing.nbytes, priority, now)
+                else:
+                    self._links[peer.link_key].offer(outgoing, outgoing.nbytes, priority, now)
             elif command == "flush":
                 flush_requested = True
-        wake_at: float | None = None
+        wake_at = self._pump_access(now)
         for (link_class, party), link in self._links.items():
             until = self._outages.blocked_until(party, now) if link_class == WAN and self._outages else None
             if until is not None:  # the WAN to that party is cut: nothing starts before the outage ends
                 link.hold_until(until)
             started, link_wake = link.poll(now)
             for deliver_at, outgoing in started:
+                deliver_at = max(deliver_at, outgoing.ready_at + link.latency_s)
                 heapq.heappush(self._due, (deliver_at, next(self._due_seq), outgoing))
             if link_wake is not None:
                 wake_at = link_wake if wake_at is None else min(wake_at, link_wake)
@@ -308,10 +327,36 @@ class Van:
         if self._due:
             wake_at = self._due[0][0] if wake_at is None else min(wake_at, self._due[0][0])
         if flush_requested:
-            if not self._due and all(len(link) == 0 for link in self._links.values()):
+            access_busy = self._access_out is not None and len(self._access_out) > 0
+            if not self._due and not access_busy and all(len(link) == 0 for link in self._links.values()):
                 self._idle.set()
             else:
                 self._commands.put(("flush", None))  # look again at the next wake-up
+        return wake_at
+
+    def _pump_access(self, now: float) -> float | None:
+        """Move messages through the party's access link (if it has one); returns when to look again.
+
+        Cut-through: a send enters its destination's pipe when it *starts* on the access link and is delivered no
+        earlier than its last bit leaves it, so the slower of the two sets the pace (no double serialization).
+        A receipt is handed to the node when the access link has carried it after the ones before it.
+        """
+        if self._access_out is None or self._access_in is None:
+            return None
+        started, wake_at = self._access_out.poll(now)
+        rate = self._access_out.rate_bps or 0.0
+        for end, (outgoing, priority) in started:
+            outgoing.ready_at = end
+            start = end - (outgoing.nbytes * 8.0 / rate if rate else 0.0)
+            self._links[self._peers[outgoing.peer].link_key].offer(outgoing, outgoing.nbytes, priority, start)
+        arrived, in_wake = self._access_in.poll(now)
+        for deliver_at, message in arrived:
+            heapq.heappush(self._inbound, (deliver_at, next(self._due_seq), message))
+        while self._inbound and self._inbound[0][0] <= now:
+            self._inbox.put(heapq.heappop(self._inbound)[2])
+        for later in (in_wake, self._inbound[0][0] if self._inbound else None):
+            if later is not None:
+                wake_at = later if wake_at is None else min(wake_at, later)
         return wake_at
 
     def _transmit(self, outgoing: _Outgoing) -> None:
@@ -348,6 +393,13 @@ class Van:
                 continue
             message.sender = sender.encode()
             if message.kind is Kind.HEARTBEAT and self.heartbeat_hook is not None and self.heartbeat_hook(message):
+                continue
+            if peer is not None and peer.link_class == WAN and self._access_in is not None:
+                # In-cast: it started arriving when the sender's pipe started sending it; the access link
+                # carries one message at a time (see _pump_access)
+                link = self._topology.wan_between(self.party, peer.party)
+                wire_s = nbytes * 8.0 / link.bandwidth_bps if link.bandwidth_bps else 0.0
+                self._access_in.offer(message, nbytes, message.priority, time.monotonic() - wire_s)
                 continue
             self._inbox.put(message)
 

@@ -558,3 +558,12 @@ def test_bad_job_start_is_named(tmp_path):
                     GEOMX_JOB_START="yesterday")
     with pytest.raises(ConfigError, match="GEOMX_JOB_START 'yesterday'"):
         node_config_from_env(env)
+
+
+def test_a_partys_access_link_parses_and_round_trips():
+    raw = demo(parties={"dc0": {"workers": 2, "access": "50Mbit"}, "dc1": {"workers": 1}})
+    topology = topology_from_dict(raw)
+    assert topology.access_bps("dc0") == 50e6 and topology.access_bps("dc1") is None
+    assert topology_from_dict(topology_to_dict(topology)) == topology
+    with pytest.raises(ConfigError, match="bandwidth"):
+        topology_from_dict(demo(parties={"dc0": {"workers": 2, "access": "fast"}}))

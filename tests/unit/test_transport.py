@@ -398,3 +398,62 @@ def test_an_outage_holds_every_message_across_the_cut_wan_then_delivers_them_in_
     arrivals = inbox_b.get_many(3)
     assert [m.key for _, m in arrivals] == [0, 1, 2]
     assert all(0.55 <= t - start < 2.0 for t, _ in arrivals), [t - start for t, _ in arrivals]
+
+
+def access_topology(access_party: str, access_bps: float, wan: LinkSpec | None = None) -> Topology:
+    parties = tuple(PartySpec(name, 1, access_bps=access_bps if name == access_party else None)
+                    for name in ("a", "b", "c"))
+    return dataclasses.replace(topology(wan=wan), parties=parties)
+
+
+MB = 1 << 20
+ACCESS_BPS = 80e6  # 1 MiB takes 0.105 s
+
+
+def one_mib(key: int) -> Message:
+    return Message(Kind.PUSHPULL, key=key, tensor=np.zeros(MB, np.uint8))
+
+
+def test_in_cast_queues_at_the_receivers_access_link(make_van):
+    """b and c each send 1 MiB to a at once: a's 80 Mbit/s access link carries them one after the other,
+    although each pair of parties has its own (unlimited) WAN pipe."""
+    topo = access_topology("a", ACCESS_BPS)
+    a, inbox_a = make_van("a/server", "a", topo)
+    senders = [make_van(f"{p}/server", p, topo)[0] for p in ("b", "c")]
+    for sender in senders:
+        connect(a, sender)
+    start = time.monotonic()
+    for key, sender in enumerate(senders):
+        sender.send(a.identity, one_mib(key))
+    arrivals = sorted(t - start for t, _ in inbox_a.get_many(2))
+    one = MB * 8 / ACCESS_BPS
+    assert arrivals[0] >= 0.9 * one and arrivals[1] >= 1.9 * one, arrivals
+    assert arrivals[1] < 2 * one + 0.5, arrivals
+
+
+def test_sends_to_several_parties_share_the_senders_access_link(make_van):
+    topo = access_topology("a", ACCESS_BPS)
+    a, _ = make_van("a/server", "a", topo)
+    b, inbox_b = make_van("b/server", "b", topo)
+    c, inbox_c = make_van("c/server", "c", topo)
+    connect(a, b)
+    connect(a, c)
+    start = time.monotonic()
+    a.send(b.identity, one_mib(0))
+    a.send(c.identity, one_mib(1))
+    arrivals = sorted([inbox_b.get()[0] - start, inbox_c.get()[0] - start])
+    one = MB * 8 / ACCESS_BPS
+    assert arrivals[0] >= 0.9 * one and arrivals[1] >= 1.9 * one, arrivals
+
+
+def test_an_access_link_as_fast_as_the_wan_adds_no_second_serialization(make_van):
+    """Cut-through: 1 MiB over an 80 Mbit/s WAN pipe behind an 80 Mbit/s access link takes ~0.1 s, not 0.2."""
+    topo = access_topology("a", ACCESS_BPS, wan=LinkSpec(bandwidth_bps=ACCESS_BPS))
+    a, _ = make_van("a/server", "a", topo)
+    b, inbox_b = make_van("b/server", "b", topo)
+    connect(a, b)
+    start = time.monotonic()
+    a.send(b.identity, one_mib(0))
+    arrival = inbox_b.get()[0] - start
+    one = MB * 8 / ACCESS_BPS
+    assert 0.9 * one <= arrival < 1.6 * one, arrival
