@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from geomx.launch import LaunchResult, free_port, launch
+from geomx.launch import LaunchResult, free_port, job_processes, launch
 from geomx.runlog import read_metrics
 
 HERE = Path(__file__).resolve().parent
@@ -49,22 +49,6 @@ def write_topology(path: Path, parties: int, loss: float) -> Path:
     }
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     return path
-
-
-def process_table(run_dirs: set[str]) -> dict[int, dict[str, str]]:
-    """pid -> {run_dir, role, party} of every live process of these run folders."""
-    table = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            env = dict(i.split("=", 1) for i in (entry / "environ").read_text().split("\0") if "=" in i)
-        except (OSError, UnicodeDecodeError):
-            continue
-        if env.get("GEOMX_RUN_DIR") in run_dirs:
-            table[int(entry.name)] = {"run_dir": env["GEOMX_RUN_DIR"], "role": env.get("GEOMX_ROLE", "?"),
-                                      "party": env.get("GEOMX_PARTY", "?")}
-    return table
 
 
 def rss_mb(pid: int) -> float | None:
@@ -97,7 +81,7 @@ class Party:
                                  global_scheduler=global_scheduler)
 
     def kill(self) -> int:
-        pids = list(process_table({str(self.run_dir)}))
+        pids = list(job_processes({str(self.run_dir)}))
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
         return len(pids)
@@ -134,9 +118,8 @@ def main() -> int:
         now = time.time()
         if now >= next_sample:
             next_sample = now + args.sample
-            table = process_table(all_runs)
-            memory = {f"{info['party']}/{info['role']}#{Path(info['run_dir']).name}": rss_mb(pid)
-                      for pid, info in table.items()}
+            memory = {f"{env.get('GEOMX_PARTY')}/{env.get('GEOMX_ROLE')}#{Path(env['GEOMX_RUN_DIR']).name}":
+                      rss_mb(pid) for pid, env in job_processes(all_runs).items()}
             records = read_metrics(parties["dc0"].run_dir).get("dc0_worker0", [])
             samples.append({"t": now - started, "rss_mb": memory, "dc0_step": records[-1]["step"] if records else 0})
         if now >= next_kill and now < deadline - 60:

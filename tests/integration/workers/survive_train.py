@@ -27,21 +27,13 @@ import torch.nn.functional as F
 
 import geomx
 from geomx.checkpoint import load_latest
+from geomx.launch import job_processes
 
 
 def find_pids(run_dir: Path, **wanted: str) -> list[int]:
     """Pids of this job's processes whose environment has every GEOMX_<KEY>=value of ``wanted``."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            env = dict(item.split("=", 1) for item in (entry / "environ").read_text().split("\0") if "=" in item)
-        except (OSError, UnicodeDecodeError):
-            continue
-        if env.get("GEOMX_RUN_DIR") == str(run_dir) and all(env.get(f"GEOMX_{k.upper()}") == v
-                                                             for k, v in wanted.items()):
-            pids.append(int(entry.name))
+    pids = [pid for pid, env in job_processes({str(run_dir)}).items()
+            if all(env.get(f"GEOMX_{k.upper()}") == v for k, v in wanted.items())]
     if not pids:
         raise RuntimeError(f"no process with {wanted} in run {run_dir}")
     return pids
