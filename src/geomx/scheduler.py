@@ -2,7 +2,9 @@
 
 The global scheduler's tier holds the global servers and the local servers (under a flat parameter
 server: the global servers and every worker). A party's local scheduler holds its local server and
-workers.
+workers. Once the job is complete, the global scheduler still takes one kind of registration: a restarted
+party's local server, in place of its local server declared dead (a rejoin; the global servers are told with
+a MEMBERS notice before the newcomer gets the address book).
 
 Usage (what ``python -m geomx.node`` does for a scheduler role)::
 
