@@ -110,6 +110,9 @@ class ParameterServer:
         self.clients: set[str] = set()
         self.departed: set[str] = set()  # clients that left or were dropped (dead); rounds no longer wait for them
         self.dropped: dict[str, str] = {}  # departed clients that were dropped as dead -> why
+        # ESync: a rejoined client's rounds are held until the others finish their current cycle (the next STATE
+        # round), so that its first push meets their first push of the next cycle (see _on_members)
+        self.joining: dict[str, list[Message]] = {}
         self.configurers: set[str] = set()  # clients allowed to set the optimizer (the master worker's path)
         self.upstream: list[str] = []
         self.shard_owner: dict[int, str] = {}  # a local server's global servers by explicit shard id (= rank)
@@ -271,6 +274,7 @@ class ParameterServer:
         """Go on without ``member`` (under the lock): open rounds that only waited for it complete now."""
         self.departed.add(member)
         self.dropped[member] = why
+        self.joining.pop(member, None)
         remaining = self.clients - self.departed
         log.warning("[%s] dropped %s from the rounds (%s); %d of %d clients left", self.name, name, why,
                     len(remaining), len(self.clients))
@@ -286,8 +290,18 @@ class ParameterServer:
                 self._complete(rnd)
 
     def _awaited(self, rnd: Round) -> set[str]:
-        """The clients ``rnd`` waits for: present ones that neither left nor joined after it opened."""
-        return self.clients - self.departed - rnd.exempt
+        """The clients ``rnd`` waits for: present ones that neither left nor joined after it opened (nor, under
+        ESync, joined during the others' current cycle)."""
+        return self.clients - self.departed - rnd.exempt - set(self.joining)
+
+    def _admit_joining(self) -> None:
+        """ESync: the others finished a cycle (a STATE round); rejoined clients take part from the next one."""
+        joining, self.joining = self.joining, {}
+        for client, held in joining.items():
+            log.info("[%s] %s takes part from the next ESync round (%d requests held)", self.name,
+                     self.requests.names.get(client, client), len(held))
+            for message in held:
+                self._handle(message)
 
     def _round_ready(self, rnd: Round) -> bool:
         policy = self.push_policy if rnd.kind is Kind.PUSHPULL else self.all_clients_policy
@@ -360,6 +374,9 @@ class ParameterServer:
         if sender not in self.clients and not from_upstream:
             self._refuse(message, f"{sender!r} is not a client of this server")
             return
+        if sender in self.joining and message.kind in (Kind.PUSHPULL, Kind.STATE, Kind.BARRIER):
+            self.joining[sender].append(message)  # replayed when the others' cycle ends (_admit_joining)
+            return
         if sender in self.departed:
             name = self.requests.names.get(sender, sender)
             why = self.dropped.get(sender)
@@ -416,6 +433,8 @@ class ParameterServer:
         for rnd in self.rounds.values():
             if rnd.contributions:
                 rnd.exempt.add(member.id)
+        if any(kind is Kind.STATE for kind, _, _ in self.rounds):  # ESync: join at the others' next cycle
+            self.joining[member.id] = []
         self.clients.add(member.id)
         if member.party == self.config.topology.central:
             self.configurers.add(member.id)
@@ -882,6 +901,7 @@ class ParameterServer:
                 self._release(rnd, None, str(exc))
                 return
             self._release(rnd, None, body={"steps": steps})
+            self._admit_joining()
             return
         number = rnd.number
         future = self.requests.call(self.upstream[0], Message(Kind.STATE, round=rnd.number, body={

@@ -2,7 +2,8 @@
 
 One worker per party. ``--kind dist_sync`` (FSA) or ``dist_async`` (MixedSync): every step pushes its gradient
 and pulls the global server's weights (SGD on the global server). With ``hfa`` in the topology: HFA, local SGD
-steps and every K1 steps a push of the model and a pull of the global average.
+steps and every K1 steps a push of the model and a pull of the global average; with ``--esync`` the number of
+local steps before the next average is ESync's assignment (``kv.assign_local_steps``) instead of K1.
 
 Roles, by flags:
   --die-step N        at step N, SIGKILL (--kill) this worker's whole party (itself last), itself, its party's
@@ -50,6 +51,7 @@ def main() -> None:
     parser.add_argument("--die-rank", type=int, help="the worker (global rank) that injects the fault")
     parser.add_argument("--kill", choices=["party", "worker", "local_server", "global_server"], default="party")
     parser.add_argument("--fault-file")
+    parser.add_argument("--esync", action="store_true", help="HFA rounds of ESync-assigned length")
     parser.add_argument("--until-file")
     parser.add_argument("--max-steps", type=int, default=2000)
     parser.add_argument("--after", type=int, default=10)
@@ -78,6 +80,8 @@ def main() -> None:
     sync_ends: list[float] = []
     stop_at = steps
     done = 0
+    local_steps = hfa.k1 if hfa is not None else 1  # local steps before the next average
+    since_sync, round_started = 0, time.monotonic()
     for step in range(steps):
         if step >= stop_at:
             break
@@ -97,8 +101,10 @@ def main() -> None:
                 kv.push(idx, param.grad, priority=-idx)
         else:
             local.step()
-            if (step + 1) % hfa.k1:
+            since_sync += 1
+            if since_sync < local_steps:
                 continue
+            per_step = (time.monotonic() - round_started) / since_sync  # compute only, as ESync measures it
             pushed.extend(p.detach().clone() for p in params)
             for idx, param in enumerate(params):
                 kv.push(idx, param.data / kv.num_workers, priority=-idx)
@@ -106,6 +112,9 @@ def main() -> None:
             kv.pull(idx, param.data, priority=-idx)
         pulled.extend(p.detach().clone() for p in params)
         sync_ends.append(time.time())
+        if hfa is not None and args.esync:
+            local_steps = kv.assign_local_steps(per_step, base_steps=hfa.k1)
+        since_sync, round_started = 0, time.monotonic()
     if args.until_file and stop_at == steps:
         raise RuntimeError(f"{args.until_file} did not appear within {args.max_steps} steps")
     report = {"name": kv.name, "syncs": len(pulled) // len(params), "steps": done, "sync_ends": sync_ends,
