@@ -284,7 +284,10 @@ class ParameterServer:
         self._complete_ready_rounds()
 
     def _complete_ready_rounds(self) -> None:
-        """Complete every open round whose awaited clients are all in (after a client left or was dropped)."""
+        """Complete every open round whose awaited clients are all in (after a client left or was dropped). If
+        only rejoined clients waiting for the others' next ESync round remain, there will be none: admit them."""
+        if self.joining and not self.clients - self.departed - set(self.joining):
+            self._admit_joining()
         for rnd in list(self.rounds.values()):
             if rnd.contributions and not rnd.forwarding and self._round_ready(rnd):
                 self._complete(rnd)
