@@ -53,7 +53,6 @@ class Pulse:
         self._timeout = timeouts.heartbeat_s
         self._lock = threading.Lock()
         self._targets: dict[str, float] = {}  # scheduler id -> when it last answered
-        self._unreachable: set[str] = set()
         self._dead: dict[str, str] = {}  # member id -> why, as announced
         self._new_dead: list[tuple[str, str]] = []
         self._listeners: list[DeadListener] = []
@@ -120,9 +119,7 @@ class Pulse:
                 self._beat(scheduler_id)
                 silent = now - last
                 name = self._requests.names.get(scheduler_id, scheduler_id)
-                if silent > self._timeout and scheduler_id not in self._unreachable:
-                    # The scheduler's side of the same silence declares this node dead by now: stop as well.
-                    self._unreachable.add(scheduler_id)
+                if silent > self._timeout:  # its side of the same silence declares this node dead by now
                     self._stop_self(f"{name} has not answered heartbeats for {silent:.1f} s (limit "
                                     f"{self._timeout:g} s): its data center is down or this one is cut off; "
                                     f"{self._van.name} stops; restart its party to rejoin")

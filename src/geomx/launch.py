@@ -62,13 +62,12 @@ class LaunchResult:
     summary: dict[str, Any] = field(default_factory=dict)
 
 
-def _ephemeral_range() -> tuple[int, int]:
-    """The ports the kernel hands out for bind(0) and outgoing connections (Linux; the usual default else)."""
+def _ephemeral_low() -> int:
+    """The lowest port the kernel hands out for bind(0) and outgoing connections (Linux; the usual default else)."""
     try:
-        low, high = (int(n) for n in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
-        return low, high
-    except (OSError, ValueError):
-        return 32768, 60999
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -78,7 +77,7 @@ def free_port(host: str = "127.0.0.1") -> int:
     range, where any other process's bind(0) or outgoing connection may take it before the scheduler binds
     it (seen with several jobs starting at once). Falls back to bind(0) if the low ports are all taken.
     """
-    low, _ = _ephemeral_range()
+    low = _ephemeral_low()
     pick = random.SystemRandom()
     for _ in range(64):
         port = pick.randrange(10_000, low) if low > 11_000 else 0

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 
-def _file_name(name: str) -> str:
+def file_name(name: str) -> str:
+    """A process name as a file name in the run folder: ``dc0/worker0`` -> ``dc0_worker0``."""
     return name.replace("/", "_")
 
 
@@ -26,7 +27,7 @@ def write_stats(run_dir: Path, name: str, stats: dict[str, Any]) -> Path:
     """Atomically write one process's counters."""
     folder = run_dir / "stats"
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{_file_name(name)}.json"
+    path = folder / f"{file_name(name)}.json"
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     tmp.write_text(json.dumps({"name": name, **stats}))
     tmp.replace(path)
@@ -43,7 +44,7 @@ def read_stats(run_dir: Path) -> list[dict[str, Any]]:
 def append_metrics(run_dir: Path, name: str, record: dict[str, Any]) -> None:
     folder = run_dir / "metrics"
     folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / f"{_file_name(name)}.jsonl", "a") as handle:
+    with open(folder / f"{file_name(name)}.jsonl", "a") as handle:
         handle.write(json.dumps({"time": time.time(), **record}) + "\n")
 
 

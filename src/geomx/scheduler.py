@@ -251,7 +251,7 @@ class Scheduler:
         self._replaced[old.id] = sender
         self._watch.add(sender, new.name)
         self.van.add_peer(sender, reg.address, reg.party)
-        gone = self._goodbyes | set(self._watch.snapshot())
+        gone = self._goodbyes | self._dead_ids()
         servers = [m for m in self._members if m.role is Role.GLOBAL_SERVER and m.id not in gone]
         notice = {"member": new.to_json(), "replaces": old.id}
         futures = [self.requests.call(m.id, Message(Kind.MEMBERS, body=notice)) for m in servers]

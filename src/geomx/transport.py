@@ -44,6 +44,11 @@ LAN = "lan"
 WAN = "wan"
 
 
+def _earliest(*times: float | None) -> float | None:
+    """The earliest of the given wake-up times that are set (None if none is)."""
+    return min((t for t in times if t is not None), default=None)
+
+
 @dataclass
 class _Peer:
     identity: str
@@ -306,26 +311,25 @@ class Van:
                 flush_requested = True
         wake_at = self._pump_access(now)
         for (link_class, party), link in self._links.items():
-            until = self._outages.blocked_until(party, now) if link_class == WAN and self._outages else None
+            until = self._cut_until(link_class, party, now)
             if until is not None:  # the WAN to that party is cut: nothing starts before the outage ends
                 link.hold_until(until)
             started, link_wake = link.poll(now)
             for deliver_at, outgoing in started:
                 deliver_at = max(deliver_at, outgoing.ready_at + link.latency_s)
                 heapq.heappush(self._due, (deliver_at, next(self._due_seq), outgoing))
-            if link_wake is not None:
-                wake_at = link_wake if wake_at is None else min(wake_at, link_wake)
+            wake_at = _earliest(wake_at, link_wake)
         now = time.monotonic()
         while self._due and self._due[0][0] <= now:
             _, _, outgoing = heapq.heappop(self._due)
             peer = self._peers[outgoing.peer]
-            until = self._outages.blocked_until(peer.party, now) if peer.link_class == WAN and self._outages else None
+            until = self._cut_until(peer.link_class, peer.party, now)
             if until is not None:  # in flight when the WAN was cut: it arrives when the outage ends
                 heapq.heappush(self._due, (until, next(self._due_seq), outgoing))
                 continue
             self._transmit(outgoing)
         if self._due:
-            wake_at = self._due[0][0] if wake_at is None else min(wake_at, self._due[0][0])
+            wake_at = _earliest(wake_at, self._due[0][0])
         if flush_requested:
             access_busy = self._access_out is not None and len(self._access_out) > 0
             if not self._due and not access_busy and all(len(link) == 0 for link in self._links.values()):
@@ -354,10 +358,11 @@ class Van:
             heapq.heappush(self._inbound, (deliver_at, next(self._due_seq), message))
         while self._inbound and self._inbound[0][0] <= now:
             self._inbox.put(heapq.heappop(self._inbound)[2])
-        for later in (in_wake, self._inbound[0][0] if self._inbound else None):
-            if later is not None:
-                wake_at = later if wake_at is None else min(wake_at, later)
-        return wake_at
+        return _earliest(wake_at, in_wake, self._inbound[0][0] if self._inbound else None)
+
+    def _cut_until(self, link_class: str, party: str, now: float) -> float | None:
+        """When the outage cutting the WAN to ``party`` ends, or None if that link is up (or not WAN)."""
+        return self._outages.blocked_until(party, now) if link_class == WAN and self._outages else None
 
     def _transmit(self, outgoing: _Outgoing) -> None:
         peer = self._peers[outgoing.peer]

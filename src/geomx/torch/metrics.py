@@ -87,7 +87,6 @@ class TensorBoardSink:
             raise RuntimeError("training.tensorboard (GEOMX_TENSORBOARD) needs the tensorboardX package: "
                                "pip install 'geomx[tensorboard]'") from None
         folder.mkdir(parents=True, exist_ok=True)
-        self.folder = folder
         self._writer = SummaryWriter(logdir=str(folder))
 
     def __call__(self, record: dict[str, Any]) -> None:

@@ -35,6 +35,7 @@ from torch import nn
 
 from .. import kv as kv_module
 from ..config import NodeConfig, node_config
+from ..runlog import file_name
 from .metrics import StepRecorder, TensorBoardSink
 from .plan import Mode, Plan, make_plan
 from .signature import compare, signature
@@ -131,7 +132,7 @@ class DistributedOptimizer:
         self._configure_servers()
         self._check_and_init()
         run_dir = config.run_dir
-        sink = (TensorBoardSink(run_dir / "tensorboard" / self.kv.name.replace("/", "_"))
+        sink = (TensorBoardSink(run_dir / "tensorboard" / file_name(self.kv.name))
                 if config.topology.training.tensorboard and run_dir is not None else None)
         self.recorder = StepRecorder(self.kv, config.topology.training.metrics_every, sink)
         self.kv.record(step=0, elapsed_s=0.0, plan=self.plan.describe())  # which algorithm this run used
