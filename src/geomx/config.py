@@ -48,10 +48,16 @@ class Mode(enum.StrEnum):
 
 @dataclass(frozen=True)
 class LinkSpec:
-    """One link class: bandwidth in bits per second (None = unlimited) and one-way latency in seconds."""
+    """One link class: bandwidth in bits per second (None = unlimited) and one-way latency in seconds.
+
+    A node sends through one LAN link shared by all its LAN peers (its NIC's outbound side). ``ingress``
+    (LAN only): its inbound side too, at the same rate, so many workers sending to one node at once queue
+    there (in-cast); off by default.
+    """
 
     bandwidth_bps: float | None = None
     latency_s: float = 0.0
+    ingress: bool = False
 
     @property
     def is_emulated(self) -> bool:
@@ -178,16 +184,21 @@ class DGTSpec:
 
 @dataclass(frozen=True)
 class TSEngineSpec:
-    """TSEngine across parties (``ENABLE_INTER_TS``): each round's result reaches the local servers over an
-    overlay chosen online, ε-greedy with exploration probability ``1 - max_greed`` (``MAX_GREED_RATE_TS``);
-    see ``geomx.tsengine``. Usage: ``TSEngineSpec(max_greed=0.9)``."""
+    """TSEngine's overlays, chosen online, ε-greedy with exploration probability ``1 - max_greed``
+    (``MAX_GREED_RATE_TS``); see ``geomx.tsengine``. ``inter`` (``ENABLE_INTER_TS``): between the local
+    servers and the global servers, across parties. ``intra`` (``ENABLE_INTRA_TS``): between the workers and
+    their local server, inside each party. Usage: ``TSEngineSpec(max_greed=0.9, intra=True)``."""
 
     max_greed: float = 0.9
     seed: int = 0
+    inter: bool = True
+    intra: bool = False
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.max_greed <= 1.0:
             raise ConfigError(f"tsengine.max_greed (MAX_GREED_RATE_TS) must be in [0, 1], got {self.max_greed}")
+        if not (self.inter or self.intra):
+            raise ConfigError("tsengine: enable 'inter' (ENABLE_INTER_TS), 'intra' (ENABLE_INTRA_TS) or both")
 
 
 @dataclass(frozen=True)
@@ -328,13 +339,30 @@ class Topology:
             for what, present in unsupported.items():
                 if present:
                     raise ConfigError(f"DGT (ENABLE_DGT) does not combine with {what}; see the README's table")
-        if self.tsengine is not None:
+        if self.inter_ts:
             unsupported = {"a flat parameter server (there are no local servers to relay)": self.mode is Mode.FLAT,
                            "HFA": self.hfa is not None, "the fp16 switch": self.fp16, "DGT": self.dgt is not None}
             for what, present in unsupported.items():
                 if present:
                     raise ConfigError(f"TSEngine (ENABLE_INTER_TS) does not combine with {what}; "
                                       "see the README's table")
+        if self.intra_ts:
+            unsupported = {"a flat parameter server (there is no local server)": self.mode is Mode.FLAT,
+                           "the fp16 switch (relays carry float32)": self.fp16}
+            for what, present in unsupported.items():
+                if present:
+                    raise ConfigError(f"TSEngine inside a party (ENABLE_INTRA_TS) does not combine with {what}; "
+                                      "see the README's table")
+
+    @property
+    def inter_ts(self) -> bool:
+        """TSEngine between local and global servers (ENABLE_INTER_TS)."""
+        return self.tsengine is not None and self.tsengine.inter
+
+    @property
+    def intra_ts(self) -> bool:
+        """TSEngine between workers and their local server (ENABLE_INTRA_TS)."""
+        return self.tsengine is not None and self.tsengine.intra
 
     @property
     def num_all_workers(self) -> int:
@@ -447,15 +475,22 @@ def parse_duration(text: str | float | None) -> float:
     return value
 
 
-def _link(raw: Any, where: str) -> LinkSpec:
+def _link(raw: Any, where: str, ingress_allowed: bool = False) -> LinkSpec:
     if raw is None:
         return LinkSpec()
+    allowed = ["bandwidth", "latency"] + (["ingress"] if ingress_allowed else [])
     if not isinstance(raw, Mapping):
-        raise ConfigError(f"{where} must be a mapping with 'bandwidth' and 'latency'")
-    unknown = set(raw) - {"bandwidth", "latency"}
+        raise ConfigError(f"{where} must be a mapping with {', '.join(repr(a) for a in allowed)}")
+    unknown = set(raw) - set(allowed)
     if unknown:
-        raise ConfigError(f"{where} has unknown fields {sorted(unknown)}; allowed: bandwidth, latency")
-    return LinkSpec(parse_bandwidth(raw.get("bandwidth")), parse_duration(raw.get("latency")))
+        raise ConfigError(f"{where} has unknown fields {sorted(unknown)}; allowed: {', '.join(allowed)}")
+    ingress = raw.get("ingress", False)
+    if not isinstance(ingress, bool):
+        raise ConfigError(f"{where}.ingress must be true or false, got {ingress!r}")
+    bandwidth = parse_bandwidth(raw.get("bandwidth"))
+    if ingress and bandwidth is None:
+        raise ConfigError(f"{where}.ingress needs a bandwidth (the rate a node receives at)")
+    return LinkSpec(bandwidth, parse_duration(raw.get("latency")), ingress)
 
 
 def _timeouts(raw: Any) -> Timeouts:
@@ -695,7 +730,7 @@ def topology_from_dict(raw: Mapping[str, Any], base_dir: Path | None = None) -> 
         central=str(raw.get("central", parties[0].name)),
         num_global_servers=_int_field(raw, "global_servers", 1),
         mode=mode,
-        lan=_link(links.get("lan"), "links.lan"),
+        lan=_link(links.get("lan"), "links.lan", ingress_allowed=True),
         wan=_link(links.get("wan"), "links.wan"),
         timeouts=_timeouts(raw.get("timeouts")),
         slice_elems=_int_field(raw, "slice_elems", 1 << 20),
@@ -714,15 +749,21 @@ def topology_from_dict(raw: Mapping[str, Any], base_dir: Path | None = None) -> 
 
 
 def _tsengine(raw: Any) -> TSEngineSpec | None:
-    """The topology's ``tsengine`` block: ``true`` or ``{max_greed: 0.9, seed: 0}``."""
+    """The topology's ``tsengine`` block: ``true`` or ``{max_greed: 0.9, seed: 0, inter: true, intra: false}``."""
     if raw is None or raw is False:
         return None
     if raw is True:
         return TSEngineSpec()
-    if not isinstance(raw, Mapping) or set(raw) - {"max_greed", "seed"}:
-        raise ConfigError("'tsengine' must be true or a mapping with 'max_greed' and/or 'seed'")
+    if not isinstance(raw, Mapping) or set(raw) - {"max_greed", "seed", "inter", "intra"}:
+        raise ConfigError("'tsengine' must be true or a mapping with 'max_greed', 'seed', 'inter' and/or 'intra'")
+    switches = {name: raw.get(name, default) for name, default in (("inter", True), ("intra", False))}
+    for name, value in switches.items():
+        if not isinstance(value, bool):
+            raise ConfigError(f"tsengine.{name} must be true or false, got {value!r}")
+    if not any(switches.values()):
+        return None
     try:
-        return TSEngineSpec(max_greed=float(raw.get("max_greed", 0.9)), seed=int(raw.get("seed", 0)))
+        return TSEngineSpec(max_greed=float(raw.get("max_greed", 0.9)), seed=int(raw.get("seed", 0)), **switches)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"tsengine: {exc}") from None
 
@@ -744,7 +785,7 @@ def topology_to_dict(topology: Topology) -> dict[str, Any]:
     """The inverse of topology_from_dict, for writing a resolved topology next to a run."""
 
     def link(spec: LinkSpec) -> dict[str, Any]:
-        return {"bandwidth": spec.bandwidth_bps, "latency": spec.latency_s}
+        return {"bandwidth": spec.bandwidth_bps, "latency": spec.latency_s, **({"ingress": True} if spec.ingress else {})}
 
     return {
         "parties": {p.name: {"workers": p.num_workers, **({"wan": link(p.wan)} if p.wan else {}),
@@ -769,8 +810,7 @@ def topology_to_dict(topology: Topology) -> dict[str, Any]:
            if topology.checkpoint.dir else {}),
         **({"elastic": True} if topology.elastic else {}),
         **({"dgt": _dgt_to_dict(topology.dgt)} if topology.dgt else {}),
-        **({"tsengine": {"max_greed": topology.tsengine.max_greed, "seed": topology.tsengine.seed}}
-           if topology.tsengine else {}),
+        **({"tsengine": dataclasses.asdict(topology.tsengine)} if topology.tsengine else {}),
         **({"outages": [{"party": o.party, "start": o.start_s, "duration": o.duration_s} for o in topology.outages]}
            if topology.outages else {}),
     }
@@ -937,22 +977,22 @@ def _dgt_from_env(env: Mapping[str, str], base: DGTSpec | None) -> DGTSpec | Non
 
 
 def _tsengine_from_env(env: Mapping[str, str], base: TSEngineSpec | None) -> TSEngineSpec | None:
-    """GEOMX_INTER_TS / ENABLE_INTER_TS and GEOMX_MAX_GREED_RATE_TS / MAX_GREED_RATE_TS override the topology's
-    ``tsengine``. GEOMX_INTRA_TS / ENABLE_INTRA_TS (TSEngine inside a party) is not implemented: refused."""
-    if _flag(env, "GEOMX_INTRA_TS"):
-        raise ConfigError("GEOMX_INTRA_TS (ENABLE_INTRA_TS): TSEngine inside a party is not implemented in geomx; "
-                          "unset it (ENABLE_INTER_TS, across parties, is; see the README's feature table)")
-    flag = _flag(env, "GEOMX_INTER_TS")
-    if flag is False:
-        return None
+    """GEOMX_INTER_TS / ENABLE_INTER_TS, GEOMX_INTRA_TS / ENABLE_INTRA_TS and GEOMX_MAX_GREED_RATE_TS /
+    MAX_GREED_RATE_TS override the topology's ``tsengine``; both switches off turns TSEngine off."""
+    inter, intra = _flag(env, "GEOMX_INTER_TS"), _flag(env, "GEOMX_INTRA_TS")
     greed = _get(env, "GEOMX_MAX_GREED_RATE_TS")
-    if flag is None and (base is None or greed is None):
+    if inter is None and intra is None and (base is None or greed is None):
         return base
+    inter = (base.inter if base else False) if inter is None else inter
+    intra = (base.intra if base else False) if intra is None else intra
+    if not (inter or intra):
+        return None
     current = base or TSEngineSpec()
     try:
-        return dataclasses.replace(current, max_greed=current.max_greed if greed is None else float(greed))
+        max_greed = current.max_greed if greed is None else float(greed)
     except ValueError:
         raise ConfigError(f"GEOMX_MAX_GREED_RATE_TS / MAX_GREED_RATE_TS must be a number, got {greed!r}") from None
+    return dataclasses.replace(current, inter=inter, intra=intra, max_greed=max_greed)
 
 
 def _flag(env: Mapping[str, str], name: str) -> bool | None:

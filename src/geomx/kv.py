@@ -41,6 +41,7 @@ from .runlog import append_metrics, write_stats
 from .sharding import ShardPlanner
 from .tensors import readonly_tensor
 from .transport import Van
+from .ts_member import RelayMember
 from .wire import Kind, Message
 
 log = logging.getLogger("geomx.kv")
@@ -86,12 +87,20 @@ class KVStore:
         self._fp16 = FP16() if config.topology.fp16 else None
         self._pending: dict[int, list[Future[Message]]] = {}
         self._closed = False
+        # TSEngine inside the party (ENABLE_INTRA_TS): pushes go where the local server says, values come
+        # relayed by fellow workers (see geomx.ts_member)
+        self._relay: RelayMember | None = None
         identity = new_node_id(Role.WORKER, config.party)
         self._van = Van(identity, config.party, config.topology, self._on_message, bind_host=config.bind_host,
                         name=f"{config.party}/worker")
         self._requests = Requests(self._van)
         self._van.start()
-        self._scheduler, self._servers, me = self._join()
+        self._scheduler, self._servers, me, book = self._join()
+        if config.topology.intra_ts and config.topology.mode is Mode.HIPS:
+            fellows = [m for m in book.of_role(Role.WORKER) if m.id != identity]
+            for member in fellows:
+                self._van.add_peer(member.id, member.address, member.party)
+            self._relay = RelayMember(self._van, self._requests, self._servers[0], {m.id for m in fellows}, me.name)
         self.rank = me.rank
         self.name = me.name
         self._van.name = me.name
@@ -114,7 +123,7 @@ class KVStore:
         atexit.register(self.close)
 
     # -- setup --------------------------------------------------------------------------------------------
-    def _join(self) -> tuple[str, list[str], Any]:
+    def _join(self) -> tuple[str, list[str], Any, AddressBook]:
         cfg = self.config
         wait = cfg.topology.timeouts.register_s
         master = cfg.is_master or None
@@ -132,7 +141,7 @@ class KVStore:
             servers = book.of_role(Role.LOCAL_SERVER)
             scheduler = local_scheduler_id(cfg.party)
         self._connect(book, [m.id for m in servers])
-        return scheduler, [m.id for m in servers], me
+        return scheduler, [m.id for m in servers], me, book
 
     def _connect(self, book: AddressBook, server_ids: list[str]) -> None:
         for member in book.members:
@@ -142,6 +151,8 @@ class KVStore:
         self._requests.names.update(book.names())
 
     def _on_message(self, message: Message) -> None:
+        if self._relay is not None and self._relay.handles(message):
+            return
         if not self._requests.resolve(message):
             log.warning("[%s] unexpected %s from %r", self._van.name, message.kind.name, message.sender)
 
@@ -227,6 +238,11 @@ class KVStore:
               snapshot: bool) -> None:
         for k, v in zip(_as_list(key), _as_list(value), strict=True):
             info = self._check(k, v, "push")
+            if self._relay is not None:  # held and copied until the local server says where it goes
+                data = _to_numpy(v, snapshot=False)
+                self._pending[k] = [self._relay.push(k, part, len(info.parts), data[start:stop], priority)
+                                    for part, (start, stop) in enumerate(info.parts)]
+                continue
             data = _to_numpy(v, snapshot=snapshot)
             self._pending[k] = [
                 self._requests.call(self._server_for(k, part),

@@ -124,14 +124,17 @@ class ParameterServer:
         self.dgt_assembler: DgtAssembler | None = None
         self.udp: UdpReceiver | None = None
         self.udp_address: dict[str, tuple[str, int]] = {}
-        # TSEngine (topology ``tsengine``): a global server hands each round's result to one local server at a
-        # time and holders relay it, over an overlay its coordinator picks (see geomx.tsengine).
+        # TSEngine (topology ``tsengine``): a coordinator (a global server for its local servers under
+        # ENABLE_INTER_TS; a local server for its workers under ENABLE_INTRA_TS) pairs its clients' pushes to
+        # pre-merge them and hands each round's result to one client at a time while holders relay it, over
+        # overlays it picks (see geomx.tsengine). A local server under ENABLE_INTER_TS is a relaying member.
         ts = config.topology.tsengine
-        self.ts: Coordinator | None = Coordinator(ts.max_greed, ts.seed) if ts and self.is_global else None
+        coordinates = config.topology.inter_ts if self.is_global else config.topology.intra_ts
+        self.ts: Coordinator | None = Coordinator(ts.max_greed, ts.seed) if ts and coordinates else None
         self.ts_rounds: dict[tuple[int, int], Dissemination] = {}
         self.ts_values: dict[tuple[int, int], tuple[np.ndarray, int]] = {}  # value, num_parts
         self.relay_peers: set[str] = set()  # a local server's fellow local servers (TSEngine relays)
-        self.ts_pairings: dict[tuple[int, int], PushPairing] = {}  # a global server's aggregation overlays
+        self.ts_pairings: dict[tuple[int, int], PushPairing] = {}  # a coordinator's aggregation overlays
         self.ts_pending: dict[tuple[int, int], tuple[Round, np.ndarray]] = {}  # a local server's held sums
         self._lock = threading.RLock()
         self._ready = False
@@ -551,7 +554,7 @@ class ParameterServer:
 
     # -- TSEngine -----------------------------------------------------------------------------------------
     def _disseminate(self, rnd: Round, value: np.ndarray) -> None:
-        """Answer every local server at once without the value, then hand the value on through the overlay."""
+        """Answer every client at once without the value, then hand the value on through the overlay."""
         assert self.ts is not None
         sid = (rnd.key, rnd.part)
         targets = {sender: message.round for sender, message in rnd.contributions.items()}
@@ -561,7 +564,7 @@ class ParameterServer:
         self._ts_serve(sid, self.identity)
 
     def _ts_serve(self, sid: tuple[int, int], holder: str) -> None:
-        """Let ``holder`` (this global server or a local server that has the value) send to the next target."""
+        """Let ``holder`` (this server or a client that has the value) send to the next target."""
         assert self.ts is not None
         dissemination = self.ts_rounds.get(sid)
         if dissemination is None:
@@ -580,7 +583,7 @@ class ParameterServer:
             self.van.send(holder, message)
 
     def _ts_instruct(self, sid: tuple[int, int], message: Message, orders: list[tuple[str, str | None]]) -> None:
-        """Tell each local server in ``orders`` where to send its held sum (None: to this global server)."""
+        """Tell each client in ``orders`` where to send its held sum (None: to this server)."""
         for node, target in orders:
             body: dict[str, Any] = {"push": "server"} if target is None else {"push": "peer", "to": target}
             self.van.send(node, Message(Kind.RELAY, key=sid[0], part=sid[1], num_parts=message.num_parts,
@@ -619,32 +622,20 @@ class ParameterServer:
         self._forward(rnd, push)
 
     def _on_relay(self, message: Message) -> None:
-        """TSEngine: an ack (global server), or a value to take or an instruction to pass ours on (local server)."""
+        """TSEngine: an ask or an ack from a client (coordinator), or, on a local server under ENABLE_INTER_TS,
+        a value to take, an instruction to pass ours on or to push our sum, or a fellow's sum to merge."""
         sender = message.sender.decode()
+        if self.ts is not None and sender in self.clients:
+            self._ts_coordinate(message, sender)
+            return
+        if self.is_global or not self.config.topology.inter_ts:
+            on = "on" if self.ts is not None else "off"
+            self._refuse(message, f"RELAY from {self.requests.names.get(sender, sender)}: TSEngine here coordinates "
+                                  f"only this server's own clients (it is {on}), and relays from other servers "
+                                  "need ENABLE_INTER_TS on a local server")
+            return
         sid = (message.key, message.part)
         body = message.body or {}
-        if self.config.topology.tsengine is None:
-            self._refuse(message, "RELAY needs TSEngine (ENABLE_INTER_TS), which is off")
-            return
-        if self.is_global:
-            dissemination = self.ts_rounds.get(sid)
-            if sender in self.clients and body == {"ask": True} and self.ts is not None:
-                self._ts_instruct(sid, message, self.ts.ask_push(self.ts_pairings.setdefault(sid, PushPairing()),
-                                                                 sender))
-                return
-            if sender not in self.clients or body != {"ack": True} or self.ts is None:
-                self._refuse(message, "a global server takes only RELAY asks and acks from its local servers")
-                return
-            holder = None if dissemination is None else self.ts.acknowledged(dissemination, sender)
-            if dissemination is None or holder is None:
-                log.warning("[%s] stray RELAY ack for key %d slice %d", self.name, *sid)
-                return
-            self._ts_serve(sid, holder)
-            self._ts_serve(sid, sender)
-            if dissemination.done:
-                self.ts_rounds.pop(sid, None)
-                self.ts_values.pop(sid, None)
-            return
         if "push" in body or "merge" in body:
             self._ts_push(message, sender)
             return
@@ -669,6 +660,29 @@ class ParameterServer:
         self.van.send(self._owner(*sid), Message(Kind.RELAY, key=message.key, part=message.part,
                                                  num_parts=message.num_parts, round=message.round,
                                                  body={"ack": True}))
+
+    def _ts_coordinate(self, message: Message, sender: str) -> None:
+        """A client's TSEngine ask (it holds a sum: where should it go?) or ack (it has the round's value)."""
+        assert self.ts is not None
+        sid = (message.key, message.part)
+        body = message.body or {}
+        if body == {"ask": True}:
+            self._ts_instruct(sid, message, self.ts.ask_push(self.ts_pairings.setdefault(sid, PushPairing()),
+                                                             sender))
+            return
+        if body != {"ack": True}:
+            self._refuse(message, "a TSEngine coordinator takes only RELAY asks and acks from its clients")
+            return
+        dissemination = self.ts_rounds.get(sid)
+        holder = None if dissemination is None else self.ts.acknowledged(dissemination, sender)
+        if dissemination is None or holder is None:
+            log.warning("[%s] stray RELAY ack for key %d slice %d", self.name, *sid)
+            return
+        self._ts_serve(sid, holder)
+        self._ts_serve(sid, sender)
+        if dissemination.done:
+            self.ts_rounds.pop(sid, None)
+            self.ts_values.pop(sid, None)
 
     def _check_shard(self, message: Message) -> str | None:
         """Record the explicit shard id an INIT names (see geomx.sharding); the problem with it, if any."""
@@ -707,7 +721,7 @@ class ParameterServer:
             self._refuse(message, problem)
             return
         self._contribute(message)
-        if self.ts is not None and self.is_global:  # the link is free: the next waiting local server may push
+        if self.ts is not None:  # the link is free: the next waiting client may push
             sid = (message.key, message.part)
             self._ts_instruct(sid, message, self.ts.pushed(self.ts_pairings.setdefault(sid, PushPairing())))
 
@@ -777,7 +791,7 @@ class ParameterServer:
         except ValueError as exc:  # CodecError is a ValueError too
             self._refuse(message, str(exc))
             return
-        if self.config.topology.tsengine is not None and (
+        if self.config.topology.inter_ts and (
                 codec is not None or (policy is not None and not isinstance(policy, FullySynchronous))):
             self._refuse(message, "TSEngine (ENABLE_INTER_TS) works with dist_sync and without WAN compression; "
                                   "see the README's table")
@@ -964,7 +978,7 @@ class ParameterServer:
                 except CodecError as exc:
                     self._release(rnd, None, f"cannot compress key {rnd.key} slice {rnd.part}: {exc}")
                     return
-            if self.config.topology.tsengine is not None and "tensor" in fields:
+            if self.config.topology.inter_ts and "tensor" in fields:
                 self.ts_pending[sid] = (rnd, np.array(fields["tensor"], dtype=np.float32))
                 self.van.send(self._owner(*sid), Message(Kind.RELAY, key=rnd.key, part=rnd.part, round=rnd.number,
                                                          num_parts=first.num_parts, body={"ask": True}))

@@ -107,6 +107,11 @@ class Van:
         self._access_share = 1
         self._access_out: ShapedLink[tuple[_Outgoing, int]] | None = None
         self._access_in: ShapedLink[Message] | None = None
+        # The node's inbound LAN side (``links.lan.ingress``): LAN receipts queue there like WAN ones at the access
+        # link, so workers sending to their local server at once share its rate.
+        lan = topology.lan
+        self._lan_in: ShapedLink[Message] | None = (
+            ShapedLink(LinkSpec(lan.bandwidth_bps)) if lan.ingress and lan.bandwidth_bps else None)
         self._inbound: list[tuple[float, int, Message]] = []
         self._due: list[tuple[float, int, _Outgoing]] = []
         self._due_seq = itertools.count()
@@ -339,26 +344,32 @@ class Van:
         return wake_at
 
     def _pump_access(self, now: float) -> float | None:
-        """Move messages through the party's access link (if it has one); returns when to look again.
+        """Move messages through the party's access link and the node's LAN ingress (where configured); returns
+        when to look again.
 
         Cut-through: a send enters its destination's pipe when it *starts* on the access link and is delivered no
         earlier than its last bit leaves it, so the slower of the two sets the pace (no double serialization).
-        A receipt is handed to the node when the access link has carried it after the ones before it.
+        A receipt is handed to the node when its ingress (access link or LAN) has carried it after the ones
+        before it.
         """
-        if self._access_out is None or self._access_in is None:
-            return None
-        started, wake_at = self._access_out.poll(now)
-        rate = self._access_out.rate_bps or 0.0
-        for end, (outgoing, priority) in started:
-            outgoing.ready_at = end
-            start = end - (outgoing.nbytes * 8.0 / rate if rate else 0.0)
-            self._links[self._peers[outgoing.peer].link_key].offer(outgoing, outgoing.nbytes, priority, start)
-        arrived, in_wake = self._access_in.poll(now)
-        for deliver_at, message in arrived:
-            heapq.heappush(self._inbound, (deliver_at, next(self._due_seq), message))
+        wake_at = None
+        if self._access_out is not None:
+            started, wake_at = self._access_out.poll(now)
+            rate = self._access_out.rate_bps or 0.0
+            for end, (outgoing, priority) in started:
+                outgoing.ready_at = end
+                start = end - (outgoing.nbytes * 8.0 / rate if rate else 0.0)
+                self._links[self._peers[outgoing.peer].link_key].offer(outgoing, outgoing.nbytes, priority, start)
+        for ingress in (self._access_in, self._lan_in):
+            if ingress is None:
+                continue
+            arrived, in_wake = ingress.poll(now)
+            for deliver_at, message in arrived:
+                heapq.heappush(self._inbound, (deliver_at, next(self._due_seq), message))
+            wake_at = _earliest(wake_at, in_wake)
         while self._inbound and self._inbound[0][0] <= now:
             self._inbox.put(heapq.heappop(self._inbound)[2])
-        return _earliest(wake_at, in_wake, self._inbound[0][0] if self._inbound else None)
+        return _earliest(wake_at, self._inbound[0][0] if self._inbound else None)
 
     def _cut_until(self, link_class: str, party: str, now: float) -> float | None:
         """When the outage cutting the WAN to ``party`` ends, or None if that link is up (or not WAN)."""
@@ -399,12 +410,13 @@ class Van:
             message.sender = sender.encode()
             if message.kind is Kind.HEARTBEAT and self.heartbeat_hook is not None and self.heartbeat_hook(message):
                 continue
-            if peer is not None and peer.link_class == WAN and self._access_in is not None:
-                # In-cast: it started arriving when the sender's pipe started sending it; the access link
-                # carries one message at a time (see _pump_access)
-                link = self._topology.wan_between(self.party, peer.party)
+            ingress = None if peer is None else self._access_in if peer.link_class == WAN else self._lan_in
+            if peer is not None and ingress is not None:
+                # In-cast: it started arriving when the sender's link started sending it; the ingress carries
+                # one message at a time (see _pump_access)
+                link = self._link_spec(peer)
                 wire_s = nbytes * 8.0 / link.bandwidth_bps if link.bandwidth_bps else 0.0
-                self._access_in.offer(message, nbytes, message.priority, time.monotonic() - wire_s)
+                ingress.offer(message, nbytes, message.priority, time.monotonic() - wire_s)
                 continue
             self._inbox.put(message)
 

@@ -1,5 +1,6 @@
-"""TSEngine across parties: pushes pre-merge between local servers and results reach them through a relay
-overlay; the training equals the star's (single-process SGD)."""
+"""TSEngine across parties (local servers relay for their global server) and inside a party (workers relay for
+their local server): pushes pre-merge, results travel a relay overlay, and the training equals the star's
+(single-process SGD)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,10 @@ from geomx.tsengine import read_reports
 PARTIES = {"dc0": 1, "dc1": 1, "dc2": 1, "dc3": 1}
 
 
-def ts_topology(tmp_path, name, max_greed, **options):
+def ts_topology(tmp_path, name, max_greed, inter=True, intra=False, **options):
     path = write_topology(tmp_path / f"{name}.yaml", **{"parties": PARTIES, **options})
     raw = yaml.safe_load(path.read_text())
-    raw["tsengine"] = {"max_greed": max_greed, "seed": 1}
+    raw["tsengine"] = {"max_greed": max_greed, "seed": 1, "inter": inter, "intra": intra}
     path.write_text(yaml.safe_dump(raw))
     return path
 
@@ -41,9 +42,33 @@ def test_tsengine_over_two_global_servers_equals_single_process_sgd(geomx_job, t
                    for link in report["throughput"]), report["throughput"]
 
 
+def test_tsengine_inside_parties_equals_single_process_sgd(geomx_job, tmp_path):
+    """ENABLE_INTRA_TS and ENABLE_INTER_TS together: 2 parties x 3 workers; each local server coordinates its
+    workers (they pre-merge pushes and relay values to each other), the global server its local servers.
+    The LAN has a NIC-like ingress so simultaneous pushes queue at the local server and pairs form."""
+    path = ts_topology(tmp_path, "ts-intra", 0.5, intra=True, parties={"dc0": 3, "dc1": 3}, slice_elems=64,
+                       links={"lan": {"bandwidth": "200Mbit", "latency": "0ms", "ingress": True}})
+    job = geomx_job("train.py", topology=path, name="ts-intra")
+    job.assert_ok()
+    jobkit.assert_fsa_equivalent(job.workers(), num_workers=6)
+    reports = read_reports(job.run_dir)
+    assert sorted(reports) == ["dc0_server", "dc1_server", "global_server0"], sorted(reports)
+    for party in ("dc0", "dc1"):
+        report = reports[f"{party}_server"]
+        assert report["rounds"] > 0
+        choices = report["explore"] + report["exploit"] + report["forced"]
+        assert choices == report["rounds"] * 3  # one hand-off per worker per round
+        assert 0.35 < report["explore"] / (report["explore"] + report["exploit"]) < 0.65, report
+        # workers relayed to each other: measured links between two workers
+        relays = [link for link in report["throughput"] if link.count("worker") == 2]
+        assert relays, report["throughput"]
+        assert report["merges"] > 0, report  # some pushes reached the local server inside a fellow's
+    assert reports["global_server0"]["rounds"] > 0
+
+
 @pytest.mark.slow
 def test_cnn_learns_digits_with_tsengine(geomx_job, tmp_path):
-    path = ts_topology(tmp_path, "ts-cnn", 0.9, parties={"dc0": 2, "dc1": 2})
+    path = ts_topology(tmp_path, "ts-cnn", 0.9, intra=True, parties={"dc0": 2, "dc1": 2})
     job = geomx_job(EXAMPLES_DIR / "cnn.py", "--epochs", "8", topology=path, name="ts-cnn")
     job.assert_ok()
     record = job.summary["last_metrics"]["dc0_worker0"]

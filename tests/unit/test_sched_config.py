@@ -34,8 +34,28 @@ def test_geomx_variable_names_turn_dgt_on(tmp_path):
 def test_geomx_variable_names_turn_tsengine_on(tmp_path):
     env = env_for(tmp_path, BASE, ENABLE_INTER_TS="1", MAX_GREED_RATE_TS="0.7")
     assert node_config_from_env(env).topology.tsengine == TSEngineSpec(max_greed=0.7)
-    with pytest.raises(ConfigError, match="inside a party is not implemented"):
-        node_config_from_env(env_for(tmp_path, BASE, ENABLE_INTRA_TS="1"))
+    intra = node_config_from_env(env_for(tmp_path, BASE, ENABLE_INTRA_TS="1")).topology
+    assert intra.tsengine == TSEngineSpec(inter=False, intra=True)
+    assert intra.intra_ts and not intra.inter_ts
+    both = node_config_from_env(env_for(tmp_path, BASE, ENABLE_INTRA_TS="1", ENABLE_INTER_TS="1")).topology
+    assert both.intra_ts and both.inter_ts
+    # the variables switch the topology's block on and off
+    on = {**BASE, "tsengine": {"max_greed": 0.5, "intra": True}}
+    assert node_config_from_env(env_for(tmp_path, on, ENABLE_INTER_TS="0")).topology.tsengine == \
+        TSEngineSpec(max_greed=0.5, inter=False, intra=True)
+    assert node_config_from_env(env_for(tmp_path, on, ENABLE_INTER_TS="0", ENABLE_INTRA_TS="0")).topology.tsengine \
+        is None
+
+
+def test_tsengine_block_round_trips_and_checks_its_switches():
+    from geomx.config import topology_to_dict
+
+    topology = topology_from_dict({**BASE, "tsengine": {"intra": True, "inter": False, "seed": 3}})
+    assert topology.tsengine == TSEngineSpec(seed=3, inter=False, intra=True)
+    assert topology_from_dict(topology_to_dict(topology)).tsengine == topology.tsengine
+    assert topology_from_dict({**BASE, "tsengine": {"inter": False}}).tsengine is None
+    with pytest.raises(ConfigError, match="tsengine.intra must be true or false"):
+        topology_from_dict({**BASE, "tsengine": {"intra": "yes"}})
 
 
 @pytest.mark.parametrize(("extra", "match"), [
@@ -59,6 +79,8 @@ def test_bad_values_fail_at_start(tmp_path, extra, match):
     ({"mode": "flat", "tsengine": True}, "TSEngine .* flat parameter server"),
     ({"dgt": True, "tsengine": True}, "TSEngine .* DGT"),
     ({"hfa": {"k1": 2, "k2": 2}, "tsengine": True}, "TSEngine .* HFA"),
+    ({"mode": "flat", "tsengine": {"intra": True, "inter": False}}, "ENABLE_INTRA_TS.* flat parameter server"),
+    ({"fp16": True, "tsengine": {"intra": True, "inter": False}}, "ENABLE_INTRA_TS.* fp16"),
 ])
 def test_unsupported_combinations_fail_at_start(raw, match):
     with pytest.raises(ConfigError, match=match):
