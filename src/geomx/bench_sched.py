@@ -4,8 +4,10 @@
   and 4 global servers (HiPS, no link emulation: the servers' CPU and sockets are the limit). Per global
   server: bytes received and sent and CPU seconds (from the run's stats files); the master's time per
   pushpull.
-* **TSEngine**: pushpull to 4 parties over uneven WAN links, the star against TSEngine's relay overlay
-  (``ENABLE_INTER_TS``; dissemination only).
+* **TSEngine**: the star against TSEngine's overlays in two in-casts: pushpull to 4 parties over uneven WAN
+  links with the global server's party behind one access link (``ENABLE_INTER_TS``), and 4 workers of one
+  party pushing to and pulling from their local server over a LAN with a NIC-like ingress
+  (``ENABLE_INTRA_TS``).
 * **DGT**: examples/cnn.py on digits over the emulated WAN (2 parties x 2 workers), reliable-only against
   DGT at 0%, 1% and 5% loss per UDP channel, DGT with random block order at 5% (the baseline that shows
   contribution order matters) and adaptive K at 5%: step time, final accuracy, blocks lost.
@@ -112,32 +114,44 @@ def _dgt(quick: bool, out_dir: Path, errors: list[str]) -> dict[str, Any]:
     return rows
 
 
-def _tsengine(quick: bool, out_dir: Path, errors: list[str]) -> dict[str, Any]:
-    """In-cast: 4 parties push to and pull from the global server, whose party reaches the WAN through one
-    50 Mbit/s access link (every push queues there, every answer leaves through it); the other parties are
-    joined by 200 Mbit/s pipes, one of them (dc3) by 20 Mbit/s. The star against TSEngine's overlays."""
-    size_mb, reps = (4.0, 5) if quick else (16.0, 10)
+TS_SCENARIOS: dict[str, dict[str, Any]] = {
+    # In-cast across parties: 4 parties push to and pull from the global server, whose party reaches the WAN
+    # through one 50 Mbit/s access link (every push queues there, every answer leaves through it); the other
+    # parties are joined by 200 Mbit/s pipes, one of them (dc3) by 20 Mbit/s.
+    "inter": {"parties": {"dc0": {"workers": 1, "access": "50Mbit"}, "dc1": {"workers": 1},
+                          "dc2": {"workers": 1},
+                          "dc3": {"workers": 1, "wan": {"bandwidth": "20Mbit", "latency": "40ms"}}},
+              "central": "dc0", "mode": "hips", "links": {"wan": {"bandwidth": "200Mbit", "latency": "10ms"}}},
+    # In-cast inside a party: 4 workers push to and pull from their local server over a 100 Mbit/s LAN whose
+    # nodes receive at that rate too (links.lan.ingress); one party, so only the LAN counts.
+    "intra": {"parties": {"dc0": {"workers": 4}}, "central": "dc0", "mode": "hips",
+              "links": {"lan": {"bandwidth": "100Mbit", "latency": "0ms", "ingress": True}}},
+}
+
+
+def _tsengine(quick: bool, out_dir: Path, errors: list[str], scenario: str) -> dict[str, Any]:
+    """The star against TSEngine's overlays in one of TS_SCENARIOS (``inter``: ENABLE_INTER_TS between the
+    global server and 4 parties; ``intra``: ENABLE_INTRA_TS between a local server and its 4 workers)."""
+    size_mb, reps = {("inter", True): (4.0, 5), ("inter", False): (16.0, 10),
+                     ("intra", True): (4.0, 4), ("intra", False): (8.0, 8)}[(scenario, quick)]
     rows: dict[str, Any] = {}
-    for label, ts in (("star", None), ("tsengine", {"max_greed": 0.9, "seed": 0})):
-        name = f"sched-incast-{label}"
-        raw: dict[str, Any] = {"parties": {"dc0": {"workers": 1, "access": "50Mbit"},
-                                           "dc1": {"workers": 1}, "dc2": {"workers": 1},
-                                           "dc3": {"workers": 1, "wan": {"bandwidth": "20Mbit", "latency": "40ms"}}},
-                               "central": "dc0", "mode": "hips", "links": {"wan": {"bandwidth": "200Mbit",
-                                                                                    "latency": "10ms"}}}
+    for label, ts in (("star", None), ("tsengine", {"max_greed": 0.9, "seed": 0, "inter": scenario == "inter",
+                                                    "intra": scenario == "intra"})):
+        name = f"sched-{scenario}-incast-{label}"
+        raw: dict[str, Any] = {**TS_SCENARIOS[scenario]}
         if ts is not None:
             raw["tsengine"] = ts
         topology = _write_topology(out_dir / "topologies" / f"{name}.yaml", raw)
         command = [sys.executable, "-m", "geomx.bench_workers.transport", "--sizes-mb", f"{size_mb:g}",
                    "--reps", str(reps), "--warmup", "1"]
-        _say(f"[sched] {name}: pushpull of {size_mb:g} MB x{reps}, 4 parties, in-cast at dc0 ...")
+        _say(f"[sched] {name}: pushpull of {size_mb:g} MB x{reps}, {scenario} in-cast ...")
         result, metrics = _run_job(name, topology, command, out_dir)
         records = _master_records(metrics)
         if result.exit_code != 0 or not records:
             errors.append(f"{name} failed ({result.failed}); see {out_dir / 'logs' / name}.log")
             continue
         reports = read_ts_reports(out_dir / "runs" / name)
-        report = next(iter(reports.values()), {})
+        report = next((r for n, r in reports.items() if n.startswith("global") == (scenario == "inter")), {})
         rows[label] = {"step_ms": records[0]["mean_s"] * 1000, "size_mb": size_mb,
                        "disseminate_ms": (report["mean_disseminate_s"] * 1000
                                           if report.get("mean_disseminate_s") is not None else None),
@@ -152,7 +166,8 @@ def bench_sched(quick: bool, out_dir: Path) -> dict[str, Any]:
     """Run the MultiGPS, DGT and TSEngine measurements; the figures for bench.json (``sched_lines`` prints them)."""
     errors: list[str] = []
     return {"multigps": _multigps(quick, out_dir, errors), "dgt": _dgt(quick, out_dir, errors),
-            "tsengine": _tsengine(quick, out_dir, errors), "errors": errors}
+            "tsengine": _tsengine(quick, out_dir, errors, "inter"),
+            "tsengine_intra": _tsengine(quick, out_dir, errors, "intra"), "errors": errors}
 
 
 def sched_lines(report: dict[str, Any]) -> list[str]:
@@ -176,12 +191,21 @@ def sched_lines(report: dict[str, Any]) -> list[str]:
                     rows)
     lines.append("      UDP MB: both local servers' datagrams (dc0's travel on its LAN); lost: missing at the deadline "
                  "(late ones are folded into the next round)")
-    lines += ["", "[sched] TSEngine: pushpull to 4 parties, in-cast at dc0's 50 Mbit/s access link (dc3 20 Mbit/s, "
-                  "other pairs 200 Mbit/s)"]
-    rows = [[label, f"{row['step_ms']:.0f}",
-             f"{row['disseminate_ms']:.0f}" if row["disseminate_ms"] is not None else "-", f"{row['wan_mb']:.1f}"]
-            for label, row in report.get("tsengine", {}).items()]
-    lines += _table(["overlay", "ms per pushpull", "ms to disseminate (coordinator)", "WAN MB"], rows)
+    titles = {"tsengine": "pushpull to 4 parties, in-cast at dc0's 50 Mbit/s access link (dc3 20 Mbit/s, other "
+                          "pairs 200 Mbit/s); ENABLE_INTER_TS",
+              "tsengine_intra": "pushpull of 4 workers through their local server, in-cast at its 100 Mbit/s LAN "
+                                "side; ENABLE_INTRA_TS"}
+    for section, title in titles.items():
+        lines += ["", f"[sched] TSEngine: {title}"]
+        rows = [[label, f"{row['step_ms']:.0f}",
+                 f"{row['disseminate_ms']:.0f}" if row["disseminate_ms"] is not None else "-",
+                 str(row["merges"]) if row["merges"] is not None else "-", f"{row['wan_mb']:.1f}"]
+                for label, row in report.get(section, {}).items()]
+        lines += _table(["overlay", "ms per pushpull", "ms to disseminate (coordinator)", "pre-merges", "WAN MB"],
+                        rows)
+        star, ts = (report.get(section, {}).get(k) for k in ("star", "tsengine"))
+        if star and ts:
+            lines.append(f"      TSEngine {star['step_ms'] / ts['step_ms']:.2f}x the star's speed")
     if report.get("errors"):
         lines += [f"[sched] error: {e}" for e in report["errors"]]
     return lines

@@ -785,7 +785,8 @@ def topology_to_dict(topology: Topology) -> dict[str, Any]:
     """The inverse of topology_from_dict, for writing a resolved topology next to a run."""
 
     def link(spec: LinkSpec) -> dict[str, Any]:
-        return {"bandwidth": spec.bandwidth_bps, "latency": spec.latency_s, **({"ingress": True} if spec.ingress else {})}
+        ingress = {"ingress": True} if spec.ingress else {}
+        return {"bandwidth": spec.bandwidth_bps, "latency": spec.latency_s, **ingress}
 
     return {
         "parties": {p.name: {"workers": p.num_workers, **({"wan": link(p.wan)} if p.wan else {}),

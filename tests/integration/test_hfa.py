@@ -7,6 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from geomx.tsengine import read_reports
+
 K1, K2, STEPS = 2, 3, 12
 PARTIES = {"dc0": 2, "dc1": 1}  # unequal parties: the global average must weigh dc0 twice
 
@@ -52,13 +54,19 @@ def simulate(initial: list[torch.Tensor], outer: str) -> list[list[torch.Tensor]
     return workers
 
 
-@pytest.mark.parametrize("outer", ["none", "outer_nesterov"])
-def test_hfa_matches_a_single_process_simulation(geomx_job, outer):
+INTRA_TS = {"inter": False, "intra": True, "max_greed": 0.5}  # workers pre-merge and relay (ENABLE_INTRA_TS)
+
+
+@pytest.mark.parametrize(("outer", "tsengine"), [("none", None), ("outer_nesterov", None), ("none", INTRA_TS)],
+                         ids=["plain", "outer_nesterov", "intra_tsengine"])
+def test_hfa_matches_a_single_process_simulation(geomx_job, outer, tsengine):
     job = geomx_job("hfa_train.py", "--steps", str(STEPS), "--outer", outer, parties=PARTIES,
-                    hfa={"k1": K1, "k2": K2})
+                    hfa={"k1": K1, "k2": K2}, tsengine=tsengine)
     job.assert_ok()
     workers = jobkit.load_worker_outputs(job.run_dir)
     assert sorted(workers) == [0, 1, 2]
+    if tsengine is not None:  # dc0's local server coordinated its workers' rounds
+        assert read_reports(job.run_dir)["dc0_server"]["rounds"] > 0
     initial = workers[0][0]["initial"]
     expected = simulate(initial, outer)
     for rank, (tensors, _) in workers.items():

@@ -6,6 +6,8 @@ import jobkit
 import pytest
 import torch
 
+from geomx.tsengine import read_reports
+
 STEPS = 8
 DELAY_S = 0.25
 
@@ -16,11 +18,16 @@ def _outputs(job):
     return workers
 
 
-@pytest.mark.parametrize("kind", ["dist_async", "dist_sync"])
-def test_every_push_applied_once_and_the_slow_party_blocks_only_under_fsa(geomx_job, kind):
-    job = geomx_job("mixed_sync.py", "--steps", str(STEPS), "--delay", str(DELAY_S), "--kind", kind)
+@pytest.mark.parametrize(("kind", "tsengine"), [("dist_async", None), ("dist_sync", None),
+                                                ("dist_async", {"inter": False, "intra": True})],
+                         ids=["mixed_sync", "fsa", "mixed_sync_intra_tsengine"])
+def test_every_push_applied_once_and_the_slow_party_blocks_only_under_fsa(geomx_job, kind, tsengine):
+    job = geomx_job("mixed_sync.py", "--steps", str(STEPS), "--delay", str(DELAY_S), "--kind", kind,
+                    tsengine=tsengine)
     job.assert_ok()
     workers = _outputs(job)
+    if tsengine is not None:  # dc0's local server coordinated its workers' rounds
+        assert read_reports(job.run_dir)["dc0_server"]["rounds"] > 0
     initial = workers[0][0]["initial"]
     total_pushed = [sum(workers[r][0]["pushed"][i] for r in workers) for i in range(len(initial))]
     expected = [w0 - jobkit.LR * g for w0, g in zip(initial, total_pushed, strict=True)]

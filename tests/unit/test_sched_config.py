@@ -54,7 +54,7 @@ def test_tsengine_block_round_trips_and_checks_its_switches():
     assert topology.tsengine == TSEngineSpec(seed=3, inter=False, intra=True)
     assert topology_from_dict(topology_to_dict(topology)).tsengine == topology.tsengine
     assert topology_from_dict({**BASE, "tsengine": {"inter": False}}).tsengine is None
-    with pytest.raises(ConfigError, match="tsengine.intra must be true or false"):
+    with pytest.raises(ConfigError, match=r"tsengine\.intra must be true or false"):
         topology_from_dict({**BASE, "tsengine": {"intra": "yes"}})
 
 
@@ -89,5 +89,5 @@ def test_unsupported_combinations_fail_at_start(raw, match):
 
 def test_shipped_topologies_load():
     assert load_topology(TOPOLOGIES / "dgt.yaml").dgt == DGTSpec(k=0.8, adaptive=True, loss=(0.01,))
-    assert load_topology(TOPOLOGIES / "tsengine.yaml").tsengine == TSEngineSpec(max_greed=0.9)
+    assert load_topology(TOPOLOGIES / "tsengine.yaml").tsengine == TSEngineSpec(max_greed=0.9, intra=True)
     assert load_topology(TOPOLOGIES / "multi_gps.yaml").num_global_servers == 2

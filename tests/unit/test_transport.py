@@ -457,3 +457,26 @@ def test_an_access_link_as_fast_as_the_wan_adds_no_second_serialization(make_van
     arrival = inbox_b.get()[0] - start
     one = MB * 8 / ACCESS_BPS
     assert 0.9 * one <= arrival < 1.6 * one, arrival
+
+
+@pytest.mark.parametrize("ingress", [False, True])
+def test_lan_ingress_queues_simultaneous_senders(make_van, ingress):
+    """Two workers send 1 MiB each to their server at once over 80 Mbit/s LAN links: each has its own outbound
+    link, so without ``ingress`` both arrive after ~one transfer; with it the server's inbound side carries
+    them one after the other (in-cast)."""
+    topo = dataclasses.replace(topology(lan=LinkSpec(bandwidth_bps=ACCESS_BPS, ingress=ingress)),
+                               parties=(PartySpec("a", 3),))
+    server, inbox = make_van("a/server", "a", topo)
+    senders = [make_van(f"a/worker{i}", "a", topo)[0] for i in range(2)]
+    for sender in senders:
+        connect(server, sender)
+    start = time.monotonic()
+    for key, sender in enumerate(senders):
+        sender.send(server.identity, one_mib(key))
+    arrivals = sorted(t - start for t, _ in inbox.get_many(2))
+    one = MB * 8 / ACCESS_BPS
+    assert arrivals[0] >= 0.9 * one, arrivals
+    if ingress:
+        assert 1.9 * one <= arrivals[1] < 2 * one + 0.5, arrivals
+    else:
+        assert arrivals[1] < 1.6 * one, arrivals
