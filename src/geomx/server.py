@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -35,7 +35,6 @@ from .config import Mode, NodeConfig, Role
 from .dgt import DgtAssembler, DgtError, DgtSender, write_report
 from .heartbeat import pulse_for
 from .membership import GLOBAL_SCHEDULER_ID, AddressBook, Member, local_scheduler_id, new_node_id, register
-from .optim import Optimizer, optimizer_from_spec
 from .policies.esync import assign_steps
 from .policies.hfa import LocalFrequencyAggregation
 from .policies.sync import FullySynchronous, SyncPolicy, sync_policy
@@ -46,6 +45,9 @@ from .tsengine import Coordinator, Dissemination, PushPairing
 from .tsengine import write_report as write_ts_report
 from .udp import Datagram, UdpReceiver
 from .wire import Kind, Message
+
+if TYPE_CHECKING:  # geomx.optim imports torch (~1 s per process): only a global server that gets one loads it
+    from .optim import Optimizer
 
 log = logging.getLogger("geomx.server")
 
@@ -88,6 +90,12 @@ def _udp_endpoint(address: str) -> tuple[str, int]:
     """``tcp://HOST:PORT`` -> (HOST, PORT): a global server's DGT UDP socket uses its ZeroMQ port number."""
     host, _, port = address.removeprefix("tcp://").rpartition(":")
     return host, int(port)
+
+
+def _build_optimizer(spec: Any) -> Optimizer:
+    from .optim import optimizer_from_spec  # imports torch: global servers that get an optimizer only
+
+    return optimizer_from_spec(spec)
 
 
 class ParameterServer:
@@ -785,7 +793,8 @@ class ParameterServer:
             self._refuse(message, f"CONFIGURE takes 'optimizer', 'sync' and/or 'compression', got {sorted(body)}")
             return
         try:
-            optimizer = optimizer_from_spec(body["optimizer"]) if "optimizer" in body else None
+            # the global servers build the optimizer (and report a bad spec); a local server only forwards it
+            optimizer = _build_optimizer(body["optimizer"]) if "optimizer" in body and self.is_global else None
             policy = sync_policy(str(body["sync"])) if "sync" in body else None
             codec = self.codecs.make_codec(body["compression"]) if "compression" in body else None
         except ValueError as exc:  # CodecError is a ValueError too
