@@ -414,18 +414,25 @@ def one_mib(key: int) -> Message:
     return Message(Kind.PUSHPULL, key=key, tensor=np.zeros(MB, np.uint8))
 
 
+def simultaneous_arrivals(make_van, topo: Topology, receiver: tuple[str, str],
+                          senders: list[tuple[str, str]]) -> list[float]:
+    """Seconds after sending until each sender's 1 MiB message, all sent at once, reached ``receiver``; sorted.
+    Vans are given as (identity, party)."""
+    target, inbox = make_van(*receiver, topo)
+    vans = [make_van(identity, party, topo)[0] for identity, party in senders]
+    for van in vans:
+        connect(target, van)
+    start = time.monotonic()
+    for key, van in enumerate(vans):
+        van.send(target.identity, one_mib(key))
+    return sorted(t - start for t, _ in inbox.get_many(len(vans)))
+
+
 def test_in_cast_queues_at_the_receivers_access_link(make_van):
     """b and c each send 1 MiB to a at once: a's 80 Mbit/s access link carries them one after the other,
     although each pair of parties has its own (unlimited) WAN pipe."""
-    topo = access_topology("a", ACCESS_BPS)
-    a, inbox_a = make_van("a/server", "a", topo)
-    senders = [make_van(f"{p}/server", p, topo)[0] for p in ("b", "c")]
-    for sender in senders:
-        connect(a, sender)
-    start = time.monotonic()
-    for key, sender in enumerate(senders):
-        sender.send(a.identity, one_mib(key))
-    arrivals = sorted(t - start for t, _ in inbox_a.get_many(2))
+    arrivals = simultaneous_arrivals(make_van, access_topology("a", ACCESS_BPS), ("a/server", "a"),
+                                     [("b/server", "b"), ("c/server", "c")])
     one = MB * 8 / ACCESS_BPS
     assert arrivals[0] >= 0.9 * one and arrivals[1] >= 1.9 * one, arrivals
     assert arrivals[1] < 2 * one + 0.5, arrivals
@@ -466,14 +473,7 @@ def test_lan_ingress_queues_simultaneous_senders(make_van, ingress):
     them one after the other (in-cast)."""
     topo = dataclasses.replace(topology(lan=LinkSpec(bandwidth_bps=ACCESS_BPS, ingress=ingress)),
                                parties=(PartySpec("a", 3),))
-    server, inbox = make_van("a/server", "a", topo)
-    senders = [make_van(f"a/worker{i}", "a", topo)[0] for i in range(2)]
-    for sender in senders:
-        connect(server, sender)
-    start = time.monotonic()
-    for key, sender in enumerate(senders):
-        sender.send(server.identity, one_mib(key))
-    arrivals = sorted(t - start for t, _ in inbox.get_many(2))
+    arrivals = simultaneous_arrivals(make_van, topo, ("a/server", "a"), [("a/worker0", "a"), ("a/worker1", "a")])
     one = MB * 8 / ACCESS_BPS
     assert arrivals[0] >= 0.9 * one, arrivals
     if ingress:
