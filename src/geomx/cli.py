@@ -53,7 +53,7 @@ def _keygen(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     from .bench import run_bench
 
-    return run_bench(quick=args.quick, out_dir=Path(args.out), sections=args.only)
+    return run_bench(quick=args.quick, out_dir=Path(args.out), sections=args.only, sync_scenarios=args.scenario)
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -86,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--only", action="append",
                        choices=["training", "transport", "sync", "codecs", "frontend", "sched", "security"],
                        help="run only these sections (repeatable)")
+    bench.add_argument("--scenario", action="append", choices=["same", "slow", "alone", "wide"],
+                       help="sync section: run only these scenarios' rows (repeatable; 'wide', the bandwidth-bound "
+                            "CNN, is in the full run only)")
     bench.set_defaults(func=_bench)
     report = sub.add_parser("report", help="plots (loss, accuracy, WAN bytes against wall time) and a table of runs")
     report.add_argument("runs", nargs="+", help="run folders (geomx launch --run-dir)")
