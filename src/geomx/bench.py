@@ -923,6 +923,14 @@ def _bench_security(plan: Plan, out_dir: Path) -> dict[str, Any]:
     return run_security(plan is QUICK, out_dir)
 
 
+def bench_plan(quick: bool, sync_scenarios: list[str] | None = None) -> Plan:
+    """QUICK or FULL, with only the sync rows of ``sync_scenarios`` if given. Usage: ``bench_plan(False, ["wide"])``."""
+    plan = QUICK if quick else FULL
+    if not sync_scenarios:
+        return plan
+    return replace(plan, sync_rows=tuple(r for r in plan.sync_rows if r.scenario in sync_scenarios))
+
+
 def run_bench(quick: bool, out_dir: Path, sections: list[str] | None = None,
               sync_scenarios: list[str] | None = None) -> int:
     """Run the chosen sections (default: all), print the table, write OUT/bench.json. Never asserts.
@@ -930,9 +938,7 @@ def run_bench(quick: bool, out_dir: Path, sections: list[str] | None = None,
     ``sync_scenarios``: run only those scenarios' rows of the sync section (e.g. ``["wide"]``: the bandwidth-bound
     CNN's flat-PS FSA, HFA and HFA + outer, ~4 minutes).
     """
-    plan = QUICK if quick else FULL
-    if sync_scenarios:
-        plan = replace(plan, sync_rows=tuple(r for r in plan.sync_rows if r.scenario in sync_scenarios))
+    plan = bench_plan(quick, sync_scenarios)
     chosen = [s for s in SECTIONS if not sections or s in sections]
     out_dir = Path(out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
