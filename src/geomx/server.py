@@ -143,6 +143,7 @@ class ParameterServer:
         self.ts_values: dict[tuple[int, int], tuple[np.ndarray, int]] = {}  # value, num_parts
         self.relay_peers: set[str] = set()  # a local server's fellow local servers (TSEngine relays)
         self.ts_pairings: dict[tuple[int, int], PushPairing] = {}  # a coordinator's aggregation overlays
+        self.ts_asks: dict[tuple[tuple[int, int], str], Message] = {}  # each client's last ask per slice
         self.ts_pending: dict[tuple[int, int], tuple[Round, np.ndarray]] = {}  # a local server's held sums
         self._lock = threading.RLock()
         self._ready = False
@@ -292,7 +293,21 @@ class ParameterServer:
         if not remaining:
             self._done.set()
             return
+        self._ts_forget(member)
         self._complete_ready_rounds()
+
+    def _ts_forget(self, member: str) -> None:
+        """TSEngine (as a coordinator): a dropped client no longer receives, relays or holds up a push."""
+        if self.ts is None:
+            return
+        for sid, pairing in self.ts_pairings.items():
+            self._ts_instruct(sid, self.ts.forget_pusher(pairing, member))
+        for sid, dissemination in list(self.ts_rounds.items()):
+            for holder in self.ts.forget_target(dissemination, member):
+                self._ts_serve(sid, holder)
+            if dissemination.done:
+                self.ts_rounds.pop(sid, None)
+                self.ts_values.pop(sid, None)
 
     def _complete_ready_rounds(self) -> None:
         """Complete every open round whose awaited clients are all in (after a client left or was dropped). If
@@ -590,12 +605,14 @@ class ParameterServer:
             message.body = {"to": target}
             self.van.send(holder, message)
 
-    def _ts_instruct(self, sid: tuple[int, int], message: Message, orders: list[tuple[str, str | None]]) -> None:
-        """Tell each client in ``orders`` where to send its held sum (None: to this server)."""
+    def _ts_instruct(self, sid: tuple[int, int], orders: list[tuple[str, str | None]]) -> None:
+        """Tell each client in ``orders`` where to send its held sum (None: to this server), naming the round
+        of its own last ask."""
         for node, target in orders:
+            ask = self.ts_asks[(sid, node)]
             body: dict[str, Any] = {"push": "server"} if target is None else {"push": "peer", "to": target}
-            self.van.send(node, Message(Kind.RELAY, key=sid[0], part=sid[1], num_parts=message.num_parts,
-                                        round=message.round, body=body))
+            self.van.send(node, Message(Kind.RELAY, key=sid[0], part=sid[1], num_parts=ask.num_parts,
+                                        round=ask.round, body=body))
 
     def _ts_push(self, message: Message, sender: str) -> None:
         """A local server: send the held sum as told, or add a fellow local server's sum to it and ask again."""
@@ -675,8 +692,8 @@ class ParameterServer:
         sid = (message.key, message.part)
         body = message.body or {}
         if body == {"ask": True}:
-            self._ts_instruct(sid, message, self.ts.ask_push(self.ts_pairings.setdefault(sid, PushPairing()),
-                                                             sender))
+            self.ts_asks[(sid, sender)] = message
+            self._ts_instruct(sid, self.ts.ask_push(self.ts_pairings.setdefault(sid, PushPairing()), sender))
             return
         if body != {"ack": True}:
             self._refuse(message, "a TSEngine coordinator takes only RELAY asks and acks from its clients")
@@ -731,7 +748,7 @@ class ParameterServer:
         self._contribute(message)
         if self.ts is not None:  # the link is free: the next waiting client may push
             sid = (message.key, message.part)
-            self._ts_instruct(sid, message, self.ts.pushed(self.ts_pairings.setdefault(sid, PushPairing())))
+            self._ts_instruct(sid, self.ts.pushed(self.ts_pairings.setdefault(sid, PushPairing())))
 
     def _on_pull(self, message: Message) -> None:
         """The current value. A local server asks its global server: under MixedSync its own copy may be stale."""

@@ -61,6 +61,7 @@ class PushPairing:
 
     busy: bool = False
     waiting: list[str] = field(default_factory=list)
+    pushing: str | None = None  # who was last told to push to the server (while busy)
 
 
 @dataclass
@@ -130,7 +131,7 @@ class Coordinator:
         global server"; otherwise node sends its sum to target, which adds it to its own and asks again.
         While the global server receives one push, waiting local servers pair up and pre-merge."""
         if not pairing.busy:
-            pairing.busy = True
+            pairing.busy, pairing.pushing = True, asker
             return [(asker, None)]
         if pairing.waiting:
             other = pairing.waiting.pop(0)
@@ -142,9 +143,38 @@ class Coordinator:
     def pushed(self, pairing: PushPairing) -> list[tuple[str, str | None]]:
         """The global server received a push: the next waiting local server may send."""
         if pairing.waiting:
-            return [(pairing.waiting.pop(0), None)]
-        pairing.busy = False
+            pairing.pushing = pairing.waiting.pop(0)
+            return [(pairing.pushing, None)]
+        pairing.busy, pairing.pushing = False, None
         return []
+
+    # -- a client dropped (elastic FSA) -------------------------------------------------------------------
+    def forget_pusher(self, pairing: PushPairing, node: str) -> list[tuple[str, str | None]]:
+        """``node`` is gone: it no longer waits, and if the server was waiting for its push, the next may send."""
+        if node in pairing.waiting:
+            pairing.waiting.remove(node)
+        if pairing.busy and pairing.pushing == node:
+            return self.pushed(pairing)
+        return []
+
+    def forget_target(self, round_: Dissemination, node: str) -> list[str]:
+        """``node`` is gone: it is no longer a target, and what it was relaying goes back to the unserved.
+        Returns the holders that should send again (the root when nobody else is sending)."""
+        round_.unserved.discard(node)
+        holders = []
+        entry = round_.in_flight.pop(node, None)
+        if entry is not None:
+            holders.append(entry[0])
+        for target, (holder, _) in list(round_.in_flight.items()):
+            if holder == node:
+                del round_.in_flight[target]
+                round_.unserved.add(target)
+        if round_.unserved and not round_.in_flight and round_.root not in holders:
+            holders.append(round_.root)
+        if round_.done:
+            self.rounds_done += 1
+            self.seconds_total += self._clock() - round_.started_at
+        return [h for h in holders if h != node]
 
     def merge_direction(self, a: str, b: str) -> tuple[str, str]:
         """(sender, receiver) of a merge: the faster measured direction, ε-greedy (random when exploring or

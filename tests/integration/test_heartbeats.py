@@ -122,6 +122,24 @@ def test_elastic_fsa_drops_a_silent_party_and_rescales_to_the_workers_present(ge
     assert job.result.wall_s < LONG_S
 
 
+def test_elastic_fsa_with_tsengine_inside_the_party_drops_a_silent_worker(geomx_job, tmp_path):
+    """``elastic: true`` and ENABLE_INTRA_TS, one party of 2 workers: worker 1 goes silent before pushing step 3.
+    The local server (the workers' TSEngine coordinator) drops it, forgets it in its overlays and completes
+    the round with worker 0's push alone, rescaled: worker 0's model equals the same single-process run."""
+    steps, drop_at = 8, 3
+    topology = write_topology(tmp_path / "elastic-ts.yaml", parties={"dc0": 2}, timeouts=TIMEOUTS)
+    topology.write_text(topology.read_text() + "elastic: true\ntsengine: {inter: false, intra: true}\n")
+    job = geomx_job("survive_train.py", "--steps", str(steps), "--fault-step", str(drop_at), "--fault-rank", "1",
+                    "--freeze", "self", topology=topology)
+    workers = job.workers()
+    assert workers.keys() == {0}, job.tail()
+    assert "dropped dc0/worker1 from the rounds" in job.output, job.tail()
+    reference = reference_with_a_dropped_worker(steps, drop_at)
+    for index, (got, want) in enumerate(zip(workers[0][0]["final"], reference, strict=True)):
+        torch.testing.assert_close(got, want, msg=lambda m, i=index: f"parameter {i}: {m}")
+    assert job.result.wall_s < LONG_S
+
+
 def test_a_party_lost_across_hosts_is_named_by_the_central_party(tmp_path):
     """Per-party launches (as on two hosts): dc1's worker dies, so dc1's launcher stops all of dc1 and
     nothing tells dc0. Only the heartbeats do: the global scheduler declares dc1/server dead, and dc0 stops

@@ -93,3 +93,25 @@ def test_merge_direction_follows_measured_throughput():
     coordinator.throughput[("a", "b")] = 1e6
     coordinator.throughput[("b", "a")] = 5e6
     assert all(coordinator.merge_direction("a", "b") == ("b", "a") for _ in range(20))
+
+
+def test_a_dropped_client_is_forgotten_by_both_overlays():
+    """Elastic FSA drops a dead worker: its relays go back to the unserved, the root serves again when nobody
+    else is sending, and a push the server waited for no longer blocks the ones waiting."""
+    coordinator = Coordinator(max_greed=1.0, seed=0)
+    round_ = coordinator.start("ls", {"w1": 0, "w2": 0, "w3": 0}, nbytes=100)
+    first = coordinator.next_target(round_, "ls")
+    coordinator.acknowledged(round_, first)
+    relayed = coordinator.next_target(round_, first)  # first relays to another worker ...
+    assert coordinator.forget_target(round_, first) == ["ls"]  # ... and dies: nobody sends, the root does
+    assert relayed in round_.unserved and first not in round_.unserved | set(round_.in_flight)
+    while (target := coordinator.next_target(round_, "ls")) is not None:
+        coordinator.acknowledged(round_, target)
+    assert round_.done and coordinator.rounds_done == 1
+
+    pairing = PushPairing()
+    assert coordinator.ask_push(pairing, "w1") == [("w1", None)]
+    assert coordinator.ask_push(pairing, "w2") == []
+    assert coordinator.forget_pusher(pairing, "w3") == []  # not involved: nothing changes
+    assert coordinator.forget_pusher(pairing, "w1") == [("w2", None)]  # w1 died before pushing: w2 may send
+    assert coordinator.forget_pusher(pairing, "w2") == [] and not pairing.busy
