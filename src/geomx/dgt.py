@@ -36,7 +36,7 @@ import json
 import math
 import random
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -109,7 +109,7 @@ class DgtSender:
     MAX_DROP_LOG = 100_000
     MIN_LOSS_SAMPLES = 50
 
-    def __init__(self, spec: DGTSpec, name: str, link: LinkSpec) -> None:
+    def __init__(self, spec: DGTSpec, name: str, link: LinkSpec, cut: Callable[[float], bool] | None = None) -> None:
         self.spec = spec
         self.name = name
         self.k_of: dict[tuple[int, int], float] = {}  # K per (key, slice); starts at spec.k
@@ -119,7 +119,7 @@ class DgtSender:
         self._channels = {c: LossyChannel(spec.loss_of(c), seed=spec.seed * 1000 + c)
                           for c in range(1, spec.channels + 1)}
         paced = LinkSpec(link.bandwidth_bps or spec.rate_bps, link.latency_s)
-        self.udp = PacedSender(paced, self._channels, name=name)
+        self.udp = PacedSender(paced, self._channels, name=name, cut=cut)  # cut: the WAN is down (an outage)
         self.stats = SenderStats()
 
     def start(self) -> None:
@@ -173,6 +173,7 @@ class DgtSender:
         return {"name": self.name, "role": "sender", "pushes": self.stats.pushes,
                 "reliable_blocks": self.stats.reliable_blocks, "udp_blocks": self.stats.udp_blocks,
                 "udp_sent": self.udp.sent, "udp_bytes": self.udp.sent_bytes, "measured_loss": self.measured_loss(),
+                "lost_to_outage": self.udp.lost_to_outage,
                 "k_history": list(self.stats.k_history), "dropped": self.stats.dropped}
 
 

@@ -33,6 +33,7 @@ from .codecs.base import Kind as TensorKind
 from .codecs.messages import decode_message, payload_fields
 from .config import Mode, NodeConfig, Role
 from .dgt import DgtAssembler, DgtError, DgtSender, write_report
+from .emulator import OutageSchedule
 from .heartbeat import pulse_for
 from .membership import GLOBAL_SCHEDULER_ID, AddressBook, Member, local_scheduler_id, new_node_id, register
 from .policies.esync import assign_steps
@@ -520,8 +521,11 @@ class ParameterServer:
             self.udp = UdpReceiver(self.config.bind_host, port, self._on_datagram, self._on_dgt_tick, name=self.name)
             self.udp.start()
         else:
-            link = self.config.topology.wan_between(self.config.party, self.config.topology.central)
-            self.dgt_sender = DgtSender(spec, self.identity, link)
+            topology = self.config.topology
+            link = topology.wan_between(self.config.party, topology.central)
+            outages = OutageSchedule(topology.outages, self.config.party, topology.job_start)
+            cut = (lambda now: outages.blocked_until(topology.central, now) is not None) if outages else None
+            self.dgt_sender = DgtSender(spec, self.identity, link, cut)
             self.dgt_sender.start()
         log.info("[%s] DGT on: K=%g%s, %d UDP channels, %d-byte blocks", self.name, spec.k,
                  " (adaptive)" if spec.adaptive else "", spec.channels, spec.block_bytes)

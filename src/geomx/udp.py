@@ -152,10 +152,17 @@ class UdpReceiver:
 
 
 class PacedSender:
-    """Sends datagrams through a shaped link (rate, delay; lower channel first) with per-channel loss."""
+    """Sends datagrams through a shaped link (rate, delay; lower channel first) with per-channel loss.
 
-    def __init__(self, link: LinkSpec, channels: dict[int, LossyChannel], name: str = "udp") -> None:
+    ``cut(now)``: whether the emulated WAN is down at ``now`` (an outage): datagrams due then are lost, as on a
+    real link (ZeroMQ messages wait for the link instead; see geomx.transport).
+    """
+
+    def __init__(self, link: LinkSpec, channels: dict[int, LossyChannel], name: str = "udp",
+                 cut: Callable[[float], bool] | None = None) -> None:
         self.name = name
+        self._cut = cut
+        self.lost_to_outage = 0
         self._link: ShapedLink[tuple[tuple[str, int], bytes, int]] = ShapedLink(link)
         self._channels = channels
         self._due: list[tuple[float, int, tuple[str, int], bytes]] = []
@@ -214,6 +221,9 @@ class PacedSender:
                 if not ready:
                     self._cond.wait(0.2 if wake_at is None else max(0.0, wake_at - now))
                     continue
+            if self._cut is not None and self._cut(now):
+                self.lost_to_outage += len(ready)
+                continue
             for address, data in ready:
                 try:
                     self._sock.sendto(data, address)

@@ -158,3 +158,23 @@ def test_malformed_reliable_parts_are_refused(dgt):
     message = Message(Kind.PUSHPULL, tensor=np.ones(2, np.float32), body={"dgt": dgt})
     with pytest.raises(DgtError):
         DgtAssembler(0.1).on_reliable("ls", message, now=0.0)
+
+
+def test_datagrams_due_during_an_outage_are_lost():
+    """A cut WAN (an emulated outage) loses UDP datagrams (ZeroMQ messages wait for the link instead)."""
+    down = threading.Event()
+    down.set()
+    spec = DGTSpec(channels=1, k=0.5, block_bytes=64, deadline_s=0.3)
+    link = Loopback(spec)
+    link.sender.stop()
+    link.sender = DgtSender(spec, "ls", LinkSpec(None, 0.0), cut=lambda now: down.is_set())
+    link.sender.start()
+    try:
+        values = np.arange(1, 65, dtype=np.float32)  # 4 blocks: 2 reliable, 2 by UDP
+        got = link.push(0, values)
+        assert link.sender.udp.lost_to_outage == 2 and link.sender.report()["lost_to_outage"] == 2
+        assert link.assembler.stats.lost == 2 and np.count_nonzero(got) == 32  # the UDP blocks count as zeros
+        down.clear()
+        np.testing.assert_array_equal(link.push(1, values), values)  # the WAN is back
+    finally:
+        link.close()
