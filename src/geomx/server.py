@@ -456,6 +456,13 @@ class ParameterServer:
             self._refuse(message, f"{self.push_policy.name} cannot take a party back (it needs every party in "
                                   "every round); MixedSync, HFA, ESync and elastic FSA can")
             return
+        esync = any(kind is Kind.STATE for kind, _, _ in self.rounds)  # only shard 0 sees ESync's state rounds
+        if esync and self.config.topology.num_global_servers > 1:
+            # The hold that aligns a rejoiner with the others' next cycle (see self.joining) exists on shard 0
+            # only: the other global servers' per-key rounds would take its pushes a cycle apart and deadlock.
+            self._refuse(message, "ESync with several global servers cannot take a party back (only global server "
+                                  "0 sees the state rounds that align it); restart the whole job with --resume")
+            return
         if old not in self.departed:  # its death reached the scheduler before our heartbeat told us
             self._drop(old, self.requests.names.get(old, old), f"replaced by a restarted {member.name}")
         self.van.add_peer(member.id, member.address, member.party)
@@ -463,7 +470,7 @@ class ParameterServer:
         for rnd in self.rounds.values():
             if rnd.contributions:
                 rnd.exempt.add(member.id)
-        if any(kind is Kind.STATE for kind, _, _ in self.rounds):  # ESync: join at the others' next cycle
+        if esync:  # join at the others' next cycle
             self.joining[member.id] = []
         self.clients.add(member.id)
         if member.party == self.config.topology.central:
