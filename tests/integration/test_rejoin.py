@@ -131,3 +131,34 @@ def test_a_short_outage_only_delays_fsa(geomx_job, tmp_path):
     assert not during, f"{len(during)} steps ended while dc1 was cut off"
     gap = max(b - a for a, b in itertools.pairwise(ends))
     assert gap >= duration - 0.4, gap
+
+
+@pytest.mark.slow
+def test_esync_over_two_global_servers_refuses_a_rejoin_and_goes_on(tmp_path):
+    """Only global server 0 sees ESync's state rounds, which a rejoiner needs to be aligned with the others'
+    cycle: with two global servers the restarted dc1 is refused with that reason (never a hang), and dc0
+    trains on alone and finishes."""
+    topology = write_topology(tmp_path / "esync2.yaml", parties={"dc0": 1, "dc1": 1}, timeouts=TIMEOUTS,
+                              hfa={"k1": 2, "k2": 1}, global_servers=2)
+    refused = tmp_path / "refused"
+    global_scheduler = f"127.0.0.1:{free_port()}"
+    jobs: dict[str, Job] = {}
+
+    def launch(label: str, party: str, *args: str) -> None:
+        jobs[label] = run_job(tmp_path, "rejoin_train.py", "--esync", *args, name=label, party=party,
+                              global_scheduler=global_scheduler, topology=topology)
+
+    survivor = threading.Thread(target=launch, args=("survivor", "dc0", "--until-file", str(refused),
+                                                     "--after", "4"))
+    survivor.start()
+    launch("lost", "dc1", "--steps", "1000", "--die-step", "6")
+    launch("rejoining", "dc1", "--steps", "12")
+    refused.write_text("the rejoin returned")
+    survivor.join(timeout=180)
+    assert not survivor.is_alive(), "dc0's launcher did not return"
+    rejoining, dc0 = jobs["rejoining"], jobs["survivor"]
+    assert rejoining.result.exit_code != 0 and not rejoining.workers(), rejoining.tail()
+    assert "cannot rejoin" in rejoining.output and "ESync with several global servers" in rejoining.output, \
+        rejoining.tail()
+    assert dc0.workers(), dc0.tail()  # dc0's worker finished its training
+    assert "dropped dc1/server from the rounds" in dc0.output, dc0.tail()
