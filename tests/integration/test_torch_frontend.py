@@ -16,6 +16,8 @@ import yaml
 from harness import write_topology
 from test_hfa import simulate as simulate_hfa
 
+from geomx.tsengine import read_reports as read_ts_reports
+
 SCRIPT = "frontend_train.py"
 
 
@@ -75,11 +77,14 @@ def test_one_worker_equals_single_process_training(geomx_job, optimizer):
         torch.testing.assert_close(got, want, msg=lambda m, i=index: f"parameter {i}: {m}")
 
 
-def test_p3_changes_only_the_order_and_the_next_forward_starts_early(geomx_job, tmp_path):
+@pytest.mark.parametrize("intra_ts", [False, True], ids=["p3", "p3_intra_tsengine"])
+def test_p3_changes_only_the_order_and_the_next_forward_starts_early(geomx_job, tmp_path, intra_ts):
     """P3 slices (64 elements here) over a slow WAN and two global servers (slices spread over both): the same
-    weights as without P3, and forwards that start while deeper layers' updates are still on their way."""
+    weights as without P3, and forwards that start while deeper layers' updates are still on their way. Also
+    with TSEngine inside the parties (every slice's push held, paired, relayed)."""
     path = topology(tmp_path, {"p3": True, "p3_slice_elems": 64}, global_servers=2,
-                    links={"wan": {"bandwidth": "20Mbit", "latency": "10ms"}})
+                    links={"wan": {"bandwidth": "20Mbit", "latency": "10ms"}},
+                    tsengine={"inter": False, "intra": True, "max_greed": 0.5} if intra_ts else None)
     job = geomx_job(SCRIPT, "--steps", "5", topology=path)
     job.assert_ok()
     workers = job.workers()
@@ -88,6 +93,9 @@ def test_p3_changes_only_the_order_and_the_next_forward_starts_early(geomx_job, 
     assert all(o["forwards"] == jobkit.STEPS for o in overlap), overlap
     # loosely: at least one worker began a forward before all of the previous step's answers had arrived
     assert sum(o["forwards_before_all_arrived"] for o in overlap) >= 1, overlap
+    if intra_ts:  # both local servers coordinated their workers' slices
+        reports = read_ts_reports(job.run_dir)
+        assert reports["dc0_server"]["rounds"] > 0 and reports["dc1_server"]["rounds"] > 0, sorted(reports)
 
 
 def test_mixed_sync_with_dcasgd_from_the_topology(geomx_job, tmp_path):
