@@ -296,6 +296,7 @@ class ParameterServer:
             return
         self._ts_forget(member)
         self._complete_ready_rounds()
+        self.van.disconnect(member)  # it is gone for good (a restarted party rejoins with a new identity)
 
     def _ts_forget(self, member: str) -> None:
         """TSEngine (as a coordinator): a dropped client no longer receives, relays or holds up a push."""

@@ -98,6 +98,7 @@ class Van:
         self._bind_port = bind_port
         self._context = zmq.Context()
         self._peers: dict[str, _Peer] = {}
+        self._gone: set[str] = set()  # peers disconnected for good (see disconnect)
         self._sockets: dict[str, zmq.Socket[Any]] = {}
         self._links: dict[tuple[str, str], ShapedLink[_Outgoing]] = {}
         self._outages = OutageSchedule(topology.outages, party, topology.job_start)
@@ -159,6 +160,15 @@ class Van:
         self._commands.put(("connect", (peer, share)))
         self._wake()
 
+    def disconnect(self, identity: str) -> None:
+        """Close the connection to a peer that is gone for good (declared dead and dropped): ZeroMQ would keep
+        what is queued for it, and retry connecting, forever. Later sends to it are dropped without error."""
+        if identity not in self._peers or identity in self._gone:
+            return
+        self._gone.add(identity)
+        self._commands.put(("disconnect", identity))
+        self._wake()
+
     @property
     def topology(self) -> Topology:
         return self._topology
@@ -172,6 +182,9 @@ class Van:
 
     def send(self, peer: str, message: Message) -> None:
         """Queue ``message`` to ``peer``. Data frames are referenced until sent: do not mutate them."""
+        if peer in self._gone:
+            log.debug("[%s] dropped a %s to %s, which was disconnected", self.name, message.kind.name, peer)
+            return
         if peer not in self._peers:
             raise KeyError(f"{self.name}: no connection to peer {peer!r}")
         frames = encode(message)
@@ -305,6 +318,10 @@ class Van:
                 break
             if command == "connect":
                 self._connect(*payload)
+            elif command == "disconnect":
+                sock = self._sockets.pop(payload, None)
+                if sock is not None:
+                    sock.close(linger=0)
             elif command == "send":
                 outgoing, priority = payload
                 peer = self._peers[outgoing.peer]
@@ -377,8 +394,11 @@ class Van:
 
     def _transmit(self, outgoing: _Outgoing) -> None:
         peer = self._peers[outgoing.peer]
+        sock = self._sockets.get(outgoing.peer)
+        if sock is None:  # disconnected while the message waited in its link
+            return
         try:
-            self._sockets[outgoing.peer].send_multipart(outgoing.frames, copy=False)
+            sock.send_multipart(outgoing.frames, copy=False)
         except zmq.ZMQError as exc:
             log.error("[%s] cannot send to %s at %s: %s", self.name, peer.identity, peer.address, exc)
             return

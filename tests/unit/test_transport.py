@@ -480,3 +480,26 @@ def test_lan_ingress_queues_simultaneous_senders(make_van, ingress):
         assert 1.9 * one <= arrivals[1] < 2 * one + 0.5, arrivals
     else:
         assert arrivals[1] < 1.6 * one, arrivals
+
+
+def test_a_disconnected_peer_gets_nothing_more_and_sending_to_it_is_not_an_error(make_van):
+    """A peer dropped for good: what waited for it in a slow link is discarded, later sends are ignored, an
+    unknown peer still raises, and other peers are served as before."""
+    topo = topology(lan=LinkSpec(bandwidth_bps=ACCESS_BPS))
+    a, _ = make_van("a/server", "a", topo)
+    gone, inbox_gone = make_van("a/worker0", "a", topo)
+    other, inbox_other = make_van("a/worker1", "a", topo)
+    connect(a, gone)
+    connect(a, other)
+    a.send(gone.identity, Message(Kind.PULL, key=0))
+    assert inbox_gone.get()[1].key == 0
+    a.send(gone.identity, one_mib(1))  # ~0.1 s on the link: still queued when the peer is disconnected
+    a.disconnect(gone.identity)
+    a.send(gone.identity, Message(Kind.PULL, key=2))
+    a.send(other.identity, Message(Kind.PULL, key=3))
+    assert inbox_other.get()[1].key == 3
+    assert a.flush(5.0)
+    with pytest.raises(queue.Empty):
+        inbox_gone.queue.get(timeout=0.5)
+    with pytest.raises(KeyError, match="no connection"):
+        a.send("a/never-known", Message(Kind.PULL))
