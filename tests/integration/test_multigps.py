@@ -11,6 +11,7 @@ import yaml
 from harness import EXAMPLES_DIR
 
 from geomx.dgt import read_reports
+from geomx.tsengine import read_reports as read_ts_reports
 
 BSC = {"type": "bsc", "threshold": 0.01, "size_lower_bound": 0}
 SLICE = 4096  # Linear(32, 1024) has 32768 weights: 8 slices whatever the number of global servers (1, 2, 4)
@@ -38,11 +39,14 @@ def test_two_global_servers_equal_one_with_bisparse(geomx_job):
     assert min(recv) > 0.6 * max(recv), recv  # both did real work, roughly balanced
 
 
-def test_p3_and_dgt_over_two_global_servers_equal_single_process_sgd(geomx_job, tmp_path):
-    """The PyTorch wrapper with P3 (64-element slices) and DGT without loss, over two global servers."""
+@pytest.mark.parametrize("intra_ts", [False, True], ids=["p3_dgt", "p3_dgt_intra_tsengine"])
+def test_p3_and_dgt_over_two_global_servers_equal_single_process_sgd(geomx_job, tmp_path, intra_ts):
+    """The PyTorch wrapper with P3 (64-element slices) and DGT without loss, over two global servers; also with
+    TSEngine inside the parties (the workers' side of the local servers)."""
     from test_torch_frontend import SCRIPT, topology
 
-    path = topology(tmp_path, {"p3": True, "p3_slice_elems": 64}, global_servers=2)
+    path = topology(tmp_path, {"p3": True, "p3_slice_elems": 64}, global_servers=2,
+                    tsengine={"inter": False, "intra": True} if intra_ts else None)
     raw = yaml.safe_load(path.read_text())
     # a late UDP block would be folded into the next round and change the result: a deadline no loaded
     # machine misses (CI once saw 5.7% of a tensor differ with the default 50 ms)
@@ -54,6 +58,8 @@ def test_p3_and_dgt_over_two_global_servers_equal_single_process_sgd(geomx_job, 
     reports = read_reports(job.run_dir)
     receivers = [r for r in reports.values() if r["role"] == "receiver"]
     assert len(receivers) == 2 and all(r["udp_received"] > 0 and r["lost"] == 0 for r in receivers), receivers
+    if intra_ts:
+        assert read_ts_reports(job.run_dir)["dc1_server"]["rounds"] > 0
 
 
 @pytest.mark.slow
