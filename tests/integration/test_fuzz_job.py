@@ -14,6 +14,7 @@ from harness import REPO_ROOT, worker_command, write_topology
 
 from geomx.config import SecuritySpec
 from geomx.runlog import read_stats
+from geomx.tsengine import read_reports as read_ts_reports
 
 sys.path.insert(0, str(REPO_ROOT / "scripts"))
 from fuzz_job import LiveJob, junk, spray
@@ -43,7 +44,8 @@ def test_fuzzing_every_port_of_a_secured_job(tmp_path):
     print(output)
     assert result.exit_code == 0, output[-3000:]
     assert stranger.frames + stranger.unsendable == insider.frames == FRAMES
-    jobkit.assert_fsa_equivalent(jobkit.load_worker_outputs(run_dir), num_workers=2, steps=STEPS)
+    jobkit.assert_fsa_equivalent(jobkit.load_worker_outputs(run_dir), num_workers=3, steps=STEPS)
+    assert read_ts_reports(run_dir)["dc0_server"]["rounds"] > 0
 
     lines = output.splitlines()
     refusing = {label for label in ports_by_process
@@ -59,11 +61,13 @@ def test_fuzzing_every_port_of_a_secured_job(tmp_path):
 
 def test_a_job_whose_links_are_all_curve_encrypted_trains_exactly(tmp_path):
     """Keys from `geomx keygen`, every link CURVE: the job trains to the reference, and a stranger who only
-    knows the servers' public keys (its own key pair is not the job's) is refused by every process."""
+    knows the servers' public keys (its own key pair is not the job's) is refused by every process. dc0's two
+    workers also talk to each other (TSEngine inside the party: merges and relays), encrypted too."""
     from geomx.cli import main as geomx_main
 
-    topology = write_topology(tmp_path / "curve.yaml", parties={"dc0": 1, "dc1": 1},
-                              timeouts={"request": "60s", "round": "60s", "shutdown": "5s"})
+    topology = write_topology(tmp_path / "curve.yaml", parties={"dc0": 2, "dc1": 1},
+                              timeouts={"request": "60s", "round": "60s", "shutdown": "5s"},
+                              tsengine={"inter": False, "intra": True, "max_greed": 0.5})
     assert geomx_main(["keygen", str(tmp_path / "keys"), "--topology", str(topology)]) == 0
     topology.write_text(topology.read_text() + "security:\n  curve_keys: keys\n")  # relative to the topology
     run_dir = tmp_path / "run"
@@ -80,7 +84,8 @@ def test_a_job_whose_links_are_all_curve_encrypted_trains_exactly(tmp_path):
     print(output)
     assert result.exit_code == 0, output[-3000:]
     assert stranger.frames + stranger.unsendable == 200
-    jobkit.assert_fsa_equivalent(jobkit.load_worker_outputs(run_dir), num_workers=2, steps=STEPS)
+    jobkit.assert_fsa_equivalent(jobkit.load_worker_outputs(run_dir), num_workers=3, steps=STEPS)
+    assert read_ts_reports(run_dir)["dc0_server"]["rounds"] > 0
     lines = output.splitlines()
     refusing = {label for label in ports_by_process
                 if any(line.startswith(f"[{label}]") and "refused a connection" in line for line in lines)}
