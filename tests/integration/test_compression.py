@@ -13,6 +13,8 @@ from compressed_train import teacher_data
 from harness import run_job, write_topology
 from torch import nn
 
+from geomx.tsengine import read_reports as read_ts_reports
+
 STEPS, HIDDEN = 30, 1024
 
 
@@ -161,14 +163,17 @@ DIGITS_MODEL_BYTES = 38_282 * 4  # DigitsCNN(16, 64) in float32
 
 
 DIGITS_RUNS = [(codec, sync) for codec in sorted(DIGITS_CODECS) for sync in ("fsa", "hfa")] + [
-    ("bsc", "mixed"), ("mpq", "mixed")]
+    ("bsc", "mixed"), ("mpq", "mixed"), ("bsc", "fsa_intra_ts")]  # + TSEngine inside the parties
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("codec", "sync"), DIGITS_RUNS)
 def test_every_codec_learns_digits(geomx_job, tmp_path, codec, sync):
     spec, fsa_flags, max_fraction = DIGITS_CODECS[codec]
-    options = {"hfa": {"k1": 4, "k2": 2}} if sync == "hfa" else {}
+    options: dict = {"hfa": {"k1": 4, "k2": 2}} if sync == "hfa" else {}
+    intra_ts = sync == "fsa_intra_ts"  # the workers' pushes pre-merge and their answers are relayed; WAN: bsc
+    if intra_ts:
+        sync, options = "fsa", {"tsengine": {"inter": False, "intra": True}}
     if codec == "fp16_switch":
         options = {"topology": fp16_topology(tmp_path / "fp16.yaml", **options)}
     sparse = codec in ("bsc", "mpq")
@@ -188,3 +193,5 @@ def test_every_codec_learns_digits(geomx_job, tmp_path, codec, sync):
     if sync == "mixed":
         max_fraction = 0.5 + max_fraction / 2
     assert job.summary["wan_bytes"] <= max_fraction * dense, (job.summary["wan_bytes"], dense)
+    if intra_ts:
+        assert read_ts_reports(job.run_dir)["dc1_server"]["rounds"] > 0
