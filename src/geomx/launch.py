@@ -36,6 +36,8 @@ from .runlog import read_metrics, read_stats
 # - glibc keeps freed receive buffers instead of returning them to the OS, so the next message of the same
 #   size does not page-fault fresh memory in (measured: 3.5x fewer page faults, ~25% less CPU per 100 MB
 #   pushpull).
+FAILURE_SETTLE_S = 1.0  # after a process fails, how long the others may go on to report it themselves
+
 PROCESS_DEFAULTS = {
     "OMP_NUM_THREADS": "1",
     "MALLOC_ARENA_MAX": "2",
@@ -209,15 +211,20 @@ class Launcher:
         try:
             self._start()
             workers_done_at: float | None = None
+            failed_at: float | None = None
             while True:
                 for spec, proc in self._procs:
                     rc = proc.poll()
                     if rc not in (None, 0) and failed is None and not self._interrupted:
-                        failed = spec.label
+                        failed, failed_at = spec.label, time.monotonic()
                         code = 1
                         self._say(f"[geomx launch] {spec.label} exited with code {rc}; stopping the other "
-                                  "processes")
-                if failed or self._interrupted:
+                                  f"processes in {FAILURE_SETTLE_S:g} s")
+                # after a failure the others get a moment to notice it and say so themselves (a dead global
+                # server is named by every party's server), then they are stopped
+                settled = failed_at is not None and (time.monotonic() - failed_at > FAILURE_SETTLE_S
+                                                     or all(p.poll() is not None for _, p in self._procs))
+                if settled or self._interrupted:
                     self._stop_all(5.0)
                     code = code or 130
                     break

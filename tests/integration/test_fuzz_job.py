@@ -44,8 +44,7 @@ def test_fuzzing_every_port_of_a_secured_job(tmp_path):
     print(output)
     assert result.exit_code == 0, output[-3000:]
     assert stranger.frames + stranger.unsendable == insider.frames == FRAMES
-    jobkit.assert_fsa_equivalent(jobkit.load_worker_outputs(run_dir), num_workers=3, steps=STEPS)
-    assert read_ts_reports(run_dir)["dc0_server"]["rounds"] > 0
+    jobkit.assert_fsa_equivalent(jobkit.load_worker_outputs(run_dir), num_workers=2, steps=STEPS)
 
     lines = output.splitlines()
     refusing = {label for label in ports_by_process
