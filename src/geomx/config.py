@@ -286,6 +286,13 @@ class TrainingSpec:
             raise ConfigError(f"training.metrics_every must be positive, got {self.metrics_every}")
 
 
+def _refuse_combinations(feature: str, unsupported: Mapping[str, bool]) -> None:
+    """Fail at start when ``feature`` is set together with one it does not combine with (the first present)."""
+    for what, present in unsupported.items():
+        if present:
+            raise ConfigError(f"{feature} does not combine with {what}; see the README's table")
+
+
 @dataclass(frozen=True)
 class Topology:
     """The whole job: parties, global servers, link classes and transport limits."""
@@ -336,23 +343,15 @@ class Topology:
             unsupported = {"a flat parameter server (DGT is for local servers' pushes)": self.mode is Mode.FLAT,
                            "HFA": self.hfa is not None, "the fp16 switch": self.fp16,
                            "security (UDP datagrams are not authenticated)": self.security.enabled}
-            for what, present in unsupported.items():
-                if present:
-                    raise ConfigError(f"DGT (ENABLE_DGT) does not combine with {what}; see the README's table")
+            _refuse_combinations("DGT (ENABLE_DGT)", unsupported)
         if self.inter_ts:
             unsupported = {"a flat parameter server (there are no local servers to relay)": self.mode is Mode.FLAT,
                            "HFA": self.hfa is not None, "the fp16 switch": self.fp16, "DGT": self.dgt is not None}
-            for what, present in unsupported.items():
-                if present:
-                    raise ConfigError(f"TSEngine (ENABLE_INTER_TS) does not combine with {what}; "
-                                      "see the README's table")
+            _refuse_combinations("TSEngine (ENABLE_INTER_TS)", unsupported)
         if self.intra_ts:
             unsupported = {"a flat parameter server (there is no local server)": self.mode is Mode.FLAT,
                            "the fp16 switch (relays carry float32)": self.fp16}
-            for what, present in unsupported.items():
-                if present:
-                    raise ConfigError(f"TSEngine inside a party (ENABLE_INTRA_TS) does not combine with {what}; "
-                                      "see the README's table")
+            _refuse_combinations("TSEngine inside a party (ENABLE_INTRA_TS)", unsupported)
 
     @property
     def inter_ts(self) -> bool:

@@ -307,9 +307,13 @@ class ParameterServer:
         for sid, dissemination in list(self.ts_rounds.items()):
             for holder in self.ts.forget_target(dissemination, member):
                 self._ts_serve(sid, holder)
-            if dissemination.done:
-                self.ts_rounds.pop(sid, None)
-                self.ts_values.pop(sid, None)
+            self._ts_end_if_done(sid, dissemination)
+
+    def _ts_end_if_done(self, sid: tuple[int, int], dissemination: Dissemination) -> None:
+        """Every client has the round's value: the coordinator lets go of it."""
+        if dissemination.done:
+            self.ts_rounds.pop(sid, None)
+            self.ts_values.pop(sid, None)
 
     def _complete_ready_rounds(self) -> None:
         """Complete every open round whose awaited clients are all in (after a client left or was dropped). If
@@ -717,9 +721,7 @@ class ParameterServer:
             return
         self._ts_serve(sid, holder)
         self._ts_serve(sid, sender)
-        if dissemination.done:
-            self.ts_rounds.pop(sid, None)
-            self.ts_values.pop(sid, None)
+        self._ts_end_if_done(sid, dissemination)
 
     def _check_shard(self, message: Message) -> str | None:
         """Record the explicit shard id an INIT names (see geomx.sharding); the problem with it, if any."""

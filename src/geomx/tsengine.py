@@ -59,9 +59,12 @@ class Dissemination:
 class PushPairing:
     """One (key, slice)'s aggregation overlay: whether the global server is receiving a push, who waits."""
 
-    busy: bool = False
     waiting: list[str] = field(default_factory=list)
-    pushing: str | None = None  # who was last told to push to the server (while busy)
+    pushing: str | None = None  # who was last told to push to the server; None: the server's link is free
+
+    @property
+    def busy(self) -> bool:
+        return self.pushing is not None
 
 
 @dataclass
@@ -120,10 +123,14 @@ class Coordinator:
         rate = round_.nbytes / max(self._clock() - sent_at, 1e-6)
         previous = self.throughput.get((holder, target))
         self.throughput[(holder, target)] = rate if previous is None else EMA * previous + (1 - EMA) * rate
+        self._count_if_done(round_)
+        return holder
+
+    def _count_if_done(self, round_: Dissemination) -> None:
+        """A round that just reached every target counts in the report (rounds, time to disseminate)."""
         if round_.done:
             self.rounds_done += 1
             self.seconds_total += self._clock() - round_.started_at
-        return holder
 
     # -- aggregation (GeoMX's ASKPUSH) ----------------------------------------------------------------------
     def ask_push(self, pairing: PushPairing, asker: str) -> list[tuple[str, str | None]]:
@@ -131,7 +138,7 @@ class Coordinator:
         global server"; otherwise node sends its sum to target, which adds it to its own and asks again.
         While the global server receives one push, waiting local servers pair up and pre-merge."""
         if not pairing.busy:
-            pairing.busy, pairing.pushing = True, asker
+            pairing.pushing = asker
             return [(asker, None)]
         if pairing.waiting:
             other = pairing.waiting.pop(0)
@@ -142,18 +149,15 @@ class Coordinator:
 
     def pushed(self, pairing: PushPairing) -> list[tuple[str, str | None]]:
         """The global server received a push: the next waiting local server may send."""
-        if pairing.waiting:
-            pairing.pushing = pairing.waiting.pop(0)
-            return [(pairing.pushing, None)]
-        pairing.busy, pairing.pushing = False, None
-        return []
+        pairing.pushing = pairing.waiting.pop(0) if pairing.waiting else None
+        return [] if pairing.pushing is None else [(pairing.pushing, None)]
 
     # -- a client dropped (elastic FSA) -------------------------------------------------------------------
     def forget_pusher(self, pairing: PushPairing, node: str) -> list[tuple[str, str | None]]:
         """``node`` is gone: it no longer waits, and if the server was waiting for its push, the next may send."""
         if node in pairing.waiting:
             pairing.waiting.remove(node)
-        if pairing.busy and pairing.pushing == node:
+        if pairing.pushing == node:
             return self.pushed(pairing)
         return []
 
@@ -171,9 +175,7 @@ class Coordinator:
                 round_.unserved.add(target)
         if round_.unserved and not round_.in_flight and round_.root not in holders:
             holders.append(round_.root)
-        if round_.done:
-            self.rounds_done += 1
-            self.seconds_total += self._clock() - round_.started_at
+        self._count_if_done(round_)
         return [h for h in holders if h != node]
 
     def merge_direction(self, a: str, b: str) -> tuple[str, str]:
