@@ -185,7 +185,7 @@ def test_deeply_nested_json_body_is_dropped(geomx_job):
     the server's I/O thread and the job hung until its timeouts (fixed in 67e8293).
     """
     job = geomx_job("train.py", "--poison-rank", "1", parties={"dc0": 1, "dc1": 1},
-                    timeouts={"request": "5s", "round": "5s", "shutdown": "2s"})
+                    timeouts={"request": "20s", "round": "20s", "shutdown": "2s"})
     job.assert_ok()
     workers = job.workers()
     jobkit.assert_fsa_equivalent(workers, num_workers=2)
