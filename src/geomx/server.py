@@ -530,7 +530,9 @@ class ParameterServer:
         if self.is_global:
             self.dgt_assembler = DgtAssembler(spec.deadline_s)
             _, port = _udp_endpoint(self.van.address)
-            self.udp = UdpReceiver(self.config.bind_host, port, self._on_datagram, self._on_dgt_tick, name=self.name)
+            # each datagram is counted, and passes the party's access link behind the messages, before it is handled
+            received = lambda d: self.van.receive_datagram(d.sender, d.nbytes, lambda: self._on_datagram(d))  # noqa: E731
+            self.udp = UdpReceiver(self.config.bind_host, port, received, self._on_dgt_tick, name=self.name)
             self.udp.start()
         else:  # the datagrams share the van's links (behind its messages) and byte counters
             self.dgt_sender = DgtSender(spec, self.identity, self.van)
@@ -566,8 +568,7 @@ class ParameterServer:
             self._on_pushpull(done)
 
     def _on_datagram(self, datagram: Datagram) -> None:
-        """A UDP block (the receiver thread): a push whose last block this was joins its round."""
-        self.van.count_datagram_received(datagram.sender, datagram.nbytes)
+        """A UDP block (the receiver or dispatch thread): a push whose last block this was joins its round."""
         with self._lock:
             if self.dgt_assembler is None or datagram.sender not in self.clients:
                 return

@@ -43,6 +43,7 @@ from .wire import Kind, Message, WireError, decode, encode, frames_nbytes
 log = logging.getLogger("geomx.transport")
 
 Handler = Callable[[Message], None]
+Delivery = Callable[[], None]  # a received DGT datagram's handling, run once it passed the node's ingress
 Hook = Callable[[Message], bool]  # True: the message was consumed
 
 LAN = "lan"
@@ -131,17 +132,17 @@ class Van:
         self._access_bps = topology.access_bps(party)
         self._access_share = 1
         self._access_out: ShapedLink[tuple[_Outgoing, int]] | None = None
-        self._access_in: ShapedLink[Message] | None = None
+        self._access_in: ShapedLink[Message | Delivery] | None = None
         # The node's inbound LAN side (``links.lan.ingress``): LAN receipts queue there like WAN ones at the access
         # link, so workers sending to their local server at once share its rate.
         lan = topology.lan
-        self._lan_in: ShapedLink[Message] | None = (
+        self._lan_in: ShapedLink[Message | Delivery] | None = (
             ShapedLink(LinkSpec(lan.bandwidth_bps)) if lan.ingress and lan.bandwidth_bps else None)
-        self._inbound: list[tuple[float, int, Message]] = []
+        self._inbound: list[tuple[float, int, Message | Delivery]] = []
         self._due: list[tuple[float, int, _Outgoing]] = []
         self._due_seq = itertools.count()
         self._commands: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
-        self._inbox: queue.SimpleQueue[Message | None] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[Message | Delivery | None] = queue.SimpleQueue()
         self._wake_read, self._wake_write = os.pipe()
         os.set_blocking(self._wake_read, False)
         os.set_blocking(self._wake_write, False)
@@ -235,10 +236,20 @@ class Van:
         self._commands.put(("send", (outgoing, -channel)))
         self._wake()
 
-    def count_datagram_received(self, peer: str, nbytes: int) -> None:
-        """Count a DGT datagram from ``peer`` received on a UDP socket (any thread) like a message's bytes."""
+    def receive_datagram(self, peer: str, nbytes: int, deliver: Delivery) -> None:
+        """A DGT datagram from ``peer`` arrived on a UDP socket (any thread): count it like a message's bytes.
+        Where its messages pass an ingress (the party's access link for the WAN, the LAN ingress), it passes it
+        too, behind them, and ``deliver()`` runs on the dispatch thread; elsewhere ``deliver()`` runs now.
+
+        Usage: ``van.receive_datagram(datagram.sender, datagram.nbytes, lambda: handle(datagram))``
+        """
         known = self._peers.get(peer)
         self.counters.add(peer if known else "<unknown>", known.link_class if known else LAN, "recv", nbytes)
+        if known is not None and (self._access_in if known.link_class == WAN else self._lan_in) is not None:
+            self._commands.put(("datagram_in", (known, nbytes, deliver, time.monotonic())))
+            self._wake()
+            return
+        deliver()
 
     def flush(self, timeout: float) -> bool:
         """Wait until every queued message has been handed to ZeroMQ; False on timeout."""
@@ -382,6 +393,8 @@ class Van:
                     self._udp_pace.offer((outgoing, priority), outgoing.nbytes, priority, now)
                 else:
                     self._enter(outgoing, priority, now)
+            elif command == "datagram_in":
+                self._enter_ingress(*payload, background=True)
             elif command == "flush":
                 flush_requested = True
         wake_at = self._pump_pace(now)
@@ -534,21 +547,35 @@ class Van:
             message.sender = sender.encode()
             if message.kind is Kind.HEARTBEAT and self.heartbeat_hook is not None and self.heartbeat_hook(message):
                 continue
-            ingress = None if peer is None else self._access_in if peer.link_class == WAN else self._lan_in
-            if peer is not None and ingress is not None:
-                # In-cast: it started arriving when the sender's link started sending it; the ingress carries
-                # one message at a time (see _pump_access)
-                link = self._link_spec(peer)
-                wire_s = nbytes * 8.0 / link.bandwidth_bps if link.bandwidth_bps else 0.0
-                ingress.offer(message, nbytes, message.priority, time.monotonic() - wire_s)
+            if peer is not None and self._enter_ingress(peer, nbytes, message, time.monotonic()):
                 continue
             self._inbox.put(message)
+
+    def _enter_ingress(self, peer: _Peer, nbytes: int, item: Message | Delivery, arrived: float,
+                       background: bool = False) -> bool:
+        """Queue a receipt at the node's ingress for ``peer``'s link class, if there is one (False: there is none).
+        In-cast: it started arriving when the sender's link started sending it; the ingress carries one receipt
+        at a time (see _pump_access), datagrams (``background``) behind messages."""
+        ingress = self._access_in if peer.link_class == WAN else self._lan_in
+        if ingress is None:
+            return False
+        link = self._link_spec(peer)
+        wire_s = nbytes * 8.0 / link.bandwidth_bps if link.bandwidth_bps else 0.0
+        priority = item.priority if isinstance(item, Message) else 0
+        ingress.offer(item, nbytes, priority, arrived - wire_s, background)
+        return True
 
     def _dispatch_loop(self) -> None:
         while True:
             message = self._inbox.get()
             if message is None:
                 return
+            if not isinstance(message, Message):  # a DGT datagram that passed the ingress
+                try:
+                    message()
+                except Exception:
+                    log.exception("[%s] DGT datagram handler failed", self.name)
+                continue
             try:
                 self._handler(message)
             except Exception as exc:  # a bad message must never kill the node

@@ -587,9 +587,37 @@ def test_received_datagrams_count_with_their_peers_messages(make_van):
     a2, _ = make_van("a/ls", "a", topo)
     connect(a, b)
     connect(a, a2)
-    a.count_datagram_received(b.identity, 300)
-    a.count_datagram_received(a2.identity, 200)
-    a.count_datagram_received("stranger", 50)
+    handled: list[str] = []
+    a.receive_datagram(b.identity, 300, lambda: handled.append("b"))
+    a.receive_datagram(a2.identity, 200, lambda: handled.append("a2"))
+    a.receive_datagram("stranger", 50, lambda: handled.append("stranger"))
+    assert handled == ["b", "a2", "stranger"]  # no ingress to pass: handled at once
     snapshot = a.counters.snapshot()
     assert snapshot["wan"]["recv"] == 300 and snapshot["lan"]["recv"] == 250
     assert snapshot["peers"][b.identity]["recv"] == 300 and snapshot["peers"]["<unknown>"]["recv"] == 50
+
+
+def test_received_datagrams_pass_the_access_link_behind_messages(make_van):
+    """In-cast at the global server's party: datagrams received from another party pass its access link too,
+    after the messages waiting there, at the link's rate."""
+    rate = 16e6  # 2 MB/s
+    topo = access_topology("a", rate)
+    a, inbox_a = make_van("a/gs", "a", topo)
+    b, _ = make_van("b/ls", "b", topo)
+    connect(a, b)
+    messages = [Message(Kind.PUSHPULL, key=i, tensor=np.zeros(100_000, np.uint8)) for i in range(4)]
+    total = sum(frames_nbytes(encode(m)) for m in messages) + 100 * 4000
+    delivered: queue.Queue[float] = queue.Queue()
+    start = time.monotonic()
+    for m in messages:
+        b.send(a.identity, m)
+    arrivals = inbox_a.get_many(1)  # the first message is on a's access link: the others wait behind it
+    for _ in range(100):
+        a.receive_datagram(b.identity, 4000, lambda: delivered.put(time.monotonic()))
+    arrivals += inbox_a.get_many(len(messages) - 1)
+    handled = [delivered.get(timeout=WAIT) for _ in range(100)]
+    last = max(handled + [t for t, _ in arrivals])
+    assert total * 8 / (last - start) <= rate * 1.05, f"{total * 8 / (last - start) / 1e6:.1f} Mbit/s"
+    last_message = max(t for t, _ in arrivals)
+    assert sum(t >= last_message for t in handled) >= 99  # behind the messages (one may have been on the wire)
+    assert a.counters.snapshot()["wan"]["recv"] == total
