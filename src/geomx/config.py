@@ -140,9 +140,10 @@ class DGTSpec:
 
     Blocks of ``block_bytes`` are ranked by their contribution (an EMA with coefficient ``alpha`` of the mean
     magnitude); the top ``k`` fraction travels on the reliable ZeroMQ channel, the rest on ``channels`` UDP
-    channels in falling priority, paced at the WAN's rate (``rate_bps`` when the WAN is not limited). The
-    receiver assembles at ``deadline_s``. ``loss``: the emulated loss rate of each UDP channel (seeded by
-    ``seed``). ``adaptive``: K follows ``geomx.dgt.adaptive_k`` (never below ``k_min``). ``random_order``: the
+    channels in falling priority, sharing the reliable traffic's emulated links behind it (paced at ``rate_bps``
+    where no link sets a rate). The receiver assembles at ``deadline_s``. ``loss``: the emulated loss rate of
+    each UDP channel (seeded by ``seed``). ``adaptive``: K follows ``geomx.dgt.adaptive_k`` of the loss the
+    receiver reports (never below ``k_min``; ``k`` until the first reports). ``random_order``: the
     baseline that ranks blocks at random. Usage: ``DGTSpec(channels=3, k=0.8, loss=(0.01, 0.01, 0.01))``.
     """
 

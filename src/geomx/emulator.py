@@ -10,6 +10,10 @@ The WAN between two parties is one pipe per direction, shared by the processes o
 use it: each gets ``rate / share``. Under HiPS one local server uses it alone; under a flat parameter
 server every worker of the party shares it.
 
+*Background* items (DGT's UDP datagrams) share the same pipe at strictly lower priority: one starts only when
+no foreground item is waiting that could start at the same time (an item already on the wire is never
+preempted, as on a real link).
+
 Usage::
 
     link = ShapedLink(LinkSpec(bandwidth_bps=100e6, latency_s=0.025))
@@ -49,12 +53,15 @@ class ShapedLink(Generic[T]):
         self.rate_bps = None if spec.bandwidth_bps is None else spec.bandwidth_bps / share
         self.latency_s = spec.latency_s
         self._queue: list[_Queued[T]] = []
+        self._background: list[_Queued[T]] = []
         self._seq = itertools.count()
         self._busy_until = 0.0
 
-    def offer(self, item: T, nbytes: int, priority: int, now: float) -> None:
-        """Queue ``item`` for transmission; higher ``priority`` goes first, FIFO among equals."""
-        heapq.heappush(self._queue, _Queued(-priority, next(self._seq), now, nbytes, item))
+    def offer(self, item: T, nbytes: int, priority: int, now: float, background: bool = False) -> None:
+        """Queue ``item`` for transmission; higher ``priority`` goes first, FIFO among equals. ``background``
+        items (ordered by ``priority`` among themselves) go only when no foreground item is waiting."""
+        queue = self._background if background else self._queue
+        heapq.heappush(queue, _Queued(-priority, next(self._seq), now, nbytes, item))
 
     def hold_until(self, until: float) -> None:
         """Start nothing before ``until`` (an outage): the backlog then leaves at the link's rate, not in a burst."""
@@ -66,17 +73,28 @@ class ShapedLink(Generic[T]):
         Returns the started items with their delivery times, and when to poll again (None: queue empty).
         """
         started: list[tuple[float, T]] = []
-        while self._queue and self._busy_until <= now:
-            queued = heapq.heappop(self._queue)
+        while (self._queue or self._background) and self._busy_until <= now:
+            queued = heapq.heappop(self._next_queue())
             start = max(self._busy_until, queued.offered_at)
             duration = 0.0 if self.rate_bps is None else queued.nbytes * 8.0 / self.rate_bps
             self._busy_until = start + duration
             started.append((self._busy_until + self.latency_s, queued.item))
-        wake_at = self._busy_until if self._queue else None
+        wake_at = self._busy_until if self._queue or self._background else None
         return started, wake_at
 
+    def _next_queue(self) -> list[_Queued[T]]:
+        """The foreground queue, unless the link went idle with a background item waiting before the first
+        foreground item was offered (then that background item had started on the idle link already)."""
+        if not self._background:
+            return self._queue
+        if not self._queue:
+            return self._background
+        foreground_start = max(self._busy_until, self._queue[0].offered_at)
+        background_start = max(self._busy_until, self._background[0].offered_at)
+        return self._background if background_start < foreground_start else self._queue
+
     def __len__(self) -> int:
-        return len(self._queue)
+        return len(self._queue) + len(self._background)
 
 
 class OutageSchedule:

@@ -33,7 +33,7 @@ from .codecs.base import Kind as TensorKind
 from .codecs.messages import decode_message, payload_fields
 from .config import Mode, NodeConfig, Role
 from .dgt import DgtAssembler, DgtError, DgtSender, write_report
-from .emulator import OutageSchedule
+from .dgt_feedback import FEEDBACK_KEY
 from .heartbeat import pulse_for
 from .membership import GLOBAL_SCHEDULER_ID, AddressBook, Member, local_scheduler_id, new_node_id, register
 from .policies.esync import assign_steps
@@ -530,22 +530,18 @@ class ParameterServer:
         if self.is_global:
             self.dgt_assembler = DgtAssembler(spec.deadline_s)
             _, port = _udp_endpoint(self.van.address)
-            self.udp = UdpReceiver(self.config.bind_host, port, self._on_datagram, self._on_dgt_tick, name=self.name)
+            # each datagram is counted, and passes the party's access link behind the messages, before it is handled
+            received = lambda d: self.van.receive_datagram(d.sender, d.nbytes, lambda: self._on_datagram(d))  # noqa: E731
+            self.udp = UdpReceiver(self.config.bind_host, port, received, self._on_dgt_tick, name=self.name)
             self.udp.start()
-        else:
-            topology = self.config.topology
-            link = topology.wan_between(self.config.party, topology.central)
-            outages = OutageSchedule(topology.outages, self.config.party, topology.job_start)
-            cut = (lambda now: outages.blocked_until(topology.central, now) is not None) if outages else None
-            self.dgt_sender = DgtSender(spec, self.identity, link, cut)
-            self.dgt_sender.start()
+        else:  # the datagrams share the van's links (behind its messages) and byte counters
+            self.dgt_sender = DgtSender(spec, self.identity, self.van)
         log.info("[%s] DGT on: K=%g%s, %d UDP channels, %d-byte blocks", self.name, spec.k,
                  " (adaptive)" if spec.adaptive else "", spec.channels, spec.block_bytes)
 
     def _stop_dgt(self) -> None:
         report = None
         if self.dgt_sender is not None:
-            self.dgt_sender.stop()
             report = self.dgt_sender.report()
         if self.udp is not None:
             self.udp.stop()
@@ -572,7 +568,7 @@ class ParameterServer:
             self._on_pushpull(done)
 
     def _on_datagram(self, datagram: Datagram) -> None:
-        """A UDP block (the receiver thread): a push whose last block this was joins its round."""
+        """A UDP block (the receiver or dispatch thread): a push whose last block this was joins its round."""
         with self._lock:
             if self.dgt_assembler is None or datagram.sender not in self.clients:
                 return
@@ -1024,8 +1020,8 @@ class ParameterServer:
                                                          num_parts=first.num_parts, body={"ask": True}))
                 return
             if self.dgt_sender is not None and "tensor" in fields and upward.dtype == np.float32:
-                address = self.udp_address[self._owner(rnd.key, rnd.part)]
-                fields = self.dgt_sender.push(address, rnd.key, rnd.part, rnd.number, upward)
+                owner = self._owner(rnd.key, rnd.part)
+                fields = self.dgt_sender.push(owner, self.udp_address[owner], rnd.key, rnd.part, rnd.number, upward)
             self._forward(rnd, Message(Kind.PUSHPULL, key=rnd.key, part=rnd.part, num_parts=first.num_parts,
                                        round=rnd.number, priority=first.priority, **fields))
             return
@@ -1164,6 +1160,8 @@ class ParameterServer:
                     self._release(rnd, None, str(error), number)
                     return
                 reply = result.result()
+                if self.dgt_sender is not None:  # the receiver's loss report, which adaptive K follows
+                    self.dgt_sender.on_answer(reply.body)
                 if (reply.body or {}).get("ts") == "relayed":
                     return  # TSEngine: the value comes as a RELAY from the global server or a fellow local server
                 try:
@@ -1229,6 +1227,10 @@ class ParameterServer:
                 reply = message.error(f"{self.name}: {error}")
             else:
                 reply = message.reply(**fields) if fields else message.reply(tensor=value, body=body)
+                feedback = (self.dgt_assembler.feedback_for(sender)
+                            if self.dgt_assembler is not None and rnd.kind is Kind.PUSHPULL else None)
+                if feedback is not None:  # DGT: what this sender's UDP blocks did (see geomx.dgt_feedback)
+                    reply.body = {**(reply.body or {}), FEEDBACK_KEY: feedback}
             self.van.send(sender, reply)
         if error:
             log.error("[%s] %s failed: %s", self.name, rnd.describe(), error)

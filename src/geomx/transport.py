@@ -5,6 +5,10 @@ one DEALER socket per peer (the DEALER's identity is this node's id, so the rece
 One I/O thread owns all sockets; one dispatch thread runs the node's handler, so a slow handler never
 stops bytes from moving. ``send`` may be called from any thread.
 
+DGT's UDP datagrams (``send_datagram``) take the same emulated links as the messages to their peer (the
+party's access link included) at strictly lower priority than any message, and count in the same byte
+counters: UDP is not a second pipe next to the WAN.
+
 Usage::
 
     van = Van("dc1/worker/ab12", party="dc1", topology=topology, handler=on_message)
@@ -22,6 +26,7 @@ import itertools
 import logging
 import os
 import queue
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -38,6 +43,7 @@ from .wire import Kind, Message, WireError, decode, encode, frames_nbytes
 log = logging.getLogger("geomx.transport")
 
 Handler = Callable[[Message], None]
+Delivery = Callable[[], None]  # a received DGT datagram's handling, run once it passed the node's ingress
 Hook = Callable[[Message], bool]  # True: the message was consumed
 
 LAN = "lan"
@@ -64,6 +70,21 @@ class _Outgoing:
     frames: list[Any]
     nbytes: int
     ready_at: float = 0.0  # when its last bit left the party's access link (delivery is not earlier + latency)
+    udp: tuple[str, int] | None = None  # a DGT datagram (frames == [bytes]) to this UDP address
+    lost: bool = False  # the datagram is lost on the way (emulated loss): it takes the link, then vanishes
+
+
+@dataclass
+class DatagramCounts:
+    """DGT datagrams that left this process (I/O thread only): ``sent`` and ``sent_bytes`` count every datagram
+    that crossed the emulated link, ``lost`` those of them the emulated loss dropped after it (never handed to
+    the socket), ``lost_to_outage`` those due while the WAN was cut."""
+
+    sent: int = 0
+    sent_bytes: int = 0
+    lost: int = 0
+    lost_to_outage: int = 0
+    errors: int = 0
 
 
 @dataclass
@@ -73,15 +94,19 @@ class ByteCounters:
     by_class: dict[str, dict[str, int]] = field(
         default_factory=lambda: {LAN: {"sent": 0, "recv": 0}, WAN: {"sent": 0, "recv": 0}})
     by_peer: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # the I/O thread and a DGT receiver thread (UDP receipts) both add
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, peer: str, link_class: str, direction: str, nbytes: int) -> None:
-        self.by_class[link_class][direction] += nbytes
-        entry = self.by_peer.setdefault(peer, {"class": link_class, "sent": 0, "recv": 0})
-        entry[direction] += nbytes
+        with self._lock:
+            self.by_class[link_class][direction] += nbytes
+            entry = self.by_peer.setdefault(peer, {"class": link_class, "sent": 0, "recv": 0})
+            entry[direction] += nbytes
 
     def snapshot(self) -> dict[str, Any]:
-        return {"lan": dict(self.by_class[LAN]), "wan": dict(self.by_class[WAN]),
-                "peers": {name: dict(entry) for name, entry in self.by_peer.items()}}
+        with self._lock:
+            return {"lan": dict(self.by_class[LAN]), "wan": dict(self.by_class[WAN]),
+                    "peers": {name: dict(entry) for name, entry in self.by_peer.items()}}
 
 
 class Van:
@@ -107,17 +132,17 @@ class Van:
         self._access_bps = topology.access_bps(party)
         self._access_share = 1
         self._access_out: ShapedLink[tuple[_Outgoing, int]] | None = None
-        self._access_in: ShapedLink[Message] | None = None
+        self._access_in: ShapedLink[Message | Delivery] | None = None
         # The node's inbound LAN side (``links.lan.ingress``): LAN receipts queue there like WAN ones at the access
         # link, so workers sending to their local server at once share its rate.
         lan = topology.lan
-        self._lan_in: ShapedLink[Message] | None = (
+        self._lan_in: ShapedLink[Message | Delivery] | None = (
             ShapedLink(LinkSpec(lan.bandwidth_bps)) if lan.ingress and lan.bandwidth_bps else None)
-        self._inbound: list[tuple[float, int, Message]] = []
+        self._inbound: list[tuple[float, int, Message | Delivery]] = []
         self._due: list[tuple[float, int, _Outgoing]] = []
         self._due_seq = itertools.count()
         self._commands: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
-        self._inbox: queue.SimpleQueue[Message | None] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[Message | Delivery | None] = queue.SimpleQueue()
         self._wake_read, self._wake_write = os.pipe()
         os.set_blocking(self._wake_read, False)
         os.set_blocking(self._wake_write, False)
@@ -127,6 +152,11 @@ class Van:
         self._start_error: BaseException | None = None
         self._threads: list[threading.Thread] = []
         self.counters = ByteCounters()
+        self.datagrams = DatagramCounts()
+        self._udp_sock: socket.socket | None = None  # DGT datagrams (opened on first use by the I/O thread)
+        # Datagrams to a peer whose links set no rate are paced here (even loopback drops unpaced bursts).
+        pace = topology.dgt.rate_bps if topology.dgt is not None else None
+        self._udp_pace: ShapedLink[tuple[_Outgoing, int]] | None = ShapedLink(LinkSpec(pace)) if pace else None
         self.address = ""
         self.malformed = 0
         # refuses peers without the shared secret / CURVE key during the handshake (see geomx.security)
@@ -190,6 +220,36 @@ class Van:
         frames = encode(message)
         self._commands.put(("send", (_Outgoing(peer, frames, frames_nbytes(frames)), message.priority)))
         self._wake()
+
+    def send_datagram(self, peer: str, address: tuple[str, int], data: bytes, channel: int,
+                      lost: bool = False) -> None:
+        """Queue a DGT datagram for ``address`` (the UDP endpoint of ``peer``) on the links to ``peer``, behind
+        every message (lower ``channel`` first). ``lost``: emulated loss, it takes the link but never arrives.
+
+        Usage: ``van.send_datagram(global_server_id, ("127.0.0.1", 41235), encode_datagram(d), channel=1)``
+        """
+        if peer in self._gone:
+            return
+        if peer not in self._peers:
+            raise KeyError(f"{self.name}: no connection to peer {peer!r}")
+        outgoing = _Outgoing(peer, [data], len(data), udp=address, lost=lost)
+        self._commands.put(("send", (outgoing, -channel)))
+        self._wake()
+
+    def receive_datagram(self, peer: str, nbytes: int, deliver: Delivery) -> None:
+        """A DGT datagram from ``peer`` arrived on a UDP socket (any thread): count it like a message's bytes.
+        Where its messages pass an ingress (the party's access link for the WAN, the LAN ingress), it passes it
+        too, behind them, and ``deliver()`` runs on the dispatch thread; elsewhere ``deliver()`` runs now.
+
+        Usage: ``van.receive_datagram(datagram.sender, datagram.nbytes, lambda: handle(datagram))``
+        """
+        known = self._peers.get(peer)
+        self.counters.add(peer if known else "<unknown>", known.link_class if known else LAN, "recv", nbytes)
+        if known is not None and (self._access_in if known.link_class == WAN else self._lan_in) is not None:
+            self._commands.put(("datagram_in", (known, nbytes, deliver, time.monotonic())))
+            self._wake()
+            return
+        deliver()
 
     def flush(self, timeout: float) -> bool:
         """Wait until every queued message has been handed to ZeroMQ; False on timeout."""
@@ -306,6 +366,8 @@ class Van:
                 sock.close(linger=0)
             for sock in self._sockets.values():
                 sock.close(linger=1000)
+            if self._udp_sock is not None:
+                self._udp_sock.close()
 
     def _pump(self) -> float | None:
         """Run queued commands, move messages through the links, send what is due. Returns next wake time."""
@@ -325,13 +387,18 @@ class Van:
             elif command == "send":
                 outgoing, priority = payload
                 peer = self._peers[outgoing.peer]
-                if peer.link_class == WAN and self._access_out is not None:
-                    self._access_out.offer((outgoing, priority), outgoing.nbytes, priority, now)
+                if outgoing.udp is not None and self._cut_until(peer.link_class, peer.party, now) is not None:
+                    self.datagrams.lost_to_outage += 1  # sent into a cut WAN: gone (messages wait instead)
+                elif outgoing.udp is not None and self._udp_pace is not None and self._unlimited(peer):
+                    self._udp_pace.offer((outgoing, priority), outgoing.nbytes, priority, now)
                 else:
-                    self._links[peer.link_key].offer(outgoing, outgoing.nbytes, priority, now)
+                    self._enter(outgoing, priority, now)
+            elif command == "datagram_in":
+                self._enter_ingress(*payload, background=True)
             elif command == "flush":
                 flush_requested = True
-        wake_at = self._pump_access(now)
+        wake_at = self._pump_pace(now)
+        wake_at = _earliest(wake_at, self._pump_access(now))
         for (link_class, party), link in self._links.items():
             until = self._cut_until(link_class, party, now)
             if until is not None:  # the WAN to that party is cut: nothing starts before the outage ends
@@ -346,6 +413,9 @@ class Van:
             _, _, outgoing = heapq.heappop(self._due)
             peer = self._peers[outgoing.peer]
             until = self._cut_until(peer.link_class, peer.party, now)
+            if until is not None and outgoing.udp is not None:  # a datagram in flight when the WAN was cut
+                self.datagrams.lost_to_outage += 1
+                continue
             if until is not None:  # in flight when the WAN was cut: it arrives when the outage ends
                 heapq.heappush(self._due, (until, next(self._due_seq), outgoing))
                 continue
@@ -353,11 +423,36 @@ class Van:
         if self._due:
             wake_at = _earliest(wake_at, self._due[0][0])
         if flush_requested:
-            access_busy = self._access_out is not None and len(self._access_out) > 0
+            access_busy = any(link is not None and len(link) > 0 for link in (self._access_out, self._udp_pace))
             if not self._due and not access_busy and all(len(link) == 0 for link in self._links.values()):
                 self._idle.set()
             else:
                 self._commands.put(("flush", None))  # look again at the next wake-up
+        return wake_at
+
+    def _enter(self, outgoing: _Outgoing, priority: int, now: float) -> None:
+        """Queue ``outgoing`` on its way out: the party's access link for the WAN (if any), else its peer's link."""
+        peer = self._peers[outgoing.peer]
+        background = outgoing.udp is not None
+        if peer.link_class == WAN and self._access_out is not None:
+            self._access_out.offer((outgoing, priority), outgoing.nbytes, priority, now, background)
+        else:
+            self._links[peer.link_key].offer(outgoing, outgoing.nbytes, priority, now, background)
+
+    def _unlimited(self, peer: _Peer) -> bool:
+        """Whether nothing on the way to ``peer`` sets a rate (then DGT datagrams are paced on their own)."""
+        link = self._links.get(peer.link_key)
+        access = self._access_out if peer.link_class == WAN else None
+        return (link is None or link.rate_bps is None) and (access is None or access.rate_bps is None)
+
+    def _pump_pace(self, now: float) -> float | None:
+        """Datagrams to unlimited links leave the pacer at DGT's rate into their links; returns the next wake-up."""
+        if self._udp_pace is None:
+            return None
+        started, wake_at = self._udp_pace.poll(now)
+        rate = self._udp_pace.rate_bps or 0.0
+        for end, (outgoing, priority) in started:
+            self._enter(outgoing, priority, end - (outgoing.nbytes * 8.0 / rate if rate else 0.0))
         return wake_at
 
     def _pump_access(self, now: float) -> float | None:
@@ -376,7 +471,8 @@ class Van:
             for end, (outgoing, priority) in started:
                 outgoing.ready_at = end
                 start = end - (outgoing.nbytes * 8.0 / rate if rate else 0.0)
-                self._links[self._peers[outgoing.peer].link_key].offer(outgoing, outgoing.nbytes, priority, start)
+                self._links[self._peers[outgoing.peer].link_key].offer(outgoing, outgoing.nbytes, priority, start,
+                                                                       background=outgoing.udp is not None)
         for ingress in (self._access_in, self._lan_in):
             if ingress is None:
                 continue
@@ -392,8 +488,29 @@ class Van:
         """When the outage cutting the WAN to ``party`` ends, or None if that link is up (or not WAN)."""
         return self._outages.blocked_until(party, now) if link_class == WAN and self._outages else None
 
+    def _transmit_datagram(self, peer: _Peer, outgoing: _Outgoing) -> None:
+        assert outgoing.udp is not None
+        if self._udp_sock is None:
+            self._udp_sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            self._udp_sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+        if not outgoing.lost:
+            try:
+                self._udp_sock.sendto(outgoing.frames[0], outgoing.udp)
+            except OSError as exc:
+                self.datagrams.errors += 1
+                log.warning("[%s] UDP send to %s failed: %s", self.name, outgoing.udp, exc)
+                return
+        else:
+            self.datagrams.lost += 1
+        self.datagrams.sent += 1
+        self.datagrams.sent_bytes += outgoing.nbytes
+        self.counters.add(peer.identity, peer.link_class, "sent", outgoing.nbytes)
+
     def _transmit(self, outgoing: _Outgoing) -> None:
         peer = self._peers[outgoing.peer]
+        if outgoing.udp is not None:
+            self._transmit_datagram(peer, outgoing)
+            return
         sock = self._sockets.get(outgoing.peer)
         if sock is None:  # disconnected while the message waited in its link
             return
@@ -430,21 +547,35 @@ class Van:
             message.sender = sender.encode()
             if message.kind is Kind.HEARTBEAT and self.heartbeat_hook is not None and self.heartbeat_hook(message):
                 continue
-            ingress = None if peer is None else self._access_in if peer.link_class == WAN else self._lan_in
-            if peer is not None and ingress is not None:
-                # In-cast: it started arriving when the sender's link started sending it; the ingress carries
-                # one message at a time (see _pump_access)
-                link = self._link_spec(peer)
-                wire_s = nbytes * 8.0 / link.bandwidth_bps if link.bandwidth_bps else 0.0
-                ingress.offer(message, nbytes, message.priority, time.monotonic() - wire_s)
+            if peer is not None and self._enter_ingress(peer, nbytes, message, time.monotonic()):
                 continue
             self._inbox.put(message)
+
+    def _enter_ingress(self, peer: _Peer, nbytes: int, item: Message | Delivery, arrived: float,
+                       background: bool = False) -> bool:
+        """Queue a receipt at the node's ingress for ``peer``'s link class, if there is one (False: there is none).
+        In-cast: it started arriving when the sender's link started sending it; the ingress carries one receipt
+        at a time (see _pump_access), datagrams (``background``) behind messages."""
+        ingress = self._access_in if peer.link_class == WAN else self._lan_in
+        if ingress is None:
+            return False
+        link = self._link_spec(peer)
+        wire_s = nbytes * 8.0 / link.bandwidth_bps if link.bandwidth_bps else 0.0
+        priority = item.priority if isinstance(item, Message) else 0
+        ingress.offer(item, nbytes, priority, arrived - wire_s, background)
+        return True
 
     def _dispatch_loop(self) -> None:
         while True:
             message = self._inbox.get()
             if message is None:
                 return
+            if not isinstance(message, Message):  # a DGT datagram that passed the ingress
+                try:
+                    message()
+                except Exception:
+                    log.exception("[%s] DGT datagram handler failed", self.name)
+                continue
             try:
                 self._handler(message)
             except Exception as exc:  # a bad message must never kill the node

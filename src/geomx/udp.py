@@ -1,22 +1,19 @@
-"""UDP channels for DGT: a validated datagram format, a paced lossy sender and a receiver thread.
+"""UDP channels for DGT: a validated datagram format and a receiver thread.
 
 DGT (``geomx.dgt``) sends a push's less important blocks as one datagram each. Nothing here knows what a
-block means. The sender paces datagrams through the WAN emulator (``ShapedLink``: rate and delay; even
-loopback drops unpaced bursts) in channel priority order, and each channel drops datagrams with its seeded
-loss rate (``LossyChannel``), so tests reproduce losses. Datagrams are raw bytes with a fixed header, never
-pickled; anything malformed is counted and dropped.
+block means. Datagrams leave through the sender's van (``geomx.transport.Van.send_datagram``), which shapes
+them with its messages (behind them) and counts their bytes. Datagrams are raw bytes with a fixed header,
+never pickled; anything malformed is counted and dropped.
 
 Usage::
 
     receiver = UdpReceiver("127.0.0.1", 0, handler=print, tick=lambda now: None); receiver.start()
-    sender = PacedSender(LinkSpec(100e6, 0.01), {1: LossyChannel(0.01, seed=1)}, name="dc1/server")
-    sender.start(); sender.send(("127.0.0.1", receiver.port), Datagram("dc1/server", 3, 0, 7, 12, 1, 4096, values))
+    data = encode_datagram(Datagram("dc1/server", 3, 0, 7, 12, 1, 4096, values))
+    van.send_datagram(global_server_id, ("127.0.0.1", receiver.port), data, channel=1)
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import logging
 import select
 import socket
@@ -27,9 +24,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
-
-from .config import LinkSpec
-from .emulator import LossyChannel, ShapedLink
 
 log = logging.getLogger("geomx.udp")
 
@@ -56,6 +50,7 @@ class Datagram:
     channel: int
     offset: int
     values: np.ndarray = field(repr=False)
+    nbytes: int = 0  # its size on the wire (set by decode_datagram)
 
 
 def encode_datagram(d: Datagram) -> bytes:
@@ -88,7 +83,8 @@ def decode_datagram(data: bytes) -> Datagram:
         sender = body[:sender_len].decode()
     except UnicodeDecodeError:
         raise DatagramError("sender id is not UTF-8") from None
-    return Datagram(sender, key, part, rnd, block, channel, offset, np.frombuffer(payload, dtype=np.float32))
+    return Datagram(sender, key, part, rnd, block, channel, offset, np.frombuffer(payload, dtype=np.float32),
+                    len(data))
 
 
 class UdpReceiver:
@@ -149,86 +145,3 @@ class UdpReceiver:
                 self._tick(time.monotonic())
             except Exception:
                 log.exception("[%s] DGT deadline handler failed", self.name)
-
-
-class PacedSender:
-    """Sends datagrams through a shaped link (rate, delay; lower channel first) with per-channel loss.
-
-    ``cut(now)``: whether the emulated WAN is down at ``now`` (an outage): datagrams due then are lost, as on a
-    real link (ZeroMQ messages wait for the link instead; see geomx.transport).
-    """
-
-    def __init__(self, link: LinkSpec, channels: dict[int, LossyChannel], name: str = "udp",
-                 cut: Callable[[float], bool] | None = None) -> None:
-        self.name = name
-        self._cut = cut
-        self.lost_to_outage = 0
-        self._link: ShapedLink[tuple[tuple[str, int], bytes, int]] = ShapedLink(link)
-        self._channels = channels
-        self._due: list[tuple[float, int, tuple[str, int], bytes]] = []
-        self._seq = itertools.count()
-        self._cond = threading.Condition()
-        self._stop = False
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
-        self.sent = 0
-        self.sent_bytes = 0
-        self.send_errors = 0
-        self._thread = threading.Thread(target=self._loop, name=f"{name}-udp-send", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def send(self, address: tuple[str, int], datagram: Datagram) -> bool:
-        """Queue ``datagram`` unless its channel's emulated loss drops it; False when dropped."""
-        data = encode_datagram(datagram)
-        if self._channels[datagram.channel].drop():
-            return False
-        with self._cond:
-            self._link.offer((address, data, datagram.channel), len(data), -datagram.channel, time.monotonic())
-            self._cond.notify()
-        return True
-
-    def idle(self) -> bool:
-        with self._cond:
-            return not self._due and len(self._link) == 0
-
-    def stop(self, flush_s: float = 2.0) -> None:
-        deadline = time.monotonic() + flush_s
-        while not self.idle() and time.monotonic() < deadline:
-            time.sleep(0.005)
-        with self._cond:
-            self._stop = True
-            self._cond.notify()
-        self._thread.join(timeout=5)
-        self._sock.close()
-
-    def _loop(self) -> None:
-        while True:
-            with self._cond:
-                if self._stop:
-                    return
-                now = time.monotonic()
-                started, wake_at = self._link.poll(now)
-                for deliver_at, (address, data, _) in started:
-                    heapq.heappush(self._due, (deliver_at, next(self._seq), address, data))
-                ready = []
-                while self._due and self._due[0][0] <= now:
-                    _, _, address, data = heapq.heappop(self._due)
-                    ready.append((address, data))
-                if self._due:
-                    wake_at = self._due[0][0] if wake_at is None else min(wake_at, self._due[0][0])
-                if not ready:
-                    self._cond.wait(0.2 if wake_at is None else max(0.0, wake_at - now))
-                    continue
-            if self._cut is not None and self._cut(now):
-                self.lost_to_outage += len(ready)
-                continue
-            for address, data in ready:
-                try:
-                    self._sock.sendto(data, address)
-                    self.sent += 1
-                    self.sent_bytes += len(data)
-                except OSError as exc:
-                    self.send_errors += 1
-                    log.warning("[%s] UDP send to %s failed: %s", self.name, address, exc)

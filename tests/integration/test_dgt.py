@@ -12,6 +12,8 @@ from dgt_sum import pushed
 from harness import EXAMPLES_DIR, write_topology
 
 from geomx.dgt import read_reports
+from geomx.report import build_report
+from geomx.runlog import read_stats
 
 NUMEL, ROUNDS, BLOCK_BYTES = 8192, 6, 256  # 128 blocks of 64 values per push
 
@@ -24,13 +26,18 @@ def dgt_topology(tmp_path: Path, name: str, dgt: dict[str, Any], **options: Any)
     return path
 
 
-def run(geomx_job, tmp_path: Path, name: str, dgt: dict[str, Any]):
+def run_job(geomx_job, tmp_path: Path, name: str, dgt: dict[str, Any]):
     job = geomx_job("dgt_sum.py", "--rounds", str(ROUNDS), "--numel", str(NUMEL), name=name,
                     topology=dgt_topology(tmp_path, name, dgt))
     job.assert_ok()
     reports = read_reports(job.run_dir)
     senders = {r["name"]: r for r in reports.values() if r["role"] == "sender"}
     (receiver,) = [r for r in reports.values() if r["role"] == "receiver"]
+    return job, senders, receiver
+
+
+def run(geomx_job, tmp_path: Path, name: str, dgt: dict[str, Any]):
+    job, senders, receiver = run_job(geomx_job, tmp_path, name, dgt)
     return job.workers(), senders, receiver
 
 
@@ -71,9 +78,39 @@ def test_dgt_with_seeded_loss_gives_zeros_where_blocks_were_lost(geomx_job, tmp_
                for _, _, rnd, block in report["dropped"]}
     lost = {(party, rnd, block) for (party, rnd), blocks in missing.items() for block in blocks}
     assert lost == dropped
-    # adaptive K moved: with ~20% loss the contribution tail must shrink, K leaves its start of 0.5
+    # adaptive K moved: with ~20% loss the contribution tail must shrink, K leaves its start of 0.5; it moved
+    # on the global server's reports of what it missed (in the answers to the pushes), not before the first
     for report in senders.values():
         assert len(set(report["k_history"])) > 1, report["k_history"]
+        assert report["k_history"][0] == 0.5 and report["feedback_reports"] >= 1
+        assert report["reported_loss"] > 0.05, report  # ~20% emulated loss, as the receiver counted it
+    by_sender = receiver["feedback"]["by_sender"]
+    assert sum(c["lost"] for channels in by_sender.values() for c in channels.values()) == receiver["lost"]
+
+
+def test_wan_bytes_count_the_udp_datagrams(geomx_job, tmp_path):
+    """The datagrams are WAN traffic: the run summary, kv.wan_bytes() (what `geomx report` shows) and the
+    processes' byte counters include them, on top of the reliable part."""
+    k = 0.25  # 32 of 128 blocks reliable, 96 by UDP per push
+    job, senders, receiver = run_job(geomx_job, tmp_path, "wan", {"channels": 3, "k": k, "deadline": "2s",
+                                                                  "block_bytes": BLOCK_BYTES})
+    assert receiver["lost"] == 0
+    by_party = {name.split("/")[0]: report for name, report in senders.items()}
+    udp_dc1 = by_party["dc1"]["udp_bytes"]  # counted by dc1's DGT sender as it encoded them
+    assert udp_dc1 >= ROUNDS * 96 * BLOCK_BYTES and by_party["dc1"]["udp_sent"] == ROUNDS * 96
+    reliable_dc1 = ROUNDS * 32 * BLOCK_BYTES  # the reliable blocks' values (dc0's master sends the INIT value)
+    assert job.summary["wan_bytes_sent_by_party"]["dc1"] >= udp_dc1 + reliable_dc1
+    pulls_to_dc1 = ROUNDS * NUMEL * 4  # the global server's answers
+    assert job.summary["wan_bytes"] >= udp_dc1 + reliable_dc1 + pulls_to_dc1
+    for _, meta in job.workers().values():  # kv.wan_bytes(): the global server's counters, receipts included
+        assert meta["wan_bytes"] >= udp_dc1 + reliable_dc1 + pulls_to_dc1, meta["wan_bytes"]
+    (row,) = build_report([job.run_dir], tmp_path / "report")
+    assert row["wan_mb"] * 1e6 >= udp_dc1 + reliable_dc1 + pulls_to_dc1
+    # what dc1's local server sent to the global server is what the global server got from it, datagrams included
+    stats = {s["name"]: s for s in read_stats(job.run_dir)}
+    sent = [p for name, p in stats["dc1/server"]["peers"].items() if "/global_server/" in name]
+    got = [p for name, p in stats["global_server0"]["peers"].items() if name.startswith("dc1/local_server/")]
+    assert len(sent) == 1 and len(got) == 1 and sent[0]["sent"] == got[0]["recv"]
 
 
 @pytest.mark.slow

@@ -1,5 +1,6 @@
-"""DGT's pieces: channel assignment, adaptive K, the datagram format, seeded loss, and reassembly over real
-loopback UDP (sender and assembler in one process)."""
+"""DGT's pieces: channel assignment, adaptive K, the datagram format, seeded loss, the receiver's loss reports
+and K following them, and reassembly over real loopback UDP (sender and assembler in one process, the
+datagrams leaving through a real Van)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ import time
 import numpy as np
 import pytest
 
-from geomx.config import DGTSpec, LinkSpec
+from geomx.config import DGTSpec, Outage, PartySpec, Topology
 from geomx.dgt import DgtAssembler, DgtError, DgtSender, adaptive_k, assign_channels, block_ranges, block_scores
-from geomx.emulator import LossyChannel
+from geomx.emulator import LossyChannel, OutageSchedule
+from geomx.transport import Van
 from geomx.udp import Datagram, DatagramError, UdpReceiver, decode_datagram, encode_datagram
 from geomx.wire import Kind, Message
 
@@ -64,18 +66,29 @@ def test_lossy_channel_is_seeded():
         LossyChannel(1.0, seed=0)
 
 
-class Loopback:
-    """A DgtSender and a DgtAssembler joined by real UDP on 127.0.0.1."""
+def two_parties(spec: DGTSpec, **options: object) -> Topology:
+    """The global server's party "a" and the sender's party "b" (no link limits: DGT paces at spec.rate_bps)."""
+    return Topology(parties=(PartySpec("a", 1), PartySpec("b", 1)), central="a", dgt=spec, **options)
 
-    def __init__(self, spec: DGTSpec) -> None:
+
+class Loopback:
+    """A DgtSender (its datagrams leaving through a real Van, as in a local server) and a DgtAssembler joined by
+    real UDP on 127.0.0.1."""
+
+    def __init__(self, spec: DGTSpec, topology: Topology | None = None) -> None:
+        topology = topology or two_parties(spec)
         self.assembler = DgtAssembler(spec.deadline_s)
         self.lock = threading.Lock()
         self.done: list[Message] = []
         self.arrived = threading.Condition(self.lock)
         self.receiver = UdpReceiver("127.0.0.1", 0, self.on_block, self.on_tick)
-        self.sender = DgtSender(spec, "ls", LinkSpec(None, 0.0))
+        self.gs = Van("gs", "a", topology, handler=lambda message: None)
+        self.van = Van("ls", "b", topology, handler=lambda message: None)
+        self.gs.start()
+        self.van.start()
+        self.van.add_peer("gs", self.gs.address, party="a")
+        self.sender = DgtSender(spec, "ls", self.van)
         self.receiver.start()
-        self.sender.start()
 
     def on_block(self, datagram: Datagram) -> None:
         with self.lock:
@@ -92,7 +105,7 @@ class Loopback:
             self.arrived.notify_all()
 
     def push(self, rnd: int, values: np.ndarray) -> np.ndarray:
-        fields = self.sender.push(("127.0.0.1", self.receiver.port), 0, 0, rnd, values)
+        fields = self.sender.push("gs", ("127.0.0.1", self.receiver.port), 0, 0, rnd, values)
         message = Message(Kind.PUSHPULL, key=0, round=rnd, tensor=fields["tensor"], body=fields["body"])
         with self.lock:
             self._finished(self.assembler.on_reliable("ls", message, time.monotonic()))
@@ -100,7 +113,8 @@ class Loopback:
             return next(m for m in self.done if m.round == rnd).tensor
 
     def close(self) -> None:
-        self.sender.stop()
+        self.van.stop(flush_timeout=1.0)
+        self.gs.stop(flush_timeout=1.0)
         self.receiver.stop()
 
 
@@ -133,13 +147,14 @@ def test_loopback_with_loss_has_zeros_exactly_where_blocks_were_dropped():
 def test_late_blocks_fold_into_the_next_round():
     assembler = DgtAssembler(deadline_s=0.01)
     reliable = Message(Kind.PUSHPULL, key=0, round=0, tensor=np.ones(2, np.float32),
-                       body={"dgt": {"blocks": [0], "udp": 1, "block_elems": 2, "numel": 4, "shape": [4]}})
+                       body={"dgt": {"blocks": [0], "udp": 1, "channels": [1], "block_elems": 2, "numel": 4, "shape": [4]}})
     assert assembler.on_reliable("ls", reliable, now=0.0) is None
     (first,) = assembler.expire(now=1.0)
     np.testing.assert_array_equal(first.tensor, [1, 1, 0, 0])  # block 1 lost at the deadline
     assert assembler.on_block(Datagram("ls", 0, 0, 0, 1, 1, 2, np.full(2, 5, np.float32))) is None  # late
     second = Message(Kind.PUSHPULL, key=0, round=1, tensor=np.ones(2, np.float32),
-                     body={"dgt": {"blocks": [0], "udp": 1, "block_elems": 2, "numel": 4, "shape": [4]}})
+                     body={"dgt": {"blocks": [0], "udp": 1, "channels": [1], "block_elems": 2, "numel": 4,
+                                   "shape": [4]}})
     assert assembler.on_reliable("ls", second, now=2.0) is None
     done = assembler.on_block(Datagram("ls", 0, 0, 1, 1, 1, 2, np.full(2, 2, np.float32)))
     assert done is not None
@@ -148,10 +163,12 @@ def test_late_blocks_fold_into_the_next_round():
 
 
 @pytest.mark.parametrize("dgt", [
-    {"blocks": [0, 0], "udp": 0, "block_elems": 2, "numel": 4, "shape": [4]},
-    {"blocks": [0], "udp": 5, "block_elems": 2, "numel": 4, "shape": [4]},
-    {"blocks": [9], "udp": 1, "block_elems": 2, "numel": 4, "shape": [4]},
-    {"blocks": [0], "udp": 1, "block_elems": 2, "numel": 4, "shape": [5]},
+    {"blocks": [0, 0], "udp": 0, "channels": [0], "block_elems": 2, "numel": 4, "shape": [4]},
+    {"blocks": [0], "udp": 5, "channels": [5], "block_elems": 2, "numel": 4, "shape": [4]},
+    {"blocks": [9], "udp": 1, "channels": [1], "block_elems": 2, "numel": 4, "shape": [4]},
+    {"blocks": [0], "udp": 1, "channels": [1], "block_elems": 2, "numel": 4, "shape": [5]},
+    {"blocks": [0], "udp": 1, "channels": [0, 2], "block_elems": 2, "numel": 4, "shape": [4]},  # sums to 2
+    {"blocks": [0], "udp": 1, "block_elems": 2, "numel": 4, "shape": [4]},  # no per-channel counts
     {"blocks": "x"},
 ])
 def test_malformed_reliable_parts_are_refused(dgt):
@@ -160,21 +177,22 @@ def test_malformed_reliable_parts_are_refused(dgt):
         DgtAssembler(0.1).on_reliable("ls", message, now=0.0)
 
 
-def test_datagrams_due_during_an_outage_are_lost():
-    """A cut WAN (an emulated outage) loses UDP datagrams (ZeroMQ messages wait for the link instead)."""
-    down = threading.Event()
-    down.set()
+def test_datagrams_sent_during_an_outage_are_lost():
+    """A cut WAN (an emulated outage of the sender's party) loses UDP datagrams (ZeroMQ messages wait for the
+    link instead); once the outage is over they arrive again."""
     spec = DGTSpec(channels=1, k=0.5, block_bytes=64, deadline_s=0.3)
-    link = Loopback(spec)
-    link.sender.stop()
-    link.sender = DgtSender(spec, "ls", LinkSpec(None, 0.0), cut=lambda now: down.is_set())
-    link.sender.start()
+    topology = two_parties(spec, outages=(Outage("b", 0.0, 2.0),), job_start=time.time())
+    schedule = OutageSchedule(topology.outages, "b", topology.job_start)
+    link = Loopback(spec, topology)
     try:
         values = np.arange(1, 65, dtype=np.float32)  # 4 blocks: 2 reliable, 2 by UDP
+        assert schedule.blocked_until("a", time.monotonic()) is not None  # precondition: still in the outage
         got = link.push(0, values)
-        assert link.sender.udp.lost_to_outage == 2 and link.sender.report()["lost_to_outage"] == 2
+        assert link.van.datagrams.lost_to_outage == 2 and link.sender.report()["lost_to_outage"] == 2
         assert link.assembler.stats.lost == 2 and np.count_nonzero(got) == 32  # the UDP blocks count as zeros
-        down.clear()
+        deadline = time.monotonic() + 10
+        while schedule.blocked_until("a", time.monotonic()) is not None and time.monotonic() < deadline:
+            time.sleep(0.02)  # waiting for the emulated outage to end (a condition, bounded)
         np.testing.assert_array_equal(link.push(1, values), values)  # the WAN is back
     finally:
         link.close()

@@ -208,3 +208,30 @@ def test_outage_counts_from_the_jobs_start_not_from_the_process_start():
     late_process = OutageSchedule((Outage("dc1", 10.0, 2.0),), "dc0", job_start=time.time() - 9.0)
     now = time.monotonic()
     assert late_process.blocked_until("dc1", now + 1.5) == pytest.approx(now + 3.0, abs=0.05)
+
+
+def test_background_items_share_the_link_strictly_behind_foreground_ones():
+    """DGT's datagrams (background) and messages share one link: together they never exceed its rate, and a
+    datagram goes only when no message is waiting."""
+    link: ShapedLink[str] = ShapedLink(LinkSpec(bandwidth_bps=8 * MBIT))  # 1 MB/s
+    for i in range(10):
+        link.offer(f"udp{i}", nbytes=10_000, priority=-(1 + i % 2), now=0.0, background=True)
+    for i in range(5):
+        link.offer(f"msg{i}", nbytes=100_000, priority=-100, now=0.0)  # a lower priority than any datagram's
+    delivered = drain(link)
+    order = [item for _, item in delivered]
+    assert order[:5] == [f"msg{i}" for i in range(5)]
+    assert order[5:] == [f"udp{i}" for i in (0, 2, 4, 6, 8, 1, 3, 5, 7, 9)]  # channel 1 before channel 2
+    # 600 KB at 1 MB/s: the last one is delivered at 0.6 s, not at 0.5 s (a second pipe would make it 0.1 s)
+    assert delivered[-1][0] == pytest.approx(0.6)
+    assert [t for t, _ in delivered] == sorted(t for t, _ in delivered)
+
+
+def test_a_background_item_on_an_idle_link_is_not_preempted():
+    link: ShapedLink[str] = ShapedLink(LinkSpec(bandwidth_bps=8 * MBIT))
+    link.offer("udp0", nbytes=10_000, priority=-1, now=0.0, background=True)  # 0.01 s on the wire
+    link.offer("udp1", nbytes=10_000, priority=-1, now=0.0, background=True)
+    link.offer("msg", nbytes=10_000, priority=0, now=0.005)  # arrives while udp0 is on the wire
+    delivered = drain(link, now=0.005)  # polled late: udp0 had started on the idle link at 0.0
+    assert delivered == [(pytest.approx(0.01), "udp0"), (pytest.approx(0.02), "msg"), (pytest.approx(0.03), "udp1")]
+    assert len(link) == 0

@@ -503,3 +503,121 @@ def test_a_disconnected_peer_gets_nothing_more_and_sending_to_it_is_not_an_error
         inbox_gone.queue.get(timeout=0.5)
     with pytest.raises(KeyError, match="no connection"):
         a.send("a/never-known", Message(Kind.PULL))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# DGT datagrams share the links
+
+
+class UdpSink:
+    """A bound UDP socket that records (arrival time, size) of every datagram."""
+
+    def __init__(self) -> None:
+        import socket
+
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        self.sock.bind(("127.0.0.1", 0))
+        self.address: tuple[str, int] = self.sock.getsockname()
+
+    def receive(self, count: int, timeout: float = WAIT) -> list[tuple[float, int]]:
+        got = []
+        deadline = time.monotonic() + timeout
+        while len(got) < count:
+            self.sock.settimeout(max(0.01, deadline - time.monotonic()))
+            try:
+                data = self.sock.recv(70_000)
+            except TimeoutError:
+                raise AssertionError(f"{len(got)} of {count} datagrams within {timeout} s") from None
+            got.append((time.monotonic(), len(data)))
+        return got
+
+
+@pytest.mark.parametrize("where", ["wan", "access"])
+def test_datagrams_share_the_link_behind_messages_and_count_as_its_bytes(make_van, where):
+    """Messages and DGT datagrams sent at once to another party: together they take the link's rate (the WAN
+    pipe, or the sender's access link in front of an unlimited WAN), every message before any datagram."""
+    rate = 16e6  # 2 MB/s
+    topo = topology(wan=LinkSpec(bandwidth_bps=rate)) if where == "wan" else access_topology("b", rate)
+    a, inbox_a = make_van("a/gs", "a", topo)
+    b, _ = make_van("b/ls", "b", topo)
+    connect(a, b)
+    sink = UdpSink()
+    messages = [Message(Kind.PUSHPULL, key=i, tensor=np.zeros(100_000, np.uint8)) for i in range(4)]
+    message_bytes = sum(frames_nbytes(encode(m)) for m in messages)
+    datagrams = [bytes([i % 256]) * 4000 for i in range(100)]
+    start = time.monotonic()
+    for m in messages:
+        b.send(a.identity, m)
+    for i, data in enumerate(datagrams):
+        b.send_datagram(a.identity, sink.address, data, channel=1 + i % 3)
+    udp = sink.receive(len(datagrams))
+    arrivals = inbox_a.get_many(len(messages))
+    total = message_bytes + 4000 * len(datagrams)
+    last = max(t for t, _ in udp + [(t, 0) for t, _ in arrivals])
+    # ~0.4 s of traffic at 2 MB/s: a separate full-rate UDP pipe would end it at ~0.2 s
+    assert total * 8 / (last - start) <= rate * 1.05, f"{total * 8 / (last - start) / 1e6:.1f} Mbit/s"
+    assert max(t for t, _ in arrivals) <= min(t for t, _ in udp) + 0.002  # strictly behind the messages
+    assert b.flush(WAIT)
+    assert b.counters.snapshot()["wan"]["sent"] == total
+    assert b.counters.snapshot()["peers"][a.identity]["sent"] == total
+    assert (b.datagrams.sent, b.datagrams.sent_bytes) == (100, 400_000)
+
+
+def test_datagrams_emulated_as_lost_take_the_link_but_never_arrive(make_van):
+    topo = topology(wan=LinkSpec(bandwidth_bps=80e6))
+    a, _ = make_van("a/gs", "a", topo)
+    b, _ = make_van("b/ls", "b", topo)
+    connect(a, b)
+    sink = UdpSink()
+    for i in range(10):
+        b.send_datagram(a.identity, sink.address, bytes(1000), channel=1, lost=i % 2 == 1)
+    assert len(sink.receive(5)) == 5
+    assert b.flush(WAIT)
+    assert (b.datagrams.sent, b.datagrams.lost, b.counters.snapshot()["wan"]["sent"]) == (10, 5, 10_000)
+    sink.sock.settimeout(0.2)
+    with pytest.raises(TimeoutError):
+        sink.sock.recv(70_000)  # the lost ones never came
+
+
+def test_received_datagrams_count_with_their_peers_messages(make_van):
+    topo = topology()
+    a, _ = make_van("a/gs", "a", topo)
+    b, _ = make_van("b/ls", "b", topo)
+    a2, _ = make_van("a/ls", "a", topo)
+    connect(a, b)
+    connect(a, a2)
+    handled: list[str] = []
+    a.receive_datagram(b.identity, 300, lambda: handled.append("b"))
+    a.receive_datagram(a2.identity, 200, lambda: handled.append("a2"))
+    a.receive_datagram("stranger", 50, lambda: handled.append("stranger"))
+    assert handled == ["b", "a2", "stranger"]  # no ingress to pass: handled at once
+    snapshot = a.counters.snapshot()
+    assert snapshot["wan"]["recv"] == 300 and snapshot["lan"]["recv"] == 250
+    assert snapshot["peers"][b.identity]["recv"] == 300 and snapshot["peers"]["<unknown>"]["recv"] == 50
+
+
+def test_received_datagrams_pass_the_access_link_behind_messages(make_van):
+    """In-cast at the global server's party: datagrams received from another party pass its access link too,
+    after the messages waiting there, at the link's rate."""
+    rate = 16e6  # 2 MB/s
+    topo = access_topology("a", rate)
+    a, inbox_a = make_van("a/gs", "a", topo)
+    b, _ = make_van("b/ls", "b", topo)
+    connect(a, b)
+    messages = [Message(Kind.PUSHPULL, key=i, tensor=np.zeros(100_000, np.uint8)) for i in range(4)]
+    total = sum(frames_nbytes(encode(m)) for m in messages) + 100 * 4000
+    delivered: queue.Queue[float] = queue.Queue()
+    start = time.monotonic()
+    for m in messages:
+        b.send(a.identity, m)
+    arrivals = inbox_a.get_many(1)  # the first message is on a's access link: the others wait behind it
+    for _ in range(100):
+        a.receive_datagram(b.identity, 4000, lambda: delivered.put(time.monotonic()))
+    arrivals += inbox_a.get_many(len(messages) - 1)
+    handled = [delivered.get(timeout=WAIT) for _ in range(100)]
+    last = max(handled + [t for t, _ in arrivals])
+    assert total * 8 / (last - start) <= rate * 1.05, f"{total * 8 / (last - start) / 1e6:.1f} Mbit/s"
+    last_message = max(t for t, _ in arrivals)
+    assert sum(t >= last_message for t in handled) >= 99  # behind the messages (one may have been on the wire)
+    assert a.counters.snapshot()["wan"]["recv"] == total

@@ -33,7 +33,10 @@ def main() -> None:
         kv.push(0, pushed(rank, rnd, args.numel))
         kv.pull(0, out)
         pulls.append(out)
-    jobkit.save_worker_output(kv.config.run_dir, rank, {"pulls": pulls}, {"rounds": args.rounds})
+    wan_bytes = kv.wan_bytes()  # after the last pull: every push (and its UDP blocks) reached the global server
+    kv.record(rounds=args.rounds, wan_mb=wan_bytes / 1e6)  # what `geomx report` shows in its WAN column
+    jobkit.save_worker_output(kv.config.run_dir, rank, {"pulls": pulls}, {"rounds": args.rounds,
+                                                                         "wan_bytes": wan_bytes})
     kv.close()
 
 
