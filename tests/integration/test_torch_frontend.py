@@ -89,6 +89,15 @@ def test_p3_changes_only_the_order_and_the_next_forward_starts_early(geomx_job, 
     job.assert_ok()
     workers = job.workers()
     jobkit.assert_fsa_equivalent(workers, num_workers=4)
+    # P3 cut every tensor into slices of at most 64 elements, the bigger ones spread over both global servers
+    # (without P3 each of these small tensors travels whole, to one server)
+    sizes = [p.numel() for p in jobkit.make_model().parameters()]
+    for _, report in workers.values():
+        for size, slices in zip(sizes, report["slices"], strict=True):
+            assert slices[0][0] == 0 and slices[-1][1] == size, slices
+            assert all(stop - start <= 64 for start, stop, _ in slices), (size, slices)
+            if size > 64:
+                assert {shard for _, _, shard in slices} == {0, 1}, (size, slices)
     overlap = [report["overlap"] for _, report in workers.values()]
     assert all(o["forwards"] == jobkit.STEPS for o in overlap), overlap
     # loosely: at least one worker began a forward before all of the previous step's answers had arrived

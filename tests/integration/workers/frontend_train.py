@@ -70,6 +70,7 @@ def main() -> None:
         inner = torch.optim.AdamW(model.parameters(), lr=args.lr)
     opt = gx.DistributedOptimizer(inner, model)
     after = [p.detach().clone() for p in model.parameters()]
+    slices = [opt.kv.slices(key) for key in range(len(after))]  # how each parameter travels (P3: cut small)
     inputs, targets = jobkit.make_data(args.steps, num_workers)
     device_s = args.step_s * (args.slowdown if rank == args.slow_rank else 1.0)
     trained = 0  # steps whose opt.step() changed the weights (under ESync the ones after the last round do not)
@@ -87,7 +88,8 @@ def main() -> None:
     final = [p.detach().clone() for p in model.parameters()]
     jobkit.save_worker_output(opt.kv.config.run_dir, rank, {"before_init": before, "after_init": after, "final": final},
                               {"name": opt.kv.name, "global_rank": rank, "is_master_worker": opt.is_master_worker,
-                               "mode": opt.plan.mode.name, "overlap": opt.overlap, "trained_steps": trained})
+                               "mode": opt.plan.mode.name, "overlap": opt.overlap, "trained_steps": trained,
+                               "slices": slices})
 
 
 if __name__ == "__main__":
