@@ -42,6 +42,7 @@ Hook = Callable[[Message], bool]  # True: the message was consumed
 
 LAN = "lan"
 WAN = "wan"
+DISPATCH_POLL_S = 1.0  # how often an idle dispatch thread checks that the I/O thread still delivers
 
 
 def _earliest(*times: float | None) -> float | None:
@@ -440,9 +441,24 @@ class Van:
                 continue
             self._inbox.put(message)
 
+    @property
+    def running(self) -> bool:
+        """Whether this van still moves messages (started, not stopped, both threads alive)."""
+        return (self._started.is_set() and self._start_error is None and not self._stopping.is_set()
+                and bool(self._threads) and all(t.is_alive() for t in self._threads))
+
     def _dispatch_loop(self) -> None:
+        io = self._threads[0]
         while True:
-            message = self._inbox.get()
+            try:  # bounded: an I/O thread that died would leave this thread waiting for messages forever
+                message = self._inbox.get(timeout=DISPATCH_POLL_S)
+            except queue.Empty:
+                if self._stopping.is_set():
+                    return
+                if not io.is_alive():
+                    log.error("[%s] stopped waiting for messages to handle: the I/O thread has ended", self.name)
+                    return
+                continue
             if message is None:
                 return
             try:

@@ -503,3 +503,27 @@ def test_a_disconnected_peer_gets_nothing_more_and_sending_to_it_is_not_an_error
         inbox_gone.queue.get(timeout=0.5)
     with pytest.raises(KeyError, match="no connection"):
         a.send("a/never-known", Message(Kind.PULL))
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_dispatch_stops_waiting_when_the_io_thread_dies(make_van, caplog):
+    """The dispatch thread's wait for messages is bounded: when the I/O thread ends (here: _pump raises),
+    it gives up within DISPATCH_POLL_S and says why, and ``running`` turns False (the server's wait for its
+    clients' goodbyes checks it)."""
+    from geomx import transport
+
+    van, _ = make_van("a/x", "a", topology())
+    assert van.running
+    io, dispatch = van._threads
+
+    def broken_pump() -> float | None:
+        raise RuntimeError("injected: the I/O loop fails")
+
+    van._pump = broken_pump  # type: ignore[method-assign]
+    van._wake()
+    io.join(WAIT)
+    assert not io.is_alive()
+    dispatch.join(transport.DISPATCH_POLL_S + WAIT)
+    assert not dispatch.is_alive(), "the dispatch thread still waits for messages from a dead I/O thread"
+    assert not van.running
+    assert "stopped waiting for messages to handle: the I/O thread has ended" in caplog.text
