@@ -33,7 +33,6 @@ from .codecs.base import Kind as TensorKind
 from .codecs.messages import decode_message, payload_fields
 from .config import Mode, NodeConfig, Role
 from .dgt import DgtAssembler, DgtError, DgtSender, write_report
-from .emulator import OutageSchedule
 from .heartbeat import pulse_for
 from .membership import GLOBAL_SCHEDULER_ID, AddressBook, Member, local_scheduler_id, new_node_id, register
 from .policies.esync import assign_steps
@@ -542,7 +541,7 @@ class ParameterServer:
         else:
             topology = self.config.topology
             link = topology.wan_between(self.config.party, topology.central)
-            outages = OutageSchedule(topology.outages, self.config.party, topology.job_start)
+            outages = self.van.outages  # the van's: the same clock (``from: training`` starts at the first push)
             cut = (lambda now: outages.blocked_until(topology.central, now) is not None) if outages else None
             self.dgt_sender = DgtSender(spec, self.identity, link, cut)
             self.dgt_sender.start()

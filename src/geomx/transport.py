@@ -171,6 +171,11 @@ class Van:
         self._wake()
 
     @property
+    def outages(self) -> OutageSchedule:
+        """This process's emulated WAN outages (armed by the first training message through this van)."""
+        return self._outages
+
+    @property
     def topology(self) -> Topology:
         return self._topology
 
@@ -188,6 +193,8 @@ class Van:
             return
         if peer not in self._peers:
             raise KeyError(f"{self.name}: no connection to peer {peer!r}")
+        if message.kind is Kind.PUSHPULL and self._outages:
+            self._outages.training_started(time.monotonic())
         frames = encode(message)
         self._commands.put(("send", (_Outgoing(peer, frames, frames_nbytes(frames)), message.priority)))
         self._wake()
@@ -429,6 +436,8 @@ class Van:
                 log.exception("[%s] could not decode a message from %r", self.name, sender)
                 continue
             message.sender = sender.encode()
+            if message.kind is Kind.PUSHPULL and self._outages:
+                self._outages.training_started(time.monotonic())
             if message.kind is Kind.HEARTBEAT and self.heartbeat_hook is not None and self.heartbeat_hook(message):
                 continue
             ingress = None if peer is None else self._access_in if peer.link_class == WAN else self._lan_in
