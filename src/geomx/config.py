@@ -81,24 +81,33 @@ class PartySpec:
     access_bps: float | None = None
 
 
+OUTAGE_ORIGINS = ("launch", "training")
+
+
 @dataclass(frozen=True)
 class Outage:
-    """A party cut off from the WAN: from ``start_s`` after the job's start, for ``duration_s`` seconds.
+    """A party cut off from the WAN: from ``start_s`` after its origin, for ``duration_s`` seconds.
 
     Every message between ``party`` and any other party (heartbeats included) is held for the outage, as
-    TCP would hold it across a network partition, then sent at the link's rate. Topology form::
+    TCP would hold it across a network partition, then sent at the link's rate. ``origin``: ``launch`` (the
+    job's start, the default) or ``training`` (each process's first training message, PUSHPULL, sent or
+    received: the cut then lands in training however long start-up took). Topology form::
 
-        outages: [{party: dc1, start: 20s, duration: 5s}]
+        outages: [{party: dc1, start: 20s, duration: 5s}, {party: dc0, start: 2s, duration: 1s, from: training}]
     """
 
     party: str
     start_s: float
     duration_s: float
+    origin: str = "launch"
 
     def __post_init__(self) -> None:
         if self.start_s < 0 or self.duration_s <= 0:
             raise ConfigError(f"outage of {self.party!r} needs start >= 0 and duration > 0, "
                               f"got start {self.start_s:g} s, duration {self.duration_s:g} s")
+        if self.origin not in OUTAGE_ORIGINS:
+            raise ConfigError(f"outage of {self.party!r}: 'from' must be one of {list(OUTAGE_ORIGINS)}, "
+                              f"got {self.origin!r}")
 
     @property
     def end_s(self) -> float:
@@ -518,11 +527,12 @@ def _outages(raw: Any) -> tuple[Outage, ...]:
         raise ConfigError("'outages' must be a list of {party, start, duration}")
     outages = []
     for index, entry in enumerate(raw):
-        if not isinstance(entry, Mapping) or set(entry) != {"party", "start", "duration"}:
-            raise ConfigError(f"outages[{index}] must be a mapping with exactly 'party', 'start' and 'duration', "
-                              f"got {entry!r}")
+        if not isinstance(entry, Mapping) or not {"party", "start", "duration"} <= set(entry) <= {
+                "party", "start", "duration", "from"}:
+            raise ConfigError(f"outages[{index}] must be a mapping with exactly 'party', 'start' and 'duration' "
+                              f"(and optionally 'from'), got {entry!r}")
         outages.append(Outage(str(entry["party"]), parse_duration(entry["start"]),
-                              parse_duration(entry["duration"])))
+                              parse_duration(entry["duration"]), str(entry.get("from", "launch"))))
     return tuple(outages)
 
 
@@ -812,7 +822,8 @@ def topology_to_dict(topology: Topology) -> dict[str, Any]:
         **({"elastic": True} if topology.elastic else {}),
         **({"dgt": _dgt_to_dict(topology.dgt)} if topology.dgt else {}),
         **({"tsengine": dataclasses.asdict(topology.tsengine)} if topology.tsengine else {}),
-        **({"outages": [{"party": o.party, "start": o.start_s, "duration": o.duration_s} for o in topology.outages]}
+        **({"outages": [{"party": o.party, "start": o.start_s, "duration": o.duration_s, "from": o.origin}
+                        for o in topology.outages]}
            if topology.outages else {}),
     }
 

@@ -101,22 +101,32 @@ class OutageSchedule:
     """When the WAN between this process's party and another party is cut (the topology's ``outages``).
 
     Times in the topology count from the job's start (``job_start``, wall clock, set by ``geomx launch``;
-    without it, from this object's creation) and are turned into this process's monotonic clock once.
+    without it, from this object's creation) and are turned into this process's monotonic clock once. An
+    outage ``from: training`` counts from ``training_started`` instead: the van calls it on the first
+    training message (PUSHPULL) it sends or receives; until then that outage cuts nothing.
 
     Usage::
 
         schedule = OutageSchedule(topology.outages, own_party="dc0", job_start=topology.job_start)
+        schedule.training_started(time.monotonic())                # arms the ``from: training`` ones (once)
         until = schedule.blocked_until("dc1", time.monotonic())   # None, or when the cut ends
     """
 
     def __init__(self, outages: tuple[Outage, ...], own_party: str, job_start: float | None) -> None:
         now = time.monotonic()
         origin = now if job_start is None else now - (time.time() - job_start)
-        self._windows = [(o.party, origin + o.start_s, origin + o.end_s) for o in outages]
+        self._windows = [(o.party, origin + o.start_s, origin + o.end_s) for o in outages if o.origin == "launch"]
+        self._from_training = [o for o in outages if o.origin == "training"]
         self._own_party = own_party
 
     def __bool__(self) -> bool:
-        return bool(self._windows)
+        return bool(self._windows or self._from_training)
+
+    def training_started(self, now: float) -> None:
+        """Start the clock of the ``from: training`` outages at ``now`` (the first call only)."""
+        pending, self._from_training = self._from_training, []
+        if pending:  # one swap: the I/O thread may be reading the windows
+            self._windows = self._windows + [(o.party, now + o.start_s, now + o.end_s) for o in pending]
 
     def blocked_until(self, peer_party: str, now: float) -> float | None:
         """The end of the outage cutting this party from ``peer_party`` at ``now``, or None if the WAN is up."""

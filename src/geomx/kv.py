@@ -270,6 +270,14 @@ class KVStore:
                            for part in range(len(info.parts))]
             self._copy_out(self._wait(futures, k, what), info, o.data if o.requires_grad else o)
 
+    def slices(self, key: int) -> list[tuple[int, int, int]]:
+        """How ``key`` travels: ``(start, stop, global server index)`` per slice (one message each way per slice).
+
+        ``slice_elems`` (or P3's ``p3_slice_elems``) cuts bigger tensors, spread over the global servers.
+        """
+        info = self._info(key)
+        return [(start, stop, shard) for (start, stop), shard in zip(info.parts, info.shards, strict=True)]
+
     def ready(self, key: int) -> bool:
         """Whether a pull of ``key`` would return without waiting (its pushed round has been answered)."""
         futures = self._pending.get(key)

@@ -37,6 +37,7 @@ from .runlog import read_metrics, read_stats
 #   size does not page-fault fresh memory in (measured: 3.5x fewer page faults, ~25% less CPU per 100 MB
 #   pushpull).
 FAILURE_SETTLE_S = 1.0  # after a process fails, how long the others may go on to report it themselves
+KILL_WAIT_S = 10.0  # how long to wait for a SIGKILLed process to be reaped before reporting it and going on
 
 PROCESS_DEFAULTS = {
     "OMP_NUM_THREADS": "1",
@@ -195,8 +196,12 @@ class Launcher:
         while time.monotonic() < deadline and any(p.poll() is None for _, p in self._procs):
             time.sleep(0.05)
         self._signal_all(signal.SIGKILL)
-        for _, proc in self._procs:
-            proc.wait()
+        for spec, proc in self._procs:
+            try:  # SIGKILL is not refused; a process stuck in the kernel (D state) is reported, not waited for
+                proc.wait(timeout=KILL_WAIT_S)
+            except subprocess.TimeoutExpired:
+                self._say(f"[geomx launch] {spec.label} (pid {proc.pid}) did not exit within {KILL_WAIT_S:g} s "
+                          "of SIGKILL; leaving it")
 
     def _on_interrupt(self, signum: int, _frame: Any) -> None:
         self._interrupted = True

@@ -236,7 +236,14 @@ class ParameterServer:
         pulse.on_self_dead(self._on_self_dead)
         watchdog = threading.Thread(target=self._watchdog, name=f"{self.name}-watchdog", daemon=True)
         watchdog.start()
-        self._done.wait()
+        # bounded: in heartbeat-long slices, giving up (fatally, naming who it waited for) once the threads that
+        # would deliver a client's goodbye or notice its death have ended
+        while not self._done.wait(self.timeouts.heartbeat_s):
+            broken = "the watchdog" if not watchdog.is_alive() else None if self.van.running else "the transport"
+            if broken is not None:
+                with self._lock:
+                    waiting = sorted(self.requests.names.get(c, c) for c in self.clients - self.departed)
+                    self._stop_fatally(f"stopped waiting for clients {waiting} to shut down: {broken} has ended")
         self._stop_watchdog.set()
         self._stop_dgt()
         if self.checkpoints is not None and not self.checkpoints.wait_idle(self.timeouts.shutdown_s):

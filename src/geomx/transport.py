@@ -48,6 +48,7 @@ Hook = Callable[[Message], bool]  # True: the message was consumed
 
 LAN = "lan"
 WAN = "wan"
+DISPATCH_POLL_S = 1.0  # how often an idle dispatch thread checks that the I/O thread still delivers
 
 
 def _earliest(*times: float | None) -> float | None:
@@ -200,6 +201,11 @@ class Van:
         self._wake()
 
     @property
+    def outages(self) -> OutageSchedule:
+        """This process's emulated WAN outages (armed by the first training message through this van)."""
+        return self._outages
+
+    @property
     def topology(self) -> Topology:
         return self._topology
 
@@ -217,6 +223,8 @@ class Van:
             return
         if peer not in self._peers:
             raise KeyError(f"{self.name}: no connection to peer {peer!r}")
+        if message.kind is Kind.PUSHPULL and self._outages:
+            self._outages.training_started(time.monotonic())
         frames = encode(message)
         self._commands.put(("send", (_Outgoing(peer, frames, frames_nbytes(frames)), message.priority)))
         self._wake()
@@ -545,6 +553,8 @@ class Van:
                 log.exception("[%s] could not decode a message from %r", self.name, sender)
                 continue
             message.sender = sender.encode()
+            if message.kind is Kind.PUSHPULL and self._outages:
+                self._outages.training_started(time.monotonic())
             if message.kind is Kind.HEARTBEAT and self.heartbeat_hook is not None and self.heartbeat_hook(message):
                 continue
             if peer is not None and self._enter_ingress(peer, nbytes, message, time.monotonic()):
@@ -565,9 +575,24 @@ class Van:
         ingress.offer(item, nbytes, priority, arrived - wire_s, background)
         return True
 
+    @property
+    def running(self) -> bool:
+        """Whether this van still moves messages (started, not stopped, both threads alive)."""
+        return (self._started.is_set() and self._start_error is None and not self._stopping.is_set()
+                and bool(self._threads) and all(t.is_alive() for t in self._threads))
+
     def _dispatch_loop(self) -> None:
+        io = self._threads[0]
         while True:
-            message = self._inbox.get()
+            try:  # bounded: an I/O thread that died would leave this thread waiting for messages forever
+                message = self._inbox.get(timeout=DISPATCH_POLL_S)
+            except queue.Empty:
+                if self._stopping.is_set():
+                    return
+                if not io.is_alive():
+                    log.error("[%s] stopped waiting for messages to handle: the I/O thread has ended", self.name)
+                    return
+                continue
             if message is None:
                 return
             if not isinstance(message, Message):  # a DGT datagram that passed the ingress

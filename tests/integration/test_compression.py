@@ -133,12 +133,13 @@ def test_fp16_switch_halves_lan_and_wan_bytes(geomx_job, tmp_path, dense_run):
 
 
 def test_fp16_tensors_are_summed_in_fp32(geomx_job):
+    """Three workers' fp16 pushes whose fp16 sum loses 2 in most elements in any arrival order (fp16_sum.py)."""
     job = geomx_job("fp16_sum.py", parties={"dc0": 3}, name="fp16sum")
     job.assert_ok()
     for rank in range(3):
         report = json.loads((job.run_dir / f"fp16_{rank}.json").read_text())
         assert report["dtype"] == "torch.float16"
-        assert report["pulled"] == [2050.0] * 8, report  # fp16 summation would give 2048
+        assert report["pulled"] == [2050.0] * 9, report  # fp16 summation gives 2048 in 6 of the 9 or more
 
 
 # Every codec learns the digits (the issue asks for >= 0.88) under FSA — GeoMX's Bi-Sparse loop: servers sum,

@@ -531,9 +531,11 @@ def test_a_party_can_have_its_own_wan_link():
 
 
 def test_outages_parse_round_trip_and_travel_with_the_job_start(tmp_path):
-    raw = demo(outages=[{"party": "dc1", "start": "20s", "duration": "1500ms"}])
+    raw = demo(outages=[{"party": "dc1", "start": "20s", "duration": "1500ms"},
+                        {"party": "dc0", "start": "2s", "duration": "1s", "from": "training"}])
     topology = topology_from_dict(raw)
-    assert [(o.party, o.start_s, o.end_s) for o in topology.outages] == [("dc1", 20.0, 21.5)]
+    assert [(o.party, o.start_s, o.end_s, o.origin) for o in topology.outages] == [
+        ("dc1", 20.0, 21.5, "launch"), ("dc0", 2.0, 3.0, "training")]
     assert topology_from_dict(topology_to_dict(topology)).outages == topology.outages
     env = geomx_env(str(write_topology(tmp_path, raw)), GEOMX_ROLE="global_server", GEOMX_PARTY="dc0",
                     GEOMX_JOB_START="1700000000.25")
@@ -546,6 +548,7 @@ def test_outages_parse_round_trip_and_travel_with_the_job_start(tmp_path):
     ([{"party": "dc9", "start": 1, "duration": 1}], "outage names party 'dc9'"),
     ([{"party": "dc1", "start": 1}], r"outages\[0\] must be a mapping with exactly 'party', 'start' and 'duration'"),
     ([{"party": "dc1", "start": 1, "duration": 0}], "needs start >= 0 and duration > 0"),
+    ([{"party": "dc1", "start": 1, "duration": 1, "from": "boot"}], r"'from' must be one of \['launch', 'training'\]"),
     ({"party": "dc1"}, "'outages' must be a list"),
 ])
 def test_bad_outages_are_named(outages, match):

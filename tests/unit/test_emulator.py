@@ -235,3 +235,22 @@ def test_a_background_item_on_an_idle_link_is_not_preempted():
     delivered = drain(link, now=0.005)  # polled late: udp0 had started on the idle link at 0.0
     assert delivered == [(pytest.approx(0.01), "udp0"), (pytest.approx(0.02), "msg"), (pytest.approx(0.03), "udp1")]
     assert len(link) == 0
+
+
+def test_an_outage_from_training_counts_from_the_first_training_message():
+    """``from: training``: nothing is cut before training_started, then the window counts from that call
+    (later calls do not move it), while a ``launch`` outage keeps counting from the job's start."""
+    from geomx.config import Outage
+    from geomx.emulator import OutageSchedule
+
+    schedule = OutageSchedule((Outage("dc1", 2.0, 1.0, origin="training"), Outage("dc1", 50.0, 1.0)), "dc0",
+                              job_start=time.time() - 100.0)
+    assert schedule  # it has outages to apply, even before training starts
+    now = time.monotonic()
+    assert schedule.blocked_until("dc1", now + 2.5) is None  # not armed: training has not started
+    schedule.training_started(now + 10.0)
+    schedule.training_started(now + 20.0)  # only the first call counts
+    assert schedule.blocked_until("dc1", now + 11.9) is None
+    assert schedule.blocked_until("dc1", now + 12.5) == pytest.approx(now + 13.0)
+    assert schedule.blocked_until("dc1", now + 22.5) is None
+    assert schedule.blocked_until("dc1", now - 49.5) == pytest.approx(now - 49.0, abs=0.05)  # the launch one

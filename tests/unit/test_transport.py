@@ -621,3 +621,27 @@ def test_received_datagrams_pass_the_access_link_behind_messages(make_van):
     last_message = max(t for t, _ in arrivals)
     assert sum(t >= last_message for t in handled) >= 99  # behind the messages (one may have been on the wire)
     assert a.counters.snapshot()["wan"]["recv"] == total
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_dispatch_stops_waiting_when_the_io_thread_dies(make_van, caplog):
+    """The dispatch thread's wait for messages is bounded: when the I/O thread ends (here: _pump raises),
+    it gives up within DISPATCH_POLL_S and says why, and ``running`` turns False (the server's wait for its
+    clients' goodbyes checks it)."""
+    from geomx import transport
+
+    van, _ = make_van("a/x", "a", topology())
+    assert van.running
+    io, dispatch = van._threads
+
+    def broken_pump() -> float | None:
+        raise RuntimeError("injected: the I/O loop fails")
+
+    van._pump = broken_pump  # type: ignore[method-assign]
+    van._wake()
+    io.join(WAIT)
+    assert not io.is_alive()
+    dispatch.join(transport.DISPATCH_POLL_S + WAIT)
+    assert not dispatch.is_alive(), "the dispatch thread still waits for messages from a dead I/O thread"
+    assert not van.running
+    assert "stopped waiting for messages to handle: the I/O thread has ended" in caplog.text

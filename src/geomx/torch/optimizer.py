@@ -131,6 +131,7 @@ class DistributedOptimizer:
         self._forward_started = False
         self._configure_servers()
         self._check_and_init()
+        self._round_started = time.monotonic()  # ESync's first speed report: local steps only, not the init wait
         run_dir = config.run_dir
         sink = (TensorBoardSink(run_dir / "tensorboard" / file_name(self.kv.name))
                 if config.topology.training.tensorboard and run_dir is not None else None)

@@ -1,29 +1,30 @@
 """Integration worker for fp16 tensors (the seeds' FP16 loop): fp16 init buffers, push fp16, pull fp16.
 
-Rank 0 pushes 2048 at once; the others push 1.0 half a second later. In fp16, 2048 + 1 rounds back to
-2048, so a server that sums in fp16 answers 2048; one that sums in fp32 answers 2048 + (workers - 1).
+Worker ``r`` pushes 2048 in the elements ``e`` with ``e % workers == r`` and 1.0 elsewhere, so every element
+sums to 2048 + (workers - 1) = 2050 with 3 workers (exact in fp16). Summed in fp16, 2048 + 1 rounds back to
+2048: an element comes out right only if its 2048 arrived last, which can hold for one worker's elements at
+most, whatever order the pushes arrive in (no sleep decides the order).
 """
 
 from __future__ import annotations
 
 import json
-import time
 
 import torch
 
 import geomx
 
+ELEMENTS = 9
+
 
 def main() -> None:
     kv = geomx.kv.create("dist_sync")
-    buffer = torch.zeros(8, dtype=torch.float16)
+    buffer = torch.zeros(ELEMENTS, dtype=torch.float16)
     kv.init(0, buffer)
-    kv.barrier()
-    if kv.global_rank != 0:
-        time.sleep(0.5)  # let the big value arrive first (the order that loses precision in fp16)
-    value = torch.full((8,), 2048.0 if kv.global_rank == 0 else 1.0, dtype=torch.float16)
+    mine = torch.arange(ELEMENTS) % kv.num_all_workers == kv.global_rank
+    value = torch.where(mine, 2048.0, 1.0).to(torch.float16)
     kv.push(0, value)
-    out = torch.empty(8, dtype=torch.float16)
+    out = torch.empty(ELEMENTS, dtype=torch.float16)
     kv.pull(0, out)
     assert kv.config.run_dir is not None
     (kv.config.run_dir / f"fp16_{kv.global_rank}.json").write_text(json.dumps({"pulled": out.float().tolist(),

@@ -8,6 +8,7 @@ to ``$GEOMX_RUN_DIR/out/worker<global rank>.*``.
 from __future__ import annotations
 
 import argparse
+import time
 
 import jobkit
 import torch
@@ -48,6 +49,10 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=jobkit.HIDDEN)
     parser.add_argument("--deep-head", type=int, default=0,
                         help="instead: a tiny first layer and a deepest layer of 8 x 3 x N weights (P3's case)")
+    parser.add_argument("--step-s", type=float, default=0.0,
+                        help="emulated device time per step (a sleep after backward: the model itself is tiny)")
+    parser.add_argument("--slow-rank", type=int, default=-1, help="this global rank's device is --slowdown x slower")
+    parser.add_argument("--slowdown", type=float, default=1.0)
     args = parser.parse_args()
     rank, num_workers = gx.worker_place()
     torch.manual_seed(jobkit.seed_for(rank))  # deliberately different per worker: the wrapper's init fixes it
@@ -65,18 +70,26 @@ def main() -> None:
         inner = torch.optim.AdamW(model.parameters(), lr=args.lr)
     opt = gx.DistributedOptimizer(inner, model)
     after = [p.detach().clone() for p in model.parameters()]
+    slices = [opt.kv.slices(key) for key in range(len(after))]  # how each parameter travels (P3: cut small)
     inputs, targets = jobkit.make_data(args.steps, num_workers)
-    for step in range(args.steps):  # the user's loop, unchanged
+    device_s = args.step_s * (args.slowdown if rank == args.slow_rank else 1.0)
+    trained = 0  # steps whose opt.step() changed the weights (under ESync the ones after the last round do not)
+    for step in range(args.steps):  # the user's loop, unchanged (but for the emulated device time)
         opt.zero_grad()
         loss = F.mse_loss(model(inputs[step, rank]), targets[step, rank])
         loss.backward()
+        if device_s:
+            time.sleep(device_s)
+        before_step = [p.detach().clone() for p in model.parameters()]
         opt.step()
+        trained += any(not torch.equal(p, b) for p, b in zip(model.parameters(), before_step, strict=True))
         opt.log(loss=loss)
     opt.close()  # the last updates land (under ESync: the last round runs here)
     final = [p.detach().clone() for p in model.parameters()]
     jobkit.save_worker_output(opt.kv.config.run_dir, rank, {"before_init": before, "after_init": after, "final": final},
                               {"name": opt.kv.name, "global_rank": rank, "is_master_worker": opt.is_master_worker,
-                               "mode": opt.plan.mode.name, "overlap": opt.overlap})
+                               "mode": opt.plan.mode.name, "overlap": opt.overlap, "trained_steps": trained,
+                               "slices": slices})
 
 
 if __name__ == "__main__":

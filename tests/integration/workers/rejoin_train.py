@@ -15,7 +15,8 @@ Roles, by flags:
 Every worker that ends writes ``out/worker<rank>.pt/.json`` (jobkit) with its weights before and after init,
 every model it pulled (``pulled``, one list of tensors per sync; under HFA every model it pushed,
 ``pushed``) and its final weights; its report has the
-time each sync ended (``sync_ends``) and the job's start (``job_start``).
+time each sync ended (``sync_ends``), the job's start (``job_start``) and this worker's first push
+(``first_push``).
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ def main() -> None:
     pulled: list[torch.Tensor] = []
     pushed: list[torch.Tensor] = []
     sync_ends: list[float] = []
+    first_push: float | None = None  # time.time() of this worker's first push (a ``from: training`` outage's origin)
     stop_at = steps
     done = 0
     local_steps = hfa.k1 if hfa is not None else 1  # local steps before the next average
@@ -96,6 +98,8 @@ def main() -> None:
         time.sleep(args.step_seconds)
         local.zero_grad()
         F.mse_loss(model(inputs[step, rank]), targets[step, rank]).backward()
+        if first_push is None and (hfa is None or since_sync + 1 >= local_steps):
+            first_push = time.time()
         if hfa is None:  # FSA / MixedSync: the global server steps on the (summed) gradients
             for idx, param in enumerate(params):
                 kv.push(idx, param.grad, priority=-idx)
@@ -118,7 +122,7 @@ def main() -> None:
     if args.until_file and stop_at == steps:
         raise RuntimeError(f"{args.until_file} did not appear within {args.max_steps} steps")
     report = {"name": kv.name, "syncs": len(pulled) // len(params), "steps": done, "sync_ends": sync_ends,
-              "job_start": kv.config.topology.job_start}
+              "job_start": kv.config.topology.job_start, "first_push": first_push}
     tensors = {"before_init": before, "after_init": after, "pulled": pulled, "pushed": pushed,
                "final": [p.detach().clone() for p in params]}
     jobkit.save_worker_output(run_dir, rank, tensors, report)
