@@ -2,13 +2,14 @@
 
 The master worker sets the WAN compression; every worker pushes its gradient and pulls the aggregate
 *gradient* back (not weights), then a local optimizer steps on the mean. Local servers sparsify their
-pushes (top ``--threshold`` of the elements, with DGC momentum correction and error feedback); the global
-server sparsifies the aggregate it sends back with its own residual. The LAN stays dense.
+pushes (top ``--threshold`` of the elements, with error feedback); the global server sparsifies the
+aggregate it sends back with its own residual. The LAN stays dense.
 
-With bsc and mpq the workers step plain SGD (lr 0.2): the codec's momentum correction *is* the momentum
-(DGC moves it there so that what waits in the residual still gets it). Adam on top of it — a second
-momentum, and per-coordinate scaling that treats a residual released after 100 steps like one step's
-gradient — learned far less at 1% (0.71 after 88 steps against 0.97 with SGD). At 0.1% use --lr 0.1.
+With bsc and mpq the workers step plain SGD (lr 0.2) by default and ask the codec for DGC's momentum
+correction (``momentum`` 0.9): it *is* the momentum (DGC moves it there so that what waits in the
+residual still gets it). ``--optimizer adam`` (the seeds' loop) leaves the codec at its default, plain
+error feedback: Adam has its own momentum (README, "Which local optimizer", has the numbers of both).
+At 0.1% use --lr 0.1. ``--model mlp`` trains the issue's port of the seeds' loop (MLP 64-1024-1024-10).
 
     geomx launch topologies/demo.yaml -- python examples/cnn_bsc.py --threshold 0.01
     geomx launch topologies/demo.yaml -- python examples/cnn_bsc.py --type mpq     # fp16 small, bsc large
@@ -27,7 +28,7 @@ import torch.nn.functional as F
 
 import geomx
 from geomx.data import digits_split, steps_per_epoch
-from geomx.models import DigitsCNN, accuracy
+from geomx.models import DigitsCNN, DigitsMLP, accuracy
 from geomx.progress import Progress
 
 
@@ -42,10 +43,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--size-lower-bound", type=int, default=1000)
     parser.add_argument("--warmup-steps", type=int, default=0, help="ramp from dense to --threshold (bsc, mpq)")
     parser.add_argument("--momentum", type=float, default=None,
-                        help="the codec's DGC momentum correction (bsc, mpq; default 0.9)")
+                        help="the codec's DGC momentum correction (bsc, mpq; default 0.9 with sgd, the codec's "
+                             "default 0 with adam)")
     parser.add_argument("--optimizer", choices=["adam", "sgd"], default=None,
                         help="the workers' local optimizer on the pulled aggregate; default: sgd for bsc and mpq "
                              "(their DGC momentum correction is the momentum), adam otherwise")
+    parser.add_argument("--model", choices=["cnn", "mlp"], default="cnn",
+                        help="cnn: DigitsCNN; mlp: DigitsMLP 64-1024-1024-10 (the issue's port of the seeds' loop)")
     parser.add_argument("--channels", type=int, default=16, help="DigitsCNN width: conv channels")
     parser.add_argument("--hidden", type=int, default=64, help="DigitsCNN width: dense hidden units")
     parser.add_argument("--seed", type=int, default=0)
@@ -63,8 +67,9 @@ def compression_spec(args: argparse.Namespace) -> dict[str, object]:
                                    "size_lower_bound": args.size_lower_bound}
         if args.warmup_steps:
             spec["warmup_steps"] = args.warmup_steps
-        if args.momentum is not None:
-            spec["momentum"] = args.momentum
+        momentum = 0.9 if args.momentum is None and args.optimizer == "sgd" else args.momentum
+        if momentum is not None:
+            spec["momentum"] = momentum
         return spec
     if args.type == "int8":
         return {"type": "error_feedback", "inner": {"type": "int8"}}
@@ -75,7 +80,7 @@ def main() -> None:
     args = parse_args()
     kv = geomx.kv.create("dist_sync")
     torch.manual_seed(args.seed + 1000 * kv.global_rank)
-    model = DigitsCNN(channels=args.channels, hidden=args.hidden)
+    model = DigitsMLP() if args.model == "mlp" else DigitsCNN(channels=args.channels, hidden=args.hidden)
     params = list(model.parameters())
     if kv.is_master_worker and args.type != "none":
         kv.set_gradient_compression(compression_spec(args))

@@ -13,7 +13,8 @@ The bound comes from the topology's ``size_lower_bound`` (or GEOMX_SIZE_LOWER_BO
 MXNET_KVSTORE_SIZE_LOWER_BOUND, default 200000), or ``--size-lower-bound``; the demo CNN's layers are all
 below 200000 elements, so its scripts set 1000 (as GeoMX's do). A tensor is large when ``numel >= bound``,
 the servers' rule (GeoMX's example script says ``>``). As in ``cnn_bsc.py`` the workers step plain SGD
-(lr 0.2): Bi-Sparse's momentum correction is the momentum.
+(lr 0.2) and ask Bi-Sparse for DGC's momentum correction (``momentum`` 0.9; the codec's default is 0,
+plain error feedback, for loops that bring their own momentum such as the seeds' Adam).
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ def main() -> None:
     model = DigitsCNN(channels=args.channels, hidden=args.hidden)
     params = list(model.parameters())
     if kv.is_master_worker:
-        kv.set_gradient_compression({"type": "bsc", "threshold": args.threshold, "size_lower_bound": bound})
+        kv.set_gradient_compression({"type": "bsc", "threshold": args.threshold, "size_lower_bound": bound,
+                                     "momentum": 0.9})
 
     def large(tensor: torch.Tensor) -> bool:
         return tensor.numel() >= bound

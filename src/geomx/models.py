@@ -4,6 +4,7 @@ Usage::
 
     model = DigitsCNN()
     logits = model(images)          # images: (N, 1, 8, 8)
+    mlp = DigitsMLP()               # the seeds' Bi-Sparse loop's model: 64-1024-1024-10
 """
 
 from __future__ import annotations
@@ -26,6 +27,21 @@ class DigitsCNN(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.features(x))
+
+
+class DigitsMLP(nn.Module):
+    """A 64-1024-1024-10 perceptron for 8x8 digits (1.1M parameters, 1M in the middle layer).
+
+    The model of the issue's port of GeoMX's Bi-Sparse loop: large tensors dominate, so top-k decides.
+    """
+
+    def __init__(self, hidden: int = 1024, classes: int = 10) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(nn.Flatten(), nn.Linear(64, hidden), nn.ReLU(), nn.Linear(hidden, hidden),
+                                    nn.ReLU(), nn.Linear(hidden, classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x)
 
 
 def accuracy(model: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> float:

@@ -53,6 +53,9 @@ class Optimizer:
         self._update(slot, w, g, contributor)
         return w.numpy()
 
+    def received(self, slot: SlotId, contributor: str, weight: np.ndarray) -> None:
+        """``contributor`` now holds ``weight`` for ``slot`` (INIT, a rejoin, a pull). Only DCASGD cares."""
+
     def _update(self, slot: SlotId, weight: torch.Tensor, grad: torch.Tensor, contributor: str) -> None:
         raise NotImplementedError
 
@@ -179,14 +182,19 @@ class DCASGD(Optimizer):
     """Delay-compensated asynchronous SGD (Zheng et al., 2017), for MixedSync.
 
     A party's gradient was computed on the weights that party last received, ``w_bak[party]``, while the
-    server has moved on to ``w``. The update compensates with the gradient's diagonal curvature estimate::
+    server has moved on to ``w``. The update compensates with the gradient's diagonal curvature estimate,
+    MXNet's ``DCASGD.update`` term for term (``g`` is the rescaled gradient, ``wd`` stays out of ``g * g``)::
 
-        g' = g + lamda * g * g * (w - w_bak[party])
-        v  = momentum * v - lr * g'        (v = -lr * g' without momentum)
+        v  = momentum * v - lr * (g + wd * w + lamda * g * g * (w - w_bak[party]))   (v starts at 0)
         w  = w + v;  w_bak[party] = w      (the party receives w in the reply)
 
-    One backup per (key, slice) *and party*, as in the paper (GeoMX keeps one per key). A party's first
-    push is compensated against the weights at that moment.
+    One backup per (key, slice) *and party*, as in the paper (GeoMX and MXNet keep one per key, and MXNet
+    stores the weights *before* the update, which no party ever received). The global server seeds every
+    party's backup through ``received`` with what the party got: the initial weights at INIT, the current
+    ones at a rejoin or a pull, so a party's first push is compensated too. A push from a party with no
+    backup (no seed: an in-process caller) is compensated against the weights at that moment.
+
+    Usage: ``kv.set_optimizer(geomx.optim.DCASGD(lr=0.3, lamda=0.04))``.
     """
 
     name: ClassVar[str] = "dcasgd"
@@ -199,13 +207,16 @@ class DCASGD(Optimizer):
         self._velocity: dict[SlotId, torch.Tensor] = {}
         self._backup: dict[tuple[SlotId, str], torch.Tensor] = {}
 
+    def received(self, slot: SlotId, contributor: str, weight: np.ndarray) -> None:
+        """``contributor`` now holds ``weight`` for ``slot``: its next push is compensated against it."""
+        self._backup[(slot, contributor)] = torch.from_numpy(np.array(weight, dtype=np.float32, copy=True))
+
     def _update(self, slot: SlotId, weight: torch.Tensor, grad: torch.Tensor, contributor: str) -> None:
-        if self.weight_decay:
-            grad = grad.add(weight, alpha=self.weight_decay)
         backup = self._backup.get((slot, contributor))
-        if backup is not None:
-            grad = grad + self.lamda * grad * grad * (weight - backup)
-        step = grad.mul(-self.lr)
+        direction = grad if backup is None else grad + self.lamda * grad * grad * (weight - backup)
+        if self.weight_decay:
+            direction = direction.add(weight, alpha=self.weight_decay)
+        step = direction.mul(-self.lr)
         if self.momentum:
             velocity = self._velocity.get(slot)
             if velocity is None:

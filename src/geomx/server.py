@@ -513,6 +513,8 @@ class ParameterServer:
             if problem:
                 self._refuse(message, problem)
             else:
+                if self.is_global and self.optimizer is not None:  # DCASGD: a rejoiner holds these weights
+                    self.optimizer.received((message.key, message.part), message.sender.decode(), slot.value)
                 self.van.send(message.sender.decode(), message.reply(tensor=slot.value))
             return
         problem = self._check_shard(message)
@@ -775,6 +777,8 @@ class ParameterServer:
             self._refuse(message, f"key {message.key} slice {message.part} was never initialized; call init first")
             return
         if self.is_global:
+            if self.optimizer is not None:  # DCASGD: the puller's next push is compensated against these
+                self.optimizer.received((message.key, message.part), sender, slot.value)
             self.van.send(sender, message.reply(tensor=slot.value))
             return
         owner = self._owner(message.key, message.part)
@@ -859,6 +863,9 @@ class ParameterServer:
                 log.warning("[%s] replacing optimizer %s (its state is dropped)", self.name, self.optimizer.name)
             self.optimizer = optimizer
             log.info("[%s] optimizer set: %s", self.name, body["optimizer"])
+            for sid, slot in self.slots.items():  # DCASGD: set after INIT, every client holds the current value
+                for client in self.clients - self.departed:
+                    optimizer.received(sid, client, slot.value)
             self._restore_optimizer_state()
         if policy is not None:
             self.push_policy = policy
@@ -985,6 +992,9 @@ class ParameterServer:
                                          "exactly one (the master worker's) is needed")
                 return
             self.slots[(rnd.key, rnd.part)] = Slot(np.array(with_data[0].tensor, copy=True))
+            if self.optimizer is not None:  # DCASGD: every party starts from these weights
+                for client in rnd.contributions:
+                    self.optimizer.received((rnd.key, rnd.part), client, self.slots[(rnd.key, rnd.part)].value)
             self._release(rnd, self.slots[(rnd.key, rnd.part)].value)
             return
         if len(with_data) > 1:

@@ -68,7 +68,7 @@ def test_dense_fp16_and_bisparse(geomx_job, dense_run):
     dense_job, dense = dense_run
     fp16_job, fp16 = run(geomx_job, {"type": "fp16"}, "fp16")
     # DGC's momentum correction (0.9) lives in the codec: the workers' plain SGD takes a 10x smaller lr
-    bsc_job, bsc = run(geomx_job, {"type": "bsc", "threshold": 0.01, "size_lower_bound": 0}, "bsc",
+    bsc_job, bsc = run(geomx_job, {"type": "bsc", "threshold": 0.01, "size_lower_bound": 0, "momentum": 0.9}, "bsc",
                        jobkit.LR / 10, "--bad-requests")
     expected = reference(dense[0][0]["initial"])
 
@@ -148,8 +148,8 @@ def test_fp16_tensors_are_summed_in_fp32(geomx_job):
 # so the sparse codecs get 16 epochs there; under MixedSync too: each party's stale, 1%-sparse push is applied
 # alone, and 8 epochs ended at 0.68-0.96 on a loaded machine, 16 at 0.98). Bi-Sparse and MPQ also under
 # MixedSync (the global server steps SGD on each party's sparse push as it arrives; GeoMX's Bi-Sparse with
-# dist_async is a stub that hangs). Bi-Sparse and MPQ: SGD at lr 0.2 under FSA and MixedSync, their momentum
-# correction being the momentum; under HFA their deltas get plain error feedback. "fp16_switch" is the
+# dist_async is a stub that hangs). Bi-Sparse and MPQ: SGD at lr 0.2 under FSA and MixedSync, the codec's momentum
+# correction (asked for: 0.9) being the momentum; under HFA their deltas get plain error feedback. "fp16_switch" is the
 # topology's ``fp16: true`` (float16 on LAN and WAN) instead of a WAN codec. No link emulation: accuracy does
 # not depend on it.
 SPARSE_FSA = ("--optimizer", "sgd", "--lr", "0.2")
@@ -157,8 +157,8 @@ DIGITS_CODECS = {  # name: (spec, extra FSA flags, the most WAN bytes under FSA 
     "fp16": ({"type": "fp16"}, (), 0.55),
     "fp16_switch": (None, (), 0.55),
     "int8_ef": ({"type": "error_feedback", "inner": {"type": "int8"}}, (), 0.32),
-    "bsc": ({"type": "bsc", "threshold": 0.01, "size_lower_bound": 1000}, SPARSE_FSA, 0.1),
-    "mpq": ({"type": "mpq", "threshold": 0.01, "size_lower_bound": 1000}, SPARSE_FSA, 0.1),
+    "bsc": ({"type": "bsc", "threshold": 0.01, "size_lower_bound": 1000, "momentum": 0.9}, SPARSE_FSA, 0.1),
+    "mpq": ({"type": "mpq", "threshold": 0.01, "size_lower_bound": 1000, "momentum": 0.9}, SPARSE_FSA, 0.1),
 }
 DIGITS_MODEL_BYTES = 38_282 * 4  # DigitsCNN(16, 64) in float32
 

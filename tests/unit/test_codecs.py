@@ -434,6 +434,29 @@ def test_bsc_residual_is_what_is_still_pending() -> None:
     np.testing.assert_allclose(total, codec.pending(info(direction="pull")), atol=1e-3)
 
 
+def test_bsc_pushes_plain_error_feedback_by_default_and_dgc_momentum_when_asked() -> None:
+    """The default chosen in the README ("Which local optimizer"): no momentum correction, so a pushed
+    gradient's residual is exactly sum in - sum out (what Adam, the seeds' local optimizer, expects). With
+    ``momentum=0.9`` the residual accumulates DGC's velocity ``u = 0.9 u + g`` (masked where sent) instead."""
+    assert BSC().momentum == 0.0
+    for spec in ({"type": "bsc"}, {"type": "mpq"}):
+        assert make_codec(spec).large.momentum == 0.0
+    assert make_codec({"type": "mpq", "momentum": 0.9}).large.momentum == 0.9
+    rng = np.random.default_rng(12)
+    plain, dgc = BSC(threshold=0.01, exact=True), BSC(threshold=0.01, momentum=0.9, exact=True)
+    plain_total, dgc_total, velocity = np.zeros(5_000), np.zeros(5_000), np.zeros(5_000)
+    for _ in range(10):
+        g = rng.standard_normal(5_000).astype(np.float32)
+        plain_total += g - plain.decode(plain.encode(g, info()), g.shape, F32)
+        sent = dgc.decode(dgc.encode(g, info()), g.shape, F32)
+        velocity = 0.9 * velocity + g
+        dgc_total += velocity - sent
+        velocity[sent != 0] = 0  # momentum factor masking
+    np.testing.assert_allclose(plain.pending(info()), plain_total, atol=1e-3)
+    np.testing.assert_allclose(dgc.pending(info()), dgc_total, atol=1e-3)
+    assert np.abs(dgc_total - plain_total).max() > 1.0  # the two settings really differ
+
+
 # ---- composites ---------------------------------------------------------------------------------------
 
 def test_mpq_sends_tiny_tensors_fp16_and_large_ones_sparse_fp32() -> None:

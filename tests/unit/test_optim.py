@@ -239,48 +239,108 @@ def test_params_must_be_an_object():
 # DCASGD: replayed in NumPy (the paper's update), with one backup per party
 
 
-def dcasgd_reference(weight, pushes, lr, momentum, lamda):
-    """pushes: [(party, grad)] in arrival order -> final weights, by the formula in the paper."""
+def dcasgd_reference(weight, pushes, lr, momentum, lamda, weight_decay=0.0, rescale=1.0, seeded=()):
+    """pushes: [(party, grad)] in arrival order -> final weights, by MXNet's DCASGD formula in float64.
+
+    ``mom = momentum * mom - lr * (g + wd * w + lamda * g * g * (w - w_bak))`` with ``g = rescale * grad``;
+    ``w_bak`` is one backup per party: the parties in ``seeded`` start from ``weight`` (INIT), the others
+    have none until their first push (then their first push is not compensated).
+    """
     w = weight.astype(np.float64)
-    backup: dict[str, np.ndarray] = {}
-    velocity = None
+    backup: dict[str, np.ndarray] = {party: w.copy() for party in seeded}
+    mom = np.zeros_like(w)
     for party, grad in pushes:
-        g = grad.astype(np.float64)
-        if party in backup:
-            g = g + lamda * g * g * (w - backup[party])
-        step = -lr * g
-        velocity = step if velocity is None or not momentum else momentum * velocity + step
-        w = w + (velocity if momentum else step)
+        g = rescale * grad.astype(np.float64)
+        stale = w - backup[party] if party in backup else np.zeros_like(w)
+        mom = momentum * mom - lr * (g + weight_decay * w + lamda * g * g * stale)
+        w = w + mom
         backup[party] = w.copy()
     return w
 
 
+def run_dcasgd(opt, weight, pushes, seeded=()):
+    for party in seeded:
+        opt.received((0, 0), party, weight)
+    w = weight
+    for party, grad in pushes:
+        w = opt.step((0, 0), w, grad, contributor=party)
+    return w
+
+
 @pytest.mark.parametrize("momentum", [0.0, 0.9])
-def test_dcasgd_matches_the_paper_with_per_party_backups(momentum):
+@pytest.mark.parametrize("seeded", [(), ("dc0", "dc1", "dc2")], ids=["unseeded", "seeded-at-init"])
+def test_dcasgd_matches_mxnets_formula_with_per_party_backups(momentum, seeded):
     rng = np.random.default_rng(3)
     weight = rng.standard_normal(50).astype(np.float32)
     pushes = [(party, rng.standard_normal(50).astype(np.float32))
               for party in ["dc0", "dc1", "dc1", "dc0", "dc2", "dc1", "dc0"]]
-    opt = DCASGD(lr=0.1, momentum=momentum, lamda=0.5, rescale_grad=1.0)
-    w = weight
-    for party, grad in pushes:
-        w = opt.step((0, 0), w, grad, contributor=party)
-    expected = dcasgd_reference(weight, pushes, lr=0.1, momentum=momentum, lamda=0.5)
+    opt = DCASGD(lr=0.1, momentum=momentum, lamda=0.5, weight_decay=0.01, rescale_grad=0.5)
+    w = run_dcasgd(opt, weight, pushes, seeded)
+    expected = dcasgd_reference(weight, pushes, lr=0.1, momentum=momentum, lamda=0.5, weight_decay=0.01,
+                                rescale=0.5, seeded=seeded)
     np.testing.assert_allclose(w, expected, rtol=1e-5, atol=1e-6)
 
 
-def test_dcasgd_compensation_uses_the_pushing_partys_backup():
-    """With one backup per key (GeoMX), dc1's push would be compensated against dc0's last weights."""
-    weight = np.ones(4, np.float32)
-    g = np.full(4, 2.0, np.float32)
-    ours = DCASGD(lr=0.1, lamda=1.0, rescale_grad=1.0)
-    w = ours.step((0, 0), weight, g, contributor="dc1")   # dc1's backup := w after its step
-    w = ours.step((0, 0), w, g, contributor="dc0")        # dc0 has no backup yet: plain step
-    w_before = w.copy()
-    w = ours.step((0, 0), w, g, contributor="dc1")        # compensated by (w - dc1's backup)
-    drift = w_before - (1 - 0.1 * 2.0)                   # w moved by dc0's step since dc1's backup
-    expected = w_before - 0.1 * (g + 1.0 * g * g * drift)
-    np.testing.assert_allclose(w, expected, rtol=1e-6)
+def test_dcasgd_compensates_a_partys_first_push_against_the_weights_it_received_at_init():
+    """dc1's first push comes after dc0 moved the weights: seeded at INIT, it is compensated by that drift."""
+    rng = np.random.default_rng(7)
+    weight = rng.standard_normal(20).astype(np.float32)
+    g0, g1 = (rng.standard_normal(20).astype(np.float32) * 2 for _ in range(2))
+    opt = DCASGD(lr=0.1, lamda=1.0, rescale_grad=1.0)
+    for party in ("dc0", "dc1"):
+        opt.received((0, 0), party, weight)
+    w1 = opt.step((0, 0), weight, g0, contributor="dc0")
+    w2 = opt.step((0, 0), w1, g1, contributor="dc1")
+    drift = w1.astype(np.float64) - weight
+    assert np.abs(drift).min() > 1e-3  # the term below is not trivially zero
+    np.testing.assert_allclose(w2, w1 - 0.1 * (g1 + 1.0 * g1 * g1 * drift), rtol=1e-5, atol=1e-6)
+    uncompensated = w1 - 0.1 * g1
+    assert np.abs(w2 - uncompensated).max() > 1e-3
+
+
+def test_dcasgd_keeps_weight_decay_out_of_the_curvature_term():
+    """MXNet: ``g + wd * w + lamda * g * g * (w - w_bak)``; squaring ``g + wd * w`` instead must not match."""
+    weight = np.full(6, 3.0, np.float32)
+    backup = np.full(6, 2.0, np.float32)
+    g = np.full(6, 0.5, np.float32)
+    lr, wd, lamda = 0.1, 0.2, 1.0
+    opt = DCASGD(lr=lr, lamda=lamda, weight_decay=wd, rescale_grad=1.0)
+    opt.received((0, 0), "dc0", backup)
+    got = opt.step((0, 0), weight, g, contributor="dc0")
+    raw = weight - lr * (g + wd * weight + lamda * g * g * (weight - backup))             # 3 - 0.1 * 1.35
+    decayed = g + wd * weight
+    with_wd_inside = weight - lr * (decayed + lamda * decayed * decayed * (weight - backup))  # 3 - 0.1 * 2.31
+    np.testing.assert_allclose(got, raw, rtol=1e-6)
+    assert np.abs(got - with_wd_inside).min() > 0.05
+
+
+def test_dcasgd_two_parties_need_one_backup_each():
+    """Two parties interleave (dc1 is one push behind). With one backup per key (GeoMX's, i.e. every push
+    under contributor "") each push is compensated against the *other* party's last weights; the expected
+    weights here are the paper's (one backup per party), and the two differ."""
+    rng = np.random.default_rng(11)
+    weight = rng.standard_normal(30).astype(np.float32)
+    order = ["dc0", "dc0", "dc1", "dc0", "dc1", "dc1", "dc0", "dc1"]
+    pushes = [(party, rng.standard_normal(30).astype(np.float32) * 2) for party in order]
+    parties = ("dc0", "dc1")
+    expected = dcasgd_reference(weight, pushes, lr=0.05, momentum=0.0, lamda=1.0, seeded=parties)
+    shared = dcasgd_reference(weight, [("", g) for _, g in pushes], lr=0.05, momentum=0.0, lamda=1.0,
+                              seeded=("",))
+    assert np.abs(expected - shared).max() > 1e-2  # the test can tell the two apart
+    w = run_dcasgd(DCASGD(lr=0.05, lamda=1.0, rescale_grad=1.0), weight, pushes, seeded=parties)
+    np.testing.assert_allclose(w, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_dcasgd_received_replaces_the_backup_after_a_rejoin_or_a_pull():
+    """A rejoining party (or one that pulls) holds the current weights: its next push has no staleness."""
+    rng = np.random.default_rng(13)
+    weight = rng.standard_normal(10).astype(np.float32)
+    g = rng.standard_normal(10).astype(np.float32)
+    opt = DCASGD(lr=0.1, lamda=1.0, rescale_grad=1.0)
+    opt.received((0, 0), "dc1", weight)
+    w = opt.step((0, 0), weight, g, contributor="dc0")
+    opt.received((0, 0), "dc1", w)
+    np.testing.assert_allclose(opt.step((0, 0), w, g, contributor="dc1"), w - 0.1 * g, rtol=1e-6)
 
 
 def test_outer_optimizer_with_lr_1_and_no_momentum_is_plain_averaging():

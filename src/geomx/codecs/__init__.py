@@ -4,7 +4,8 @@ Built-ins (spec ``{"type": name, ...}``; wire id in brackets):
 
 * ``dense`` [0] — raw bytes (wire.py's DENSE).
 * ``fp16`` [1] — float16 on the wire, saturating at ±65504.
-* ``bsc`` [2] — Bi-Sparse: DGC top-k with momentum correction on push, error feedback on pull;
+* ``bsc`` [2] — Bi-Sparse: DGC top-k with error feedback both ways (``momentum`` > 0: DGC's momentum
+  correction on push, for loops that step plain SGD on the aggregate);
   the spec adds GeoMX's size gate (tensors below ``size_lower_bound`` go dense).
 * ``int8`` [3] — per-block absmax int8; use inside ``error_feedback``.
 * ``error_feedback``, ``size_adaptive``, ``mpq`` — composites; their payloads carry the id of the
