@@ -134,8 +134,9 @@ def sync_rows(quick: bool) -> tuple[SyncRow, ...]:
     Lengths (epochs; global rounds for HFA; rounds for ESync) are what each needs to reach flat-PS FSA's final
     accuracy minus 0.5 point with some margin (measured on 2 cores, batch 32: 11 steps per epoch): HFA with
     K1=20, K2=10 averages over the WAN every 200 local steps (18 epochs), and only its global model after a
-    global round counts, so it runs a few global rounds (1000 local steps in 5); MixedSync + DCASGD (SGD, lr 0.2)
-    is the noisiest (one 60-epoch run peaked at 0.93, another reached the target at epoch 23). --quick leaves out the
+    global round counts, so it runs a few global rounds (1000 local steps in 5); MixedSync + DCASGD runs SGD at
+    lr 0.3 without momentum, the README's setting (with momentum 0.9 at lr 0.2, one run on a loaded machine
+    diverged to chance accuracy in both parties and stayed there). --quick leaves out the
     slow HiPS FSA row (the slow flat-PS FSA row is the baseline) to stay near 3 minutes.
     """
     def n(full: int, short: int) -> int:
@@ -147,7 +148,7 @@ def sync_rows(quick: bool) -> tuple[SyncRow, ...]:
         SyncRow("hips_fsa", "FSA, HiPS", "cnn.py", n(20, 10), adam),
         SyncRow("mixedsync", "MixedSync (Adam)", "cnn.py", n(30, 15), ("--mixed-sync", *adam)),
         SyncRow("mixedsync_dcasgd", "MixedSync + DCASGD", "cnn.py", n(40, 15),
-                ("--mixed-sync", "--dcasgd", "--lr", "0.2")),
+                ("--mixed-sync", "--dcasgd", "--lr", "0.3", "--momentum", "0")),
         SyncRow("hfa", "HFA K1=20 K2=10", "cnn_hfa.py", n(5, 3), hfa=(20, 10)),
         SyncRow("hfa_outer", "HFA K1=20 K2=10 + outer", "cnn_hfa.py", n(5, 3), ("--outer",), hfa=(20, 10)),
         SyncRow("esync", "ESync K1=4", "cnn_esync.py", n(40, 25), hfa=(4, 1)),
@@ -859,12 +860,12 @@ def _sync_lines(sync: dict[str, Any]) -> list[str]:
                     table, left=2)
     lines.append(f"note: target = {sync['target_rule']}; only the job's model counts: FSA, HFA, ESync: the global "
                  "model after a global round (HFA: evaluated every K1 x K2 = 200")
-    lines.append("      local steps, never a party's local model); MixedSync (+ DCASGD): each party's pulled model, and "
-                 "to target s is the SLOWEST party's (its first record at target,")
+    lines.append("      local steps, never a party's local model); MixedSync (+ DCASGD): each party's pulled model, "
+                 "and to target s is the SLOWEST party's (its first record at target,")
     lines.append("      its own training-loop time); a record before the first global round does not count. "
                  "rounds @target = global rounds (WAN exchanges) by then: steps for FSA and")
-    lines.append("      MixedSync (that party's), global averages for HFA, rounds for ESync. speedup, WAN red(uction) = "
-                 "flat-PS FSA of the same scenario / the row;")
+    lines.append("      MixedSync (that party's), global averages for HFA, rounds for ESync. speedup, WAN red(uction) "
+                 "= flat-PS FSA of the same scenario / the row;")
     lines.append("      final acc = the lowest of the parties' last records; d acc pt = final acc minus that FSA's, in "
                  "points; steps = the master's (local steps for HFA, ESync);")
     lines.append("      WAN MB = the launcher's total (whole run); @target = the job's WAN bytes at the target record "
