@@ -75,7 +75,9 @@ def main() -> None:
     train, test = digits_split()
     shard = train.shard(kv.global_rank, kv.num_all_workers)
     steps = steps_per_epoch(len(train), kv.num_all_workers, args.batch_size)
-    progress = Progress(kv)
+    # MixedSync: each party holds the global model as of its own last pull, so every party's first worker
+    # evaluates and records (geomx bench takes the slowest party's time to target). FSA: one model, one record.
+    progress = Progress(kv, every_party=args.mixed_sync)
     total_steps = 0
     acc = 0.0
     epochs = 0 if kv.party == args.idle_party else args.epochs
@@ -99,8 +101,9 @@ def main() -> None:
                 break
         step_time = (time.monotonic() - epoch_started) / max(len(losses), 1)
         acc = accuracy(model, test.images, test.labels)
+        # every step pulled the global server's model: global rounds = steps
         progress.epoch(epoch + 1, args.epochs, steps=total_steps, losses=losses, accuracy=acc,
-                       step_ms=step_time * 1000)
+                       step_ms=step_time * 1000, global_round=total_steps)
         if args.max_steps is not None and total_steps >= args.max_steps:
             break
     progress.finish(accuracy=acc, steps=total_steps)

@@ -74,7 +74,8 @@ def main() -> None:
         steps = kv.assign_local_steps(per_step, base_steps=kv.hfa.k1)
         if kv.is_master_worker:  # evaluating costs time: only where it is shown
             acc = accuracy(model, test.images, test.labels)
-            progress.epoch(round_index, args.rounds, steps=total_steps, losses=losses, accuracy=acc, next_steps=steps)
+            progress.epoch(round_index, args.rounds, steps=total_steps, losses=losses, accuracy=acc, next_steps=steps,
+                           global_round=round_index)  # K2 = 1: every round pulls the global model
     print(f"{kv.name}: {total_steps} local steps in {args.rounds} rounds", flush=True)
     kv.close()
 

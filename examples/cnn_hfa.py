@@ -4,6 +4,11 @@ Every worker takes K1 local Adam steps, then pushes ``param / num_local_workers`
 server answers with the party's average model, and every K2-th time with the new global model (parties
 weighted by their workers). K1 and K2 come from the topology's ``hfa`` (or MXNET_KVSTORE_HFA_K1/_K2).
 
+The test accuracy is the GLOBAL model's, measured right after each global round (every K1 x K2 local
+steps), when every worker of every party holds that model: one line and one record per global round.
+Between global rounds each party trains a model of its own, which is not the job's model.
+``--global-rounds N`` trains until N global rounds are done (instead of ``--epochs``).
+
     geomx launch topologies/hfa.yaml -- python examples/cnn_hfa.py --epochs 8
     geomx launch topologies/hfa.yaml -- python examples/cnn_hfa.py --outer    # + DiLoCo's outer Nesterov
 """
@@ -24,6 +29,8 @@ from geomx.progress import Progress
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--epochs", type=int, default=8)
+    parser.add_argument("--global-rounds", type=int, default=None,
+                        help="train until this many global rounds are done (overrides --epochs)")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=0.003, help="the workers' local Adam learning rate")
     parser.add_argument("--outer", action="store_true", help="outer Nesterov optimizer on the global server")
@@ -49,26 +56,41 @@ def main() -> None:
     train, test = digits_split()
     shard = train.shard(kv.global_rank, kv.num_all_workers)
     steps = steps_per_epoch(len(train), kv.num_all_workers, args.batch_size)
-    progress = Progress(kv)
-    global_iters = 0
-    acc = 0.0
-    for epoch in range(args.epochs):
-        losses = []
+    every_global = kv.hfa.k1 * kv.hfa.k2  # local steps between two global averages
+    total_rounds = args.global_rounds or (args.epochs * steps) // every_global
+    epochs = args.epochs if args.global_rounds is None else -(-args.global_rounds * every_global // steps)
+    progress = Progress(kv, unit="global round")
+    local_steps, global_rounds, losses = 0, 0, []
+    acc = float("nan")
+    if total_rounds == 0:
+        print(f"note: {epochs * steps} local steps are fewer than one global round ({every_global}): "
+              "no global model to evaluate", flush=True)
+    for epoch in range(epochs):
+        if args.global_rounds is not None and global_rounds == total_rounds:
+            break
         for images, labels in shard.batches(args.batch_size, epoch, steps, seed=args.seed + kv.global_rank):
             trainer.zero_grad()
             loss = F.cross_entropy(model(images), labels)
             loss.backward()
             trainer.step()
             losses.append(loss.item())
-            global_iters += 1
-            if global_iters % kv.hfa.k1 == 0:  # a local average (and every K2-th time a global one)
+            local_steps += 1
+            if local_steps % kv.hfa.k1 == 0:  # a local average (and every K2-th time a global one)
                 for idx, param in enumerate(params):
                     kv.push(idx, param.data / kv.num_workers, priority=-idx)
                 for idx, param in enumerate(params):
                     kv.pull(idx, param.data, priority=-idx)
-        acc = accuracy(model, test.images, test.labels)
-        progress.epoch(epoch + 1, args.epochs, steps=global_iters, losses=losses, accuracy=acc)
-    progress.finish(accuracy=acc, steps=global_iters)
+            if local_steps % every_global == 0:  # that pull returned the new global model
+                global_rounds += 1
+                if kv.is_master_worker:  # the same model everywhere: evaluating it once is enough
+                    acc = accuracy(model, test.images, test.labels)
+                # recorded as ``global_round``: the unit's name
+                progress.epoch(global_rounds, total_rounds, steps=local_steps, losses=losses, accuracy=acc,
+                               epoch=epoch + 1)
+                losses = []
+                if global_rounds == total_rounds and args.global_rounds is not None:
+                    break
+    progress.finish(accuracy=acc, steps=local_steps)
     kv.close()
 
 

@@ -80,15 +80,20 @@ class SyncRow:
     name: str  # its key in bench.json
     label: str  # its name in the table
     script: str  # in examples/: cnn.py, cnn_hfa.py or cnn_esync.py
-    length: int  # epochs (cnn.py, cnn_hfa.py) or rounds (cnn_esync.py)
+    length: int  # epochs (cnn.py), global rounds (cnn_hfa.py) or rounds (cnn_esync.py)
     args: tuple[str, ...] = ()
     mode: str = "hips"  # the topology's mode
     hfa: tuple[int, int] | None = None  # the topology's hfa: (k1, k2)
     scenario: str = "same"  # "same": every worker at its own speed; "slow": one party (ESync: one worker) 3x
     # slower; "alone": dc1 joins and leaves at once, dc0 trains alone (MixedSync's fast-party baseline)
 
+    @property
+    def unit(self) -> str:
+        """What ``length`` counts."""
+        return {"cnn_esync.py": "rounds", "cnn_hfa.py": "global rounds"}.get(self.script, "epochs")
+
     def command(self, examples: Path, batch_size: int) -> list[str]:
-        length_flag = "--rounds" if self.script == "cnn_esync.py" else "--epochs"
+        length_flag = "--" + self.unit.replace(" ", "-")
         return [sys.executable, str(examples / self.script), length_flag, str(self.length),
                 "--batch-size", str(batch_size), "--seed", "0", *self.args]
 
@@ -115,7 +120,8 @@ SMALL_CNN = Workload("small", "small CNN", channels=16, hidden=64, batch_size=32
 WIDE_CNN = Workload("wide", "wide CNN", channels=32, hidden=1536, batch_size=64, epochs=6)
 
 # The sync section's slowdowns: cnn.py slows a whole party (both dc1 workers), cnn_esync.py one worker (rank 3,
-# in dc1). Neither touches the master worker (dc0/worker0, rank 0), whose records the section reads.
+# in dc1). The section reads every worker's records: the master's (FSA, HFA, ESync: the global model after a
+# global round) and, under MixedSync, each party's first worker's (each party's pulled model).
 SLOW_PARTY = ("--slow-party", "dc1", "--slowdown", "3")
 SLOW_RANK = ("--slow-rank", "3", "--slowdown", "3")
 WIDE_ARGS = ("--channels", str(WIDE_CNN.channels), "--hidden", str(WIDE_CNN.hidden))
@@ -125,10 +131,12 @@ SYNC_BASELINE = "flat_fsa"  # flat-PS FSA: the ratios' denominator in its scenar
 def sync_rows(quick: bool) -> tuple[SyncRow, ...]:
     """The sync section's runs: every algorithm at the same speed, then FSA, MixedSync and ESync with a slow party.
 
-    Lengths (epochs, or rounds for ESync) are what each needs to reach flat-PS FSA's final accuracy minus 0.5
-    point with some margin (measured on 2 cores, batch 32: 11 steps per epoch): HFA with K1=20, K2=10 averages
-    over the WAN every 200 steps (18 epochs), so it runs 3x the epochs of FSA; MixedSync + DCASGD (SGD, lr 0.2)
-    is the noisiest (one 60-epoch run peaked at 0.93, another reached the target at epoch 23). --quick leaves out the
+    Lengths (epochs; global rounds for HFA; rounds for ESync) are what each needs to reach flat-PS FSA's final
+    accuracy minus 0.5 point with some margin (measured on 2 cores, batch 32: 11 steps per epoch): HFA with
+    K1=20, K2=10 averages over the WAN every 200 local steps (18 epochs), and only its global model after a
+    global round counts, so it runs a few global rounds (1000 local steps in 5); MixedSync + DCASGD runs SGD at
+    lr 0.3 without momentum, the README's setting (with momentum 0.9 at lr 0.2, one run on a loaded machine
+    diverged to chance accuracy in both parties and stayed there). --quick leaves out the
     slow HiPS FSA row (the slow flat-PS FSA row is the baseline) to stay near 3 minutes.
     """
     def n(full: int, short: int) -> int:
@@ -140,9 +148,9 @@ def sync_rows(quick: bool) -> tuple[SyncRow, ...]:
         SyncRow("hips_fsa", "FSA, HiPS", "cnn.py", n(20, 10), adam),
         SyncRow("mixedsync", "MixedSync (Adam)", "cnn.py", n(30, 15), ("--mixed-sync", *adam)),
         SyncRow("mixedsync_dcasgd", "MixedSync + DCASGD", "cnn.py", n(40, 15),
-                ("--mixed-sync", "--dcasgd", "--lr", "0.2")),
-        SyncRow("hfa", "HFA K1=20 K2=10", "cnn_hfa.py", n(60, 30), hfa=(20, 10)),
-        SyncRow("hfa_outer", "HFA K1=20 K2=10 + outer", "cnn_hfa.py", n(60, 30), ("--outer",), hfa=(20, 10)),
+                ("--mixed-sync", "--dcasgd", "--lr", "0.3", "--momentum", "0")),
+        SyncRow("hfa", "HFA K1=20 K2=10", "cnn_hfa.py", n(5, 3), hfa=(20, 10)),
+        SyncRow("hfa_outer", "HFA K1=20 K2=10 + outer", "cnn_hfa.py", n(5, 3), ("--outer",), hfa=(20, 10)),
         SyncRow("esync", "ESync K1=4", "cnn_esync.py", n(40, 25), hfa=(4, 1)),
     )
     slowed = (SYNC_BASELINE, "mixedsync", "esync") if quick else (SYNC_BASELINE, "hips_fsa", "mixedsync", "esync")
@@ -155,7 +163,7 @@ def sync_rows(quick: bool) -> tuple[SyncRow, ...]:
     # (flat-PS FSA alone takes ~1.4 s a step, 2.5 minutes).
     wide = () if quick else tuple(
         replace(row, name=f"{row.name}_wide", scenario="wide", length=length, args=(*row.args, *WIDE_ARGS))
-        for row, length in ((same[0], 10), (same[4], 30), (same[5], 30)))
+        for row, length in ((same[0], 10), (same[4], 3), (same[5], 3)))
     return same + slow + alone + wide
 
 
@@ -242,15 +250,18 @@ def _run_job(name: str, topology: Path, command: list[str],
 
 def _measure(section: str, name: str, topology: Path, command: list[str], out_dir: Path,
              summarize: Callable[[list[dict[str, Any]], dict[str, Any], float], dict[str, Any]],
-             errors: list[str]) -> tuple[LaunchResult, dict[str, Any] | None]:
-    """Run one job and summarize its master worker's records; a failure is noted in ``errors`` (figures None)."""
+             errors: list[str],
+             records_of: Callable[[dict[str, list[dict[str, Any]]]], list[dict[str, Any]]] | None = None,
+             ) -> tuple[LaunchResult, dict[str, Any] | None]:
+    """Run one job and summarize its records (default: the master worker's; ``records_of`` picks others);
+    a failure is noted in ``errors`` (figures None)."""
     result, metrics = _run_job(name, topology, command, out_dir)
     if result.exit_code != 0:
         errors.append(f"{name} failed ({result.failed}); see {out_dir / 'logs' / name}.log")
         _say(f"[{section}] {name} FAILED ({result.failed})")
         return result, None
     try:
-        figures = summarize(_master_records(metrics), result.summary, result.wall_s)
+        figures = summarize((records_of or _master_records)(metrics), result.summary, result.wall_s)
     except (KeyError, ValueError, RuntimeError) as exc:
         errors.append(f"{name}: unreadable metrics records ({type(exc).__name__}: {exc})")
         _say(f"[{section}] {name}: unreadable metrics records: {exc}")
@@ -265,6 +276,11 @@ def _master_records(metrics: dict[str, list[dict[str, Any]]]) -> list[dict[str, 
         if metrics[name]:
             return metrics[name]
     return []
+
+
+def _all_records(metrics: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Every recording worker's records, in worker-name order (``dc0_worker0`` first), each with ``worker``."""
+    return [{"worker": name, **record} for name in sorted(metrics) for record in metrics[name]]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -551,41 +567,86 @@ def sync_topology(row: SyncRow) -> dict[str, Any]:
     return raw
 
 
+def _curve(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{"steps": int(r["steps"]), "test_accuracy": float(r["test_accuracy"]), "elapsed_s": float(r["elapsed_s"]),
+             "wan_mb": r.get("wan_mb"), "global_round": r.get("global_round")} for r in records]
+
+
 def summarize_sync_run(records: list[dict[str, Any]], summary: dict[str, Any], wall_s: float) -> dict[str, Any]:
-    """Per-run figures and the accuracy curve from the master worker's records (one per epoch or round)."""
+    """Per-run figures and each party's accuracy curve from the records (one per epoch or round).
+
+    ``records`` come from every recording worker, grouped by their ``party`` (a record without one belongs to
+    party ""); the first party met is the master's (``dc0_worker0`` sorts first): ``steps``, ``train_s`` and
+    ``curve`` are its. ``test_accuracy`` is the lowest of the parties' last records (MixedSync: the worst
+    party's final model). Usage: ``summarize_sync_run(_all_records(metrics), result.summary, result.wall_s)``.
+    """
     if not records:
-        raise RuntimeError("the master worker left no metrics records")
-    curve: list[dict[str, Any]] = [{"steps": int(r["steps"]), "test_accuracy": float(r["test_accuracy"]),
-                                    "elapsed_s": float(r["elapsed_s"]), "wan_mb": r.get("wan_mb")} for r in records]
+        raise RuntimeError("no worker left metrics records")
+    by_party: dict[str, list[dict[str, Any]]] = {}
+    for record in records:
+        by_party.setdefault(str(record.get("party", "")), []).append(record)
+    parties = {party: {"curve": _curve(recs), "steps": int(recs[-1]["steps"]),
+                       "test_accuracy": float(recs[-1]["test_accuracy"]), "train_s": float(recs[-1]["elapsed_s"])}
+               for party, recs in by_party.items()}
+    master = parties[next(iter(parties))]
+    curves = [c for p in parties.values() for c in p["curve"]]
     return {
         "records": len(records),
-        "steps": curve[-1]["steps"],
-        "test_accuracy": curve[-1]["test_accuracy"],
-        "best_accuracy": max(c["test_accuracy"] for c in curve),
-        "train_s": curve[-1]["elapsed_s"],
+        "steps": master["steps"],
+        "test_accuracy": min(p["test_accuracy"] for p in parties.values()),
+        "best_accuracy": max(c["test_accuracy"] for c in curves),
+        "train_s": master["train_s"],
         "wall_s": wall_s,
         "wan_bytes_total": int(summary.get("wan_bytes", 0)),
         "lan_bytes_total": int(summary.get("lan_bytes", 0)),
-        "curve": curve,
+        "curve": master["curve"],
+        "parties": parties,
     }
 
 
-def reach_target(figures: dict[str, Any], target: float) -> dict[str, Any]:
-    """When the run's curve first reached ``target``: elapsed seconds, steps and WAN bytes by then.
+def first_at_target(curve: list[dict[str, Any]], target: float) -> int | None:
+    """Index of the first point at or above ``target`` that was taken after a global round, else None.
 
-    The WAN bytes come from the record's ``wan_mb`` (every WAN byte so far, read from the global servers); for
-    a script that records none, the launcher's total pro rata by records (epochs or rounds), marked estimated.
+    A point with ``global_round`` 0 (or below) evaluated a model no global average had touched yet (HFA's
+    local models before the first WAN exchange): it does not count. A point without ``global_round`` (a
+    script that does not say) counts as it is.
     """
-    curve = figures["curve"]
-    index = next((i for i, c in enumerate(curve) if c["test_accuracy"] >= target - 1e-9), None)
-    if index is None:
-        return {"reached": False, "time_to_target_s": None, "steps_to_target": None, "wan_bytes_to_target": None,
-                "wan_bytes_to_target_estimated": False}
+    for index, point in enumerate(curve):
+        rounds = point.get("global_round")
+        if rounds is not None and rounds < 1:
+            continue
+        if point["test_accuracy"] >= target - 1e-9:
+            return index
+    return None
+
+
+NOT_REACHED = {"reached": False, "time_to_target_s": None, "steps_to_target": None, "global_rounds_to_target": None,
+               "wan_bytes_to_target": None, "wan_bytes_to_target_estimated": False}
+
+
+def reach_target(figures: dict[str, Any], target: float) -> dict[str, Any]:
+    """When the job reached ``target``: the SLOWEST party's first point at target (see ``first_at_target``).
+
+    Returns its elapsed seconds, steps, global rounds and WAN bytes by then, which party it was, and every
+    party's time. A party that recorded but never reached the target: not reached. The WAN bytes come from
+    the point's ``wan_mb`` (every WAN byte of the job so far, read from the global servers); for a script
+    that records none, the launcher's total pro rata by that party's records, marked estimated.
+    """
+    parties = figures.get("parties") or {"": {"curve": figures["curve"]}}
+    hits = {party: first_at_target(p["curve"], target) for party, p in parties.items()}
+    missing = sorted(party for party, index in hits.items() if index is None)
+    if missing:
+        return {**NOT_REACHED, "not_reached_by": missing}
+    times = {party: parties[party]["curve"][index]["elapsed_s"] for party, index in hits.items()}
+    slowest = max(times, key=lambda party: times[party])
+    curve, index = parties[slowest]["curve"], hits[slowest]
     point = curve[index]
     estimated = point.get("wan_mb") is None
     wan = (figures["wan_bytes_total"] * (index + 1) / len(curve)) if estimated else point["wan_mb"] * 1e6
     return {"reached": True, "time_to_target_s": point["elapsed_s"], "steps_to_target": point["steps"],
-            "records_to_target": index + 1, "wan_bytes_to_target": wan, "wan_bytes_to_target_estimated": estimated}
+            "global_rounds_to_target": point.get("global_round"), "records_to_target": index + 1,
+            "wan_bytes_to_target": wan, "wan_bytes_to_target_estimated": estimated, "slowest_party": slowest,
+            "party_time_to_target_s": times}
 
 
 def _ratio(numerator: float | None, denominator: float | None) -> float | None:
@@ -618,11 +679,15 @@ def bench_sync(plan: Plan, out_dir: Path) -> dict[str, Any]:
         topology = _write_topology(out_dir / "topologies" / f"{name}.yaml", sync_topology(row))
         command = row.command(examples, plan.sync_batch_size)
         jobs[row.name] = {**asdict(row), "command": command, "topology": str(topology)}
-        _say(f"[sync] {name}: {row.label}, {row.length} {'rounds' if row.script == 'cnn_esync.py' else 'epochs'} "
+        _say(f"[sync] {name}: {row.label}, {row.length} {row.unit} "
              f"of examples/{' '.join((row.script, *row.args))} (log: {out_dir / 'logs' / name}.log) ...")
-        result, figures = _measure("sync", name, topology, command, out_dir, summarize_sync_run, errors)
+        result, figures = _measure("sync", name, topology, command, out_dir, summarize_sync_run, errors,
+                                   records_of=_all_records)
         if figures is None:
             continue
+        if any(c["global_round"] is None for p in figures["parties"].values() for c in p["curve"]):
+            errors.append(f"{name}: examples/{row.script} left records without global_round: "
+                          "its time to target cannot tell local models from global ones")
         rows[row.name] = figures
         _say(f"[sync] {name}: {figures['steps']} steps, acc {figures['test_accuracy']:.4f}, "
              f"WAN {figures['wan_bytes_total'] / 1e6:.2f} MB, train {figures['train_s']:.1f} s, "
@@ -768,7 +833,7 @@ def _sync_lines(sync: dict[str, Any]) -> list[str]:
         row = rows.get(name)
         scenario = SCENARIOS.get(job["scenario"], job["scenario"])
         if row is None:
-            table.append([scenario, job["label"], "failed", *["-"] * 10])
+            table.append([scenario, job["label"], "failed", *["-"] * 11])
             continue
         ratios = row.get("ratios", {})
         is_base = name.startswith(SYNC_BASELINE)
@@ -778,6 +843,7 @@ def _sync_lines(sync: dict[str, Any]) -> list[str]:
             job["label"],
             str(row["steps"]),
             _fmt(row.get("time_to_target_s"), ".2f") if row.get("reached") else "not reached",
+            _fmt(row.get("global_rounds_to_target"), "d"),
             "1.00x" if is_base else _fmt(ratios.get("time_to_target_speedup"), ".2f", "x"),
             _fmt(row["test_accuracy"], ".4f"),
             "base" if is_base else _fmt(100 * ratios["accuracy_difference"], "+.2f") if ratios else "-",
@@ -789,17 +855,23 @@ def _sync_lines(sync: dict[str, Any]) -> list[str]:
             _fmt(row["train_s"], ".1f"),
             _fmt(row["wall_s"], ".1f"),
         ])
-    lines += _table(["scenario", "algorithm", "steps", "to target s", "speedup", "final acc", "d acc pt", "WAN MB",
-                     "WAN red.", "WAN MB @target", "red. @target", "train s", "wall s"], table, left=2)
-    lines.append(f"note: target = {sync['target_rule']}; to target s = the master worker's (dc0/worker0) "
-                 "training-loop time at its first epoch/round record at or above it;")
-    lines.append("      speedup, WAN red(uction) = flat-PS FSA of the same scenario / the row; d acc pt = final acc "
-                 "minus that FSA's, in points; steps = the master's (local steps for HFA, ESync);")
-    lines.append("      WAN MB = the launcher's total (whole run); @target = WAN bytes by the target record "
-                 "(~: no wan_mb recorded, total pro rata by records); train s = loop time, wall s = launch to exit.")
-    lines.append("      1 slow (3x): cnn.py --slow-party dc1 --slowdown 3 (both dc1 workers); cnn_esync.py "
-                 "--slow-rank 3 --slowdown 3 (one dc1 worker). MixedSync: the master is in dc0, next to the")
-    lines.append("      global server, so its time is the fast party's; dc1 lags and finishes later (wall s).")
+    lines += _table(["scenario", "algorithm", "steps", "to target s", "rounds @target", "speedup", "final acc",
+                     "d acc pt", "WAN MB", "WAN red.", "WAN MB @target", "red. @target", "train s", "wall s"],
+                    table, left=2)
+    lines.append(f"note: target = {sync['target_rule']}; only the job's model counts: FSA, HFA, ESync: the global "
+                 "model after a global round (HFA: evaluated every K1 x K2 = 200")
+    lines.append("      local steps, never a party's local model); MixedSync (+ DCASGD): each party's pulled model, "
+                 "and to target s is the SLOWEST party's (its first record at target,")
+    lines.append("      its own training-loop time); a record before the first global round does not count. "
+                 "rounds @target = global rounds (WAN exchanges) by then: steps for FSA and")
+    lines.append("      MixedSync (that party's), global averages for HFA, rounds for ESync. speedup, WAN red(uction) "
+                 "= flat-PS FSA of the same scenario / the row;")
+    lines.append("      final acc = the lowest of the parties' last records; d acc pt = final acc minus that FSA's, in "
+                 "points; steps = the master's (local steps for HFA, ESync);")
+    lines.append("      WAN MB = the launcher's total (whole run); @target = the job's WAN bytes at the target record "
+                 "(~: no wan_mb recorded, total pro rata by records); train s = the")
+    lines.append("      master's loop time, wall s = launch to exit. 1 slow (3x): cnn.py --slow-party dc1 --slowdown 3 "
+                 "(both dc1 workers); cnn_esync.py --slow-rank 3 --slowdown 3 (one dc1 worker).")
     if "wide" in sync.get("targets", {}):
         lines.append(f"      wide CNN: --channels {WIDE_CNN.channels} --hidden {WIDE_CNN.hidden} (bandwidth-bound); "
                      f"its target is its own flat-PS FSA's final accuracy minus 0.5 point: "

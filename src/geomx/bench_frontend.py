@@ -1,18 +1,22 @@
-"""``geomx bench``'s front-end section: does the PyTorch wrapper overlap, and what does P3 add?
+"""``geomx bench``'s front-end section: does the PyTorch wrapper overlap, and what do P3's two halves add?
 
-One communication-bound CNN (1.1M parameters, its 1M-element dense layer deepest), 2 parties x 1 worker,
-synthetic inputs. Two pairs of jobs:
+2 parties x 1 worker, synthetic inputs, WAN latency 25 ms. Three groups of jobs:
 
-- overlap, on a 1 Gbit/s 25 ms WAN with batch 64 (backward and communication of similar length):
-  ``sequential`` is the kvstore loop (backward, then push all, then pull all) and ``wrapper`` the same
-  model and server optimizer through ``geomx.torch.DistributedOptimizer``;
-- P3, on the training section's 100 Mbit/s 25 ms WAN with batch 16 (communication-bound): the wrapper
-  without (``p3_off``) and with P3 (``p3_on``: 50K-element slices, shallow layers first).
+- overlap (CommBoundCNN, 1.1M parameters, its 1M-element dense layer deepest; 1 Gbit/s WAN, batch 64,
+  backward and communication of similar length): ``sequential`` is the kvstore loop (backward, then push
+  all, then pull all) and ``wrapper`` the same model and server optimizer through
+  ``geomx.torch.DistributedOptimizer``;
+- P3 on CommBoundCNN (100 Mbit/s WAN, batch 16, communication-bound) and on DeepCNN (six small
+  convolutions, then 1.3M dense weights last: P3's favourable case), each as:
+  ``p3`` (50K-element slices, priority ``-layer``: P3), ``slices_fifo`` (the same slices, one priority:
+  FIFO in the order sent), ``whole_fifo`` (1M-element slices, FIFO) and, for the CNN, ``whole_prio``
+  (1M slices with priorities: the wrapper without P3). The CNN's 4096x256 layer has exactly 1,048,576
+  weights, so 1M slices send it as one 4.2 MB message.
 
-Reported: mean step time of each (ms, after warm-up steps), the worker process's CPU time per step (equal
-CPU with a shorter step means overlap, not extra work; on a busy machine wall times mostly measure the
-wait for a core), the sequential loop's forward, backward and communication times, and two ratios with
-their goals: wrapper / sequential (< 1: overlap pays) and the P3 speed-up (goal >= 20%). Never asserts.
+Reported: mean and median step time (ms, after warm-up steps), the worker's CPU time per step, and the
+effects as step-time savings: **priority** = 1 - p3 / slices_fifo (same slices, priority on vs off),
+**slicing** = 1 - slices_fifo / whole_fifo (no priority, 50K vs 1M slices), and P3 as the wrapper's switch
+changes it (1 - p3 / whole_prio). Never asserts. Medians are the robust figure on a busy machine.
 
 Usage::
 
@@ -26,6 +30,7 @@ import io
 import json
 import shutil
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,30 +38,51 @@ import yaml
 
 from .launch import launch
 
-# name: (loop, P3, WAN bandwidth, batch size)
-ROWS = {"sequential": ("sequential", False, "1Gbit", 64), "wrapper": ("wrapper", False, "1Gbit", 64),
-        "p3_off": ("wrapper", False, "100Mbit", 16), "p3_on": ("wrapper", True, "100Mbit", 16)}
+WHOLE = 1 << 20  # the slice size without P3, set explicitly (whatever the topology default is)
+P3_SLICE = 50_000
+
+
+@dataclass(frozen=True)
+class FrontendRow:
+    """One job of the section."""
+
+    loop: str  # sequential or wrapper
+    model: str  # cnn (CommBoundCNN) or deep (DeepCNN)
+    slice_elems: int
+    priorities: bool
+    bandwidth: str
+    batch_size: int
+
+    def topology(self) -> dict[str, Any]:
+        p3 = self.slice_elems == P3_SLICE
+        return {"parties": {"dc0": {"workers": 1}, "dc1": {"workers": 1}}, "central": "dc0",
+                "slice_elems": WHOLE,
+                "links": {"lan": {"bandwidth": "10Gbit", "latency": "0ms"},
+                          "wan": {"bandwidth": self.bandwidth, "latency": "25ms"}},
+                "training": {"p3": p3, "p3_slice_elems": P3_SLICE, "priorities": self.priorities}}
+
+
+ROWS = {
+    "sequential": FrontendRow("sequential", "cnn", WHOLE, True, "1Gbit", 64),
+    "wrapper": FrontendRow("wrapper", "cnn", WHOLE, True, "1Gbit", 64),
+    **{f"{model}_{name}": FrontendRow("wrapper", model, slices, priorities, "100Mbit", 16)
+       for model in ("cnn", "deep")
+       for name, slices, priorities in (("p3", P3_SLICE, True), ("slices_fifo", P3_SLICE, False),
+                                        ("whole_fifo", WHOLE, False), ("whole_prio", WHOLE, True))
+       if not (model == "deep" and name == "whole_prio")},
+}
 P3_GOAL = 0.20
 
 
-def _topology(path: Path, p3: bool, bandwidth: str) -> Path:
-    raw = {"parties": {"dc0": {"workers": 1}, "dc1": {"workers": 1}}, "central": "dc0",
-           "links": {"lan": {"bandwidth": "10Gbit", "latency": "0ms"},
-                     "wan": {"bandwidth": bandwidth, "latency": "25ms"}},
-           "training": {"p3": p3}}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(raw, sort_keys=False))
-    return path
-
-
-def _run(name: str, row: tuple[str, bool, str, int], steps: int, warmup: int, out_dir: Path) -> dict[str, Any]:
-    loop, p3, bandwidth, batch = row
+def _run(name: str, row: FrontendRow, steps: int, warmup: int, out_dir: Path) -> dict[str, Any]:
     run_dir = out_dir / "runs" / f"frontend_{name}"
     if run_dir.exists():
         shutil.rmtree(run_dir)
-    topology = _topology(out_dir / "topologies" / f"frontend_{name}.yaml", p3, bandwidth)
-    command = [sys.executable, "-m", "geomx.bench_workers.frontend", "--loop", loop, "--steps", str(steps),
-               "--warmup", str(warmup), "--batch-size", str(batch)]
+    topology = out_dir / "topologies" / f"frontend_{name}.yaml"
+    topology.parent.mkdir(parents=True, exist_ok=True)
+    topology.write_text(yaml.safe_dump(row.topology(), sort_keys=False))
+    command = [sys.executable, "-m", "geomx.bench_workers.frontend", "--loop", row.loop, "--model", row.model,
+               "--steps", str(steps), "--warmup", str(warmup), "--batch-size", str(row.batch_size)]
     log = io.StringIO()
     result = launch(topology, command, run_dir=run_dir, out=log)
     (out_dir / "logs").mkdir(parents=True, exist_ok=True)
@@ -67,15 +93,31 @@ def _run(name: str, row: tuple[str, bool, str, int], steps: int, warmup: int, ou
     if not workers:
         raise RuntimeError(f"{name} wrote no timings")
     mean = {key: sum(w[key] for w in workers) / len(workers) for key in workers[0] if key.endswith("_ms")}
-    return {**mean, "wan": bandwidth, "batch_size": batch, "workers": workers, "wall_s": result.wall_s,
-            "wan_bytes": result.summary.get("wan_bytes")}
+    return {**mean, "wan": row.bandwidth, "batch_size": row.batch_size, "model": row.model,
+            "slice_elems": row.slice_elems, "priorities": row.priorities, "workers": workers,
+            "wall_s": result.wall_s, "wan_bytes": result.summary.get("wan_bytes")}
+
+
+def saving(rows: dict[str, dict[str, Any]], faster: str, slower: str, key: str = "step_median_ms") -> float | None:
+    """1 - rows[faster] / rows[slower] on ``key`` (>0: ``faster`` is), None if either is missing.
+
+    Usage: ``saving(rows, "cnn_p3", "cnn_slices_fifo")`` is what priority alone is worth.
+    """
+    if faster not in rows or slower not in rows:
+        return None
+    return 1 - rows[faster][key] / rows[slower][key]
+
+
+EFFECTS = {"priority": ("p3", "slices_fifo"), "slicing": ("slices_fifo", "whole_fifo"),
+           "p3_switch": ("p3", "whole_prio"), "p3_vs_fifo": ("p3", "whole_fifo")}
 
 
 def run_frontend(quick: bool, out_dir: Path) -> dict[str, Any]:
-    """Run the three jobs; returns the section's figures (with ``errors`` for runs that failed)."""
+    """Run every job; returns the section's figures (with ``errors`` for runs that failed)."""
     steps, warmup = (10, 3) if quick else (30, 5)
     section: dict[str, Any] = {"setup": {"steps": steps, "warmup": warmup, "parties": "2 x 1 worker",
-                                         "model": "CommBoundCNN 1.1M params"},
+                                         "models": {"cnn": "CommBoundCNN 1.1M params",
+                                                    "deep": "DeepCNN 6 convs (47k) + dense 1.3M"}},
                                "rows": {}, "errors": []}
     for name, row in ROWS.items():
         print(f"[frontend] {name} ...", flush=True)
@@ -86,16 +128,23 @@ def run_frontend(quick: bool, out_dir: Path) -> dict[str, Any]:
     rows = section["rows"]
     if "sequential" in rows and "wrapper" in rows:
         section["wrapper_over_sequential"] = rows["wrapper"]["step_ms"] / rows["sequential"]["step_ms"]
-    if "p3_off" in rows and "p3_on" in rows:
-        section["p3_speedup"] = 1 - rows["p3_on"]["step_ms"] / rows["p3_off"]["step_ms"]
+    section["effects"] = {
+        model: {effect: {"median": saving(rows, f"{model}_{a}", f"{model}_{b}"),
+                         "mean": saving(rows, f"{model}_{a}", f"{model}_{b}", "step_ms")}
+                for effect, (a, b) in EFFECTS.items()}
+        for model in ("cnn", "deep")}
     return section
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:+.0f}%"
 
 
 def frontend_lines(section: dict[str, Any]) -> list[str]:
     """The section's table for ``geomx bench``'s report."""
     setup = section["setup"]
-    lines = [f"[frontend] {setup['model']}, {setup['parties']}, WAN latency 25 ms; mean of {setup['steps']} "
-             f"steps after {setup['warmup']} warm-up"]
+    lines = [f"[frontend] {setup['parties']}, WAN latency 25 ms; {setup['steps']} steps after {setup['warmup']} "
+             f"warm-up; models: {', '.join(f'{k} = {v}' for k, v in setup['models'].items())}"]
     for name, row in section["rows"].items():
         extra = ""
         if "comm_ms" in row:
@@ -104,14 +153,22 @@ def frontend_lines(section: dict[str, Any]) -> list[str]:
         elif "backward_ms" in row:
             extra = (f"  (forward incl. waits for updates {row['forward_ms']:.0f} + backward incl. pushes "
                      f"{row['backward_ms']:.0f} ms)")
-        lines.append(f"  {name:<10} WAN {row['wan']:>7} batch {row['batch_size']:>3}  step {row['step_ms']:7.1f} ms"
-                     f"  CPU {row.get('cpu_ms', float('nan')):6.1f} ms{extra}")
+        slices = "50K" if row.get("slice_elems") == P3_SLICE else "1M"
+        order = "priority" if row.get("priorities", True) else "FIFO"
+        lines.append(f"  {name:<16} WAN {row['wan']:>7} batch {row['batch_size']:>3} {slices:>3} slices {order:<8} "
+                     f"step mean {row['step_ms']:7.1f} median {row.get('step_median_ms', float('nan')):7.1f} ms  "
+                     f"CPU {row.get('cpu_ms', float('nan')):6.1f} ms{extra}")
     if "wrapper_over_sequential" in section:
         lines.append(f"  wrapper / sequential: {section['wrapper_over_sequential']:.2f}x (goal < 1: backward and "
                      "communication overlap)")
-    if "p3_speedup" in section:
-        verdict = "met" if section["p3_speedup"] >= P3_GOAL else "NOT met"
-        lines.append(f"  P3 speed-up (p3_on over p3_off): {100 * section['p3_speedup']:.0f}% "
-                     f"(goal >= {100 * P3_GOAL:.0f}%: {verdict})")
+    for model, effects in section.get("effects", {}).items():
+        shown = {k: v for k, v in effects.items() if v["median"] is not None}
+        if not shown:
+            continue
+        parts = {"priority": "priority (p3 vs slices_fifo)", "slicing": "slicing (slices_fifo vs whole_fifo)",
+                 "p3_switch": "p3 switch (p3 vs whole_prio)", "p3_vs_fifo": "P3 vs neither (p3 vs whole_fifo)"}
+        lines.append(f"  {model} step-time saving, median (mean): " + "; ".join(
+            f"{parts[k]} {_pct(v['median'])} ({_pct(v['mean'])})" for k, v in shown.items()))
+    lines.append(f"  (goal for P3 as a whole: >= {100 * P3_GOAL:.0f}% shorter steps)")
     lines += [f"  error: {error}" for error in section.get("errors", [])]
     return lines

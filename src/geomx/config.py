@@ -267,7 +267,10 @@ class TrainingSpec:
     and steps locally; ``none`` always steps locally; a name (``dcasgd``, ``outer_nesterov`` ...) installs
     that server optimizer with ``server_optimizer_params``. ``compression``: a codec spec for the WAN.
     ``esync``: ESync's balanced local steps (needs HFA with K2 = 1). ``p3``: Priority-based Parameter
-    Propagation: tensors cut into ``p3_slice_elems`` slices, shallow layers first. ``tensorboard``: the metrics
+    Propagation: tensors cut into ``p3_slice_elems`` slices, shallow layers first. ``priorities``: the wrapper
+    tags each tensor with ``-layer index`` (shallow layers overtake deep ones in every send queue); ``false``
+    sends every tensor at one priority (FIFO in the order sent), to measure what priority alone is worth
+    (``geomx bench --only frontend``). ``tensorboard``: the metrics
     records also go to TensorBoard event files (needs ``pip install 'geomx[tensorboard]'``).
     Usage: ``TrainingSpec(sync="dist_async", server_optimizer="dcasgd")``.
     """
@@ -279,6 +282,7 @@ class TrainingSpec:
     esync: bool = False
     p3: bool = False
     p3_slice_elems: int = 50_000
+    priorities: bool = True
     metrics_every: int = 10
     tensorboard: bool = False  # also write the metrics as TensorBoard scalars (RUN/tensorboard/<worker>/)
 
@@ -624,10 +628,10 @@ def _training(raw: Any, base: TrainingSpec | None = None) -> TrainingSpec:
     if raw.get("compression") is not None:
         name, params = _named_spec(raw["compression"], "training.compression")
         values["compression"] = {"type": name, **params}
-    for name in ("sync", "esync", "p3", "p3_slice_elems", "metrics_every", "tensorboard"):
+    for name in ("sync", "esync", "p3", "p3_slice_elems", "priorities", "metrics_every", "tensorboard"):
         if name in raw:
             value = raw[name]
-            expected = {"sync": str, "esync": bool, "p3": bool, "tensorboard": bool}.get(name, int)
+            expected = {"sync": str, "esync": bool, "p3": bool, "priorities": bool, "tensorboard": bool}.get(name, int)
             if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
                 raise ConfigError(f"training.{name} must be {expected.__name__}, got {value!r}")
             values[name] = value
@@ -838,7 +842,7 @@ def _training_to_dict(spec: TrainingSpec) -> dict[str, Any]:
     optimizer = {"type": spec.server_optimizer, **dict(spec.server_optimizer_params)}
     return {"sync": spec.sync, "server_optimizer": optimizer,
             **({"compression": dict(spec.compression)} if spec.compression else {}),
-            "esync": spec.esync, "p3": spec.p3, "p3_slice_elems": spec.p3_slice_elems,
+            "esync": spec.esync, "p3": spec.p3, "p3_slice_elems": spec.p3_slice_elems, "priorities": spec.priorities,
             "metrics_every": spec.metrics_every}
 
 
@@ -1020,14 +1024,16 @@ def _flag(env: Mapping[str, str], name: str) -> bool | None:
 
 def _training_from_env(env: Mapping[str, str], base: TrainingSpec) -> TrainingSpec:
     """GEOMX_SYNC, GEOMX_SERVER_OPTIMIZER, GEOMX_COMPRESSION, GEOMX_ESYNC, GEOMX_P3 (ENABLE_P3),
-    GEOMX_P3_SLICE_ELEMS, GEOMX_METRICS_EVERY and GEOMX_TENSORBOARD override the topology's ``training`` block."""
+    GEOMX_P3_SLICE_ELEMS, GEOMX_PRIORITIES, GEOMX_METRICS_EVERY and GEOMX_TENSORBOARD override the topology's
+    ``training`` block."""
     raw: dict[str, Any] = {}
     if _get(env, "GEOMX_SYNC") is not None:
         raw["sync"] = _get(env, "GEOMX_SYNC")
     for name, key in (("GEOMX_SERVER_OPTIMIZER", "server_optimizer"), ("GEOMX_COMPRESSION", "compression")):
         if _get(env, name) is not None:
             raw[key] = _get(env, name)
-    for name, key in (("GEOMX_ESYNC", "esync"), ("GEOMX_P3", "p3"), ("GEOMX_TENSORBOARD", "tensorboard")):
+    for name, key in (("GEOMX_ESYNC", "esync"), ("GEOMX_P3", "p3"), ("GEOMX_PRIORITIES", "priorities"),
+                      ("GEOMX_TENSORBOARD", "tensorboard")):
         flag = _flag(env, name)
         if flag is not None:
             raw[key] = flag

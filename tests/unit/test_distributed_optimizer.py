@@ -112,3 +112,27 @@ def test_wrong_arguments_are_named():
     other = torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1)
     with pytest.raises(ValueError, match="not one of the model's"):
         DistributedOptimizer(other, model, kv=store)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("priorities", [True, False])
+def test_priorities_follow_the_layers_unless_the_topology_turns_them_off(priorities):
+    """``training.priorities: false`` (the frontend bench's control for P3) sends every tensor at priority 0."""
+
+    class PriorityStore(OneWorkerStore):
+        def __init__(self, training: TrainingSpec) -> None:
+            super().__init__(training)
+            self.priorities: dict[int, int] = {}
+
+        def push(self, key: int, value: torch.Tensor, priority: int = 0) -> None:
+            self.priorities[key] = priority
+            super().push(key, value, priority)
+
+    model, inner = model_and_adam()
+    store = PriorityStore(TrainingSpec(p3=True, priorities=priorities))
+    opt = DistributedOptimizer(inner, model, kv=store)  # type: ignore[arg-type]
+    opt.zero_grad()
+    model(torch.randn(5, 4)).sum().backward()
+    opt.step()
+    # keys 0, 1: the first Linear (layer 0); keys 2, 3: the second (layer 1)
+    want = {0: 0, 1: 0, 2: -1, 3: -1} if priorities else {0: 0, 1: 0, 2: 0, 3: 0}
+    assert {k: store.priorities[k] for k in range(4)} == want

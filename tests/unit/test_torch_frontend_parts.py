@@ -122,6 +122,11 @@ def test_the_training_block_and_its_environment_variables():
             topology_from_dict({"parties": {"dc0": 1}, **bad})
     with pytest.raises(ConfigError, match="GEOMX_P3 must be 0 or 1"):
         node_config_from_env({**env, "ENABLE_P3": "maybe"})
+    assert spec.priorities and node.topology.training.priorities  # on unless turned off
+    assert not topology_from_dict({"parties": {"dc0": 1}, "training": {"priorities": False}}).training.priorities
+    assert not node_config_from_env({**env, "GEOMX_PRIORITIES": "0"}).topology.training.priorities
+    with pytest.raises(ConfigError, match="training.priorities must be bool"):
+        topology_from_dict({"parties": {"dc0": 1}, "training": {"priorities": "off"}})
 
 
 def test_the_sampler_reshuffles_per_epoch_and_matches_the_shards():

@@ -1,9 +1,12 @@
-"""Bench worker of the front-end section: one communication-bound CNN, trained by one of two loops.
+"""Bench worker of the front-end section: a communication-bound CNN, trained by one of two loops.
 
 ``--loop sequential`` is the kvstore loop of examples/cnn.py: forward, backward, then push every gradient
 and pull every parameter (communication after backward, one after the other). ``--loop wrapper`` is the
 same model and server optimizer through ``geomx.torch.DistributedOptimizer`` (pushes from gradient hooks,
-forward pre-hooks wait per layer; P3 if the topology says so). Inputs are synthetic: this measures time.
+forward pre-hooks wait per layer; P3 and priorities as the topology says). Inputs are synthetic: this
+measures time. ``--model cnn`` is ``CommBoundCNN`` (its 1M-weight dense layer deepest); ``--model deep`` is
+``DeepCNN``, P3's favourable case: six small convolutions first (most of the compute, 47k weights), then
+1.3M weights of dense layers last (most of the bytes).
 
 Writes ``$GEOMX_RUN_DIR/out/frontend-<global rank>.json``: mean step, forward, backward and communication
 times (ms) over the steps after ``--warmup``, and the process's CPU time per step (``cpu_ms``, all threads:
@@ -44,6 +47,27 @@ class CommBoundCNN(nn.Module):
         return self.classifier(self.features(x))
 
 
+class DeepCNN(nn.Module):
+    """Six 3x3 convolutions of 32 channels at 32x32 (47k weights, most of the compute), then 2048-512-512-10
+    dense layers (1.3M weights, 5.2 MB of gradients): the shallow layers' next forward can overlap the deep
+    layers' transfer if their updates arrive first (what P3's priorities are for)."""
+
+    def __init__(self, convs: int = 6, channels: int = 32, hidden: int = 512) -> None:
+        super().__init__()
+        layers: list[nn.Module] = [nn.Conv2d(3, channels, 3, padding=1), nn.ReLU()]
+        for _ in range(convs - 1):
+            layers += [nn.Conv2d(channels, channels, 3, padding=1), nn.ReLU()]
+        self.features = nn.Sequential(*layers, nn.MaxPool2d(4))
+        self.classifier = nn.Sequential(nn.Flatten(), nn.Linear(channels * 8 * 8, hidden), nn.ReLU(),
+                                        nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 10))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x))
+
+
+MODELS: dict[str, type[nn.Module]] = {"cnn": CommBoundCNN, "deep": DeepCNN}
+
+
 def _mean_ms(values: list[float]) -> float:
     return 1000 * statistics.fmean(values) if values else float("nan")
 
@@ -54,10 +78,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--model", choices=sorted(MODELS), default="cnn")
     args = parser.parse_args()
     rank, _ = gx.worker_place()
     torch.manual_seed(rank)
-    model = CommBoundCNN()
+    model = MODELS[args.model]()
     images = torch.randn(args.batch_size, 3, 32, 32)
     labels = torch.randint(0, 10, (args.batch_size,))
     times: dict[str, list[float]] = {"step": [], "cpu": [], "forward": [], "backward": [], "comm": []}
@@ -110,8 +135,9 @@ def main() -> None:
     if run_dir is not None:
         folder = Path(run_dir) / "out"
         folder.mkdir(parents=True, exist_ok=True)
-        result = {"name": name, "loop": args.loop, "steps": len(times["step"]),
-                  **{f"{k}_ms": _mean_ms(v) for k, v in times.items() if v}}
+        result = {"name": name, "loop": args.loop, "model": args.model, "steps": len(times["step"]),
+                  **{f"{k}_ms": _mean_ms(v) for k, v in times.items() if v},
+                  "step_median_ms": 1000 * statistics.median(times["step"])}
         (folder / f"frontend-{rank}.json").write_text(json.dumps(result))
 
 

@@ -113,7 +113,8 @@ class DistributedOptimizer:
                 trained.add(id(p))
         self._trained = [k for k, p in enumerate(self._params) if id(p) in trained and p.requires_grad]
         layers, waits = _layer_of_params(model, self._params)
-        self._priority = [-layer for layer in layers]
+        # training.priorities false: one priority for all, FIFO in the order sent (the bench's P3 control)
+        self._priority = [-layer for layer in layers] if config.topology.training.priorities else [0] * len(layers)
         deepest = max(layers, default=0)
         self._deepest = [k for k, layer in enumerate(layers) if layer == deepest]
         self._pending: set[int] = set()  # keys whose new values are on their way
