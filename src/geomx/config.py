@@ -286,6 +286,15 @@ class TrainingSpec:
             raise ConfigError(f"training.metrics_every must be positive, got {self.metrics_every}")
 
 
+# Tensors larger than this many elements travel as independent slices (``slice_elems``). 256K elements
+# (1 MiB of float32): a 1024x1024 weight is 4 slices, so the answer to its first slice comes back while its
+# last is still being pushed (a push and its answer share a full-duplex link instead of taking turns;
+# 1M elements made the digits MLP's step 1.7x slower on a 100 Mbit/s link). Not smaller: every slice is one
+# more message for Python to handle on a fast LAN, and codecs see slices: Bi-Sparse sends a slice below
+# size_lower_bound (200000) dense; slices of a tensor of 800K elements or more stay above it.
+DEFAULT_SLICE_ELEMS = 1 << 18
+
+
 def _refuse_combinations(feature: str, unsupported: Mapping[str, bool]) -> None:
     """Fail at start when ``feature`` is set together with one it does not combine with (the first present)."""
     for what, present in unsupported.items():
@@ -304,7 +313,7 @@ class Topology:
     lan: LinkSpec = LinkSpec()
     wan: LinkSpec = LinkSpec()
     timeouts: Timeouts = Timeouts()
-    slice_elems: int = 1 << 20
+    slice_elems: int = DEFAULT_SLICE_ELEMS  # see DEFAULT_SLICE_ELEMS
     max_message_bytes: int = 1 << 31
     parties_known: bool = True  # False when built from DMLC_* counts alone: party names are placeholders
     hfa: HFASpec | None = None  # hierarchical frequency aggregation, when enabled
@@ -732,7 +741,7 @@ def topology_from_dict(raw: Mapping[str, Any], base_dir: Path | None = None) -> 
         lan=_link(links.get("lan"), "links.lan", ingress_allowed=True),
         wan=_link(links.get("wan"), "links.wan"),
         timeouts=_timeouts(raw.get("timeouts")),
-        slice_elems=_int_field(raw, "slice_elems", 1 << 20),
+        slice_elems=_int_field(raw, "slice_elems", DEFAULT_SLICE_ELEMS),
         max_message_bytes=_int_field(raw, "max_message_bytes", 1 << 31),
         hfa=_hfa(raw.get("hfa")),
         size_lower_bound=_int_field(raw, "size_lower_bound", 200_000),

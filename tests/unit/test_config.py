@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from geomx.config import (
+    DEFAULT_SLICE_ELEMS,
     ConfigError,
     LinkSpec,
     Mode,
@@ -146,7 +147,7 @@ def test_topology_defaults():
     assert topology.lan == LinkSpec() and not topology.lan.is_emulated
     assert topology.wan == LinkSpec()
     assert topology.timeouts == Timeouts()
-    assert topology.slice_elems == 1 << 20
+    assert topology.slice_elems == DEFAULT_SLICE_ELEMS == Topology(topology.parties, "a").slice_elems
 
 
 def test_worker_offset_and_num_all_workers():
