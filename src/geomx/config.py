@@ -300,6 +300,26 @@ class TrainingSpec:
             raise ConfigError(f"training.metrics_every must be positive, got {self.metrics_every}")
 
 
+# Tensors larger than ``slice_elems`` elements travel as independent slices. Left out of the topology, it
+# depends on whether the job has a WAN (more than one party):
+# - several parties: 256K elements (1 MiB of float32). A 1024x1024 weight is then 4 slices, so the answer to
+#   its first slice comes back while its last is still being pushed: a push and its answer share a
+#   full-duplex WAN link instead of taking turns (one 1M-element slice made the digits MLP 1.6x slower per
+#   step on a 100 Mbit/s link). Not smaller: codecs see slices (Bi-Sparse sends a slice below
+#   size_lower_bound, 200000, dense; slices of a tensor of 800K elements or more stay above it), and every
+#   slice is one more message for Python to handle on the LAN tier;
+# - one party (every link a LAN, e.g. the loopback transport bench): 1M elements (GeoMX's
+#   MXNET_KVSTORE_BIGARRAY_BOUND), where a message's Python overhead, not the link, sets the pace.
+WAN_SLICE_ELEMS = 1 << 18
+LAN_SLICE_ELEMS = 1 << 20
+AUTO_SLICE_ELEMS = 0  # Topology(slice_elems=0): resolved by default_slice_elems at construction
+
+
+def default_slice_elems(num_parties: int) -> int:
+    """``slice_elems`` when the topology does not say: smaller slices when a WAN joins several parties."""
+    return WAN_SLICE_ELEMS if num_parties > 1 else LAN_SLICE_ELEMS
+
+
 def _refuse_combinations(feature: str, unsupported: Mapping[str, bool]) -> None:
     """Fail at start when ``feature`` is set together with one it does not combine with (the first present)."""
     for what, present in unsupported.items():
@@ -318,7 +338,7 @@ class Topology:
     lan: LinkSpec = LinkSpec()
     wan: LinkSpec = LinkSpec()
     timeouts: Timeouts = Timeouts()
-    slice_elems: int = 1 << 20
+    slice_elems: int = AUTO_SLICE_ELEMS  # 0: default_slice_elems(number of parties)
     max_message_bytes: int = 1 << 31
     parties_known: bool = True  # False when built from DMLC_* counts alone: party names are placeholders
     hfa: HFASpec | None = None  # hierarchical frequency aggregation, when enabled
@@ -351,6 +371,8 @@ class Topology:
         for outage in self.outages:
             if outage.party not in names:
                 raise ConfigError(f"outage names party {outage.party!r}, which is not one of the parties {names}")
+        if self.slice_elems == AUTO_SLICE_ELEMS:  # frozen: set once, here, before anyone reads it
+            object.__setattr__(self, "slice_elems", default_slice_elems(len(self.parties)))
         if self.slice_elems < 1:
             raise ConfigError("slice_elems must be positive")
         if self.dgt is not None:
@@ -654,6 +676,13 @@ def _int_field(raw: Mapping[str, Any], name: str, default: int) -> int:
     return value
 
 
+def _positive_field(raw: Mapping[str, Any], name: str) -> int:
+    value = _int_field(raw, name, 1)
+    if value < 1:
+        raise ConfigError(f"{name} must be positive, got {value}")
+    return value
+
+
 def _bool_field(raw: Mapping[str, Any], name: str, default: bool) -> bool:
     value = raw.get(name, default)
     if not isinstance(value, bool):
@@ -747,7 +776,7 @@ def topology_from_dict(raw: Mapping[str, Any], base_dir: Path | None = None) -> 
         lan=_link(links.get("lan"), "links.lan", ingress_allowed=True),
         wan=_link(links.get("wan"), "links.wan"),
         timeouts=_timeouts(raw.get("timeouts")),
-        slice_elems=_int_field(raw, "slice_elems", 1 << 20),
+        slice_elems=_positive_field(raw, "slice_elems") if "slice_elems" in raw else AUTO_SLICE_ELEMS,
         max_message_bytes=_int_field(raw, "max_message_bytes", 1 << 31),
         hfa=_hfa(raw.get("hfa")),
         size_lower_bound=_int_field(raw, "size_lower_bound", 200_000),
@@ -952,7 +981,9 @@ def _topology_from_env(env: Mapping[str, str], role: Role, party: str) -> Topolo
     central = env.get("GEOMX_CENTRAL") or party
     if central not in {p.name for p in parties}:
         central = party
-    return Topology(parties=tuple(parties), central=central, parties_known=False,
+    # GeoMX's slice size, not default_slice_elems: the parties here are guesses that may differ between
+    # processes, and every worker must cut every tensor the same way
+    return Topology(parties=tuple(parties), central=central, parties_known=False, slice_elems=LAN_SLICE_ELEMS,
                     num_global_servers=_int(env, "GEOMX_NUM_GLOBAL_SERVERS") or 1,
                     timeouts=_timeouts_from_env(env, Timeouts()))
 

@@ -7,11 +7,9 @@ import json
 import jobkit
 import pytest
 import torch
-import torch.nn.functional as F
 import yaml
-from compressed_train import teacher_data
+from compressed_train import reference_sgd
 from harness import run_job, write_topology
-from torch import nn
 
 from geomx.tsengine import read_reports as read_ts_reports
 
@@ -43,18 +41,7 @@ def dense_run(tmp_path_factory):
 
 def reference(initial):
     """Single-process SGD on the union of the four workers' batches (what dense FSA computes)."""
-    model = nn.Sequential(nn.Linear(jobkit.IN_FEATURES, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, jobkit.OUT_FEATURES))
-    with torch.no_grad():
-        for p, w in zip(model.parameters(), initial, strict=True):
-            p.copy_(w)
-    optimizer = torch.optim.SGD(model.parameters(), lr=jobkit.LR)
-    inputs, targets = teacher_data(STEPS, 4)
-    for step in range(STEPS):
-        optimizer.zero_grad()
-        F.mse_loss(model(inputs[step].reshape(-1, jobkit.IN_FEATURES)),
-                   targets[step].reshape(-1, jobkit.OUT_FEATURES)).backward()
-        optimizer.step()
-    return [p.detach() for p in model.parameters()]
+    return reference_sgd(initial, STEPS, HIDDEN, jobkit.LR)
 
 
 def assert_all_equal(workers):

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import jobkit
 import pytest
+import torch
+from compressed_train import reference_sgd
+
+from geomx.config import WAN_SLICE_ELEMS
 
 
 def test_fsa_matches_single_process_sgd(standard_hips_job):
@@ -34,6 +38,22 @@ def test_fsa_with_slices_and_two_global_servers(geomx_job, slice_elems, global_s
     for name, body in stats.items():
         received = body["lan"]["recv"] + body["wan"]["recv"]
         assert received > jobkit.STEPS * jobkit.param_bytes() / 2 * 0.8, (name, body)
+
+
+def test_default_slices_of_a_large_tensor_match_single_process_sgd(geomx_job):
+    """Two parties' default slice_elems cuts a 32 x 16384 weight (524,288 elements) into slices that travel and
+    are summed independently (pushes and answers overlap on a full-duplex link): still one process's SGD."""
+    hidden, steps, lr = 16384, 3, 0.01  # a smaller lr than jobkit's: this wide layer diverges at 0.1
+    assert jobkit.IN_FEATURES * hidden >= 2 * WAN_SLICE_ELEMS  # two parties: at least two slices
+    job = geomx_job("compressed_train.py", "--steps", str(steps), "--hidden", str(hidden), "--compression", "null",
+                    "--lr", str(lr), name="default-slices")
+    job.assert_ok()
+    workers = jobkit.load_worker_outputs(job.run_dir)
+    assert sorted(workers) == [0, 1, 2, 3]
+    expected = reference_sgd(workers[0][0]["initial"], steps, hidden, lr)
+    for tensors, _ in workers.values():
+        for got, want in zip(tensors["final"], expected, strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
 def test_dcasgd_with_a_single_party_is_momentum_sgd(geomx_job):

@@ -10,6 +10,8 @@ import pytest
 import yaml
 
 from geomx.config import (
+    LAN_SLICE_ELEMS,
+    WAN_SLICE_ELEMS,
     ConfigError,
     LinkSpec,
     Mode,
@@ -146,7 +148,10 @@ def test_topology_defaults():
     assert topology.lan == LinkSpec() and not topology.lan.is_emulated
     assert topology.wan == LinkSpec()
     assert topology.timeouts == Timeouts()
-    assert topology.slice_elems == 1 << 20
+    # two parties: a WAN, so slices small enough to pipeline; one party: the LAN's larger slices
+    assert topology.slice_elems == WAN_SLICE_ELEMS == Topology(topology.parties, "a").slice_elems
+    assert topology_from_dict({"parties": {"a": 2}}).slice_elems == LAN_SLICE_ELEMS
+    assert topology_from_dict({"parties": {"a": 1, "b": 1}, "slice_elems": 1 << 20}).slice_elems == 1 << 20
 
 
 def test_worker_offset_and_num_all_workers():
@@ -257,7 +262,9 @@ def test_direct_construction_validates():
     with pytest.raises(ConfigError, match="num_global_servers"):
         Topology(parties=(PartySpec("a", 1),), central="a", num_global_servers=0)
     with pytest.raises(ConfigError, match="slice_elems"):
-        Topology(parties=(PartySpec("a", 1),), central="a", slice_elems=0)
+        Topology(parties=(PartySpec("a", 1),), central="a", slice_elems=-1)
+    with pytest.raises(ConfigError, match="slice_elems must be positive, got 0"):  # 0 is "auto" only in Python
+        topology_from_dict({"parties": {"a": 1}, "slice_elems": 0})
 
 
 @pytest.mark.parametrize("raw", [DEMO, {"parties": {"x": 1}}, demo(mode="flat", links={"wan": {"latency": "1ms"}})],

@@ -10,6 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from geomx.config import node_config_from_env, topology_from_dict
 from geomx.data import Dataset, digits_split, steps_per_epoch
 from geomx.sharding import Part, ShardPlanner, even_split, slice_plan
 
@@ -70,6 +71,22 @@ def test_planner_covers_the_tensor_and_splits_large_ones_evenly(numel, slice_ele
         assert sorted(count) == list(range(servers)) and len(set(count.values())) == 1
     else:
         assert len(parts) == 1
+
+
+def test_default_slicing_cuts_a_1024x1024_weight_when_a_wan_joins_parties():
+    """With two parties the digits MLP's 1M-element weight is several slices by default (a slice's answer
+    comes back while later slices are still pushed on a full-duplex link), each still big enough for
+    Bi-Sparse to sparsify; one party keeps one slice (fewer messages on a LAN); P3 keeps its 50K slices."""
+    two = topology_from_dict({"parties": {"dc0": 2, "dc1": 2}})
+    parts = ShardPlanner(1, two.slice_elems).place(1024 * 1024, 4)
+    assert len(parts) >= 4
+    assert all(p.numel >= two.size_lower_bound for p in parts)  # Bi-Sparse still sparsifies each slice
+    one = topology_from_dict({"parties": {"dc0": 4}})
+    assert len(ShardPlanner(1, one.slice_elems).place(1024 * 1024, 4)) == 1
+    env = {"GEOMX_ROLE": "worker", "GEOMX_PARTY": "dc0", "GEOMX_GLOBAL_SCHEDULER": "127.0.0.1:1",
+           "GEOMX_SCHEDULER": "127.0.0.1:2", "ENABLE_P3": "1"}
+    p3 = node_config_from_env(env).topology
+    assert p3.slice_elems == p3.training.p3_slice_elems == 50_000
 
 
 def test_planner_balances_the_bytes_of_small_tensors():

@@ -27,6 +27,22 @@ def teacher_data(steps: int, num_workers: int) -> tuple[torch.Tensor, torch.Tens
     return inputs, inputs @ teacher / jobkit.IN_FEATURES ** 0.5
 
 
+def reference_sgd(initial: list[torch.Tensor], steps: int, hidden: int, lr: float) -> list[torch.Tensor]:
+    """Single-process SGD on the union of the four workers' batches (what dense FSA computes)."""
+    model = nn.Sequential(nn.Linear(jobkit.IN_FEATURES, hidden), nn.ReLU(), nn.Linear(hidden, jobkit.OUT_FEATURES))
+    with torch.no_grad():
+        for p, w in zip(model.parameters(), initial, strict=True):
+            p.copy_(w)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    inputs, targets = teacher_data(steps, 4)
+    for step in range(steps):
+        optimizer.zero_grad()
+        F.mse_loss(model(inputs[step].reshape(-1, jobkit.IN_FEATURES)),
+                   targets[step].reshape(-1, jobkit.OUT_FEATURES)).backward()
+        optimizer.step()
+    return [p.detach() for p in model.parameters()]
+
+
 def global_server_counters(kv: geomx.kv.KVStore) -> dict[str, int] | None:
     """The global server's bytes received and sent (LAN + WAN), behind a barrier; None on non-masters."""
     kv.barrier()
