@@ -20,8 +20,8 @@ It returns 1 only when a measurement could not be taken (a run failed).
 
 Usage::
 
-    geomx bench --quick              # about 5 minutes on 2 cores (sync alone: about 3.5)
-    geomx bench --out bench-results  # the full run, 10 to 14 minutes (sync alone: about 5.5)
+    geomx bench --quick              # sync alone: 15 minutes on 2 cores at load average 21-33
+    geomx bench --out bench-results  # the full run (sync alone: 37 minutes at load 17-45)
     geomx bench --only transport
     geomx bench --only sync
 """
