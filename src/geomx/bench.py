@@ -20,8 +20,8 @@ It returns 1 only when a measurement could not be taken (a run failed).
 
 Usage::
 
-    geomx bench --quick              # about 5 minutes on 2 cores (sync alone: about 3.5)
-    geomx bench --out bench-results  # the full run, 10 to 14 minutes (sync alone: about 5.5)
+    geomx bench --quick              # sync alone: 15 minutes on 2 cores at load average 21-33
+    geomx bench --out bench-results  # the full run (sync alone: 37 minutes at load 17-45)
     geomx bench --only transport
     geomx bench --only sync
 """
@@ -827,7 +827,8 @@ def _sync_lines(sync: dict[str, Any]) -> list[str]:
     rows, jobs = sync.get("rows", {}), sync.get("jobs", {})
     lines = [f"[sync] the small CNN (examples/cnn*.py), 2 parties x 2 workers, WAN {WAN['bandwidth']}/s "
              f"{WAN['latency']} one way, LAN {LAN['bandwidth']}/s {LAN['latency']}, batch {sync['batch_size']}; "
-             f"target test accuracy {sync['target_accuracy']:.4f}"]
+             + (f"target test accuracy {sync['target_accuracy']:.4f}" if any(
+                 j["scenario"] != "wide" for j in sync.get("jobs", {}).values()) else "the wide CNN's target below")]
     table = []
     for name, job in jobs.items():
         row = rows.get(name)

@@ -18,17 +18,23 @@ effects as step-time savings: **priority** = 1 - p3 / slices_fifo (same slices, 
 **slicing** = 1 - slices_fifo / whole_fifo (no priority, 50K vs 1M slices), and P3 as the wrapper's switch
 changes it (1 - p3 / whole_prio). Never asserts. Medians are the robust figure on a busy machine.
 
+Rows run one after the other, so load drifts between them; ``--repeats N`` runs the chosen rows N times,
+interleaved (A B A B ...), and keeps each row's median over the runs' medians.
+
 Usage::
 
     section = run_frontend(quick=True, out_dir=Path("bench-results"))
     print("\\n".join(frontend_lines(section)))
+    # python -m geomx.bench_frontend --rows cnn_p3 cnn_slices_fifo --repeats 3 --out bench-results
 """
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import shutil
+import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,19 +118,36 @@ EFFECTS = {"priority": ("p3", "slices_fifo"), "slicing": ("slices_fifo", "whole_
            "p3_switch": ("p3", "whole_prio"), "p3_vs_fifo": ("p3", "whole_fifo")}
 
 
-def run_frontend(quick: bool, out_dir: Path) -> dict[str, Any]:
-    """Run every job; returns the section's figures (with ``errors`` for runs that failed)."""
+def _merge(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row from its repeated runs: the median of each ``*_ms`` figure, the runs kept under ``runs``."""
+    if len(runs) == 1:
+        return runs[0]
+    merged = {key: statistics.median(r[key] for r in runs) for key in runs[0] if key.endswith("_ms")}
+    return {**runs[0], **merged, "runs": runs}
+
+
+def run_frontend(quick: bool, out_dir: Path, names: list[str] | None = None, repeats: int = 1) -> dict[str, Any]:
+    """Run the jobs (``names``, default all; ``repeats`` times, interleaved); returns the section's figures
+    (with ``errors`` for runs that failed)."""
     steps, warmup = (10, 3) if quick else (30, 5)
+    chosen = names or list(ROWS)
+    unknown = sorted(set(chosen) - set(ROWS))
+    if unknown:
+        raise ValueError(f"unknown frontend rows {unknown}; valid: {list(ROWS)}")
     section: dict[str, Any] = {"setup": {"steps": steps, "warmup": warmup, "parties": "2 x 1 worker",
+                                         "repeats": repeats,
                                          "models": {"cnn": "CommBoundCNN 1.1M params",
                                                     "deep": "DeepCNN 6 convs (47k) + dense 1.3M"}},
                                "rows": {}, "errors": []}
-    for name, row in ROWS.items():
-        print(f"[frontend] {name} ...", flush=True)
-        try:
-            section["rows"][name] = _run(name, row, steps, warmup, out_dir)
-        except RuntimeError as exc:
-            section["errors"].append(str(exc))
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in chosen}
+    for repeat in range(repeats):
+        for name in chosen:
+            print(f"[frontend] {name} ({repeat + 1}/{repeats}) ...", flush=True)
+            try:
+                runs[name].append(_run(name, ROWS[name], steps, warmup, out_dir))
+            except RuntimeError as exc:
+                section["errors"].append(str(exc))
+    section["rows"] = {name: _merge(done) for name, done in runs.items() if done}
     rows = section["rows"]
     if "sequential" in rows and "wrapper" in rows:
         section["wrapper_over_sequential"] = rows["wrapper"]["step_ms"] / rows["sequential"]["step_ms"]
@@ -172,3 +195,24 @@ def frontend_lines(section: dict[str, Any]) -> list[str]:
     lines.append(f"  (goal for P3 as a whole: >= {100 * P3_GOAL:.0f}% shorter steps)")
     lines += [f"  error: {error}" for error in section.get("errors", [])]
     return lines
+
+
+def main() -> None:
+    """``python -m geomx.bench_frontend``: chosen rows, repeated and interleaved; prints the table, writes JSON."""
+    parser = argparse.ArgumentParser(description="the frontend bench rows, repeated and interleaved")
+    parser.add_argument("--rows", nargs="+", choices=list(ROWS), default=None)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--out", type=Path, default=Path("bench-results"))
+    args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
+    out_dir = args.out.resolve()
+    section = run_frontend(args.quick, out_dir, args.rows, args.repeats)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "frontend.json").write_text(json.dumps(section, indent=2, default=str))
+    print("\n".join(frontend_lines(section)))
+
+
+if __name__ == "__main__":
+    main()
