@@ -5,12 +5,14 @@ from __future__ import annotations
 import pytest
 from harness import EXAMPLES_DIR
 
+from geomx.report import build_report
+
 DEMO_LINKS = {"lan": {"bandwidth": "10Gbit", "latency": "0ms"}, "wan": {"bandwidth": "100Mbit", "latency": "25ms"}}
 EPOCHS = 8
 
 
 @pytest.mark.slow
-def test_cnn_example_learns_digits_over_emulated_wan(geomx_job):
+def test_cnn_example_learns_digits_over_emulated_wan(geomx_job, tmp_path):
     job = geomx_job(EXAMPLES_DIR / "cnn.py", "--epochs", str(EPOCHS), links=DEMO_LINKS)
     job.assert_ok()
     record = job.summary["last_metrics"]["dc0_worker0"]
@@ -21,6 +23,12 @@ def test_cnn_example_learns_digits_over_emulated_wan(geomx_job):
     assert record["step_ms"] >= 50.0, record
     # and the model's weights crossed it: ~38k float32 parameters up and down per step
     assert job.summary["wan_bytes"] >= record["steps"] * 2 * 38_000 * 4
+    # `geomx report` on the demo's run: the job's LAN traffic is the run summary's (it said 0.0: it added up
+    # the workers' own counters, which the examples' epoch records do not carry), the WAN column the job's
+    row, = build_report([job.run_dir], tmp_path / "report")
+    assert row["worker"] == "dc0_worker0" and row["steps"] == record["steps"]
+    assert row["lan_mb"] == round(job.summary["lan_bytes"] / 1e6, 6) and row["lan_mb"] > 1, row
+    assert row["wan_mb"] == round(record["wan_mb"], 6) and row["final_accuracy"] == round(record["test_accuracy"], 6)
 
 
 # Every synchronization algorithm and lossless-enough codec learns the digits (the issues ask for >= 0.88).
