@@ -8,9 +8,10 @@ first), and draws, one line per run:
 - ``accuracy.png``: accuracy against wall time (when the script reported any);
 - ``wan_bytes.png``: cumulative bytes over the WAN against wall time;
 
-and writes ``report.md`` (a table) and ``report.json`` (the same numbers). Both the front end's records
-(``loss``, ``accuracy``, ``wan_bytes_total``, ``elapsed_s``) and the examples' epoch records
-(``test_accuracy``, ``wan_mb``) are understood.
+and writes ``report.md`` (a table, with what each column counts under it) and ``report.json`` (the same
+numbers). Both the front end's records (``loss``, ``accuracy``, ``wan_bytes_total``, ``elapsed_s``) and the
+examples' epoch records (``test_accuracy``, ``wan_mb``) are understood. The columns (``COLUMNS``) are the
+followed worker's, except ``wan_mb`` and ``lan_mb``, which are the whole job's.
 
 Usage::
 
@@ -25,9 +26,25 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .runlog import read_metrics
+from .runlog import read_metrics, read_stats
 
 ACCURACY_KEYS = ("accuracy", "test_accuracy", "val_accuracy")
+
+# What each column of the table counts (printed under the table).
+COLUMNS = {
+    "run": "the run folder (or --label)",
+    "worker": "the worker followed: the master (its records carry the job's WAN total), else the first",
+    "steps": "that worker's training steps",
+    "wall_s": "that worker's elapsed time at its last record",
+    "final_loss": "that worker's last logged loss",
+    "final_accuracy": "that worker's last reported accuracy",
+    "best_accuracy": "that worker's best reported accuracy",
+    "wan_mb": "the whole job's WAN traffic through the global servers (MB, what they sent plus received), as that "
+              "worker last read it",
+    "lan_mb": "the whole job's LAN traffic (MB): bytes every process sent inside its party, from RUN/stats "
+              "(written as each process exits; '-' while the run has none)",
+    "net_wait_s": "that worker's seconds blocked on the network (front end only)",
+}
 
 
 @dataclass
@@ -41,7 +58,7 @@ class Series:
     wan_bytes: list[tuple[float, float]] = field(default_factory=list)
     steps: int = 0
     wall_s: float = 0.0
-    lan_bytes: int = 0
+    lan_bytes: int | None = None  # the job's, from RUN/stats (None without stats files)
     net_wait_s: float | None = None
 
 
@@ -85,7 +102,9 @@ def load_run(run_dir: Path, label: str | None = None) -> Series:
         series.wall_s = max(series.wall_s, t)
         if isinstance(record.get("net_wait_s"), (int, float)):
             series.net_wait_s = float(record["net_wait_s"])
-    series.lan_bytes = sum(int(recs[-1].get("lan_bytes", 0)) for recs in metrics.values())
+    stats = read_stats(Path(run_dir))  # one file per process, counting what it sent: each LAN byte once
+    if stats:
+        series.lan_bytes = sum(int(entry.get("lan", {}).get("sent", 0)) for entry in stats)
     return series
 
 
@@ -100,7 +119,7 @@ def summary_row(series: Series) -> dict[str, Any]:
         "final_accuracy": round(series.accuracy[-1][1], 6) if series.accuracy else None,
         "best_accuracy": round(max(a for _, a in series.accuracy), 6) if series.accuracy else None,
         "wan_mb": round(series.wan_bytes[-1][1] / 1e6, 6) if series.wan_bytes else None,
-        "lan_mb": round(series.lan_bytes / 1e6, 6),
+        "lan_mb": None if series.lan_bytes is None else round(series.lan_bytes / 1e6, 6),
         "net_wait_s": None if series.net_wait_s is None else round(series.net_wait_s, 3),
     }
 
@@ -110,6 +129,7 @@ def _table(rows: list[dict[str, Any]]) -> str:
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for row in rows:
         lines.append("| " + " | ".join("-" if row[c] is None else str(row[c]) for c in columns) + " |")
+    lines += [""] + [f"- `{c}`: {COLUMNS[c]}" for c in columns if c in COLUMNS]
     return "\n".join(lines) + "\n"
 
 
@@ -156,7 +176,7 @@ def build_report(run_dirs: list[Path], out_dir: Path, labels: list[str] | None =
             plots[attribute] = name
     rows = [summary_row(s) for s in runs]
     (out_dir / "report.md").write_text(_table(rows))
-    (out_dir / "report.json").write_text(json.dumps({"rows": rows, "plots": plots,
+    (out_dir / "report.json").write_text(json.dumps({"rows": rows, "columns": COLUMNS, "plots": plots,
                                                      "series": [asdict(s) for s in runs]}, indent=1))
     return rows
 

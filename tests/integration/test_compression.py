@@ -129,7 +129,8 @@ def test_fp16_tensors_are_summed_in_fp32(geomx_job):
         assert report["pulled"] == [2050.0] * 9, report  # fp16 summation gives 2048 in 6 of the 9 or more
 
 
-# Every codec learns the digits (the issue asks for >= 0.88) under FSA — GeoMX's Bi-Sparse loop: servers sum,
+# Every codec learns the digits (to 0.92: the lowest seen, Bi-Sparse under FSA, 0.944 - deterministic -
+# minus 7 of the 360 test digits; MixedSync's 16 epochs reached 0.98) under FSA — GeoMX's Bi-Sparse loop: servers sum,
 # workers step on the pulled aggregate — and under HFA (K1=4, K2=2: the WAN carries weighted model deltas up
 # and, with a residual codec, the global model's changes down, both compressed; 8 epochs are only 11 WAN rounds,
 # so the sparse codecs get 16 epochs there; under MixedSync too: each party's stale, 1%-sparse push is applied
@@ -173,7 +174,7 @@ def test_every_codec_learns_digits(geomx_job, tmp_path, codec, sync):
     reports = [report for _, report in job.workers().values()]
     assert len(reports) == 4
     accuracies = [report["accuracy"] for report in reports]
-    assert min(accuracies) >= 0.88, accuracies
+    assert min(accuracies) >= 0.92, accuracies
     # The codec was in force: dense would move the model up and down once per step (HFA: per K1*K2 steps),
     # plus init. Under MixedSync the answers are a server optimizer's weights, which residual codecs leave dense.
     rounds = reports[0]["steps"] // (4 * 2) if sync == "hfa" else reports[0]["steps"]

@@ -120,5 +120,5 @@ def test_cnn_learns_digits_with_dgt_under_loss(geomx_job, tmp_path):
     job = geomx_job(EXAMPLES_DIR / "cnn.py", "--epochs", "8", topology=topology, name="cnn-dgt")
     job.assert_ok()
     record = job.summary["last_metrics"]["dc0_worker0"]
-    assert record["test_accuracy"] >= 0.88, record
+    assert record["test_accuracy"] >= 0.92, record  # 0.944-0.958 seen (lost blocks, load-timed deadlines)
     assert any(r["role"] == "sender" and r["udp_sent"] > 0 for r in read_reports(job.run_dir).values())

@@ -5,45 +5,60 @@ from __future__ import annotations
 import pytest
 from harness import EXAMPLES_DIR
 
+from geomx.report import build_report
+
 DEMO_LINKS = {"lan": {"bandwidth": "10Gbit", "latency": "0ms"}, "wan": {"bandwidth": "100Mbit", "latency": "25ms"}}
 EPOCHS = 8
 
 
 @pytest.mark.slow
-def test_cnn_example_learns_digits_over_emulated_wan(geomx_job):
+def test_cnn_example_learns_digits_over_emulated_wan(geomx_job, tmp_path):
     job = geomx_job(EXAMPLES_DIR / "cnn.py", "--epochs", str(EPOCHS), links=DEMO_LINKS)
     job.assert_ok()
     record = job.summary["last_metrics"]["dc0_worker0"]
     assert record["epoch"] == EPOCHS
-    assert record["test_accuracy"] >= 0.90, record
+    assert record["test_accuracy"] >= 0.94, record  # 0.961 (deterministic: FSA), minus 7 of the 360 test digits
     # the WAN emulation was in force: every FSA step waits for dc1's round trip to the global server
     # (2 x 25 ms one way), so no step can be faster than that
     assert record["step_ms"] >= 50.0, record
     # and the model's weights crossed it: ~38k float32 parameters up and down per step
     assert job.summary["wan_bytes"] >= record["steps"] * 2 * 38_000 * 4
+    # `geomx report` on the demo's run: the job's LAN traffic is the run summary's (it said 0.0: it added up
+    # the workers' own counters, which the examples' epoch records do not carry), the WAN column the job's
+    row, = build_report([job.run_dir], tmp_path / "report")
+    assert row["worker"] == "dc0_worker0" and row["steps"] == record["steps"]
+    assert row["lan_mb"] == round(job.summary["lan_bytes"] / 1e6, 6) and row["lan_mb"] > 1, row
+    assert row["wan_mb"] == round(record["wan_mb"], 6) and row["final_accuracy"] == round(record["test_accuracy"], 6)
 
 
-# Every synchronization algorithm and lossless-enough codec learns the digits (the issues ask for >= 0.88).
-# No link emulation here: accuracy does not depend on it, and CI time does.
-ALGORITHMS = {
-    "mixed_sync": ("cnn.py", ["--mixed-sync"], {}),
+# Every synchronization algorithm and lossless-enough codec learns the digits, each to a bar of what it reaches
+# minus a margin. Synchronous runs (FSA, HFA) are deterministic up to the servers' summation order (several
+# FSA jobs here ended at exactly 0.9611): their margin is 0.02 (7 of the 360 test digits). Asynchronous ones
+# (MixedSync, DCASGD, ESync's timed step counts) depend on the machine's load: their margin covers the lowest
+# accuracy seen. Seen 2026-11-24 on the 2-core machine at load average 30-47 (and the README's figures):
+# FSA 0.961, HFA 0.953, HFA + outer 0.944, ESync 0.947, fp16 0.961, int8 + EF 0.964, MixedSync 0.975 (README
+# 0.91), DCASGD 12 epochs 0.961 (8 epochs: 0.87-0.95). No link emulation here: accuracy does not depend on
+# it, and CI time does.
+ALGORITHMS = {  # name: (script, arguments, topology options, accuracy bar)
+    "mixed_sync": ("cnn.py", ["--mixed-sync"], {}, 0.89),
     # asynchrony makes DCASGD's accuracy after 8 epochs depend on the machine's load (0.87-0.95 seen): 12 epochs
     "mixed_sync_dcasgd": ("cnn.py", ["--mixed-sync", "--dcasgd", "--lr", "0.3", "--momentum", "0", "--epochs", "12"],
-                          {}),
-    "hfa": ("cnn_hfa.py", [], {"hfa": {"k1": 4, "k2": 5}}),
-    "hfa_outer": ("cnn_hfa.py", ["--outer"], {"hfa": {"k1": 4, "k2": 5}}),
-    "esync": ("cnn_esync.py", ["--rounds", "12", "--slow-rank", "3", "--slowdown", "3"], {"hfa": {"k1": 4, "k2": 1}}),
-    "fp16": ("cnn_fp16.py", [], {}),
-    "int8_error_feedback": ("cnn_bsc.py", ["--type", "int8"], {}),
+                          {}, 0.91),
+    "hfa": ("cnn_hfa.py", [], {"hfa": {"k1": 4, "k2": 5}}, 0.93),
+    "hfa_outer": ("cnn_hfa.py", ["--outer"], {"hfa": {"k1": 4, "k2": 5}}, 0.92),
+    "esync": ("cnn_esync.py", ["--rounds", "12", "--slow-rank", "3", "--slowdown", "3"], {"hfa": {"k1": 4, "k2": 1}},
+              0.92),
+    "fp16": ("cnn_fp16.py", [], {}, 0.94),
+    "int8_error_feedback": ("cnn_bsc.py", ["--type", "int8"], {}, 0.94),
 }
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
 def test_every_algorithm_learns_digits(geomx_job, name):
-    script, args, options = ALGORITHMS[name]
+    script, args, options, bar = ALGORITHMS[name]
     extra = ["--epochs", str(EPOCHS)] if script != "cnn_esync.py" and "--epochs" not in args else []
     job = geomx_job(EXAMPLES_DIR / script, *extra, *args, name=name, **options)
     job.assert_ok()
     record = job.summary["last_metrics"]["dc0_worker0"]
-    assert record["test_accuracy"] >= 0.88, record
+    assert record["test_accuracy"] >= bar, record

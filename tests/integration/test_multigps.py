@@ -67,4 +67,4 @@ def test_cnn_learns_digits_over_two_global_servers(geomx_job):
     job = geomx_job(EXAMPLES_DIR / "cnn.py", "--epochs", "8", global_servers=2, slice_elems=2048, name="multigps")
     job.assert_ok()
     record = job.summary["last_metrics"]["dc0_worker0"]
-    assert record["test_accuracy"] >= 0.88, record
+    assert record["test_accuracy"] >= 0.94, record  # 0.961 (FSA: deterministic), minus 7 of 360 digits

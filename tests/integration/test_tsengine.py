@@ -72,4 +72,4 @@ def test_cnn_learns_digits_with_tsengine(geomx_job, tmp_path):
     job = geomx_job(EXAMPLES_DIR / "cnn.py", "--epochs", "8", topology=path, name="ts-cnn")
     job.assert_ok()
     record = job.summary["last_metrics"]["dc0_worker0"]
-    assert record["test_accuracy"] >= 0.88, record
+    assert record["test_accuracy"] >= 0.94, record  # 0.961 (FSA: deterministic), minus 7 of 360 digits

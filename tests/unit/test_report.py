@@ -7,7 +7,7 @@ from pathlib import Path
 
 from geomx.cli import main as cli_main
 from geomx.report import build_report
-from geomx.runlog import append_metrics
+from geomx.runlog import append_metrics, write_stats
 
 
 def record_run(run_dir: Path, losses: list[float], accuracies: list[float], wan_step: int) -> list[dict]:
@@ -22,6 +22,11 @@ def record_run(run_dir: Path, losses: list[float], accuracies: list[float], wan_
         records.append(record)
     append_metrics(run_dir, "dc1/worker0", {"step": 10 * len(losses), "elapsed_s": 1.0, "loss": 9.0,
                                             "lan_bytes": 777, "wan_bytes": 0, "net_wait_s": 0.0})
+    # what every process counted when it exited (the launcher's summary adds up the same files)
+    for name, lan_sent, wan_sent in (("dc0/worker0", 500, 0), ("dc0/server", 4000, 90), ("dc1/worker0", 300, 0),
+                                     ("global_server0", 0, 70)):
+        write_stats(run_dir, name, {"role": "x", "party": name[:3], "lan": {"sent": lan_sent, "recv": 1},
+                                    "wan": {"sent": wan_sent, "recv": 1}})
     return records
 
 
@@ -42,12 +47,14 @@ def test_report_on_two_runs_writes_plots_and_a_matching_table(tmp_path):
         assert row["final_accuracy"] == records[-1]["accuracy"]
         assert row["best_accuracy"] == max(r["accuracy"] for r in records)
         assert row["wan_mb"] == records[-1]["wan_bytes_total"] / 1e6
-        assert row["lan_mb"] == (records[-1]["lan_bytes"] + 777) / 1e6
+        assert row["lan_mb"] == (500 + 4000 + 300) / 1e6  # the job's, each byte once (by its sender)
         assert row["wall_s"] == records[-1]["elapsed_s"]
     table = (out / "report.md").read_text().splitlines()
     assert table[0].startswith("| run | worker | steps")
     assert table[2].split(" | ")[:3] == ["| fsa", "dc0_worker0", "30"]
     assert "| 0.7 | 0.75 | 1.6 |" in table[3]  # hfa: final accuracy, best accuracy, WAN MB
+    assert any(line.startswith("- `lan_mb`: the whole job's LAN traffic") for line in table)  # each column's meaning
+    assert sum(line.startswith("- `") for line in table) == len(rows[0])
 
 
 def test_report_names_a_folder_without_metrics(tmp_path, capsys):
@@ -60,3 +67,4 @@ def test_build_report_accepts_the_examples_epoch_records(tmp_path):
                                                      "wan_mb": 2.5, "elapsed_s": 3.0})
     rows = build_report([tmp_path / "run"], tmp_path / "out")
     assert rows[0]["final_accuracy"] == 0.5 and rows[0]["wan_mb"] == 2.5 and rows[0]["steps"] == 12
+    assert rows[0]["lan_mb"] is None  # no process has written its counters: unknown, not 0

@@ -378,11 +378,12 @@ def test_nasty_garbage_never_crashes_the_van(intruder, frames):
 
 def test_an_outage_holds_every_message_across_the_cut_wan_then_delivers_them_in_order(make_van):
     """A party cut off for 0.6 s: messages (heartbeats too: priority does not help) wait for the end; the LAN
-    and other parties are not affected."""
+    and other parties are not affected. The outage counts from training (the first PUSHPULL through the
+    sender's van), so however long the vans took to start on a loaded machine it begins with the sends."""
     from geomx.config import Outage
 
     topo = dataclasses.replace(topology(), parties=(PartySpec("a", 2), PartySpec("b", 1), PartySpec("c", 1)),
-                               outages=(Outage("b", 0.0, 0.6),), job_start=time.time())
+                               outages=(Outage("b", 0.0, 0.6, origin="training"),), job_start=time.time())
     a, _ = make_van("a/one", "a", topo)
     a2, inbox_a2 = make_van("a/two", "a", topo)
     b, inbox_b = make_van("b/one", "b", topo)
@@ -390,14 +391,16 @@ def test_an_outage_holds_every_message_across_the_cut_wan_then_delivers_them_in_
     for peer in (a2, b, c):
         connect(a, peer)
     start = time.monotonic()
-    for key in range(3):
+    a.send(b.identity, Message(Kind.PUSHPULL, key=0, priority=2**31 - 1))  # training starts: the cut begins
+    for key in (1, 2):
         a.send(b.identity, Message(Kind.PULL, key=key, priority=2**31 - 1))
     a.send(a2.identity, Message(Kind.PULL, key=7))
     a.send(c.identity, Message(Kind.PULL, key=8))
-    assert inbox_a2.get()[0] - start < 0.3 and inbox_c.get()[0] - start < 0.3
+    others = [inbox_a2.get()[0], inbox_c.get()[0]]
     arrivals = inbox_b.get_many(3)
     assert [m.key for _, m in arrivals] == [0, 1, 2]
-    assert all(0.55 <= t - start < 2.0 for t, _ in arrivals), [t - start for t, _ in arrivals]
+    assert all(0.6 <= t - start < 2.0 for t, _ in arrivals), [t - start for t, _ in arrivals]
+    assert max(others) < min(t for t, _ in arrivals), (others, arrivals)  # the LAN and dc c went on
 
 
 def access_topology(access_party: str, access_bps: float, wan: LinkSpec | None = None) -> Topology:
@@ -468,13 +471,15 @@ def test_an_access_link_as_fast_as_the_wan_adds_no_second_serialization(make_van
 
 @pytest.mark.parametrize("ingress", [False, True])
 def test_lan_ingress_queues_simultaneous_senders(make_van, ingress):
-    """Two workers send 1 MiB each to their server at once over 80 Mbit/s LAN links: each has its own outbound
+    """Two workers send 1 MiB each to their server at once over 10 Mbit/s LAN links: each has its own outbound
     link, so without ``ingress`` both arrive after ~one transfer; with it the server's inbound side carries
-    them one after the other (in-cast)."""
-    topo = dataclasses.replace(topology(lan=LinkSpec(bandwidth_bps=ACCESS_BPS, ingress=ingress)),
+    them one after the other (in-cast). One transfer takes 0.84 s, so that a loaded machine's scheduling
+    delays (up to 0.1 s seen at load average 30 on 2 cores) stay small beside it."""
+    rate_bps = 10e6
+    topo = dataclasses.replace(topology(lan=LinkSpec(bandwidth_bps=rate_bps, ingress=ingress)),
                                parties=(PartySpec("a", 3),))
     arrivals = simultaneous_arrivals(make_van, topo, ("a/server", "a"), [("a/worker0", "a"), ("a/worker1", "a")])
-    one = MB * 8 / ACCESS_BPS
+    one = MB * 8 / rate_bps
     assert arrivals[0] >= 0.9 * one, arrivals
     if ingress:
         assert 1.9 * one <= arrivals[1] < 2 * one + 0.5, arrivals
