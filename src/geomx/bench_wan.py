@@ -53,11 +53,11 @@ SYSTEMS = (
 class WanPlan:
     rates_mbit: tuple[float, ...]
     epochs: int
-    cap_s: float  # a run is cut after this long (startup included)
+    cap_s: float  # a run is cut after this long of training (startup not counted)
 
 
-QUICK = WanPlan(rates_mbit=(100.0,), epochs=4, cap_s=60.0)
-FULL = WanPlan(rates_mbit=(100.0, 20.0), epochs=10, cap_s=300.0)
+QUICK = WanPlan(rates_mbit=(100.0,), epochs=4, cap_s=40.0)
+FULL = WanPlan(rates_mbit=(100.0, 20.0), epochs=10, cap_s=240.0)
 
 
 def found_peers() -> dict[str, str | None]:

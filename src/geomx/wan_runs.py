@@ -1,8 +1,9 @@
 """Run one system of the WAN job across a namespace link (or on loopback) and collect its raw figures.
 
 Each system is a set of processes: ranks 0-1 (and geomx's global tier, torchft's lighthouse) inside namespace
-A, ranks 2-3 inside B, all logging JSON lines (``geomx.wan_job.JobLog``) into one folder. A run is cut at
-``cap_s`` (its records so far stay valid: the figures then say ``cut``). Every process is started in its own
+A, ranks 2-3 inside B, all logging JSON lines (``geomx.wan_job.JobLog``) into one folder. A run is cut
+``cap_s`` after its training began (rank 0's log appeared; its records so far stay valid: the figures then
+say ``cut``). Every process is started in its own
 session and killed with its group when the run ends, whatever the reason.
 
 Usage::
@@ -23,6 +24,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import yaml
@@ -30,6 +32,7 @@ import yaml
 from .netns import Link
 
 LOOPBACK = "127.0.0.1"
+STARTUP_S = 300.0  # process start, imports, rendezvous: slow on a loaded machine, not part of any figure
 
 
 @dataclass(frozen=True)
@@ -89,10 +92,14 @@ class ProcessSet:
                                     start_new_session=True)
         self.procs.append((label, proc, waited))
 
-    def wait(self, cap_s: float) -> tuple[bool, list[str]]:
-        """Wait for the waited processes, at most ``cap_s``. Returns (cut at the cap, labels that failed)."""
-        deadline = time.monotonic() + cap_s
+    def wait(self, cap_s: float, started: Callable[[], bool], startup_s: float = STARTUP_S) -> tuple[bool, list[str]]:
+        """Wait for the waited processes: at most ``startup_s`` until ``started()`` (training began), then at
+        most ``cap_s`` more. Returns (cut at a limit, labels of processes that failed)."""
+        deadline = time.monotonic() + startup_s
+        training = False
         while time.monotonic() < deadline:
+            if not training and started():
+                training, deadline = True, time.monotonic() + cap_s
             codes = {label: proc.poll() for label, proc, waited in self.procs if waited}
             failed = [label for label, code in codes.items() if code not in (None, 0)]
             if failed:
@@ -100,7 +107,7 @@ class ProcessSet:
             if all(code is not None for code in codes.values()):
                 return False, []
             time.sleep(0.2)
-        return True, []
+        return True, [] if training else ["startup took longer than %g s" % startup_s]
 
     def stop(self) -> None:
         """SIGINT each group (the launcher stops its children), then SIGKILL what is left after 5 s."""
@@ -181,7 +188,7 @@ def run_system(system: System, link: Link | None, out: Path, epochs: int, cap_s:
     started = time.monotonic()
     try:
         STARTERS[system.kind](system, a, b, out, procs, epochs)
-        cut, failed = procs.wait(cap_s)
+        cut, failed = procs.wait(cap_s, started=(out / "rank0.jsonl").exists)
     finally:
         procs.stop()
     wall = time.monotonic() - started
