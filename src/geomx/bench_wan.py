@@ -222,5 +222,39 @@ def wan_lines(result: dict[str, Any]) -> list[str]:
     lines.append("vs DDP link: DDP's time to target on the same link / this one's (x sooner); vs DDP loopback: "
                  "this one's time / DDP's on loopback (1.00x = LAN speed); compute util: steps x calibrated "
                  "forward+backward+SGD step / training time")
+    lines += goal_lines(result)
     lines += [f"error: {e}" for e in result.get("errors", [])]
+    return lines
+
+
+def goal_lines(result: dict[str, Any]) -> list[str]:
+    """The issue's goals, each with the ratio measured in this run (met / NOT met / not measured)."""
+    rates = result.get("rates", {})
+    lines = []
+
+    def row(rate: str, name: str) -> dict[str, Any]:
+        return rates.get(rate, {}).get("rows", {}).get(name, {})
+
+    def say(text: str, value: float | None, ok: bool | None) -> None:
+        verdict = "not measured" if value is None else "met" if ok else "NOT met"
+        lines.append(f"goal: {text}: {_fmt(value, '.2f', 'x')} -> {verdict}")
+
+    for rate, goal in (("100", 8.0), ("20", 30.0)):
+        best = row(rate, "geomx_best")
+        value = best.get("vs_ddp_link")
+        say(f"{rate} Mbit/s, geomx best reaches the target >= {goal:g}x sooner than DDP on the link", value,
+            value is not None and value >= goal)
+    loop = row("100", "geomx_best").get("vs_loopback")
+    say("100 Mbit/s, geomx best within 1.4x of DDP on loopback", loop, loop is not None and loop <= 1.4)
+    for rate in rates:
+        hfa = row(rate, "geomx_hfa_outer")
+        for peer in ("diloco", "local_sgd"):
+            other = row(rate, peer)
+            value = _ratio(other.get("time_to_target_s"), hfa.get("time_to_target_s"))
+            no_worse = (hfa.get("final_accuracy") or 0) >= (other.get("final_accuracy") or 1)
+            say(f"{rate} Mbit/s, geomx HFA + outer >= 1.3x sooner than {peer} at the same H, final accuracy no "
+                f"worse ({_fmt(hfa.get('final_accuracy'), '.3f')} vs {_fmt(other.get('final_accuracy'), '.3f')})",
+                value, value is not None and value >= 1.3 and no_worse)
+        fsa = row(rate, "geomx_fsa").get("step_speedup_vs_ddp")
+        say(f"{rate} Mbit/s, geomx FSA >= 1.3x faster per step than DDP", fsa, fsa is not None and fsa >= 1.3)
     return lines
