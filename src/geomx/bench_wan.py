@@ -15,8 +15,11 @@ are those recorded until then (``cut``). Nothing is asserted.
 
 Usage::
 
-    geomx bench --only wan --quick       # 100 Mbit/s only, 4 epochs, runs cut at 60 s: about 12 minutes
-    geomx bench --only wan               # both rates, 10 epochs, cut at 300 s
+    geomx bench --only wan --quick       # 100 Mbit/s only, 4 epochs, runs cut after 40 s of training
+    geomx bench --only wan               # both rates, 10 epochs, cut after 240 s: 40 minutes under load 30-45
+
+Each run also spends 30-60 s starting (4-10 processes importing torch at once on 2 loaded cores); that time
+is in no figure, but it is most of ``--quick``'s wall time (about 10 minutes under load 30).
 """
 
 from __future__ import annotations
@@ -42,7 +45,11 @@ SYSTEMS = (
     System("local_sgd", f"PostLocalSGD H={H}", "local_sgd", period=H),
     System("diloco", f"torchft DiLoCo H={H}", "diloco", period=H),
     System("geomx_fsa", "geomx FSA", "geomx"),
+    System("geomx_fsa_p3", "geomx FSA + P3", "geomx", topology_extra={"training": {"p3": True}}),
+    # HFA + outer at the same H both ways: K1=1 averages in the party every step (PostLocalSGD's subgroups),
+    # K1=H only every H steps, with the global round (DiLoCo's four groups of one)
     System("geomx_hfa_outer", f"geomx HFA 1x{H} + outer", "geomx", period=H, hfa=(1, H), outer=True),
+    System("geomx_hfa_outer_h", f"geomx HFA {H}x1 + outer", "geomx", period=H, hfa=(H, 1), outer=True),
     System("geomx_bisparse", "geomx FSA + Bi-Sparse 1%", "geomx", compression=BSC),
     System("geomx_best", f"geomx best: HFA {H}x1 + outer + Bi-Sparse", "geomx", period=H, hfa=(H, 1), outer=True,
            compression=BSC),
@@ -247,12 +254,13 @@ def goal_lines(result: dict[str, Any]) -> list[str]:
     loop = row("100", "geomx_best").get("vs_loopback")
     say("100 Mbit/s, geomx best within 1.4x of DDP on loopback", loop, loop is not None and loop <= 1.4)
     for rate in rates:
-        hfa = row(rate, "geomx_hfa_outer")
+        hfa = max((row(rate, n) for n in ("geomx_hfa_outer", "geomx_hfa_outer_h")),
+                  key=lambda f: -(f.get("time_to_target_s") or float("inf")))
         for peer in ("diloco", "local_sgd"):
             other = row(rate, peer)
             value = _ratio(other.get("time_to_target_s"), hfa.get("time_to_target_s"))
             no_worse = (hfa.get("final_accuracy") or 0) >= (other.get("final_accuracy") or 1)
-            say(f"{rate} Mbit/s, geomx HFA + outer >= 1.3x sooner than {peer} at the same H, final accuracy no "
+            say(f"{rate} Mbit/s, geomx HFA + outer (the sooner of 1xH, Hx1) >= 1.3x sooner than {peer} at the same H, final accuracy no "
                 f"worse ({_fmt(hfa.get('final_accuracy'), '.3f')} vs {_fmt(other.get('final_accuracy'), '.3f')})",
                 value, value is not None and value >= 1.3 and no_worse)
         fsa = row(rate, "geomx_fsa").get("step_speedup_vs_ddp")
