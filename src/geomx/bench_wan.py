@@ -50,6 +50,8 @@ SYSTEMS = (
     # K1=H only every H steps, with the global round (DiLoCo's four groups of one)
     System("geomx_hfa_outer", f"geomx HFA 1x{H} + outer", "geomx", period=H, hfa=(1, H), outer=True),
     System("geomx_hfa_outer_h", f"geomx HFA {H}x1 + outer", "geomx", period=H, hfa=(H, 1), outer=True),
+    System("geomx_hfa_outer_h_p3", f"geomx HFA {H}x1 + outer + P3", "geomx", period=H, hfa=(H, 1), outer=True,
+           topology_extra={"training": {"p3": True}}),
     System("geomx_bisparse", "geomx FSA + Bi-Sparse 1%", "geomx", compression=BSC),
     System("geomx_best", f"geomx best: HFA {H}x1 + outer + Bi-Sparse", "geomx", period=H, hfa=(H, 1), outer=True,
            compression=BSC),
@@ -254,13 +256,13 @@ def goal_lines(result: dict[str, Any]) -> list[str]:
     loop = row("100", "geomx_best").get("vs_loopback")
     say("100 Mbit/s, geomx best within 1.4x of DDP on loopback", loop, loop is not None and loop <= 1.4)
     for rate in rates:
-        hfa = max((row(rate, n) for n in ("geomx_hfa_outer", "geomx_hfa_outer_h")),
+        hfa = max((row(rate, n) for n in ("geomx_hfa_outer", "geomx_hfa_outer_h", "geomx_hfa_outer_h_p3")),
                   key=lambda f: -(f.get("time_to_target_s") or float("inf")))
         for peer in ("diloco", "local_sgd"):
             other = row(rate, peer)
             value = _ratio(other.get("time_to_target_s"), hfa.get("time_to_target_s"))
             no_worse = (hfa.get("final_accuracy") or 0) >= (other.get("final_accuracy") or 1)
-            say(f"{rate} Mbit/s, geomx HFA + outer (the sooner of 1xH, Hx1) >= 1.3x sooner than {peer} at the same H, final accuracy no "
+            say(f"{rate} Mbit/s, geomx HFA + outer (the soonest HFA row) >= 1.3x sooner than {peer} at the same H, final accuracy no "
                 f"worse ({_fmt(hfa.get('final_accuracy'), '.3f')} vs {_fmt(other.get('final_accuracy'), '.3f')})",
                 value, value is not None and value >= 1.3 and no_worse)
         fsa = row(rate, "geomx_fsa").get("step_speedup_vs_ddp")
