@@ -145,13 +145,21 @@ def _brief(f: dict[str, Any]) -> str:
             f"to target {_fmt(f.get('time_to_target_s'), '.1f', ' s')}{' (cut)' if f.get('cut_at_cap') else ''}")
 
 
-def run_wan(quick: bool, out_dir: Path) -> dict[str, Any]:
-    """The whole section; returns the JSON-able result (also written to OUT/wan.json) and prints the table."""
+def run_wan(quick: bool, out_dir: Path, only: list[str] | None = None,
+            rates_mbit: tuple[float, ...] | None = None) -> dict[str, Any]:
+    """The whole section; returns the JSON-able result (also written to OUT/wan.json) and prints the table.
+
+    ``only``: run just these systems (by name; DDP on loopback always runs: it sets the target);
+    ``rates_mbit``: instead of the plan's rates.
+    """
     reason = unavailable_reason()
     if reason:
         _say(f"[wan] skipped: {reason}")
         return {"skipped": reason}
     plan = QUICK if quick else FULL
+    if rates_mbit:
+        plan = WanPlan(rates_mbit, plan.epochs, plan.cap_s)
+    systems = [s for s in SYSTEMS if not only or s.name in only]
     out_dir = Path(out_dir) / "wan"
     peers = found_peers()
     _say(f"[wan] peers found: torch {peers['torch']} (DDP, PostLocalSGD); torchft {peers['torchft'] or 'MISSING'}"
@@ -177,7 +185,7 @@ def run_wan(quick: bool, out_dir: Path) -> dict[str, Any]:
                 _say(f"[wan] {rate:g} Mbit/s tbf: TCP probe {probe['a_to_b']:.1f} Mbit/s A->B, "
                      f"{probe['b_to_a']:.1f} B->A")
                 rows: dict[str, dict[str, Any]] = {}
-                for system in SYSTEMS:
+                for system in systems:
                     if system.kind == "diloco" and not peers["torchft"]:
                         rows[system.name] = {"skipped": "torchft not installed (pip install 'geomx[peers]')"}
                         continue
@@ -268,3 +276,21 @@ def goal_lines(result: dict[str, Any]) -> list[str]:
         fsa = row(rate, "geomx_fsa").get("step_speedup_vs_ddp")
         say(f"{rate} Mbit/s, geomx FSA >= 1.3x faster per step than DDP", fsa, fsa is not None and fsa >= 1.3)
     return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m geomx.bench_wan --only ddp geomx_best --rates 100``: some rows of the section, same target."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m geomx.bench_wan")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--out", default="bench-results")
+    parser.add_argument("--only", nargs="+", choices=[s.name for s in SYSTEMS])
+    parser.add_argument("--rates", nargs="+", type=float, help="Mbit/s (default: the plan's)")
+    args = parser.parse_args(argv)
+    result = run_wan(args.quick, Path(args.out), args.only, tuple(args.rates) if args.rates else None)
+    return 1 if result.get("errors") else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

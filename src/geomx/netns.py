@@ -28,6 +28,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -153,8 +154,7 @@ class Link:
 
     def free_port(self, namespace: str, host: str) -> int:
         """A TCP port the OS says is free on ``host`` inside ``namespace`` (bound once, then released)."""
-        code = ("import socket; s = socket.socket(); s.bind((%r, 0)); print(s.getsockname()[1])" % host)
-        return int(_run(self.exec_in(namespace, [sys.executable, "-c", code])).strip())
+        return free_port_in(namespace, host)
 
     def probe_mbit(self, seconds: float = 2.0, reverse: bool = False) -> float:
         """Measured TCP goodput across the link in Mbit/s: a receiver in one namespace, a sender in the other.
@@ -177,6 +177,13 @@ class Link:
             if receiver.poll() is None:
                 receiver.kill()
                 receiver.wait()
+
+
+def free_port_in(namespace: str | None, host: str) -> int:
+    """A TCP port the OS says is free on ``host`` inside ``namespace`` (None: this one), for a server to bind."""
+    code = f"import socket; s = socket.socket(); s.bind(({host!r}, 0)); print(s.getsockname()[1])"
+    argv = [sys.executable, "-c", code]
+    return int(_run(argv if namespace is None else ["ip", "netns", "exec", namespace, *argv]).strip())
 
 
 def _unique_base(prefix: str) -> str:
@@ -232,7 +239,6 @@ def _sigterm_as_interrupt() -> Iterator[None]:
 
 
 def _is_main_thread() -> bool:
-    import threading
     return threading.current_thread() is threading.main_thread()
 
 

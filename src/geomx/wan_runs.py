@@ -29,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from .netns import Link
+from .netns import Link, free_port_in
 
 LOOPBACK = "127.0.0.1"
 STARTUP_S = 300.0  # process start, imports, rendezvous: slow on a loaded machine, not part of any figure
@@ -70,10 +70,7 @@ def _in(place: Place, argv: list[str]) -> list[str]:
 
 def free_port(place: Place) -> int:
     """A port the OS says is free on ``place.host`` (asked inside its namespace)."""
-    code = f"import socket; s = socket.socket(); s.bind(({place.host!r}, 0)); print(s.getsockname()[1])"
-    out = subprocess.run(_in(place, [sys.executable, "-c", code]), capture_output=True, text=True, timeout=60,
-                         check=True)
-    return int(out.stdout.strip())
+    return free_port_in(place.ns, place.host)
 
 
 class ProcessSet:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import socket
 
 import torch
 import torch.distributed as dist
@@ -42,12 +41,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _free_port(host: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     from torchft import Manager, ProcessGroupGloo
@@ -55,9 +48,9 @@ def main(argv: list[str] | None = None) -> None:
 
     torch.set_num_threads(1)
     timeout = datetime.timedelta(seconds=args.timeout_s)
-    store_port = _free_port(args.host)
-    store = dist.TCPStore(args.host, store_port, 1, is_master=True, timeout=timeout,  # noqa: F841 (kept alive)
-                          wait_for_workers=False)
+    # this replica group's store (torchrun would host it): port 0 = the OS picks; the Manager connects to it
+    store = dist.TCPStore(args.host, 0, 1, is_master=True, timeout=timeout, wait_for_workers=False)
+    store_port = int(store.port)
     calibrated = wan_job.calibrate_step_s(args.hidden)
     model = wan_job.make_model(args.hidden)
     inner = wan_job.make_optimizer(model.parameters())
