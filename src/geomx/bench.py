@@ -50,7 +50,7 @@ import yaml
 from .launch import LaunchResult, launch
 from .runlog import read_metrics
 
-SECTIONS = ("training", "transport", "sync", "codecs", "frontend", "sched", "security")
+SECTIONS = ("training", "transport", "sync", "codecs", "frontend", "sched", "security", "wan")
 
 # The emulated WAN of the training section (the demo topology's links).
 WAN = {"bandwidth": "100Mbit", "latency": "25ms"}
@@ -970,6 +970,9 @@ def format_report(report: dict[str, Any]) -> str:
         lines += ["", *security_lines(report["security"])]
     elif "security_error" in report:
         lines += ["", f"[security] not measured: {report['security_error']}"]
+    if report.get("wan"):  # the section lives in bench_wan.py
+        from .bench_wan import wan_lines
+        lines += ["", *wan_lines(report["wan"])]
     lines.append("")
     lines.append(f"raw figures: {report.get('json_path')}")
     return "\n".join(lines)
@@ -998,6 +1001,11 @@ def _bench_security(plan: Plan, out_dir: Path) -> dict[str, Any]:
     return run_security(plan is QUICK, out_dir)
 
 
+def _bench_wan(plan: Plan, out_dir: Path) -> dict[str, Any]:
+    from .bench_wan import run_wan  # needs root: namespaces joined by a tbf-shaped veth
+    return run_wan(plan is QUICK, out_dir)
+
+
 def bench_plan(quick: bool, sync_scenarios: list[str] | None = None) -> Plan:
     """QUICK or FULL, with only the sync rows of ``sync_scenarios`` if given. Usage: ``bench_plan(False, ["wide"])``."""
     plan = QUICK if quick else FULL
@@ -1014,7 +1022,7 @@ def run_bench(quick: bool, out_dir: Path, sections: list[str] | None = None,
     CNN's flat-PS FSA, HFA and HFA + outer, ~4 minutes).
     """
     plan = bench_plan(quick, sync_scenarios)
-    chosen = [s for s in SECTIONS if not sections or s in sections]
+    chosen = [s for s in SECTIONS if (s in sections if sections else s != "wan")]  # wan: only on request
     out_dir = Path(out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path = out_dir / "bench.json"
@@ -1028,7 +1036,7 @@ def run_bench(quick: bool, out_dir: Path, sections: list[str] | None = None,
     for section, runner in (("training", bench_training), ("transport", bench_transport), ("sync", bench_sync),
                             ("codecs", _bench_codecs),
                             ("frontend", _bench_frontend), ("sched", _bench_sched),
-                            ("security", _bench_security)):
+                            ("security", _bench_security), ("wan", _bench_wan)):
         if section not in chosen:
             continue
         try:

@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--quick", action="store_true", help="fewer steps and repetitions (~5 min)")
     bench.add_argument("--out", default="bench-results", help="folder for the JSON results")
     bench.add_argument("--only", action="append",
-                       choices=["training", "transport", "sync", "codecs", "frontend", "sched", "security"],
+                       choices=["training", "transport", "sync", "codecs", "frontend", "sched", "security", "wan"],
                        help="run only these sections (repeatable)")
     bench.add_argument("--scenario", action="append", choices=["same", "slow", "alone", "wide"],
                        help="sync section: run only these scenarios' rows (repeatable; 'wide', the bandwidth-bound "

@@ -1,0 +1,102 @@
+"""The kernel-shaped link of ``geomx bench --only wan``: two namespaces, a tbf-shaped veth, a real geomx job across.
+
+Skipped unless root with iproute2. Every test checks that the run's namespaces are gone afterwards, also when
+the block raised or the process was sent SIGTERM, and that leftovers of a dead creator are cleaned up.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import jobkit
+import pytest
+from harness import worker_command, write_topology
+
+from geomx import netns
+
+REASON = netns.unavailable_reason()
+pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
+PREFIX = "gxt"  # not the bench's prefix: a test never deletes a running bench's namespaces
+RATE_MBIT = 50.0
+
+
+@pytest.fixture
+def link():
+    """A fresh shaped link; after the test none of its namespaces may be left, whatever the test did."""
+    with netns.wan_link(RATE_MBIT, prefix=PREFIX) as built:
+        yield built
+    left = set(built.namespaces) & set(netns.list_namespaces())
+    assert not left, f"namespaces left behind: {left}"
+
+
+def _launch_party(link: netns.Link, party: str, topology: Path, scheduler: str, run_dir: Path) -> subprocess.Popen:
+    ns, host = (link.ns_a, link.addr_a) if party == "dc0" else (link.ns_b, link.addr_b)
+    argv = link.exec_in(ns, [sys.executable, "-m", "geomx.cli", "launch", str(topology), "--party", party,
+                             "--host", host, "--global-scheduler", scheduler, "--run-dir", str(run_dir), "--",
+                             *worker_command("train.py")])
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+
+def test_shaped_rate_and_a_two_party_job_across_the_namespaces(link, tmp_path):
+    for reverse in (False, True):
+        measured = link.probe_mbit(seconds=1.5, reverse=reverse)
+        assert abs(measured - RATE_MBIT) <= 0.1 * RATE_MBIT, f"probe {measured:.1f} Mbit/s, shaped {RATE_MBIT}"
+    before = link.counters()
+    topology = write_topology(tmp_path / "split.yaml")
+    scheduler = f"{link.addr_a}:{link.free_port(link.ns_a, link.addr_a)}"
+    runs = {party: tmp_path / f"run-{party}" for party in ("dc0", "dc1")}
+    procs = {party: _launch_party(link, party, topology, scheduler, runs[party]) for party in ("dc1", "dc0")}
+    try:
+        outputs = {party: proc.communicate(timeout=180)[0] for party, proc in procs.items()}
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    for party, proc in procs.items():
+        assert proc.returncode == 0, f"{party} failed:\n{outputs[party][-3000:]}"
+    workers = {**jobkit.load_worker_outputs(runs["dc0"]), **jobkit.load_worker_outputs(runs["dc1"])}
+    assert sorted(workers) == [0, 1, 2, 3]
+    jobkit.assert_fsa_equivalent(workers, num_workers=4)  # the job across the link equals one process
+    after = link.counters()
+    # every FSA step's aggregate and answer crossed the veth: the qdiscs counted them, each way
+    for direction in ("a_to_b", "b_to_a"):
+        assert after[direction] - before[direction] >= jobkit.STEPS * jobkit.param_bytes(), (direction, after)
+
+
+def test_teardown_after_an_exception():
+    with pytest.raises(RuntimeError, match="boom"), netns.wan_link(RATE_MBIT, prefix=PREFIX) as built:
+        assert set(built.namespaces) <= set(netns.list_namespaces())
+        raise RuntimeError("boom")
+    assert not set(built.namespaces) & set(netns.list_namespaces())
+
+
+def test_teardown_on_sigterm(tmp_path):
+    code = ("import sys; from geomx import netns\n"
+            f"with netns.wan_link({RATE_MBIT}, prefix={PREFIX!r}) as link:\n"
+            "    print(link.ns_a, link.ns_b, flush=True)\n"
+            "    sys.stdin.readline()\n")  # blocks until the test closes stdin (it never does: SIGTERM comes first)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    names = proc.stdout.readline().split()
+    assert len(names) == 2 and set(names) <= set(netns.list_namespaces())
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)
+    assert not set(names) & set(netns.list_namespaces())
+
+
+def test_leftovers_of_a_dead_run_are_removed():
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = f"{PREFIX}{dead.pid}x0000a"
+    subprocess.run(["ip", "netns", "add", stale], check=True, timeout=20)
+    try:
+        assert stale in netns.cleanup_leftovers(PREFIX)
+        assert stale not in netns.list_namespaces()
+    finally:
+        subprocess.run(["ip", "netns", "del", stale], capture_output=True, timeout=20)
