@@ -5,7 +5,7 @@ the loop only chooses what it pushes::
 
     geomx launch wan.yaml --party dc0 ... -- python -m geomx.bench_workers.wan_geomx --log-dir runs/fsa
     geomx launch wan_hfa.yaml ... -- python -m geomx.bench_workers.wan_geomx --log-dir runs/hfa --outer
-    ... --compression '{"type": "bsc", "threshold": 0.01}'      # Bi-Sparse on the WAN tier
+    ... --compression '{"type": "bsc", "threshold": 0.01, "momentum": 0.9}'  # Bi-Sparse on the WAN tier
 
 FSA (no ``hfa`` in the topology): every step each worker pushes its gradient, pulls the sum of all workers'
 and steps the job's SGD on the mean (the servers only sum: the same arithmetic as DDP). With a residual
