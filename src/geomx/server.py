@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -32,13 +32,15 @@ from .codecs import Codec as TensorCodec
 from .codecs.base import Kind as TensorKind
 from .codecs.messages import decode_message, payload_fields
 from .config import Mode, NodeConfig, Role
+from .core.clients import Clients
+from .core.rounds import Round, RoundId, RoundTable
 from .dgt import DgtAssembler, DgtError, DgtSender, write_report
 from .emulator import OutageSchedule
 from .heartbeat import pulse_for
 from .membership import GLOBAL_SCHEDULER_ID, AddressBook, Member, local_scheduler_id, new_node_id, register
 from .policies.esync import assign_steps
 from .policies.hfa import LocalFrequencyAggregation
-from .policies.sync import FullySynchronous, SyncPolicy, sync_policy
+from .policies.sync import FullySynchronous, sync_policy
 from .rpc import Requests
 from .runlog import write_stats
 from .transport import Van
@@ -52,7 +54,6 @@ if TYPE_CHECKING:  # geomx.optim imports torch (~1 s per process): only a global
 
 log = logging.getLogger("geomx.server")
 
-RoundId = tuple[Kind, int, int]
 # A global server's answer under HFA with a residual codec carries the change of the global model since the
 # last answer (compressed with the codec's own residual), not the model: flagged in the body by this key.
 MODEL_CHANGE = "model_change"
@@ -66,25 +67,6 @@ class Slot:
 
     def describe(self) -> str:
         return f"{self.value.shape} {self.value.dtype}"
-
-
-@dataclass
-class Round:
-    """Contributions to one (kind, key, slice) being collected or forwarded."""
-
-    kind: Kind
-    key: int
-    part: int
-    number: int = 0
-    contributions: dict[str, Message] = field(default_factory=dict)
-    accum: np.ndarray | None = None
-    deferred: list[Message] = field(default_factory=list)
-    forwarding: bool = False
-    started_at: float = 0.0
-    exempt: set[str] = field(default_factory=set)  # clients that joined after this round opened: not awaited
-
-    def describe(self) -> str:
-        return f"{self.kind.name} round {self.number} of key {self.key} slice {self.part}"
 
 
 def _udp_endpoint(address: str) -> tuple[str, int]:
@@ -109,19 +91,14 @@ class ParameterServer:
         self.is_global = config.role is Role.GLOBAL_SERVER
         self.name = f"global_server{config.rank or 0}" if self.is_global else f"{config.party}/server"
         self.identity = new_node_id(config.role, config.party)
-        # Rounds of pushes follow the configured algorithm (global servers only; local servers stay
-        # synchronous). INIT, BARRIER and SHUTDOWN rounds always wait for every client.
-        self.push_policy: SyncPolicy = FullySynchronous()
-        self.all_clients_policy = FullySynchronous()
         self.optimizer: Optimizer | None = None
         self.slots: dict[tuple[int, int], Slot] = {}
-        self.rounds: dict[RoundId, Round] = {}
-        self.clients: set[str] = set()
-        self.departed: set[str] = set()  # clients that left or were dropped (dead); rounds no longer wait for them
-        self.dropped: dict[str, str] = {}  # departed clients that were dropped as dead -> why
-        # ESync: a rejoined client's rounds are held until the others finish their current cycle (the next STATE
-        # round), so that its first push meets their first push of the next cycle (see _on_members)
-        self.joining: dict[str, list[Message]] = {}
+        # ESync: a rejoined client's rounds are held (clients.joining) until the others finish their current
+        # cycle (the next STATE round), so that its first push meets their first push of the next cycle.
+        self.clients = Clients()
+        # Rounds of pushes follow the configured algorithm (global servers only; local servers stay
+        # synchronous). INIT, BARRIER and SHUTDOWN rounds always wait for every client.
+        self.table = RoundTable(self, self.clients, FullySynchronous())
         self.configurers: set[str] = set()  # clients allowed to set the optimizer (the master worker's path)
         self.upstream: list[str] = []
         self.shard_owner: dict[int, str] = {}  # a local server's global servers by explicit shard id (= rank)
@@ -187,10 +164,10 @@ class ParameterServer:
             self.van.name = me.name
             self.shard_id = me.rank
             if cfg.topology.mode is Mode.FLAT:
-                self.clients = {m.id for m in global_book.of_role(Role.WORKER)}
+                self.clients.present = {m.id for m in global_book.of_role(Role.WORKER)}
                 self.configurers = {m.id for m in global_book.of_role(Role.WORKER) if m.master}
             else:
-                self.clients = {m.id for m in global_book.of_role(Role.LOCAL_SERVER)}
+                self.clients.present = {m.id for m in global_book.of_role(Role.LOCAL_SERVER)}
                 self.configurers = {m.id for m in global_book.of_role(Role.LOCAL_SERVER, cfg.topology.central)}
         else:
             self.upstream = [m.id for m in global_book.of_role(Role.GLOBAL_SERVER)]
@@ -202,7 +179,7 @@ class ParameterServer:
                                      role=cfg.role, party=cfg.party, scheduler_party=cfg.party, rank=0,
                                      timeout=wait)
             self._connect(local_book)
-            self.clients = {m.id for m in local_book.of_role(Role.WORKER)}
+            self.clients.present = {m.id for m in local_book.of_role(Role.WORKER)}
             self.configurers = {m.id for m in local_book.of_role(Role.WORKER) if m.master}
             schedulers.append(local_scheduler_id(cfg.party))
         return schedulers
@@ -261,11 +238,11 @@ class ParameterServer:
         from the rounds and the others go on; elsewhere the rounds need it: stop, naming it."""
         name = self.requests.names.get(member, member)
         with self._lock:
-            if member in self.clients and member not in self.departed:
+            if member in self.clients.remaining():
                 if self._may_drop():
                     self._drop(member, name, why)
                     return
-                tier = self.push_policy.name if self.is_global else "the local tier"
+                tier = self.table.policy.name if self.is_global else "the local tier"
                 self._stop_fatally(f"{name} is dead ({why}); {tier} cannot go on without it")
             elif member in self.upstream:
                 self._stop_fatally(f"{name} is dead ({why}); this party cannot train without it")
@@ -281,21 +258,18 @@ class ParameterServer:
         topology = self.config.topology
         if topology.elastic:
             return self.is_global or topology.hfa is None
-        return self.is_global and (self.push_policy.clients_leave_independently or topology.hfa is not None)
+        return self.is_global and (self.table.policy.clients_leave_independently or topology.hfa is not None)
 
     def _drop(self, member: str, name: str, why: str) -> None:
         """Go on without ``member`` (under the lock): open rounds that only waited for it complete now."""
-        self.departed.add(member)
-        self.dropped[member] = why
-        self.joining.pop(member, None)
-        remaining = self.clients - self.departed
+        remaining = self.clients.drop(member, why)
         log.warning("[%s] dropped %s from the rounds (%s); %d of %d clients left", self.name, name, why,
                     len(remaining), len(self.clients))
         if not remaining:
             self._done.set()
             return
         self._ts_forget(member)
-        self._complete_ready_rounds()
+        self.table.complete_ready()
         self.van.disconnect(member)  # it is gone for good (a restarted party rejoins with a new identity)
 
     def _ts_forget(self, member: str) -> None:
@@ -315,38 +289,11 @@ class ParameterServer:
             self.ts_rounds.pop(sid, None)
             self.ts_values.pop(sid, None)
 
-    def _complete_ready_rounds(self) -> None:
-        """Complete every open round whose awaited clients are all in (after a client left or was dropped). If
-        only rejoined clients waiting for the others' next ESync round remain, there will be none: admit them."""
-        if self.joining and not self.clients - self.departed - set(self.joining):
-            self._admit_joining()
-        for rnd in list(self.rounds.values()):
-            if rnd.contributions and not rnd.forwarding and self._round_ready(rnd):
-                self._complete(rnd)
-
-    def _awaited(self, rnd: Round) -> set[str]:
-        """The clients ``rnd`` waits for: present ones that neither left nor joined after it opened (nor, under
-        ESync, joined during the others' current cycle)."""
-        return self.clients - self.departed - rnd.exempt - set(self.joining)
-
-    def _admit_joining(self) -> None:
-        """ESync: the others finished a cycle (a STATE round); rejoined clients take part from the next one."""
-        joining, self.joining = self.joining, {}
-        for client, held in joining.items():
-            log.info("[%s] %s takes part from the next ESync round (%d requests held)", self.name,
-                     self.requests.names.get(client, client), len(held))
-            for message in held:
-                self._handle(message)
-
-    def _round_ready(self, rnd: Round) -> bool:
-        policy = self.push_policy if rnd.kind is Kind.PUSHPULL else self.all_clients_policy
-        return policy.round_complete(rnd.contributions.keys(), self._awaited(rnd))
-
     def _rescaled(self, rnd: Round, total: np.ndarray) -> np.ndarray:
         """After a drop or a departure (elastic FSA, HFA): the sum scaled as if every worker of the job had sent
         one like the present ones, so the optimizer's mean (or HFA's weighted average) is over the workers
         present. MixedSync applies each party's push alone, unscaled."""
-        if self.push_policy.clients_leave_independently:
+        if self.table.policy.clients_leave_independently:
             return total
         present = sum(self._workers_behind(c) for c in rnd.contributions)
         topology = self.config.topology
@@ -366,9 +313,7 @@ class ParameterServer:
             return
         self._fatal = text
         log.error("[%s] %s", self.name, text)
-        for rnd in list(self.rounds.values()):
-            if rnd.contributions:
-                self._release(rnd, None, text)
+        self.table.fail_open(text)
         self._done.set()
 
     # -- message handling ---------------------------------------------------------------------------------
@@ -409,14 +354,11 @@ class ParameterServer:
         if sender not in self.clients and not from_upstream:
             self._refuse(message, f"{sender!r} is not a client of this server")
             return
-        if sender in self.joining and message.kind in (Kind.PUSHPULL, Kind.STATE, Kind.BARRIER):
-            self.joining[sender].append(message)  # replayed when the others' cycle ends (_admit_joining)
-            return
-        if sender in self.departed:
-            name = self.requests.names.get(sender, sender)
-            why = self.dropped.get(sender)
-            self._refuse(message, f"{name} has already shut down" if why is None else
-                         f"{name} was dropped from the job ({why}); restart its party to rejoin")
+        if message.kind in (Kind.PUSHPULL, Kind.STATE, Kind.BARRIER) and self.clients.hold(message):
+            return  # replayed when the others' cycle ends (RoundTable.admit)
+        refusal = self.clients.refusal(sender, self.display(sender))
+        if refusal is not None:
+            self._refuse(message, refusal)
             return
         handlers: dict[Kind, Callable[[Message], None]] = {
             Kind.INIT: self._on_init, Kind.PUSHPULL: self._on_pushpull, Kind.PULL: self._on_pull,
@@ -458,30 +400,26 @@ class ParameterServer:
             self._refuse(message, f"{member.name} replaces {old!r}, which is not a local server of this job")
             return
         if not self._may_drop():
-            self._refuse(message, f"{self.push_policy.name} cannot take a party back (it needs every party in "
+            self._refuse(message, f"{self.table.policy.name} cannot take a party back (it needs every party in "
                                   "every round); MixedSync, HFA, ESync and elastic FSA can")
             return
-        esync = any(kind is Kind.STATE for kind, _, _ in self.rounds)  # only shard 0 sees ESync's state rounds
+        esync = self.table.has_kind(Kind.STATE)  # only shard 0 sees ESync's state rounds
         if esync and self.config.topology.num_global_servers > 1:
-            # The hold that aligns a rejoiner with the others' next cycle (see self.joining) exists on shard 0
+            # The hold that aligns a rejoiner with the others' next cycle (see clients.joining) exists on shard 0
             # only: the other global servers' per-key rounds would take its pushes a cycle apart and deadlock.
             self._refuse(message, "ESync with several global servers cannot take a party back (only global server "
                                   "0 sees the state rounds that align it); restart the whole job with --resume")
             return
-        if old not in self.departed:  # its death reached the scheduler before our heartbeat told us
+        if old not in self.clients.departed:  # its death reached the scheduler before our heartbeat told us
             self._drop(old, self.requests.names.get(old, old), f"replaced by a restarted {member.name}")
         self.van.add_peer(member.id, member.address, member.party)
         self.requests.names[member.id] = member.name
-        for rnd in self.rounds.values():
-            if rnd.contributions:
-                rnd.exempt.add(member.id)
-        if esync:  # join at the others' next cycle
-            self.joining[member.id] = []
-        self.clients.add(member.id)
+        self.table.exempt_open(member.id)
+        self.clients.add(member.id, hold=esync)  # under ESync: join at the others' next cycle
         if member.party == self.config.topology.central:
             self.configurers.add(member.id)
         log.warning("[%s] %s rejoined (replacing the one dropped); %d of %d clients present", self.name,
-                    member.name, len(self.clients - self.departed), len(self.clients))
+                    member.name, len(self.clients.remaining()), len(self.clients))
         if self.wan_codec_spec is not None:  # not awaited: the new server handles it once it has its address book
             future = self.requests.call(member.id, Message(Kind.CONFIGURE, body={"compression": self.wan_codec_spec}))
             def refused(result: Future[Message]) -> None:
@@ -858,7 +796,7 @@ class ParameterServer:
             log.info("[%s] optimizer set: %s", self.name, body["optimizer"])
             self._restore_optimizer_state()
         if policy is not None:
-            self.push_policy = policy
+            self.table.policy = policy
             log.info("[%s] synchronization: %s", self.name, policy.name)
         others = [c for c in self.clients if c != sender and self.config.topology.mode is Mode.HIPS]
         if codec is None or not others:
@@ -880,43 +818,37 @@ class ParameterServer:
             self._contribute(message)
             return
         sender = message.sender.decode()
-        self.departed.add(sender)
+        all_gone = self.clients.leave(sender)
         self.van.send(sender, message.reply())
         log.info("[%s] %s left (%d of %d clients gone)", self.name, self.requests.names.get(sender, sender),
-                 len(self.departed), len(self.clients))
-        if self.departed >= self.clients:
+                 len(self.clients.departed), len(self.clients))
+        if all_gone:
             self._done.set()
             return
-        self._complete_ready_rounds()
+        self.table.complete_ready()
 
     def _contribute(self, message: Message) -> None:
-        rid: RoundId = (message.kind, message.key, message.part)
-        rnd = self.rounds.get(rid)
-        if rnd is None:
-            rnd = self.rounds[rid] = Round(message.kind, message.key, message.part)
-        sender = message.sender.decode()
-        if rnd.forwarding or sender in rnd.contributions:
-            rnd.deferred.append(message)  # belongs to the next round
-            return
-        if not rnd.contributions:
-            rnd.started_at = time.monotonic()
-        rnd.contributions[sender] = message
-        if message.kind is Kind.PUSHPULL and message.tensor is not None:
-            # The first contribution is kept as the received (read-only) buffer; the second allocates the
-            # sum; later ones add in place. One pass over memory per contribution, no copy. Half precision
-            # is summed in float32 (GeoMX sums fp16 in fp16) and cast back when the round completes.
-            if rnd.accum is None:
-                tensor = message.tensor
-                rnd.accum = tensor.astype(np.float32) if tensor.dtype == np.float16 else tensor
-            elif not rnd.accum.flags.writeable:
-                rnd.accum = np.add(rnd.accum, message.tensor)
-            else:
-                np.add(rnd.accum, message.tensor, out=rnd.accum)
-        if self._round_ready(rnd):
-            self._complete(rnd)
+        self.table.contribute(message)
 
-    def _complete(self, rnd: Round) -> None:
-        rnd.forwarding = True
+    # -- the round table's host ----------------------------------------------------------------------------
+    @property
+    def rounds(self) -> dict[RoundId, Round]:
+        return self.table.rounds
+
+    def send(self, peer: str, message: Message) -> None:
+        self.van.send(peer, message)
+
+    def redeliver(self, message: Message) -> None:
+        self._handle(message)
+
+    def display(self, client: str) -> str:
+        return self.requests.names.get(client, client)
+
+    def all_done(self) -> None:
+        self._done.set()
+
+    def complete(self, rnd: Round) -> None:
+        """A round is complete: reduce it as its kind says (the table set ``rnd.forwarding``)."""
         if rnd.kind is Kind.INIT:
             self._complete_init(rnd)
         elif rnd.kind is Kind.PUSHPULL:
@@ -958,7 +890,7 @@ class ParameterServer:
                 self._release(rnd, None, str(exc))
                 return
             self._release(rnd, None, body={"steps": steps})
-            self._admit_joining()
+            self.table.admit()
             return
         number = rnd.number
         future = self.requests.call(self.upstream[0], Message(Kind.STATE, round=rnd.number, body={
@@ -1064,7 +996,7 @@ class ParameterServer:
         self.resumed = snapshot
         self.slots = {sid: Slot(value) for sid, value in snapshot.slots.items()}
         for (key, part), number in snapshot.rounds.items():
-            self.rounds[(Kind.PUSHPULL, key, part)] = Round(Kind.PUSHPULL, key, part, number=number)
+            self.table.restore(Kind.PUSHPULL, key, part, number)
         log.info("[%s] resumed from %s: step %d, %d slots", self.name, snapshot.source, snapshot.step,
                  len(snapshot.slots))
         return True
@@ -1100,8 +1032,7 @@ class ParameterServer:
         self.checkpoints.maybe_write(step, take)
 
     def _rounds_done(self, sid: tuple[int, int]) -> int:
-        rnd = self.rounds.get((Kind.PUSHPULL, *sid))
-        return rnd.number if rnd is not None else 0
+        return self.table.completed(Kind.PUSHPULL, *sid)
 
     def _reply_fields(self, rnd: Round, value: np.ndarray, hfa: bool) -> dict[str, Any] | None:
         """The global server's answer, compressed when a WAN codec is set (None: the plain value).
@@ -1134,7 +1065,7 @@ class ParameterServer:
         if isinstance(codec, SizeAdaptive):
             codec = codec.pick(value.size)
         if (codec is None or not codec.keeps_residual() or self.config.topology.mode is not Mode.HIPS
-                or not isinstance(self.push_policy, FullySynchronous)):
+                or not isinstance(self.table.policy, FullySynchronous)):
             return None
         change = np.subtract(value, previous, dtype=np.float32)
         try:
@@ -1211,8 +1142,7 @@ class ParameterServer:
         ``number``: release only if the round is still that one (a late answer to a round that already
         failed by timeout is dropped).
         """
-        if number is not None and (rnd.number != number or not rnd.forwarding):
-            log.warning("[%s] dropped a late answer for %s", self.name, rnd.describe())
+        if not self.table.is_current(rnd, number):
             return
         if self.ts is not None and rnd.kind is Kind.PUSHPULL and value is not None and not error:
             self._disseminate(rnd, value)  # TSEngine: the value goes through the overlay
@@ -1224,41 +1154,10 @@ class ParameterServer:
                 fields = payload_fields(lan_fp16, value, TensorInfo(rnd.key, rnd.part, "weights", "pull"))
             except CodecError as exc:
                 error = f"cannot send key {rnd.key} slice {rnd.part} as fp16: {exc}"
-        for sender, message in rnd.contributions.items():
-            if error:
-                reply = message.error(f"{self.name}: {error}")
-            else:
-                reply = message.reply(**fields) if fields else message.reply(tensor=value, body=body)
-            self.van.send(sender, reply)
-        if error:
-            log.error("[%s] %s failed: %s", self.name, rnd.describe(), error)
-        finished_shutdown = rnd.kind is Kind.SHUTDOWN and not error
-        rnd.contributions = {}
-        rnd.accum = None
-        rnd.forwarding = False
-        rnd.exempt = set()
-        rnd.number += 1
-        deferred, rnd.deferred = rnd.deferred, []
-        for message in deferred:
-            self._handle(message)
-        if finished_shutdown:
-            self._done.set()
+        self.table.release(rnd, value, error, body=body, fields=fields)
 
     def _watchdog(self) -> None:
         """Fail rounds that wait longer than the configured timeout, naming who is missing."""
         while not self._stop_watchdog.wait(0.5):
-            now = time.monotonic()
             with self._lock:
-                for rnd in list(self.rounds.values()):
-                    if not rnd.contributions:
-                        continue
-                    limit = self.timeouts.request_s if rnd.forwarding else self.timeouts.round_s
-                    if now - rnd.started_at <= limit:
-                        continue
-                    if rnd.forwarding:
-                        what = "the global server to answer"
-                    else:
-                        missing = sorted(self.requests.names.get(c, c)
-                                         for c in self._awaited(rnd) - set(rnd.contributions))
-                        what = f"clients {missing}"
-                    self._release(rnd, None, f"{rnd.describe()} timed out after {limit:g} s waiting for {what}")
+                self.table.expire(self.timeouts.round_s, self.timeouts.request_s)

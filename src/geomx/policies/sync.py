@@ -14,17 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
+from ..core.plugins import SyncPolicy
 
-class SyncPolicy:
-    """Decides when the contributions collected so far make a complete round."""
-
-    name = ""
-    # Whether a client may leave (shut down) while others still push. Only where rounds never wait for
-    # every client: under FSA an early leaver would stall everyone else's next round.
-    clients_leave_independently = False
-
-    def round_complete(self, contributors: Collection[str], expected: Collection[str]) -> bool:
-        raise NotImplementedError
+__all__ = ["SYNC_POLICIES", "Asynchronous", "FullySynchronous", "SyncPolicy", "sync_policy"]
 
 
 class FullySynchronous(SyncPolicy):
