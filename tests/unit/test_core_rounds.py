@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from geomx.core.clients import Clients
-from geomx.core.plugins import SyncPolicy
+from geomx.core.policy import SyncPolicy
 from geomx.core.rounds import Round, RoundTable
 from geomx.wire import Flag, Kind, Message
 

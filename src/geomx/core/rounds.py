@@ -26,11 +26,21 @@ import numpy as np
 
 from ..wire import Kind, Message
 from .clients import Clients
-from .plugins import SyncPolicy
+from .policy import SyncPolicy
 
 log = logging.getLogger("geomx.server")
 
 RoundId = tuple[Kind, int, int]
+
+
+@dataclass
+class Slot:
+    """The stored value of one (key, slice): weights, or the latest aggregate."""
+
+    value: np.ndarray
+
+    def describe(self) -> str:
+        return f"{self.value.shape} {self.value.dtype}"
 
 
 @dataclass

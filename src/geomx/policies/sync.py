@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from ..core.plugins import SyncPolicy
+from ..core.policy import SyncPolicy
 
 __all__ = ["SYNC_POLICIES", "Asynchronous", "FullySynchronous", "SyncPolicy", "sync_policy"]
 
