@@ -25,26 +25,23 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from .aggregation.esync import StateRounds
-from .aggregation.hfa import HfaAggregation
 from .checkpoint import CheckpointWriter, Snapshot, load_latest, shard_dir
 from .codecs import FP16, CodecError, TensorInfo, default_registry
 from .codecs import Codec as TensorCodec
 from .codecs.base import Kind as TensorKind
 from .codecs.messages import decode_message, payload_fields
+from .compose import compose
 from .config import Mode, NodeConfig, Role
 from .core.clients import Clients
-from .core.plugins import Aggregation, Completion, Handler, Route
 from .core.rounds import Round, RoundId, RoundTable, Slot
 from .dgt import DgtAssembler, DgtError, DgtSender, write_report
 from .emulator import OutageSchedule
 from .heartbeat import pulse_for
 from .membership import GLOBAL_SCHEDULER_ID, AddressBook, Member, local_scheduler_id, new_node_id, register
-from .policies.hfa import LocalFrequencyAggregation
-from .policies.sync import FullySynchronous, sync_policy
-from .routes.tsengine import tsengine_route
 from .rpc import Requests
 from .runlog import write_stats
+from .sync.fsa import FullySynchronous
+from .sync.registry import sync_policy
 from .transport import Van
 from .udp import Datagram, UdpReceiver
 from .wire import Kind, Message
@@ -81,9 +78,18 @@ class ParameterServer:
         # ESync: a rejoined client's rounds are held (clients.joining) until the others finish their current
         # cycle (the next STATE round), so that its first push meets their first push of the next cycle.
         self.clients = Clients()
-        # Rounds of pushes follow the configured algorithm (global servers only; local servers stay
-        # synchronous). INIT, BARRIER and SHUTDOWN rounds always wait for every client.
-        self.table = RoundTable(self, self.clients, FullySynchronous())
+        # The algorithms, chosen once from the config (geomx.compose): rounds of pushes follow the sync policy
+        # (the master may set another on the global servers; local servers stay synchronous) and INIT, BARRIER
+        # and SHUTDOWN rounds always wait for every client; the route carries values between tiers (direct, or
+        # TSEngine's overlays); the aggregation says what a tier does with a sum (the plain sum, or HFA's model
+        # averages and deltas); extensions add request kinds (ESync's speed reports).
+        plugins = compose(config, self)
+        self.table = RoundTable(self, self.clients, plugins.policy)
+        self.route = plugins.route
+        self.route_handlers = self.route.handlers()
+        self.aggregation = plugins.aggregation
+        self.extra_handlers = plugins.requests()
+        self.completions = plugins.completions()
         self.configurers: set[str] = set()  # clients allowed to set the optimizer (the master worker's path)
         self.upstream: list[str] = []
         self.shard_owner: dict[int, str] = {}  # a local server's global servers by explicit shard id (= rank)
@@ -96,14 +102,6 @@ class ParameterServer:
         self.udp: UdpReceiver | None = None
         self.udp_address: dict[str, tuple[str, int]] = {}
         self.peers: set[str] = set()  # a local server's fellow local servers
-        # How values travel between tiers: direct, or TSEngine's overlays (topology ``tsengine``): a coordinator
-        # (a global server for its local servers under ENABLE_INTER_TS; a local server for its workers under
-        # ENABLE_INTRA_TS) and/or a relaying member (a local server under ENABLE_INTER_TS).
-        ts = config.topology.tsengine
-        coordinates = config.topology.inter_ts if self.is_global else config.topology.intra_ts
-        self.route: Route = Route() if ts is None else tsengine_route(
-            self, ts.max_greed, ts.seed, coordinates, member=config.topology.inter_ts and not self.is_global)
-        self.route_handlers = self.route.handlers()
         self._lock = threading.RLock()
         self._ready = False
         self._early: list[Message] = []
@@ -124,17 +122,6 @@ class ParameterServer:
         # The fp16 switch (topology ``fp16: true`` / GEOMX_FP16=1): push-pull data travels as float16 on the
         # LAN (a local server's answers; workers encode their pushes) and on the WAN unless a WAN codec is set.
         self.fp16: FP16 | None = FP16() if config.topology.fp16 else None
-        # What a tier does with a completed sum: the plain sum, or HFA's model averages and deltas.
-        topology = config.topology
-        self.aggregation = Aggregation()
-        if topology.hfa is not None:
-            local = None if self.is_global else LocalFrequencyAggregation(
-                topology.hfa.k2, config.num_workers / topology.num_all_workers)
-            self.aggregation = HfaAggregation(self, local, hips=topology.mode is Mode.HIPS)
-        # Request kinds of an algorithm's own: ESync's speed reports (any worker may send them).
-        state_rounds = StateRounds(self, is_top=self.is_global)
-        self.extra_handlers: dict[Kind, Handler] = state_rounds.requests()
-        self.completions: dict[Kind, Completion] = state_rounds.completions()
 
     # -- setup --------------------------------------------------------------------------------------------
     def _join(self) -> list[str]:
@@ -240,12 +227,10 @@ class ParameterServer:
             self._stop_fatally(text)
 
     def _may_drop(self) -> bool:
-        """Whether a dead client is dropped instead of stopping: in the global tier of MixedSync and HFA (ESync
-        included), and in every tier of an elastic FSA job (a local tier under HFA keeps its weights: no)."""
-        topology = self.config.topology
-        if topology.elastic:
-            return self.is_global or topology.hfa is None
-        return self.is_global and (self.table.policy.clients_leave_independently or topology.hfa is not None)
+        """Whether a dead client is dropped instead of stopping: in every tier of an elastic job, and in a global
+        tier whose policy lets clients leave on their own (MixedSync); the aggregation may overrule (HFA)."""
+        usual = self.config.topology.elastic or (self.is_global and self.table.policy.clients_leave_independently)
+        return self.aggregation.may_drop(usual)
 
     def _drop(self, member: str, name: str, why: str) -> None:
         """Go on without ``member`` (under the lock): open rounds that only waited for it complete now."""
@@ -260,15 +245,12 @@ class ParameterServer:
         self.van.disconnect(member)  # it is gone for good (a restarted party rejoins with a new identity)
 
     def _rescaled(self, rnd: Round, total: np.ndarray) -> np.ndarray:
-        """After a drop or a departure (elastic FSA, HFA): the sum scaled as if every worker of the job had sent
-        one like the present ones, so the optimizer's mean (or HFA's weighted average) is over the workers
-        present. MixedSync applies each party's push alone, unscaled."""
-        if self.table.policy.clients_leave_independently:
-            return total
+        """After a drop or a departure: the sum as the tier's policy applies it, given the workers behind the
+        round's contributions and the tier's (FSA scales it to the full tier; MixedSync applies it as it is)."""
         present = sum(self._workers_behind(c) for c in rnd.contributions)
         topology = self.config.topology
         full = topology.num_all_workers if self.is_global else self.config.num_workers
-        return total if present in (0, full) else total * (full / present)
+        return self.table.policy.rescale(total, present, full)
 
     def _workers_behind(self, client: str) -> int:
         """Workers a client speaks for: its party's (a local server's pushes to a global server), else 1."""

@@ -11,7 +11,7 @@ import pytest
 
 from geomx.core.clients import Clients
 from geomx.core.rounds import Round, RoundTable, Slot
-from geomx.policies.sync import FullySynchronous
+from geomx.sync.fsa import FullySynchronous
 from geomx.wire import Message
 
 

@@ -15,7 +15,7 @@ from geomx.codecs.messages import decode_message
 from geomx.core.plugins import Aggregation
 from geomx.core.rounds import Round
 from geomx.policies.hfa import LocalFrequencyAggregation
-from geomx.policies.sync import Asynchronous
+from geomx.sync.mixed import Asynchronous
 from geomx.wire import Kind, Message
 
 

@@ -7,7 +7,7 @@ end of a cycle: clients that rejoined meanwhile take part from the next one.
 
 Usage (the composition root)::
 
-    extension = StateRounds(server, is_top=server.is_global)
+    extension = state_rounds_from_config(node_config, server)
     handlers.update(extension.requests()); completions.update(extension.completions())
 """
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from concurrent.futures import Future
 
+from ..config import NodeConfig, Role
 from ..core.plugins import Completion, Extension, Handler, ServerHost
 from ..core.rounds import Round
 from ..policies.esync import assign_steps
@@ -72,3 +73,8 @@ class StateRounds(Extension):
             self.host.release(rnd, None, str(error), number)
         else:
             self.host.release(rnd, None, None, number, body=future.result().body)
+
+
+def state_rounds_from_config(config: NodeConfig, host: ServerHost) -> StateRounds:
+    """A server's state rounds: a global server assigns the steps, a local server forwards its party's reports."""
+    return StateRounds(host, is_top=config.role is Role.GLOBAL_SERVER)

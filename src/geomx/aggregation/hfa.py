@@ -9,7 +9,7 @@ the codec's residual so the WAN is sparse both ways (flagged in the body by ``MO
 
 Usage (the composition root)::
 
-    aggregation = HfaAggregation(server, LocalFrequencyAggregation(k2, weight) if local else None, hips=True)
+    aggregation = hfa_from_config(node_config, server)
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import numpy as np
 
 from ..codecs import CodecError, SizeAdaptive, TensorInfo
 from ..codecs.messages import payload_fields
+from ..config import Mode, NodeConfig, Role
 from ..core.plugins import Aggregation, ServerHost, SlotId
 from ..core.rounds import Round
 from ..policies.hfa import LocalFrequencyAggregation
@@ -96,3 +97,17 @@ class HfaAggregation(Aggregation):
         """INIT and global rounds both answer with the global model: the next deltas are taken from it."""
         if self.local is not None:
             self.local.set_global_model(sid, value)
+
+    def may_drop(self, usual: bool) -> bool:
+        """The global model moves by whichever parties' deltas arrive, so a global server goes on without a
+        dead party; a local tier averages its workers' models and keeps its weights: it stops."""
+        return self.local is None
+
+
+def hfa_from_config(config: NodeConfig, host: ServerHost) -> HfaAggregation:
+    """A server's HFA: a local server counts K2 and weighs its party by its share of all workers."""
+    topology = config.topology
+    assert topology.hfa is not None
+    local = None if config.role is Role.GLOBAL_SERVER else LocalFrequencyAggregation(
+        topology.hfa.k2, config.num_workers / topology.num_all_workers)
+    return HfaAggregation(host, local, hips=topology.mode is Mode.HIPS)

@@ -129,6 +129,10 @@ class Aggregation:
     def adopted(self, sid: SlotId, value: np.ndarray) -> None:
         """A lower tier took ``value`` from the tier above as (key, slice)'s value (after INIT or a round)."""
 
+    def may_drop(self, usual: bool) -> bool:
+        """Whether this tier drops a dead client and goes on (``usual``: what the job and the policy say)."""
+        return usual
+
 
 class Extension:
     """An algorithm's own request kinds that become rounds (a speed report, say): how each request is checked

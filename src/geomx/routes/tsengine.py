@@ -9,7 +9,7 @@ takes the round's value from whoever relays it and passes its copy on when told.
 
 Usage (the composition root)::
 
-    route = TsEngineRoute(server, Coordinator(max_greed, seed) if coordinates else None, member=inter_ts)
+    route = tsengine_from_config(node_config, server)
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from ..config import NodeConfig, Role
 from ..core.plugins import Handler, Route, ServerHost
 from ..core.rounds import Round, Slot
 from ..tsengine import Coordinator, Dissemination, PushPairing, write_report
@@ -228,6 +229,18 @@ class TsEngineRoute(Route):
         if dissemination.done:
             self.rounds.pop(sid, None)
             self.values.pop(sid, None)
+
+
+
+def tsengine_from_config(config: NodeConfig, host: ServerHost) -> TsEngineRoute:
+    """A server's TSEngine route: a coordinator of its own clients (a global server under ENABLE_INTER_TS, a
+    local server under ENABLE_INTRA_TS) and/or a relaying member (a local server under ENABLE_INTER_TS)."""
+    topology = config.topology
+    spec = topology.tsengine
+    assert spec is not None
+    is_global = config.role is Role.GLOBAL_SERVER
+    return tsengine_route(host, spec.max_greed, spec.seed, coordinates=topology.inter_ts if is_global else
+                          topology.intra_ts, member=topology.inter_ts and not is_global)
 
 
 def tsengine_route(host: ServerHost, max_greed: float, seed: int, coordinates: bool, member: bool) -> TsEngineRoute:
