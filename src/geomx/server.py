@@ -25,13 +25,14 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from .checkpoint import CheckpointWriter, Snapshot, load_latest, shard_dir
+from .checkpoint import CheckpointWriter, Snapshot
 from .codecs import FP16, CodecError, TensorInfo, default_registry
 from .codecs import Codec as TensorCodec
 from .codecs.base import Kind as TensorKind
 from .codecs.messages import decode_message, payload_fields
 from .compose import compose
 from .config import Mode, NodeConfig, Role
+from .core.checkpoints import checkpoint_if_due, restore_optimizer, resume, slots_of
 from .core.clients import Clients
 from .core.rounds import Round, RoundId, RoundTable, Slot
 from .dgt import DgtAssembler, DgtError, DgtSender, write_report
@@ -612,7 +613,7 @@ class ParameterServer:
                 log.warning("[%s] replacing optimizer %s (its state is dropped)", self.name, self.optimizer.name)
             self.optimizer = optimizer
             log.info("[%s] optimizer set: %s", self.name, body["optimizer"])
-            self._restore_optimizer_state()
+            restore_optimizer(self.name, self.resumed, self.optimizer)
         if policy is not None:
             self.table.policy = policy
             log.info("[%s] synchronization: %s", self.name, policy.name)
@@ -749,60 +750,16 @@ class ParameterServer:
             slot.value = self.aggregation.combine(slot.value, total).astype(dtype, copy=False)
         answer = self.aggregation.answer_fields(rnd, slot.value, previous)
         self._release(rnd, slot.value, fields=answer or self._reply_fields(rnd, slot.value))
-        self._maybe_checkpoint()
+        checkpoint_if_due(self.checkpoints, self.slots, self.table, self.optimizer)
 
     # -- checkpoints (global servers) ---------------------------------------------------------------------
     def _resume(self) -> bool:
         """Load the newest valid checkpoint of this shard (--resume); False (logged) if there is none."""
-        spec = self.config.topology.checkpoint
-        if spec.dir is None:
-            log.error("[%s] --resume needs a checkpoint folder: set checkpoint.dir in the topology "
-                      "(or GEOMX_CHECKPOINT_DIR)", self.name)
+        self.resumed = resume(self.name, self.config.topology.checkpoint, self.config.rank or 0, self.table)
+        if self.resumed is None:
             return False
-        snapshot = load_latest(spec.dir, self.config.rank or 0)
-        if snapshot is None:
-            log.error("[%s] --resume: no valid checkpoint in %s", self.name, shard_dir(spec.dir, self.config.rank or 0))
-            return False
-        self.resumed = snapshot
-        self.slots = {sid: Slot(value) for sid, value in snapshot.slots.items()}
-        for (key, part), number in snapshot.rounds.items():
-            self.table.restore(Kind.PUSHPULL, key, part, number)
-        log.info("[%s] resumed from %s: step %d, %d slots", self.name, snapshot.source, snapshot.step,
-                 len(snapshot.slots))
+        self.slots = slots_of(self.resumed)
         return True
-
-    def _restore_optimizer_state(self) -> None:
-        """After a resume, give the newly configured optimizer the checkpoint's state if it is the same one."""
-        snapshot, optimizer = self.resumed, self.optimizer
-        if snapshot is None or optimizer is None or snapshot.optimizer_spec is None:
-            return
-        if snapshot.optimizer_spec != optimizer.spec():
-            log.warning("[%s] the checkpoint's optimizer %s differs from the configured %s: its state is not "
-                        "restored", self.name, snapshot.optimizer_spec, optimizer.spec())
-            return
-        try:
-            optimizer.load_state(snapshot.optimizer_layout, snapshot.optimizer_state)
-        except (KeyError, TypeError, ValueError) as exc:
-            log.error("[%s] cannot restore the optimizer state of %s: %s", self.name, snapshot.source, exc)
-            return
-        log.info("[%s] optimizer state restored from step %d", self.name, snapshot.step)
-
-    def _maybe_checkpoint(self) -> None:
-        """Checkpoint when due; the step is the completed rounds of the least advanced slot."""
-        if self.checkpoints is None or not self.slots:
-            return
-        rounds = {sid: self._rounds_done(sid) for sid in self.slots}
-        step = min(rounds.values())
-
-        def take() -> Snapshot:
-            layout, state = self.optimizer.state() if self.optimizer is not None else ({}, {})
-            return Snapshot(step, {sid: np.array(slot.value, copy=True) for sid, slot in self.slots.items()},
-                            rounds, self.optimizer.spec() if self.optimizer is not None else None, state, layout)
-
-        self.checkpoints.maybe_write(step, take)
-
-    def _rounds_done(self, sid: tuple[int, int]) -> int:
-        return self.table.completed(Kind.PUSHPULL, *sid)
 
     def _reply_fields(self, rnd: Round, value: np.ndarray) -> dict[str, Any] | None:
         """The global server's answer, compressed when a WAN codec is set (None: the plain value).
