@@ -69,3 +69,9 @@ def compose(config: NodeConfig, host: ServerHost) -> Plugins:
                    route=ROUTES[choice.route](config, host),
                    aggregation=AGGREGATIONS[choice.aggregation](config, host),
                    extensions=[EXTENSIONS[name](config, host) for name in choice.extensions])
+
+
+def configured_policy(name: str) -> SyncPolicy:
+    """The policy the master names later (CONFIGURE's ``sync``), from the same registry; ValueError lists the
+    valid names."""
+    return sync_policy(name)

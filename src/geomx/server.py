@@ -30,7 +30,7 @@ from .codecs import FP16, CodecError, TensorInfo, default_registry
 from .codecs import Codec as TensorCodec
 from .codecs.base import Kind as TensorKind
 from .codecs.messages import decode_message, payload_fields
-from .compose import compose
+from .compose import DEFAULT_SYNC, compose, configured_policy
 from .config import Mode, NodeConfig, Role
 from .core.checkpoints import checkpoint_if_due, restore_optimizer, resume, slots_of
 from .core.clients import Clients
@@ -41,8 +41,6 @@ from .heartbeat import pulse_for
 from .membership import GLOBAL_SCHEDULER_ID, AddressBook, Member, local_scheduler_id, new_node_id, register
 from .rpc import Requests
 from .runlog import write_stats
-from .sync.fsa import FullySynchronous
-from .sync.registry import sync_policy
 from .transport import Van
 from .udp import Datagram, UdpReceiver
 from .wire import Kind, Message
@@ -583,13 +581,13 @@ class ParameterServer:
         try:
             # the global servers build the optimizer (and report a bad spec); a local server only forwards it
             optimizer = _build_optimizer(body["optimizer"]) if "optimizer" in body and self.is_global else None
-            policy = sync_policy(str(body["sync"])) if "sync" in body else None
+            policy = configured_policy(str(body["sync"])) if "sync" in body else None
             codec = self.codecs.make_codec(body["compression"]) if "compression" in body else None
         except ValueError as exc:  # CodecError is a ValueError too
             self._refuse(message, str(exc))
             return
         if self.config.topology.inter_ts and (
-                codec is not None or (policy is not None and not isinstance(policy, FullySynchronous))):
+                codec is not None or (policy is not None and policy.name != DEFAULT_SYNC)):
             self._refuse(message, "TSEngine (ENABLE_INTER_TS) works with dist_sync and without WAN compression; "
                                   "see the README's table")
             return

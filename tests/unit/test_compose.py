@@ -8,11 +8,12 @@ import pytest
 
 from geomx.aggregation.esync import StateRounds
 from geomx.aggregation.hfa import HfaAggregation
-from geomx.compose import Choice, choose, compose
+from geomx.compose import Choice, choose, compose, configured_policy
 from geomx.config import NodeConfig, Role, load_topology
 from geomx.core.plugins import Aggregation, Route
 from geomx.routes.tsengine import TsEngineRoute
 from geomx.sync.fsa import FullySynchronous
+from geomx.sync.mixed import Asynchronous
 from geomx.wire import Kind
 
 
@@ -46,3 +47,9 @@ def test_hfa_or_tsengine_in_the_topology_pick_their_plug_ins(tmp_path: Any, make
     route = compose(tsengine, make_server("s", ["c"])).route
     assert isinstance(route, TsEngineRoute)
     assert route.member is not global_server and (route.ts is not None) is global_server
+
+
+def test_the_master_may_name_another_policy_from_the_same_registry() -> None:
+    assert isinstance(configured_policy("dist_async"), Asynchronous)
+    with pytest.raises(ValueError, match="unknown kvstore type"):
+        configured_policy("dist_nope")
