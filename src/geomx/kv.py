@@ -35,10 +35,10 @@ from .codecs.messages import decode_message, payload_fields
 from .config import Mode, NodeConfig, Role
 from .membership import GLOBAL_SCHEDULER_ID, AddressBook, local_scheduler_id, new_node_id, register
 from .optim import Optimizer
-from .policies.sync import SYNC_POLICIES, sync_policy
 from .rpc import Requests
 from .runlog import append_metrics, write_stats
 from .sharding import ShardPlanner
+from .sync.registry import SYNC_POLICIES, sync_policy
 from .tensors import readonly_tensor
 from .transport import Van
 from .ts_member import RelayMember

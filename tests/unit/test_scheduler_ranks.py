@@ -202,7 +202,7 @@ def test_member_names_and_json():
 
 
 def test_sync_policies():
-    from geomx.policies.sync import SYNC_POLICIES, sync_policy
+    from geomx.sync.registry import SYNC_POLICIES, sync_policy
 
     assert set(SYNC_POLICIES) == {"dist_sync", "dist_async"}
     fsa, mixed = sync_policy("dist_sync"), sync_policy("dist_async")

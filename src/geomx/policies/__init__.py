@@ -1,1 +1,1 @@
-"""Pluggable policies: sync algorithms (and later codecs and schedulers), each chosen by name."""
+"""Pure algorithm rules without any server: HFA's local counting and deltas, ESync's step assignment."""

@@ -1,0 +1,89 @@
+"""Who a server serves: its clients, those that left or were dropped, and those that rejoined and wait.
+
+A server's rounds wait for its *awaited* clients: present ones that neither left, nor were dropped as dead,
+nor joined after the round opened, nor are still *joining* (a rejoined client whose requests are held until
+the others finish their current cycle, so that it starts in step with them).
+
+Usage::
+
+    clients = Clients({"a", "b"})
+    clients.drop("b", "heartbeats stopped")
+    clients.awaited(exempt=set())            # {"a"}
+    clients.refusal("b")                     # "... was dropped from the job (heartbeats stopped) ..."
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+from ..wire import Message
+
+
+class Clients:
+    """The membership of one server's rounds (the caller holds the server lock)."""
+
+    def __init__(self, present: Iterable[str] = ()) -> None:
+        self.present: set[str] = set(present)
+        self.departed: set[str] = set()  # clients that left or were dropped (dead); rounds no longer wait for them
+        self.dropped: dict[str, str] = {}  # departed clients that were dropped as dead -> why
+        self.joining: dict[str, list[Message]] = {}  # rejoined clients -> their held requests
+
+    def __contains__(self, client: object) -> bool:
+        return client in self.present
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.present)
+
+    def __len__(self) -> int:
+        return len(self.present)
+
+    def remaining(self) -> set[str]:
+        """Clients that have not left nor been dropped."""
+        return self.present - self.departed
+
+    def awaited(self, exempt: set[str]) -> set[str]:
+        """The clients a round waits for, given the ones ``exempt`` from it (joined after it opened)."""
+        return self.present - self.departed - exempt - set(self.joining)
+
+    def leave(self, client: str) -> bool:
+        """``client`` shut down on its own; True if every client is now gone."""
+        self.departed.add(client)
+        return self.departed >= self.present
+
+    def drop(self, client: str, why: str) -> set[str]:
+        """``client`` is dead: rounds go on without it. Returns the clients that remain."""
+        self.departed.add(client)
+        self.dropped[client] = why
+        self.joining.pop(client, None)
+        return self.remaining()
+
+    def add(self, client: str, *, hold: bool = False) -> None:
+        """A (re)joining client; with ``hold``, its requests wait until ``admit`` (the others' next cycle)."""
+        if hold:
+            self.joining[client] = []
+        self.present.add(client)
+
+    def hold(self, message: Message) -> bool:
+        """Keep ``message`` if its sender is still joining; True if it was kept."""
+        held = self.joining.get(message.sender.decode())
+        if held is None:
+            return False
+        held.append(message)
+        return True
+
+    def only_joining_remain(self) -> bool:
+        """Every remaining client is a held joiner: no cycle will end to admit them, so admit them now."""
+        return bool(self.joining) and not self.remaining() - set(self.joining)
+
+    def admit(self) -> dict[str, list[Message]]:
+        """End the hold: the joining clients and the requests they sent meanwhile, to replay in order."""
+        joining, self.joining = self.joining, {}
+        return joining
+
+    def refusal(self, client: str, name: str) -> str | None:
+        """Why a request of ``client`` (shown as ``name``) is refused as one of a departed client, if it is."""
+        if client not in self.departed:
+            return None
+        why = self.dropped.get(client)
+        return f"{name} has already shut down" if why is None else \
+            f"{name} was dropped from the job ({why}); restart its party to rejoin"

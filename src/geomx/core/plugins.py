@@ -1,0 +1,145 @@
+"""The interfaces the server core owns for what plugs into a server (see docs/server-core-plan.md).
+
+A *route* decides how a value travels up and down (this base class is the direct route); ``ServerHost`` is
+what a plug-in may ask of the server. The core imports no implementation: the composition root hands it
+one, chosen from the typed config. (The sync policy's interface is ``geomx.core.policy``.)
+
+Usage::
+
+    class Overlay(Route):
+        def handlers(self): return {OVERLAY_KIND: self.on_overlay_message}
+        def send_down(self, rnd, value): ...; return True   # the overlay answers the contributors
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from ..codecs import Codec
+from ..wire import Kind, Message
+from .clients import Clients
+from .rounds import Round, RoundTable, Slot
+
+Handler = Callable[[Message], None]
+Completion = Callable[[Round], None]
+SlotId = tuple[int, int]
+
+
+class ServerHost(Protocol):
+    """What a plug-in may ask of the server it is plugged into (a fake one in unit tests)."""
+
+    name: str
+    identity: str
+    clients: Clients
+    upstream: list[str]  # the servers of the tier above (none on the top tier)
+    peers: set[str]  # fellow servers of this tier
+    slots: dict[tuple[int, int], Slot]
+    table: RoundTable
+    wan_codec: Codec | None  # the WAN compression the master set (None: dense)
+
+    def send(self, peer: str, message: Message) -> None:
+        """Send ``message`` to ``peer``."""
+
+    def refuse(self, message: Message, text: str) -> None:
+        """Answer ``message`` with an ERROR naming ``text`` (and log it)."""
+
+    def display(self, client: str) -> str:
+        """A node's name for logs and errors."""
+
+    def release(self, rnd: Round, value: np.ndarray | None, error: str | None = None, number: int | None = None,
+                body: dict[str, Any] | None = None, fields: dict[str, Any] | None = None) -> None:
+        """Answer ``rnd``'s contributors (through the route) and open its next round."""
+
+    def forward(self, rnd: Round, message: Message) -> None:
+        """Send ``rnd``'s reduction up to the owner of its slice; release ``rnd`` with the answer."""
+
+    def owner(self, key: int, part: int) -> str:
+        """The server of the tier above that owns (key, slice)."""
+
+    def call(self, peer: str, message: Message, then: Callable[[Future[Message]], None]) -> None:
+        """Send a request to ``peer``; ``then(future)`` runs under the server lock once it is answered."""
+
+
+class Route:
+    """How a value travels up and down. This base is the direct route: pushes go up as one request to the
+    owner, and every contributor gets the round's answer in its reply. A route plug-in overrides hooks."""
+
+    def handlers(self) -> dict[Kind, Handler]:
+        """Requests of these kinds go to the route before any client check (the route checks senders)."""
+        return {}
+
+    def send_up(self, rnd: Round, fields: dict[str, Any]) -> bool:
+        """A lower tier's reduction of ``rnd`` (message ``fields``): True if the route took it upward."""
+        return False
+
+    def send_down(self, rnd: Round, value: np.ndarray) -> bool:
+        """``rnd``'s result: True if the route hands it to the contributors itself."""
+        return False
+
+    def accepts_without_tensor(self, message: Message) -> bool:
+        """A push with no tensor that is still a contribution (its sum travels inside another's)."""
+        return False
+
+    def pushed(self, message: Message) -> None:
+        """A push joined its round."""
+
+    def answered_elsewhere(self, reply: Message) -> bool:
+        """The tier above answered without the value: it comes by the route's own path."""
+        return False
+
+    def forget(self, client: str) -> None:
+        """``client`` was dropped: it no longer takes part in the route (nor holds up a push)."""
+
+    def stop(self, run_dir: Path | None) -> None:
+        """The server stops (under its lock): write the route's report, if it keeps one."""
+
+
+class Aggregation:
+    """What a tier does with a completed sum, and what it answers. This base is the plain sum: a lower tier
+    sends its sum up as a gradient; the top tier's optimizer steps with it, or the sum itself is the answer."""
+
+    push_kind = "gradient"  # what the upward sum is, for the WAN codec ("gradient" or "delta")
+    answers_weights = False  # the top tier answers with weights even without an optimizer
+
+    def upward(self, sid: SlotId, total: np.ndarray) -> np.ndarray | None:
+        """What a lower tier sends up for a completed round; None: the round is answered here with ``total``."""
+        return total
+
+    def gradient(self, total: np.ndarray) -> np.ndarray:
+        """What the top tier's optimizer steps with."""
+        return total
+
+    def combine(self, value: np.ndarray, total: np.ndarray) -> np.ndarray:
+        """The top tier's new value without an optimizer."""
+        return total
+
+    def answer_fields(self, rnd: Round, value: np.ndarray, previous: np.ndarray) -> dict[str, Any] | None:
+        """The top tier's answer as message fields, if it is not the value itself (None)."""
+        return None
+
+    def answered(self, sid: SlotId, reply: Message) -> str | None:
+        """A lower tier got the answer ``reply`` (decoded): make ``reply.tensor`` the value; an error text."""
+        return None
+
+    def adopted(self, sid: SlotId, value: np.ndarray) -> None:
+        """A lower tier took ``value`` from the tier above as (key, slice)'s value (after INIT or a round)."""
+
+    def may_drop(self, usual: bool) -> bool:
+        """Whether this tier drops a dead client and goes on (``usual``: what the job and the policy say)."""
+        return usual
+
+
+class Extension:
+    """An algorithm's own request kinds that become rounds (a speed report, say): how each request is checked
+    (``requests``, after the server's client checks) and what a completed round of it does (``completions``)."""
+
+    def requests(self) -> dict[Kind, Handler]:
+        return {}
+
+    def completions(self) -> dict[Kind, Completion]:
+        return {}

@@ -1,0 +1,234 @@
+"""The round table: per (kind, key, slice), collect the clients' contributions, sum them, release the result.
+
+A round opens with its first contribution and completes when the awaited clients are in (a request kind's
+rule: pushes follow the job's sync policy, every other kind waits for every awaited client). The host then
+reduces it as its algorithm says (``RoundHost.complete``) and answers it through ``release``, which replies
+to every contributor in one go and opens the next round, replaying the requests that arrived early for it.
+A round that misses its deadline fails, naming whom it waited for. The table knows no algorithm and no
+socket: the host sends, so a unit test drives it in one process with a fake host.
+
+Usage (inside a server, under its lock)::
+
+    table = RoundTable(host, Clients(["w0", "w1"]), policy)
+    table.contribute(push)                  # host.complete(rnd) once every awaited client is in
+    table.release(rnd, value)               # every contributor gets ``value``; the next round opens
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from ..wire import Kind, Message
+from .clients import Clients
+from .policy import SyncPolicy
+
+log = logging.getLogger("geomx.server")
+
+RoundId = tuple[Kind, int, int]
+
+
+@dataclass
+class Slot:
+    """The stored value of one (key, slice): weights, or the latest aggregate."""
+
+    value: np.ndarray
+
+    def describe(self) -> str:
+        return f"{self.value.shape} {self.value.dtype}"
+
+
+@dataclass
+class Round:
+    """Contributions to one (kind, key, slice) being collected or forwarded."""
+
+    kind: Kind
+    key: int
+    part: int
+    number: int = 0
+    contributions: dict[str, Message] = field(default_factory=dict)
+    accum: np.ndarray | None = None
+    deferred: list[Message] = field(default_factory=list)
+    forwarding: bool = False
+    started_at: float = 0.0
+    exempt: set[str] = field(default_factory=set)  # clients that joined after this round opened: not awaited
+
+    def describe(self) -> str:
+        return f"{self.kind.name} round {self.number} of key {self.key} slice {self.part}"
+
+
+class RoundHost(Protocol):
+    """What the table asks of the server that owns it (a fake one in unit tests)."""
+
+    name: str
+
+    def send(self, peer: str, message: Message) -> None:
+        """Send ``message`` to ``peer``."""
+
+    def complete(self, rnd: Round) -> None:
+        """``rnd`` is complete (its ``forwarding`` is set): reduce it and, now or later, ``release`` it."""
+
+    def redeliver(self, message: Message) -> None:
+        """Handle again a request that was deferred to the next round or held."""
+
+    def display(self, client: str) -> str:
+        """A client's name for logs and errors."""
+
+    def all_done(self) -> None:
+        """A SHUTDOWN round was released: every client has shut down."""
+
+
+class RoundTable:
+    """The open rounds of one server (the caller holds the server lock)."""
+
+    def __init__(self, host: RoundHost, clients: Clients, policy: SyncPolicy,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.host = host
+        self.clients = clients
+        self.policy = policy  # for rounds of pushes; every other kind waits for every awaited client
+        self.clock = clock
+        self.rounds: dict[RoundId, Round] = {}
+
+    # -- collect ------------------------------------------------------------------------------------------
+    def get(self, kind: Kind, key: int, part: int) -> Round | None:
+        return self.rounds.get((kind, key, part))
+
+    def restore(self, kind: Kind, key: int, part: int, number: int) -> None:
+        """Start (key, slice)'s rounds of ``kind`` at ``number`` (a resumed checkpoint's count)."""
+        self.rounds[(kind, key, part)] = Round(kind, key, part, number=number)
+
+    def completed(self, kind: Kind, key: int, part: int) -> int:
+        """How many rounds of ``kind`` of (key, slice) were released."""
+        rnd = self.rounds.get((kind, key, part))
+        return rnd.number if rnd is not None else 0
+
+    def has_kind(self, kind: Kind) -> bool:
+        return any(k is kind for k, _, _ in self.rounds)
+
+    def contribute(self, message: Message) -> None:
+        """Add ``message`` to its round (or defer it to the next one); complete the round if it is ready.
+
+        The first tensor is kept as the received (read-only) buffer; the second allocates the sum; later ones
+        add in place: one pass over memory per contribution, no copy. Half precision is summed in float32.
+        """
+        rid: RoundId = (message.kind, message.key, message.part)
+        rnd = self.rounds.get(rid)
+        if rnd is None:
+            rnd = self.rounds[rid] = Round(message.kind, message.key, message.part)
+        sender = message.sender.decode()
+        if rnd.forwarding or sender in rnd.contributions:
+            rnd.deferred.append(message)  # belongs to the next round
+            return
+        if not rnd.contributions:
+            rnd.started_at = self.clock()
+        rnd.contributions[sender] = message
+        if message.kind is Kind.PUSHPULL and message.tensor is not None:
+            if rnd.accum is None:
+                tensor = message.tensor
+                rnd.accum = tensor.astype(np.float32) if tensor.dtype == np.float16 else tensor
+            elif not rnd.accum.flags.writeable:
+                rnd.accum = np.add(rnd.accum, message.tensor)
+            else:
+                np.add(rnd.accum, message.tensor, out=rnd.accum)
+        if self.ready(rnd):
+            self._complete(rnd)
+
+    def awaited(self, rnd: Round) -> set[str]:
+        return self.clients.awaited(rnd.exempt)
+
+    def ready(self, rnd: Round) -> bool:
+        awaited = self.awaited(rnd)
+        if rnd.kind is Kind.PUSHPULL:
+            return self.policy.round_complete(rnd.contributions.keys(), awaited)
+        return awaited <= rnd.contributions.keys()
+
+    def complete_ready(self) -> None:
+        """Complete every open round whose awaited clients are all in (after a client left or was dropped). If
+        only held joiners remain, no cycle will end to admit them: admit them now."""
+        if self.clients.only_joining_remain():
+            self.admit()
+        for rnd in list(self.rounds.values()):
+            if rnd.contributions and not rnd.forwarding and self.ready(rnd):
+                self._complete(rnd)
+
+    def admit(self) -> None:
+        """The others finished a cycle: held joiners take part from the next one (their requests replayed)."""
+        for client, held in self.clients.admit().items():
+            log.info("[%s] %s takes part from the next cycle (%d requests held)", self.host.name,
+                     self.host.display(client), len(held))
+            for message in held:
+                self.host.redeliver(message)
+
+    def exempt_open(self, client: str) -> None:
+        """Rounds already open do not wait for ``client`` (it joined after they opened)."""
+        for rnd in self.rounds.values():
+            if rnd.contributions:
+                rnd.exempt.add(client)
+
+    def _complete(self, rnd: Round) -> None:
+        rnd.forwarding = True
+        self.host.complete(rnd)
+
+    # -- release ------------------------------------------------------------------------------------------
+    def is_current(self, rnd: Round, number: int | None) -> bool:
+        """Whether an answer for round ``number`` (None: any) may still release ``rnd`` (a late answer to a
+        round that already failed by timeout is dropped, logged)."""
+        if number is not None and (rnd.number != number or not rnd.forwarding):
+            log.warning("[%s] dropped a late answer for %s", self.host.name, rnd.describe())
+            return False
+        return True
+
+    def release(self, rnd: Round, value: np.ndarray | None, error: str | None = None,
+                number: int | None = None, body: dict[str, Any] | None = None,
+                fields: dict[str, Any] | None = None) -> None:
+        """Answer every contributor of ``rnd`` (with ``fields``, ``value`` and ``body``, or ``error``), then
+        open the next round and replay the requests deferred to it."""
+        if not self.is_current(rnd, number):
+            return
+        for sender, message in rnd.contributions.items():
+            if error:
+                reply = message.error(f"{self.host.name}: {error}")
+            else:
+                reply = message.reply(**fields) if fields else message.reply(tensor=value, body=body)
+            self.host.send(sender, reply)
+        if error:
+            log.error("[%s] %s failed: %s", self.host.name, rnd.describe(), error)
+        finished_shutdown = rnd.kind is Kind.SHUTDOWN and not error
+        rnd.contributions = {}
+        rnd.accum = None
+        rnd.forwarding = False
+        rnd.exempt = set()
+        rnd.number += 1
+        deferred, rnd.deferred = rnd.deferred, []
+        for message in deferred:
+            self.host.redeliver(message)
+        if finished_shutdown:
+            self.host.all_done()
+
+    def fail_open(self, text: str) -> None:
+        """Fail every open round with ``text`` (their clients see why)."""
+        for rnd in list(self.rounds.values()):
+            if rnd.contributions:
+                self.release(rnd, None, text)
+
+    def expire(self, round_s: float, request_s: float) -> None:
+        """Fail rounds that waited longer than their limit (collecting: ``round_s``; waiting for the tier
+        above: ``request_s``), naming whom they wait for."""
+        now = self.clock()
+        for rnd in list(self.rounds.values()):
+            if not rnd.contributions:
+                continue
+            limit = request_s if rnd.forwarding else round_s
+            if now - rnd.started_at <= limit:
+                continue
+            if rnd.forwarding:
+                what = "the global server to answer"
+            else:
+                missing = sorted(self.host.display(c) for c in self.awaited(rnd) - set(rnd.contributions))
+                what = f"clients {missing}"
+            self.release(rnd, None, f"{rnd.describe()} timed out after {limit:g} s waiting for {what}")

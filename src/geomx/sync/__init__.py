@@ -1,0 +1,1 @@
+"""Sync-policy plug-ins: when a round of pushes is complete (one file each; ``registry`` names them)."""

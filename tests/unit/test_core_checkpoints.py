@@ -1,0 +1,60 @@
+"""The core's checkpoints against the round table, in one process: step, resume, the optimizer's state."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from geomx.checkpoint import CheckpointWriter
+from geomx.config import CheckpointSpec
+from geomx.core.checkpoints import checkpoint_if_due, restore_optimizer, resume, slots_of
+from geomx.core.rounds import Slot
+from geomx.wire import Kind
+
+
+def test_a_checkpoint_is_the_least_advanced_slices_step_and_resumes_their_counts(tmp_path: Path,
+                                                                               make_server: Any) -> None:
+    spec = CheckpointSpec(dir=tmp_path, every_steps=2)
+    server = make_server("gs", ["ls0"])
+    table = server.table
+    slots = {(0, 0): Slot(np.ones(3, dtype=np.float32)), (1, 0): Slot(np.full(2, 7, dtype=np.float32))}
+    table.restore(Kind.PUSHPULL, 0, 0, 5)
+    table.restore(Kind.PUSHPULL, 1, 0, 4)
+    writer = CheckpointWriter(spec, 0, "gs")
+    checkpoint_if_due(writer, slots, table, None)
+    assert writer.wait_idle(30)
+
+    fresh = make_server("gs", ["ls0"]).table
+    snapshot = resume("gs", spec, 0, fresh)
+    assert snapshot is not None and snapshot.step == 4
+    assert fresh.completed(Kind.PUSHPULL, 0, 0) == 5 and fresh.completed(Kind.PUSHPULL, 1, 0) == 4
+    np.testing.assert_array_equal(slots_of(snapshot)[(1, 0)].value, [7, 7])
+
+
+def test_no_checkpoint_to_resume_from_is_none(tmp_path: Path, make_server: Any) -> None:
+    assert resume("gs", CheckpointSpec(), 0, make_server("gs", []).table) is None
+    assert resume("gs", CheckpointSpec(dir=tmp_path, every_steps=1), 0, make_server("gs", []).table) is None
+
+
+class FakeOptimizer:
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self._spec = spec
+        self.loaded: list[Any] = []
+
+    def spec(self) -> dict[str, Any]:
+        return self._spec
+
+    def load_state(self, layout: Any, state: Any) -> None:
+        self.loaded.append((layout, state))
+
+
+def test_the_optimizer_state_is_restored_only_into_the_same_optimizer(tmp_path: Path) -> None:
+    snapshot: Any = SimpleNamespace(optimizer_spec={"type": "sgd", "lr": 0.1}, optimizer_layout={"m": [0]},
+                                    optimizer_state={"m": 1}, source="ckpt", step=3)
+    same, other = FakeOptimizer({"type": "sgd", "lr": 0.1}), FakeOptimizer({"type": "adam"})
+    restore_optimizer("gs", snapshot, same)  # type: ignore[arg-type]
+    restore_optimizer("gs", snapshot, other)  # type: ignore[arg-type]
+    assert same.loaded == [({"m": [0]}, {"m": 1})] and other.loaded == []

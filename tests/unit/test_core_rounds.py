@@ -1,0 +1,251 @@
+"""The server core's round table and membership, driven in one process by a fake host (no sockets)."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+import numpy as np
+import pytest
+
+from geomx.core.clients import Clients
+from geomx.core.policy import SyncPolicy
+from geomx.core.rounds import Round, RoundTable
+from geomx.wire import Flag, Kind, Message
+
+
+class EveryClient(SyncPolicy):
+    name = "every_client"
+
+    def round_complete(self, contributors: Collection[str], awaited: Collection[str]) -> bool:
+        return set(awaited) <= set(contributors)
+
+    def rescale(self, total: np.ndarray, present: int, full: int) -> np.ndarray:
+        return total
+
+
+class EveryPush(SyncPolicy):
+    name = "every_push"
+    clients_leave_independently = True
+
+    def round_complete(self, contributors: Collection[str], awaited: Collection[str]) -> bool:
+        return len(contributors) >= 1
+
+    def rescale(self, total: np.ndarray, present: int, full: int) -> np.ndarray:
+        return total
+
+
+class FakeHost:
+    """Records what the table sends; answers a completed round with its sum unless told to hold it."""
+
+    name = "fake"
+
+    def __init__(self, answer: bool = True) -> None:
+        self.answer = answer
+        self.sent: list[tuple[str, Message]] = []
+        self.completed: list[Round] = []
+        self.redelivered: list[Message] = []
+        self.done = 0
+        self.table: RoundTable | None = None
+
+    def send(self, peer: str, message: Message) -> None:
+        self.sent.append((peer, message))
+
+    def complete(self, rnd: Round) -> None:
+        assert rnd.forwarding
+        self.completed.append(rnd)
+        if self.answer and self.table is not None:
+            self.table.release(rnd, rnd.accum)
+
+    def redeliver(self, message: Message) -> None:
+        self.redelivered.append(message)
+        assert self.table is not None
+        self.table.contribute(message)
+
+    def display(self, client: str) -> str:
+        return client.upper()
+
+    def all_done(self) -> None:
+        self.done += 1
+
+
+def make(clients: list[str], policy: SyncPolicy | None = None, answer: bool = True,
+         now: list[float] | None = None) -> tuple[FakeHost, RoundTable]:
+    host = FakeHost(answer)
+    clock = (lambda: now[0]) if now is not None else (lambda: 0.0)
+    host.table = RoundTable(host, Clients(clients), policy or EveryClient(), clock=clock)
+    return host, host.table
+
+
+def push(sender: str, values: list[float], key: int = 0, dtype: str = "float32", kind: Kind = Kind.PUSHPULL,
+         request_id: int = 1) -> Message:
+    tensor = np.array(values, dtype=dtype) if values else None
+    message = Message(kind, key=key, tensor=tensor, request_id=request_id)
+    message.sender = sender.encode()
+    return message
+
+
+def replies(host: FakeHost) -> dict[str, Message]:
+    return {peer: message for peer, message in host.sent}
+
+
+def test_a_round_waits_for_every_client_and_answers_each_with_the_sum() -> None:
+    host, table = make(["a", "b", "c"])
+    table.contribute(push("a", [1, 2]))
+    table.contribute(push("b", [10, 20]))
+    assert host.completed == [] and host.sent == []
+    table.contribute(push("c", [100, 200]))
+    assert len(host.completed) == 1
+    answers = replies(host)
+    assert set(answers) == {"a", "b", "c"}
+    for message in answers.values():
+        assert message.flags & Flag.REPLY and message.kind is Kind.PUSHPULL
+        np.testing.assert_array_equal(message.tensor, [111, 222])
+    assert table.completed(Kind.PUSHPULL, 0, 0) == 1
+
+
+def test_the_first_buffer_is_not_written_and_half_precision_sums_in_float32() -> None:
+    host, table = make(["a", "b"], answer=False)
+    first = np.array([1, 2], dtype=np.float32)
+    first.flags.writeable = False
+    message = push("a", [])
+    message.tensor = first
+    table.contribute(message)
+    table.contribute(push("b", [1, 1]))
+    np.testing.assert_array_equal(first, [1, 2])
+    np.testing.assert_array_equal(host.completed[0].accum, [2, 3])
+
+    host, table = make(["a", "b"], answer=False)
+    table.contribute(push("a", [60000], dtype="float16"))
+    table.contribute(push("b", [60000], dtype="float16"))
+    assert host.completed[0].accum.dtype == np.float32 and host.completed[0].accum[0] == 120000
+
+
+def test_a_second_push_from_one_client_waits_for_the_next_round() -> None:
+    host, table = make(["a", "b"])
+    table.contribute(push("a", [1], request_id=1))
+    table.contribute(push("a", [5], request_id=2))  # the next round's
+    assert host.completed == []
+    table.contribute(push("b", [2], request_id=1))
+    first = [m for peer, m in host.sent]
+    assert [m.request_id for m in first] == [1, 1] and float(first[0].tensor[0]) == 3
+    assert [m.request_id for m in host.redelivered] == [2]  # replayed into round 1
+    rnd = table.get(Kind.PUSHPULL, 0, 0)
+    assert rnd is not None and rnd.number == 1 and set(rnd.contributions) == {"a"}
+
+
+def test_pushes_follow_the_policy_and_other_kinds_wait_for_everyone() -> None:
+    host, table = make(["a", "b"], policy=EveryPush())
+    table.contribute(push("a", [1]))
+    assert len(host.completed) == 1  # a push is its own round
+    table.contribute(push("a", [], kind=Kind.BARRIER))
+    assert len(host.completed) == 1  # a barrier still waits for b
+    table.contribute(push("b", [], kind=Kind.BARRIER))
+    assert len(host.completed) == 2 and host.completed[1].kind is Kind.BARRIER
+
+
+def test_a_late_answer_for_a_round_that_moved_on_is_dropped() -> None:
+    host, table = make(["a"], answer=False)
+    table.contribute(push("a", [1]))
+    rnd = host.completed[0]
+    table.release(rnd, None, "timed out")
+    assert host.sent[-1][1].kind is Kind.ERROR
+    sent = len(host.sent)
+    table.release(rnd, np.ones(1), number=0)  # the tier above answers round 0 after it failed
+    assert len(host.sent) == sent and rnd.number == 1
+
+
+def test_a_dropped_client_no_longer_holds_up_the_rounds_and_is_refused() -> None:
+    host, table = make(["a", "b"])
+    table.contribute(push("a", [1]))
+    assert table.clients.drop("b", "heartbeats stopped") == {"a"}
+    table.complete_ready()
+    assert set(replies(host)) == {"a"}
+    assert table.clients.refusal("b", "B") == \
+        "B was dropped from the job (heartbeats stopped); restart its party to rejoin"
+    assert table.clients.refusal("a", "A") is None
+    table.clients.leave("a")
+    assert table.clients.refusal("a", "A") == "A has already shut down"
+
+
+def test_a_client_that_joins_while_a_round_is_open_is_not_awaited_by_it() -> None:
+    host, table = make(["a", "b"])
+    table.contribute(push("a", [1]))
+    table.exempt_open("c")
+    table.clients.add("c")
+    table.contribute(push("b", [2]))
+    assert set(replies(host)) == {"a", "b"}  # round 0 did not wait for c
+    host.sent.clear()
+    table.contribute(push("a", [1]))
+    table.contribute(push("b", [2]))
+    assert host.sent == []  # round 1 does
+    table.contribute(push("c", [3]))
+    assert set(replies(host)) == {"a", "b", "c"}
+
+
+def test_held_joiners_take_part_from_the_next_cycle_with_their_requests_replayed() -> None:
+    host, table = make(["a"])
+    table.clients.add("j", hold=True)
+    early = push("j", [7])
+    assert table.clients.hold(early) and not table.clients.hold(push("a", [1]))
+    table.contribute(push("a", [1]))
+    assert set(replies(host)) == {"a"}  # a held joiner is not awaited
+    host.sent.clear()
+    table.admit()
+    assert host.redelivered == [early]
+    table.contribute(push("a", [1]))
+    assert set(replies(host)) == {"a", "j"}
+
+
+def test_only_held_joiners_left_are_admitted_when_the_others_go() -> None:
+    host, table = make(["a"])
+    table.clients.add("j", hold=True)
+    table.clients.hold(push("j", [7]))
+    table.clients.leave("a")
+    table.complete_ready()
+    assert "j" not in table.clients.joining and len(host.redelivered) == 1
+    assert set(replies(host)) == {"j"}
+
+
+def test_a_round_past_its_deadline_fails_naming_the_missing_clients() -> None:
+    now = [0.0]
+    host, table = make(["a", "b", "c"], now=now)
+    table.contribute(push("a", [1]))
+    now[0] = 5.0
+    table.expire(round_s=10, request_s=1)
+    assert host.sent == []
+    now[0] = 10.5
+    table.expire(round_s=10, request_s=1)
+    error = replies(host)["a"]
+    assert error.kind is Kind.ERROR
+    assert error.body == {"error": "fake: PUSHPULL round 0 of key 0 slice 0 timed out after 10 s waiting for "
+                                   "clients ['B', 'C']"}
+
+
+def test_a_forwarded_round_has_the_request_deadline() -> None:
+    now = [0.0]
+    host, table = make(["a"], answer=False, now=now)
+    table.contribute(push("a", [1]))
+    now[0] = 1.5
+    table.expire(round_s=10, request_s=1)
+    assert "waiting for the global server to answer" in replies(host)["a"].body["error"]
+
+
+def test_failing_the_open_rounds_answers_their_clients_and_a_shutdown_round_ends_the_server() -> None:
+    host, table = make(["a", "b"])
+    table.contribute(push("a", [1]))
+    table.fail_open("global_server0 is dead")
+    assert replies(host)["a"].body == {"error": "fake: global_server0 is dead"}
+    table.contribute(push("a", [], kind=Kind.SHUTDOWN))
+    table.contribute(push("b", [], kind=Kind.SHUTDOWN))
+    assert host.done == 1
+
+
+@pytest.mark.parametrize("number", [0, 3])
+def test_a_restored_count_carries_on(number: int) -> None:
+    _, table = make(["a"])
+    table.restore(Kind.PUSHPULL, 4, 1, number)
+    assert table.completed(Kind.PUSHPULL, 4, 1) == number
+    message = push("a", [1], key=4)
+    message.part = 1
+    table.contribute(message)
+    assert table.completed(Kind.PUSHPULL, 4, 1) == number + 1
