@@ -186,10 +186,12 @@ def test_under_contention_shallow_layers_arrive_first_with_p3(geomx_job, tmp_pat
     """A small first layer and a 480K-element deepest one on a 20 Mbit/s WAN; backward pushes the deepest first,
     then computes a while before the first layer's gradient. With P3 the deepest travels as 50K-element
     slices and the first layer's overtakes the queued ones, so the next forward gets its first layer while
-    the deepest is still on its way. Without P3 the deepest is already on the wire, whole, ahead of it."""
+    the deepest is still on its way. Without P3 the deepest is already on the wire, whole, ahead of it (1M-element
+    slices, GeoMX's bound, asked for: a multi-party job's default 256K would cut the 480K one in two)."""
     counts = {}
     for p3 in (True, False):
-        path = topology(tmp_path / f"p3-{p3}", {"p3": p3}, links={"wan": {"bandwidth": "20Mbit", "latency": "5ms"}})
+        path = topology(tmp_path / f"p3-{p3}", {"p3": p3}, links={"wan": {"bandwidth": "20Mbit", "latency": "5ms"}},
+                        slice_elems=1 << 20)
         job = geomx_job(SCRIPT, "--deep-head", "20000", "--steps", "4", topology=path, name=f"p3-{p3}")
         job.assert_ok()
         counts[p3] = [report["overlap"]["first_layer_before_deepest"] for _, report in job.workers().values()]
