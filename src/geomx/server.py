@@ -287,7 +287,7 @@ class ParameterServer:
                 return
             self._handle(message)
 
-    def _refuse(self, message: Message, text: str) -> None:
+    def refuse(self, message: Message, text: str) -> None:
         sender = message.sender.decode()
         log.warning("[%s] refused %s from %s: %s", self.name, message.kind.name,
                     self.requests.names.get(sender, sender), text)
@@ -297,7 +297,7 @@ class ParameterServer:
     def _handle(self, message: Message) -> None:
         sender = message.sender.decode()
         if self._fatal is not None:
-            self._refuse(message, self._fatal)
+            self.refuse(message, self._fatal)
             return
         if message.kind is Kind.STATS:
             self._on_stats(message)
@@ -311,13 +311,13 @@ class ParameterServer:
             return
         from_upstream = message.kind is Kind.CONFIGURE and sender in self.upstream
         if sender not in self.clients and not from_upstream:
-            self._refuse(message, f"{sender!r} is not a client of this server")
+            self.refuse(message, f"{sender!r} is not a client of this server")
             return
         if message.kind in (Kind.PUSHPULL, Kind.STATE, Kind.BARRIER) and self.clients.hold(message):
             return  # replayed when the others' cycle ends (RoundTable.admit)
         refusal = self.clients.refusal(sender, self.display(sender))
         if refusal is not None:
-            self._refuse(message, refusal)
+            self.refuse(message, refusal)
             return
         handlers: dict[Kind, Callable[[Message], None]] = {
             Kind.INIT: self._on_init, Kind.PUSHPULL: self._on_pushpull, Kind.PULL: self._on_pull,
@@ -328,7 +328,7 @@ class ParameterServer:
             try:
                 message.tensor = decode_message(self.codecs, message)
             except CodecError as exc:
-                self._refuse(message, f"undecodable payload for key {message.key} slice {message.part}: {exc}")
+                self.refuse(message, f"undecodable payload for key {message.key} slice {message.part}: {exc}")
                 return
             message.encoded = None
         if self.dgt_assembler is not None and message.kind is Kind.PUSHPULL and "dgt" in (message.body or {}):
@@ -336,7 +336,7 @@ class ParameterServer:
             return
         handler = handlers.get(message.kind)
         if handler is None:
-            self._refuse(message, f"a server does not handle {message.kind.name} requests")
+            self.refuse(message, f"a server does not handle {message.kind.name} requests")
             return
         handler(message)
 
@@ -347,26 +347,26 @@ class ParameterServer:
         body = message.body or {}
         sender = message.sender.decode()
         if sender != GLOBAL_SCHEDULER_ID or not self.is_global:
-            self._refuse(message, "only the global scheduler announces members, and only to global servers")
+            self.refuse(message, "only the global scheduler announces members, and only to global servers")
             return
         try:
             member = Member.from_json(body["member"])
             old = str(body["replaces"])
         except (KeyError, TypeError, ValueError) as exc:
-            self._refuse(message, f"malformed MEMBERS notice: {exc}")
+            self.refuse(message, f"malformed MEMBERS notice: {exc}")
             return
         if old not in self.clients or member.role is not Role.LOCAL_SERVER:
-            self._refuse(message, f"{member.name} replaces {old!r}, which is not a local server of this job")
+            self.refuse(message, f"{member.name} replaces {old!r}, which is not a local server of this job")
             return
         if not self._may_drop():
-            self._refuse(message, f"{self.table.policy.name} cannot take a party back (it needs every party in "
+            self.refuse(message, f"{self.table.policy.name} cannot take a party back (it needs every party in "
                                   "every round); MixedSync, HFA, ESync and elastic FSA can")
             return
         esync = self.table.has_kind(Kind.STATE)  # only shard 0 sees ESync's state rounds
         if esync and self.config.topology.num_global_servers > 1:
             # The hold that aligns a rejoiner with the others' next cycle (see clients.joining) exists on shard 0
             # only: the other global servers' per-key rounds would take its pushes a cycle apart and deadlock.
-            self._refuse(message, "ESync with several global servers cannot take a party back (only global server "
+            self.refuse(message, "ESync with several global servers cannot take a party back (only global server "
                                   "0 sees the state rounds that align it); restart the whole job with --resume")
             return
         if old not in self.clients.departed:  # its death reached the scheduler before our heartbeat told us
@@ -395,13 +395,13 @@ class ParameterServer:
 
     def _on_init(self, message: Message) -> None:
         if message.dtype is None:
-            self._refuse(message, f"INIT of key {message.key} carries no dtype and shape")
+            self.refuse(message, f"INIT of key {message.key} carries no dtype and shape")
             return
         slot = self.slots.get((message.key, message.part))
         if slot is not None:  # already initialized: answer with the current value (a late joiner)
             problem = self._slot_mismatch(slot.describe(), message)
             if problem:
-                self._refuse(message, problem)
+                self.refuse(message, problem)
             else:
                 if self.is_global and self.optimizer is not None:  # DCASGD: a rejoiner holds these weights
                     self.optimizer.received((message.key, message.part), message.sender.decode(), slot.value)
@@ -409,14 +409,14 @@ class ParameterServer:
             return
         problem = self._check_shard(message)
         if problem:
-            self._refuse(message, problem)
+            self.refuse(message, problem)
             return
         current = self.rounds.get((Kind.INIT, message.key, message.part))
         if current is not None and current.contributions:
             first = next(iter(current.contributions.values()))
             problem = self._slot_mismatch(f"{first.shape} {first.dtype}", message)
             if problem:
-                self._refuse(message, problem + " (as declared by another client's INIT)")
+                self.refuse(message, problem + " (as declared by another client's INIT)")
                 return
         self._contribute(message)
 
@@ -460,7 +460,7 @@ class ParameterServer:
         try:
             done = self.dgt_assembler.on_reliable(message.sender.decode(), message, time.monotonic())
         except DgtError as exc:
-            self._refuse(message, f"DGT push of key {message.key} slice {message.part}: {exc}")
+            self.refuse(message, f"DGT push of key {message.key} slice {message.part}: {exc}")
             return
         if done is not None:
             self._on_pushpull(done)
@@ -502,24 +502,24 @@ class ParameterServer:
                    "(every worker must init the same keys in the same order)"
         return None
 
-    def _owner(self, key: int, part: int) -> str:
+    def owner(self, key: int, part: int) -> str:
         """The global server that holds (key, slice), by the shard id its INIT declared."""
         return self.shard_owner[self.shards[(key, part)]]
 
     def _on_pushpull(self, message: Message) -> None:
         slot = self.slots.get((message.key, message.part))
         if slot is None:
-            self._refuse(message, f"key {message.key} slice {message.part} was never initialized; call init first")
+            self.refuse(message, f"key {message.key} slice {message.part} was never initialized; call init first")
             return
         if message.tensor is None and self.route.accepts_without_tensor(message):
             self._contribute(message)  # this party's sum travels inside another party's push
             return
         if message.tensor is None:
-            self._refuse(message, f"PUSHPULL of key {message.key} carries no tensor")
+            self.refuse(message, f"PUSHPULL of key {message.key} carries no tensor")
             return
         problem = self._slot_mismatch(slot.describe(), message)
         if problem:
-            self._refuse(message, problem)
+            self.refuse(message, problem)
             return
         self._contribute(message)
         self.route.pushed(message)
@@ -529,14 +529,14 @@ class ParameterServer:
         slot = self.slots.get((message.key, message.part))
         sender = message.sender.decode()
         if slot is None:
-            self._refuse(message, f"key {message.key} slice {message.part} was never initialized; call init first")
+            self.refuse(message, f"key {message.key} slice {message.part} was never initialized; call init first")
             return
         if self.is_global:
             if self.optimizer is not None:  # DCASGD: the puller's next push is compensated against these
                 self.optimizer.received((message.key, message.part), sender, slot.value)
             self.van.send(sender, message.reply(tensor=slot.value))
             return
-        owner = self._owner(message.key, message.part)
+        owner = self.owner(message.key, message.part)
         future = self.requests.call(owner, Message(Kind.PULL, key=message.key, part=message.part,
                                                    num_parts=message.num_parts, priority=message.priority))
 
@@ -576,14 +576,14 @@ class ParameterServer:
         sender = message.sender.decode()
         from_upstream = sender in self.upstream  # a global server spreading the compression to every party
         if sender not in self.configurers and not from_upstream:
-            self._refuse(message, "only the master worker may configure the servers")
+            self.refuse(message, "only the master worker may configure the servers")
             return
         if from_upstream and set(body) != {"compression"}:
-            self._refuse(message, "a global server may only spread the compression setting")
+            self.refuse(message, "a global server may only spread the compression setting")
             return
         unknown = set(body) - {"optimizer", "sync", "compression"}
         if unknown or not body:
-            self._refuse(message, f"CONFIGURE takes 'optimizer', 'sync' and/or 'compression', got {sorted(body)}")
+            self.refuse(message, f"CONFIGURE takes 'optimizer', 'sync' and/or 'compression', got {sorted(body)}")
             return
         try:
             # the global servers build the optimizer (and report a bad spec); a local server only forwards it
@@ -591,15 +591,15 @@ class ParameterServer:
             policy = configured_policy(str(body["sync"])) if "sync" in body else None
             codec = self.codecs.make_codec(body["compression"]) if "compression" in body else None
         except ValueError as exc:  # CodecError is a ValueError too
-            self._refuse(message, str(exc))
+            self.refuse(message, str(exc))
             return
         if self.config.topology.inter_ts and (
                 codec is not None or (policy is not None and policy.name != DEFAULT_SYNC)):
-            self._refuse(message, "TSEngine (ENABLE_INTER_TS) works with dist_sync and without WAN compression; "
+            self.refuse(message, "TSEngine (ENABLE_INTER_TS) works with dist_sync and without WAN compression; "
                                   "see the README's table")
             return
         if codec is not None and self.config.topology.dgt is not None:
-            self._refuse(message, "DGT (ENABLE_DGT) does not combine with WAN compression; see the README's table")
+            self.refuse(message, "DGT (ENABLE_DGT) does not combine with WAN compression; see the README's table")
             return
         if codec is not None:
             self.wan_codec = codec
@@ -688,35 +688,35 @@ class ParameterServer:
             self.completions[rnd.kind](rnd)
         else:  # BARRIER, SHUTDOWN: rounds without data
             if self.is_global:
-                self._release(rnd, None)
+                self.release(rnd, None)
             else:
                 targets = self.upstream if rnd.kind is Kind.SHUTDOWN else self.upstream[:1]
                 futures = [self.requests.call(gs, Message(rnd.kind, round=rnd.number)) for gs in targets]
                 number = rnd.number
-                self._when_all(futures, lambda error: self._release(rnd, None, error, number))
+                self._when_all(futures, lambda error: self.release(rnd, None, error, number))
 
     def _complete_init(self, rnd: Round) -> None:
         with_data = [m for m in rnd.contributions.values() if m.tensor is not None]
         first = next(iter(rnd.contributions.values()))
         if self.is_global:
             if len(with_data) != 1:
-                self._release(rnd, None, f"key {rnd.key}: {len(with_data)} clients sent an initial value; "
+                self.release(rnd, None, f"key {rnd.key}: {len(with_data)} clients sent an initial value; "
                                          "exactly one (the master worker's) is needed")
                 return
             self.slots[(rnd.key, rnd.part)] = Slot(np.array(with_data[0].tensor, copy=True))
             if self.optimizer is not None:  # DCASGD: every party starts from these weights
                 for client in rnd.contributions:
                     self.optimizer.received((rnd.key, rnd.part), client, self.slots[(rnd.key, rnd.part)].value)
-            self._release(rnd, self.slots[(rnd.key, rnd.part)].value)
+            self.release(rnd, self.slots[(rnd.key, rnd.part)].value)
             return
         if len(with_data) > 1:
-            self._release(rnd, None, f"key {rnd.key}: {len(with_data)} workers of this party sent an initial "
+            self.release(rnd, None, f"key {rnd.key}: {len(with_data)} workers of this party sent an initial "
                                      "value; only the master worker may")
             return
         upward = Message(Kind.INIT, key=rnd.key, part=rnd.part, num_parts=first.num_parts,
                          tensor=with_data[0].tensor if with_data else None, dtype=first.dtype, shape=first.shape,
                          body={"shard": self.shards[(rnd.key, rnd.part)]})
-        self._forward(rnd, upward)
+        self.forward(rnd, upward)
 
     def _complete_pushpull(self, rnd: Round) -> None:
         first = next(iter(rnd.contributions.values()))
@@ -730,7 +730,7 @@ class ParameterServer:
             sent = self.aggregation.upward(sid, total)
             if sent is None:  # a round answered inside the party (HFA's local rounds: the average model)
                 self.slots[sid] = Slot(upward)
-                self._release(rnd, upward)
+                self.release(rnd, upward)
                 return
             upward = sent.astype(dtype, copy=False)
             fields: dict[str, Any] = {"tensor": upward}
@@ -740,14 +740,14 @@ class ParameterServer:
                 try:
                     fields = payload_fields(codec, upward, TensorInfo(rnd.key, rnd.part, kind, "push"))
                 except CodecError as exc:
-                    self._release(rnd, None, f"cannot compress key {rnd.key} slice {rnd.part}: {exc}")
+                    self.release(rnd, None, f"cannot compress key {rnd.key} slice {rnd.part}: {exc}")
                     return
             if self.route.send_up(rnd, fields):
                 return
             if self.dgt_sender is not None and "tensor" in fields and upward.dtype == np.float32:
-                owner = self._owner(rnd.key, rnd.part)
+                owner = self.owner(rnd.key, rnd.part)
                 fields = self.dgt_sender.push(owner, self.udp_address[owner], rnd.key, rnd.part, rnd.number, upward)
-            self._forward(rnd, Message(Kind.PUSHPULL, key=rnd.key, part=rnd.part, num_parts=first.num_parts,
+            self.forward(rnd, Message(Kind.PUSHPULL, key=rnd.key, part=rnd.part, num_parts=first.num_parts,
                                        round=rnd.number, priority=first.priority, **fields))
             return
         slot = self.slots[sid]
@@ -759,12 +759,12 @@ class ParameterServer:
                 slot.value = self.optimizer.step(sid, slot.value, gradient, contributor).astype(dtype, copy=False)
             except Exception as exc:  # a failing optimizer must not take the server down
                 log.exception("[%s] optimizer failed on key %d", self.name, rnd.key)
-                self._release(rnd, None, f"optimizer {self.optimizer.name} failed: {exc}")
+                self.release(rnd, None, f"optimizer {self.optimizer.name} failed: {exc}")
                 return
         else:
             slot.value = self.aggregation.combine(slot.value, total).astype(dtype, copy=False)
         answer = self.aggregation.answer_fields(rnd, slot.value, previous)
-        self._release(rnd, slot.value, fields=answer or self._reply_fields(rnd, slot.value))
+        self.release(rnd, slot.value, fields=answer or self._reply_fields(rnd, slot.value))
         checkpoint_if_due(self.checkpoints, self.slots, self.table, self.optimizer)
 
     # -- checkpoints (global servers) ---------------------------------------------------------------------
@@ -801,16 +801,16 @@ class ParameterServer:
             return None
         return self.fp16
 
-    def _forward(self, rnd: Round, message: Message) -> None:
+    def forward(self, rnd: Round, message: Message) -> None:
         """Send this round's reduction to the owning global server; release the round with its answer."""
-        future = self.requests.call(self._owner(rnd.key, rnd.part), message)
+        future = self.requests.call(self.owner(rnd.key, rnd.part), message)
         number = rnd.number
 
         def done(result: Future[Message]) -> None:
             with self._lock:
                 error = result.exception()
                 if error is not None:
-                    self._release(rnd, None, str(error), number)
+                    self.release(rnd, None, str(error), number)
                     return
                 reply = result.result()
                 if self.dgt_sender is not None:  # the receiver's loss report, which adaptive K follows
@@ -820,16 +820,16 @@ class ParameterServer:
                 try:
                     reply.tensor = decode_message(self.codecs, reply)
                 except CodecError as exc:
-                    self._release(rnd, None, f"undecodable answer from the global server: {exc}", number)
+                    self.release(rnd, None, f"undecodable answer from the global server: {exc}", number)
                     return
                 problem = self.aggregation.answered((rnd.key, rnd.part), reply)
                 if problem:
-                    self._release(rnd, None, problem, number)
+                    self.release(rnd, None, problem, number)
                     return
                 if reply.tensor is not None and rnd.number == number and rnd.forwarding:
                     self.slots[(rnd.key, rnd.part)] = Slot(reply.tensor)
                     self.aggregation.adopted((rnd.key, rnd.part), reply.tensor)
-                self._release(rnd, reply.tensor, None, number)
+                self.release(rnd, reply.tensor, None, number)
 
         future.add_done_callback(done)
 
@@ -850,7 +850,7 @@ class ParameterServer:
         for future in futures:
             future.add_done_callback(one_done)
 
-    def _release(self, rnd: Round, value: np.ndarray | None, error: str | None = None,
+    def release(self, rnd: Round, value: np.ndarray | None, error: str | None = None,
                  number: int | None = None, body: dict[str, Any] | None = None,
                  fields: dict[str, Any] | None = None) -> None:
         """Answer every contributor of ``rnd`` (with ``value`` or ``error``), then start the next round.
@@ -879,13 +879,6 @@ class ParameterServer:
                 then(result)
 
         future.add_done_callback(done)
-
-    # What plug-ins call (``core.plugins.ServerHost``); the old names stay while the methods other branches
-    # edit (DGT, INIT) still use them.
-    release = _release
-    forward = _forward
-    refuse = _refuse
-    owner = _owner
 
     def _watchdog(self) -> None:
         """Fail rounds that wait longer than the configured timeout, naming who is missing."""
