@@ -1,6 +1,6 @@
 """Codec throughput on this machine: encode / decode milliseconds per MB and compression ratio.
 
-The functions live in ``geomx.bench_codecs`` (``geomx bench --only codecs`` runs them too). Each codec
+The functions live in ``geomx.bench.codecs`` (``geomx bench --only codecs`` runs them too). Each codec
 encodes synthetic float32 gradients of 1M and 10M elements several times on one slot (so stateful codecs
 run in steady state), then decodes the last payload. "MB" is 1e6 bytes of the dense
 float32 tensor; "ratio" is encoded frame bytes / dense bytes, measured (not estimated). A second table
@@ -23,7 +23,7 @@ import platform
 
 import numpy as np
 
-from geomx.bench_codecs import codec_speed_rows, topk_rows
+from geomx.bench.codecs import codec_speed_rows, topk_rows
 
 
 def main() -> None:

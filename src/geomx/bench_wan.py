@@ -32,6 +32,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from .bench.sections import Plan
 from .netns import NetnsError, unavailable_reason, wan_link
 from .wan_runs import System, run_system
 
@@ -279,6 +280,16 @@ def goal_lines(result: dict[str, Any]) -> list[str]:
         fsa = row(rate, "geomx_fsa").get("step_speedup_vs_ddp")
         say(f"{rate} Mbit/s, geomx FSA >= 1.3x faster per step than DDP", fsa, fsa is not None and fsa >= 1.3)
     return lines
+
+
+def run(plan: Plan, out_dir: Path) -> dict[str, Any]:
+    """The section's entry point for ``geomx bench --only wan`` (see ``run_wan``)."""
+    return run_wan(plan.quick, out_dir)
+
+
+def lines(result: dict[str, Any]) -> list[str]:
+    """The section's table for ``geomx bench``'s report (see ``wan_lines``)."""
+    return wan_lines(result)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,6 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from .bench.sections import SECTION_NAMES
 from .config import ConfigError
 
 
@@ -51,7 +52,7 @@ def _keygen(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from .bench import run_bench
+    from .bench.runner import run_bench
 
     return run_bench(quick=args.quick, out_dir=Path(args.out), sections=args.only, sync_scenarios=args.scenario)
 
@@ -84,8 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--quick", action="store_true", help="fewer steps and repetitions (~5 min)")
     bench.add_argument("--out", default="bench-results", help="folder for the JSON results")
     bench.add_argument("--only", action="append",
-                       choices=["training", "transport", "sync", "codecs", "frontend", "sched", "security", "wan"],
-                       help="run only these sections (repeatable)")
+                       choices=SECTION_NAMES, help="run only these sections (repeatable; default: all but wan)")
     bench.add_argument("--scenario", action="append", choices=["same", "slow", "alone", "wide"],
                        help="sync section: run only these scenarios' rows (repeatable; 'wide', the bandwidth-bound "
                             "CNN, is in the full run only)")

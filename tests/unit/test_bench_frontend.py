@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from geomx.bench_frontend import EFFECTS, P3_SLICE, ROWS, WHOLE, _merge, saving
+from geomx.bench.frontend import EFFECTS, P3_SLICE, ROWS, WHOLE, _merge, saving
 from geomx.config import topology_from_dict
 
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from geomx.bench import _all_records, first_at_target, reach_target, summarize_sync_run
+from geomx.bench.jobs import all_records
+from geomx.bench.targets import first_at_target, reach_target, summarize_sync_run
 
 
 def record(party: str, global_round: int | None, accuracy: float, elapsed_s: float, wan_mb: float,
@@ -69,6 +70,6 @@ def test_records_without_party_or_rounds_are_one_party_and_count_as_they_are():
 def test_every_workers_records_are_read_master_first():
     metrics = {"dc1_worker0": [record("dc1", 1, 0.9, 2.0, 1.0)], "dc0_worker0": [record("dc0", 1, 0.8, 1.0, 1.0)],
                "dc0_worker1": []}
-    merged = _all_records(metrics)
+    merged = all_records(metrics)
     assert [r["worker"] for r in merged] == ["dc0_worker0", "dc1_worker0"]
     assert next(iter(summarize_sync_run(merged, SUMMARY, wall_s=1.0)["parties"])) == "dc0"

@@ -39,8 +39,12 @@ from typing import Any
 
 import numpy as np
 
-from .codecs import Codec, Encoded, TensorInfo, make_codec
-from .codecs.bsc import top_k_exact, top_k_sampled
+from ..codecs import Codec, Encoded, TensorInfo, make_codec
+from ..codecs.bsc import top_k_exact, top_k_sampled
+from .jobs import find_examples, measure, training_topology, warm_caches, write_topology
+from .sections import Plan
+from .tables import fmt, say, table
+from .targets import reach_target, summarize_sync_run
 
 # ---------------------------------------------------------------------------------------------------------
 # speed: encode / decode ms per MB, top-k exact vs sampled
@@ -168,8 +172,6 @@ def codec_runs(quick: bool) -> tuple[CodecRun, ...]:
 
 def summarize_codec_run(records: list[dict[str, Any]], summary: dict[str, Any], wall_s: float) -> dict[str, Any]:
     """The sync section's per-run figures plus WAN bytes per step after init (cnn_bsc.py records its init)."""
-    from .bench import summarize_sync_run
-
     figures = summarize_sync_run(records, summary, wall_s)
     last = records[-1]
     init = float(last.get("wan_init_mb", 0.0)) * 1e6
@@ -178,22 +180,18 @@ def summarize_codec_run(records: list[dict[str, Any]], summary: dict[str, Any], 
     return figures
 
 
-def bench_codecs(quick: bool, out_dir: Path) -> dict[str, Any]:
-    """Run the speed part, then every training job; rate each job against dense FSA."""
-    from .bench import _measure, _say, _warm_caches, _write_topology, find_cnn_example, reach_target, training_topology
-
+def run(plan: Plan, out_dir: Path) -> dict[str, Any]:
+    """The section's entry point: the speed part, then every training job, each rated against dense FSA."""
+    quick = plan.quick
     rng = np.random.default_rng(0)
     sizes = [1_000_000] if quick else [1_000_000, 10_000_000]
     repeats = 5 if quick else 9
-    _say(f"[codecs] encode/decode speed on {sizes} float32 elements, {repeats} repeats ...")
+    say(f"[codecs] encode/decode speed on {sizes} float32 elements, {repeats} repeats ...")
     speed = codec_speed_rows(sizes, repeats, rng)
     topk = topk_rows(sizes, repeats, rng)
-    cnn = find_cnn_example()
-    if cnn is None:
-        raise RuntimeError("examples/ not found: run geomx bench from a geomx source checkout")
-    script = cnn.parent / "cnn_bsc.py"
-    _warm_caches()
-    topology = _write_topology(out_dir / "topologies" / "codecs.yaml", training_topology("hips"))
+    script = find_examples() / "cnn_bsc.py"
+    warm_caches()
+    topology = write_topology(out_dir / "topologies" / "codecs.yaml", training_topology("hips"))
     errors: list[str] = []
     jobs: dict[str, Any] = {}
     rows: dict[str, dict[str, Any]] = {}
@@ -201,12 +199,12 @@ def bench_codecs(quick: bool, out_dir: Path) -> dict[str, Any]:
         name = f"codecs-{run.name}"
         command = run.command(script)
         jobs[run.name] = {**asdict(run), "command": command}
-        _say(f"[codecs] {name}: {run.label}, {run.epochs} epochs (log: {out_dir / 'logs' / name}.log) ...")
-        _, figures = _measure("codecs", name, topology, command, out_dir, summarize_codec_run, errors)
+        say(f"[codecs] {name}: {run.label}, {run.epochs} epochs (log: {out_dir / 'logs' / name}.log) ...")
+        _, figures = measure("codecs", name, topology, command, out_dir, summarize_codec_run, errors)
         if figures is None:
             continue
         rows[run.name] = figures
-        _say(f"[codecs] {name}: {figures['steps']} steps, acc {figures['test_accuracy']:.4f}, "
+        say(f"[codecs] {name}: {figures['steps']} steps, acc {figures['test_accuracy']:.4f}, "
              f"{figures['wan_bytes_per_step'] / 1e3:.1f} kB WAN/step, train {figures['train_s']:.1f} s")
     dense = rows.get(DENSE)
     target = None if dense is None else dense["test_accuracy"] - TARGET_MARGIN
@@ -242,46 +240,44 @@ def codec_goals(rows: dict[str, dict[str, Any]], speed: list[dict[str, Any]]) ->
     return goals
 
 
-def codecs_lines(section: dict[str, Any]) -> list[str]:
+def lines(section: dict[str, Any]) -> list[str]:
     """The section's tables for ``geomx bench``'s report."""
-    from .bench import _fmt, _table
-
     model = section["model"]
-    lines = [f"[codecs] examples/cnn_bsc.py, DigitsCNN({model['channels']}, {model['hidden']}), size_lower_bound "
-             f"{model['size_lower_bound']}, 2 parties x 2 workers, WAN {section['wan_mbit']:g} Mbit/s 25 ms; "
-             f"target = dense FSA's accuracy - 0.5 pt = {_fmt(section.get('target_accuracy'), '.4f')}"]
+    out = [f"[codecs] examples/cnn_bsc.py, DigitsCNN({model['channels']}, {model['hidden']}), size_lower_bound "
+           f"{model['size_lower_bound']}, 2 parties x 2 workers, WAN {section['wan_mbit']:g} Mbit/s 25 ms; "
+           f"target = dense FSA's accuracy - 0.5 pt = {fmt(section.get('target_accuracy'), '.4f')}"]
     rows = []
     for name, figures in section["rows"].items():
         label = section["jobs"][name]["label"]
-        rows.append([label, str(figures["steps"]), _fmt(figures["wan_bytes_per_step"] / 1e3, ".1f"),
-                     _fmt(figures.get("compression_vs_dense"), ".1f", "x"),
-                     _fmt(figures.get("time_to_target_s"), ".1f"), _fmt(figures["train_s"], ".1f"),
-                     _fmt(figures["test_accuracy"], ".4f"), _fmt(figures.get("accuracy_difference"), "+.4f")])
-    lines += _table(["codec", "steps", "WAN kB/step", "vs dense", "s to target", "train s", "accuracy",
-                     "vs dense"], rows)
+        rows.append([label, str(figures["steps"]), fmt(figures["wan_bytes_per_step"] / 1e3, ".1f"),
+                     fmt(figures.get("compression_vs_dense"), ".1f", "x"),
+                     fmt(figures.get("time_to_target_s"), ".1f"), fmt(figures["train_s"], ".1f"),
+                     fmt(figures["test_accuracy"], ".4f"), fmt(figures.get("accuracy_difference"), "+.4f")])
+    out += table(["codec", "steps", "WAN kB/step", "vs dense", "s to target", "train s", "accuracy",
+                   "vs dense"], rows)
     speed = section["speed"]
-    lines += ["", f"codec speed on {speed[0]['n']:,} float32 (min of repeats; 'saves' = transfer time the ratio "
-                  f"saves at {section['wan_mbit']:g} Mbit/s):"]
-    lines += _table(["codec", "n", "enc ms/MB", "dec ms/MB", "ratio", "saves ms/MB", "net saving"],
-                    [[r["codec"], f"{r['n']:,}", f"{r['encode_ms_per_mb']:.3f}", f"{r['decode_ms_per_mb']:.3f}",
-                      f"{r['ratio']:.4f}", f"{r['saves_ms_per_mb']:.1f}", "yes" if r["net_saving"] else "no"]
-                     for r in speed])
-    lines += ["", "top-k selection (Bi-Sparse): exact argpartition vs sampled threshold"]
-    lines += _table(["n", "k", "exact ms", "sampled ms", "exact/sampled", "same set"],
-                    [[f"{r['n']:,}", str(r["k"]), f"{r['exact_ms']:.2f}", f"{r['sampled_ms']:.2f}",
-                      f"{r['exact_over_sampled']:.1f}x", "yes" if r["sampled_equals_exact"] else "no"]
-                     for r in section["topk"]])
+    out += ["", f"codec speed on {speed[0]['n']:,} float32 (min of repeats; 'saves' = transfer time the ratio "
+                f"saves at {section['wan_mbit']:g} Mbit/s):"]
+    out += table(["codec", "n", "enc ms/MB", "dec ms/MB", "ratio", "saves ms/MB", "net saving"],
+                  [[r["codec"], f"{r['n']:,}", f"{r['encode_ms_per_mb']:.3f}", f"{r['decode_ms_per_mb']:.3f}",
+                    f"{r['ratio']:.4f}", f"{r['saves_ms_per_mb']:.1f}", "yes" if r["net_saving"] else "no"]
+                   for r in speed])
+    out += ["", "top-k selection (Bi-Sparse): exact argpartition vs sampled threshold"]
+    out += table(["n", "k", "exact ms", "sampled ms", "exact/sampled", "same set"],
+                  [[f"{r['n']:,}", str(r["k"]), f"{r['exact_ms']:.2f}", f"{r['sampled_ms']:.2f}",
+                    f"{r['exact_over_sampled']:.1f}x", "yes" if r["sampled_equals_exact"] else "no"]
+                   for r in section["topk"]])
     goals = section.get("goals", {})
     for name, label in (("bsc_1", "Bi-Sparse 1%"), ("bsc_01", "Bi-Sparse 0.1%")):
         goal = goals.get(name)
         if goal:
-            lines.append(f"goal {label}: {goal['compression']:.1f}x fewer WAN bytes per step (goal >= "
-                         f"{goal['goal']:g}x: {'met' if goal['compression_met'] else 'NOT met'}), accuracy "
-                         f"{goal['accuracy_difference']:+.4f} vs dense FSA (goal >= -0.005: "
-                         f"{'met' if goal['accuracy_met'] else 'NOT met'})")
+            out.append(f"goal {label}: {goal['compression']:.1f}x fewer WAN bytes per step (goal >= "
+                       f"{goal['goal']:g}x: {'met' if goal['compression_met'] else 'NOT met'}), accuracy "
+                       f"{goal['accuracy_difference']:+.4f} vs dense FSA (goal >= -0.005: "
+                       f"{'met' if goal['accuracy_met'] else 'NOT met'})")
     if "fp16" in goals:
-        lines.append(f"goal fp16: {goals['fp16']['compression']:.3f}x (exactly 2x: "
-                     f"{'met' if goals['fp16']['exactly_2x'] else 'NOT met'})")
+        out.append(f"goal fp16: {goals['fp16']['compression']:.3f}x (exactly 2x: "
+                   f"{'met' if goals['fp16']['exactly_2x'] else 'NOT met'})")
     for error in section.get("errors", []):
-        lines.append(f"error: {error}")
-    return lines
+        out.append(f"error: {error}")
+    return out

@@ -1,0 +1,84 @@
+"""``geomx bench``: run the chosen sections one after the other, print their tables, write OUT/bench.json.
+
+Nothing here asserts: the bench prints and writes every raw figure. It returns 1 only when a measurement
+could not be taken (a run failed), 130 when interrupted (what was measured so far is still written).
+
+Usage::
+
+    code = run_bench(quick=True, out_dir=Path("bench-results"), sections=["transport"])
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import traceback
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from .jobs import load_avg, machine_info
+from .sections import SECTIONS, Plan, chosen, module_of
+from .tables import say
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """The whole report: a header with the machine and its load, then each measured section's table."""
+    machine = report["machine"]
+    out = ["", f"=== geomx bench ({'quick' if report['quick'] else 'full'}) === "
+           f"{machine.get('cores')} cores, torch {machine.get('torch')}, python {machine.get('python')}, "
+           f"load avg at start {report.get('load_avg_start')}"]
+    cores = machine.get("cores") or 1
+    load = report.get("load_avg_start")
+    if load and load[0] > 0.75 * cores:
+        out.append(f"warning: the machine was already busy (1-min load {load[0]} on {cores} cores): "
+                   "times and their ratios are noisy; compare medians in bench.json")
+    for row in SECTIONS:
+        if report.get(row.name):
+            out += ["", *module_of(row).lines(report[row.name])]
+        elif f"{row.name}_error" in report:
+            out += ["", f"[{row.name}] not measured: {report[f'{row.name}_error']}"]
+    out.append("")
+    out.append(f"raw figures: {report.get('json_path')}")
+    return "\n".join(out)
+
+
+def run_bench(quick: bool, out_dir: Path, sections: list[str] | None = None,
+              sync_scenarios: list[str] | None = None) -> int:
+    """Run the chosen sections (default: every ``default`` row of the table), print the report, write bench.json.
+
+    ``sync_scenarios``: run only those scenarios' rows of the sync section (e.g. ``["wide"]``: the bandwidth-bound
+    CNN's flat-PS FSA, HFA and HFA + outer, ~4 minutes).
+    """
+    plan = Plan(quick=quick, sync_scenarios=tuple(sync_scenarios or ()))
+    rows = chosen(sections)
+    out_dir = Path(out_dir).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path = out_dir / "bench.json"
+    started = time.monotonic()
+    report: dict[str, Any] = {
+        "quick": quick, "sections": [row.name for row in rows], "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": machine_info(), "load_avg_start": load_avg(), "plan": asdict(plan), "json_path": str(json_path),
+    }
+    failed = False
+    interrupted = False
+    for row in rows:
+        try:
+            report[row.name] = module_of(row).run(plan, out_dir)
+            failed = failed or bool(report[row.name].get("errors"))
+        except KeyboardInterrupt:
+            interrupted = True
+            report[f"{row.name}_error"] = "interrupted"
+            say(f"[{row.name}] interrupted; writing what was measured so far")
+            break
+        except Exception as exc:
+            failed = True
+            report[f"{row.name}_error"] = f"{type(exc).__name__}: {exc}"
+            report[f"{row.name}_traceback"] = traceback.format_exc()
+            say(f"[{row.name}] not measured: {exc}")
+    report["load_avg_end"] = load_avg()
+    report["bench_wall_s"] = time.monotonic() - started
+    json_path.write_text(json.dumps(report, indent=2, default=str))
+    say(format_report(report))
+    say(f"bench wall time: {report['bench_wall_s']:.0f} s")
+    return 130 if interrupted else 1 if failed else 0

@@ -1,0 +1,71 @@
+"""The bench's sections: one table row per section, naming the module that measures it.
+
+A section is a module with two public functions: ``run(plan: Plan, out_dir: Path) -> dict`` (measure; the
+dict goes to bench.json under the section's name, with ``errors``: a list of what could not be measured)
+and ``lines(section: dict) -> list[str]`` (its table for the report). Adding a section is one such module
+and one row here; ``geomx bench --only NAME`` takes its choices from this table. The modules are named, not
+imported, so that ``geomx --help`` does not import torch.
+
+Usage::
+
+    module = module_of(section("sync"))
+    print("\\n".join(module.lines(module.run(Plan(quick=True), Path("bench-results")))))
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from types import ModuleType
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How much to run: ``quick`` (fewer steps and repetitions) or the full bench; each section sizes itself
+    from it. ``sync_scenarios``: run only these scenarios' rows of the sync section (empty: all)."""
+
+    quick: bool
+    sync_scenarios: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Section:
+    """One row of the table: ``geomx bench --only NAME`` runs ``MODULE.run``; ``default``: in a plain run."""
+
+    name: str
+    module: str
+    default: bool
+    summary: str
+
+
+SECTIONS: tuple[Section, ...] = (
+    Section("training", "geomx.bench.training", True, "HiPS against a flat PS on the emulated WAN"),
+    Section("transport", "geomx.bench.transport", True, "kv.pushpull against gloo all_reduce on loopback"),
+    Section("emulation", "geomx.bench.emulation", True, "the WAN emulator's achieved rate against its setting"),
+    Section("sync", "geomx.bench.sync", True, "every synchronization algorithm: time to a target accuracy"),
+    Section("codecs", "geomx.bench.codecs", True, "every WAN codec: bytes per step, speed, accuracy"),
+    Section("frontend", "geomx.bench.frontend", True, "the PyTorch wrapper's overlap, P3's priority and slicing"),
+    Section("sched", "geomx.bench.sched", True, "MultiGPS, DGT, TSEngine"),
+    Section("security", "geomx.bench.security", True, "what a shared secret and CURVE cost in throughput"),
+    Section("wan", "geomx.bench_wan", False, "against DDP, local SGD, DiLoCo on a kernel-shaped link (root)"),
+)
+SECTION_NAMES: tuple[str, ...] = tuple(s.name for s in SECTIONS)
+
+
+def section(name: str) -> Section:
+    """The table's row for ``name``; a ValueError lists the valid names."""
+    for row in SECTIONS:
+        if row.name == name:
+            return row
+    raise ValueError(f"unknown bench section {name!r}; valid: {', '.join(SECTION_NAMES)}")
+
+
+def chosen(names: list[str] | None) -> list[Section]:
+    """The rows to run, in table order: ``names`` (any order, repeats ignored) or every ``default`` row."""
+    wanted = {section(name).name for name in names} if names else None
+    return [row for row in SECTIONS if (row.name in wanted if wanted is not None else row.default)]
+
+
+def module_of(row: Section) -> ModuleType:
+    """Import the row's module (its ``run`` and ``lines``)."""
+    return importlib.import_module(row.module)
