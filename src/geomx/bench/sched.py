@@ -197,9 +197,9 @@ def lines(report: dict[str, Any]) -> list[str]:
                      f"{row['k_mean']:.2f}" if row["k_mean"] is not None else "-"])
     out += table(["run", "accuracy", "step ms", "WAN MB (ZeroMQ + UDP)", "UDP MB", "UDP blocks", "lost",
                    "mean K"], rows)
-    out.append("      UDP MB: both local servers' datagrams (dc0's travel on its LAN, dc1's share its WAN pipe behind "
-               "the ZeroMQ messages); lost: missing at the deadline (late ones are folded into the next round); mean K: adaptive "
-               "K follows the global server's loss reports")
+    out.append("      UDP MB: both local servers' datagrams (dc0's travel on its LAN, dc1's share its WAN pipe "
+               "behind the ZeroMQ messages); lost: missing at the deadline (late ones are folded into the next "
+               "round); mean K: adaptive K follows the global server's loss reports")
     titles = {"tsengine": "pushpull to 4 parties, in-cast at dc0's 50 Mbit/s access link (dc3 20 Mbit/s, other "
                           "pairs 200 Mbit/s); ENABLE_INTER_TS",
               "tsengine_intra": "pushpull of 4 workers through their local server, in-cast at its 100 Mbit/s LAN "
