@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from geomx import bench_wan, netns
+from geomx import netns
+from geomx.bench import wan as bench_wan
 
 
 def _records(*points: tuple[int, float, float]) -> list[dict]:

@@ -47,7 +47,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("frontend", "geomx.bench.frontend", True, "the PyTorch wrapper's overlap, P3's priority and slicing"),
     Section("sched", "geomx.bench.sched", True, "MultiGPS, DGT, TSEngine"),
     Section("security", "geomx.bench.security", True, "what a shared secret and CURVE cost in throughput"),
-    Section("wan", "geomx.bench_wan", False, "against DDP, local SGD, DiLoCo on a kernel-shaped link (root)"),
+    Section("wan", "geomx.bench.wan", False, "against DDP, local SGD, DiLoCo on a kernel-shaped link (root)"),
 )
 SECTION_NAMES: tuple[str, ...] = tuple(s.name for s in SECTIONS)
 
