@@ -176,7 +176,8 @@ class Link:
         finally:
             if receiver.poll() is None:
                 receiver.kill()
-                receiver.wait()
+                with contextlib.suppress(subprocess.TimeoutExpired):  # stuck in the kernel: leave it, never hang
+                    receiver.wait(timeout=COMMAND_TIMEOUT_S)
 
 
 def free_port_in(namespace: str | None, host: str) -> int:
