@@ -23,6 +23,7 @@ interleaved (A B A B ...), and keeps each row's median over the runs' medians.
 
 Usage::
 
+    geomx bench --only frontend --quick
     section = run_frontend(quick=True, out_dir=Path("bench-results"))
     print("\\n".join(lines(section)))
     # python -m geomx.bench.frontend --rows cnn_p3 cnn_slices_fifo --repeats 3 --out bench-results
