@@ -4,6 +4,7 @@ No job runs here (the benches are measured, never tested)."""
 
 from __future__ import annotations
 
+import ast
 import inspect
 import re
 import subprocess
@@ -99,3 +100,42 @@ def test_kill_all_reaps_what_it_can_and_reports_a_process_that_does_not_exit(tmp
     assert jobs.kill_all([real, stuck]) == [stuck.pid]  # type: ignore[list-item]
     assert real.returncode is not None  # killed and reaped
     assert stuck.killed and stuck.waits == [KILL_WAIT_S]
+
+
+def bench_imports() -> dict[str, list[tuple[str, str | None]]]:
+    """Every geomx.bench module's imports of geomx.bench modules (function-level and TYPE_CHECKING ones too):
+    module -> [(imported module, imported name or None)]."""
+    package = Path(sections.__file__).parent
+    found: dict[str, list[tuple[str, str | None]]] = {}
+    for path in sorted(package.glob("*.py")):
+        name = "geomx.bench" if path.stem == "__init__" else f"geomx.bench.{path.stem}"
+        found[name] = []
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                target = f"geomx.bench.{node.module}" if node.module else "geomx.bench"
+                found[name] += [(target, a.name) if node.module else (f"geomx.bench.{a.name}", None)
+                                for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("geomx.bench"):
+                found[name] += [(node.module or "", a.name) for a in node.names]
+    return found
+
+
+def test_the_bench_modules_import_no_private_name_and_form_no_circle():
+    imports = bench_imports()
+    private = [f"{m} imports {t}.{n}" for m, edges in imports.items() for t, n in edges
+               if n and n.startswith("_") and not n.startswith("__")]
+    assert private == []
+    graph = {m: {t for t, _ in edges if t in imports and t != m} for m, edges in imports.items()}
+    assert graph["geomx.bench.runner"] and graph["geomx.bench.sync"]  # the scan sees imports at all
+    done: set[str] = set()
+
+    def visit(module: str, path: tuple[str, ...]) -> None:
+        assert module not in path, f"import circle: {' -> '.join((*path, module))}"
+        if module in done:
+            return
+        for target in graph[module]:
+            visit(target, (*path, module))
+        done.add(module)
+
+    for module in graph:
+        visit(module, ())
