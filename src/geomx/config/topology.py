@@ -9,10 +9,10 @@ Usage::
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from .combinations import check
 from .errors import ConfigError
 from .specs import (CheckpointSpec, DGTSpec, HFASpec, LinkSpec, Mode, Outage, PartySpec, Role, SecuritySpec,
                     Timeouts, TrainingSpec, TSEngineSpec)
@@ -35,13 +35,6 @@ AUTO_SLICE_ELEMS = 0  # Topology(slice_elems=0): resolved by default_slice_elems
 def default_slice_elems(num_parties: int) -> int:
     """``slice_elems`` when the topology does not say: smaller slices when a WAN joins several parties."""
     return WAN_SLICE_ELEMS if num_parties > 1 else LAN_SLICE_ELEMS
-
-
-def _refuse_combinations(feature: str, unsupported: Mapping[str, bool]) -> None:
-    """Fail at start when ``feature`` is set together with one it does not combine with (the first present)."""
-    for what, present in unsupported.items():
-        if present:
-            raise ConfigError(f"{feature} does not combine with {what}; see the README's table")
 
 
 @dataclass(frozen=True)
@@ -92,19 +85,14 @@ class Topology:
             object.__setattr__(self, "slice_elems", default_slice_elems(len(self.parties)))
         if self.slice_elems < 1:
             raise ConfigError("slice_elems must be positive")
-        if self.dgt is not None:
-            unsupported = {"a flat parameter server (DGT is for local servers' pushes)": self.mode is Mode.FLAT,
-                           "HFA": self.hfa is not None, "the fp16 switch": self.fp16,
-                           "security (UDP datagrams are not authenticated)": self.security.enabled}
-            _refuse_combinations("DGT (ENABLE_DGT)", unsupported)
-        if self.inter_ts:
-            unsupported = {"a flat parameter server (there are no local servers to relay)": self.mode is Mode.FLAT,
-                           "HFA": self.hfa is not None, "the fp16 switch": self.fp16, "DGT": self.dgt is not None}
-            _refuse_combinations("TSEngine (ENABLE_INTER_TS)", unsupported)
-        if self.intra_ts:
-            unsupported = {"a flat parameter server (there is no local server)": self.mode is Mode.FLAT,
-                           "the fp16 switch (relays carry float32)": self.fp16}
-            _refuse_combinations("TSEngine inside a party (ENABLE_INTRA_TS)", unsupported)
+        check(self.features)
+
+    @property
+    def features(self) -> dict[str, bool]:
+        """What this topology turns on (its tier shape and feature switches): facts for ``combinations.check``."""
+        return {"flat": self.mode is Mode.FLAT, "hfa": self.hfa is not None, "fp16": self.fp16,
+                "security": self.security.enabled, "dgt": self.dgt is not None, "inter_ts": self.inter_ts,
+                "intra_ts": self.intra_ts}
 
     @property
     def inter_ts(self) -> bool:
