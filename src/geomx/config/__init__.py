@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from .env import ENV_ALIASES, node_config, node_config_from_env, node_env
 from .errors import ConfigError
-from .specs import (OUTAGE_ORIGINS, SERVER_OPTIMIZER_CHOICES, SYNC_KINDS, CheckpointSpec, DGTSpec, HFASpec, LinkSpec,
+from .specs import (OUTAGE_ORIGINS, CheckpointSpec, DGTSpec, HFASpec, LinkSpec,
                     Mode, Outage, PartySpec, Role, SecuritySpec, Timeouts, TrainingSpec, TSEngineSpec)
 from .topology import (AUTO_SLICE_ELEMS, LAN_SLICE_ELEMS, WAN_SLICE_ELEMS, NodeConfig, Topology,
                        default_slice_elems)
@@ -24,7 +24,7 @@ from .units import parse_bandwidth, parse_duration
 from .yaml_io import load_topology, topology_from_dict, topology_to_dict
 
 __all__ = [
-    "AUTO_SLICE_ELEMS", "ENV_ALIASES", "LAN_SLICE_ELEMS", "OUTAGE_ORIGINS", "SERVER_OPTIMIZER_CHOICES", "SYNC_KINDS",
+    "AUTO_SLICE_ELEMS", "ENV_ALIASES", "LAN_SLICE_ELEMS", "OUTAGE_ORIGINS",
     "WAN_SLICE_ELEMS", "CheckpointSpec", "ConfigError", "DGTSpec", "HFASpec", "LinkSpec", "Mode", "NodeConfig",
     "Outage", "PartySpec", "Role", "SecuritySpec", "Timeouts", "Topology", "TrainingSpec",
     "TSEngineSpec", "default_slice_elems", "load_topology", "node_config", "node_config_from_env", "node_env",

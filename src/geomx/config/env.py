@@ -19,15 +19,17 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
+from .fields import aliases_of, env_values, lookup
 from .specs import (CheckpointSpec, DGTSpec, HFASpec, Mode, PartySpec, Role, SecuritySpec, Timeouts, TrainingSpec,
                     TSEngineSpec)
 from .topology import LAN_SLICE_ELEMS, NodeConfig, Topology
-from .units import parse_duration, parse_number
-from .yaml_io import dgt_from_yaml, load_topology, read_secret, training_from_yaml
+from .units import parse_number
+from .yaml_io import load_topology, read_secret
 
 
-# Our canonical names, and the GeoMX (ps-lite) names accepted as aliases.
-ENV_ALIASES: dict[str, tuple[str, ...]] = {
+# Our canonical names, and the GeoMX (ps-lite) names accepted as aliases: the process-level names here, every
+# feature's from its spec's declared fields (geomx.config.fields).
+_NODE_ALIASES: dict[str, tuple[str, ...]] = {
     "GEOMX_NUM_WORKERS": ("DMLC_NUM_WORKER",),
     "GEOMX_NUM_GLOBAL_SERVERS": ("DMLC_NUM_GLOBAL_SERVER",),
     "GEOMX_NUM_ALL_WORKERS": ("DMLC_NUM_ALL_WORKER",),
@@ -35,32 +37,18 @@ ENV_ALIASES: dict[str, tuple[str, ...]] = {
     "GEOMX_MASTER_WORKER": ("DMLC_ROLE_MASTER_WORKER",),
     "GEOMX_HOST": ("DMLC_NODE_HOST",),
     "GEOMX_HFA": ("MXNET_KVSTORE_USE_HFA",),
-    "GEOMX_HFA_K1": ("MXNET_KVSTORE_HFA_K1",),
-    "GEOMX_HFA_K2": ("MXNET_KVSTORE_HFA_K2",),
-    "GEOMX_SIZE_LOWER_BOUND": ("MXNET_KVSTORE_SIZE_LOWER_BOUND",),
-    "GEOMX_P3": ("ENABLE_P3",),
     "GEOMX_DGT": ("ENABLE_DGT",),
-    "GEOMX_DGT_CHANNELS": ("DMLC_UDP_CHANNEL_NUM",),
-    "GEOMX_DGT_K": ("DMLC_K",),
-    "GEOMX_DGT_K_MIN": ("DMLC_K_MIN",),
-    "GEOMX_DGT_ADAPTIVE": ("ADAPTIVE_K_FLAG",),
-    "GEOMX_DGT_BLOCK_BYTES": ("DGT_BLOCK_SIZE",),
-    "GEOMX_DGT_ALPHA": ("DGT_CONTRIBUTION_ALPHA",),
-    "GEOMX_DGT_RANDOM_ORDER": ("DGT_SET_RANDOM",),
-    "GEOMX_INTRA_TS": ("ENABLE_INTRA_TS",),
-    "GEOMX_INTER_TS": ("ENABLE_INTER_TS",),
-    "GEOMX_MAX_GREED_RATE_TS": ("MAX_GREED_RATE_TS",),
 }
+# every spec whose declared fields the environment may set
+ENV_SPECS: tuple[type, ...] = (Topology, Timeouts, HFASpec, DGTSpec, TSEngineSpec, TrainingSpec, SecuritySpec,
+                               CheckpointSpec)
+ENV_ALIASES: dict[str, tuple[str, ...]] = {**_NODE_ALIASES, **aliases_of(*ENV_SPECS)}
 
 _ROLE_NAMES = {r.value for r in Role}
 
 
 def _get(env: Mapping[str, str], name: str) -> str | None:
-    for candidate in (name, *ENV_ALIASES.get(name, ())):
-        value = env.get(candidate)
-        if value not in (None, ""):
-            return value
-    return None
+    return lookup(env, name, ENV_ALIASES.get(name, ()))
 
 
 def _int(env: Mapping[str, str], name: str) -> int | None:
@@ -133,7 +121,7 @@ def _topology_from_env(env: Mapping[str, str], role: Role, party: str) -> Topolo
     # processes, and every worker must cut every tensor the same way
     return Topology(parties=tuple(parties), central=central, parties_known=False, slice_elems=LAN_SLICE_ELEMS,
                     num_global_servers=_int(env, "GEOMX_NUM_GLOBAL_SERVERS") or 1,
-                    timeouts=_timeouts_from_env(env, Timeouts()))
+                    timeouts=_overridden(Timeouts(), env))
 
 
 def _hfa_from_env(env: Mapping[str, str], base: HFASpec | None) -> HFASpec | None:
@@ -145,49 +133,36 @@ def _hfa_from_env(env: Mapping[str, str], base: HFASpec | None) -> HFASpec | Non
         return None
     if flag.lower() not in ("1", "true", "yes", "on"):
         raise ConfigError(f"GEOMX_HFA / MXNET_KVSTORE_USE_HFA must be 0 or 1, got {flag!r}")
-    current = base or HFASpec()
-    return HFASpec(k1=_int(env, "GEOMX_HFA_K1") or current.k1, k2=_int(env, "GEOMX_HFA_K2") or current.k2)
-
-
-_DGT_ENV = {"GEOMX_DGT_CHANNELS": "channels", "GEOMX_DGT_K": "k", "GEOMX_DGT_K_MIN": "k_min",
-            "GEOMX_DGT_ADAPTIVE": "adaptive", "GEOMX_DGT_BLOCK_BYTES": "block_bytes", "GEOMX_DGT_ALPHA": "alpha",
-            "GEOMX_DGT_DEADLINE": "deadline", "GEOMX_DGT_LOSS": "loss", "GEOMX_DGT_SEED": "seed",
-            "GEOMX_DGT_RANDOM_ORDER": "random_order", "GEOMX_DGT_RATE": "rate"}
+    return dataclasses.replace(base or HFASpec(), **env_values(HFASpec, env))
 
 
 def _dgt_from_env(env: Mapping[str, str], base: DGTSpec | None) -> DGTSpec | None:
-    """GEOMX_DGT / ENABLE_DGT (0, 1 or 2; GeoMX's mode 3 quantizes and is refused) and the GEOMX_DGT_* knobs
+    """GEOMX_DGT / ENABLE_DGT (0, 1 or 2; GeoMX's mode 3 quantizes and is refused) and DGTSpec's variables
     (DMLC_UDP_CHANNEL_NUM, DMLC_K, DMLC_K_MIN, ADAPTIVE_K_FLAG, DGT_BLOCK_SIZE, DGT_CONTRIBUTION_ALPHA,
-    DGT_SET_RANDOM) override the topology's ``dgt``."""
+    DGT_SET_RANDOM ...) override the topology's ``dgt``."""
     mode = _get(env, "GEOMX_DGT")
     if mode is not None and mode.strip() not in ("0", "1", "2"):
         raise ConfigError(f"GEOMX_DGT / ENABLE_DGT must be 0, 1 or 2 (GeoMX's mode 3, 4-bit quantization of "
                           f"the unreliable blocks, is not supported), got {mode!r}")
     if mode is not None and mode.strip() == "0":
         return None
-    overrides = {key: _get(env, name) for name, key in _DGT_ENV.items() if _get(env, name) is not None}
+    overrides = env_values(DGTSpec, env)
     if mode is None and (base is None or not overrides):
         return base
-    return dgt_from_yaml(overrides or True, base)
+    return dataclasses.replace(base or DGTSpec(), **overrides)
 
 
 def _tsengine_from_env(env: Mapping[str, str], base: TSEngineSpec | None) -> TSEngineSpec | None:
     """GEOMX_INTER_TS / ENABLE_INTER_TS, GEOMX_INTRA_TS / ENABLE_INTRA_TS and GEOMX_MAX_GREED_RATE_TS /
-    MAX_GREED_RATE_TS override the topology's ``tsengine``; both switches off turns TSEngine off."""
-    inter, intra = _flag(env, "GEOMX_INTER_TS"), _flag(env, "GEOMX_INTRA_TS")
-    greed = _get(env, "GEOMX_MAX_GREED_RATE_TS")
-    if inter is None and intra is None and (base is None or greed is None):
+    MAX_GREED_RATE_TS override the topology's ``tsengine``; both switches off turns TSEngine off (a switch
+    not set is off when the topology has no ``tsengine``)."""
+    values = env_values(TSEngineSpec, env)
+    if "inter" not in values and "intra" not in values and (base is None or "max_greed" not in values):
         return base
-    inter = (base.inter if base else False) if inter is None else inter
-    intra = (base.intra if base else False) if intra is None else intra
-    if not (inter or intra):
+    switches = {name: values.get(name, getattr(base, name) if base else False) for name in ("inter", "intra")}
+    if not any(switches.values()):
         return None
-    current = base or TSEngineSpec()
-    try:
-        max_greed = current.max_greed if greed is None else float(greed)
-    except ValueError:
-        raise ConfigError(f"GEOMX_MAX_GREED_RATE_TS / MAX_GREED_RATE_TS must be a number, got {greed!r}") from None
-    return dataclasses.replace(current, inter=inter, intra=intra, max_greed=max_greed)
+    return dataclasses.replace(base or TSEngineSpec(), **{**values, **switches})
 
 
 def _flag(env: Mapping[str, str], name: str) -> bool | None:
@@ -201,62 +176,18 @@ def _flag(env: Mapping[str, str], name: str) -> bool | None:
     raise ConfigError(f"{name} must be 0 or 1, got {value!r}")
 
 
-def _training_from_env(env: Mapping[str, str], base: TrainingSpec) -> TrainingSpec:
-    """GEOMX_SYNC, GEOMX_SERVER_OPTIMIZER, GEOMX_COMPRESSION, GEOMX_ESYNC, GEOMX_P3 (ENABLE_P3),
-    GEOMX_P3_SLICE_ELEMS, GEOMX_PRIORITIES, GEOMX_METRICS_EVERY and GEOMX_TENSORBOARD override the topology's
-    ``training`` block."""
-    raw: dict[str, Any] = {}
-    if _get(env, "GEOMX_SYNC") is not None:
-        raw["sync"] = _get(env, "GEOMX_SYNC")
-    for name, key in (("GEOMX_SERVER_OPTIMIZER", "server_optimizer"), ("GEOMX_COMPRESSION", "compression")):
-        if _get(env, name) is not None:
-            raw[key] = _get(env, name)
-    for name, key in (("GEOMX_ESYNC", "esync"), ("GEOMX_P3", "p3"), ("GEOMX_PRIORITIES", "priorities"),
-                      ("GEOMX_TENSORBOARD", "tensorboard")):
-        flag = _flag(env, name)
-        if flag is not None:
-            raw[key] = flag
-    for name, key in (("GEOMX_P3_SLICE_ELEMS", "p3_slice_elems"), ("GEOMX_METRICS_EVERY", "metrics_every")):
-        number = _int(env, name)
-        if number is not None:
-            raw[key] = number
-    return training_from_yaml(raw, base) if raw else base
-
-
-def _timeouts_from_env(env: Mapping[str, str], base: Timeouts) -> Timeouts:
-    changes: dict[str, float] = {}
-    value = env.get("GEOMX_TIMEOUT")
-    if value:
-        seconds = parse_duration(value)
-        changes.update(register_s=seconds, request_s=seconds, round_s=seconds)
-    for name, attr in (("GEOMX_HEARTBEAT_TIMEOUT", "heartbeat_s"),
-                       ("GEOMX_HEARTBEAT_INTERVAL", "heartbeat_interval_s")):
-        if env.get(name):
-            changes[attr] = parse_duration(env[name])
-    return dataclasses.replace(base, **changes) if changes else base
-
-
 def _security_from_env(env: Mapping[str, str], base: SecuritySpec) -> SecuritySpec:
     """GEOMX_SECRET / GEOMX_SECRET_FILE and GEOMX_CURVE_KEYS override the topology's ``security``."""
-    secret = env.get("GEOMX_SECRET") or None
-    if env.get("GEOMX_SECRET_FILE") and secret is None:
-        secret = read_secret(Path(env["GEOMX_SECRET_FILE"]))
-    keys = Path(env["GEOMX_CURVE_KEYS"]) if env.get("GEOMX_CURVE_KEYS") else None
-    if secret is None and keys is None:
-        return base
-    return SecuritySpec(secret=secret if secret is not None else base.secret, curve_keys=keys or base.curve_keys)
+    values = env_values(SecuritySpec, env)
+    if env.get("GEOMX_SECRET_FILE") and "secret" not in values:
+        values["secret"] = read_secret(Path(env["GEOMX_SECRET_FILE"]))
+    return dataclasses.replace(base, **values) if values else base
 
 
-def _checkpoint_from_env(env: Mapping[str, str], base: CheckpointSpec) -> CheckpointSpec:
-    """GEOMX_CHECKPOINT_DIR / _EVERY_STEPS / _EVERY_SECONDS override the topology's ``checkpoint``."""
-    directory = env.get("GEOMX_CHECKPOINT_DIR")
-    steps = _int(env, "GEOMX_CHECKPOINT_EVERY_STEPS")
-    seconds = env.get("GEOMX_CHECKPOINT_EVERY_SECONDS")
-    if not (directory or steps is not None or seconds):
-        return base
-    return CheckpointSpec(dir=Path(directory) if directory else base.dir,
-                          every_steps=base.every_steps if steps is None else steps,
-                          every_s=parse_duration(seconds) if seconds else base.every_s, keep=base.keep)
+def _overridden(spec: Any, env: Mapping[str, str]) -> Any:
+    """``spec`` with the fields its variables set (GEOMX_* or their GeoMX aliases)."""
+    values = env_values(type(spec), env)
+    return dataclasses.replace(spec, **values) if values else spec
 
 
 def node_config_from_env(env: Mapping[str, str]) -> NodeConfig:
@@ -268,20 +199,15 @@ def node_config_from_env(env: Mapping[str, str]) -> NodeConfig:
     topology_path = env.get("GEOMX_TOPOLOGY")
     if topology_path:
         topology = load_topology(topology_path)
-        topology = dataclasses.replace(topology, timeouts=_timeouts_from_env(env, topology.timeouts))
+        topology = dataclasses.replace(topology, timeouts=_overridden(topology.timeouts, env))
     else:
         topology = _topology_from_env(env, role, party)
-    bound = _int(env, "GEOMX_SIZE_LOWER_BOUND")
-    fp16 = _flag(env, "GEOMX_FP16")
-    topology = dataclasses.replace(topology, hfa=_hfa_from_env(env, topology.hfa), dgt=_dgt_from_env(env, topology.dgt),
+    topology = dataclasses.replace(topology, **env_values(Topology, env), hfa=_hfa_from_env(env, topology.hfa),
+                                   dgt=_dgt_from_env(env, topology.dgt),
                                    tsengine=_tsengine_from_env(env, topology.tsengine),
-                                   size_lower_bound=topology.size_lower_bound if bound is None else bound,
-                                   fp16=topology.fp16 if fp16 is None else fp16)
-    training = _training_from_env(env, topology.training)
-    elastic = _flag(env, "GEOMX_ELASTIC")
-    topology = dataclasses.replace(topology, security=_security_from_env(env, topology.security),
-                                   checkpoint=_checkpoint_from_env(env, topology.checkpoint),
-                                   elastic=topology.elastic if elastic is None else elastic)
+                                   security=_security_from_env(env, topology.security),
+                                   checkpoint=_overridden(topology.checkpoint, env))
+    training = _overridden(topology.training, env)
     job_start = _get(env, "GEOMX_JOB_START")
     if job_start is not None:
         topology = dataclasses.replace(topology, job_start=parse_number(job_start, "GEOMX_JOB_START",

@@ -10,11 +10,14 @@ Usage::
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
+from .fields import part, setting
+from .kinds import BANDWIDTH, BOOL, CODEC, DURATION, FLOAT, FLOATS, INT, OPTIMIZER, PATH, STR
 
 
 class Role(enum.StrEnum):
@@ -106,12 +109,17 @@ class Outage:
 class Timeouts:
     """Every blocking wait in geomx uses one of these (seconds)."""
 
-    register_s: float = 60.0
-    request_s: float = 120.0
-    round_s: float = 120.0
-    shutdown_s: float = 30.0
-    heartbeat_s: float = 10.0  # a node silent this long is declared dead by its scheduler
-    heartbeat_interval_s: float = 1.0  # how often every node tells its scheduler(s) it is alive
+    register_s: float = setting(60.0, kind=DURATION, key="register", env="GEOMX_TIMEOUT",
+                                doc="waiting for every process to join")
+    request_s: float = setting(120.0, kind=DURATION, key="request", env="GEOMX_TIMEOUT",
+                               doc="a worker waiting for an answer")
+    round_s: float = setting(120.0, kind=DURATION, key="round", env="GEOMX_TIMEOUT",
+                             doc="a server waiting for all its clients")
+    shutdown_s: float = setting(30.0, kind=DURATION, key="shutdown")
+    heartbeat_s: float = setting(10.0, kind=DURATION, key="heartbeat", env="GEOMX_HEARTBEAT_TIMEOUT",
+                                 doc="a node silent this long is declared dead by its scheduler")
+    heartbeat_interval_s: float = setting(1.0, kind=DURATION, key="heartbeat_interval", env="GEOMX_HEARTBEAT_INTERVAL",
+                                          doc="how often every node tells its scheduler(s) it is alive")
 
     def __post_init__(self) -> None:
         if not 0 < self.heartbeat_interval_s < self.heartbeat_s:
@@ -123,8 +131,10 @@ class Timeouts:
 class HFASpec:
     """Hierarchical frequency aggregation: K1 local steps per local average, K2 local averages per global one."""
 
-    k1: int = 1
-    k2: int = 1
+    k1: int = setting(1, kind=INT, env="GEOMX_HFA_K1", aliases=("MXNET_KVSTORE_HFA_K1",),
+                      doc="local steps per local model average")
+    k2: int = setting(1, kind=INT, env="GEOMX_HFA_K2", aliases=("MXNET_KVSTORE_HFA_K2",),
+                      doc="local averages per global one")
 
     def __post_init__(self) -> None:
         if self.k1 < 1 or self.k2 < 1:
@@ -144,17 +154,17 @@ class DGTSpec:
     baseline that ranks blocks at random. Usage: ``DGTSpec(channels=3, k=0.8, loss=(0.01, 0.01, 0.01))``.
     """
 
-    channels: int = 3
-    k: float = 0.8
-    adaptive: bool = False
-    k_min: float = 0.2
-    block_bytes: int = 4096
-    alpha: float = 0.3
-    deadline_s: float = 0.05
-    loss: tuple[float, ...] = ()
-    seed: int = 0
-    random_order: bool = False
-    rate_bps: float = 400e6
+    channels: int = setting(3, kind=INT, env="GEOMX_DGT_CHANNELS", aliases=("DMLC_UDP_CHANNEL_NUM",))
+    k: float = setting(0.8, kind=FLOAT, env="GEOMX_DGT_K", aliases=("DMLC_K",))
+    adaptive: bool = setting(False, kind=BOOL, env="GEOMX_DGT_ADAPTIVE", aliases=("ADAPTIVE_K_FLAG",))
+    k_min: float = setting(0.2, kind=FLOAT, env="GEOMX_DGT_K_MIN", aliases=("DMLC_K_MIN",))
+    block_bytes: int = setting(4096, kind=INT, env="GEOMX_DGT_BLOCK_BYTES", aliases=("DGT_BLOCK_SIZE",))
+    alpha: float = setting(0.3, kind=FLOAT, env="GEOMX_DGT_ALPHA", aliases=("DGT_CONTRIBUTION_ALPHA",))
+    deadline_s: float = setting(0.05, kind=DURATION, key="deadline", env="GEOMX_DGT_DEADLINE")
+    loss: tuple[float, ...] = setting((), kind=FLOATS, env="GEOMX_DGT_LOSS")
+    seed: int = setting(0, kind=INT, env="GEOMX_DGT_SEED")
+    random_order: bool = setting(False, kind=BOOL, env="GEOMX_DGT_RANDOM_ORDER", aliases=("DGT_SET_RANDOM",))
+    rate_bps: float = setting(400e6, kind=BANDWIDTH, key="rate", env="GEOMX_DGT_RATE")
 
     def __post_init__(self) -> None:
         if not 1 <= self.channels <= 7:
@@ -187,10 +197,10 @@ class TSEngineSpec:
     servers and the global servers, across parties. ``intra`` (``ENABLE_INTRA_TS``): between the workers and
     their local server, inside each party. Usage: ``TSEngineSpec(max_greed=0.9, intra=True)``."""
 
-    max_greed: float = 0.9
-    seed: int = 0
-    inter: bool = True
-    intra: bool = False
+    max_greed: float = setting(0.9, kind=FLOAT, env="GEOMX_MAX_GREED_RATE_TS", aliases=("MAX_GREED_RATE_TS",))
+    seed: int = setting(0, kind=INT)
+    inter: bool = setting(True, kind=BOOL, env="GEOMX_INTER_TS", aliases=("ENABLE_INTER_TS",))
+    intra: bool = setting(False, kind=BOOL, env="GEOMX_INTRA_TS", aliases=("ENABLE_INTRA_TS",))
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.max_greed <= 1.0:
@@ -209,8 +219,9 @@ class SecuritySpec:
     Usage: ``SecuritySpec(secret="correct horse battery staple")``.
     """
 
-    secret: str | None = field(default=None, repr=False)
-    curve_keys: Path | None = None
+    secret: str | None = setting(None, kind=STR, env="GEOMX_SECRET", written=False, repr=False,
+                                 doc="also 'secret_file' / GEOMX_SECRET_FILE; never written out")
+    curve_keys: Path | None = setting(None, kind=PATH, env="GEOMX_CURVE_KEYS")
 
     def __post_init__(self) -> None:
         if self.secret is not None and len(self.secret) < 8:
@@ -229,10 +240,10 @@ class CheckpointSpec:
     ``keep`` are kept. Usage: ``CheckpointSpec(dir=Path("ckpt"), every_steps=50)``.
     """
 
-    dir: Path | None = None
-    every_steps: int = 0
-    every_s: float = 0.0
-    keep: int = 3
+    dir: Path | None = setting(None, kind=PATH, env="GEOMX_CHECKPOINT_DIR")
+    every_steps: int = setting(0, kind=INT, env="GEOMX_CHECKPOINT_EVERY_STEPS")
+    every_s: float = setting(0.0, kind=DURATION, key="every_seconds", env="GEOMX_CHECKPOINT_EVERY_SECONDS")
+    keep: int = setting(3, kind=INT)
 
     def __post_init__(self) -> None:
         if self.every_steps < 0 or self.every_s < 0 or self.keep < 1:
@@ -242,8 +253,8 @@ class CheckpointSpec:
             raise ConfigError("checkpoint.dir is set: say how often with every_steps and/or every_seconds")
 
 
-SYNC_KINDS = ("dist_sync", "dist_async")
-SERVER_OPTIMIZER_CHOICES = ("auto", "none", "sgd", "adam", "dcasgd", "outer_nesterov")
+# Names in a training block: the registries (geomx.sync, geomx.optim) say which exist (geomx.compose.check_names).
+_NAME = re.compile(r"[a-z0-9_]+")
 
 
 @dataclass(frozen=True)
@@ -263,23 +274,27 @@ class TrainingSpec:
     Usage: ``TrainingSpec(sync="dist_async", server_optimizer="dcasgd")``.
     """
 
-    sync: str = "dist_sync"
-    server_optimizer: str = "auto"
-    server_optimizer_params: tuple[tuple[str, float], ...] = ()
-    compression: dict[str, Any] | None = field(default=None, hash=False, compare=True)
-    esync: bool = False
-    p3: bool = False
-    p3_slice_elems: int = 50_000
-    priorities: bool = True
-    metrics_every: int = 10
-    tensorboard: bool = False  # also write the metrics as TensorBoard scalars (RUN/tensorboard/<worker>/)
+    sync: str = setting("dist_sync", kind=STR, expects="str", env="GEOMX_SYNC")
+    server_optimizer: str = setting("auto", kind=OPTIMIZER, env="GEOMX_SERVER_OPTIMIZER",
+                                    companions=("server_optimizer_params",))
+    server_optimizer_params: tuple[tuple[str, float], ...] = part((), of="server_optimizer")
+    compression: dict[str, Any] | None = setting(None, kind=CODEC, env="GEOMX_COMPRESSION", hash=False,
+                                                 compare=True)
+    esync: bool = setting(False, kind=BOOL, expects="bool", env="GEOMX_ESYNC")
+    p3: bool = setting(False, kind=BOOL, expects="bool", env="GEOMX_P3", aliases=("ENABLE_P3",))
+    p3_slice_elems: int = setting(50_000, kind=INT, expects="int", env="GEOMX_P3_SLICE_ELEMS")
+    priorities: bool = setting(True, kind=BOOL, expects="bool", env="GEOMX_PRIORITIES")
+    metrics_every: int = setting(10, kind=INT, expects="int", env="GEOMX_METRICS_EVERY")
+    tensorboard: bool = setting(False, kind=BOOL, expects="bool", env="GEOMX_TENSORBOARD",
+                                doc="also write the metrics as TensorBoard scalars (RUN/tensorboard/<worker>/)")
 
     def __post_init__(self) -> None:
-        if self.sync not in SYNC_KINDS:
-            raise ConfigError(f"training.sync {self.sync!r} is unknown; valid: {list(SYNC_KINDS)}")
-        if self.server_optimizer not in SERVER_OPTIMIZER_CHOICES:
-            raise ConfigError(f"training.server_optimizer {self.server_optimizer!r} is unknown; "
-                              f"valid: {list(SERVER_OPTIMIZER_CHOICES)}")
+        # one order (a YAML writer sorts keys): equal parameters make equal specs
+        object.__setattr__(self, "server_optimizer_params", tuple(sorted(self.server_optimizer_params)))
+        for name in ("sync", "server_optimizer"):
+            if not _NAME.fullmatch(getattr(self, name)):
+                raise ConfigError(f"training.{name} must be a name in lower case letters, digits and '_', got "
+                                  f"{getattr(self, name)!r}")
         if self.compression is not None and not isinstance(self.compression.get("type"), str):
             raise ConfigError(f"training.compression needs a 'type', got {self.compression!r}")
         if self.p3_slice_elems < 1:

@@ -14,6 +14,8 @@ from pathlib import Path
 
 from .combinations import check
 from .errors import ConfigError
+from .fields import setting
+from .kinds import BOOL, INT
 from .specs import (CheckpointSpec, DGTSpec, HFASpec, LinkSpec, Mode, Outage, PartySpec, Role, SecuritySpec,
                     Timeouts, TrainingSpec, TSEngineSpec)
 
@@ -43,21 +45,25 @@ class Topology:
 
     parties: tuple[PartySpec, ...]
     central: str
-    num_global_servers: int = 1
+    num_global_servers: int = setting(1, kind=INT, key="global_servers")
     mode: Mode = Mode.HIPS
     lan: LinkSpec = LinkSpec()
     wan: LinkSpec = LinkSpec()
     timeouts: Timeouts = Timeouts()
     slice_elems: int = AUTO_SLICE_ELEMS  # 0: default_slice_elems(number of parties)
-    max_message_bytes: int = 1 << 31
+    max_message_bytes: int = setting(1 << 31, kind=INT)
     parties_known: bool = True  # False when built from DMLC_* counts alone: party names are placeholders
     hfa: HFASpec | None = None  # hierarchical frequency aggregation, when enabled
-    size_lower_bound: int = 200_000  # tensors smaller than this travel dense under Bi-Sparse / MPQ
-    fp16: bool = False  # kvstore data travels as float16 on LAN and WAN (the model stays float32)
+    size_lower_bound: int = setting(200_000, kind=INT, env="GEOMX_SIZE_LOWER_BOUND",
+                                    aliases=("MXNET_KVSTORE_SIZE_LOWER_BOUND",),
+                                    doc="tensors smaller than this travel dense under Bi-Sparse / MPQ")
+    fp16: bool = setting(False, kind=BOOL, env="GEOMX_FP16",
+                         doc="kvstore data travels as float16 on LAN and WAN (the model stays float32)")
     training: TrainingSpec = TrainingSpec()  # geomx.torch's choices (the kvstore API ignores them)
     security: SecuritySpec = SecuritySpec()  # shared secret / CURVE keys
     checkpoint: CheckpointSpec = CheckpointSpec()  # global servers' checkpoints
-    elastic: bool = False  # FSA: a dead party/worker is dropped and the aggregate rescaled (default: stop)
+    elastic: bool = setting(False, kind=BOOL, env="GEOMX_ELASTIC",
+                            doc="FSA: a dead party/worker is dropped and the aggregate rescaled (default: stop)")
     dgt: DGTSpec | None = None  # Differential Gradient Transmission, when enabled
     tsengine: TSEngineSpec | None = None  # TSEngine's dissemination overlay across parties, when enabled
     outages: tuple[Outage, ...] = ()  # emulated WAN cut-offs, in seconds from ``job_start``

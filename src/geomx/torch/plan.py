@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from .. import optim
+from ..compose import check_names
 from ..config import ConfigError, HFASpec, TrainingSpec
 from ..config.combinations import check, plan_facts
 
@@ -106,7 +107,8 @@ def _named_optimizer(spec: TrainingSpec, torch_optimizer: torch.optim.Optimizer)
 
 
 def make_plan(spec: TrainingSpec, hfa: HFASpec | None, torch_optimizer: torch.optim.Optimizer) -> Plan:
-    """Decide the mode; ConfigError names any combination that cannot work."""
+    """Decide the mode; ConfigError names an unknown name or any combination that cannot work."""
+    check_names(spec)
     codec = spec.compression["type"] if spec.compression else None
     residual = codec in RESIDUAL_CODECS
     named = spec.server_optimizer not in ("auto", "none")
