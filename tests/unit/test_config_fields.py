@@ -169,3 +169,27 @@ def test_the_environment_reaches_every_spec(tmp_path):
     assert (topology.size_lower_bound, topology.elastic, topology.timeouts.round_s) == (77, True, 7.0)
     assert topology.checkpoint == CheckpointSpec(dir=Path("/tmp/c"), every_steps=3)
     assert topology.training.metrics_every == 4 and topology.security.curve_keys == Path("/tmp/keys")
+
+
+def _documented(readme: str) -> set[str]:
+    """The GEOMX_* names the README gives, ``GEOMX_A_B`` / ``_C`` shorthand expanded to ``GEOMX_A_C``."""
+    import re
+
+    names = set(re.findall(r"\bGEOMX_[A-Z0-9_]*[A-Z0-9]", readme))
+    for first, rest in re.findall(r"`(GEOMX_[A-Z0-9_]+)`((?: / `_[A-Z0-9_]+`)+)", readme):
+        prefix = first.rsplit("_", 1)[0]
+        names |= {prefix + suffix for suffix in re.findall(r"`(_[A-Z0-9_]+)`", rest)}
+    return names
+
+
+def test_the_readme_names_exactly_the_variables_the_config_reads():
+    import re
+
+    from geomx.config import env as env_module
+
+    declared = {d.env for cls in ENV_SPECS for _, d in fields.settings(cls) if d.env}
+    read = declared | set(env_module.NODE_VARIABLES)
+    source = Path(env_module.__file__).read_text()
+    assert set(re.findall(r'"(GEOMX_[A-Z0-9_]+)"', source)) <= read  # no variable read by hand but unlisted
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    assert _documented(readme) == read

@@ -39,6 +39,12 @@ _NODE_ALIASES: dict[str, tuple[str, ...]] = {
     "GEOMX_HFA": ("MXNET_KVSTORE_USE_HFA",),
     "GEOMX_DGT": ("ENABLE_DGT",),
 }
+# The variables read by hand here (a process's role and addresses, counts without a topology file, the feature
+# switches that turn a whole block on or off); every other one is declared on its spec field.
+NODE_VARIABLES = ("GEOMX_ROLE", "GEOMX_PARTY", "GEOMX_TOPOLOGY", "GEOMX_SCHEDULER", "GEOMX_GLOBAL_SCHEDULER",
+                  "GEOMX_NUM_WORKERS", "GEOMX_NUM_GLOBAL_SERVERS", "GEOMX_NUM_ALL_WORKERS", "GEOMX_NUM_PARTIES",
+                  "GEOMX_CENTRAL", "GEOMX_MASTER_WORKER", "GEOMX_RANK", "GEOMX_HOST", "GEOMX_WORKER_OFFSET",
+                  "GEOMX_RUN_DIR", "GEOMX_RESUME", "GEOMX_JOB_START", "GEOMX_HFA", "GEOMX_DGT", "GEOMX_SECRET_FILE")
 # every spec whose declared fields the environment may set
 ENV_SPECS: tuple[type, ...] = (Topology, Timeouts, HFASpec, DGTSpec, TSEngineSpec, TrainingSpec, SecuritySpec,
                                CheckpointSpec)
