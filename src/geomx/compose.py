@@ -14,11 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .aggregation.registry import AGGREGATIONS, EXTENSIONS
-from .config import NodeConfig
+from .config import ConfigError, NodeConfig, TrainingSpec
 from .core.plugins import Aggregation, Completion, Extension, Handler, Route, ServerHost
 from .core.policy import SyncPolicy
+from .optim import OPTIMIZERS
 from .routes.registry import ROUTES
-from .sync.registry import sync_policy
+from .sync.registry import SYNC_POLICIES, sync_policy
 from .wire import Kind
 
 # Until the master's CONFIGURE names another, rounds of pushes wait for every client (and a local tier's
@@ -75,3 +76,17 @@ def configured_policy(name: str) -> SyncPolicy:
     """The policy the master names later (CONFIGURE's ``sync``), from the same registry; ValueError lists the
     valid names."""
     return sync_policy(name)
+
+
+def check_names(spec: TrainingSpec) -> None:
+    """Refuse a training block naming a sync or server optimizer no registry holds, listing the valid names.
+
+    The config layer takes any name (it imports no plug-in); the registries know which exist, so the names are
+    checked here, where they are reachable: at `geomx launch` and when the torch wrapper makes its plan.
+    Usage: ``check_names(topology.training)``.
+    """
+    if spec.sync not in SYNC_POLICIES:
+        raise ConfigError(f"training.sync {spec.sync!r} is unknown; valid: {sorted(SYNC_POLICIES)}")
+    choices = ["auto", "none", *sorted(OPTIMIZERS)]
+    if spec.server_optimizer not in choices:
+        raise ConfigError(f"training.server_optimizer {spec.server_optimizer!r} is unknown; valid: {choices}")

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from .compose import check_names
 from .config import Mode, NodeConfig, Role, Topology, load_topology, node_env
 from .runlog import read_metrics, read_stats
 
@@ -324,6 +325,7 @@ def launch(topology_path: Path, command: list[str], *, run_dir: Path | None = No
            out: IO[str] | None = None, resume: bool = False) -> LaunchResult:
     """Plan, start and watch a job; returns its result (the caller prints the summary)."""
     topology = load_topology(topology_path)
+    check_names(topology.training)
     run_dir = run_dir or default_run_dir(topology_path)
     if party is not None and party != topology.central and global_scheduler is None:
         raise ValueError(f"party {party!r} is not the central party: give --global-scheduler HOST:PORT")

@@ -32,6 +32,7 @@ from .codecs.base import Kind as TensorKind
 from .codecs.messages import decode_message, payload_fields
 from .compose import DEFAULT_SYNC, compose, configured_policy
 from .config import Mode, NodeConfig, Role
+from .config.combinations import configure_facts, refusal
 from .core.checkpoints import checkpoint_if_due, restore_optimizer, resume, slots_of
 from .core.clients import Clients
 from .core.rounds import Round, RoundId, RoundTable, Slot
@@ -593,13 +594,10 @@ class ParameterServer:
         except ValueError as exc:  # CodecError is a ValueError too
             self.refuse(message, str(exc))
             return
-        if self.config.topology.inter_ts and (
-                codec is not None or (policy is not None and policy.name != DEFAULT_SYNC)):
-            self.refuse(message, "TSEngine (ENABLE_INTER_TS) works with dist_sync and without WAN compression; "
-                                  "see the README's table")
-            return
-        if codec is not None and self.config.topology.dgt is not None:
-            self.refuse(message, "DGT (ENABLE_DGT) does not combine with WAN compression; see the README's table")
+        refused = refusal(configure_facts(self.config.topology.features, compression=codec is not None,
+                                          other_sync=policy is not None and policy.name != DEFAULT_SYNC))
+        if refused is not None:
+            self.refuse(message, refused)
             return
         if codec is not None:
             self.wan_codec = codec

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from geomx import optim
+from geomx.compose import check_names
 from geomx.config import ConfigError, HFASpec, TrainingSpec
 from geomx.torch import Mode, make_plan, translate
 from geomx.torch.data import shard_indices
@@ -114,12 +115,21 @@ def test_the_training_block_and_its_environment_variables():
     assert node.topology.training.p3 and node.topology.slice_elems == 1000  # P3 slices every tensor
     assert node.topology.training.server_optimizer == "outer_nesterov"
     assert node.topology.training.compression == {"type": "fp16"}
-    for bad, text in [({"training": {"sync": "dist_bogus"}}, "sync"), ({"training": {"p3": "yes"}}, "p3 must be"),
-                      ({"training": {"server_optimizer": "lion"}}, "server_optimizer 'lion'"),
+    for bad, text in [({"training": {"sync": "dist bogus"}}, "sync"), ({"training": {"p3": "yes"}}, "p3 must be"),
                       ({"training": {"colour": 1}}, "unknown fields"),
                       ({"training": {"compression": "bsc:threshold"}}, "not key=value")]:
         with pytest.raises(ConfigError, match=text):
             topology_from_dict({"parties": {"dc0": 1}, **bad})
+    # a name no registry holds: refused where the registries are reachable (`geomx launch`, the plan), not by
+    # the config layer, which imports no plug-in; the valid names come from the registries
+    for bad, text in [({"sync": "dist_bogus"}, r"training\.sync 'dist_bogus' is unknown; valid: \['dist_async', "),
+                      ({"server_optimizer": "lion"}, r"server_optimizer 'lion' is unknown; valid: \['auto', 'none', "
+                                                     r"'adam', 'dcasgd', 'outer_nesterov', 'sgd'\]")]:
+        training = topology_from_dict({"parties": {"dc0": 1}, "training": bad}).training
+        with pytest.raises(ConfigError, match=text):
+            check_names(training)
+        with pytest.raises(ConfigError, match=text):
+            make_plan(training, None, torch.optim.SGD(params(), lr=0.1))
     with pytest.raises(ConfigError, match="GEOMX_P3 must be 0 or 1"):
         node_config_from_env({**env, "ENABLE_P3": "maybe"})
     assert spec.priorities and node.topology.training.priorities  # on unless turned off

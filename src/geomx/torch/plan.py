@@ -25,7 +25,9 @@ from typing import Any
 import torch
 
 from .. import optim
+from ..compose import check_names
 from ..config import ConfigError, HFASpec, TrainingSpec
+from ..config.combinations import check, plan_facts
 
 log = logging.getLogger("geomx.torch")
 
@@ -105,37 +107,25 @@ def _named_optimizer(spec: TrainingSpec, torch_optimizer: torch.optim.Optimizer)
 
 
 def make_plan(spec: TrainingSpec, hfa: HFASpec | None, torch_optimizer: torch.optim.Optimizer) -> Plan:
-    """Decide the mode; ConfigError names any combination that cannot work."""
+    """Decide the mode; ConfigError names an unknown name or any combination that cannot work."""
+    check_names(spec)
     codec = spec.compression["type"] if spec.compression else None
     residual = codec in RESIDUAL_CODECS
     named = spec.server_optimizer not in ("auto", "none")
-    if spec.esync and (hfa is None or hfa.k2 != 1):
-        raise ConfigError("ESync runs on HFA with K2 = 1: add `hfa: {k1: 4, k2: 1}` to the topology")
+    facts = plan_facts(spec, hfa, residual)
+    check(facts, server_optimizer=spec.server_optimizer)
     if hfa is not None:
-        if spec.sync != "dist_sync":
-            raise ConfigError("HFA and ESync average models synchronously: use training.sync dist_sync")
-        if named and spec.server_optimizer in ("adam", "dcasgd"):
-            raise ConfigError(f"under HFA the global server sees model deltas: server optimizer "
-                              f"{spec.server_optimizer!r} does not apply; use outer_nesterov, sgd or none")
         outer = _named_optimizer(spec, torch_optimizer) if named else None
         return Plan(Mode.ESYNC if spec.esync else Mode.HFA, spec.sync, outer, spec.compression, spec.p3)
-    if spec.server_optimizer == "outer_nesterov":
-        raise ConfigError("the outer Nesterov optimizer needs HFA: add `hfa: {k1: ..., k2: ...}` to the topology")
     if named:
         server: optim.Optimizer | None = _named_optimizer(spec, torch_optimizer)
     elif spec.server_optimizer == "auto" and not residual:
         server = translate(torch_optimizer)
     else:
         server = None
-    if server is not None and residual:
-        raise ConfigError(f"codec {codec!r} keeps residuals and needs additive data, but a server optimizer "
-                          "answers with weights: set training.server_optimizer to none")
+    check({**facts, "server_optimizer": server is not None, "no_server_optimizer": server is None},
+          codec=codec, torch_optimizer=type(torch_optimizer).__name__)
     if server is None:
-        if spec.sync == "dist_async":
-            raise ConfigError(
-                f"MixedSync (dist_async) applies each party's gradient on the global server, so it needs a "
-                f"server optimizer; {type(torch_optimizer).__name__} with these settings cannot be translated "
-                "(SGD and Adam can): set training.server_optimizer (e.g. sgd, adam or dcasgd)")
         if spec.server_optimizer == "auto" and not residual:
             log.info("%s has no server equivalent: gradients are averaged and it steps on every worker",
                      type(torch_optimizer).__name__)

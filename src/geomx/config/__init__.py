@@ -1,0 +1,32 @@
+"""Typed configuration: the only package that reads environment variables and topology files.
+
+Everything else in geomx receives the frozen objects built here. GeoMX's documented variable names
+(``DMLC_ROLE``, ``DMLC_PS_ROOT_URI`` ...) are accepted as aliases of our ``GEOMX_*`` names; when both are
+set, the ``GEOMX_*`` name wins. One module per job: ``specs`` (the typed specs), ``topology`` (the job and
+one process's view of it), ``units`` (bandwidths, durations), ``yaml_io`` (topology files), ``env`` (the
+environment).
+
+Usage::
+
+    topology = load_topology("topologies/demo.yaml")
+    node = node_config_from_env(os.environ)      # inside a process started by `geomx launch`
+"""
+
+from __future__ import annotations
+
+from .env import ENV_ALIASES, node_config, node_config_from_env, node_env
+from .errors import ConfigError
+from .specs import (OUTAGE_ORIGINS, CheckpointSpec, DGTSpec, HFASpec, LinkSpec,
+                    Mode, Outage, PartySpec, Role, SecuritySpec, Timeouts, TrainingSpec, TSEngineSpec)
+from .topology import (AUTO_SLICE_ELEMS, LAN_SLICE_ELEMS, WAN_SLICE_ELEMS, NodeConfig, Topology,
+                       default_slice_elems)
+from .units import parse_bandwidth, parse_duration
+from .yaml_io import load_topology, topology_from_dict, topology_to_dict
+
+__all__ = [
+    "AUTO_SLICE_ELEMS", "ENV_ALIASES", "LAN_SLICE_ELEMS", "OUTAGE_ORIGINS",
+    "WAN_SLICE_ELEMS", "CheckpointSpec", "ConfigError", "DGTSpec", "HFASpec", "LinkSpec", "Mode", "NodeConfig",
+    "Outage", "PartySpec", "Role", "SecuritySpec", "Timeouts", "Topology", "TrainingSpec",
+    "TSEngineSpec", "default_slice_elems", "load_topology", "node_config", "node_config_from_env", "node_env",
+    "parse_bandwidth", "parse_duration", "topology_from_dict", "topology_to_dict",
+]

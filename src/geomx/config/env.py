@@ -1,0 +1,286 @@
+"""The environment: ``GEOMX_*`` variables (and GeoMX's documented names as aliases) -> ``NodeConfig``, and back.
+
+GeoMX's documented variable names (``DMLC_ROLE``, ``DMLC_PS_ROOT_URI`` ...) are accepted as aliases of our
+``GEOMX_*`` names; when both are set, the ``GEOMX_*`` name wins.
+
+Usage::
+
+    node = node_config_from_env(os.environ)      # inside a process started by `geomx launch`
+    env = node_env(node, run_dir / "topology.yaml")
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+from .fields import aliases_of, env_values, lookup
+from .specs import (CheckpointSpec, DGTSpec, HFASpec, Mode, PartySpec, Role, SecuritySpec, Timeouts, TrainingSpec,
+                    TSEngineSpec)
+from .topology import LAN_SLICE_ELEMS, NodeConfig, Topology
+from .units import parse_number
+from .yaml_io import load_topology, read_secret
+
+
+# Our canonical names, and the GeoMX (ps-lite) names accepted as aliases: the process-level names here, every
+# feature's from its spec's declared fields (geomx.config.fields).
+_NODE_ALIASES: dict[str, tuple[str, ...]] = {
+    "GEOMX_NUM_WORKERS": ("DMLC_NUM_WORKER",),
+    "GEOMX_NUM_GLOBAL_SERVERS": ("DMLC_NUM_GLOBAL_SERVER",),
+    "GEOMX_NUM_ALL_WORKERS": ("DMLC_NUM_ALL_WORKER",),
+    "GEOMX_NUM_PARTIES": ("DMLC_NUM_GLOBAL_WORKER",),
+    "GEOMX_MASTER_WORKER": ("DMLC_ROLE_MASTER_WORKER",),
+    "GEOMX_HOST": ("DMLC_NODE_HOST",),
+    "GEOMX_HFA": ("MXNET_KVSTORE_USE_HFA",),
+    "GEOMX_DGT": ("ENABLE_DGT",),
+}
+# The variables read by hand here (a process's role and addresses, counts without a topology file, the feature
+# switches that turn a whole block on or off); every other one is declared on its spec field.
+NODE_VARIABLES = ("GEOMX_ROLE", "GEOMX_PARTY", "GEOMX_TOPOLOGY", "GEOMX_SCHEDULER", "GEOMX_GLOBAL_SCHEDULER",
+                  "GEOMX_NUM_WORKERS", "GEOMX_NUM_GLOBAL_SERVERS", "GEOMX_NUM_ALL_WORKERS", "GEOMX_NUM_PARTIES",
+                  "GEOMX_CENTRAL", "GEOMX_MASTER_WORKER", "GEOMX_RANK", "GEOMX_HOST", "GEOMX_WORKER_OFFSET",
+                  "GEOMX_RUN_DIR", "GEOMX_RESUME", "GEOMX_JOB_START", "GEOMX_HFA", "GEOMX_DGT", "GEOMX_SECRET_FILE")
+# every spec whose declared fields the environment may set
+ENV_SPECS: tuple[type, ...] = (Topology, Timeouts, HFASpec, DGTSpec, TSEngineSpec, TrainingSpec, SecuritySpec,
+                               CheckpointSpec)
+ENV_ALIASES: dict[str, tuple[str, ...]] = {**_NODE_ALIASES, **aliases_of(*ENV_SPECS)}
+
+_ROLE_NAMES = {r.value for r in Role}
+
+
+def _get(env: Mapping[str, str], name: str) -> str | None:
+    return lookup(env, name, ENV_ALIASES.get(name, ()))
+
+
+def _int(env: Mapping[str, str], name: str) -> int | None:
+    value = _get(env, name)
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(f"{name} must be an integer, got {value!r}") from None
+
+
+def _role_from_env(env: Mapping[str, str]) -> Role:
+    role = env.get("GEOMX_ROLE")
+    if role:
+        if role not in _ROLE_NAMES:
+            raise ConfigError(f"GEOMX_ROLE={role!r} is not a role; valid: {sorted(_ROLE_NAMES)}")
+        return Role(role)
+    dmlc_global = env.get("DMLC_ROLE_GLOBAL", "")
+    dmlc_role = env.get("DMLC_ROLE", "")
+    if dmlc_global == "global_scheduler":
+        return Role.GLOBAL_SCHEDULER
+    if dmlc_global == "global_server":
+        return Role.GLOBAL_SERVER
+    if dmlc_global:
+        raise ConfigError(f"DMLC_ROLE_GLOBAL={dmlc_global!r}; valid: global_scheduler, global_server")
+    mapping = {"scheduler": Role.LOCAL_SCHEDULER, "server": Role.LOCAL_SERVER, "worker": Role.WORKER}
+    if dmlc_role in mapping:
+        return mapping[dmlc_role]
+    if dmlc_role:
+        raise ConfigError(f"DMLC_ROLE={dmlc_role!r}; valid: scheduler, server, worker")
+    raise ConfigError("no role: set GEOMX_ROLE (or GeoMX's DMLC_ROLE / DMLC_ROLE_GLOBAL); "
+                      "`geomx launch` sets it for you")
+
+
+def _address(env: Mapping[str, str], canonical: str, uri: str, port: str) -> str | None:
+    value, source = env.get(canonical), canonical
+    if not value and env.get(uri) and env.get(port):
+        value, source = f"{env[uri]}:{env[port]}", f"{uri}:{port}"
+    if not value:
+        return None
+    if not re.fullmatch(r"[^:\s]+:\d{1,5}", value):
+        raise ConfigError(f"{source}={value!r} must be HOST:PORT with a numeric port")
+    return value
+
+
+def _topology_from_env(env: Mapping[str, str], role: Role, party: str) -> Topology:
+    """A topology for GeoMX-style launches that set only DMLC_* counts (no topology file).
+
+    Only this party's worker count is known; the other parties are placeholders sized so that
+    ``num_all_workers`` matches DMLC_NUM_ALL_WORKER. No link emulation.
+    """
+    num_workers = _int(env, "GEOMX_NUM_WORKERS") or 1
+    all_workers = _int(env, "GEOMX_NUM_ALL_WORKERS")
+    num_parties = _int(env, "GEOMX_NUM_PARTIES")
+    if num_parties is None:  # GeoMX sets DMLC_NUM_GLOBAL_WORKER only on servers and schedulers
+        num_parties = 1 if all_workers is None else max(1, -(-all_workers // num_workers))
+    if all_workers is None:
+        all_workers = num_workers * num_parties
+    parties = [PartySpec(party, num_workers)]
+    remaining = max(all_workers - num_workers, 0)
+    for index in range(1, num_parties):
+        share = max(remaining // (num_parties - index), 1)
+        remaining -= share
+        parties.append(PartySpec(f"{party}-peer{index}", share))
+    central = env.get("GEOMX_CENTRAL") or party
+    if central not in {p.name for p in parties}:
+        central = party
+    # GeoMX's slice size, not default_slice_elems: the parties here are guesses that may differ between
+    # processes, and every worker must cut every tensor the same way
+    return Topology(parties=tuple(parties), central=central, parties_known=False, slice_elems=LAN_SLICE_ELEMS,
+                    num_global_servers=_int(env, "GEOMX_NUM_GLOBAL_SERVERS") or 1,
+                    timeouts=_overridden(Timeouts(), env))
+
+
+def _hfa_from_env(env: Mapping[str, str], base: HFASpec | None) -> HFASpec | None:
+    """GEOMX_HFA / MXNET_KVSTORE_USE_HFA (with _K1, _K2) override the topology's ``hfa``."""
+    flag = _get(env, "GEOMX_HFA")
+    if flag is None:
+        return base
+    if flag.lower() in ("0", "false", "no", "off"):
+        return None
+    if flag.lower() not in ("1", "true", "yes", "on"):
+        raise ConfigError(f"GEOMX_HFA / MXNET_KVSTORE_USE_HFA must be 0 or 1, got {flag!r}")
+    return dataclasses.replace(base or HFASpec(), **env_values(HFASpec, env))
+
+
+def _dgt_from_env(env: Mapping[str, str], base: DGTSpec | None) -> DGTSpec | None:
+    """GEOMX_DGT / ENABLE_DGT (0, 1 or 2; GeoMX's mode 3 quantizes and is refused) and DGTSpec's variables
+    (DMLC_UDP_CHANNEL_NUM, DMLC_K, DMLC_K_MIN, ADAPTIVE_K_FLAG, DGT_BLOCK_SIZE, DGT_CONTRIBUTION_ALPHA,
+    DGT_SET_RANDOM ...) override the topology's ``dgt``."""
+    mode = _get(env, "GEOMX_DGT")
+    if mode is not None and mode.strip() not in ("0", "1", "2"):
+        raise ConfigError(f"GEOMX_DGT / ENABLE_DGT must be 0, 1 or 2 (GeoMX's mode 3, 4-bit quantization of "
+                          f"the unreliable blocks, is not supported), got {mode!r}")
+    if mode is not None and mode.strip() == "0":
+        return None
+    overrides = env_values(DGTSpec, env)
+    if mode is None and (base is None or not overrides):
+        return base
+    return dataclasses.replace(base or DGTSpec(), **overrides)
+
+
+def _tsengine_from_env(env: Mapping[str, str], base: TSEngineSpec | None) -> TSEngineSpec | None:
+    """GEOMX_INTER_TS / ENABLE_INTER_TS, GEOMX_INTRA_TS / ENABLE_INTRA_TS and GEOMX_MAX_GREED_RATE_TS /
+    MAX_GREED_RATE_TS override the topology's ``tsengine``; both switches off turns TSEngine off (a switch
+    not set is off when the topology has no ``tsengine``)."""
+    values = env_values(TSEngineSpec, env)
+    if "inter" not in values and "intra" not in values and (base is None or "max_greed" not in values):
+        return base
+    switches = {name: values.get(name, getattr(base, name) if base else False) for name in ("inter", "intra")}
+    if not any(switches.values()):
+        return None
+    return dataclasses.replace(base or TSEngineSpec(), **{**values, **switches})
+
+
+def _flag(env: Mapping[str, str], name: str) -> bool | None:
+    value = _get(env, name)
+    if value is None:
+        return None
+    if value.lower() in ("0", "false", "no", "off"):
+        return False
+    if value.lower() in ("1", "true", "yes", "on"):
+        return True
+    raise ConfigError(f"{name} must be 0 or 1, got {value!r}")
+
+
+def _security_from_env(env: Mapping[str, str], base: SecuritySpec) -> SecuritySpec:
+    """GEOMX_SECRET / GEOMX_SECRET_FILE and GEOMX_CURVE_KEYS override the topology's ``security``."""
+    values = env_values(SecuritySpec, env)
+    if env.get("GEOMX_SECRET_FILE") and "secret" not in values:
+        values["secret"] = read_secret(Path(env["GEOMX_SECRET_FILE"]))
+    return dataclasses.replace(base, **values) if values else base
+
+
+def _overridden(spec: Any, env: Mapping[str, str]) -> Any:
+    """``spec`` with the fields its variables set (GEOMX_* or their GeoMX aliases)."""
+    values = env_values(type(spec), env)
+    return dataclasses.replace(spec, **values) if values else spec
+
+
+def node_config_from_env(env: Mapping[str, str]) -> NodeConfig:
+    """Build this process's NodeConfig from the environment set by `geomx launch` (or GeoMX scripts)."""
+    role = _role_from_env(env)
+    party = env.get("GEOMX_PARTY") or env.get("DMLC_PS_ROOT_URI", "dc0").replace(".", "-") or "dc0"
+    if env.get("GEOMX_PARTY") is None and env.get("DMLC_PS_ROOT_PORT"):
+        party = f"{party}-{env['DMLC_PS_ROOT_PORT']}"
+    topology_path = env.get("GEOMX_TOPOLOGY")
+    if topology_path:
+        topology = load_topology(topology_path)
+        topology = dataclasses.replace(topology, timeouts=_overridden(topology.timeouts, env))
+    else:
+        topology = _topology_from_env(env, role, party)
+    topology = dataclasses.replace(topology, **env_values(Topology, env), hfa=_hfa_from_env(env, topology.hfa),
+                                   dgt=_dgt_from_env(env, topology.dgt),
+                                   tsengine=_tsengine_from_env(env, topology.tsengine),
+                                   security=_security_from_env(env, topology.security),
+                                   checkpoint=_overridden(topology.checkpoint, env))
+    training = _overridden(topology.training, env)
+    job_start = _get(env, "GEOMX_JOB_START")
+    if job_start is not None:
+        topology = dataclasses.replace(topology, job_start=parse_number(job_start, "GEOMX_JOB_START",
+                                                                   "seconds since the epoch, as time.time() gives"))
+    topology = dataclasses.replace(topology, training=training,
+                                   slice_elems=training.p3_slice_elems if training.p3 else topology.slice_elems)
+    if role not in (Role.GLOBAL_SCHEDULER,) and party not in {p.name for p in topology.parties}:
+        raise ConfigError(f"GEOMX_PARTY={party!r} is not a party of the topology "
+                          f"{[p.name for p in topology.parties]}")
+    global_scheduler = _address(env, "GEOMX_GLOBAL_SCHEDULER", "DMLC_PS_GLOBAL_ROOT_URI",
+                                "DMLC_PS_GLOBAL_ROOT_PORT")
+    scheduler = _address(env, "GEOMX_SCHEDULER", "DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT")
+    if global_scheduler is None:
+        raise ConfigError("no global scheduler address: set GEOMX_GLOBAL_SCHEDULER=HOST:PORT "
+                          "(or DMLC_PS_GLOBAL_ROOT_URI and DMLC_PS_GLOBAL_ROOT_PORT)")
+    needs_local = role in (Role.LOCAL_SCHEDULER, Role.LOCAL_SERVER) or (
+        role is Role.WORKER and topology.mode is Mode.HIPS)
+    if needs_local and scheduler is None:
+        raise ConfigError(f"role {role.value} needs its party's scheduler: set GEOMX_SCHEDULER=HOST:PORT "
+                          "(or DMLC_PS_ROOT_URI and DMLC_PS_ROOT_PORT)")
+    bind_port = 0
+    if role is Role.GLOBAL_SCHEDULER:
+        bind_port = int(global_scheduler.rsplit(":", 1)[1])
+    elif role is Role.LOCAL_SCHEDULER and scheduler is not None:
+        bind_port = int(scheduler.rsplit(":", 1)[1])
+    run_dir = env.get("GEOMX_RUN_DIR")
+    master_flag = _get(env, "GEOMX_MASTER_WORKER")
+    return NodeConfig(
+        role=role,
+        party=party,
+        topology=topology,
+        global_scheduler=global_scheduler,
+        scheduler=scheduler,
+        rank=_int(env, "GEOMX_RANK"),
+        is_master=master_flag not in (None, "0", "false", "False"),
+        bind_host=_get(env, "GEOMX_HOST") or "127.0.0.1",
+        bind_port=bind_port,
+        run_dir=Path(run_dir) if run_dir else None,
+        worker_offset=_int(env, "GEOMX_WORKER_OFFSET"),
+        resume=env.get("GEOMX_RESUME", "") not in ("", "0", "false", "False"),
+    )
+
+
+def node_config() -> NodeConfig:
+    """This process's NodeConfig, read from ``os.environ``."""
+    return node_config_from_env(os.environ)
+
+
+def node_env(node: NodeConfig, topology_path: Path) -> dict[str, str]:
+    """The environment variables that make ``node_config_from_env`` rebuild ``node`` (used by the launcher)."""
+    env = {
+        "GEOMX_ROLE": node.role.value,
+        "GEOMX_PARTY": node.party,
+        "GEOMX_TOPOLOGY": str(topology_path),
+        "GEOMX_GLOBAL_SCHEDULER": node.global_scheduler,
+        "GEOMX_HOST": node.bind_host,
+    }
+    if node.scheduler:
+        env["GEOMX_SCHEDULER"] = node.scheduler
+    if node.rank is not None:
+        env["GEOMX_RANK"] = str(node.rank)
+    if node.is_master:
+        env["GEOMX_MASTER_WORKER"] = "1"
+    if node.run_dir is not None:
+        env["GEOMX_RUN_DIR"] = str(node.run_dir)
+    if node.resume:
+        env["GEOMX_RESUME"] = "1"
+    if node.topology.job_start is not None:
+        env["GEOMX_JOB_START"] = repr(node.topology.job_start)
+    return env

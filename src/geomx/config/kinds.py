@@ -1,0 +1,169 @@
+"""Value kinds of config fields: how one value is read from YAML and from environment text, and written back.
+
+A kind refuses a bad value naming where it was found (``hfa.k2``, ``GEOMX_P3``), the value and what it
+expects. ``fields.setting`` attaches a kind to a spec field; the generic code in ``fields`` does the rest.
+
+Usage::
+
+    INT.from_yaml(3, "hfa.k1", None)            # 3
+    BOOL.from_text("maybe", "GEOMX_P3")         # ConfigError: GEOMX_P3 must be 0 or 1, got 'maybe'
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import ConfigError
+from .units import parse_bandwidth, parse_duration
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One kind of value. A YAML value passes ``check`` (then ``convert``), or ``read`` converts it itself;
+    ``from_text(text, name)`` reads environment text. Both give the typed value or raise ConfigError;
+    ``to_yaml`` and ``to_text`` write it back so that reading it gives it again."""
+
+    expects: str
+    check: Callable[[Any], bool] | None
+    read: Callable[[Any, str, Path | None], Any] | None
+    from_text: Callable[[str, str], Any]
+    to_yaml: Callable[[Any], Any]
+    to_text: Callable[[Any], str]
+    convert: Callable[[Any], Any] = lambda value: value
+
+    def from_yaml(self, value: Any, where: str, base_dir: Path | None) -> Any:
+        """The typed value of a YAML ``value`` found at ``where``."""
+        if self.read is not None:
+            return self.read(value, where, base_dir)
+        if self.check is not None and not self.check(value):
+            raise bad(where, self.expects, value)
+        return self.convert(value)
+
+    def expecting(self, expects: str) -> Kind:
+        """This kind, its refusals saying ``expects`` (e.g. ``bool`` where the docs use Python's type names)."""
+        return replace(self, expects=expects)
+
+
+def bad(where: str, expects: str, value: Any) -> ConfigError:
+    """The one refusal text of a bad value."""
+    return ConfigError(f"{where} must be {expects}, got {value!r}")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _text_int(text: str, name: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise bad(name, "an integer", text) from None
+
+
+def _text_float(text: str, name: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise bad(name, "a number", text) from None
+
+
+def _text_bool(text: str, name: str) -> bool:
+    if text.lower() in _TRUE:
+        return True
+    if text.lower() in _FALSE:
+        return False
+    raise bad(name, "0 or 1", text)
+
+
+def _floats(value: Any, where: str, base_dir: Path | None = None) -> tuple[float, ...]:
+    items = value.split(",") if isinstance(value, str) else value if isinstance(value, list | tuple) else [value]
+    try:
+        return tuple(float(x) for x in items if not isinstance(x, bool))
+    except (TypeError, ValueError):
+        raise bad(where, "a number or a list of numbers", value) from None
+
+
+def _path(value: Any, where: str, base_dir: Path | None) -> Path:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{where} must be a path, got {value!r}")
+    path = Path(value).expanduser()
+    return path if path.is_absolute() or base_dir is None else base_dir / path
+
+
+def named_spec(raw: Any, where: str) -> tuple[str, dict[str, Any]]:
+    """``name``, ``name:key=value,key=value``, ``{type: name, key: value}`` or JSON -> (name, params)."""
+    if isinstance(raw, str) and raw.strip().startswith("{"):
+        try:
+            raw = json.loads(raw)
+        except ValueError as exc:
+            raise ConfigError(f"{where} is not valid JSON: {exc}") from None
+    if isinstance(raw, Mapping):
+        params = {str(k): v for k, v in raw.items() if k != "type"}
+        if not isinstance(raw.get("type"), str):
+            raise ConfigError(f"{where} needs a 'type' naming it, got {dict(raw)!r}")
+        return str(raw["type"]).lower(), params
+    if not isinstance(raw, str) or not raw.strip():
+        raise ConfigError(f"{where} must be a name like 'dcasgd' or 'dcasgd:lamda=0.04', got {raw!r}")
+    name, _, rest = raw.strip().partition(":")
+    params = {}
+    for item in filter(None, (part.strip() for part in rest.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"{where}: {item!r} is not key=value")
+        params[key.strip()] = yaml.safe_load(value)
+    return name.strip().lower(), params
+
+
+def _numbers(params: Mapping[str, Any], where: str) -> tuple[tuple[str, float], ...]:
+    out = []
+    for key, value in params.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where}: parameter {key}={value!r} must be a number")
+        out.append((key, float(value)))
+    return tuple(out)
+
+
+def _optimizer(raw: Any, where: str, base_dir: Path | None = None) -> tuple[str, tuple[tuple[str, float], ...]]:
+    name, params = named_spec(raw, where)
+    return name, _numbers(params, where)
+
+
+def _codec(raw: Any, where: str, base_dir: Path | None = None) -> dict[str, Any]:
+    name, params = named_spec(raw, where)
+    return {"type": name, **params}
+
+
+def _as_is(value: Any) -> Any:
+    return value
+
+
+INT = Kind("an integer", _is_int, None, _text_int, _as_is, str)
+FLOAT = Kind("a number", _is_number, None, _text_float, _as_is, repr, convert=float)
+BOOL = Kind("true or false", lambda v: isinstance(v, bool), None, _text_bool, _as_is, lambda v: "1" if v else "0")
+STR = Kind("a string", lambda v: isinstance(v, str), None, lambda text, name: text, _as_is, str)
+DURATION = Kind("a duration like '25ms'", None, lambda v, where, _: parse_duration(v),
+                lambda text, _: parse_duration(text), _as_is, repr)
+BANDWIDTH = Kind("a bandwidth like '100Mbit'", None, lambda v, where, _: parse_bandwidth(v),
+                 lambda text, _: parse_bandwidth(text), _as_is, repr)
+FLOATS = Kind("a number or a list of numbers", None, _floats, lambda text, name: _floats(text, name), list,
+              lambda v: ",".join(repr(x) for x in v))
+PATH = Kind("a path", None, _path, lambda text, name: Path(text), str, str)
+# a server optimizer: (name, ((param, value), ...)); written as {type: name, param: value}
+OPTIMIZER = Kind("a name like 'dcasgd' or 'dcasgd:lamda=0.04'", None, _optimizer,
+                 lambda text, name: _optimizer(text, name), lambda v: {"type": v[0], **dict(v[1])},
+                 lambda v: json.dumps({"type": v[0], **dict(v[1])}))
+# a codec spec: {"type": name, param: value}
+CODEC = Kind("a codec like 'bsc:threshold=0.01'", None, _codec, lambda text, name: _codec(text, name), dict, json.dumps)

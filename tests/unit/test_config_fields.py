@@ -1,0 +1,195 @@
+"""Config declared once (geomx.config.fields): every field of every feature spec declares its YAML key, environment
+name and kind, and round-trips YAML -> spec -> YAML -> spec and environment -> spec -> environment.
+
+A field added to a spec without its metadata fails ``test_every_field_is_declared``; a kind that cannot write
+back what it reads fails the round trips (Hypothesis draws the values).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from geomx.config import (ENV_ALIASES, CheckpointSpec, ConfigError, DGTSpec, HFASpec, SecuritySpec, Timeouts,
+                          TrainingSpec, TSEngineSpec, node_config_from_env, topology_from_dict, topology_to_dict)
+from geomx.config import fields, kinds
+from geomx.config.env import ENV_SPECS
+from geomx.launch import launch
+
+SPECS = (Timeouts, HFASpec, DGTSpec, TSEngineSpec, TrainingSpec, SecuritySpec, CheckpointSpec)
+NAMES = st.text("abcdefghijklmnopqrstuvwxyz0123456789_", min_size=1, max_size=12)
+NUMBER = st.floats(0.01, 1.0, allow_nan=False)
+STRATEGIES = {
+    kinds.INT: st.sampled_from([1, 2, 3, 4, 8, 4096, 100_000]),
+    kinds.FLOAT: NUMBER,
+    kinds.BOOL: st.booleans(),
+    kinds.STR: st.text("abcdefghijklmnopqrstuvwxyz0123456789_-", min_size=8, max_size=20),
+    kinds.DURATION: st.floats(0.001, 1e4, allow_nan=False),
+    kinds.BANDWIDTH: st.floats(1.0, 1e12, allow_nan=False),
+    kinds.FLOATS: st.lists(st.floats(0.0, 0.99, allow_nan=False), max_size=3).map(tuple),
+    kinds.PATH: NAMES.map(lambda name: Path("/tmp") / name),
+    kinds.OPTIMIZER: st.tuples(NAMES, st.lists(st.tuples(NAMES, NUMBER), max_size=3, unique_by=lambda kv: kv[0])
+                               .map(tuple)),
+    kinds.CODEC: st.builds(lambda name, params: {"type": name, **params}, NAMES,
+                           st.dictionaries(NAMES.filter(lambda k: k != "type"), NUMBER, max_size=3)),
+}
+
+
+def _strategy(kind: kinds.Kind) -> st.SearchStrategy:
+    return next(strategy for known, strategy in STRATEGIES.items() if known.from_text is kind.from_text)
+
+
+@st.composite
+def specs(draw: st.DrawFn, cls: type) -> object:
+    """A valid ``cls`` with every declared field drawn (fields sharing a variable drawn once)."""
+    values: dict[str, object] = {}
+    by_env: dict[str, object] = {}
+    for name, declared in fields.settings(cls):
+        value = by_env[declared.env] if declared.env in by_env else draw(_strategy(declared.kind))
+        if declared.env:
+            by_env[declared.env] = value
+        if declared.companions:
+            values.update(dict(zip((name, *declared.companions), value, strict=True)))
+        else:
+            values[name] = value
+    try:
+        return cls(**values)
+    except ConfigError:
+        assume(False)
+        raise
+
+
+@pytest.mark.parametrize("cls", SPECS, ids=lambda c: c.__name__)
+def test_every_field_is_declared(cls):
+    assert fields.undeclared(cls) == []
+    declared = dict(fields.settings(cls))
+    assert len({d.key for d in declared.values()}) == len(declared)  # one key per field
+
+
+@pytest.mark.parametrize("cls", SPECS, ids=lambda c: c.__name__)
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
+@given(data=st.data())
+def test_yaml_round_trip(cls, data):
+    spec = data.draw(specs(cls))
+    written = yaml.safe_load(yaml.safe_dump(fields.to_mapping(spec)))  # through a real YAML text
+    read = fields.read_mapping(cls, written, "section")
+    hidden = {name: getattr(spec, name) for name, d in fields.settings(cls) if not d.written}
+    assert cls(**{**read, **hidden}) == spec
+
+
+@pytest.mark.parametrize("cls", SPECS, ids=lambda c: c.__name__)
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
+@given(data=st.data())
+def test_environment_round_trip(cls, data):
+    spec = data.draw(specs(cls))
+    env = fields.to_env(spec)
+    with_env = [n for name, d in fields.settings(cls) if d.env for n in (name, *d.companions)]
+    assert set(env) == {d.env for _, d in fields.settings(cls) if d.env}
+    # the fields without a variable keep their defaults
+    assert dataclasses.replace(cls(), **fields.env_values(cls, env)) == \
+        dataclasses.replace(cls(), **{name: getattr(spec, name) for name in with_env})
+    assert fields.to_env(dataclasses.replace(cls(), **fields.env_values(cls, env))) == env
+
+
+GEOMX_NAMES = {  # GeoMX's documented names of feature settings (its README and configuration guide)
+    "MXNET_KVSTORE_SIZE_LOWER_BOUND", "ENABLE_INTRA_TS", "ENABLE_INTER_TS", "MXNET_KVSTORE_HFA_K1", "MAX_GREED_RATE_TS",
+    "ADAPTIVE_K_FLAG", "ENABLE_P3", "DMLC_UDP_CHANNEL_NUM", "DMLC_K", "MXNET_KVSTORE_HFA_K2", "DMLC_K_MIN",
+    "DGT_SET_RANDOM", "DGT_CONTRIBUTION_ALPHA", "DGT_BLOCK_SIZE"}
+SAMPLE_TEXT = {kinds.INT.from_text: "4", kinds.FLOAT.from_text: "0.5", kinds.BOOL.from_text: "1"}
+
+
+def test_geomx_aliases_are_declared_read_and_the_canonical_name_wins():
+    declared = [(cls, name, d) for cls in ENV_SPECS for name, d in fields.settings(cls) if d.aliases]
+    assert {alias for _, _, d in declared for alias in d.aliases} == GEOMX_NAMES
+    for cls, name, d in declared:
+        assert ENV_ALIASES[d.env] == d.aliases
+        text = SAMPLE_TEXT[d.kind.from_text]
+        via_alias = fields.env_values(cls, {d.aliases[0]: text})
+        assert via_alias == fields.env_values(cls, {d.env: text}) == {name: d.kind.from_text(text, d.env)}
+    assert fields.env_values(HFASpec, {"MXNET_KVSTORE_HFA_K1": "4", "GEOMX_HFA_K1": "6"}) == {"k1": 6}
+    assert fields.env_values(HFASpec, {"MXNET_KVSTORE_HFA_K1": "4", "GEOMX_HFA_K1": ""}) == {"k1": 4}
+
+
+@pytest.mark.parametrize(("cls", "raw", "text"), [
+    (HFASpec, {"k1": 2, "k3": 1}, r"hfa has unknown fields \['k3'\]; allowed: \['k1', 'k2'\]"),
+    (HFASpec, {"k1": "two"}, r"hfa\.k1 must be an integer, got 'two'"),
+    (DGTSpec, {"k": True}, r"dgt\.k must be a number, got True"),
+    (TrainingSpec, {"esync": 1}, r"training\.esync must be bool, got 1"),
+    (DGTSpec, {"rate": "fast"}, "cannot read bandwidth 'fast'"),
+    (CheckpointSpec, [1], r"checkpoint must be a mapping with some of \['dir', 'every_seconds', 'every_steps', "),
+])
+def test_bad_yaml_names_the_key_the_value_and_what_is_expected(cls, raw, text):
+    section = {HFASpec: "hfa", DGTSpec: "dgt", TrainingSpec: "training", CheckpointSpec: "checkpoint"}[cls]
+    with pytest.raises(ConfigError, match=text):
+        fields.read_mapping(cls, raw, section)
+
+
+def test_a_section_may_collect_the_keys_it_does_not_declare():
+    values = fields.read_mapping(HFASpec, {"k1": 2, "staleness": 3}, "hfa", extras="extras")
+    assert values == {"k1": 2, "extras": (("staleness", "3"),)}
+
+
+def test_bad_environment_text_names_the_canonical_variable():
+    with pytest.raises(ConfigError, match=r"GEOMX_DGT_CHANNELS must be an integer, got 'three'"):
+        fields.env_values(DGTSpec, {"DMLC_UDP_CHANNEL_NUM": "three"})
+    with pytest.raises(ConfigError, match=r"GEOMX_DGT_ADAPTIVE must be 0 or 1, got 'maybe'"):
+        fields.env_values(DGTSpec, {"ADAPTIVE_K_FLAG": "maybe"})
+
+
+def test_a_whole_topology_round_trips_with_every_section():
+    topology = topology_from_dict({
+        "parties": {"dc0": 2, "dc1": 1}, "hfa": {"k1": 2, "k2": 3}, "elastic": True, "size_lower_bound": 10,
+        "training": {"tensorboard": True, "server_optimizer": "outer_nesterov:lr=0.7", "compression": "fp16"},
+        "checkpoint": {"dir": "/tmp/ckpt", "every_seconds": "120s"}, "timeouts": {"heartbeat": "20s"},
+        "tsengine": {"intra": True, "inter": False, "max_greed": 0.5}})
+    assert topology_from_dict(yaml.safe_load(yaml.safe_dump(topology_to_dict(topology)))) == topology
+
+
+def test_names_are_checked_against_the_registries_at_launch(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text("parties: {dc0: 1}\ntraining: {sync: dist_ssp_v9}\n")
+    with pytest.raises(ConfigError, match=r"training\.sync 'dist_ssp_v9' is unknown; valid: \['dist_async', "):
+        launch(path, ["true"], run_dir=tmp_path / "run")
+    assert not (tmp_path / "run").exists()  # refused before anything started
+
+
+def test_the_environment_reaches_every_spec(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text("parties: {dc0: 1}\n")
+    env = {"GEOMX_ROLE": "global_server", "GEOMX_PARTY": "dc0", "GEOMX_TOPOLOGY": str(path),
+           "GEOMX_GLOBAL_SCHEDULER": "127.0.0.1:9", "MXNET_KVSTORE_SIZE_LOWER_BOUND": "77", "GEOMX_ELASTIC": "1",
+           "GEOMX_TIMEOUT": "7s", "GEOMX_CHECKPOINT_DIR": "/tmp/c", "GEOMX_CHECKPOINT_EVERY_STEPS": "3",
+           "GEOMX_METRICS_EVERY": "4", "GEOMX_CURVE_KEYS": "/tmp/keys"}
+    topology = node_config_from_env(env).topology
+    assert (topology.size_lower_bound, topology.elastic, topology.timeouts.round_s) == (77, True, 7.0)
+    assert topology.checkpoint == CheckpointSpec(dir=Path("/tmp/c"), every_steps=3)
+    assert topology.training.metrics_every == 4 and topology.security.curve_keys == Path("/tmp/keys")
+
+
+def _documented(readme: str) -> set[str]:
+    """The GEOMX_* names the README gives, ``GEOMX_A_B`` / ``_C`` shorthand expanded to ``GEOMX_A_C``."""
+    import re
+
+    names = set(re.findall(r"\bGEOMX_[A-Z0-9_]*[A-Z0-9]", readme))
+    for first, rest in re.findall(r"`(GEOMX_[A-Z0-9_]+)`((?: / `_[A-Z0-9_]+`)+)", readme):
+        prefix = first.rsplit("_", 1)[0]
+        names |= {prefix + suffix for suffix in re.findall(r"`(_[A-Z0-9_]+)`", rest)}
+    return names
+
+
+def test_the_readme_names_exactly_the_variables_the_config_reads():
+    import re
+
+    from geomx.config import env as env_module
+
+    declared = {d.env for cls in ENV_SPECS for _, d in fields.settings(cls) if d.env}
+    read = declared | set(env_module.NODE_VARIABLES)
+    source = Path(env_module.__file__).read_text()
+    assert set(re.findall(r'"(GEOMX_[A-Z0-9_]+)"', source)) <= read  # no variable read by hand but unlisted
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    assert _documented(readme) == read
