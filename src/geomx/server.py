@@ -28,7 +28,7 @@ import numpy as np
 from .checkpoint import CheckpointWriter, Snapshot
 from .codecs import FP16, CodecError, TensorInfo, default_registry
 from .codecs import Codec as TensorCodec
-from .codecs.base import Kind as TensorKind
+from .codecs.base import TensorKind
 from .codecs.messages import decode_message, payload_fields
 from .compose import DEFAULT_SYNC, compose, configured_policy
 from .config import Mode, NodeConfig, Role

@@ -39,9 +39,9 @@ MAX_DECODE_BYTES = 1 << 31  # the largest tensor a payload may ask us to allocat
 
 FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 
-Kind = Literal["gradient", "weights", "delta"]
+TensorKind = Literal["gradient", "weights", "delta"]
 Direction = Literal["push", "pull"]
-Slot = tuple[int, int, str]  # (key, part, direction): where stateful codecs keep their state
+StateKey = tuple[int, int, str]  # (key, part, direction): where stateful codecs keep their state
 MetaValue = int | float | str
 
 
@@ -60,11 +60,11 @@ class TensorInfo:
 
     key: int
     part: int
-    kind: Kind
+    kind: TensorKind
     direction: Direction
 
     @property
-    def slot(self) -> Slot:
+    def state_key(self) -> StateKey:
         return (self.key, self.part, self.direction)
 
 

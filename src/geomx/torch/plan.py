@@ -12,7 +12,7 @@ The loop never changes; the topology's ``training`` block (or GEOMX_* variables)
 Usage::
 
     plan = make_plan(topology.training, topology.hfa, torch.optim.Adam(model.parameters(), lr=1e-3))
-    plan.mode, plan.server_optimizer          # Mode.SERVER, geomx.optim.Adam(lr=0.001, ...)
+    plan.mode, plan.server_optimizer          # Strategy.SERVER, geomx.optim.Adam(lr=0.001, ...)
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ log = logging.getLogger("geomx.torch")
 RESIDUAL_CODECS = ("bsc", "mpq")
 
 
-class Mode(enum.Enum):
+class Strategy(enum.Enum):
     SERVER = "server optimizer"
     LOCAL = "local optimizer on averaged gradients"
     HFA = "hierarchical frequency aggregation"
@@ -44,7 +44,7 @@ class Mode(enum.Enum):
 class Plan:
     """What DistributedOptimizer does: the mode, the kvstore type, what the master installs on the servers."""
 
-    mode: Mode
+    mode: Strategy
     kvstore_type: str
     server_optimizer: optim.Optimizer | None
     compression: dict[str, Any] | None
@@ -118,7 +118,7 @@ def make_plan(spec: TrainingSpec, hfa: HFASpec | None, torch_optimizer: torch.op
             raise ConfigError(f"under HFA the global server sees model deltas: server optimizer "
                               f"{spec.server_optimizer!r} does not apply; use outer_nesterov, sgd or none")
         outer = _named_optimizer(spec, torch_optimizer) if named else None
-        return Plan(Mode.ESYNC if spec.esync else Mode.HFA, spec.sync, outer, spec.compression, spec.p3)
+        return Plan(Strategy.ESYNC if spec.esync else Strategy.HFA, spec.sync, outer, spec.compression, spec.p3)
     if spec.server_optimizer == "outer_nesterov":
         raise ConfigError("the outer Nesterov optimizer needs HFA: add `hfa: {k1: ..., k2: ...}` to the topology")
     if named:
@@ -139,5 +139,5 @@ def make_plan(spec: TrainingSpec, hfa: HFASpec | None, torch_optimizer: torch.op
         if spec.server_optimizer == "auto" and not residual:
             log.info("%s has no server equivalent: gradients are averaged and it steps on every worker",
                      type(torch_optimizer).__name__)
-        return Plan(Mode.LOCAL, spec.sync, None, spec.compression, spec.p3)
-    return Plan(Mode.SERVER, spec.sync, server, spec.compression, spec.p3)
+        return Plan(Strategy.LOCAL, spec.sync, None, spec.compression, spec.p3)
+    return Plan(Strategy.SERVER, spec.sync, server, spec.compression, spec.p3)
