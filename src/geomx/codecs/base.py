@@ -26,12 +26,9 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Protocol
 
 import numpy as np
-
-if TYPE_CHECKING:
-    from .registry import Registry
 
 DENSE_ID = 0  # raw bytes in the header's dtype; wire.py's Codec.DENSE
 COMPOSITE_ID = -1  # a codec that never appears on the wire: its payloads carry the id of the part that encoded
@@ -43,6 +40,16 @@ TensorKind = Literal["gradient", "weights", "delta"]
 Direction = Literal["push", "pull"]
 StateKey = tuple[int, int, str]  # (key, part, direction): where stateful codecs keep their state
 MetaValue = int | float | str
+
+
+class SpecReader(Protocol):
+    """What ``Codec.from_spec`` needs of the registry (``Registry`` is one): a spec's parameters checked against a
+    codec's constructor. A protocol here, so the codecs never import the registry that imports them."""
+
+    def constructor_kwargs(self, cls: type[Codec], params: Mapping[str, object],
+                           extra: Mapping[str, type] | None = None, spec_name: str | None = None) -> dict[str, Any]:
+        """``params`` as ``cls``'s keyword arguments, or CodecError naming what is wrong."""
+        ...
 
 
 class CodecError(ValueError):
@@ -122,7 +129,7 @@ class Codec(ABC):
         return None
 
     @classmethod
-    def from_spec(cls, params: Mapping[str, object], registry: Registry) -> Codec:
+    def from_spec(cls, params: Mapping[str, object], registry: SpecReader) -> Codec:
         """Build from a spec's parameters (the spec without "type"); override to build a composite."""
         return cls(**registry.constructor_kwargs(cls, params))
 

@@ -61,7 +61,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -69,6 +69,7 @@ from .base import (
     Codec,
     CodecError,
     Encoded,
+    SpecReader,
     StateKey,
     TensorInfo,
     check_finite,
@@ -83,9 +84,6 @@ from .base import (
     to_dtype,
 )
 from .composite import SizeAdaptive
-
-if TYPE_CHECKING:
-    from .registry import Registry
 
 DEFAULT_SIZE_LOWER_BOUND = 200_000  # GeoMX's documented MXNET_KVSTORE_SIZE_LOWER_BOUND example
 MIN_SAMPLE = 2048
@@ -156,7 +154,7 @@ class BSC(Codec):
         self._state: dict[StateKey, _ResidualState] = {}
 
     @classmethod
-    def split_spec(cls, params: Mapping[str, object], registry: Registry, spec_name: str = "bsc") -> tuple[BSC, int]:
+    def split_spec(cls, params: Mapping[str, object], registry: SpecReader, spec_name: str = "bsc") -> tuple[BSC, int]:
         """A sparsifier from spec parameters plus ``size_lower_bound`` (shared by "bsc" and "mpq")."""
         kwargs = registry.constructor_kwargs(cls, params, extra={"size_lower_bound": int}, spec_name=spec_name)
         bound = kwargs.pop("size_lower_bound", DEFAULT_SIZE_LOWER_BOUND)
@@ -165,7 +163,7 @@ class BSC(Codec):
         return cls(**kwargs), bound
 
     @classmethod
-    def from_spec(cls, params: Mapping[str, object], registry: Registry) -> Codec:
+    def from_spec(cls, params: Mapping[str, object], registry: SpecReader) -> Codec:
         """``{"type": "bsc"}`` is GeoMX's Bi-Sparse: tensors below ``size_lower_bound`` travel dense."""
         sparsifier, bound = cls.split_spec(params, registry)
         return SizeAdaptive(small=None, large=sparsifier, bound=bound) if bound > 0 else sparsifier
