@@ -15,6 +15,7 @@ demo: $(STAMP)
 	$(BIN)/geomx launch topologies/demo.yaml -- $(BIN)/python examples/cnn.py --epochs 8
 
 test: $(STAMP)
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q tests
 
 bench: $(STAMP)

@@ -19,53 +19,39 @@ from __future__ import annotations
 
 import atexit
 import logging
-import math
 import sys
 from collections.abc import Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from . import config as config_module
-from .codecs import FP16, TensorInfo, default_registry
-from .codecs.messages import decode_message, payload_fields
+from .codecs import FP16, default_registry
 from .config import Mode, NodeConfig, Role
-from .membership import GLOBAL_SCHEDULER_ID, AddressBook, local_scheduler_id, new_node_id, register
+from .membership import Tier, is_server, join, new_node_id, scheduler_id
 from .optim import Optimizer
 from .rpc import Requests
 from .runlog import append_metrics, write_stats
 from .sharding import ShardPlanner
 from .sync.registry import SYNC_POLICIES, sync_policy
-from .tensors import readonly_tensor
 from .transport import Van
-from .ts_member import RelayMember
 from .wire import Kind, Message
+from .worker.compose import compose_worker
+from .worker.plugins import WorkerContext
+from .worker.slices import KeyTable, copy_out, payload, to_numpy
 
 log = logging.getLogger("geomx.kv")
 
 KVSTORE_TYPES = tuple(SYNC_POLICIES)
 
 
-@dataclass
-class _KeyInfo:
-    shape: torch.Size
-    dtype: torch.dtype
-    parts: list[tuple[int, int]]
-    shards: list[int]  # the global server (shard id) of each part; see geomx.sharding
-
-
-def _to_numpy(tensor: torch.Tensor, snapshot: bool) -> np.ndarray:
-    flat = tensor.detach().to("cpu").reshape(-1)
-    if snapshot:
-        flat = flat.clone()
-    return flat.contiguous().numpy()
-
-
 def _as_list(value: Any) -> list[Any]:
     return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def _takes_nothing(message: Message) -> bool:
+    return False
 
 
 class KVStore:
@@ -79,28 +65,30 @@ class KVStore:
         self.config = config
         self._topology = config.topology
         self._timeout = config.topology.timeouts.request_s
-        self._keys: dict[int, _KeyInfo] = {}
-        self._planner = ShardPlanner(config.topology.num_global_servers, config.topology.slice_elems)
         self._codecs = default_registry()
         # The fp16 switch (topology ``fp16: true`` / GEOMX_FP16=1): pushes travel as float16, answers come
         # back as float16, the caller's tensors stay float32. INIT stays exact.
         self._fp16 = FP16() if config.topology.fp16 else None
         self._pending: dict[int, list[Future[Message]]] = {}
-        self._closed = False
-        # TSEngine inside the party (ENABLE_INTRA_TS): pushes go where the local server says, values come
-        # relayed by fellow workers (see geomx.ts_member)
-        self._relay: RelayMember | None = None
         identity = new_node_id(Role.WORKER, config.party)
         self._van = Van(identity, config.party, config.topology, self._on_message, bind_host=config.bind_host,
                         name=f"{config.party}/worker")
         self._requests = Requests(self._van)
+        self._handles = _takes_nothing  # the push route's message hook, once joined (messages may come before)
         self._van.start()
-        self._scheduler, self._servers, me, book = self._join()
-        if config.topology.intra_ts and config.topology.mode is Mode.HIPS:
-            fellows = [m for m in book.of_role(Role.WORKER) if m.id != identity]
-            for member in fellows:
-                self._van.add_peer(member.id, member.address, member.party)
-            self._relay = RelayMember(self._van, self._requests, self._servers[0], {m.id for m in fellows}, me.name)
+        # flat: the global servers under the global scheduler; HiPS: the party's local server under its own
+        flat = config.topology.mode is Mode.FLAT
+        tier = Tier.GLOBAL if flat else Tier.PARTY
+        book, me = join(self._van, self._requests, config, tier, rank=config.rank, connect=is_server,
+                        master=config.is_master)
+        self._servers = [m.id for m in book.of_role(Role.GLOBAL_SERVER if flat else Role.LOCAL_SERVER)]
+        self._scheduler = scheduler_id(config, tier)
+        self._keys = KeyTable(ShardPlanner(config.topology.num_global_servers, config.topology.slice_elems),
+                              self._servers)
+        plugins = compose_worker(config, WorkerContext(self._van, self._requests, self._servers, book, me,
+                                                       self._timeout))
+        self._route, self._steps = plugins.route, plugins.steps
+        self._handles = self._route.handles
         self.rank = me.rank
         self.name = me.name
         self._van.name = me.name
@@ -122,81 +110,16 @@ class KVStore:
             self._configure({"sync": kind}, f"switch to {kind}")
         atexit.register(self.close)
 
-    # -- setup --------------------------------------------------------------------------------------------
-    def _join(self) -> tuple[str, list[str], Any, AddressBook]:
-        cfg = self.config
-        wait = cfg.topology.timeouts.register_s
-        master = cfg.is_master or None
-        if cfg.topology.mode is Mode.FLAT:
-            book, me = register(self._van, self._requests, cfg.global_scheduler, GLOBAL_SCHEDULER_ID,
-                                role=Role.WORKER, party=cfg.party, scheduler_party=cfg.topology.central,
-                                rank=cfg.rank, timeout=wait, master=bool(master))
-            servers = book.of_role(Role.GLOBAL_SERVER)
-            scheduler = GLOBAL_SCHEDULER_ID
-        else:
-            assert cfg.scheduler is not None
-            book, me = register(self._van, self._requests, cfg.scheduler, local_scheduler_id(cfg.party),
-                                role=Role.WORKER, party=cfg.party, scheduler_party=cfg.party, rank=cfg.rank,
-                                timeout=wait, master=bool(master))
-            servers = book.of_role(Role.LOCAL_SERVER)
-            scheduler = local_scheduler_id(cfg.party)
-        self._connect(book, [m.id for m in servers])
-        return scheduler, [m.id for m in servers], me, book
-
-    def _connect(self, book: AddressBook, server_ids: list[str]) -> None:
-        for member in book.members:
-            if member.id in server_ids:
-                self._van.add_peer(member.id, member.address, member.party,
-                                   share=book.wan_share(self.config.party, member.party))
-        self._requests.names.update(book.names())
-
     def _on_message(self, message: Message) -> None:
-        if self._relay is not None and self._relay.handles(message):
+        if self._handles(message):
             return
         if not self._requests.resolve(message):
             log.warning("[%s] unexpected %s from %r", self._van.name, message.kind.name, message.sender)
 
-    # -- helpers ------------------------------------------------------------------------------------------
-    def _server_for(self, key: int, part: int) -> str:
-        """Under HiPS the party's local server; in flat mode the global server that owns the slice."""
-        if len(self._servers) == 1:
-            return self._servers[0]
-        return self._servers[self._keys[key].shards[part]]
-
-    def _info(self, key: int) -> _KeyInfo:
-        if self._closed:
-            raise RuntimeError("this KVStore is closed")
-        if not isinstance(key, int) or isinstance(key, bool):
-            raise TypeError(f"keys are ints, got {type(key).__name__}")
-        info = self._keys.get(key)
-        if info is None:
-            raise KeyError(f"key {key} was never init()ed; known keys: {sorted(self._keys)[:20]}")
-        return info
-
-    def _check(self, key: int, tensor: torch.Tensor, what: str) -> _KeyInfo:
-        info = self._info(key)
-        if not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"{what} of key {key}: expected a torch.Tensor, got {type(tensor).__name__}")
-        if tensor.shape != info.shape:
-            raise ValueError(f"{what} of key {key}: shape {tuple(tensor.shape)} differs from init's "
-                             f"{tuple(info.shape)}")
-        return info
-
     def _wait(self, futures: list[Future[Message]], key: int, what: str) -> list[Message]:
-        return [self._requests.wait(f, self._timeout, f"{self._requests.names.get(self._server_for(key, i), '?')} "
+        return [self._requests.wait(f, self._timeout, f"{self._requests.names.get(self._keys.server_for(key, i), '?')} "
                                                       f"to answer {what} of key {key} slice {i}")
                 for i, f in enumerate(futures)]
-
-    def _copy_out(self, replies: list[Message], info: _KeyInfo, out: torch.Tensor) -> None:
-        flat = out.view(-1) if out.is_contiguous() else None
-        target = flat if flat is not None else torch.empty(out.numel(), dtype=out.dtype)
-        for (start, stop), reply in zip(info.parts, replies, strict=True):
-            data = decode_message(self._codecs, reply)  # a flat PS's global server may compress its answers
-            if data is None:
-                raise RuntimeError("server answered without data")
-            target[start:stop].copy_(readonly_tensor(data))
-        if flat is None:
-            out.copy_(target.view(out.shape))
 
     # -- the MXNet-shaped API -----------------------------------------------------------------------------
     def init(self, key: int | Sequence[int], value: torch.Tensor | Sequence[torch.Tensor]) -> None:
@@ -206,26 +129,18 @@ class KVStore:
             raise ValueError(f"init got {len(keys)} keys but {len(values)} values")
         pending = []
         for k, v in zip(keys, values, strict=True):
-            if not isinstance(k, int) or isinstance(k, bool) or k < 0:
-                raise TypeError(f"keys are non-negative ints, got {k!r}")
-            if not isinstance(v, torch.Tensor):
-                raise TypeError(f"init of key {k}: expected a torch.Tensor, got {type(v).__name__}")
-            if k in self._keys:
-                raise ValueError(f"key {k} is already initialized")
-            placed = self._planner.place(v.numel(), v.element_size())
-            info = _KeyInfo(v.shape, v.dtype, [(p.start, p.stop) for p in placed], [p.shard for p in placed])
-            self._keys[k] = info
-            data = _to_numpy(v, snapshot=True)
+            info = self._keys.add(k, v)
+            data = to_numpy(v, snapshot=True)
             futures = []
             for part, (start, stop) in enumerate(info.parts):
                 piece = data[start:stop]
                 message = Message(Kind.INIT, key=k, part=part, num_parts=len(info.parts),
                                   tensor=piece if self.is_master_worker else None,
                                   dtype=piece.dtype, shape=piece.shape, body={"shard": info.shards[part]})
-                futures.append(self._requests.call(self._server_for(k, part), message))
+                futures.append(self._requests.call(self._keys.server_for(k, part), message))
             pending.append((k, v, info, futures))
         for k, v, info, futures in pending:
-            self._copy_out(self._wait(futures, k, "INIT"), info, v.data)
+            copy_out(self._codecs, self._wait(futures, k, "INIT"), info, v.data)
 
     def push(self, key: int | Sequence[int], value: torch.Tensor | Sequence[torch.Tensor], priority: int = 0) -> None:
         """Send this round's contribution for ``key``; returns at once. Pull to get the round's result.
@@ -237,45 +152,34 @@ class KVStore:
     def _push(self, key: int | Sequence[int], value: torch.Tensor | Sequence[torch.Tensor], priority: int,
               snapshot: bool) -> None:
         for k, v in zip(_as_list(key), _as_list(value), strict=True):
-            info = self._check(k, v, "push")
-            if self._relay is not None:  # held and copied until the local server says where it goes
-                data = _to_numpy(v, snapshot=False)
-                self._pending[k] = [self._relay.push(k, part, len(info.parts), data[start:stop], priority)
-                                    for part, (start, stop) in enumerate(info.parts)]
-                continue
-            data = _to_numpy(v, snapshot=snapshot)
+            info = self._keys.check(k, v, "push")
+            data = to_numpy(v, snapshot=snapshot and not self._route.copies)
             self._pending[k] = [
-                self._requests.call(self._server_for(k, part),
-                                    Message(Kind.PUSHPULL, key=k, part=part, num_parts=len(info.parts),
-                                            priority=priority, **self._payload(k, part, data[start:stop])))
+                self._route.push(self._keys.server_for(k, part),
+                                 Message(Kind.PUSHPULL, key=k, part=part, num_parts=len(info.parts), priority=priority,
+                                         **payload(self._fp16, k, part, data[start:stop])))
                 for part, (start, stop) in enumerate(info.parts)]
-
-    def _payload(self, key: int, part: int, piece: np.ndarray) -> dict[str, Any]:
-        """Message fields carrying ``piece``: float16 under the fp16 switch (float32/64 data only), else as is."""
-        if self._fp16 is None or piece.dtype not in (np.float32, np.float64):
-            return {"tensor": piece}
-        return payload_fields(self._fp16, piece, TensorInfo(key, part, "gradient", "push"))
 
     def pull(self, key: int | Sequence[int], out: torch.Tensor | Sequence[torch.Tensor], priority: int = 0) -> None:
         """Write the latest value of ``key`` into ``out`` (after a push: that round's result)."""
         for k, o in zip(_as_list(key), _as_list(out), strict=True):
-            info = self._check(k, o, "pull")
+            info = self._keys.check(k, o, "pull")
             futures = self._pending.pop(k, None)
             what = "PUSHPULL"
             if futures is None:
                 what = "PULL"
-                futures = [self._requests.call(self._server_for(k, part),
+                futures = [self._requests.call(self._keys.server_for(k, part),
                                                Message(Kind.PULL, key=k, part=part, num_parts=len(info.parts),
                                                        priority=priority))
                            for part in range(len(info.parts))]
-            self._copy_out(self._wait(futures, k, what), info, o.data if o.requires_grad else o)
+            copy_out(self._codecs, self._wait(futures, k, what), info, o.data if o.requires_grad else o)
 
     def slices(self, key: int) -> list[tuple[int, int, int]]:
         """How ``key`` travels: ``(start, stop, global server index)`` per slice (one message each way per slice).
 
         ``slice_elems`` (or P3's ``p3_slice_elems``) cuts bigger tensors, spread over the global servers.
         """
-        info = self._info(key)
+        info = self._keys.info(key)
         return [(start, stop, shard) for (start, stop), shard in zip(info.parts, info.shards, strict=True)]
 
     def ready(self, key: int) -> bool:
@@ -332,20 +236,12 @@ class KVStore:
             self._requests.wait(future, self._timeout, f"{self._requests.names.get(server)} to {what}")
 
     def assign_local_steps(self, seconds_per_step: float, base_steps: int) -> int:
-        """ESync: report this worker's time per local step; returns its local steps for the next round.
+        """Report this worker's time per local step; returns its local steps for the next round.
 
         Every worker calls this once per round (it is a synchronous round through the servers). The
         slowest worker gets ``base_steps``, the others as many as fit in the same time.
         """
-        if not math.isfinite(seconds_per_step) or seconds_per_step <= 0:
-            raise ValueError(f"seconds_per_step must be positive, got {seconds_per_step}")
-        body = {"seconds_per_step": {self.name: float(seconds_per_step)}, "base_steps": int(base_steps)}
-        future = self._requests.call(self._servers[0], Message(Kind.STATE, body=body))
-        reply = self._requests.wait(future, self._timeout, "the ESync step assignment (all workers of all parties)")
-        steps = (reply.body or {}).get("steps", {})
-        if self.name not in steps:
-            raise RuntimeError(f"the state server assigned no steps to {self.name}")
-        return int(steps[self.name])
+        return self._steps.assign(seconds_per_step, base_steps)
 
     def barrier(self) -> None:
         """Wait until every worker of every party reaches this barrier."""
@@ -389,9 +285,9 @@ class KVStore:
         After an uncaught exception (close runs from atexit), the worker just disconnects, so the process
         exits at once with its error and the launcher stops the job.
         """
-        if self._closed:
+        if self._keys.closed:
             return
-        self._closed = True
+        self._keys.closed = True
         atexit.unregister(self.close)
         if sys.excepthook == self._on_uncaught:
             sys.excepthook = self._previous_excepthook

@@ -9,22 +9,36 @@ Usage::
     book, me = register(van, requests, "127.0.0.1:9000", GLOBAL_SCHEDULER_ID, role=Role.LOCAL_SERVER,
                         party="dc1", rank=None, timeout=60)
     servers = book.of_role(Role.GLOBAL_SERVER)
+
+    # or, for a node (server or worker): register and connect to the members it talks to, in one call
+    book, me = join(van, requests, node_config, Tier.PARTY, rank=None, connect=is_server)
 """
 
 from __future__ import annotations
 
+import enum
 import os
 import secrets
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .config import Role
+from .config import NodeConfig, Role
 from .heartbeat import pulse_for
 from .rpc import Requests
 from .transport import Van
 from .wire import Kind, Message
 
 GLOBAL_SCHEDULER_ID = "global_scheduler"
+SCHEDULERS = (Role.GLOBAL_SCHEDULER, Role.LOCAL_SCHEDULER)
+SERVERS = (Role.GLOBAL_SERVER, Role.LOCAL_SERVER)
+
+
+class Tier(enum.StrEnum):
+    """Which scheduler a node registers with: the job's global one, or its own party's."""
+
+    GLOBAL = "global"
+    PARTY = "party"
 
 
 def local_scheduler_id(party: str) -> str:
@@ -130,3 +144,45 @@ def register(van: Van, requests: Requests, scheduler_address: str, scheduler_id:
     pulse_for(van, requests, van.topology.timeouts).watch(scheduler_id)  # from now on: heartbeats
     return book, book.get(van.identity)
 
+
+
+def join(van: Van, requests: Requests, config: NodeConfig, tier: Tier, *, rank: int | None,
+         connect: Callable[[Member], bool], master: bool = False) -> tuple[AddressBook, Member]:
+    """Register ``config``'s node with the scheduler of ``tier`` and connect to the members ``connect`` picks.
+
+    The one way servers and workers join the job: the scheduler's address and id, the registration timeout
+    and each link's WAN share all come from ``config``; the book's names go to ``requests`` for messages.
+
+    Usage: ``book, me = join(van, requests, cfg, Tier.GLOBAL, rank=cfg.rank, connect=is_not_scheduler)``
+    """
+    if tier is Tier.GLOBAL:
+        address, where = config.global_scheduler, config.topology.central
+    elif config.scheduler is None:
+        raise ValueError(f"{config.role.value} of party {config.party!r} must join its party's scheduler, "
+                         "but no party scheduler address is configured (GEOMX_SCHEDULER / DMLC_PS_ROOT_URI)")
+    else:
+        address, where = config.scheduler, config.party
+    scheduler = scheduler_id(config, tier)
+    book, me = register(van, requests, address, scheduler, role=config.role, party=config.party,
+                        scheduler_party=where, rank=rank, timeout=config.topology.timeouts.register_s,
+                        master=master)
+    for member in book.members:
+        if member.id != van.identity and connect(member):
+            van.add_peer(member.id, member.address, member.party, share=book.wan_share(config.party, member.party))
+    requests.names.update(book.names())
+    return book, me
+
+
+def scheduler_id(config: NodeConfig, tier: Tier) -> str:
+    """The id of the scheduler of ``tier`` for ``config``'s node (to say goodbye to it)."""
+    return GLOBAL_SCHEDULER_ID if tier is Tier.GLOBAL else local_scheduler_id(config.party)
+
+
+def is_server(member: Member) -> bool:
+    """A ``join`` filter: connect to the servers of the book (what a worker talks to)."""
+    return member.role in SERVERS
+
+
+def is_not_scheduler(member: Member) -> bool:
+    """A ``join`` filter: connect to every node of the book (what a server talks to)."""
+    return member.role not in SCHEDULERS

@@ -28,7 +28,7 @@ import numpy as np
 from .checkpoint import CheckpointWriter, Snapshot
 from .codecs import FP16, CodecError, TensorInfo, default_registry
 from .codecs import Codec as TensorCodec
-from .codecs.base import Kind as TensorKind
+from .codecs.base import TensorKind
 from .codecs.messages import decode_message, payload_fields
 from .compose import DEFAULT_SYNC, compose, configured_policy
 from .config import Mode, NodeConfig, Role
@@ -39,7 +39,7 @@ from .core.rounds import Round, RoundId, RoundTable, Slot
 from .dgt import DgtAssembler, DgtError, DgtSender, write_report
 from .dgt_feedback import FEEDBACK_KEY
 from .heartbeat import pulse_for
-from .membership import GLOBAL_SCHEDULER_ID, AddressBook, Member, local_scheduler_id, new_node_id, register
+from .membership import GLOBAL_SCHEDULER_ID, Member, Tier, is_not_scheduler, join, local_scheduler_id, new_node_id
 from .rpc import Requests
 from .runlog import write_stats
 from .transport import Van
@@ -127,12 +127,8 @@ class ParameterServer:
     def _join(self) -> list[str]:
         """Register with the scheduler(s), connect to peers; returns the schedulers to say goodbye to."""
         cfg = self.config
-        wait = self.timeouts.register_s
-        global_book, me = register(self.van, self.requests, cfg.global_scheduler, GLOBAL_SCHEDULER_ID,
-                                   role=cfg.role, party=cfg.party, scheduler_party=cfg.topology.central,
-                                   rank=cfg.rank, timeout=wait)
+        global_book, me = join(self.van, self.requests, cfg, Tier.GLOBAL, rank=cfg.rank, connect=is_not_scheduler)
         schedulers = [GLOBAL_SCHEDULER_ID]
-        self._connect(global_book)
         if self.is_global:
             self.name = me.name
             self.van.name = me.name
@@ -148,22 +144,11 @@ class ParameterServer:
             self.shard_owner = {m.rank: m.id for m in global_book.of_role(Role.GLOBAL_SERVER)}
             self.udp_address = {m.id: _udp_endpoint(m.address) for m in global_book.of_role(Role.GLOBAL_SERVER)}
             self.peers = {m.id for m in global_book.of_role(Role.LOCAL_SERVER)} - {self.identity}
-            assert cfg.scheduler is not None
-            local_book, _ = register(self.van, self.requests, cfg.scheduler, local_scheduler_id(cfg.party),
-                                     role=cfg.role, party=cfg.party, scheduler_party=cfg.party, rank=0,
-                                     timeout=wait)
-            self._connect(local_book)
+            local_book, _ = join(self.van, self.requests, cfg, Tier.PARTY, rank=0, connect=is_not_scheduler)
             self.clients.present = {m.id for m in local_book.of_role(Role.WORKER)}
             self.configurers = {m.id for m in local_book.of_role(Role.WORKER) if m.master}
             schedulers.append(local_scheduler_id(cfg.party))
         return schedulers
-
-    def _connect(self, book: AddressBook) -> None:
-        for member in book.members:
-            if member.id != self.identity and member.role not in (Role.GLOBAL_SCHEDULER, Role.LOCAL_SCHEDULER):
-                self.van.add_peer(member.id, member.address, member.party,
-                                  share=book.wan_share(self.config.party, member.party))
-        self.requests.names.update(book.names())
 
     def run(self) -> int:
         """Serve until every client has shut down. Returns the process exit code."""

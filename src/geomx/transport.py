@@ -1,4 +1,4 @@
-"""The van: ZeroMQ sockets, per-link emulation and priority queues, byte counters.
+"""The van: ZeroMQ sockets, the I/O thread and the dispatch thread of one node.
 
 Each process has one ``Van``. It receives every inbound message on one ROUTER socket and sends through
 one DEALER socket per peer (the DEALER's identity is this node's id, so the receiver knows the sender).
@@ -8,6 +8,9 @@ stops bytes from moving. ``send`` may be called from any thread.
 DGT's UDP datagrams (``send_datagram``) take the same emulated links as the messages to their peer (the
 party's access link included) at strictly lower priority than any message, and count in the same byte
 counters: UDP is not a second pipe next to the WAN.
+
+The emulated links (pacing, access link, ingress, outages) are ``geomx.transport_links.LinkModel``, the counters
+``geomx.transport_counters``; their names are importable from here too.
 
 Usage::
 
@@ -21,8 +24,6 @@ Usage::
 from __future__ import annotations
 
 import contextlib
-import heapq
-import itertools
 import logging
 import os
 import queue
@@ -30,84 +31,24 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
 
-from .config import LinkSpec, Topology
-from .emulator import OutageSchedule, ShapedLink
+from .config import Topology
+from .emulator import OutageSchedule
 from .security import Guard
+from .transport_counters import LAN, WAN, ByteCounters, DatagramCounts
+from .transport_dispatch import DISPATCH_POLL_S, dispatch
+from .transport_links import Delivery, LinkModel, Outgoing, Peer, earliest
 from .wire import Kind, Message, WireError, decode, encode, frames_nbytes
+
+__all__ = ["DISPATCH_POLL_S", "LAN", "WAN", "ByteCounters", "DatagramCounts", "Delivery", "Handler", "Hook", "Van"]
 
 log = logging.getLogger("geomx.transport")
 
 Handler = Callable[[Message], None]
-Delivery = Callable[[], None]  # a received DGT datagram's handling, run once it passed the node's ingress
 Hook = Callable[[Message], bool]  # True: the message was consumed
-
-LAN = "lan"
-WAN = "wan"
-DISPATCH_POLL_S = 1.0  # how often an idle dispatch thread checks that the I/O thread still delivers
-
-
-def _earliest(*times: float | None) -> float | None:
-    """The earliest of the given wake-up times that are set (None if none is)."""
-    return min((t for t in times if t is not None), default=None)
-
-
-@dataclass
-class _Peer:
-    identity: str
-    address: str
-    party: str
-    link_class: str
-    link_key: tuple[str, str]
-
-
-@dataclass
-class _Outgoing:
-    peer: str
-    frames: list[Any]
-    nbytes: int
-    ready_at: float = 0.0  # when its last bit left the party's access link (delivery is not earlier + latency)
-    udp: tuple[str, int] | None = None  # a DGT datagram (frames == [bytes]) to this UDP address
-    lost: bool = False  # the datagram is lost on the way (emulated loss): it takes the link, then vanishes
-
-
-@dataclass
-class DatagramCounts:
-    """DGT datagrams that left this process (I/O thread only): ``sent`` and ``sent_bytes`` count every datagram
-    that crossed the emulated link, ``lost`` those of them the emulated loss dropped after it (never handed to
-    the socket), ``lost_to_outage`` those due while the WAN was cut."""
-
-    sent: int = 0
-    sent_bytes: int = 0
-    lost: int = 0
-    lost_to_outage: int = 0
-    errors: int = 0
-
-
-@dataclass
-class ByteCounters:
-    """Bytes sent and received, per link class and per peer. Updated by the I/O thread only."""
-
-    by_class: dict[str, dict[str, int]] = field(
-        default_factory=lambda: {LAN: {"sent": 0, "recv": 0}, WAN: {"sent": 0, "recv": 0}})
-    by_peer: dict[str, dict[str, Any]] = field(default_factory=dict)
-    # the I/O thread and a DGT receiver thread (UDP receipts) both add
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
-
-    def add(self, peer: str, link_class: str, direction: str, nbytes: int) -> None:
-        with self._lock:
-            self.by_class[link_class][direction] += nbytes
-            entry = self.by_peer.setdefault(peer, {"class": link_class, "sent": 0, "recv": 0})
-            entry[direction] += nbytes
-
-    def snapshot(self) -> dict[str, Any]:
-        with self._lock:
-            return {"lan": dict(self.by_class[LAN]), "wan": dict(self.by_class[WAN]),
-                    "peers": {name: dict(entry) for name, entry in self.by_peer.items()}}
 
 
 class Van:
@@ -123,25 +64,8 @@ class Van:
         self._bind_host = bind_host
         self._bind_port = bind_port
         self._context = zmq.Context()
-        self._peers: dict[str, _Peer] = {}
         self._gone: set[str] = set()  # peers disconnected for good (see disconnect)
         self._sockets: dict[str, zmq.Socket[Any]] = {}
-        self._links: dict[tuple[str, str], ShapedLink[_Outgoing]] = {}
-        self._outages = OutageSchedule(topology.outages, party, topology.job_start)
-        # The party's own connection to the WAN (topology ``access``), shared by all WAN traffic per direction:
-        # sends pass it on their way into their destination's pipe, receipts before they are handled.
-        self._access_bps = topology.access_bps(party)
-        self._access_share = 1
-        self._access_out: ShapedLink[tuple[_Outgoing, int]] | None = None
-        self._access_in: ShapedLink[Message | Delivery] | None = None
-        # The node's inbound LAN side (``links.lan.ingress``): LAN receipts queue there like WAN ones at the access
-        # link, so workers sending to their local server at once share its rate.
-        lan = topology.lan
-        self._lan_in: ShapedLink[Message | Delivery] | None = (
-            ShapedLink(LinkSpec(lan.bandwidth_bps)) if lan.ingress and lan.bandwidth_bps else None)
-        self._inbound: list[tuple[float, int, Message | Delivery]] = []
-        self._due: list[tuple[float, int, _Outgoing]] = []
-        self._due_seq = itertools.count()
         self._commands: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._inbox: queue.SimpleQueue[Message | Delivery | None] = queue.SimpleQueue()
         self._wake_read, self._wake_write = os.pipe()
@@ -154,10 +78,9 @@ class Van:
         self._threads: list[threading.Thread] = []
         self.counters = ByteCounters()
         self.datagrams = DatagramCounts()
+        self._links = LinkModel(topology, party, self.datagrams, self._inbox.put)
+        self._peers: dict[str, Peer] = self._links.peers
         self._udp_sock: socket.socket | None = None  # DGT datagrams (opened on first use by the I/O thread)
-        # Datagrams to a peer whose links set no rate are paced here (even loopback drops unpaced bursts).
-        pace = topology.dgt.rate_bps if topology.dgt is not None else None
-        self._udp_pace: ShapedLink[tuple[_Outgoing, int]] | None = ShapedLink(LinkSpec(pace)) if pace else None
         self.address = ""
         self.malformed = 0
         # refuses peers without the shared secret / CURVE key during the handshake (see geomx.security)
@@ -184,10 +107,7 @@ class Van:
         """Connect to a peer. ``share``: how many processes of this party share the WAN pipe to its party."""
         if identity in self._peers:
             return
-        link_class = LAN if party == self.party else WAN
-        link_key = (link_class, party if link_class == WAN else self.party)
-        peer = _Peer(identity, address, party, link_class, link_key)
-        self._peers[identity] = peer
+        peer = self._links.new_peer(identity, address, party)
         self._commands.put(("connect", (peer, share)))
         self._wake()
 
@@ -203,7 +123,7 @@ class Van:
     @property
     def outages(self) -> OutageSchedule:
         """This process's emulated WAN outages (armed by the first training message through this van)."""
-        return self._outages
+        return self._links.outages
 
     @property
     def topology(self) -> Topology:
@@ -223,10 +143,10 @@ class Van:
             return
         if peer not in self._peers:
             raise KeyError(f"{self.name}: no connection to peer {peer!r}")
-        if message.kind is Kind.PUSHPULL and self._outages:
-            self._outages.training_started(time.monotonic())
+        if message.kind is Kind.PUSHPULL and self._links.outages:
+            self._links.outages.training_started(time.monotonic())
         frames = encode(message)
-        self._commands.put(("send", (_Outgoing(peer, frames, frames_nbytes(frames)), message.priority)))
+        self._commands.put(("send", (Outgoing(peer, frames, frames_nbytes(frames)), message.priority)))
         self._wake()
 
     def send_datagram(self, peer: str, address: tuple[str, int], data: bytes, channel: int,
@@ -240,7 +160,7 @@ class Van:
             return
         if peer not in self._peers:
             raise KeyError(f"{self.name}: no connection to peer {peer!r}")
-        outgoing = _Outgoing(peer, [data], len(data), udp=address, lost=lost)
+        outgoing = Outgoing(peer, [data], len(data), udp=address, lost=lost)
         self._commands.put(("send", (outgoing, -channel)))
         self._wake()
 
@@ -253,7 +173,7 @@ class Van:
         """
         known = self._peers.get(peer)
         self.counters.add(peer if known else "<unknown>", known.link_class if known else LAN, "recv", nbytes)
-        if known is not None and (self._access_in if known.link_class == WAN else self._lan_in) is not None:
+        if known is not None and self._links.has_ingress(known):
             self._commands.put(("datagram_in", (known, nbytes, deliver, time.monotonic())))
             self._wake()
             return
@@ -298,11 +218,6 @@ class Van:
         with contextlib.suppress(BlockingIOError, OSError):
             os.write(self._wake_write, b"x")
 
-    def _link_spec(self, peer: _Peer) -> LinkSpec:
-        if peer.link_class == LAN:
-            return self._topology.lan
-        return self._topology.wan_between(self.party, peer.party)
-
     def _open_router(self) -> tuple[zmq.Socket[Any], list[zmq.Socket[Any]]]:
         router = self._context.socket(zmq.ROUTER)
         router.setsockopt(zmq.RCVHWM, 0)
@@ -316,7 +231,7 @@ class Van:
         self.address = router.getsockopt_string(zmq.LAST_ENDPOINT)
         return router, guards
 
-    def _connect(self, peer: _Peer, share: int) -> None:
+    def _connect(self, peer: Peer, share: int) -> None:
         sock = self._context.socket(zmq.DEALER)
         sock.setsockopt(zmq.IDENTITY, self.identity.encode())
         sock.setsockopt(zmq.SNDHWM, 0)
@@ -324,16 +239,7 @@ class Van:
         self.guard.connect(sock, peer.party)
         sock.connect(peer.address)
         self._sockets[peer.identity] = sock
-        if peer.link_key not in self._links:
-            spec = self._link_spec(peer)
-            self._links[peer.link_key] = ShapedLink(spec, share if peer.link_class == WAN else 1)
-        if peer.link_class == WAN and self._access_bps is not None:
-            self._access_share = max(self._access_share, share)
-            if self._access_out is None or self._access_in is None:
-                self._access_out = ShapedLink(LinkSpec(self._access_bps))
-                self._access_in = ShapedLink(LinkSpec(self._access_bps))
-            for access in (self._access_out, self._access_in):
-                access.rate_bps = self._access_bps / self._access_share
+        self._links.add_peer(peer, share)
 
     def _io_loop(self) -> None:
         try:
@@ -394,109 +300,24 @@ class Van:
                     sock.close(linger=0)
             elif command == "send":
                 outgoing, priority = payload
-                peer = self._peers[outgoing.peer]
-                if outgoing.udp is not None and self._cut_until(peer.link_class, peer.party, now) is not None:
-                    self.datagrams.lost_to_outage += 1  # sent into a cut WAN: gone (messages wait instead)
-                elif outgoing.udp is not None and self._udp_pace is not None and self._unlimited(peer):
-                    self._udp_pace.offer((outgoing, priority), outgoing.nbytes, priority, now)
-                else:
-                    self._enter(outgoing, priority, now)
+                self._links.offer(outgoing, priority, now)
             elif command == "datagram_in":
-                self._enter_ingress(*payload, background=True)
+                peer, nbytes, deliver, arrived = payload
+                self._links.enter_ingress(peer, nbytes, deliver, arrived, background=True)
             elif command == "flush":
                 flush_requested = True
-        wake_at = self._pump_pace(now)
-        wake_at = _earliest(wake_at, self._pump_access(now))
-        for (link_class, party), link in self._links.items():
-            until = self._cut_until(link_class, party, now)
-            if until is not None:  # the WAN to that party is cut: nothing starts before the outage ends
-                link.hold_until(until)
-            started, link_wake = link.poll(now)
-            for deliver_at, outgoing in started:
-                deliver_at = max(deliver_at, outgoing.ready_at + link.latency_s)
-                heapq.heappush(self._due, (deliver_at, next(self._due_seq), outgoing))
-            wake_at = _earliest(wake_at, link_wake)
-        now = time.monotonic()
-        while self._due and self._due[0][0] <= now:
-            _, _, outgoing = heapq.heappop(self._due)
-            peer = self._peers[outgoing.peer]
-            until = self._cut_until(peer.link_class, peer.party, now)
-            if until is not None and outgoing.udp is not None:  # a datagram in flight when the WAN was cut
-                self.datagrams.lost_to_outage += 1
-                continue
-            if until is not None:  # in flight when the WAN was cut: it arrives when the outage ends
-                heapq.heappush(self._due, (until, next(self._due_seq), outgoing))
-                continue
+        wake_at = self._links.advance(now)
+        for outgoing in self._links.due(time.monotonic()):
             self._transmit(outgoing)
-        if self._due:
-            wake_at = _earliest(wake_at, self._due[0][0])
+        wake_at = earliest(wake_at, self._links.next_due())
         if flush_requested:
-            access_busy = any(link is not None and len(link) > 0 for link in (self._access_out, self._udp_pace))
-            if not self._due and not access_busy and all(len(link) == 0 for link in self._links.values()):
+            if self._links.idle():
                 self._idle.set()
             else:
                 self._commands.put(("flush", None))  # look again at the next wake-up
         return wake_at
 
-    def _enter(self, outgoing: _Outgoing, priority: int, now: float) -> None:
-        """Queue ``outgoing`` on its way out: the party's access link for the WAN (if any), else its peer's link."""
-        peer = self._peers[outgoing.peer]
-        background = outgoing.udp is not None
-        if peer.link_class == WAN and self._access_out is not None:
-            self._access_out.offer((outgoing, priority), outgoing.nbytes, priority, now, background)
-        else:
-            self._links[peer.link_key].offer(outgoing, outgoing.nbytes, priority, now, background)
-
-    def _unlimited(self, peer: _Peer) -> bool:
-        """Whether nothing on the way to ``peer`` sets a rate (then DGT datagrams are paced on their own)."""
-        link = self._links.get(peer.link_key)
-        access = self._access_out if peer.link_class == WAN else None
-        return (link is None or link.rate_bps is None) and (access is None or access.rate_bps is None)
-
-    def _pump_pace(self, now: float) -> float | None:
-        """Datagrams to unlimited links leave the pacer at DGT's rate into their links; returns the next wake-up."""
-        if self._udp_pace is None:
-            return None
-        started, wake_at = self._udp_pace.poll(now)
-        rate = self._udp_pace.rate_bps or 0.0
-        for end, (outgoing, priority) in started:
-            self._enter(outgoing, priority, end - (outgoing.nbytes * 8.0 / rate if rate else 0.0))
-        return wake_at
-
-    def _pump_access(self, now: float) -> float | None:
-        """Move messages through the party's access link and the node's LAN ingress (where configured); returns
-        when to look again.
-
-        Cut-through: a send enters its destination's pipe when it *starts* on the access link and is delivered no
-        earlier than its last bit leaves it, so the slower of the two sets the pace (no double serialization).
-        A receipt is handed to the node when its ingress (access link or LAN) has carried it after the ones
-        before it.
-        """
-        wake_at = None
-        if self._access_out is not None:
-            started, wake_at = self._access_out.poll(now)
-            rate = self._access_out.rate_bps or 0.0
-            for end, (outgoing, priority) in started:
-                outgoing.ready_at = end
-                start = end - (outgoing.nbytes * 8.0 / rate if rate else 0.0)
-                self._links[self._peers[outgoing.peer].link_key].offer(outgoing, outgoing.nbytes, priority, start,
-                                                                       background=outgoing.udp is not None)
-        for ingress in (self._access_in, self._lan_in):
-            if ingress is None:
-                continue
-            arrived, in_wake = ingress.poll(now)
-            for deliver_at, message in arrived:
-                heapq.heappush(self._inbound, (deliver_at, next(self._due_seq), message))
-            wake_at = _earliest(wake_at, in_wake)
-        while self._inbound and self._inbound[0][0] <= now:
-            self._inbox.put(heapq.heappop(self._inbound)[2])
-        return _earliest(wake_at, self._inbound[0][0] if self._inbound else None)
-
-    def _cut_until(self, link_class: str, party: str, now: float) -> float | None:
-        """When the outage cutting the WAN to ``party`` ends, or None if that link is up (or not WAN)."""
-        return self._outages.blocked_until(party, now) if link_class == WAN and self._outages else None
-
-    def _transmit_datagram(self, peer: _Peer, outgoing: _Outgoing) -> None:
+    def _transmit_datagram(self, peer: Peer, outgoing: Outgoing) -> None:
         assert outgoing.udp is not None
         if self._udp_sock is None:
             self._udp_sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -514,7 +335,7 @@ class Van:
         self.datagrams.sent_bytes += outgoing.nbytes
         self.counters.add(peer.identity, peer.link_class, "sent", outgoing.nbytes)
 
-    def _transmit(self, outgoing: _Outgoing) -> None:
+    def _transmit(self, outgoing: Outgoing) -> None:
         peer = self._peers[outgoing.peer]
         if outgoing.udp is not None:
             self._transmit_datagram(peer, outgoing)
@@ -553,27 +374,13 @@ class Van:
                 log.exception("[%s] could not decode a message from %r", self.name, sender)
                 continue
             message.sender = sender.encode()
-            if message.kind is Kind.PUSHPULL and self._outages:
-                self._outages.training_started(time.monotonic())
+            if message.kind is Kind.PUSHPULL and self._links.outages:
+                self._links.outages.training_started(time.monotonic())
             if message.kind is Kind.HEARTBEAT and self.heartbeat_hook is not None and self.heartbeat_hook(message):
                 continue
-            if peer is not None and self._enter_ingress(peer, nbytes, message, time.monotonic()):
+            if peer is not None and self._links.enter_ingress(peer, nbytes, message, time.monotonic()):
                 continue
             self._inbox.put(message)
-
-    def _enter_ingress(self, peer: _Peer, nbytes: int, item: Message | Delivery, arrived: float,
-                       background: bool = False) -> bool:
-        """Queue a receipt at the node's ingress for ``peer``'s link class, if there is one (False: there is none).
-        In-cast: it started arriving when the sender's link started sending it; the ingress carries one receipt
-        at a time (see _pump_access), datagrams (``background``) behind messages."""
-        ingress = self._access_in if peer.link_class == WAN else self._lan_in
-        if ingress is None:
-            return False
-        link = self._link_spec(peer)
-        wire_s = nbytes * 8.0 / link.bandwidth_bps if link.bandwidth_bps else 0.0
-        priority = item.priority if isinstance(item, Message) else 0
-        ingress.offer(item, nbytes, priority, arrived - wire_s, background)
-        return True
 
     @property
     def running(self) -> bool:
@@ -582,30 +389,4 @@ class Van:
                 and bool(self._threads) and all(t.is_alive() for t in self._threads))
 
     def _dispatch_loop(self) -> None:
-        io = self._threads[0]
-        while True:
-            try:  # bounded: an I/O thread that died would leave this thread waiting for messages forever
-                message = self._inbox.get(timeout=DISPATCH_POLL_S)
-            except queue.Empty:
-                if self._stopping.is_set():
-                    return
-                if not io.is_alive():
-                    log.error("[%s] stopped waiting for messages to handle: the I/O thread has ended", self.name)
-                    return
-                continue
-            if message is None:
-                return
-            if not isinstance(message, Message):  # a DGT datagram that passed the ingress
-                try:
-                    message()
-                except Exception:
-                    log.exception("[%s] DGT datagram handler failed", self.name)
-                continue
-            try:
-                self._handler(message)
-            except Exception as exc:  # a bad message must never kill the node
-                log.exception("[%s] handler failed on %s from %r", self.name, message.kind.name,
-                              message.sender)
-                sender = message.sender.decode()
-                if not message.is_reply and message.kind is not Kind.ERROR and sender in self._peers:
-                    self.send(sender, message.error(f"{self.name}: {type(exc).__name__}: {exc}"))
+        dispatch(self.name, self._inbox, self._handler, self._threads[0], self._stopping, self.send, self._peers)

@@ -9,7 +9,7 @@ from torch import nn
 from geomx import optim
 from geomx.compose import check_names
 from geomx.config import ConfigError, HFASpec, TrainingSpec
-from geomx.torch import Mode, make_plan, translate
+from geomx.torch import Strategy, make_plan, translate
 from geomx.torch.data import shard_indices
 from geomx.torch.optimizer import _layer_of_params
 from geomx.torch.signature import compare, signature
@@ -33,17 +33,17 @@ def test_torch_sgd_and_adam_translate_to_the_same_server_arithmetic():
 
 def test_plans_follow_the_configuration():
     adam = torch.optim.Adam(params(), lr=1e-3)
-    assert make_plan(TrainingSpec(), None, adam).mode is Mode.SERVER
-    assert make_plan(TrainingSpec(server_optimizer="none"), None, adam).mode is Mode.LOCAL
-    assert make_plan(TrainingSpec(), None, torch.optim.AdamW(params())).mode is Mode.LOCAL
+    assert make_plan(TrainingSpec(), None, adam).mode is Strategy.SERVER
+    assert make_plan(TrainingSpec(server_optimizer="none"), None, adam).mode is Strategy.LOCAL
+    assert make_plan(TrainingSpec(), None, torch.optim.AdamW(params())).mode is Strategy.LOCAL
     bsc = make_plan(TrainingSpec(compression={"type": "bsc", "threshold": 0.01}), None, adam)
-    assert bsc.mode is Mode.LOCAL and bsc.server_optimizer is None
+    assert bsc.mode is Strategy.LOCAL and bsc.server_optimizer is None
     dcasgd = make_plan(TrainingSpec(sync="dist_async", server_optimizer="dcasgd",
                                     server_optimizer_params=(("lamda", 0.1),)), None, adam)
-    assert dcasgd.mode is Mode.SERVER and dcasgd.server_optimizer == optim.DCASGD(lr=1e-3, lamda=0.1)
+    assert dcasgd.mode is Strategy.SERVER and dcasgd.server_optimizer == optim.DCASGD(lr=1e-3, lamda=0.1)
     hfa = make_plan(TrainingSpec(server_optimizer="outer_nesterov"), HFASpec(4, 5), adam)
-    assert hfa.mode is Mode.HFA and hfa.server_optimizer == optim.OuterNesterov()
-    assert make_plan(TrainingSpec(esync=True), HFASpec(4, 1), adam).mode is Mode.ESYNC
+    assert hfa.mode is Strategy.HFA and hfa.server_optimizer == optim.OuterNesterov()
+    assert make_plan(TrainingSpec(esync=True), HFASpec(4, 1), adam).mode is Strategy.ESYNC
     assert make_plan(TrainingSpec(p3=True), None, adam).p3
 
 

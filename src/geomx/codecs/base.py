@@ -26,12 +26,9 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Protocol
 
 import numpy as np
-
-if TYPE_CHECKING:
-    from .registry import Registry
 
 DENSE_ID = 0  # raw bytes in the header's dtype; wire.py's Codec.DENSE
 COMPOSITE_ID = -1  # a codec that never appears on the wire: its payloads carry the id of the part that encoded
@@ -39,10 +36,20 @@ MAX_DECODE_BYTES = 1 << 31  # the largest tensor a payload may ask us to allocat
 
 FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 
-Kind = Literal["gradient", "weights", "delta"]
+TensorKind = Literal["gradient", "weights", "delta"]
 Direction = Literal["push", "pull"]
-Slot = tuple[int, int, str]  # (key, part, direction): where stateful codecs keep their state
+StateKey = tuple[int, int, str]  # (key, part, direction): where stateful codecs keep their state
 MetaValue = int | float | str
+
+
+class SpecReader(Protocol):
+    """What ``Codec.from_spec`` needs of the registry (``Registry`` is one): a spec's parameters checked against a
+    codec's constructor. A protocol here, so the codecs never import the registry that imports them."""
+
+    def constructor_kwargs(self, cls: type[Codec], params: Mapping[str, object],
+                           extra: Mapping[str, type] | None = None, spec_name: str | None = None) -> dict[str, Any]:
+        """``params`` as ``cls``'s keyword arguments, or CodecError naming what is wrong."""
+        ...
 
 
 class CodecError(ValueError):
@@ -60,11 +67,11 @@ class TensorInfo:
 
     key: int
     part: int
-    kind: Kind
+    kind: TensorKind
     direction: Direction
 
     @property
-    def slot(self) -> Slot:
+    def state_key(self) -> StateKey:
         return (self.key, self.part, self.direction)
 
 
@@ -122,7 +129,7 @@ class Codec(ABC):
         return None
 
     @classmethod
-    def from_spec(cls, params: Mapping[str, object], registry: Registry) -> Codec:
+    def from_spec(cls, params: Mapping[str, object], registry: SpecReader) -> Codec:
         """Build from a spec's parameters (the spec without "type"); override to build a composite."""
         return cls(**registry.constructor_kwargs(cls, params))
 

@@ -61,7 +61,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -69,7 +69,8 @@ from .base import (
     Codec,
     CodecError,
     Encoded,
-    Slot,
+    SpecReader,
+    StateKey,
     TensorInfo,
     check_finite,
     check_frame_count,
@@ -83,9 +84,6 @@ from .base import (
     to_dtype,
 )
 from .composite import SizeAdaptive
-
-if TYPE_CHECKING:
-    from .registry import Registry
 
 DEFAULT_SIZE_LOWER_BOUND = 200_000  # GeoMX's documented MXNET_KVSTORE_SIZE_LOWER_BOUND example
 MIN_SAMPLE = 2048
@@ -125,7 +123,7 @@ def top_k_sampled(magnitude: np.ndarray, k: int, rng: np.random.Generator) -> np
 
 
 @dataclass
-class _SlotState:
+class _ResidualState:
     """One slot's sparsifier state. ``velocity`` is None on the pull side (no momentum)."""
 
     velocity: np.ndarray | None
@@ -153,10 +151,10 @@ class BSC(Codec):
         self.warmup_steps = warmup_steps
         self.seed = seed
         self._rng = np.random.default_rng(seed)
-        self._state: dict[Slot, _SlotState] = {}
+        self._state: dict[StateKey, _ResidualState] = {}
 
     @classmethod
-    def split_spec(cls, params: Mapping[str, object], registry: Registry, spec_name: str = "bsc") -> tuple[BSC, int]:
+    def split_spec(cls, params: Mapping[str, object], registry: SpecReader, spec_name: str = "bsc") -> tuple[BSC, int]:
         """A sparsifier from spec parameters plus ``size_lower_bound`` (shared by "bsc" and "mpq")."""
         kwargs = registry.constructor_kwargs(cls, params, extra={"size_lower_bound": int}, spec_name=spec_name)
         bound = kwargs.pop("size_lower_bound", DEFAULT_SIZE_LOWER_BOUND)
@@ -165,7 +163,7 @@ class BSC(Codec):
         return cls(**kwargs), bound
 
     @classmethod
-    def from_spec(cls, params: Mapping[str, object], registry: Registry) -> Codec:
+    def from_spec(cls, params: Mapping[str, object], registry: SpecReader) -> Codec:
         """``{"type": "bsc"}`` is GeoMX's Bi-Sparse: tensors below ``size_lower_bound`` travel dense."""
         sparsifier, bound = cls.split_spec(params, registry)
         return SizeAdaptive(small=None, large=sparsifier, bound=bound) if bound > 0 else sparsifier
@@ -244,22 +242,22 @@ class BSC(Codec):
 
     def pending(self, info: TensorInfo) -> np.ndarray | None:
         """A copy of the slot's accumulated, not yet sent values (flat float32), or None before its first encode."""
-        state = self._state.get(info.slot)
+        state = self._state.get(info.state_key)
         return None if state is None else state.accumulated.copy()
 
     def reset(self) -> None:
         self._state.clear()
 
-    def _slot(self, info: TensorInfo, n: int) -> _SlotState:
-        state = self._state.get(info.slot)
+    def _slot(self, info: TensorInfo, n: int) -> _ResidualState:
+        state = self._state.get(info.state_key)
         if state is None:
             # Momentum correction stands in for the optimizer's momentum on raw gradients. A delta (HFA's
             # model change after local optimizer steps) already carries the optimizer's momentum; adding
             # more would overshoot, so deltas get plain error feedback.
             with_momentum = info.direction == "push" and info.kind == "gradient" and self.momentum > 0
             velocity = np.zeros(n, np.float32) if with_momentum else None
-            state = _SlotState(velocity=velocity, accumulated=np.zeros(n, np.float32))
-            self._state[info.slot] = state
+            state = _ResidualState(velocity=velocity, accumulated=np.zeros(n, np.float32))
+            self._state[info.state_key] = state
         elif state.accumulated.size != n:
             raise CodecError(f"key {info.key} part {info.part} had {state.accumulated.size} elements and now has "
                              f"{n}; call reset() after re-initialising a key")

@@ -49,7 +49,7 @@ class ErrorFeedback(Codec):
         check_kind(info, self.name)
         shape = np.shape(array)
         x = float_vector(array, f"key {info.key} part {info.part}")
-        residual = self._residuals.get(info.slot)
+        residual = self._residuals.get(info.state_key)
         if residual is not None:
             if residual.size != x.size:
                 raise CodecError(f"key {info.key} part {info.part} had {residual.size} elements and now has "
@@ -57,7 +57,7 @@ class ErrorFeedback(Codec):
             x = x + residual  # a new array: the caller's tensor is never modified
         encoded = self.inner.encode(x.reshape(shape), info)  # raises (state untouched) on NaN or inf
         decoded = self.inner.decode(encoded, shape, np.dtype(np.float32))
-        self._residuals[info.slot] = x - decoded.reshape(-1)
+        self._residuals[info.state_key] = x - decoded.reshape(-1)
         return encoded
 
     def decode(self, encoded: Encoded, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
@@ -74,7 +74,7 @@ class ErrorFeedback(Codec):
 
     def residual(self, info: TensorInfo) -> np.ndarray | None:
         """A copy of the slot's residual (flat float32), or None before its first encode."""
-        residual = self._residuals.get(info.slot)
+        residual = self._residuals.get(info.state_key)
         return None if residual is None else residual.copy()
 
     def reset(self) -> None:

@@ -13,15 +13,12 @@ Usage::
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
-from .base import Codec
+from .base import Codec, SpecReader
 from .bsc import BSC, DEFAULT_SIZE_LOWER_BOUND
 from .composite import SizeAdaptive
 from .fp16 import FP16
-
-if TYPE_CHECKING:
-    from .registry import Registry
 
 
 class MPQ(SizeAdaptive):
@@ -33,7 +30,7 @@ class MPQ(SizeAdaptive):
         super().__init__(small=FP16(), large=BSC() if sparsifier is None else sparsifier, bound=size_lower_bound)
 
     @classmethod
-    def from_spec(cls, params: Mapping[str, object], registry: Registry) -> Codec:
+    def from_spec(cls, params: Mapping[str, object], registry: SpecReader) -> Codec:
         """Flat GeoMX-style parameters: the sparsifier's (threshold, momentum, ...) plus ``size_lower_bound``."""
         sparsifier, bound = BSC.split_spec(params, registry, spec_name=cls.name)
         return cls(sparsifier, bound)

@@ -16,8 +16,18 @@ from __future__ import annotations
 
 from .data import ShardSampler, shard, worker_place
 from .optimizer import DistributedOptimizer, ModelMismatchError
-from .plan import Mode, Plan, make_plan, translate
+from .plan import Plan, Strategy, make_plan, translate
 from .progress import progress
 
-__all__ = ["DistributedOptimizer", "Mode", "ModelMismatchError", "Plan", "ShardSampler", "make_plan", "progress",
-           "shard", "translate", "worker_place"]
+__all__ = [
+           "DistributedOptimizer",
+           "ModelMismatchError",
+           "Plan",
+           "ShardSampler",
+           "Strategy",
+           "make_plan",
+           "progress",
+           "shard",
+           "translate",
+           "worker_place",
+]

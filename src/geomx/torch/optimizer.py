@@ -37,7 +37,7 @@ from .. import kv as kv_module
 from ..config import NodeConfig, node_config
 from ..runlog import file_name
 from .metrics import StepRecorder, TensorBoardSink
-from .plan import Mode, Plan, make_plan
+from .plan import Plan, Strategy, make_plan
 from .signature import compare, signature
 
 log = logging.getLogger("geomx.torch")
@@ -139,7 +139,7 @@ class DistributedOptimizer:
         self.recorder = StepRecorder(self.kv, config.topology.training.metrics_every, sink)
         self.kv.record(step=0, elapsed_s=0.0, plan=self.plan.describe())  # which algorithm this run used
         self._handles: list[Any] = []
-        if self.plan.mode in (Mode.SERVER, Mode.LOCAL):
+        if self.plan.mode in (Strategy.SERVER, Strategy.LOCAL):
             for key in self._trained:
                 hook = functools.partial(self._on_gradient, key)
                 self._handles.append(self._params[key].register_post_accumulate_grad_hook(hook))
@@ -165,7 +165,7 @@ class DistributedOptimizer:
         if problem:
             raise ModelMismatchError(f"{self.kv.name}: the workers' models differ: {problem}")
         self.kv.init(list(range(len(self._params))), [p.data for p in self._params])
-        if self.plan.mode is Mode.ESYNC:
+        if self.plan.mode is Strategy.ESYNC:
             self.kv.init(CONTROL_KEY, torch.zeros(1))
 
     # -- hooks --------------------------------------------------------------------------------------------
@@ -214,11 +214,11 @@ class DistributedOptimizer:
             with torch.enable_grad():
                 loss = closure()
         mode = self.plan.mode
-        if mode is Mode.SERVER:
+        if mode is Strategy.SERVER:
             self._push_missing()
             self._pending.update(self._pushed)
             self._pushed.clear()
-        elif mode is Mode.LOCAL:
+        elif mode is Strategy.LOCAL:
             self._push_missing()
             self._pushed.clear()
             self._average_gradients()  # the answers are gradient sums: into .grad, then a local step
@@ -263,7 +263,7 @@ class DistributedOptimizer:
         for key in range(len(self._params)):
             self.kv.push(key, self._params[key].data / self.kv.num_workers, priority=self._priority[key])
         self._pending.update(range(len(self._params)))
-        if self.plan.mode is Mode.ESYNC:
+        if self.plan.mode is Strategy.ESYNC:
             flag = torch.full((1,), (1.0 if finishing else 0.0) / self.kv.num_workers)
             self.kv.push(CONTROL_KEY, flag, priority=1)
             started = time.monotonic()
@@ -300,7 +300,7 @@ class DistributedOptimizer:
         if self._closed:
             return
         try:
-            if self.plan.mode is Mode.ESYNC and not self._esync_done:
+            if self.plan.mode is Strategy.ESYNC and not self._esync_done:
                 self._sync_models(finishing=True)
             self.synchronize()
             self.recorder.close()

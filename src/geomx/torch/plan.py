@@ -12,7 +12,7 @@ The loop never changes; the topology's ``training`` block (or GEOMX_* variables)
 Usage::
 
     plan = make_plan(topology.training, topology.hfa, torch.optim.Adam(model.parameters(), lr=1e-3))
-    plan.mode, plan.server_optimizer          # Mode.SERVER, geomx.optim.Adam(lr=0.001, ...)
+    plan.mode, plan.server_optimizer          # Strategy.SERVER, geomx.optim.Adam(lr=0.001, ...)
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ log = logging.getLogger("geomx.torch")
 RESIDUAL_CODECS = ("bsc", "mpq")
 
 
-class Mode(enum.Enum):
+class Strategy(enum.Enum):
     SERVER = "server optimizer"
     LOCAL = "local optimizer on averaged gradients"
     HFA = "hierarchical frequency aggregation"
@@ -46,7 +46,7 @@ class Mode(enum.Enum):
 class Plan:
     """What DistributedOptimizer does: the mode, the kvstore type, what the master installs on the servers."""
 
-    mode: Mode
+    mode: Strategy
     kvstore_type: str
     server_optimizer: optim.Optimizer | None
     compression: dict[str, Any] | None
@@ -116,7 +116,7 @@ def make_plan(spec: TrainingSpec, hfa: HFASpec | None, torch_optimizer: torch.op
     check(facts, server_optimizer=spec.server_optimizer)
     if hfa is not None:
         outer = _named_optimizer(spec, torch_optimizer) if named else None
-        return Plan(Mode.ESYNC if spec.esync else Mode.HFA, spec.sync, outer, spec.compression, spec.p3)
+        return Plan(Strategy.ESYNC if spec.esync else Strategy.HFA, spec.sync, outer, spec.compression, spec.p3)
     if named:
         server: optim.Optimizer | None = _named_optimizer(spec, torch_optimizer)
     elif spec.server_optimizer == "auto" and not residual:
@@ -129,5 +129,5 @@ def make_plan(spec: TrainingSpec, hfa: HFASpec | None, torch_optimizer: torch.op
         if spec.server_optimizer == "auto" and not residual:
             log.info("%s has no server equivalent: gradients are averaged and it steps on every worker",
                      type(torch_optimizer).__name__)
-        return Plan(Mode.LOCAL, spec.sync, None, spec.compression, spec.p3)
-    return Plan(Mode.SERVER, spec.sync, server, spec.compression, spec.p3)
+        return Plan(Strategy.LOCAL, spec.sync, None, spec.compression, spec.p3)
+    return Plan(Strategy.SERVER, spec.sync, server, spec.compression, spec.p3)

@@ -1,0 +1,52 @@
+"""What a van counts: bytes per link class and per peer, and DGT's datagrams.
+
+Usage::
+
+    counters = ByteCounters()
+    counters.add("dc1/server/ab12", WAN, "sent", 4096)
+    counters.snapshot()["wan"]                      # {"sent": 4096, "recv": 0}
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+LAN = "lan"
+WAN = "wan"
+
+
+@dataclass
+class DatagramCounts:
+    """DGT datagrams that left this process (I/O thread only): ``sent`` and ``sent_bytes`` count every datagram
+    that crossed the emulated link, ``lost`` those of them the emulated loss dropped after it (never handed to
+    the socket), ``lost_to_outage`` those due while the WAN was cut."""
+
+    sent: int = 0
+    sent_bytes: int = 0
+    lost: int = 0
+    lost_to_outage: int = 0
+    errors: int = 0
+
+
+@dataclass
+class ByteCounters:
+    """Bytes sent and received, per link class and per peer. Updated by the I/O thread only."""
+
+    by_class: dict[str, dict[str, int]] = field(
+        default_factory=lambda: {LAN: {"sent": 0, "recv": 0}, WAN: {"sent": 0, "recv": 0}})
+    by_peer: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # the I/O thread and a DGT receiver thread (UDP receipts) both add
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, peer: str, link_class: str, direction: str, nbytes: int) -> None:
+        with self._lock:
+            self.by_class[link_class][direction] += nbytes
+            entry = self.by_peer.setdefault(peer, {"class": link_class, "sent": 0, "recv": 0})
+            entry[direction] += nbytes
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            return {"lan": dict(self.by_class[LAN]), "wan": dict(self.by_class[WAN]),
+                    "peers": {name: dict(entry) for name, entry in self.by_peer.items()}}
