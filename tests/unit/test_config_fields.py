@@ -129,9 +129,20 @@ def test_bad_yaml_names_the_key_the_value_and_what_is_expected(cls, raw, text):
         fields.read_mapping(cls, raw, section)
 
 
-def test_a_section_may_collect_the_keys_it_does_not_declare():
-    values = fields.read_mapping(HFASpec, {"k1": 2, "staleness": 3}, "hfa", extras="extras")
-    assert values == {"k1": 2, "extras": (("staleness", "3"),)}
+def test_a_section_with_an_extras_field_collects_the_keys_it_does_not_declare():
+    @dataclasses.dataclass(frozen=True)
+    class WithOptions:
+        k: int = fields.setting(1, kind=kinds.INT)
+        options: tuple[tuple[str, str], ...] = fields.extras()
+
+    assert fields.undeclared(WithOptions) == []
+    values = fields.read_mapping(WithOptions, {"k": 2, "staleness": 3, "bound": "x"}, "training")
+    assert values == {"k": 2, "options": (("bound", "x"), ("staleness", "3"))}
+    assert fields.read_mapping(WithOptions, {"k": 2}, "training") == {"k": 2}
+    written = fields.to_mapping(WithOptions(**values))  # written back with the topology a launcher passes on
+    assert WithOptions(**fields.read_mapping(WithOptions, written, "training")) == WithOptions(**values)
+    with pytest.raises(ConfigError, match=r"hfa has unknown fields \['staleness'\]"):  # without one: refused
+        fields.read_mapping(HFASpec, {"k1": 2, "staleness": 3}, "hfa")
 
 
 def test_bad_environment_text_names_the_canonical_variable():

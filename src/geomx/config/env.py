@@ -171,17 +171,6 @@ def _tsengine_from_env(env: Mapping[str, str], base: TSEngineSpec | None) -> TSE
     return dataclasses.replace(base or TSEngineSpec(), **{**values, **switches})
 
 
-def _flag(env: Mapping[str, str], name: str) -> bool | None:
-    value = _get(env, name)
-    if value is None:
-        return None
-    if value.lower() in ("0", "false", "no", "off"):
-        return False
-    if value.lower() in ("1", "true", "yes", "on"):
-        return True
-    raise ConfigError(f"{name} must be 0 or 1, got {value!r}")
-
-
 def _security_from_env(env: Mapping[str, str], base: SecuritySpec) -> SecuritySpec:
     """GEOMX_SECRET / GEOMX_SECRET_FILE and GEOMX_CURVE_KEYS override the topology's ``security``."""
     values = env_values(SecuritySpec, env)

@@ -29,6 +29,7 @@ from .kinds import Kind
 
 _SETTING = "geomx.setting"
 _PART_OF = "geomx.part_of"
+_EXTRAS = "geomx.extras"
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,17 @@ def part(default: Any, of: str, **field_options: Any) -> Any:
     return dataclasses.field(default=default, metadata={_PART_OF: of}, **field_options)
 
 
+def extras(**field_options: Any) -> Any:
+    """A dataclass field collecting the keys of its section that no field declares, as ((key, text), ...):
+    options for plug-ins to validate (a section without one refuses such keys)."""
+    return dataclasses.field(default=(), metadata={_EXTRAS: True}, **field_options)
+
+
+def extras_field(cls: type) -> str | None:
+    """The name of ``cls``'s ``extras`` field, if it has one."""
+    return next((f.name for f in dataclasses.fields(cls) if f.metadata.get(_EXTRAS)), None)
+
+
 def settings(cls: type) -> Iterator[tuple[str, Setting]]:
     """(field name, Setting) of every declared field of ``cls``, its key resolved."""
     for spec_field in dataclasses.fields(cls):
@@ -71,7 +83,7 @@ def settings(cls: type) -> Iterator[tuple[str, Setting]]:
 
 def undeclared(cls: type) -> list[str]:
     """Fields of ``cls`` with neither a Setting nor a ``part`` (a feature spec must have none)."""
-    return [f.name for f in dataclasses.fields(cls) if _SETTING not in f.metadata and _PART_OF not in f.metadata]
+    return [f.name for f in dataclasses.fields(cls) if not {_SETTING, _PART_OF, _EXTRAS} & set(f.metadata)]
 
 
 def where(section: str, key: str) -> str:
@@ -100,19 +112,19 @@ def read_values(cls: type, raw: Mapping[str, Any], section: str, base_dir: Path 
     return values
 
 
-def read_mapping(cls: type, raw: Any, section: str, base_dir: Path | None = None, *,
-                 extras: str | None = None) -> dict[str, Any]:
+def read_mapping(cls: type, raw: Any, section: str, base_dir: Path | None = None) -> dict[str, Any]:
     """Field values of ``cls`` from its YAML section ``raw``; a key it does not declare is refused, naming the
-    key, the section and the valid keys, unless ``extras`` names a field that collects them (key -> text)."""
+    key, the section and the valid keys, unless ``cls`` has an ``extras`` field, which collects them."""
     allowed = keys(cls)
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{section} must be a mapping with some of {sorted(allowed)}, got {raw!r}")
     unknown = sorted(str(k) for k in set(raw) - set(allowed))
     values = read_values(cls, raw, section, base_dir)
-    if unknown and extras is None:
+    collector = extras_field(cls)
+    if unknown and collector is None:
         raise ConfigError(f"{section} has unknown fields {unknown}; allowed: {sorted(allowed)}")
-    if extras is not None:
-        values[extras] = tuple((key, str(raw[key])) for key in unknown)
+    if collector is not None and unknown:
+        values[collector] = tuple((key, str(raw[key])) for key in unknown)
     return values
 
 
@@ -142,13 +154,14 @@ def _value(spec: Any, name: str, declared: Setting) -> Any:
 
 
 def to_mapping(spec: Any) -> dict[str, Any]:
-    """``spec``'s declared fields as its YAML section (None values and unwritten fields left out)."""
+    """``spec``'s declared fields (and extras) as its YAML section (None values and unwritten fields left out)."""
     out: dict[str, Any] = {}
     for name, declared in settings(type(spec)):
         value = _value(spec, name, declared)
         if declared.written and value is not None:
             out[declared.key] = declared.kind.to_yaml(value)
-    return out
+    collector = extras_field(type(spec))
+    return {**out, **dict(getattr(spec, collector))} if collector else out
 
 
 def to_env(spec: Any) -> dict[str, str]:
