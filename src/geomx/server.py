@@ -202,9 +202,12 @@ class ParameterServer:
             self.van.send(scheduler, Message(Kind.SHUTDOWN, body={"failed": self._fatal} if self._fatal else None))
         self.van.flush(self.timeouts.shutdown_s)
         if self.config.run_dir is not None:
+            with self._lock:
+                leads = self.table.leads_report()
             write_stats(self.config.run_dir, self.name, {"role": self.config.role.value,
                                                          "party": self.config.party,
                                                          "cpu_s": time.process_time(),
+                                                         "answer_leads": leads,
                                                          **self.van.counters.snapshot()})
         self.van.stop()
         if self._fatal:
@@ -674,6 +677,13 @@ class ParameterServer:
 
     def display(self, client: str) -> str:
         return self.requests.names.get(client, client)
+
+    def answer_early(self, rnd: Round, message: Message) -> None:
+        """The policy lets this contributor go on before its round completes: the last applied value, sent as
+        a completed round's answer would be."""
+        value = self.slots[(rnd.key, rnd.part)].value
+        fields = self._reply_fields(rnd, value)
+        self.send(message.sender.decode(), message.reply(**fields) if fields else message.reply(tensor=value))
 
     def all_done(self) -> None:
         self._done.set()

@@ -44,6 +44,7 @@ class FakeHost:
         self.sent: list[tuple[str, Message]] = []
         self.completed: list[Round] = []
         self.redelivered: list[Message] = []
+        self.early: list[tuple[str, int, int]] = []  # (client, request id, open round) answered early
         self.done = 0
         self.table: RoundTable | None = None
 
@@ -64,8 +65,18 @@ class FakeHost:
     def display(self, client: str) -> str:
         return client.upper()
 
+    def answer_early(self, rnd: Round, message: Message) -> None:
+        self.early.append((message.sender.decode(), message.request_id, rnd.number))
+
     def all_done(self) -> None:
         self.done += 1
+
+
+class LeadOfTwo(EveryClient):
+    """Rounds wait for everyone, but a client may run up to two rounds ahead of the last completed one."""
+
+    def may_answer(self, ahead: int) -> bool:
+        return ahead <= 2
 
 
 def make(clients: list[str], policy: SyncPolicy | None = None, answer: bool = True,
@@ -249,3 +260,33 @@ def test_a_restored_count_carries_on(number: int) -> None:
     message.part = 1
     table.contribute(message)
     assert table.completed(Kind.PUSHPULL, 4, 1) == number + 1
+
+
+def test_a_client_answered_early_queues_its_next_pushes_in_order_and_is_not_answered_twice() -> None:
+    host, table = make(["a", "b"], policy=LeadOfTwo())
+    for request_id in (1, 2, 3):  # a's rounds 0, 1 and 2 while b has pushed nothing
+        table.contribute(push("a", [request_id], request_id=request_id))
+    assert host.early == [("a", 1, 0), ("a", 2, 0)]  # the third would run 3 rounds ahead: it waits
+    assert host.completed == [] and host.sent == []
+    table.contribute(push("b", [10], request_id=7))  # round 0 completes: a's first push and b's applied
+    assert [(peer, m.request_id) for peer, m in host.sent] == [("b", 7)]  # a was answered already
+    assert float(host.sent[0][1].tensor[0]) == 11
+    # a's queued pushes were replayed in order: request 2 into round 1 (answered before), request 3 queued
+    # behind it and now only 2 rounds ahead of the last completed one: answered
+    assert host.early == [("a", 1, 0), ("a", 2, 0), ("a", 3, 1)]
+    rnd = table.get(Kind.PUSHPULL, 0, 0)
+    assert rnd is not None and rnd.number == 1 and rnd.contributions["a"].request_id == 2
+    assert [m.request_id for m in rnd.deferred] == [3]
+    table.contribute(push("b", [20], request_id=8))
+    assert float(host.sent[-1][1].tensor[0]) == 22 and len(host.sent) == 2  # round 1 = a's 2 + b's 20
+    assert table.leads_report() == {"A": {"1": 1, "2": 2}, "B": {"0": 2}}
+
+
+def test_without_may_answer_a_second_push_waits_and_every_answer_is_at_its_release() -> None:
+    host, table = make(["a", "b"])
+    table.contribute(push("a", [1], request_id=1))
+    table.contribute(push("a", [2], request_id=2))
+    table.contribute(push("b", [3], request_id=1))
+    table.contribute(push("b", [4], request_id=2))
+    assert host.early == [] and [m.request_id for _, m in host.sent] == [1, 1, 2, 2]
+    assert table.leads_report() == {"A": {"0": 2}, "B": {"0": 2}}

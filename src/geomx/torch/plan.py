@@ -26,6 +26,8 @@ import torch
 
 from .. import optim
 from ..config import ConfigError, HFASpec, TrainingSpec
+from ..core.policy import SyncPolicy
+from ..sync.registry import SYNC_POLICIES
 
 log = logging.getLogger("geomx.torch")
 
@@ -104,16 +106,26 @@ def _named_optimizer(spec: TrainingSpec, torch_optimizer: torch.optim.Optimizer)
         raise ConfigError(f"training.server_optimizer: {exc}") from None
 
 
+def _policy_class(name: str) -> type[SyncPolicy]:
+    """The sync policy ``training.sync`` names; ConfigError lists the valid ones."""
+    try:
+        return SYNC_POLICIES[name]
+    except KeyError:
+        raise ConfigError(f"training.sync {name!r} is unknown; valid: {sorted(SYNC_POLICIES)}") from None
+
+
 def make_plan(spec: TrainingSpec, hfa: HFASpec | None, torch_optimizer: torch.optim.Optimizer) -> Plan:
     """Decide the mode; ConfigError names any combination that cannot work."""
     codec = spec.compression["type"] if spec.compression else None
     residual = codec in RESIDUAL_CODECS
     named = spec.server_optimizer not in ("auto", "none")
+    policy = _policy_class(spec.sync)
     if spec.esync and (hfa is None or hfa.k2 != 1):
         raise ConfigError("ESync runs on HFA with K2 = 1: add `hfa: {k1: 4, k2: 1}` to the topology")
     if hfa is not None:
-        if spec.sync != "dist_sync":
-            raise ConfigError("HFA and ESync average models synchronously: use training.sync dist_sync")
+        if not policy.synchronous:
+            raise ConfigError(f"HFA and ESync average models synchronously: training.sync {spec.sync} is not; "
+                              f"use one of {sorted(n for n, c in SYNC_POLICIES.items() if c.synchronous)}")
         if named and spec.server_optimizer in ("adam", "dcasgd"):
             raise ConfigError(f"under HFA the global server sees model deltas: server optimizer "
                               f"{spec.server_optimizer!r} does not apply; use outer_nesterov, sgd or none")
@@ -131,11 +143,12 @@ def make_plan(spec: TrainingSpec, hfa: HFASpec | None, torch_optimizer: torch.op
         raise ConfigError(f"codec {codec!r} keeps residuals and needs additive data, but a server optimizer "
                           "answers with weights: set training.server_optimizer to none")
     if server is None:
-        if spec.sync == "dist_async":
+        if policy.needs_server_optimizer:
             raise ConfigError(
-                f"MixedSync (dist_async) applies each party's gradient on the global server, so it needs a "
-                f"server optimizer; {type(torch_optimizer).__name__} with these settings cannot be translated "
-                "(SGD and Adam can): set training.server_optimizer (e.g. sgd, adam or dcasgd)")
+                f"{policy.title} ({spec.sync}) answers a party with a model its own gradient may not be part of "
+                f"yet, so the global server must apply the gradients: it needs a server optimizer; "
+                f"{type(torch_optimizer).__name__} with these settings cannot be translated (SGD and Adam can): "
+                "set training.server_optimizer (e.g. sgd, adam or dcasgd)")
         if spec.server_optimizer == "auto" and not residual:
             log.info("%s has no server equivalent: gradients are averaged and it steps on every worker",
                      type(torch_optimizer).__name__)
