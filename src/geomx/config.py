@@ -254,7 +254,6 @@ class CheckpointSpec:
             raise ConfigError("checkpoint.dir is set: say how often with every_steps and/or every_seconds")
 
 
-SYNC_KINDS = ("dist_sync", "dist_async")
 SERVER_OPTIMIZER_CHOICES = ("auto", "none", "sgd", "adam", "dcasgd", "outer_nesterov")
 
 
@@ -262,8 +261,9 @@ SERVER_OPTIMIZER_CHOICES = ("auto", "none", "sgd", "adam", "dcasgd", "outer_nest
 class TrainingSpec:
     """How ``geomx.torch.DistributedOptimizer`` runs a training loop: the topology's ``training`` block or env.
 
-    ``sync``: dist_sync (FSA) or dist_async (MixedSync). ``server_optimizer``: ``auto`` runs the wrapped
-    torch optimizer on the global servers when it can be translated (SGD, Adam), else averages gradients
+    ``sync``: a sync policy's name (dist_sync: FSA, dist_async: MixedSync; ``geomx.sync.registry`` has them
+    all; ``geomx.compose.check_plugins`` checks it with the plug-in options). ``server_optimizer``: ``auto``
+    runs the wrapped torch optimizer on the global servers when it can be translated (SGD, Adam), else averages gradients
     and steps locally; ``none`` always steps locally; a name (``dcasgd``, ``outer_nesterov`` ...) installs
     that server optimizer with ``server_optimizer_params``. ``compression``: a codec spec for the WAN.
     ``esync``: ESync's balanced local steps (needs HFA with K2 = 1). ``p3``: Priority-based Parameter
@@ -285,10 +285,12 @@ class TrainingSpec:
     priorities: bool = True
     metrics_every: int = 10
     tensorboard: bool = False  # also write the metrics as TensorBoard scalars (RUN/tensorboard/<worker>/)
+    # Plug-in options: keys of the ``training`` block the fields above do not define and GEOMX_<NAME> variables
+    # nothing here reads, as (name, text) pairs. The composition root (geomx.compose) hands each plug-in the
+    # ones it declares and refuses the rest; this model knows none of them.
+    plugin_options: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
-        if self.sync not in SYNC_KINDS:
-            raise ConfigError(f"training.sync {self.sync!r} is unknown; valid: {list(SYNC_KINDS)}")
         if self.server_optimizer not in SERVER_OPTIMIZER_CHOICES:
             raise ConfigError(f"training.server_optimizer {self.server_optimizer!r} is unknown; "
                               f"valid: {list(SERVER_OPTIMIZER_CHOICES)}")
@@ -638,11 +640,10 @@ def _training(raw: Any, base: TrainingSpec | None = None) -> TrainingSpec:
         return base
     if not isinstance(raw, Mapping):
         raise ConfigError("'training' must be a mapping")
-    allowed = {f.name for f in dataclasses.fields(TrainingSpec)} - {"server_optimizer_params"}
-    unknown = set(raw) - allowed
-    if unknown:
-        raise ConfigError(f"training has unknown fields {sorted(unknown)}; allowed: {sorted(allowed)}")
     values: dict[str, Any] = {}
+    options = _plugin_options(raw)
+    if options:
+        values["plugin_options"] = tuple(sorted({**dict(base.plugin_options), **options}.items()))
     if "server_optimizer" in raw:
         name, params = _named_spec(raw["server_optimizer"], "training.server_optimizer")
         values["server_optimizer"] = name
@@ -658,6 +659,18 @@ def _training(raw: Any, base: TrainingSpec | None = None) -> TrainingSpec:
                 raise ConfigError(f"training.{name} must be {expected.__name__}, got {value!r}")
             values[name] = value
     return dataclasses.replace(base, **values)
+
+
+def _plugin_options(raw: Mapping[str, Any]) -> dict[str, str]:
+    """The ``training`` keys no field defines: plug-in options, as text (checked by geomx.compose)."""
+    fields = {f.name for f in dataclasses.fields(TrainingSpec)} - {"server_optimizer_params", "plugin_options"}
+    options = {}
+    for name in sorted(set(raw) - fields):
+        value = raw[name]
+        if not isinstance(value, (str, int, float, bool)) or not isinstance(name, str):
+            raise ConfigError(f"training.{name} (a plug-in option) must be a number, a string or a flag, got {value!r}")
+        options[name] = str(value).lower() if isinstance(value, bool) else str(value)
+    return options
 
 
 def _numbers(params: Mapping[str, Any], where: str) -> tuple[tuple[str, float], ...]:
@@ -872,7 +885,7 @@ def _training_to_dict(spec: TrainingSpec) -> dict[str, Any]:
     return {"sync": spec.sync, "server_optimizer": optimizer,
             **({"compression": dict(spec.compression)} if spec.compression else {}),
             "esync": spec.esync, "p3": spec.p3, "p3_slice_elems": spec.p3_slice_elems, "priorities": spec.priorities,
-            "metrics_every": spec.metrics_every}
+            "metrics_every": spec.metrics_every, **dict(spec.plugin_options)}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -1053,6 +1066,37 @@ def _flag(env: Mapping[str, str], name: str) -> bool | None:
     raise ConfigError(f"{name} must be 0 or 1, got {value!r}")
 
 
+# Every GEOMX_* variable this module reads (a unit test checks the list against this file); any other
+# GEOMX_<NAME> is a plug-in option ``name``.
+ENV_NAMES = frozenset((
+    "GEOMX_CENTRAL", "GEOMX_CHECKPOINT_DIR", "GEOMX_CHECKPOINT_EVERY_SECONDS", "GEOMX_CHECKPOINT_EVERY_STEPS",
+    "GEOMX_COMPRESSION", "GEOMX_CURVE_KEYS", "GEOMX_DGT", "GEOMX_DGT_ADAPTIVE",
+    "GEOMX_DGT_ALPHA", "GEOMX_DGT_BLOCK_BYTES", "GEOMX_DGT_CHANNELS", "GEOMX_DGT_DEADLINE",
+    "GEOMX_DGT_K", "GEOMX_DGT_K_MIN", "GEOMX_DGT_LOSS", "GEOMX_DGT_RANDOM_ORDER",
+    "GEOMX_DGT_RATE", "GEOMX_DGT_SEED", "GEOMX_ELASTIC", "GEOMX_ESYNC",
+    "GEOMX_FP16", "GEOMX_GLOBAL_SCHEDULER", "GEOMX_HEARTBEAT_INTERVAL", "GEOMX_HEARTBEAT_TIMEOUT",
+    "GEOMX_HFA", "GEOMX_HFA_K1", "GEOMX_HFA_K2", "GEOMX_HOST",
+    "GEOMX_INTER_TS", "GEOMX_INTRA_TS", "GEOMX_JOB_START", "GEOMX_MASTER_WORKER",
+    "GEOMX_MAX_GREED_RATE_TS", "GEOMX_METRICS_EVERY", "GEOMX_NUM_ALL_WORKERS", "GEOMX_NUM_GLOBAL_SERVERS",
+    "GEOMX_NUM_PARTIES", "GEOMX_NUM_WORKERS", "GEOMX_P3", "GEOMX_P3_SLICE_ELEMS",
+    "GEOMX_PARTY", "GEOMX_PRIORITIES", "GEOMX_RANK", "GEOMX_RESUME",
+    "GEOMX_ROLE", "GEOMX_RUN_DIR", "GEOMX_SCHEDULER", "GEOMX_SECRET",
+    "GEOMX_SECRET_FILE", "GEOMX_SERVER_OPTIMIZER", "GEOMX_SIZE_LOWER_BOUND", "GEOMX_SYNC",
+    "GEOMX_TENSORBOARD", "GEOMX_TIMEOUT", "GEOMX_TOPOLOGY", "GEOMX_WORKER_OFFSET",
+))
+
+
+def _plugin_options_from_env(env: Mapping[str, str]) -> dict[str, str]:
+    """GEOMX_<NAME> variables nothing in this module reads: plug-in options (GEOMX_STALENESS=2 -> staleness)."""
+    return {name.removeprefix("GEOMX_").lower(): value for name, value in env.items()
+            if name.startswith("GEOMX_") and name not in ENV_NAMES and value != ""}
+
+
+def job_training(topology: Topology, env: Mapping[str, str]) -> TrainingSpec:
+    """The training settings the processes of a job launched with ``env`` will see (geomx launch checks them)."""
+    return _training_from_env(env, topology.training)
+
+
 def _training_from_env(env: Mapping[str, str], base: TrainingSpec) -> TrainingSpec:
     """GEOMX_SYNC, GEOMX_SERVER_OPTIMIZER, GEOMX_COMPRESSION, GEOMX_ESYNC, GEOMX_P3 (ENABLE_P3),
     GEOMX_P3_SLICE_ELEMS, GEOMX_PRIORITIES, GEOMX_METRICS_EVERY and GEOMX_TENSORBOARD override the topology's
@@ -1072,6 +1116,7 @@ def _training_from_env(env: Mapping[str, str], base: TrainingSpec) -> TrainingSp
         number = _int(env, name)
         if number is not None:
             raw[key] = number
+    raw.update(_plugin_options_from_env(env))
     return _training(raw, base) if raw else base
 
 
@@ -1203,4 +1248,6 @@ def node_env(node: NodeConfig, topology_path: Path) -> dict[str, str]:
         env["GEOMX_RESUME"] = "1"
     if node.topology.job_start is not None:
         env["GEOMX_JOB_START"] = repr(node.topology.job_start)
+    for name, text in node.topology.training.plugin_options:
+        env[f"GEOMX_{name.upper()}"] = text
     return env

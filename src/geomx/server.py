@@ -591,7 +591,8 @@ class ParameterServer:
         try:
             # the global servers build the optimizer (and report a bad spec); a local server only forwards it
             optimizer = _build_optimizer(body["optimizer"]) if "optimizer" in body and self.is_global else None
-            policy = configured_policy(str(body["sync"])) if "sync" in body else None
+            options = dict(self.config.topology.training.plugin_options)
+            policy = configured_policy(str(body["sync"]), options) if "sync" in body else None
             codec = self.codecs.make_codec(body["compression"]) if "compression" in body else None
         except ValueError as exc:  # CodecError is a ValueError too
             self.refuse(message, str(exc))

@@ -98,6 +98,7 @@ def test_layers_are_numbered_in_definition_order_and_modules_wait_for_their_subt
 
 
 def test_the_training_block_and_its_environment_variables():
+    from geomx.compose import check_plugins
     from geomx.config import node_config_from_env, topology_from_dict
 
     topology = topology_from_dict({"parties": {"dc0": 1}, "training": {
@@ -118,8 +119,8 @@ def test_the_training_block_and_its_environment_variables():
                       ({"training": {"server_optimizer": "lion"}}, "server_optimizer 'lion'"),
                       ({"training": {"colour": 1}}, "unknown fields"),
                       ({"training": {"compression": "bsc:threshold"}}, "not key=value")]:
-        with pytest.raises(ConfigError, match=text):
-            topology_from_dict({"parties": {"dc0": 1}, **bad})
+        with pytest.raises(ConfigError, match=text):  # the sync name and plug-in options: the composition root's
+            check_plugins(topology_from_dict({"parties": {"dc0": 1}, **bad}).training)
     with pytest.raises(ConfigError, match="GEOMX_P3 must be 0 or 1"):
         node_config_from_env({**env, "ENABLE_P3": "maybe"})
     assert spec.priorities and node.topology.training.priorities  # on unless turned off
