@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from .aggregation.registry import AGGREGATIONS, EXTENSIONS
 from .config import ConfigError, NodeConfig, TrainingSpec
 from .core.options import parse_options, undeclared
-from .core.plugins import Aggregation, Completion, Extension, Handler, Route, ServerHost
+from .core.plugins import Aggregation, Completion, Extension, Handler, Route, RouteChain, ServerHost
 from .core.policy import SyncPolicy
 from .routes.registry import ROUTES
 from .sync.registry import SYNC_POLICIES
@@ -53,6 +53,7 @@ class Choice:
 
     sync: str = DEFAULT_SYNC
     route: str = "direct"
+    uplinks: tuple[str, ...] = ()  # further routes, chained after ``route`` (DGT's UDP uplink)
     aggregation: str = "sum"
     # any worker may send ESync's speed reports (ESync is a worker-side switch): always served
     extensions: tuple[str, ...] = ("state_rounds",)
@@ -62,6 +63,7 @@ def choose(config: NodeConfig) -> Choice:
     """The plug-ins ``config`` asks for."""
     topology = config.topology
     return Choice(route="tsengine" if topology.tsengine is not None else "direct",
+                  uplinks=("dgt",) if topology.dgt is not None else (),
                   aggregation="hfa" if topology.hfa is not None else "sum")
 
 
@@ -104,9 +106,16 @@ def compose(config: NodeConfig, host: ServerHost) -> Plugins:
     check_plugins(config.topology.training)
     choice = choose(config)
     return Plugins(policy=build_policy(choice.sync, dict(config.topology.training.plugin_options)),
-                   route=ROUTES[choice.route](config, host),
+                   route=_route(choice, config, host),
                    aggregation=AGGREGATIONS[choice.aggregation](config, host),
                    extensions=[EXTENSIONS[name](config, host) for name in choice.extensions])
+
+
+def _route(choice: Choice, config: NodeConfig, host: ServerHost) -> Route:
+    route = ROUTES[choice.route](config, host)
+    if not choice.uplinks:
+        return route
+    return RouteChain([route, *(ROUTES[name](config, host) for name in choice.uplinks)])
 
 
 def configured_policy(name: str, options: Mapping[str, str] | None = None) -> SyncPolicy:

@@ -35,26 +35,17 @@ from .config import Mode, NodeConfig, Role
 from .core.checkpoints import checkpoint_if_due, restore_optimizer, resume, slots_of
 from .core.clients import Clients
 from .core.rounds import Round, RoundId, RoundTable, Slot
-from .dgt import DgtAssembler, DgtError, DgtSender, write_report
-from .dgt_feedback import FEEDBACK_KEY
 from .heartbeat import pulse_for
 from .membership import GLOBAL_SCHEDULER_ID, AddressBook, Member, local_scheduler_id, new_node_id, register
 from .rpc import Requests
 from .runlog import write_stats
 from .transport import Van
-from .udp import Datagram, UdpReceiver
 from .wire import Kind, Message
 
 if TYPE_CHECKING:  # geomx.optim imports torch (~1 s per process): only a global server that gets one loads it
     from .optim import Optimizer
 
 log = logging.getLogger("geomx.server")
-
-def _udp_endpoint(address: str) -> tuple[str, int]:
-    """``tcp://HOST:PORT`` -> (HOST, PORT): a global server's DGT UDP socket uses its ZeroMQ port number."""
-    host, _, port = address.removeprefix("tcp://").rpartition(":")
-    return host, int(port)
-
 
 def _build_optimizer(spec: Any) -> Optimizer:
     from .optim import optimizer_from_spec  # imports torch: global servers that get an optimizer only
@@ -94,12 +85,7 @@ class ParameterServer:
         self.shard_owner: dict[int, str] = {}  # a local server's global servers by explicit shard id (= rank)
         self.shard_id = 0  # a global server's own shard id
         self.shards: dict[tuple[int, int], int] = {}  # (key, slice) -> shard id, as declared by INIT
-        # DGT (topology ``dgt``): a local server sends its pushes' minor blocks by UDP to its global servers'
-        # UDP endpoints; a global server reassembles them (see geomx.dgt).
-        self.dgt_sender: DgtSender | None = None
-        self.dgt_assembler: DgtAssembler | None = None
-        self.udp: UdpReceiver | None = None
-        self.udp_address: dict[str, tuple[str, int]] = {}
+        self.upstream_addresses: dict[str, str] = {}  # the global servers' addresses (a local server's)
         self.peers: set[str] = set()  # a local server's fellow local servers
         self._lock = threading.RLock()
         self._ready = False
@@ -145,7 +131,7 @@ class ParameterServer:
         else:
             self.upstream = [m.id for m in global_book.of_role(Role.GLOBAL_SERVER)]
             self.shard_owner = {m.rank: m.id for m in global_book.of_role(Role.GLOBAL_SERVER)}
-            self.udp_address = {m.id: _udp_endpoint(m.address) for m in global_book.of_role(Role.GLOBAL_SERVER)}
+            self.upstream_addresses = {m.id: m.address for m in global_book.of_role(Role.GLOBAL_SERVER)}
             self.peers = {m.id for m in global_book.of_role(Role.LOCAL_SERVER)} - {self.identity}
             assert cfg.scheduler is not None
             local_book, _ = register(self.van, self.requests, cfg.scheduler, local_scheduler_id(cfg.party),
@@ -170,7 +156,7 @@ class ParameterServer:
             return 2
         self.van.start()
         schedulers = self._join()
-        self._start_dgt()
+        self.route.start()
         spec = self.config.topology.checkpoint
         if self.is_global and spec.dir is not None:
             self.checkpoints = CheckpointWriter(spec, self.config.rank or 0, self.name)
@@ -195,7 +181,9 @@ class ParameterServer:
                     waiting = sorted(self.requests.names.get(c, c) for c in self.clients.remaining())
                     self._stop_fatally(f"stopped waiting for clients {waiting} to shut down: {broken} has ended")
         self._stop_watchdog.set()
-        self._stop_dgt()
+        self.route.close()
+        with self._lock:
+            self.route.stop(self.config.run_dir)
         if self.checkpoints is not None and not self.checkpoints.wait_idle(self.timeouts.shutdown_s):
             log.error("[%s] a checkpoint was still being written at shutdown", self.name)
         for scheduler in schedulers:  # a fatal stop is announced, so the schedulers tell everyone at once
@@ -334,8 +322,7 @@ class ParameterServer:
                 self.refuse(message, f"undecodable payload for key {message.key} slice {message.part}: {exc}")
                 return
             message.encoded = None
-        if self.dgt_assembler is not None and message.kind is Kind.PUSHPULL and "dgt" in (message.body or {}):
-            self._on_dgt_push(message)
+        if message.kind is Kind.PUSHPULL and self.route.holds(message):
             return
         handler = handlers.get(message.kind)
         if handler is None:
@@ -422,71 +409,6 @@ class ParameterServer:
                 self.refuse(message, problem + " (as declared by another client's INIT)")
                 return
         self._contribute(message)
-
-    # -- DGT ----------------------------------------------------------------------------------------------
-    def _start_dgt(self) -> None:
-        """A global server listens for UDP blocks on its ZeroMQ port number; a local server starts pacing."""
-        spec = self.config.topology.dgt
-        if spec is None:
-            return
-        if self.is_global:
-            self.dgt_assembler = DgtAssembler(spec.deadline_s)
-            _, port = _udp_endpoint(self.van.address)
-            # each datagram is counted, and passes the party's access link behind the messages, before it is handled
-            received = lambda d: self.van.receive_datagram(d.sender, d.nbytes, lambda: self._on_datagram(d))  # noqa: E731
-            self.udp = UdpReceiver(self.config.bind_host, port, received, self._on_dgt_tick, name=self.name)
-            self.udp.start()
-        else:  # the datagrams share the van's links (behind its messages) and byte counters
-            self.dgt_sender = DgtSender(spec, self.identity, self.van)
-        log.info("[%s] DGT on: K=%g%s, %d UDP channels, %d-byte blocks", self.name, spec.k,
-                 " (adaptive)" if spec.adaptive else "", spec.channels, spec.block_bytes)
-
-    def _stop_dgt(self) -> None:
-        report = None
-        if self.dgt_sender is not None:
-            report = self.dgt_sender.report()
-        if self.udp is not None:
-            self.udp.stop()
-            with self._lock:
-                report = {"name": self.name, **(self.dgt_assembler.report() if self.dgt_assembler else {}),
-                          "malformed": self.udp.malformed}
-                names = self.requests.names
-                for entry in report.get("missing", []):
-                    entry[0] = names.get(entry[0], entry[0])
-        if report is not None and self.config.run_dir is not None:
-            write_report(self.config.run_dir, self.name, report)
-        with self._lock:
-            self.route.stop(self.config.run_dir)
-
-    def _on_dgt_push(self, message: Message) -> None:
-        assert self.dgt_assembler is not None
-        try:
-            done = self.dgt_assembler.on_reliable(message.sender.decode(), message, time.monotonic())
-        except DgtError as exc:
-            self.refuse(message, f"DGT push of key {message.key} slice {message.part}: {exc}")
-            return
-        if done is not None:
-            self._on_pushpull(done)
-
-    def _on_datagram(self, datagram: Datagram) -> None:
-        """A UDP block (the receiver or dispatch thread): a push whose last block this was joins its round."""
-        with self._lock:
-            if self.dgt_assembler is None or datagram.sender not in self.clients:
-                return
-            done = self.dgt_assembler.on_block(datagram)
-            if done is not None:
-                self._on_pushpull(done)
-
-    def _on_dgt_tick(self, now: float) -> None:
-        """Deadlines (the receiver thread): pushes still missing blocks join their rounds with zeros there."""
-        if self.dgt_assembler is None:
-            return
-        with self._lock:
-            deadline = self.dgt_assembler.next_deadline()
-            if deadline is None or deadline > now:
-                return
-            for done in self.dgt_assembler.expire(now):
-                self._on_pushpull(done)
 
     def _check_shard(self, message: Message) -> str | None:
         """Record the explicit shard id an INIT names (see geomx.sharding); the problem with it, if any."""
@@ -667,11 +589,15 @@ class ParameterServer:
         return self.table.rounds
 
     def send(self, peer: str, message: Message) -> None:
-        if self.dgt_assembler is not None and message.kind is Kind.PUSHPULL and message.is_reply:
-            feedback = self.dgt_assembler.feedback_for(peer)
-            if feedback is not None:  # DGT: what this sender's UDP blocks did (see geomx.dgt_feedback)
-                message.body = {**(message.body or {}), FEEDBACK_KEY: feedback}
+        self.route.outgoing(peer, message)
         self.van.send(peer, message)
+
+    def push(self, message: Message) -> None:
+        self._on_pushpull(message)
+
+    def locked(self, action: Callable[[], None]) -> None:
+        with self._lock:
+            action()
 
     def redeliver(self, message: Message) -> None:
         self._handle(message)
@@ -755,9 +681,6 @@ class ParameterServer:
                     return
             if self.route.send_up(rnd, fields):
                 return
-            if self.dgt_sender is not None and "tensor" in fields and upward.dtype == np.float32:
-                owner = self.owner(rnd.key, rnd.part)
-                fields = self.dgt_sender.push(owner, self.udp_address[owner], rnd.key, rnd.part, rnd.number, upward)
             self.forward(rnd, Message(Kind.PUSHPULL, key=rnd.key, part=rnd.part, num_parts=first.num_parts,
                                        round=rnd.number, priority=first.priority, **fields))
             return
@@ -824,8 +747,7 @@ class ParameterServer:
                     self.release(rnd, None, str(error), number)
                     return
                 reply = result.result()
-                if self.dgt_sender is not None:  # the receiver's loss report, which adaptive K follows
-                    self.dgt_sender.on_answer(reply.body)
+                self.route.answer_arrived(reply)
                 if self.route.answered_elsewhere(reply):
                     return
                 try:

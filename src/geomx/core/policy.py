@@ -34,7 +34,7 @@ class SyncPolicy(ABC):
     # every client: under FSA an early leaver would stall everyone else's next round.
     clients_leave_independently = False
     # Whether every client's answer is the result of one round over every client (a synchronous tier):
-    # what model averaging (HFA, ESync) needs.
+    # what algorithms that average models need.
     synchronous: ClassVar[bool] = False
     # Whether a client's answer may be a model its own push is not part of yet (the server applies pushes
     # as they come, or answers before a round completes): the answer must then be weights, so the global
