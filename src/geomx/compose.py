@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from collections.abc import Mapping
 
 from .aggregation.registry import AGGREGATIONS, EXTENSIONS
+from .codecs import FP16
 from .config import ConfigError, NodeConfig, TrainingSpec
+from .core.encoding import Encoding
 from .core.options import parse_options, undeclared
 from .core.plugins import Aggregation, Completion, Extension, Handler, Route, RouteChain, ServerHost
 from .core.policy import SyncPolicy
@@ -37,6 +39,7 @@ class Plugins:
     route: Route
     aggregation: Aggregation
     extensions: list[Extension] = field(default_factory=list)
+    encoding: Encoding = field(default_factory=Encoding)
 
     def requests(self) -> dict[Kind, Handler]:
         """The extensions' request kinds and their handlers."""
@@ -108,7 +111,9 @@ def compose(config: NodeConfig, host: ServerHost) -> Plugins:
     return Plugins(policy=build_policy(choice.sync, dict(config.topology.training.plugin_options)),
                    route=_route(choice, config, host),
                    aggregation=AGGREGATIONS[choice.aggregation](config, host),
-                   extensions=[EXTENSIONS[name](config, host) for name in choice.extensions])
+                   extensions=[EXTENSIONS[name](config, host) for name in choice.extensions],
+                   # the fp16 switch: every link's float32 data as float16, unless the master sets a WAN codec
+                   encoding=Encoding(wide=FP16() if config.topology.fp16 else None))
 
 
 def _route(choice: Choice, config: NodeConfig, host: ServerHost) -> Route:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from .checkpoint import CheckpointWriter, Snapshot
-from .codecs import FP16, CodecError, TensorInfo, default_registry
+from .codecs import CodecError, TensorInfo, default_registry
 from .codecs import Codec as TensorCodec
 from .codecs.base import Kind as TensorKind
 from .codecs.messages import decode_message, payload_fields
@@ -99,14 +99,11 @@ class ParameterServer:
         self.timeouts = config.topology.timeouts
         self.checkpoints: CheckpointWriter | None = None  # global servers with checkpoint.dir set
         self.resumed: Snapshot | None = None  # the checkpoint this global server started from (--resume)
-        # WAN compression (set by the master through CONFIGURE): a local server encodes its pushes with it,
-        # a global server its replies; every server decodes whatever arrives by the payload's codec id.
-        self.codecs = default_registry()
-        self.wan_codec: TensorCodec | None = None
-        self.wan_codec_spec: dict[str, Any] | None = None  # as the master sent it: given to rejoining parties
-        # The fp16 switch (topology ``fp16: true`` / GEOMX_FP16=1): push-pull data travels as float16 on the
-        # LAN (a local server's answers; workers encode their pushes) and on the WAN unless a WAN codec is set.
-        self.fp16: FP16 | None = FP16() if config.topology.fp16 else None
+        self.codecs = default_registry()  # every server decodes whatever arrives by the payload's codec id
+        # What values are encoded with (geomx.core.encoding): the fp16 switch (topology ``fp16: true``), filled
+        # by the composition root, and the WAN compression the master sets (CONFIGURE): a local server encodes
+        # its pushes with it, a global server its replies.
+        self.encoding = plugins.encoding
 
     # -- setup --------------------------------------------------------------------------------------------
     def _join(self) -> list[str]:
@@ -369,8 +366,9 @@ class ParameterServer:
             self.configurers.add(member.id)
         log.warning("[%s] %s rejoined (replacing the one dropped); %d of %d clients present", self.name,
                     member.name, len(self.clients.remaining()), len(self.clients))
-        if self.wan_codec_spec is not None:  # not awaited: the new server handles it once it has its address book
-            future = self.requests.call(member.id, Message(Kind.CONFIGURE, body={"compression": self.wan_codec_spec}))
+        spec = self.encoding.wan_spec
+        if spec is not None:  # not awaited: the new server handles it once it has its address book
+            future = self.requests.call(member.id, Message(Kind.CONFIGURE, body={"compression": spec}))
             def refused(result: Future[Message]) -> None:
                 if result.exception() is not None:
                     log.error("[%s] %s refused the WAN compression: %s", self.name, member.name, result.exception())
@@ -528,8 +526,7 @@ class ParameterServer:
             self.refuse(message, "DGT (ENABLE_DGT) does not combine with WAN compression; see the README's table")
             return
         if codec is not None:
-            self.wan_codec = codec
-            self.wan_codec_spec = body["compression"]
+            self.encoding.set_wan(codec, body["compression"])
             log.info("[%s] WAN compression: %r", self.name, codec)
         if from_upstream:
             self.van.send(sender, message.reply())
@@ -605,6 +602,10 @@ class ParameterServer:
     def display(self, client: str) -> str:
         return self.requests.names.get(client, client)
 
+    @property
+    def wan_codec(self) -> TensorCodec | None:
+        return self.encoding.wan
+
     def answer_early(self, rnd: Round, message: Message) -> None:
         """The policy lets this contributor go on before its round completes: the last applied value, sent as
         a completed round's answer would be."""
@@ -671,7 +672,7 @@ class ParameterServer:
                 return
             upward = sent.astype(dtype, copy=False)
             fields: dict[str, Any] = {"tensor": upward}
-            codec = self.wan_codec or self._fp16_for(upward)
+            codec = self.encoding.wan_for(upward)
             if codec is not None:
                 kind = cast(TensorKind, self.aggregation.push_kind)
                 try:
@@ -717,7 +718,7 @@ class ParameterServer:
         they hold back for later rounds. Weights (after a server optimizer, or HFA's global model) are not:
         they travel with stateless codecs (fp16) or dense.
         """
-        codec = self.wan_codec or self._fp16_for(value)
+        codec = self.encoding.wan_for(value)
         if codec is None:
             return None
         kind: TensorKind = "weights" if self.optimizer is not None or self.aggregation.answers_weights else "gradient"
@@ -728,12 +729,6 @@ class ParameterServer:
                 raise
             log.debug("[%s] key %d is sent dense: %s", self.name, rnd.key, exc)
             return None
-
-    def _fp16_for(self, value: np.ndarray) -> FP16 | None:
-        """The fp16 switch's codec for ``value``, if the switch is on and ``value`` is wider than float16."""
-        if self.fp16 is None or value.dtype not in (np.float32, np.float64):
-            return None
-        return self.fp16
 
     def forward(self, rnd: Round, message: Message) -> None:
         """Send this round's reduction to the owning global server; release the round with its answer."""
@@ -795,7 +790,8 @@ class ParameterServer:
             return
         if value is not None and not error and self.route.send_down(rnd, value):
             return
-        lan_fp16 = None if self.is_global or rnd.kind is not Kind.PUSHPULL or value is None else self._fp16_for(value)
+        lan_fp16 = None if self.is_global or rnd.kind is not Kind.PUSHPULL or value is None else \
+            self.encoding.lan_for(value)
         if lan_fp16 is not None and not error and fields is None:
             assert value is not None
             try:  # the fp16 switch: a local server answers its workers in float16
