@@ -11,15 +11,19 @@ Usage (inside ``ParameterServer.__init__``)::
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from .aggregation.registry import AGGREGATIONS, EXTENSIONS
+from .codecs import FP16
 from .config import ConfigError, NodeConfig, TrainingSpec
-from .core.plugins import Aggregation, Completion, Extension, Handler, Route, ServerHost
+from .core.encoding import Encoding
+from .core.options import parse_options, undeclared
+from .core.plugins import Aggregation, Completion, Extension, Handler, Route, RouteChain, ServerHost
 from .core.policy import SyncPolicy
 from .optim import OPTIMIZERS
 from .routes.registry import ROUTES
-from .sync.registry import SYNC_POLICIES, sync_policy
+from .sync.registry import SYNC_POLICIES
 from .wire import Kind
 
 # Until the master's CONFIGURE names another, rounds of pushes wait for every client (and a local tier's
@@ -35,6 +39,7 @@ class Plugins:
     route: Route
     aggregation: Aggregation
     extensions: list[Extension] = field(default_factory=list)
+    encoding: Encoding = field(default_factory=Encoding)
 
     def requests(self) -> dict[Kind, Handler]:
         """The extensions' request kinds and their handlers."""
@@ -51,6 +56,7 @@ class Choice:
 
     sync: str = DEFAULT_SYNC
     route: str = "direct"
+    uplinks: tuple[str, ...] = ()  # further routes, chained after ``route`` (DGT's UDP uplink)
     aggregation: str = "sum"
     # any worker may send ESync's speed reports (ESync is a worker-side switch): always served
     extensions: tuple[str, ...] = ("state_rounds",)
@@ -60,22 +66,66 @@ def choose(config: NodeConfig) -> Choice:
     """The plug-ins ``config`` asks for."""
     topology = config.topology
     return Choice(route="tsengine" if topology.tsengine is not None else "direct",
+                  uplinks=("dgt",) if topology.dgt is not None else (),
                   aggregation="hfa" if topology.hfa is not None else "sum")
+
+
+def check_plugins(training: TrainingSpec) -> None:
+    """ConfigError unless ``training.sync`` names a sync policy and every plug-in option is one a plug-in takes,
+    with a value it can read (``geomx launch`` calls this before starting any process; every server at start).
+
+    Every sync policy may take options (the master may name any of them later, as ``kv.create`` does).
+    """
+    check_names(training)
+    options = dict(training.plugin_options)
+    takers = {name: cls.options for name, cls in SYNC_POLICIES.items()}
+    refusal = undeclared(options, takers)
+    if refusal is not None:
+        raise ConfigError(f"training has unknown fields {sorted(set(options) - _declared(takers))}: {refusal}")
+    for name in takers:
+        build_policy(name, options)
+
+
+def _declared(takers: Mapping[str, Mapping[str, type]]) -> set[str]:
+    return {option for declared in takers.values() for option in declared}
+
+
+def build_policy(name: str, options: Mapping[str, str]) -> SyncPolicy:
+    """The sync policy ``name`` with the options it declares, parsed from ``options``; ConfigError names
+    what is wrong (an unknown name lists the valid ones)."""
+    try:
+        cls = SYNC_POLICIES[name]
+    except KeyError:
+        raise ConfigError(f"unknown kvstore type {name!r}; valid: {sorted(SYNC_POLICIES)}") from None
+    try:
+        return cls(**parse_options(name, cls.options, options))
+    except ValueError as exc:  # OptionError, or the policy's own check of a value
+        raise ConfigError(f"{name}: {exc}") from None
 
 
 def compose(config: NodeConfig, host: ServerHost) -> Plugins:
     """Build the plug-ins ``config`` asks for, each bound to ``host``."""
+    check_plugins(config.topology.training)
     choice = choose(config)
-    return Plugins(policy=sync_policy(choice.sync),
-                   route=ROUTES[choice.route](config, host),
+    return Plugins(policy=build_policy(choice.sync, dict(config.topology.training.plugin_options)),
+                   route=_route(choice, config, host),
                    aggregation=AGGREGATIONS[choice.aggregation](config, host),
-                   extensions=[EXTENSIONS[name](config, host) for name in choice.extensions])
+                   extensions=[EXTENSIONS[name](config, host) for name in choice.extensions],
+                   # the fp16 switch: every link's float32 data as float16, unless the master sets a WAN codec
+                   encoding=Encoding(wide=FP16() if config.topology.fp16 else None))
 
 
-def configured_policy(name: str) -> SyncPolicy:
-    """The policy the master names later (CONFIGURE's ``sync``), from the same registry; ValueError lists the
-    valid names."""
-    return sync_policy(name)
+def _route(choice: Choice, config: NodeConfig, host: ServerHost) -> Route:
+    route = ROUTES[choice.route](config, host)
+    if not choice.uplinks:
+        return route
+    return RouteChain([route, *(ROUTES[name](config, host) for name in choice.uplinks)])
+
+
+def configured_policy(name: str, options: Mapping[str, str] | None = None) -> SyncPolicy:
+    """The policy the master names later (CONFIGURE's ``sync``), from the same registry, with the job's plug-in
+    ``options``; ConfigError (a ValueError) lists the valid names."""
+    return build_policy(name, options or {})
 
 
 def check_names(spec: TrainingSpec) -> None:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from .checkpoint import CheckpointWriter, Snapshot
-from .codecs import FP16, CodecError, TensorInfo, default_registry
+from .codecs import CodecError, TensorInfo, default_registry
 from .codecs import Codec as TensorCodec
 from .codecs.base import TensorKind
 from .codecs.messages import decode_message, payload_fields
@@ -36,26 +36,17 @@ from .config.combinations import configure_facts, refusal
 from .core.checkpoints import checkpoint_if_due, restore_optimizer, resume, slots_of
 from .core.clients import Clients
 from .core.rounds import Round, RoundId, RoundTable, Slot
-from .dgt import DgtAssembler, DgtError, DgtSender, write_report
-from .dgt_feedback import FEEDBACK_KEY
 from .heartbeat import pulse_for
 from .membership import GLOBAL_SCHEDULER_ID, Member, Tier, is_not_scheduler, join, local_scheduler_id, new_node_id
 from .rpc import Requests
 from .runlog import write_stats
 from .transport import Van
-from .udp import Datagram, UdpReceiver
 from .wire import Kind, Message
 
 if TYPE_CHECKING:  # geomx.optim imports torch (~1 s per process): only a global server that gets one loads it
     from .optim import Optimizer
 
 log = logging.getLogger("geomx.server")
-
-def _udp_endpoint(address: str) -> tuple[str, int]:
-    """``tcp://HOST:PORT`` -> (HOST, PORT): a global server's DGT UDP socket uses its ZeroMQ port number."""
-    host, _, port = address.removeprefix("tcp://").rpartition(":")
-    return host, int(port)
-
 
 def _build_optimizer(spec: Any) -> Optimizer:
     from .optim import optimizer_from_spec  # imports torch: global servers that get an optimizer only
@@ -95,12 +86,7 @@ class ParameterServer:
         self.shard_owner: dict[int, str] = {}  # a local server's global servers by explicit shard id (= rank)
         self.shard_id = 0  # a global server's own shard id
         self.shards: dict[tuple[int, int], int] = {}  # (key, slice) -> shard id, as declared by INIT
-        # DGT (topology ``dgt``): a local server sends its pushes' minor blocks by UDP to its global servers'
-        # UDP endpoints; a global server reassembles them (see geomx.dgt).
-        self.dgt_sender: DgtSender | None = None
-        self.dgt_assembler: DgtAssembler | None = None
-        self.udp: UdpReceiver | None = None
-        self.udp_address: dict[str, tuple[str, int]] = {}
+        self.upstream_addresses: dict[str, str] = {}  # the global servers' addresses (a local server's)
         self.peers: set[str] = set()  # a local server's fellow local servers
         self._lock = threading.RLock()
         self._ready = False
@@ -114,14 +100,11 @@ class ParameterServer:
         self.timeouts = config.topology.timeouts
         self.checkpoints: CheckpointWriter | None = None  # global servers with checkpoint.dir set
         self.resumed: Snapshot | None = None  # the checkpoint this global server started from (--resume)
-        # WAN compression (set by the master through CONFIGURE): a local server encodes its pushes with it,
-        # a global server its replies; every server decodes whatever arrives by the payload's codec id.
-        self.codecs = default_registry()
-        self.wan_codec: TensorCodec | None = None
-        self.wan_codec_spec: dict[str, Any] | None = None  # as the master sent it: given to rejoining parties
-        # The fp16 switch (topology ``fp16: true`` / GEOMX_FP16=1): push-pull data travels as float16 on the
-        # LAN (a local server's answers; workers encode their pushes) and on the WAN unless a WAN codec is set.
-        self.fp16: FP16 | None = FP16() if config.topology.fp16 else None
+        self.codecs = default_registry()  # every server decodes whatever arrives by the payload's codec id
+        # What values are encoded with (geomx.core.encoding): the fp16 switch (topology ``fp16: true``), filled
+        # by the composition root, and the WAN compression the master sets (CONFIGURE): a local server encodes
+        # its pushes with it, a global server its replies.
+        self.encoding = plugins.encoding
 
     # -- setup --------------------------------------------------------------------------------------------
     def _join(self) -> list[str]:
@@ -142,7 +125,7 @@ class ParameterServer:
         else:
             self.upstream = [m.id for m in global_book.of_role(Role.GLOBAL_SERVER)]
             self.shard_owner = {m.rank: m.id for m in global_book.of_role(Role.GLOBAL_SERVER)}
-            self.udp_address = {m.id: _udp_endpoint(m.address) for m in global_book.of_role(Role.GLOBAL_SERVER)}
+            self.upstream_addresses = {m.id: m.address for m in global_book.of_role(Role.GLOBAL_SERVER)}
             self.peers = {m.id for m in global_book.of_role(Role.LOCAL_SERVER)} - {self.identity}
             local_book, _ = join(self.van, self.requests, cfg, Tier.PARTY, rank=0, connect=is_not_scheduler)
             self.clients.present = {m.id for m in local_book.of_role(Role.WORKER)}
@@ -156,7 +139,7 @@ class ParameterServer:
             return 2
         self.van.start()
         schedulers = self._join()
-        self._start_dgt()
+        self.route.start()
         spec = self.config.topology.checkpoint
         if self.is_global and spec.dir is not None:
             self.checkpoints = CheckpointWriter(spec, self.config.rank or 0, self.name)
@@ -181,16 +164,21 @@ class ParameterServer:
                     waiting = sorted(self.requests.names.get(c, c) for c in self.clients.remaining())
                     self._stop_fatally(f"stopped waiting for clients {waiting} to shut down: {broken} has ended")
         self._stop_watchdog.set()
-        self._stop_dgt()
+        self.route.close()
+        with self._lock:
+            self.route.stop(self.config.run_dir)
         if self.checkpoints is not None and not self.checkpoints.wait_idle(self.timeouts.shutdown_s):
             log.error("[%s] a checkpoint was still being written at shutdown", self.name)
         for scheduler in schedulers:  # a fatal stop is announced, so the schedulers tell everyone at once
             self.van.send(scheduler, Message(Kind.SHUTDOWN, body={"failed": self._fatal} if self._fatal else None))
         self.van.flush(self.timeouts.shutdown_s)
         if self.config.run_dir is not None:
+            with self._lock:
+                leads = self.table.leads_report()
             write_stats(self.config.run_dir, self.name, {"role": self.config.role.value,
                                                          "party": self.config.party,
                                                          "cpu_s": time.process_time(),
+                                                         "answer_leads": leads,
                                                          **self.van.counters.snapshot()})
         self.van.stop()
         if self._fatal:
@@ -317,8 +305,7 @@ class ParameterServer:
                 self.refuse(message, f"undecodable payload for key {message.key} slice {message.part}: {exc}")
                 return
             message.encoded = None
-        if self.dgt_assembler is not None and message.kind is Kind.PUSHPULL and "dgt" in (message.body or {}):
-            self._on_dgt_push(message)
+        if message.kind is Kind.PUSHPULL and self.route.holds(message):
             return
         handler = handlers.get(message.kind)
         if handler is None:
@@ -365,8 +352,9 @@ class ParameterServer:
             self.configurers.add(member.id)
         log.warning("[%s] %s rejoined (replacing the one dropped); %d of %d clients present", self.name,
                     member.name, len(self.clients.remaining()), len(self.clients))
-        if self.wan_codec_spec is not None:  # not awaited: the new server handles it once it has its address book
-            future = self.requests.call(member.id, Message(Kind.CONFIGURE, body={"compression": self.wan_codec_spec}))
+        spec = self.encoding.wan_spec
+        if spec is not None:  # not awaited: the new server handles it once it has its address book
+            future = self.requests.call(member.id, Message(Kind.CONFIGURE, body={"compression": spec}))
             def refused(result: Future[Message]) -> None:
                 if result.exception() is not None:
                     log.error("[%s] %s refused the WAN compression: %s", self.name, member.name, result.exception())
@@ -405,71 +393,6 @@ class ParameterServer:
                 self.refuse(message, problem + " (as declared by another client's INIT)")
                 return
         self._contribute(message)
-
-    # -- DGT ----------------------------------------------------------------------------------------------
-    def _start_dgt(self) -> None:
-        """A global server listens for UDP blocks on its ZeroMQ port number; a local server starts pacing."""
-        spec = self.config.topology.dgt
-        if spec is None:
-            return
-        if self.is_global:
-            self.dgt_assembler = DgtAssembler(spec.deadline_s)
-            _, port = _udp_endpoint(self.van.address)
-            # each datagram is counted, and passes the party's access link behind the messages, before it is handled
-            received = lambda d: self.van.receive_datagram(d.sender, d.nbytes, lambda: self._on_datagram(d))  # noqa: E731
-            self.udp = UdpReceiver(self.config.bind_host, port, received, self._on_dgt_tick, name=self.name)
-            self.udp.start()
-        else:  # the datagrams share the van's links (behind its messages) and byte counters
-            self.dgt_sender = DgtSender(spec, self.identity, self.van)
-        log.info("[%s] DGT on: K=%g%s, %d UDP channels, %d-byte blocks", self.name, spec.k,
-                 " (adaptive)" if spec.adaptive else "", spec.channels, spec.block_bytes)
-
-    def _stop_dgt(self) -> None:
-        report = None
-        if self.dgt_sender is not None:
-            report = self.dgt_sender.report()
-        if self.udp is not None:
-            self.udp.stop()
-            with self._lock:
-                report = {"name": self.name, **(self.dgt_assembler.report() if self.dgt_assembler else {}),
-                          "malformed": self.udp.malformed}
-                names = self.requests.names
-                for entry in report.get("missing", []):
-                    entry[0] = names.get(entry[0], entry[0])
-        if report is not None and self.config.run_dir is not None:
-            write_report(self.config.run_dir, self.name, report)
-        with self._lock:
-            self.route.stop(self.config.run_dir)
-
-    def _on_dgt_push(self, message: Message) -> None:
-        assert self.dgt_assembler is not None
-        try:
-            done = self.dgt_assembler.on_reliable(message.sender.decode(), message, time.monotonic())
-        except DgtError as exc:
-            self.refuse(message, f"DGT push of key {message.key} slice {message.part}: {exc}")
-            return
-        if done is not None:
-            self._on_pushpull(done)
-
-    def _on_datagram(self, datagram: Datagram) -> None:
-        """A UDP block (the receiver or dispatch thread): a push whose last block this was joins its round."""
-        with self._lock:
-            if self.dgt_assembler is None or datagram.sender not in self.clients:
-                return
-            done = self.dgt_assembler.on_block(datagram)
-            if done is not None:
-                self._on_pushpull(done)
-
-    def _on_dgt_tick(self, now: float) -> None:
-        """Deadlines (the receiver thread): pushes still missing blocks join their rounds with zeros there."""
-        if self.dgt_assembler is None:
-            return
-        with self._lock:
-            deadline = self.dgt_assembler.next_deadline()
-            if deadline is None or deadline > now:
-                return
-            for done in self.dgt_assembler.expire(now):
-                self._on_pushpull(done)
 
     def _check_shard(self, message: Message) -> str | None:
         """Record the explicit shard id an INIT names (see geomx.sharding); the problem with it, if any."""
@@ -574,7 +497,8 @@ class ParameterServer:
         try:
             # the global servers build the optimizer (and report a bad spec); a local server only forwards it
             optimizer = _build_optimizer(body["optimizer"]) if "optimizer" in body and self.is_global else None
-            policy = configured_policy(str(body["sync"])) if "sync" in body else None
+            options = dict(self.config.topology.training.plugin_options)
+            policy = configured_policy(str(body["sync"]), options) if "sync" in body else None
             codec = self.codecs.make_codec(body["compression"]) if "compression" in body else None
         except ValueError as exc:  # CodecError is a ValueError too
             self.refuse(message, str(exc))
@@ -585,8 +509,7 @@ class ParameterServer:
             self.refuse(message, refused)
             return
         if codec is not None:
-            self.wan_codec = codec
-            self.wan_codec_spec = body["compression"]
+            self.encoding.set_wan(codec, body["compression"])
             log.info("[%s] WAN compression: %r", self.name, codec)
         if from_upstream:
             self.van.send(sender, message.reply())
@@ -646,17 +569,32 @@ class ParameterServer:
         return self.table.rounds
 
     def send(self, peer: str, message: Message) -> None:
-        if self.dgt_assembler is not None and message.kind is Kind.PUSHPULL and message.is_reply:
-            feedback = self.dgt_assembler.feedback_for(peer)
-            if feedback is not None:  # DGT: what this sender's UDP blocks did (see geomx.dgt_feedback)
-                message.body = {**(message.body or {}), FEEDBACK_KEY: feedback}
+        self.route.outgoing(peer, message)
         self.van.send(peer, message)
+
+    def push(self, message: Message) -> None:
+        self._on_pushpull(message)
+
+    def locked(self, action: Callable[[], None]) -> None:
+        with self._lock:
+            action()
 
     def redeliver(self, message: Message) -> None:
         self._handle(message)
 
     def display(self, client: str) -> str:
         return self.requests.names.get(client, client)
+
+    @property
+    def wan_codec(self) -> TensorCodec | None:
+        return self.encoding.wan
+
+    def answer_early(self, rnd: Round, message: Message) -> None:
+        """The policy lets this contributor go on before its round completes: the last applied value, sent as
+        a completed round's answer would be."""
+        value = self.slots[(rnd.key, rnd.part)].value
+        fields = self._reply_fields(rnd, value)
+        self.send(message.sender.decode(), message.reply(**fields) if fields else message.reply(tensor=value))
 
     def all_done(self) -> None:
         self._done.set()
@@ -717,7 +655,7 @@ class ParameterServer:
                 return
             upward = sent.astype(dtype, copy=False)
             fields: dict[str, Any] = {"tensor": upward}
-            codec = self.wan_codec or self._fp16_for(upward)
+            codec = self.encoding.wan_for(upward)
             if codec is not None:
                 kind = cast(TensorKind, self.aggregation.push_kind)
                 try:
@@ -727,9 +665,6 @@ class ParameterServer:
                     return
             if self.route.send_up(rnd, fields):
                 return
-            if self.dgt_sender is not None and "tensor" in fields and upward.dtype == np.float32:
-                owner = self.owner(rnd.key, rnd.part)
-                fields = self.dgt_sender.push(owner, self.udp_address[owner], rnd.key, rnd.part, rnd.number, upward)
             self.forward(rnd, Message(Kind.PUSHPULL, key=rnd.key, part=rnd.part, num_parts=first.num_parts,
                                        round=rnd.number, priority=first.priority, **fields))
             return
@@ -766,7 +701,7 @@ class ParameterServer:
         they hold back for later rounds. Weights (after a server optimizer, or HFA's global model) are not:
         they travel with stateless codecs (fp16) or dense.
         """
-        codec = self.wan_codec or self._fp16_for(value)
+        codec = self.encoding.wan_for(value)
         if codec is None:
             return None
         kind: TensorKind = "weights" if self.optimizer is not None or self.aggregation.answers_weights else "gradient"
@@ -777,12 +712,6 @@ class ParameterServer:
                 raise
             log.debug("[%s] key %d is sent dense: %s", self.name, rnd.key, exc)
             return None
-
-    def _fp16_for(self, value: np.ndarray) -> FP16 | None:
-        """The fp16 switch's codec for ``value``, if the switch is on and ``value`` is wider than float16."""
-        if self.fp16 is None or value.dtype not in (np.float32, np.float64):
-            return None
-        return self.fp16
 
     def forward(self, rnd: Round, message: Message) -> None:
         """Send this round's reduction to the owning global server; release the round with its answer."""
@@ -796,8 +725,7 @@ class ParameterServer:
                     self.release(rnd, None, str(error), number)
                     return
                 reply = result.result()
-                if self.dgt_sender is not None:  # the receiver's loss report, which adaptive K follows
-                    self.dgt_sender.on_answer(reply.body)
+                self.route.answer_arrived(reply)
                 if self.route.answered_elsewhere(reply):
                     return
                 try:
@@ -845,7 +773,8 @@ class ParameterServer:
             return
         if value is not None and not error and self.route.send_down(rnd, value):
             return
-        lan_fp16 = None if self.is_global or rnd.kind is not Kind.PUSHPULL or value is None else self._fp16_for(value)
+        lan_fp16 = None if self.is_global or rnd.kind is not Kind.PUSHPULL or value is None else \
+            self.encoding.lan_for(value)
         if lan_fp16 is not None and not error and fields is None:
             assert value is not None
             try:  # the fp16 switch: a local server answers its workers in float16

@@ -32,7 +32,7 @@ def geomx_job(tmp_path: Path):
     """``geomx_job(script, *args, **options)``: run a job in this test's tmp_path (see harness.run_job).
 
     Options are write_topology's (parties, mode, links, timeouts, slice_elems, global_servers, central, hfa,
-    tsengine) or
+    tsengine, training) or
     run_job's (name, party, global_scheduler, topology).
     """
 

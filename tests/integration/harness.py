@@ -35,7 +35,8 @@ DEFAULT_TIMEOUTS = {"register": "60s", "request": "60s", "round": "60s", "shutdo
 def write_topology(path: Path, *, parties: dict[str, int] | None = None, mode: str = "hips",
                    links: dict[str, dict[str, str]] | None = None, timeouts: dict[str, str] | None = None,
                    slice_elems: int | None = None, global_servers: int = 1, central: str | None = None,
-                   hfa: dict[str, int] | None = None, tsengine: dict[str, Any] | None = None) -> Path:
+                   hfa: dict[str, int] | None = None, tsengine: dict[str, Any] | None = None,
+                   training: dict[str, Any] | None = None) -> Path:
     """Write a topology YAML (default: dc0 and dc1 with two workers each, HiPS, no link emulation)."""
     parties = parties or {"dc0": 2, "dc1": 2}
     raw: dict[str, Any] = {
@@ -53,6 +54,8 @@ def write_topology(path: Path, *, parties: dict[str, int] | None = None, mode: s
         raw["hfa"] = hfa
     if tsengine is not None:
         raw["tsengine"] = tsengine
+    if training is not None:
+        raw["training"] = training
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     return path

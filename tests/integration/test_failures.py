@@ -91,7 +91,7 @@ def test_bad_requests_and_junk_frames_at_the_global_server(geomx_job):
 
 
 def test_kv_create_rejects_unknown_type(tmp_path):
-    with pytest.raises(ValueError, match=r"dist_bogus.*\['dist_sync', 'dist_async'\]"):
+    with pytest.raises(ValueError, match=r"dist_bogus.*\['dist_sync', 'dist_async', 'dist_ssp'\]"):
         geomx.kv.create("dist_bogus")
     # the constructor checks the type too, before touching the network
     topology = load_topology(write_topology(tmp_path / "bogus.yaml"))

@@ -53,3 +53,17 @@ def test_the_master_may_name_another_policy_from_the_same_registry() -> None:
     assert isinstance(configured_policy("dist_async"), Asynchronous)
     with pytest.raises(ValueError, match="unknown kvstore type"):
         configured_policy("dist_nope")
+
+
+@pytest.mark.parametrize("tsengine", [False, True])
+def test_dgt_is_an_uplink_route_chained_after_the_party_s_route(tmp_path: Any, make_server: Any,
+                                                                 tsengine: bool) -> None:
+    from geomx.core.plugins import RouteChain
+    from geomx.routes.dgt import DgtRoute
+
+    extra = "dgt: {k: 0.5}\n" + ("tsengine: {inter: false, intra: true}\n" if tsengine else "")
+    config = node(tmp_path, Role.LOCAL_SERVER, extra)
+    assert choose(config) == Choice(route="tsengine" if tsengine else "direct", uplinks=("dgt",))
+    route = compose(config, make_server("s", ["c"])).route
+    assert isinstance(route, RouteChain) and isinstance(route.routes[-1], DgtRoute)
+    assert isinstance(route.routes[0], TsEngineRoute) is tsengine

@@ -14,7 +14,8 @@ from geomx.config import ConfigError, HFASpec, TrainingSpec, topology_from_dict
 from geomx.config.combinations import RULES, check, configure_facts, plan_facts, refusal
 from geomx.torch.plan import make_plan
 
-VALUES = {"server_optimizer": "adam", "codec": "bsc", "torch_optimizer": "AdamW"}
+VALUES = {"server_optimizer": "adam", "codec": "bsc", "torch_optimizer": "AdamW", "sync": "dist_ssp",
+          "synchronous": ["dist_sync"], "policy": "SSP"}
 BASE = {"parties": {"dc0": {"workers": 1}, "dc1": {"workers": 1}}}
 
 
@@ -63,7 +64,8 @@ def test_configure_rows(topology, compression, other_sync, expected):
 
 def test_the_plan_checks_before_and_after_translating_the_torch_optimizer():
     params = [torch.nn.Parameter(torch.zeros(2))]
-    facts = plan_facts(TrainingSpec(sync="dist_async"), None, residual_codec=False)
+    facts = plan_facts(TrainingSpec(sync="dist_async"), None, residual_codec=False, synchronous=False,
+                       applies_on_server=True)
     assert refusal(facts) is None  # whether a server optimizer exists is known only after translation
     with pytest.raises(ConfigError, match="AdamW with these settings cannot be translated"):
         make_plan(TrainingSpec(sync="dist_async"), None, torch.optim.AdamW(params))

@@ -10,6 +10,8 @@ import pytest
 from geomx.core.clients import Clients
 from geomx.core.policy import SyncPolicy
 from geomx.core.rounds import Round, RoundTable
+from geomx.sync.fsa import FullySynchronous
+from geomx.sync.ssp import BoundedStaleness
 from geomx.wire import Flag, Kind, Message
 
 
@@ -44,6 +46,7 @@ class FakeHost:
         self.sent: list[tuple[str, Message]] = []
         self.completed: list[Round] = []
         self.redelivered: list[Message] = []
+        self.early: list[tuple[str, int, int]] = []  # (client, request id, open round) answered early
         self.done = 0
         self.table: RoundTable | None = None
 
@@ -64,8 +67,18 @@ class FakeHost:
     def display(self, client: str) -> str:
         return client.upper()
 
+    def answer_early(self, rnd: Round, message: Message) -> None:
+        self.early.append((message.sender.decode(), message.request_id, rnd.number))
+
     def all_done(self) -> None:
         self.done += 1
+
+
+class LeadOfTwo(EveryClient):
+    """Rounds wait for everyone, but a client may run up to two rounds ahead of the last completed one."""
+
+    def may_answer(self, ahead: int) -> bool:
+        return ahead <= 2
 
 
 def make(clients: list[str], policy: SyncPolicy | None = None, answer: bool = True,
@@ -249,3 +262,84 @@ def test_a_restored_count_carries_on(number: int) -> None:
     message.part = 1
     table.contribute(message)
     assert table.completed(Kind.PUSHPULL, 4, 1) == number + 1
+
+
+def test_a_client_answered_early_queues_its_next_pushes_in_order_and_is_not_answered_twice() -> None:
+    host, table = make(["a", "b"], policy=LeadOfTwo())
+    for request_id in (1, 2, 3):  # a's rounds 0, 1 and 2 while b has pushed nothing
+        table.contribute(push("a", [request_id], request_id=request_id))
+    assert host.early == [("a", 1, 0), ("a", 2, 0)]  # the third would run 3 rounds ahead: it waits
+    assert host.completed == [] and host.sent == []
+    table.contribute(push("b", [10], request_id=7))  # round 0 completes: a's first push and b's applied
+    assert [(peer, m.request_id) for peer, m in host.sent] == [("b", 7)]  # a was answered already
+    assert float(host.sent[0][1].tensor[0]) == 11
+    # a's queued pushes were replayed in order: request 2 into round 1 (answered before), request 3 queued
+    # behind it and now only 2 rounds ahead of the last completed one: answered
+    assert host.early == [("a", 1, 0), ("a", 2, 0), ("a", 3, 1)]
+    rnd = table.get(Kind.PUSHPULL, 0, 0)
+    assert rnd is not None and rnd.number == 1 and rnd.contributions["a"].request_id == 2
+    assert [m.request_id for m in rnd.deferred] == [3]
+    table.contribute(push("b", [20], request_id=8))
+    assert float(host.sent[-1][1].tensor[0]) == 22 and len(host.sent) == 2  # round 1 = a's 2 + b's 20
+    assert table.leads_report() == {"A": {"1": 1, "2": 2}, "B": {"0": 2}}
+
+
+def test_without_may_answer_a_second_push_waits_and_every_answer_is_at_its_release() -> None:
+    host, table = make(["a", "b"])
+    table.contribute(push("a", [1], request_id=1))
+    table.contribute(push("a", [2], request_id=2))
+    table.contribute(push("b", [3], request_id=1))
+    table.contribute(push("b", [4], request_id=2))
+    assert host.early == [] and [m.request_id for _, m in host.sent] == [1, 1, 2, 2]
+    assert table.leads_report() == {"A": {"0": 2}, "B": {"0": 2}}
+
+
+# -- bounded staleness (dist_ssp) ------------------------------------------------------------------------
+def _run(policy: SyncPolicy, fast_steps_per_slow_step: int,
+         rounds: int) -> tuple[FakeHost, RoundTable, list[int], list[float]]:
+    """A fast client "a" and a slow one "b" (it pushes once per ``fast_steps_per_slow_step`` chances), each
+    pushing its next round only once answered. Returns (host, the lead before each of a's pushes, the sum of
+    each completed round as answered to b)."""
+    host, table = make(["a", "b"], policy=policy)
+    pushed = {"a": 0, "b": 0}
+    leads = []
+    tick = 0
+    while pushed["b"] < rounds:
+        tick += 1
+        answered = {m.request_id for peer, m in host.sent if peer == "a"} | {r for c, r, _ in host.early if c == "a"}
+        # a pushes round k (request id k + 1) once its request k was answered
+        if pushed["a"] < rounds and (pushed["a"] == 0 or pushed["a"] in answered):
+            leads.append(pushed["a"] - table.completed(Kind.PUSHPULL, 0, 0))
+            table.contribute(push("a", [1.0 + pushed["a"]], request_id=pushed["a"] + 1))
+            pushed["a"] += 1
+        answered_b = {m.request_id for peer, m in host.sent if peer == "b"}
+        if tick % fast_steps_per_slow_step == 0 and (pushed["b"] == 0 or pushed["b"] in answered_b):
+            table.contribute(push("b", [100.0 * (1 + pushed["b"])], request_id=pushed["b"] + 1))
+            pushed["b"] += 1
+    sums = [float(m.tensor[0]) for peer, m in host.sent if peer == "b"]
+    return host, table, leads, sums
+
+
+@pytest.mark.parametrize("staleness", [0, 1, 2, 4])
+def test_a_three_times_faster_client_runs_at_most_s_rounds_ahead_and_rounds_sum_as_fsa(staleness: int) -> None:
+    host, table, leads, sums = _run(BoundedStaleness(staleness), fast_steps_per_slow_step=3, rounds=8)
+    assert max(leads) == staleness  # reached the bound, never beyond it
+    assert sums == [101.0 * (k + 1) for k in range(8)]  # every round: a's k-th push + b's k-th push
+    report = table.leads_report()
+    assert max(int(lead) for lead in report["A"]) == staleness and set(report["B"]) == {"0"}
+    fsa_host, _, fsa_leads, fsa_sums = _run(FullySynchronous(), fast_steps_per_slow_step=3, rounds=8)
+    if staleness == 0:  # the same answers, in the same order, as FSA
+        assert [(p, m.request_id, float(m.tensor[0])) for p, m in host.sent] == \
+               [(p, m.request_id, float(m.tensor[0])) for p, m in fsa_host.sent] and host.early == []
+        assert leads == fsa_leads
+    assert sums == fsa_sums
+
+
+def test_an_early_answer_is_the_last_applied_value() -> None:
+    host, table = make(["a", "b"], policy=BoundedStaleness(1))
+    table.contribute(push("a", [1.0], request_id=1))
+    assert host.early == [("a", 1, 0)]  # answered while round 0 waits for b
+    table.contribute(push("a", [2.0], request_id=2))  # round 1's: 2 ahead, it waits
+    assert host.early == [("a", 1, 0)]
+    table.contribute(push("b", [10.0], request_id=1))
+    assert host.early == [("a", 1, 0), ("a", 2, 1)] and [(p, m.request_id) for p, m in host.sent] == [("b", 1)]

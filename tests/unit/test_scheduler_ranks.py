@@ -204,11 +204,11 @@ def test_member_names_and_json():
 def test_sync_policies():
     from geomx.sync.registry import SYNC_POLICIES, sync_policy
 
-    assert set(SYNC_POLICIES) == {"dist_sync", "dist_async"}
+    assert set(SYNC_POLICIES) == {"dist_sync", "dist_async", "dist_ssp"}
     fsa, mixed = sync_policy("dist_sync"), sync_policy("dist_async")
     assert not fsa.round_complete({"a"}, {"a", "b"})
     assert fsa.round_complete({"a", "b"}, {"a", "b"})
     assert mixed.round_complete({"a"}, {"a", "b"})
     assert not mixed.round_complete(set(), {"a", "b"})
-    with pytest.raises(ValueError, match="valid: \\['dist_async', 'dist_sync'\\]"):
+    with pytest.raises(ValueError, match="valid: \\['dist_async', 'dist_ssp', 'dist_sync'\\]"):
         sync_policy("dist_bogus")

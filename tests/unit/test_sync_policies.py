@@ -32,9 +32,10 @@ def test_mixed_sync_applies_every_push_alone_and_unscaled() -> None:
 
 
 def test_the_registry_names_every_policy_and_refuses_an_unknown_one() -> None:
-    assert set(SYNC_POLICIES) == {"dist_sync", "dist_async"}
+    assert set(SYNC_POLICIES) == {"dist_sync", "dist_async", "dist_ssp"}
     assert isinstance(sync_policy("dist_async"), Asynchronous)
-    with pytest.raises(ValueError, match="unknown kvstore type 'dist_nope'; valid: \\['dist_async', 'dist_sync'\\]"):
+    valid = "\\['dist_async', 'dist_ssp', 'dist_sync'\\]"
+    with pytest.raises(ValueError, match=f"unknown kvstore type 'dist_nope'; valid: {valid}"):
         sync_policy("dist_nope")
 
 

@@ -99,6 +99,7 @@ def test_layers_are_numbered_in_definition_order_and_modules_wait_for_their_subt
 
 
 def test_the_training_block_and_its_environment_variables():
+    from geomx.compose import check_plugins
     from geomx.config import node_config_from_env, topology_from_dict
 
     topology = topology_from_dict({"parties": {"dc0": 1}, "training": {
@@ -118,8 +119,8 @@ def test_the_training_block_and_its_environment_variables():
     for bad, text in [({"training": {"sync": "dist bogus"}}, "sync"), ({"training": {"p3": "yes"}}, "p3 must be"),
                       ({"training": {"colour": 1}}, "unknown fields"),
                       ({"training": {"compression": "bsc:threshold"}}, "not key=value")]:
-        with pytest.raises(ConfigError, match=text):
-            topology_from_dict({"parties": {"dc0": 1}, **bad})
+        with pytest.raises(ConfigError, match=text):  # the sync name and plug-in options: the composition root's
+            check_plugins(topology_from_dict({"parties": {"dc0": 1}, **bad}).training)
     # a name no registry holds: refused where the registries are reachable (`geomx launch`, the plan), not by
     # the config layer, which imports no plug-in; the valid names come from the registries
     for bad, text in [({"sync": "dist_bogus"}, r"training\.sync 'dist_bogus' is unknown; valid: \['dist_async', "),

@@ -14,7 +14,7 @@ Usage::
 
 from __future__ import annotations
 
-from .env import ENV_ALIASES, node_config, node_config_from_env, node_env
+from .env import ENV_ALIASES, job_training, node_config, node_config_from_env, node_env
 from .errors import ConfigError
 from .specs import (OUTAGE_ORIGINS, CheckpointSpec, DGTSpec, HFASpec, LinkSpec,
                     Mode, Outage, PartySpec, Role, SecuritySpec, Timeouts, TrainingSpec, TSEngineSpec)
@@ -27,6 +27,6 @@ __all__ = [
     "AUTO_SLICE_ELEMS", "ENV_ALIASES", "LAN_SLICE_ELEMS", "OUTAGE_ORIGINS",
     "WAN_SLICE_ELEMS", "CheckpointSpec", "ConfigError", "DGTSpec", "HFASpec", "LinkSpec", "Mode", "NodeConfig",
     "Outage", "PartySpec", "Role", "SecuritySpec", "Timeouts", "Topology", "TrainingSpec",
-    "TSEngineSpec", "default_slice_elems", "load_topology", "node_config", "node_config_from_env", "node_env",
+    "TSEngineSpec", "default_slice_elems", "job_training", "load_topology", "node_config", "node_config_from_env", "node_env",
     "parse_bandwidth", "parse_duration", "topology_from_dict", "topology_to_dict",
 ]

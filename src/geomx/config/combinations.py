@@ -64,8 +64,8 @@ RULES: tuple[Rule, ...] = (
     # the torch wrapper's plan (torch/plan.make_plan), before the torch optimizer is translated
     Rule("esync", "no_hfa_k2_1", "ESync runs on HFA with K2 = 1: add `hfa: {{k1: 4, k2: 1}}` to the topology",
          "hfa: {k1: 4, k2: 1}"),
-    Rule("hfa", "not_dist_sync", "HFA and ESync average models synchronously: use training.sync dist_sync",
-         "training.sync: dist_sync"),
+    Rule("hfa", "asynchronous_sync", "HFA and ESync average models synchronously: training.sync {sync} is not; "
+         "use one of {synchronous}", "training.sync: dist_sync"),
     Rule("hfa", "weights_optimizer", "under HFA the global server sees model deltas: server optimizer "
          "{server_optimizer!r} does not apply; use outer_nesterov, sgd or none", "outer_nesterov, sgd or none"),
     Rule("outer_nesterov", "no_hfa", "the outer Nesterov optimizer needs HFA: add `hfa: {{k1: ..., k2: ...}}` to "
@@ -74,10 +74,10 @@ RULES: tuple[Rule, ...] = (
     Rule("residual_codec", "server_optimizer", "codec {codec!r} keeps residuals and needs additive data, but a "
          "server optimizer answers with weights: set training.server_optimizer to none",
          "training.server_optimizer: none"),
-    Rule("dist_async", "no_server_optimizer", "MixedSync (dist_async) applies each party's gradient on the global "
-         "server, so it needs a server optimizer; {torch_optimizer} with these settings cannot be translated (SGD "
-         "and Adam can): set training.server_optimizer (e.g. sgd, adam or dcasgd)",
-         "training.server_optimizer: sgd, adam or dcasgd"),
+    Rule("applies_on_server", "no_server_optimizer", "{policy} ({sync}) answers a party with a model its own "
+         "gradient may not be part of yet, so the global server must apply the gradients: it needs a server "
+         "optimizer; {torch_optimizer} with these settings cannot be translated (SGD and Adam can): set "
+         "training.server_optimizer (e.g. sgd, adam or dcasgd)", "training.server_optimizer: sgd, adam or dcasgd"),
 )
 
 # Server optimizers that apply a gradient rule to what they receive: wrong on HFA's model deltas.
@@ -104,10 +104,12 @@ def configure_facts(features: Mapping[str, bool], *, compression: bool, other_sy
     return {**features, "wan_compression": compression, "other_sync": other_sync}
 
 
-def plan_facts(spec: TrainingSpec, hfa: HFASpec | None, residual_codec: bool) -> dict[str, bool]:
-    """What the torch wrapper's training block and HFA turn on, before the torch optimizer is translated."""
+def plan_facts(spec: TrainingSpec, hfa: HFASpec | None, residual_codec: bool, *, synchronous: bool,
+               applies_on_server: bool) -> dict[str, bool]:
+    """What the torch wrapper's training block and HFA turn on, before the torch optimizer is translated;
+    ``synchronous`` and ``applies_on_server`` are what the chosen sync policy declares (the caller asks it)."""
     return {"esync": spec.esync, "no_hfa_k2_1": hfa is None or hfa.k2 != 1, "hfa": hfa is not None,
-            "no_hfa": hfa is None, "not_dist_sync": spec.sync != "dist_sync",
+            "no_hfa": hfa is None, "asynchronous_sync": not synchronous,
             "weights_optimizer": spec.server_optimizer in WEIGHTS_OPTIMIZERS,
             "outer_nesterov": spec.server_optimizer == "outer_nesterov", "residual_codec": residual_codec,
-            "dist_async": spec.sync == "dist_async"}
+            "applies_on_server": applies_on_server}

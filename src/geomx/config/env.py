@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
-from .fields import aliases_of, env_values, lookup
+from .fields import aliases_of, env_values, lookup, settings
 from .specs import (CheckpointSpec, DGTSpec, HFASpec, Mode, PartySpec, Role, SecuritySpec, Timeouts, TrainingSpec,
                     TSEngineSpec)
 from .topology import LAN_SLICE_ELEMS, NodeConfig, Topology
@@ -179,6 +179,32 @@ def _security_from_env(env: Mapping[str, str], base: SecuritySpec) -> SecuritySp
     return dataclasses.replace(base, **values) if values else base
 
 
+def known_variables() -> frozenset[str]:
+    """Every GEOMX_* variable the configuration reads: declared on a spec field, or read by hand here."""
+    return frozenset((*NODE_VARIABLES, *(d.env for cls in ENV_SPECS for _, d in settings(cls) if d.env)))
+
+
+def _plugin_options_from_env(env: Mapping[str, str]) -> dict[str, str]:
+    """GEOMX_<NAME> variables nothing here reads: plug-in options (GEOMX_STALENESS=2 -> staleness)."""
+    known = known_variables()
+    return {name.removeprefix("GEOMX_").lower(): value for name, value in env.items()
+            if name.startswith("GEOMX_") and name not in known and value != ""}
+
+
+def training_from_env(env: Mapping[str, str], base: TrainingSpec) -> TrainingSpec:
+    """``base`` with the training variables ``env`` sets, plug-in options included (over the topology's)."""
+    spec = _overridden(base, env)
+    options = _plugin_options_from_env(env)
+    if not options:
+        return spec
+    return dataclasses.replace(spec, plugin_options=tuple(sorted({**dict(spec.plugin_options), **options}.items())))
+
+
+def job_training(topology: Topology, env: Mapping[str, str]) -> TrainingSpec:
+    """The training settings the processes of a job launched with ``env`` will see (geomx launch checks them)."""
+    return training_from_env(env, topology.training)
+
+
 def _overridden(spec: Any, env: Mapping[str, str]) -> Any:
     """``spec`` with the fields its variables set (GEOMX_* or their GeoMX aliases)."""
     values = env_values(type(spec), env)
@@ -202,7 +228,7 @@ def node_config_from_env(env: Mapping[str, str]) -> NodeConfig:
                                    tsengine=_tsengine_from_env(env, topology.tsengine),
                                    security=_security_from_env(env, topology.security),
                                    checkpoint=_overridden(topology.checkpoint, env))
-    training = _overridden(topology.training, env)
+    training = training_from_env(env, topology.training)
     job_start = _get(env, "GEOMX_JOB_START")
     if job_start is not None:
         topology = dataclasses.replace(topology, job_start=parse_number(job_start, "GEOMX_JOB_START",
@@ -272,4 +298,6 @@ def node_env(node: NodeConfig, topology_path: Path) -> dict[str, str]:
         env["GEOMX_RESUME"] = "1"
     if node.topology.job_start is not None:
         env["GEOMX_JOB_START"] = repr(node.topology.job_start)
+    for name, text in node.topology.training.plugin_options:
+        env[f"GEOMX_{name.upper()}"] = text
     return env

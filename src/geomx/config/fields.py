@@ -124,8 +124,17 @@ def read_mapping(cls: type, raw: Any, section: str, base_dir: Path | None = None
     if unknown and collector is None:
         raise ConfigError(f"{section} has unknown fields {unknown}; allowed: {sorted(allowed)}")
     if collector is not None and unknown:
-        values[collector] = tuple((key, str(raw[key])) for key in unknown)
+        values[collector] = tuple((key, option_text(raw[key], where(section, key))) for key in unknown)
     return values
+
+
+def option_text(value: Any, what: str) -> str:
+    """A plug-in option's YAML value as the text a plug-in parses (flags as ``true``/``false``)."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (str, int, float)):
+        return str(value)
+    raise ConfigError(f"{what} (a plug-in option) must be a number, a string or a flag, got {value!r}")
 
 
 def lookup(env: Mapping[str, str], name: str, aliases: tuple[str, ...] = ()) -> str | None:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
-from .fields import part, setting
+from .fields import extras, part, setting
 from .kinds import BANDWIDTH, BOOL, CODEC, DURATION, FLOAT, FLOATS, INT, OPTIMIZER, PATH, STR
 
 
@@ -261,7 +261,8 @@ _NAME = re.compile(r"[a-z0-9_]+")
 class TrainingSpec:
     """How ``geomx.torch.DistributedOptimizer`` runs a training loop: the topology's ``training`` block or env.
 
-    ``sync``: dist_sync (FSA) or dist_async (MixedSync). ``server_optimizer``: ``auto`` runs the wrapped
+    ``sync``: a sync policy's name (dist_sync: FSA, dist_async: MixedSync, dist_ssp: SSP; ``geomx.sync.registry``
+    has them all, ``geomx.compose.check_plugins`` checks it and the plug-in options). ``server_optimizer``: ``auto`` runs the wrapped
     torch optimizer on the global servers when it can be translated (SGD, Adam), else averages gradients
     and steps locally; ``none`` always steps locally; a name (``dcasgd``, ``outer_nesterov`` ...) installs
     that server optimizer with ``server_optimizer_params``. ``compression``: a codec spec for the WAN.
@@ -287,6 +288,10 @@ class TrainingSpec:
     metrics_every: int = setting(10, kind=INT, expects="int", env="GEOMX_METRICS_EVERY")
     tensorboard: bool = setting(False, kind=BOOL, expects="bool", env="GEOMX_TENSORBOARD",
                                 doc="also write the metrics as TensorBoard scalars (RUN/tensorboard/<worker>/)")
+    # Plug-in options: keys of the ``training`` block no field above declares and GEOMX_<NAME> variables nothing
+    # reads, as (name, text) pairs. The composition root (geomx.compose) hands each plug-in the ones it declares
+    # and refuses the rest; this model knows none of them.
+    plugin_options: tuple[tuple[str, str], ...] = extras()
 
     def __post_init__(self) -> None:
         # one order (a YAML writer sorts keys): equal parameters make equal specs

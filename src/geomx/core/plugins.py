@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..codecs import Codec
+from ..transport import Van
 from ..wire import Kind, Message
 from .clients import Clients
 from .rounds import Round, RoundTable, Slot
@@ -41,6 +42,8 @@ class ServerHost(Protocol):
     slots: dict[tuple[int, int], Slot]
     table: RoundTable
     wan_codec: Codec | None  # the WAN compression the master set (None: dense)
+    van: Van  # the server's transport (a route may send datagrams on its links, or count what it receives)
+    upstream_addresses: dict[str, str]  # the tier above's servers: identity -> the address they listen on
 
     def send(self, peer: str, message: Message) -> None:
         """Send ``message`` to ``peer``."""
@@ -64,14 +67,34 @@ class ServerHost(Protocol):
     def call(self, peer: str, message: Message, then: Callable[[Future[Message]], None]) -> None:
         """Send a request to ``peer``; ``then(future)`` runs under the server lock once it is answered."""
 
+    def push(self, message: Message) -> None:
+        """Handle ``message`` as a push of a client (checked, then joins its round) (under the lock)."""
+
+    def locked(self, action: Callable[[], None]) -> None:
+        """Run ``action`` under the server lock (from a thread of the plug-in's own)."""
+
 
 class Route:
     """How a value travels up and down. This base is the direct route: pushes go up as one request to the
     owner, and every contributor gets the round's answer in its reply. A route plug-in overrides hooks."""
 
+    def start(self) -> None:
+        """The server has joined the job (its peers and the tier above are known): start what the route runs."""
+
     def handlers(self) -> dict[Kind, Handler]:
         """Requests of these kinds go to the route before any client check (the route checks senders)."""
         return {}
+
+    def holds(self, message: Message) -> bool:
+        """A client's push (checked, decoded) that the route takes: True if it joins its round later, through
+        ``ServerHost.push``, or was refused."""
+        return False
+
+    def outgoing(self, peer: str, message: Message) -> None:
+        """``message`` is about to go to ``peer``: the route may add to its body."""
+
+    def answer_arrived(self, reply: Message) -> None:
+        """The tier above answered a push this server sent up (before it is decoded)."""
 
     def send_up(self, rnd: Round, fields: dict[str, Any]) -> bool:
         """A lower tier's reduction of ``rnd`` (message ``fields``): True if the route took it upward."""
@@ -95,8 +118,65 @@ class Route:
     def forget(self, client: str) -> None:
         """``client`` was dropped: it no longer takes part in the route (nor holds up a push)."""
 
+    def close(self) -> None:
+        """The server stops (without its lock): stop the threads the route runs."""
+
     def stop(self, run_dir: Path | None) -> None:
         """The server stops (under its lock): write the route's report, if it keeps one."""
+
+
+class RouteChain(Route):
+    """Several routes in one slot, asked in order: e.g. an overlay inside the party and another uplink to the
+    tier above. A hook that takes something (True) stops at the first route that takes it."""
+
+    def __init__(self, routes: list[Route]) -> None:
+        self.routes = routes
+
+    def start(self) -> None:
+        for route in self.routes:
+            route.start()
+
+    def handlers(self) -> dict[Kind, Handler]:
+        return {kind: handler for route in self.routes for kind, handler in route.handlers().items()}
+
+    def holds(self, message: Message) -> bool:
+        return any(route.holds(message) for route in self.routes)
+
+    def outgoing(self, peer: str, message: Message) -> None:
+        for route in self.routes:
+            route.outgoing(peer, message)
+
+    def answer_arrived(self, reply: Message) -> None:
+        for route in self.routes:
+            route.answer_arrived(reply)
+
+    def send_up(self, rnd: Round, fields: dict[str, Any]) -> bool:
+        return any(route.send_up(rnd, fields) for route in self.routes)
+
+    def send_down(self, rnd: Round, value: np.ndarray) -> bool:
+        return any(route.send_down(rnd, value) for route in self.routes)
+
+    def accepts_without_tensor(self, message: Message) -> bool:
+        return any(route.accepts_without_tensor(message) for route in self.routes)
+
+    def pushed(self, message: Message) -> None:
+        for route in self.routes:
+            route.pushed(message)
+
+    def answered_elsewhere(self, reply: Message) -> bool:
+        return any(route.answered_elsewhere(reply) for route in self.routes)
+
+    def forget(self, client: str) -> None:
+        for route in self.routes:
+            route.forget(client)
+
+    def close(self) -> None:
+        for route in self.routes:
+            route.close()
+
+    def stop(self, run_dir: Path | None) -> None:
+        for route in self.routes:
+            route.stop(run_dir)
 
 
 class Aggregation:

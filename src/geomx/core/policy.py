@@ -1,7 +1,12 @@
 """The sync policy: the interface through which an algorithm says when a round of pushes is complete.
 
 FSA (``dist_sync``) waits for every awaited client; MixedSync (``dist_async``) releases every push on
-arrival. The core's round table asks its policy and imports no implementation (see ``geomx.sync``).
+arrival. A policy may also let a contributor go on before its round completes (``may_answer``: bounded
+staleness). The core's round table asks its policy and imports no implementation (see ``geomx.sync``).
+
+A policy declares what it needs of the rest of the job as class attributes (the wrapper's plan and the
+composition root read them, so a new policy needs no edit there) and the options it takes (``options``:
+name -> type; the composition root parses the job's plug-in options and passes them to the constructor).
 
 Usage::
 
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Collection
+from typing import ClassVar
 
 import numpy as np
 
@@ -23,9 +29,20 @@ class SyncPolicy(ABC):
     """Decides when the contributions collected so far make a complete round of pushes."""
 
     name = ""
+    title = ""  # what people call it, for messages ("MixedSync")
     # Whether a client may leave (shut down) while others still push. Only where rounds never wait for
     # every client: under FSA an early leaver would stall everyone else's next round.
     clients_leave_independently = False
+    # Whether every client's answer is the result of one round over every client (a synchronous tier):
+    # what algorithms that average models need.
+    synchronous: ClassVar[bool] = False
+    # Whether a client's answer may be a model its own push is not part of yet (the server applies pushes
+    # as they come, or answers before a round completes): the answer must then be weights, so the global
+    # servers need an optimizer; an answered sum of gradients would mean nothing.
+    needs_server_optimizer: ClassVar[bool] = False
+    # The options this policy's constructor takes (name -> int, float, bool or str), parsed from the job's
+    # plug-in options by the composition root (see geomx.core.options).
+    options: ClassVar[dict[str, type]] = {}
 
     @abstractmethod
     def round_complete(self, contributors: Collection[str], awaited: Collection[str]) -> bool:
@@ -35,3 +52,9 @@ class SyncPolicy(ABC):
     def rescale(self, total: np.ndarray, present: int, full: int) -> np.ndarray:
         """The sum of a round that ``present`` of the tier's ``full`` workers pushed to, as the tier applies it
         (a round with clients missing: scaled to the full tier, or applied as it is)."""
+
+    def may_answer(self, ahead: int) -> bool:
+        """Whether a contributor whose push is not applied yet may get its answer now (the last applied
+        value), letting it compute ``ahead`` rounds beyond the last completed one. Default: never (a
+        contributor's answer is its round's result)."""
+        return False

@@ -4,7 +4,11 @@ A round opens with its first contribution and completes when the awaited clients
 rule: pushes follow the job's sync policy, every other kind waits for every awaited client). The host then
 reduces it as its algorithm says (``RoundHost.complete``) and answers it through ``release``, which replies
 to every contributor in one go and opens the next round, replaying the requests that arrived early for it.
-A round that misses its deadline fails, naming whom it waited for. The table knows no algorithm and no
+A round that misses its deadline fails, naming whom it waited for.
+
+A client's pushes for later rounds (it got its answer early: ``SyncPolicy.may_answer``) queue in order behind
+the open round. The table counts, per client, how far ahead of the last completed round each answer let
+it run (``leads``): 0 for an answer at its round's release. The table knows no algorithm and no
 socket: the host sends, so a unit test drives it in one process with a fake host.
 
 Usage (inside a server, under its lock)::
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -79,6 +84,9 @@ class RoundHost(Protocol):
     def display(self, client: str) -> str:
         """A client's name for logs and errors."""
 
+    def answer_early(self, rnd: Round, message: Message) -> None:
+        """Answer the push ``message`` before ``rnd`` completes, with the last applied value."""
+
     def all_done(self) -> None:
         """A SHUTDOWN round was released: every client has shut down."""
 
@@ -93,6 +101,8 @@ class RoundTable:
         self.policy = policy  # for rounds of pushes; every other kind waits for every awaited client
         self.clock = clock
         self.rounds: dict[RoundId, Round] = {}
+        self.answered_early: set[tuple[str, int]] = set()  # (sender, request id) of pushes answered early
+        self.leads: dict[str, Counter[int]] = {}  # client -> {rounds ahead an answer let it run: answers}
 
     # -- collect ------------------------------------------------------------------------------------------
     def get(self, kind: Kind, key: int, part: int) -> Round | None:
@@ -122,7 +132,8 @@ class RoundTable:
             rnd = self.rounds[rid] = Round(message.kind, message.key, message.part)
         sender = message.sender.decode()
         if rnd.forwarding or sender in rnd.contributions:
-            rnd.deferred.append(message)  # belongs to the next round
+            rnd.deferred.append(message)  # belongs to a later round: queued in order
+            self._maybe_answer_early(rnd, message)
             return
         if not rnd.contributions:
             rnd.started_at = self.clock()
@@ -137,6 +148,32 @@ class RoundTable:
                 np.add(rnd.accum, message.tensor, out=rnd.accum)
         if self.ready(rnd):
             self._complete(rnd)
+        else:
+            self._maybe_answer_early(rnd, message)
+
+    def ahead(self, rnd: Round, sender: str) -> int:
+        """How many rounds beyond ``rnd``'s last completed one ``sender``'s pushes collected so far reach."""
+        queued = sum(1 for m in rnd.deferred if m.sender.decode() == sender)
+        return queued + (1 if sender in rnd.contributions else 0)
+
+    def _maybe_answer_early(self, rnd: Round, message: Message) -> None:
+        """A push not applied yet: answer it now if the policy lets its sender run that far ahead."""
+        sender = message.sender.decode()
+        mark = (sender, message.request_id)
+        if message.kind is not Kind.PUSHPULL or mark in self.answered_early:
+            return
+        ahead = self.ahead(rnd, sender)
+        if self.policy.may_answer(ahead):
+            self.answered_early.add(mark)
+            self._count_lead(sender, ahead)
+            self.host.answer_early(rnd, message)
+
+    def _count_lead(self, client: str, ahead: int) -> None:
+        self.leads.setdefault(client, Counter())[ahead] += 1
+
+    def leads_report(self) -> dict[str, dict[str, int]]:
+        """Per client (by display name): how many of its answers let it run how many rounds ahead."""
+        return {self.host.display(c): {str(k): v for k, v in sorted(n.items())} for c, n in self.leads.items()}
 
     def awaited(self, rnd: Round) -> set[str]:
         return self.clients.awaited(rnd.exempt)
@@ -191,6 +228,11 @@ class RoundTable:
         if not self.is_current(rnd, number):
             return
         for sender, message in rnd.contributions.items():
+            if (sender, message.request_id) in self.answered_early:  # it has its answer and went on
+                self.answered_early.discard((sender, message.request_id))
+                continue
+            if message.kind is Kind.PUSHPULL and not error:
+                self._count_lead(sender, 0)
             if error:
                 reply = message.error(f"{self.host.name}: {error}")
             else:

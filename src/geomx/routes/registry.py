@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from ..config import NodeConfig
 from ..core.plugins import Route, ServerHost
+from .dgt import dgt_from_config
 from .tsengine import tsengine_from_config
 
 RouteFactory = Callable[[NodeConfig, ServerHost], Route]
@@ -20,4 +21,5 @@ RouteFactory = Callable[[NodeConfig, ServerHost], Route]
 ROUTES: dict[str, RouteFactory] = {
     "direct": lambda config, host: Route(),
     "tsengine": tsengine_from_config,
+    "dgt": dgt_from_config,
 }

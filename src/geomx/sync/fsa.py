@@ -20,7 +20,9 @@ from ..core.policy import SyncPolicy
 class FullySynchronous(SyncPolicy):
     """FSA: a round completes when every expected client has contributed."""
 
+    title = "FSA"
     name = "dist_sync"
+    synchronous = True
 
     def round_complete(self, contributors: Collection[str], expected: Collection[str]) -> bool:
         return set(expected) <= set(contributors)

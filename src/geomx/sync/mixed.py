@@ -19,8 +19,10 @@ from ..core.policy import SyncPolicy
 class Asynchronous(SyncPolicy):
     """MixedSync's global tier: every push is its own round, applied and answered on arrival."""
 
+    title = "MixedSync"
     name = "dist_async"
     clients_leave_independently = True
+    needs_server_optimizer = True
 
     def round_complete(self, contributors: Collection[str], expected: Collection[str]) -> bool:
         return len(contributors) >= 1

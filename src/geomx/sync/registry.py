@@ -13,10 +13,12 @@ from __future__ import annotations
 from ..core.policy import SyncPolicy
 from .fsa import FullySynchronous
 from .mixed import Asynchronous
+from .ssp import BoundedStaleness
 
 SYNC_POLICIES: dict[str, type[SyncPolicy]] = {cls.name: cls for cls in (
     FullySynchronous,
     Asynchronous,
+    BoundedStaleness,
 )}
 
 

@@ -28,6 +28,7 @@ from .. import optim
 from ..compose import check_names
 from ..config import ConfigError, HFASpec, TrainingSpec
 from ..config.combinations import check, plan_facts
+from ..sync.registry import SYNC_POLICIES
 
 log = logging.getLogger("geomx.torch")
 
@@ -112,8 +113,11 @@ def make_plan(spec: TrainingSpec, hfa: HFASpec | None, torch_optimizer: torch.op
     codec = spec.compression["type"] if spec.compression else None
     residual = codec in RESIDUAL_CODECS
     named = spec.server_optimizer not in ("auto", "none")
-    facts = plan_facts(spec, hfa, residual)
-    check(facts, server_optimizer=spec.server_optimizer)
+    policy = SYNC_POLICIES[spec.sync]  # check_names refused a name the registry does not hold
+    facts = plan_facts(spec, hfa, residual, synchronous=policy.synchronous,
+                       applies_on_server=policy.needs_server_optimizer)
+    synchronous = sorted(name for name, cls in SYNC_POLICIES.items() if cls.synchronous)
+    check(facts, server_optimizer=spec.server_optimizer, sync=spec.sync, synchronous=synchronous)
     if hfa is not None:
         outer = _named_optimizer(spec, torch_optimizer) if named else None
         return Plan(Strategy.ESYNC if spec.esync else Strategy.HFA, spec.sync, outer, spec.compression, spec.p3)
@@ -124,7 +128,7 @@ def make_plan(spec: TrainingSpec, hfa: HFASpec | None, torch_optimizer: torch.op
     else:
         server = None
     check({**facts, "server_optimizer": server is not None, "no_server_optimizer": server is None},
-          codec=codec, torch_optimizer=type(torch_optimizer).__name__)
+          codec=codec, torch_optimizer=type(torch_optimizer).__name__, policy=policy.title, sync=spec.sync)
     if server is None:
         if spec.server_optimizer == "auto" and not residual:
             log.info("%s has no server equivalent: gradients are averaged and it steps on every worker",

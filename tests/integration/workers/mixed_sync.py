@@ -23,6 +23,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--slow-party", default="dc1")
     parser.add_argument("--delay", type=float, default=0.25, help="seconds of extra compute per step")
+    parser.add_argument("--base-delay", type=float, default=0.0,
+                        help="seconds of compute per step of every party (the slow party's is --delay)")
     parser.add_argument("--kind", default="dist_async")
     parser.add_argument("--leave-early", action="store_true",
                         help="no final barrier: the fast party closes as soon as it is done; the slow party "
@@ -43,6 +45,8 @@ def main() -> None:
     for step in range(args.steps):
         if kv.party == args.slow_party:
             time.sleep(args.delay)  # an emulated slow data center (slower GPUs)
+        elif args.base_delay:
+            time.sleep(args.base_delay)
         model.zero_grad()
         F.mse_loss(model(inputs[step, rank]), targets[step, rank]).backward()
         for idx, param in enumerate(params):
