@@ -35,6 +35,7 @@ from .config import Mode, NodeConfig, Role
 from .config.combinations import configure_facts, refusal
 from .core.checkpoints import checkpoint_if_due, restore_optimizer, resume, slots_of
 from .core.clients import Clients
+from .core.inits import Inits, slot_mismatch
 from .core.rounds import Round, RoundId, RoundTable, Slot
 from .heartbeat import pulse_for
 from .membership import GLOBAL_SCHEDULER_ID, Member, Tier, is_not_scheduler, join, local_scheduler_id, new_node_id
@@ -83,9 +84,7 @@ class ParameterServer:
         self.completions = plugins.completions()
         self.configurers: set[str] = set()  # clients allowed to set the optimizer (the master worker's path)
         self.upstream: list[str] = []
-        self.shard_owner: dict[int, str] = {}  # a local server's global servers by explicit shard id (= rank)
-        self.shard_id = 0  # a global server's own shard id
-        self.shards: dict[tuple[int, int], int] = {}  # (key, slice) -> shard id, as declared by INIT
+        self.inits = Inits(self, self.is_global)  # INIT requests and rounds, the slices' shards
         self.upstream_addresses: dict[str, str] = {}  # the global servers' addresses (a local server's)
         self.peers: set[str] = set()  # a local server's fellow local servers
         self._lock = threading.RLock()
@@ -115,7 +114,7 @@ class ParameterServer:
         if self.is_global:
             self.name = me.name
             self.van.name = me.name
-            self.shard_id = me.rank
+            self.inits.shard_id = me.rank
             if cfg.topology.mode is Mode.FLAT:
                 self.clients.present = {m.id for m in global_book.of_role(Role.WORKER)}
                 self.configurers = {m.id for m in global_book.of_role(Role.WORKER) if m.master}
@@ -124,7 +123,7 @@ class ParameterServer:
                 self.configurers = {m.id for m in global_book.of_role(Role.LOCAL_SERVER, cfg.topology.central)}
         else:
             self.upstream = [m.id for m in global_book.of_role(Role.GLOBAL_SERVER)]
-            self.shard_owner = {m.rank: m.id for m in global_book.of_role(Role.GLOBAL_SERVER)}
+            self.inits.shard_owner = {m.rank: m.id for m in global_book.of_role(Role.GLOBAL_SERVER)}
             self.upstream_addresses = {m.id: m.address for m in global_book.of_role(Role.GLOBAL_SERVER)}
             self.peers = {m.id for m in global_book.of_role(Role.LOCAL_SERVER)} - {self.identity}
             local_book, _ = join(self.van, self.requests, cfg, Tier.PARTY, rank=0, connect=is_not_scheduler)
@@ -294,7 +293,7 @@ class ParameterServer:
             self.refuse(message, refusal)
             return
         handlers: dict[Kind, Callable[[Message], None]] = {
-            Kind.INIT: self._on_init, Kind.PUSHPULL: self._on_pushpull, Kind.PULL: self._on_pull,
+            Kind.INIT: self.inits.request, Kind.PUSHPULL: self._on_pushpull, Kind.PULL: self._on_pull,
             Kind.BARRIER: self._contribute, Kind.SHUTDOWN: self._on_shutdown, Kind.CONFIGURE: self._on_configure,
             **self.extra_handlers,
         }
@@ -362,58 +361,9 @@ class ParameterServer:
             future.add_done_callback(refused)
         self.van.send(sender, message.reply())
 
-    def _slot_mismatch(self, slot_desc: str, message: Message) -> str | None:
-        declared = f"{message.shape} {message.dtype}"
-        return None if declared == slot_desc else f"key {message.key} slice {message.part} is {slot_desc}, " \
-                                                  f"but the request says {declared}"
-
-    def _on_init(self, message: Message) -> None:
-        if message.dtype is None:
-            self.refuse(message, f"INIT of key {message.key} carries no dtype and shape")
-            return
-        slot = self.slots.get((message.key, message.part))
-        if slot is not None:  # already initialized: answer with the current value (a late joiner)
-            problem = self._slot_mismatch(slot.describe(), message)
-            if problem:
-                self.refuse(message, problem)
-            else:
-                if self.is_global and self.optimizer is not None:  # DCASGD: a rejoiner holds these weights
-                    self.optimizer.received((message.key, message.part), message.sender.decode(), slot.value)
-                self.van.send(message.sender.decode(), message.reply(tensor=slot.value))
-            return
-        problem = self._check_shard(message)
-        if problem:
-            self.refuse(message, problem)
-            return
-        current = self.rounds.get((Kind.INIT, message.key, message.part))
-        if current is not None and current.contributions:
-            first = next(iter(current.contributions.values()))
-            problem = self._slot_mismatch(f"{first.shape} {first.dtype}", message)
-            if problem:
-                self.refuse(message, problem + " (as declared by another client's INIT)")
-                return
-        self._contribute(message)
-
-    def _check_shard(self, message: Message) -> str | None:
-        """Record the explicit shard id an INIT names (see geomx.sharding); the problem with it, if any."""
-        shard = (message.body or {}).get("shard")
-        where = f"INIT of key {message.key} slice {message.part}"
-        if not isinstance(shard, int) or isinstance(shard, bool):
-            return f"{where} names no shard id (body {{'shard': int}})"
-        if self.is_global and shard != self.shard_id:
-            return f"{where} is meant for shard {shard}, but this is shard {self.shard_id}"
-        if not self.is_global and shard not in self.shard_owner:
-            return f"{where} names shard {shard}; the global servers are shards {sorted(self.shard_owner)}"
-        sid = (message.key, message.part)
-        known = self.shards.setdefault(sid, shard)
-        if known != shard:
-            return f"{where} names shard {shard}, but another client placed it on shard {known} " \
-                   "(every worker must init the same keys in the same order)"
-        return None
-
     def owner(self, key: int, part: int) -> str:
         """The global server that holds (key, slice), by the shard id its INIT declared."""
-        return self.shard_owner[self.shards[(key, part)]]
+        return self.inits.owner(key, part)
 
     def _on_pushpull(self, message: Message) -> None:
         slot = self.slots.get((message.key, message.part))
@@ -426,7 +376,7 @@ class ParameterServer:
         if message.tensor is None:
             self.refuse(message, f"PUSHPULL of key {message.key} carries no tensor")
             return
-        problem = self._slot_mismatch(slot.describe(), message)
+        problem = slot_mismatch(slot.describe(), message)
         if problem:
             self.refuse(message, problem)
             return
@@ -602,7 +552,7 @@ class ParameterServer:
     def complete(self, rnd: Round) -> None:
         """A round is complete: reduce it as its kind says (the table set ``rnd.forwarding``)."""
         if rnd.kind is Kind.INIT:
-            self._complete_init(rnd)
+            self.inits.complete(rnd)
         elif rnd.kind is Kind.PUSHPULL:
             self._complete_pushpull(rnd)
         elif rnd.kind in self.completions:
@@ -615,29 +565,6 @@ class ParameterServer:
                 futures = [self.requests.call(gs, Message(rnd.kind, round=rnd.number)) for gs in targets]
                 number = rnd.number
                 self._when_all(futures, lambda error: self.release(rnd, None, error, number))
-
-    def _complete_init(self, rnd: Round) -> None:
-        with_data = [m for m in rnd.contributions.values() if m.tensor is not None]
-        first = next(iter(rnd.contributions.values()))
-        if self.is_global:
-            if len(with_data) != 1:
-                self.release(rnd, None, f"key {rnd.key}: {len(with_data)} clients sent an initial value; "
-                                         "exactly one (the master worker's) is needed")
-                return
-            self.slots[(rnd.key, rnd.part)] = Slot(np.array(with_data[0].tensor, copy=True))
-            if self.optimizer is not None:  # DCASGD: every party starts from these weights
-                for client in rnd.contributions:
-                    self.optimizer.received((rnd.key, rnd.part), client, self.slots[(rnd.key, rnd.part)].value)
-            self.release(rnd, self.slots[(rnd.key, rnd.part)].value)
-            return
-        if len(with_data) > 1:
-            self.release(rnd, None, f"key {rnd.key}: {len(with_data)} workers of this party sent an initial "
-                                     "value; only the master worker may")
-            return
-        upward = Message(Kind.INIT, key=rnd.key, part=rnd.part, num_parts=first.num_parts,
-                         tensor=with_data[0].tensor if with_data else None, dtype=first.dtype, shape=first.shape,
-                         body={"shard": self.shards[(rnd.key, rnd.part)]})
-        self.forward(rnd, upward)
 
     def _complete_pushpull(self, rnd: Round) -> None:
         first = next(iter(rnd.contributions.values()))

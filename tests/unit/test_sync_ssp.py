@@ -39,3 +39,18 @@ def test_the_wrapper_plans_ssp_from_the_policy_s_declared_needs() -> None:
         make_plan(TrainingSpec(sync="dist_ssp"), None, torch.optim.AdamW(params))
     with pytest.raises(ConfigError, match="average models synchronously: training.sync dist_ssp is not"):
         make_plan(TrainingSpec(sync="dist_ssp"), HFASpec(2, 2), torch.optim.SGD(params, lr=0.1))
+
+
+def test_the_environment_turns_it_on_as_the_issue_says(tmp_path, make_server) -> None:
+    from geomx.compose import compose, configured_policy
+    from geomx.config import Role, node_config_from_env
+
+    env = {"GEOMX_ROLE": "global_server", "GEOMX_PARTY": "dc0", "GEOMX_GLOBAL_SCHEDULER": "127.0.0.1:1",
+           "GEOMX_NUM_WORKERS": "1", "GEOMX_NUM_PARTIES": "2", "GEOMX_RANK": "0",
+           "GEOMX_SYNC": "dist_ssp", "GEOMX_STALENESS": "3"}
+    config = node_config_from_env(env)
+    assert config.role is Role.GLOBAL_SERVER and config.topology.training.sync == "dist_ssp"
+    assert dict(config.topology.training.plugin_options) == {"staleness": "3"}
+    compose(config, make_server("gs", ["ls0", "ls1"]))  # the job's options pass the root's check
+    policy = configured_policy("dist_ssp", dict(config.topology.training.plugin_options))  # the master's CONFIGURE
+    assert isinstance(policy, BoundedStaleness) and policy.staleness == 3

@@ -1,0 +1,142 @@
+"""INIT: a key's first value, and which global server (shard) holds each (key, slice).
+
+Every client sends INIT for every (key, slice) it will push, naming the shard it placed it on (see
+``geomx.sharding``); exactly one of them (the master worker) carries the value. A global server keeps that
+value as the slice's first weights and answers every client with it; a local server checks its workers'
+INITs and sends one INIT up to the owning global server. A client that INITs a slice that already has a
+value (a late joiner, a rejoined party) gets the current value at once.
+
+Usage (inside a server, under its lock)::
+
+    inits = Inits(server, is_global=False)
+    inits.shard_owner = {0: "gs0-id"}
+    inits.request(init_message)            # checked; joins its INIT round
+    inits.complete(rnd)                    # the round is complete: keep the value, or send it up
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import numpy as np
+
+from ..wire import Kind, Message
+from .rounds import Round, RoundTable, Slot
+
+SlotId = tuple[int, int]
+
+
+def slot_mismatch(slot_desc: str, message: Message) -> str | None:
+    """The problem if ``message`` declares another shape or dtype than the slot's (``slot_desc``)."""
+    declared = f"{message.shape} {message.dtype}"
+    return None if declared == slot_desc else f"key {message.key} slice {message.part} is {slot_desc}, " \
+                                              f"but the request says {declared}"
+
+
+class InitHost(Protocol):
+    """What INIT asks of the server (a fake one in unit tests)."""
+
+    slots: dict[SlotId, Slot]
+    table: RoundTable
+    optimizer: Any  # the global server's optimizer (it is told which value each client holds), or None
+
+    def send(self, peer: str, message: Message) -> None: ...
+
+    def refuse(self, message: Message, text: str) -> None: ...
+
+    def release(self, rnd: Round, value: np.ndarray | None, error: str | None = None,
+                number: int | None = None) -> None: ...
+
+    def forward(self, rnd: Round, message: Message) -> None: ...
+
+
+class Inits:
+    """INIT requests and rounds of one server, and the slices' shards (see the module docstring)."""
+
+    def __init__(self, host: InitHost, is_global: bool) -> None:
+        self.host = host
+        self.is_global = is_global
+        self.shard_id = 0  # a global server's own shard id
+        self.shard_owner: dict[int, str] = {}  # a local server's global servers by explicit shard id (= rank)
+        self.shards: dict[SlotId, int] = {}  # (key, slice) -> shard id, as declared by INIT
+
+    def owner(self, key: int, part: int) -> str:
+        """The global server that holds (key, slice), by the shard id its INIT declared."""
+        return self.shard_owner[self.shards[(key, part)]]
+
+    def request(self, message: Message) -> None:
+        """A client's INIT: answered at once if the slice has a value, else checked and added to its round."""
+        host = self.host
+        if message.dtype is None:
+            host.refuse(message, f"INIT of key {message.key} carries no dtype and shape")
+            return
+        sid = (message.key, message.part)
+        slot = host.slots.get(sid)
+        if slot is not None:  # already initialized: answer with the current value (a late joiner)
+            problem = slot_mismatch(slot.describe(), message)
+            if problem:
+                host.refuse(message, problem)
+                return
+            self._received(sid, message.sender.decode(), slot.value)  # a rejoiner holds these weights
+            host.send(message.sender.decode(), message.reply(tensor=slot.value))
+            return
+        problem = self.check_shard(message)
+        if problem:
+            host.refuse(message, problem)
+            return
+        current = host.table.get(Kind.INIT, message.key, message.part)
+        if current is not None and current.contributions:
+            first = next(iter(current.contributions.values()))
+            problem = slot_mismatch(f"{first.shape} {first.dtype}", message)
+            if problem:
+                host.refuse(message, problem + " (as declared by another client's INIT)")
+                return
+        host.table.contribute(message)
+
+    def check_shard(self, message: Message) -> str | None:
+        """Record the explicit shard id an INIT names (see geomx.sharding); the problem with it, if any."""
+        shard = (message.body or {}).get("shard")
+        where = f"INIT of key {message.key} slice {message.part}"
+        if not isinstance(shard, int) or isinstance(shard, bool):
+            return f"{where} names no shard id (body {{'shard': int}})"
+        if self.is_global and shard != self.shard_id:
+            return f"{where} is meant for shard {shard}, but this is shard {self.shard_id}"
+        if not self.is_global and shard not in self.shard_owner:
+            return f"{where} names shard {shard}; the global servers are shards {sorted(self.shard_owner)}"
+        known = self.shards.setdefault((message.key, message.part), shard)
+        if known != shard:
+            return f"{where} names shard {shard}, but another client placed it on shard {known} " \
+                   "(every worker must init the same keys in the same order)"
+        return None
+
+    def complete(self, rnd: Round) -> None:
+        """A complete INIT round: a global server keeps the one value and answers it; a local server sends
+        one INIT up (with the master worker's value, if it is in this party)."""
+        host = self.host
+        with_data = [m for m in rnd.contributions.values() if m.tensor is not None]
+        first = next(iter(rnd.contributions.values()))
+        sid = (rnd.key, rnd.part)
+        if self.is_global:
+            if len(with_data) != 1:
+                host.release(rnd, None, f"key {rnd.key}: {len(with_data)} clients sent an initial value; "
+                                        "exactly one (the master worker's) is needed")
+                return
+            host.slots[sid] = Slot(np.array(with_data[0].tensor, copy=True))
+            for client in rnd.contributions:  # every party starts from these weights
+                self._received(sid, client, host.slots[sid].value)
+            host.release(rnd, host.slots[sid].value)
+            return
+        if len(with_data) > 1:
+            host.release(rnd, None, f"key {rnd.key}: {len(with_data)} workers of this party sent an initial "
+                                    "value; only the master worker may")
+            return
+        upward = Message(Kind.INIT, key=rnd.key, part=rnd.part, num_parts=first.num_parts,
+                         tensor=with_data[0].tensor if with_data else None, dtype=first.dtype, shape=first.shape,
+                         body={"shard": self.shards[sid]})
+        host.forward(rnd, upward)
+
+    def _received(self, sid: SlotId, client: str, value: np.ndarray) -> None:
+        """Tell a global server's optimizer which value ``client`` now holds (an optimizer that compensates
+        for staleness keeps one per client)."""
+        if self.is_global and self.host.optimizer is not None:
+            self.host.optimizer.received(sid, client, value)

@@ -1,0 +1,95 @@
+"""INIT requests and rounds (geomx.core.inits) in one process, with a fake server (no sockets)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from geomx.core.clients import Clients
+from geomx.core.inits import Inits
+from geomx.core.rounds import Round, RoundTable, Slot
+from geomx.wire import Kind, Message
+
+
+class FakeServer:
+    def __init__(self, clients: list[str], is_global: bool) -> None:
+        self.name = "fake"
+        self.slots: dict[tuple[int, int], Slot] = {}
+        self.optimizer: Any = None
+        self.sent: list[tuple[str, Message]] = []
+        self.refused: list[str] = []
+        self.forwarded: list[Message] = []
+        self.inits = Inits(self, is_global)
+        self.table = RoundTable(self, Clients(clients), _every_client())
+
+    def send(self, peer: str, message: Message) -> None:
+        self.sent.append((peer, message))
+
+    def refuse(self, message: Message, text: str) -> None:
+        self.refused.append(text)
+
+    def release(self, rnd: Round, value: np.ndarray | None, error: str | None = None,
+                number: int | None = None) -> None:
+        self.table.release(rnd, value, error, number)
+
+    def forward(self, rnd: Round, message: Message) -> None:
+        self.forwarded.append(message)
+
+    def complete(self, rnd: Round) -> None:
+        self.inits.complete(rnd)
+
+    def redeliver(self, message: Message) -> None:
+        self.inits.request(message)
+
+    def display(self, client: str) -> str:
+        return client
+
+    def answer_early(self, rnd: Round, message: Message) -> None:
+        raise AssertionError("INIT rounds are never answered early")
+
+    def all_done(self) -> None:
+        pass
+
+
+def _every_client() -> Any:
+    from geomx.sync.fsa import FullySynchronous
+
+    return FullySynchronous()
+
+
+def init(sender: str, values: list[float] | None, shard: Any = 0, key: int = 0) -> Message:
+    tensor = np.array(values, dtype=np.float32) if values is not None else None
+    message = Message(Kind.INIT, key=key, tensor=tensor, dtype="float32", shape=(2,), body={"shard": shard})
+    message.sender = sender.encode()
+    return message
+
+
+def test_a_global_server_keeps_the_one_value_answers_everyone_and_late_joiners() -> None:
+    server = FakeServer(["a", "b"], is_global=True)
+    server.inits.request(init("a", [1.0, 2.0]))
+    server.inits.request(init("b", None))
+    assert (0, 0) in server.slots and sorted(peer for peer, _ in server.sent) == ["a", "b"]
+    for _, reply in server.sent:
+        np.testing.assert_array_equal(reply.tensor, [1.0, 2.0])
+    server.inits.request(init("c", None))  # a late joiner: the current value at once
+    assert server.sent[-1][0] == "c" and server.refused == []
+    server.inits.request(Message(Kind.INIT, key=5, body={"shard": 0}))
+    assert server.refused == ["INIT of key 5 carries no dtype and shape"]
+    refused = FakeServer(["a"], is_global=True)
+    refused.inits.request(init("a", [1.0, 2.0], shard=1))
+    assert refused.refused == ["INIT of key 0 slice 0 is meant for shard 1, but this is shard 0"]
+
+
+def test_a_local_server_sends_one_init_up_to_the_shard_its_workers_named() -> None:
+    server = FakeServer(["w0", "w1"], is_global=False)
+    server.inits.shard_owner = {0: "gs0", 1: "gs1"}
+    server.inits.request(init("w0", [3.0, 4.0], shard=1))
+    server.inits.request(init("w1", None, shard=1))
+    upward, = server.forwarded
+    assert upward.kind is Kind.INIT and upward.body == {"shard": 1} and server.inits.owner(0, 0) == "gs1"
+    np.testing.assert_array_equal(upward.tensor, [3.0, 4.0])
+    server.inits.request(init("w0", None, shard=0, key=1))
+    server.inits.request(init("w1", None, shard=1, key=1))
+    assert server.refused == ["INIT of key 1 slice 0 names shard 1, but another client placed it on shard 0 "
+                              "(every worker must init the same keys in the same order)"]
