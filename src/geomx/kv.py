@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from . import config as config_module
+from .bodies import ConfigureBody, InitBody, decode_body, encode_body
 from .codecs import FP16, default_registry
 from .config import Mode, NodeConfig, Role
 from .membership import Tier, is_server, join, new_node_id, scheduler_id
@@ -107,7 +108,7 @@ class KVStore:
         self._previous_excepthook = sys.excepthook
         sys.excepthook = self._on_uncaught
         if self.is_master_worker:  # before any init round completes, so every push meets the right policy
-            self._configure({"sync": kind}, f"switch to {kind}")
+            self._configure(ConfigureBody(sync=kind), f"switch to {kind}")
         atexit.register(self.close)
 
     def _on_message(self, message: Message) -> None:
@@ -135,8 +136,8 @@ class KVStore:
             for part, (start, stop) in enumerate(info.parts):
                 piece = data[start:stop]
                 message = Message(Kind.INIT, key=k, part=part, num_parts=len(info.parts),
-                                  tensor=piece if self.is_master_worker else None,
-                                  dtype=piece.dtype, shape=piece.shape, body={"shard": info.shards[part]})
+                                  tensor=piece if self.is_master_worker else None, dtype=piece.dtype,
+                                  shape=piece.shape, body=encode_body(InitBody(shard=info.shards[part])))
                 futures.append(self._requests.call(self._keys.server_for(k, part), message))
             pending.append((k, v, info, futures))
         for k, v, info, futures in pending:
@@ -208,7 +209,7 @@ class KVStore:
             # HFA: the global server already receives a weighted average delta.
             hfa = self._topology.hfa is not None
             spec["params"]["rescale_grad"] = 1.0 if hfa else 1.0 / self.num_all_workers
-        self._configure({"optimizer": spec}, "set the optimizer")
+        self._configure(ConfigureBody(optimizer=spec), "set the optimizer")
 
     def set_gradient_compression(self, spec: dict[str, Any]) -> None:
         """Compress the WAN tier (master worker only), e.g. ``{"type": "bsc", "threshold": 0.01}``.
@@ -228,10 +229,12 @@ class KVStore:
         if spec.get("type") in ("bsc", "mpq") and "size_lower_bound" not in spec:
             spec["size_lower_bound"] = self._topology.size_lower_bound
         default_registry().make_codec(spec)  # a bad spec fails here, with the codec's own message
-        self._configure({"compression": spec}, "set the compression")
+        self._configure(ConfigureBody(compression=spec), "set the compression")
 
-    def _configure(self, body: dict[str, Any], what: str) -> None:
-        futures = [self._requests.call(s, Message(Kind.CONFIGURE, body=body)) for s in self._servers]
+    def _configure(self, body: ConfigureBody | dict[str, Any], what: str) -> None:
+        """Send CONFIGURE to every server this worker talks to (a dict is checked as a ConfigureBody first)."""
+        typed = decode_body(ConfigureBody, body) if isinstance(body, dict) else body
+        futures = [self._requests.call(s, Message(Kind.CONFIGURE, body=encode_body(typed))) for s in self._servers]
         for server, future in zip(self._servers, futures, strict=True):
             self._requests.wait(future, self._timeout, f"{self._requests.names.get(server)} to {what}")
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+from ..bodies import StateReport, StepAssignment, decode_body, encode_body
 from ..config import NodeConfig
 from ..wire import Kind, Message
 from .plugins import StepAssigner, WorkerContext
@@ -27,10 +28,10 @@ class StateRoundSteps(StepAssigner):
             raise ValueError(f"seconds_per_step must be positive, got {seconds_per_step}")
         name = self._context.me.name
         ctx = self._context
-        body = {"seconds_per_step": {name: float(seconds_per_step)}, "base_steps": int(base_steps)}
-        future = ctx.requests.call(ctx.servers[0], Message(Kind.STATE, body=body))
+        report = StateReport({name: float(seconds_per_step)}, int(base_steps))
+        future = ctx.requests.call(ctx.servers[0], Message(Kind.STATE, body=encode_body(report)))
         reply = ctx.requests.wait(future, ctx.timeout, "the ESync step assignment (all workers of all parties)")
-        steps = (reply.body or {}).get("steps", {})
+        steps = decode_body(StepAssignment, reply.body).steps
         if name not in steps:
             raise RuntimeError(f"the state server assigned no steps to {name}")
         return int(steps[name])

@@ -1,0 +1,111 @@
+"""Typed message bodies: one dataclass per request (or answer) that carries a JSON body, checked on decode.
+
+A body is JSON on the wire (``Message.body``); these classes say which keys each kind carries and of what
+type, so a sender cannot misspell a key and a receiver gets a precise error naming the kind, the key and what
+was wrong, instead of a KeyError deep in a handler. The worker side (``geomx.kv``, ``geomx.worker``) builds
+its requests and reads its answers through them; the server side reads loose dicts today and adopts them
+later.
+
+Usage::
+
+    message = Message(Kind.STATE, body=encode_body(StateReport({"dc0/worker0": 0.02}, base_steps=4)))
+    report = decode_body(StateReport, message.body)          # BodyError if a key is missing or mistyped
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+Spec = dict[str, Any]  # a spec the receiver checks itself (an optimizer's or a codec's), JSON all the way down
+B = TypeVar("B")
+
+
+class BodyError(ValueError):
+    """A message body that does not match its kind's dataclass."""
+
+
+@dataclass(frozen=True)
+class InitBody:
+    """INIT, worker -> server: the global server (shard id) that owns this slice."""
+
+    shard: int
+
+
+@dataclass(frozen=True)
+class ConfigureBody:
+    """CONFIGURE, master worker -> servers: what to switch (the keys left out stay as they are)."""
+
+    sync: str | None = None
+    optimizer: Spec | None = None
+    compression: Spec | None = None
+
+
+@dataclass(frozen=True)
+class StateReport:
+    """STATE, worker -> servers: seconds per local step by worker name, and the slowest worker's steps."""
+
+    seconds_per_step: dict[str, float]
+    base_steps: int
+
+
+@dataclass(frozen=True)
+class StepAssignment:
+    """STATE's answer: local steps per worker name for the next round."""
+
+    steps: dict[str, int]
+
+
+def encode_body(body: Any) -> dict[str, Any]:
+    """``body`` (one of this module's dataclasses) as a JSON body; fields left None are left out."""
+    if not dataclasses.is_dataclass(body) or isinstance(body, type):
+        raise TypeError(f"expected a message body dataclass, got {type(body).__name__}")
+    return {f.name: getattr(body, f.name) for f in dataclasses.fields(body) if getattr(body, f.name) is not None}
+
+
+def decode_body(cls: type[B], body: dict[str, Any] | None) -> B:
+    """``body`` checked against ``cls``: unknown, missing or mistyped keys raise BodyError naming them."""
+    name = cls.__name__
+    if not isinstance(body, dict):
+        raise BodyError(f"{name}: expected a JSON object body, got {type(body).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(body) - set(fields))
+    if unknown:
+        raise BodyError(f"{name}: unknown key(s) {unknown}; valid: {sorted(fields)}")
+    values = {}
+    for key, field in fields.items():
+        if key not in body:
+            if field.default is dataclasses.MISSING:
+                raise BodyError(f"{name}: missing key {key!r}")
+            continue
+        values[key] = _check(f"{name}.{key}", hints[key], body[key])
+    return cls(**values)
+
+
+def _check(where: str, hint: Any, value: Any) -> Any:
+    """``value`` if it is of the type ``hint`` names (ints pass as floats, bool never as a number), else BodyError."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        options = [a for a in args if a is not type(None)]
+        return _check(where, options[0], value) if len(options) == 1 else value
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise BodyError(f"{where}: expected an object, got {type(value).__name__}")
+        key_type, value_type = args or (str, Any)
+        return {_check(f"{where} key", key_type, k): _check(f"{where}[{k!r}]", value_type, v)
+                for k, v in value.items()}
+    if hint is Any:
+        return value
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, bool) and hint is not bool:
+        raise BodyError(f"{where}: expected {hint.__name__}, got a bool")
+    if not isinstance(value, hint):
+        raise BodyError(f"{where}: expected {hint.__name__}, got {type(value).__name__} {value!r}")
+    return value
