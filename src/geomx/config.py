@@ -446,6 +446,7 @@ class NodeConfig:
     run_dir: Path | None = None
     worker_offset: int | None = None  # global rank of this party's first worker; None: from the topology
     resume: bool = False  # global servers start from the newest valid checkpoint (`geomx launch --resume`)
+    trace: bool = False  # GEOMX_TRACE=1: debug-only message timeline in RUN/trace/ (see geomx.trace)
 
     @property
     def num_workers(self) -> int:
@@ -1174,6 +1175,7 @@ def node_config_from_env(env: Mapping[str, str]) -> NodeConfig:
         run_dir=Path(run_dir) if run_dir else None,
         worker_offset=_int(env, "GEOMX_WORKER_OFFSET"),
         resume=env.get("GEOMX_RESUME", "") not in ("", "0", "false", "False"),
+        trace=env.get("GEOMX_TRACE", "") not in ("", "0", "false", "False"),
     )
 
 

@@ -40,6 +40,7 @@ from .runlog import append_metrics, write_stats
 from .sharding import ShardPlanner
 from .sync.registry import SYNC_POLICIES, sync_policy
 from .tensors import readonly_tensor
+from .trace import Tracer
 from .transport import Van
 from .ts_member import RelayMember
 from .wire import Kind, Message
@@ -104,6 +105,7 @@ class KVStore:
         self.rank = me.rank
         self.name = me.name
         self._van.name = me.name
+        self._van.tracer = Tracer.for_node(config.trace, config.run_dir, me.name)
         self.party = config.party
         self.hfa = config.topology.hfa  # HFASpec(k1, k2) when hierarchical frequency aggregation is on
         self.num_workers = config.num_workers

@@ -41,6 +41,7 @@ from .heartbeat import pulse_for
 from .membership import GLOBAL_SCHEDULER_ID, AddressBook, Member, local_scheduler_id, new_node_id, register
 from .rpc import Requests
 from .runlog import write_stats
+from .trace import Tracer
 from .transport import Van
 from .udp import Datagram, UdpReceiver
 from .wire import Kind, Message
@@ -109,6 +110,7 @@ class ParameterServer:
         self._stop_watchdog = threading.Event()
         self.van = Van(self.identity, config.party, config.topology, self._on_message,
                        bind_host=config.bind_host, name=self.name)
+        self.van.tracer = Tracer.for_node(config.trace, config.run_dir, self.name)
         self.requests = Requests(self.van)
         self.timeouts = config.topology.timeouts
         self.checkpoints: CheckpointWriter | None = None  # global servers with checkpoint.dir set

@@ -38,6 +38,7 @@ import zmq
 from .config import LinkSpec, Topology
 from .emulator import OutageSchedule, ShapedLink
 from .security import Guard
+from .trace import Tracer
 from .wire import Kind, Message, WireError, decode, encode, frames_nbytes
 
 log = logging.getLogger("geomx.transport")
@@ -73,6 +74,7 @@ class _Outgoing:
     ready_at: float = 0.0  # when its last bit left the party's access link (delivery is not earlier + latency)
     udp: tuple[str, int] | None = None  # a DGT datagram (frames == [bytes]) to this UDP address
     lost: bool = False  # the datagram is lost on the way (emulated loss): it takes the link, then vanishes
+    tag: tuple[str, int, int, int, bool] | None = None  # (kind, key, part, round, reply) when tracing
 
 
 @dataclass
@@ -165,6 +167,8 @@ class Van:
         # sees HEARTBEAT messages first, on the I/O thread, so a slow handler never delays them
         self.heartbeat_hook: Hook | None = None
         self._stop_hooks: list[Callable[[], None]] = []
+        # GEOMX_TRACE=1 (see geomx.trace): the node sets this; None costs one test per message event
+        self.tracer: Tracer | None = None
 
     # -- public API ---------------------------------------------------------------------------------------
     def start(self) -> str:
@@ -226,7 +230,11 @@ class Van:
         if message.kind is Kind.PUSHPULL and self._outages:
             self._outages.training_started(time.monotonic())
         frames = encode(message)
-        self._commands.put(("send", (_Outgoing(peer, frames, frames_nbytes(frames)), message.priority)))
+        outgoing = _Outgoing(peer, frames, frames_nbytes(frames))
+        if self.tracer is not None:
+            outgoing.tag = (message.kind.name, message.key, message.part, message.round, message.is_reply)
+            self.tracer.event("queue", peer, *outgoing.tag, outgoing.nbytes)
+        self._commands.put(("send", (outgoing, message.priority)))
         self._wake()
 
     def send_datagram(self, peer: str, address: tuple[str, int], data: bytes, channel: int,
@@ -291,6 +299,8 @@ class Van:
         os.close(self._wake_read)
         os.close(self._wake_write)
         self._context.term()
+        if self.tracer is not None:
+            self.tracer.close()
 
     # -- internals ----------------------------------------------------------------------------------------
     def _wake(self) -> None:
@@ -528,6 +538,8 @@ class Van:
             log.error("[%s] cannot send to %s at %s: %s", self.name, peer.identity, peer.address, exc)
             return
         self.counters.add(peer.identity, peer.link_class, "sent", outgoing.nbytes)
+        if self.tracer is not None and outgoing.tag is not None:
+            self.tracer.event("out", peer.identity, *outgoing.tag, outgoing.nbytes)
 
     def _receive_available(self, router: zmq.Socket[Any]) -> None:
         for _ in range(256):
@@ -553,6 +565,9 @@ class Van:
                 log.exception("[%s] could not decode a message from %r", self.name, sender)
                 continue
             message.sender = sender.encode()
+            if self.tracer is not None:
+                self.tracer.event("in", sender, message.kind.name, message.key, message.part, message.round,
+                                  message.is_reply, nbytes)
             if message.kind is Kind.PUSHPULL and self._outages:
                 self._outages.training_started(time.monotonic())
             if message.kind is Kind.HEARTBEAT and self.heartbeat_hook is not None and self.heartbeat_hook(message):
@@ -603,6 +618,9 @@ class Van:
                 continue
             try:
                 self._handler(message)
+                if self.tracer is not None:
+                    self.tracer.event("handled", message.sender.decode(), message.kind.name, message.key,
+                                      message.part, message.round, message.is_reply, 0)
             except Exception as exc:  # a bad message must never kill the node
                 log.exception("[%s] handler failed on %s from %r", self.name, message.kind.name,
                               message.sender)
