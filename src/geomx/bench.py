@@ -41,6 +41,7 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -1001,9 +1002,9 @@ def _bench_security(plan: Plan, out_dir: Path) -> dict[str, Any]:
     return run_security(plan is QUICK, out_dir)
 
 
-def _bench_wan(plan: Plan, out_dir: Path) -> dict[str, Any]:
-    from .bench_wan import run_wan  # needs root: namespaces joined by a tbf-shaped veth
-    return run_wan(plan is QUICK, out_dir)
+def _bench_wan(plan: Plan, out_dir: Path, job: str | None = None) -> dict[str, Any]:
+    from .bench_wan import jobs_from, run_wan  # needs root: namespaces joined by a tbf-shaped veth
+    return run_wan(plan is QUICK, out_dir, jobs=jobs_from(job))
 
 
 def bench_plan(quick: bool, sync_scenarios: list[str] | None = None) -> Plan:
@@ -1015,11 +1016,11 @@ def bench_plan(quick: bool, sync_scenarios: list[str] | None = None) -> Plan:
 
 
 def run_bench(quick: bool, out_dir: Path, sections: list[str] | None = None,
-              sync_scenarios: list[str] | None = None) -> int:
+              sync_scenarios: list[str] | None = None, wan_job: str | None = None) -> int:
     """Run the chosen sections (default: all), print the table, write OUT/bench.json. Never asserts.
 
     ``sync_scenarios``: run only those scenarios' rows of the sync section (e.g. ``["wide"]``: the bandwidth-bound
-    CNN's flat-PS FSA, HFA and HFA + outer, ~4 minutes).
+    CNN's flat-PS FSA, HFA and HFA + outer, ~4 minutes); ``wan_job``: the wan section's job (mlp, lm, all).
     """
     plan = bench_plan(quick, sync_scenarios)
     chosen = [s for s in SECTIONS if (s in sections if sections else s != "wan")]  # wan: only on request
@@ -1036,7 +1037,7 @@ def run_bench(quick: bool, out_dir: Path, sections: list[str] | None = None,
     for section, runner in (("training", bench_training), ("transport", bench_transport), ("sync", bench_sync),
                             ("codecs", _bench_codecs),
                             ("frontend", _bench_frontend), ("sched", _bench_sched),
-                            ("security", _bench_security), ("wan", _bench_wan)):
+                            ("security", _bench_security), ("wan", partial(_bench_wan, job=wan_job))):
         if section not in chosen:
             continue
         try:
