@@ -34,6 +34,8 @@ from .compose import DEFAULT_SYNC, compose, configured_policy
 from .config import Mode, NodeConfig, Role
 from .core.checkpoints import checkpoint_if_due, restore_optimizer, resume, slots_of
 from .core.clients import Clients
+from .core.early import EarlyAnswers, send_early
+from .core.plugins import Aggregation, Route
 from .core.rounds import Round, RoundId, RoundTable, Slot
 from .dgt import DgtAssembler, DgtError, DgtSender, write_report
 from .dgt_feedback import FEEDBACK_KEY
@@ -88,6 +90,7 @@ class ParameterServer:
         self.route = plugins.route
         self.route_handlers = self.route.handlers()
         self.aggregation = plugins.aggregation
+        self.early_answers = EarlyAnswers()  # a local server's early answers (geomx.core.early)
         self.extra_handlers = plugins.requests()
         self.completions = plugins.completions()
         self.configurers: set[str] = set()  # clients allowed to set the optimizer (the master worker's path)
@@ -278,6 +281,10 @@ class ParameterServer:
 
     # -- message handling ---------------------------------------------------------------------------------
     def _on_message(self, message: Message) -> None:
+        if EarlyAnswers.is_early(message) and message.sender.decode() in self.upstream:
+            with self._lock:  # the others' sum, ahead of the answer to our push (geomx.core.early)
+                self.early_answers.store(message.sender.decode(), message)
+            return
         if message.is_reply:
             if not self.requests.resolve(message):
                 log.warning("[%s] reply %d from %r answers no pending request", self.name, message.request_id,
@@ -525,6 +532,18 @@ class ParameterServer:
             return
         self._contribute(message)
         self.route.pushed(message)
+        if self._answers_early():
+            rnd = self.table.get(Kind.PUSHPULL, message.key, message.part)
+            if rnd is not None:
+                send_early(self, rnd, self.table.awaited(rnd))
+
+    def _answers_early(self) -> bool:
+        """Whether this server sends the last party the others' sum early (see geomx.core.early): a HiPS global
+        server whose answer is the plain sum of the parties' pushes."""
+        return (self.is_global and self.config.topology.mode is Mode.HIPS and self.optimizer is None
+                and type(self.aggregation) is Aggregation and type(self.route) is Route
+                and self.table.policy.name == DEFAULT_SYNC and self.wan_codec is None and self.fp16 is None
+                and self.dgt_assembler is None)
 
     def _on_pull(self, message: Message) -> None:
         """The current value. A local server asks its global server: under MixedSync its own copy may be stale."""
@@ -726,7 +745,9 @@ class ParameterServer:
         total, rnd.accum = rnd.accum, None
         sid = (rnd.key, rnd.part)
         dtype = self.slots[sid].value.dtype  # what init declared; sums of fp16 were kept in fp32 until now
-        total = self._rescaled(rnd, total)
+        full_sum, total = total, self._rescaled(rnd, total)
+        if total is not full_sum or rnd.early not in rnd.contributions:
+            rnd.early = None  # a client is missing: the early sum is not the answer, everyone gets the full one
         if not self.is_global:
             upward = total.astype(dtype, copy=False)
             sent = self.aggregation.upward(sid, total)
@@ -820,9 +841,13 @@ class ParameterServer:
                 if self.route.answered_elsewhere(reply):
                     return
                 try:
-                    reply.tensor = decode_message(self.codecs, reply)
+                    early = self.early_answers.combine(reply.sender.decode(), reply, message.tensor)
+                    reply.tensor = early if early is not None else decode_message(self.codecs, reply)
                 except CodecError as exc:
                     self.release(rnd, None, f"undecodable answer from the global server: {exc}", number)
+                    return
+                except KeyError:
+                    self.release(rnd, None, "the global server's early answer never came", number)
                     return
                 problem = self.aggregation.answered((rnd.key, rnd.part), reply)
                 if problem:

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from geomx.core.clients import Clients
+from geomx.core.early import EARLY, EarlyAnswers, send_early
 from geomx.core.policy import SyncPolicy
 from geomx.core.rounds import Round, RoundTable
 from geomx.wire import Flag, Kind, Message
@@ -249,3 +250,45 @@ def test_a_restored_count_carries_on(number: int) -> None:
     message.part = 1
     table.contribute(message)
     assert table.completed(Kind.PUSHPULL, 4, 1) == number + 1
+
+
+# -- early answers (geomx.core.early): the last party gets the others' sum first, then a bare answer
+
+def test_the_last_party_gets_a_snapshot_of_the_others_sum_then_a_bare_answer() -> None:
+    host, table = make(["a", "b", "c"])
+    rng = np.random.default_rng(0)
+    values = {name: rng.standard_normal(1000).astype(np.float32) for name in "abc"}
+    table.contribute(push("a", list(values["a"])))
+    rnd = table.get(Kind.PUSHPULL, 0, 0)
+    send_early(host, rnd, table.awaited(rnd))
+    assert host.sent == []  # two clients still missing
+    table.contribute(push("b", list(values["b"])))
+    send_early(host, rnd, table.awaited(rnd))
+    send_early(host, rnd, table.awaited(rnd))  # once per round
+    assert [peer for peer, _ in host.sent] == ["c"]
+    early_message = host.sent[0][1]
+    assert not early_message.is_reply and early_message.body == {EARLY: 0}
+    early_message.sender = b"global"
+    table.contribute(push("c", list(values["c"])))  # completes: the sum is added to in place
+    answers = replies(host)
+    assert answers["c"].is_reply and answers["c"].tensor is None and answers["c"].body == {EARLY: 0}
+    assert answers["a"].tensor is not None and answers["a"].body is None
+    answers["c"].sender = b"global"
+    local = EarlyAnswers()
+    local.store("global", early_message)
+    combined = local.combine("global", answers["c"], values["c"])
+    assert combined is not None and np.array_equal(combined, answers["a"].tensor)  # bit for bit
+    assert rnd.early is None and rnd.number == 1  # the next round starts clean
+
+
+def test_an_ordinary_answer_is_left_alone_and_a_missing_early_sum_is_an_error() -> None:
+    local = EarlyAnswers()
+    host, table = make(["a", "b"])
+    table.contribute(push("a", [1.0]))
+    table.contribute(push("b", [2.0]))
+    ordinary = replies(host)["a"]
+    assert local.combine("global", ordinary, np.ones(1, np.float32)) is None
+    bare = ordinary.reply(body={EARLY: 5})
+    bare.tensor = None
+    with pytest.raises(KeyError):
+        local.combine("global", bare, np.ones(1, np.float32))
