@@ -68,11 +68,18 @@ SYSTEMS = (
 )
 
 
+# rows run only when named in ``--only``: what one of geomx's defaults saves, side by side with the default row
+EXTRA_SYSTEMS = (
+    System("geomx_fsa_no_early", "geomx FSA, no early answers", "geomx", topology_extra={"early_answers": False}),
+)
 
-def systems_for(spec: Job) -> tuple[System, ...]:
-    """The rows for ``spec``: Bi-Sparse's momentum correction is the job's (0 where Adam keeps its own)."""
+
+def systems_for(spec: Job, only: list[str] | None = None) -> tuple[System, ...]:
+    """The rows for ``spec`` (``only``: just these, extra rows included): Bi-Sparse's momentum correction is the
+    job's (0 where Adam keeps its own)."""
+    chosen = [s for s in (*SYSTEMS, *EXTRA_SYSTEMS) if s.name in only] if only else list(SYSTEMS)
     return tuple(replace(s, compression={**s.compression, "momentum": spec.codec_momentum}) if s.compression else s
-                 for s in SYSTEMS)
+                 for s in chosen)
 
 
 @dataclass(frozen=True)
@@ -187,7 +194,7 @@ def run_wan(quick: bool, out_dir: Path, only: list[str] | None = None,
          + ("" if peers["torchft"] else " (DiLoCo row skipped: pip install 'geomx[peers]')"))
     result: dict[str, Any] = {"plan": asdict(plan), "peers": peers, "sync_period": H,
                               "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "jobs": {}, "errors": [],
-                              "labels": {s.name: s.label for s in SYSTEMS},
+                              "labels": {s.name: s.label for s in (*SYSTEMS, *EXTRA_SYSTEMS)},
                               "load_avg_start": [round(x, 2) for x in os.getloadavg()]}
     specs = {name: job(name) for name in plan.jobs}
     for name, spec in specs.items():  # each job's target, from DDP on loopback
@@ -236,9 +243,7 @@ def _rows(spec: Job, link: Any, out_dir: Path, plan: WanPlan, block: dict[str, A
           peers: dict[str, str | None], errors: list[str]) -> dict[str, dict[str, Any]]:
     """Every chosen system on ``spec`` across ``link`` at its current rate, with the ratios."""
     rows: dict[str, dict[str, Any]] = {}
-    for system in systems_for(spec):
-        if only and system.name not in only:
-            continue
+    for system in systems_for(spec, only):
         if system.kind == "diloco" and not peers["torchft"]:
             rows[system.name] = {"skipped": "torchft not installed (pip install 'geomx[peers]')"}
             continue
@@ -350,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m geomx.bench_wan")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", default="bench-results")
-    parser.add_argument("--only", nargs="+", choices=[s.name for s in SYSTEMS])
+    parser.add_argument("--only", nargs="+", choices=[s.name for s in (*SYSTEMS, *EXTRA_SYSTEMS)])
     parser.add_argument("--rates", nargs="+", type=float, help="Mbit/s (default: the plan's)")
     parser.add_argument("--job", choices=[*JOBS, "all"], help="default: mlp with --quick, all otherwise")
     args = parser.parse_args(argv)

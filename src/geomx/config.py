@@ -344,6 +344,9 @@ class Topology:
     hfa: HFASpec | None = None  # hierarchical frequency aggregation, when enabled
     size_lower_bound: int = 200_000  # tensors smaller than this travel dense under Bi-Sparse / MPQ
     fp16: bool = False  # kvstore data travels as float16 on LAN and WAN (the model stays float32)
+    # FSA across parties: the last party of a slice gets the others' sum early (geomx.core.early); false only to
+    # measure what that saves
+    early_answers: bool = True
     training: TrainingSpec = TrainingSpec()  # geomx.torch's choices (the kvstore API ignores them)
     security: SecuritySpec = SecuritySpec()  # shared secret / CURVE keys
     checkpoint: CheckpointSpec = CheckpointSpec()  # global servers' checkpoints
@@ -542,8 +545,8 @@ def _timeouts(raw: Any) -> Timeouts:
 
 
 _TOPOLOGY_FIELDS = {"parties", "central", "global_servers", "mode", "links", "timeouts", "slice_elems",
-                    "max_message_bytes", "hfa", "size_lower_bound", "fp16", "training", "security", "checkpoint",
-                    "elastic", "dgt", "tsengine", "outages"}
+                    "max_message_bytes", "hfa", "size_lower_bound", "fp16", "early_answers", "training", "security",
+                    "checkpoint", "elastic", "dgt", "tsengine", "outages"}
 
 
 def _outages(raw: Any) -> tuple[Outage, ...]:
@@ -782,6 +785,7 @@ def topology_from_dict(raw: Mapping[str, Any], base_dir: Path | None = None) -> 
         hfa=_hfa(raw.get("hfa")),
         size_lower_bound=_int_field(raw, "size_lower_bound", 200_000),
         fp16=_bool_field(raw, "fp16", False),
+        early_answers=_bool_field(raw, "early_answers", True),
         training=_training(raw.get("training")),
         security=_security(raw.get("security"), base_dir),
         checkpoint=_checkpoint(raw.get("checkpoint"), base_dir),
@@ -847,6 +851,7 @@ def topology_to_dict(topology: Topology) -> dict[str, Any]:
         **({"hfa": {"k1": topology.hfa.k1, "k2": topology.hfa.k2}} if topology.hfa else {}),
         "size_lower_bound": topology.size_lower_bound,
         "fp16": topology.fp16,
+        "early_answers": topology.early_answers,
         "training": _training_to_dict(topology.training),
         # the shared secret is never written out
         **({"security": {"curve_keys": str(topology.security.curve_keys)}} if topology.security.curve_keys else {}),

@@ -540,7 +540,8 @@ class ParameterServer:
     def _answers_early(self) -> bool:
         """Whether this server sends the last party the others' sum early (see geomx.core.early): a HiPS global
         server whose answer is the plain sum of the parties' pushes."""
-        return (self.is_global and self.config.topology.mode is Mode.HIPS and self.optimizer is None
+        return (self.is_global and self.config.topology.early_answers and self.config.topology.mode is Mode.HIPS
+                and self.optimizer is None
                 and type(self.aggregation) is Aggregation and type(self.route) is Route
                 and self.table.policy.name == DEFAULT_SYNC and self.wan_codec is None and self.fp16 is None
                 and self.dgt_assembler is None)

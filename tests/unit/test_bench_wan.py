@@ -119,3 +119,11 @@ def test_job_choice():
     assert bench_wan.jobs_from("lm") == ("lm",)
     with pytest.raises(ValueError, match="unknown WAN job 'cnn'"):
         wan_job.job("cnn")
+
+
+def test_extra_rows_run_only_when_named():
+    default = [s.name for s in bench_wan.systems_for(wan_job.MLP)]
+    assert "geomx_fsa_no_early" not in default and "ddp" in default
+    named = bench_wan.systems_for(wan_job.MLP, ["ddp", "geomx_fsa_no_early"])
+    assert [s.name for s in named] == ["ddp", "geomx_fsa_no_early"]
+    assert named[1].topology_extra == {"early_answers": False}
