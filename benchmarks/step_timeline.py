@@ -2,9 +2,9 @@
 
 For party ``--party`` (default dc1, the one whose local server crosses the link to the global server), per step
 and then as medians over the steps after ``--skip``: when its workers push, when its local server forwards each
-slice, when each slice arrives at the global server, when the global server answers it and when the answer is
-back at the local server and at the workers. Times are seconds from the step's first push by the party's first
-worker (one clock: every process of the machine shares ``time.time()``, namespaces included).
+slice, when each slice arrives at the global server, when the global server answers it and when the answer (or, with
+early answers, the others' sum) is back at the local server. Times are seconds from the step's first push by
+the party's first worker (one clock: every process of the machine shares ``time.time()``, namespaces included).
 
 Usage::
 
@@ -34,7 +34,8 @@ def steps(events: list[dict[str, Any]], party: str) -> list[tuple[int, float, fl
 
 
 def slice_times(events: list[dict[str, Any]], party: str, skip: int) -> dict[tuple[int, int], dict[str, list[float]]]:
-    """Per (key, part): lists (one value per step) of b_out, a_in, a_out, b_in, relative to the step's start."""
+    """Per (key, part): lists (one value per step) of b_out, a_in, a_out, b_in and early_in (the others' sum,
+    sent early: geomx.core.early), relative to the step's start."""
     server, starts = f"{party}/server", {r: t for r, t, _ in steps(events, party) if r >= skip}
     found: dict[tuple[int, int], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for e in events:
@@ -43,7 +44,8 @@ def slice_times(events: list[dict[str, Any]], party: str, skip: int) -> dict[tup
             continue
         where = None
         if e["node"] == server and "global" in e["peer"]:
-            where = {("out", False): "b_out", ("in", True): "b_in"}.get((e["event"], e["reply"]))
+            where = {("out", False): "b_out", ("in", True): "b_in", ("in", False): "early_in"}.get(
+                (e["event"], e["reply"]))
         elif e["node"].startswith("global_server") and f"{party}/" in e["peer"]:
             where = {("in", False): "a_in", ("out", True): "a_out"}.get((e["event"], e["reply"]))
         if where:
@@ -67,14 +69,15 @@ def phases(events: list[dict[str, Any]], party: str, skip: int) -> dict[str, flo
                     and f"{party}/" in e["peer"]]
         others = [e["t"] for e in mine if e["node"].startswith("global_server") and e["event"] == "in"
                   and f"{party}/" not in e["peer"]]
-        back = [e["t"] for e in mine if e["node"] == server and e["event"] == "in" and e["reply"]]
+        back = [e["t"] for e in mine if e["node"] == server and e["event"] == "in" and "global" in e["peer"]]
         if not (outs and arrivals and back):
             continue
         for name, value in (("first WAN push leaves", min(outs)), ("last WAN push leaves", max(outs)),
                             ("first push at the global server", min(arrivals)),
                             ("last push at the global server", max(arrivals)),
                             ("other parties' last push at the global server", max(others, default=start)),
-                            ("last answer back at the local server", max(back)), ("next step's first push", end)):
+                            ("last answer (or early sum) back at the local server", max(back)),
+                            ("next step's first push", end)):
             rows[name].append(value - start)
     return {name: statistics.median(values) for name, values in rows.items()}
 
@@ -91,11 +94,11 @@ def main() -> int:
     print(f"{args.party}'s step, medians over steps >= {args.skip} (s from the step's first push):")
     for name, value in phases(events, args.party, args.skip).items():
         print(f"  {name:46s} {value:7.3f}")
-    print("slice       bytes     leaves B  at A     answer   back at B")
+    print("slice       bytes     leaves B  at A     answer   back at B  early sum at B")
     found = slice_times(events, args.party, args.skip)
     for key, times in sorted(found.items(), key=lambda kv: statistics.median(kv[1].get("a_in") or [9.0])):
         cells = [f"{statistics.median(times[n]):7.3f}" if times.get(n) else "      -"
-                 for n in ("b_out", "a_in", "a_out", "b_in")]
+                 for n in ("b_out", "a_in", "a_out", "b_in", "early_in")]
         print(f"k{key[0]}p{key[1]:<4} {int(statistics.median(times['bytes'] or [0])):9d}  " + "  ".join(cells))
     return 0
 

@@ -57,7 +57,7 @@ def send_early(host: EarlyHost, rnd: Round, awaited: set[str]) -> None:
     # contribution is the received (read-only) buffer and stays as it is
     others = rnd.accum.copy() if rnd.accum.flags.writeable else rnd.accum
     rnd.early = last
-    host.send(last, Message(Kind.PUSHPULL, key=rnd.key, part=rnd.part, num_parts=first.num_parts,
+    host.send(last, Message(Kind.PUSHPULL, key=rnd.key, part=rnd.part, num_parts=first.num_parts, round=rnd.number,
                             priority=first.priority, tensor=others, body={EARLY: rnd.number}))
 
 
