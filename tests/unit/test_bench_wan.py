@@ -124,6 +124,6 @@ def test_job_choice():
 def test_extra_rows_run_only_when_named():
     default = [s.name for s in bench_wan.systems_for(wan_job.MLP)]
     assert "geomx_fsa_no_early" not in default and "ddp" in default
-    named = bench_wan.systems_for(wan_job.MLP, ["ddp", "geomx_fsa_no_early"])
-    assert [s.name for s in named] == ["ddp", "geomx_fsa_no_early"]
-    assert named[1].topology_extra == {"early_answers": False}
+    named = bench_wan.systems_for(wan_job.MLP, ["geomx_fsa_no_early", "ddp", "geomx_fsa"])
+    assert [s.name for s in named] == ["geomx_fsa_no_early", "ddp", "geomx_fsa"]  # the order asked: drift cancels
+    assert named[0].topology_extra == {"early_answers": False}
