@@ -75,8 +75,8 @@ EXTRA_SYSTEMS = (
 
 
 def systems_for(spec: Job, only: list[str] | None = None) -> tuple[System, ...]:
-    """The rows for ``spec`` (``only``: just these, in that order, extra rows included): Bi-Sparse's momentum correction is the
-    job's (0 where Adam keeps its own)."""
+    """The rows for ``spec`` (``only``: just these, in that order, extra rows included): Bi-Sparse's momentum
+    correction is the job's (0 where Adam keeps its own)."""
     by_name = {s.name: s for s in (*SYSTEMS, *EXTRA_SYSTEMS)}
     chosen = [by_name[name] for name in dict.fromkeys(only)] if only else list(SYSTEMS)
     return tuple(replace(s, compression={**s.compression, "momentum": spec.codec_momentum}) if s.compression else s
