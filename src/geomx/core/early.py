@@ -65,7 +65,8 @@ class EarlyAnswers:
     """A local server's early answers from its global servers, until the answer of their round arrives."""
 
     def __init__(self) -> None:
-        self._sums: dict[tuple[str, int, int, int], np.ndarray] = {}
+        # one per (global server, key, slice): a newer round's sum replaces one whose round failed
+        self._sums: dict[tuple[str, int, int], tuple[int, np.ndarray]] = {}
 
     @staticmethod
     def is_early(message: Message) -> bool:
@@ -74,7 +75,7 @@ class EarlyAnswers:
 
     def store(self, sender: str, message: Message) -> None:
         assert message.tensor is not None and message.body is not None
-        self._sums[(sender, message.key, message.part, int(message.body[EARLY]))] = message.tensor
+        self._sums[(sender, message.key, message.part)] = (int(message.body[EARLY]), message.tensor)
 
     def combine(self, sender: str, reply: Message, pushed: np.ndarray | None) -> np.ndarray | None:
         """The round's value for an answer that says the others' sum came early: that sum plus ``pushed`` (what
@@ -83,5 +84,7 @@ class EarlyAnswers:
         if reply.tensor is not None or EARLY not in (reply.body or {}) or pushed is None:
             return None
         assert reply.body is not None
-        others = self._sums.pop((sender, reply.key, reply.part, int(reply.body[EARLY])))
+        number, others = self._sums.pop((sender, reply.key, reply.part))
+        if number != int(reply.body[EARLY]):
+            raise KeyError(f"early sum of round {number}, answer of round {reply.body[EARLY]}")
         return np.add(others, pushed)
