@@ -747,8 +747,11 @@ class ParameterServer:
         sid = (rnd.key, rnd.part)
         dtype = self.slots[sid].value.dtype  # what init declared; sums of fp16 were kept in fp32 until now
         full_sum, total = total, self._rescaled(rnd, total)
-        if total is not full_sum or rnd.early not in rnd.contributions:
-            rnd.early = None  # a client is missing: the early sum is not the answer, everyone gets the full one
+        if rnd.early is not None and (total is not full_sum or rnd.early not in rnd.contributions
+                                      or not self._answers_early()):
+            # a client is missing, or the answer is no longer the plain sum (the master set an optimizer or a
+            # codec since the early sum left): everyone gets the full answer; the early sum is never used
+            rnd.early = None
         if not self.is_global:
             upward = total.astype(dtype, copy=False)
             sent = self.aggregation.upward(sid, total)
