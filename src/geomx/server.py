@@ -830,8 +830,13 @@ class ParameterServer:
 
     def forward(self, rnd: Round, message: Message) -> None:
         """Send this round's reduction to the owning global server; release the round with its answer."""
-        future = self.requests.call(self.owner(rnd.key, rnd.part), message)
+        owner = self.owner(rnd.key, rnd.part)
+        future = self.requests.call(owner, message)
         number = rnd.number
+        if message.kind is Kind.PUSHPULL and message.tensor is not None and message.encoded is None:
+            # plain sums: if the global server sends the others' sum early, answer with it plus ours at once
+            self.early_answers.forwarded(owner, rnd.key, rnd.part, message.tensor,
+                                         lambda value: self._answer_early(rnd, number, value))
 
         def done(result: Future[Message]) -> None:
             with self._lock:
@@ -845,13 +850,15 @@ class ParameterServer:
                 if self.route.answered_elsewhere(reply):
                     return
                 try:
-                    early = self.early_answers.combine(reply.sender.decode(), reply, message.tensor)
-                    reply.tensor = early if early is not None else decode_message(self.codecs, reply)
+                    if self.early_answers.settled(owner, reply):
+                        return  # answered already, with the early sum (geomx.core.early)
+                except ValueError as exc:
+                    self._stop_fatally(f"{self.name}: {exc}")
+                    return
+                try:
+                    reply.tensor = decode_message(self.codecs, reply)
                 except CodecError as exc:
                     self.release(rnd, None, f"undecodable answer from the global server: {exc}", number)
-                    return
-                except KeyError:
-                    self.release(rnd, None, "the global server's early answer never came", number)
                     return
                 problem = self.aggregation.answered((rnd.key, rnd.part), reply)
                 if problem:
@@ -863,6 +870,13 @@ class ParameterServer:
                 self.release(rnd, reply.tensor, None, number)
 
         future.add_done_callback(done)
+
+    def _answer_early(self, rnd: Round, number: int, value: np.ndarray) -> None:
+        """Round ``number`` of ``rnd`` is the others' sum plus ours: adopt it and answer the workers now."""
+        if rnd.number == number and rnd.forwarding:
+            self.slots[(rnd.key, rnd.part)] = Slot(value)
+            self.aggregation.adopted((rnd.key, rnd.part), value)
+        self.release(rnd, value, None, number)
 
     def _when_all(self, futures: list[Future[Message]], then: Callable[[str | None], None]) -> None:
         """Call ``then(error_text_or_None)`` once every future is done (under the server lock)."""

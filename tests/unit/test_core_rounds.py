@@ -254,7 +254,9 @@ def test_a_restored_count_carries_on(number: int) -> None:
 
 # -- early answers (geomx.core.early): the last party gets the others' sum first, then a bare answer
 
-def test_the_last_party_gets_a_snapshot_of_the_others_sum_then_a_bare_answer() -> None:
+
+def _three_parties_early() -> tuple[dict[str, np.ndarray], Message, dict[str, Message]]:
+    """a and b push, c gets their sum early, then pushes: (values, the early message, the answers)."""
     host, table = make(["a", "b", "c"])
     rng = np.random.default_rng(0)
     values = {name: rng.standard_normal(1000).astype(np.float32) for name in "abc"}
@@ -271,24 +273,36 @@ def test_the_last_party_gets_a_snapshot_of_the_others_sum_then_a_bare_answer() -
     early_message.sender = b"global"
     table.contribute(push("c", list(values["c"])))  # completes: the sum is added to in place
     answers = replies(host)
+    assert rnd.early is None and rnd.number == 1  # the next round starts clean
+    for message in answers.values():
+        message.sender = b"global"
+    return values, early_message, answers
+
+
+@pytest.mark.parametrize("early_first", [True, False], ids=["sum-before-push", "push-before-sum"])
+def test_the_last_party_answers_with_the_others_sum_plus_its_own_bit_for_bit(early_first: bool) -> None:
+    values, early_message, answers = _three_parties_early()
     assert answers["c"].is_reply and answers["c"].tensor is None and answers["c"].body == {EARLY: 0}
     assert answers["a"].tensor is not None and answers["a"].body is None
-    answers["c"].sender = b"global"
-    local = EarlyAnswers()
+    local, got = EarlyAnswers(), []
+    if early_first:
+        local.store("global", early_message)
+        local.forwarded("global", 0, 0, values["c"], got.append)
+    else:
+        local.forwarded("global", 0, 0, values["c"], got.append)
+        assert got == []  # waits for the others' sum
+        local.store("global", early_message)
+    assert len(got) == 1 and np.array_equal(got[0], answers["a"].tensor)  # bit for bit the global sum
+    assert local.settled("global", answers["c"])  # the bare answer closes it
+    assert not local.settled("global", answers["c"])  # once
+
+
+def test_an_ordinary_answer_goes_on_and_a_full_answer_after_an_early_one_is_an_error() -> None:
+    values, early_message, answers = _three_parties_early()
+    local, got = EarlyAnswers(), []
+    local.forwarded("global", 0, 0, values["a"], got.append)  # a was not last: no early sum comes
+    assert not local.settled("global", answers["a"]) and got == []
     local.store("global", early_message)
-    combined = local.combine("global", answers["c"], values["c"])
-    assert combined is not None and np.array_equal(combined, answers["a"].tensor)  # bit for bit
-    assert rnd.early is None and rnd.number == 1  # the next round starts clean
-
-
-def test_an_ordinary_answer_is_left_alone_and_a_missing_early_sum_is_an_error() -> None:
-    local = EarlyAnswers()
-    host, table = make(["a", "b"])
-    table.contribute(push("a", [1.0]))
-    table.contribute(push("b", [2.0]))
-    ordinary = replies(host)["a"]
-    assert local.combine("global", ordinary, np.ones(1, np.float32)) is None
-    bare = ordinary.reply(body={EARLY: 5})
-    bare.tensor = None
-    with pytest.raises(KeyError):
-        local.combine("global", bare, np.ones(1, np.float32))
+    local.forwarded("global", 0, 0, values["c"], got.append)
+    with pytest.raises(ValueError, match="in full after its early sum"):
+        local.settled("global", answers["a"])  # a tensor where a bare answer was due
