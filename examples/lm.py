@@ -15,88 +15,14 @@ next-character ``accuracy``; every worker logs its training loss.
 from __future__ import annotations
 
 import argparse
-import sysconfig
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 import geomx.torch as gx
-
-VOCAB = 128  # ASCII; anything else becomes '?'
-
-
-def stdlib_text(max_chars: int) -> str:
-    """The standard library's top-level ``.py`` files, in name order, up to ``max_chars`` characters."""
-    folder = Path(sysconfig.get_paths()["stdlib"])
-    parts: list[str] = []
-    total = 0
-    for path in sorted(folder.glob("*.py")):
-        text = path.read_text(encoding="utf-8", errors="replace")
-        parts.append(text)
-        total += len(text)
-        if total >= max_chars:
-            break
-    if total == 0:
-        raise SystemExit(f"no Python sources found under {folder}")
-    return "".join(parts)[:max_chars]
-
-
-def encode(text: str) -> torch.Tensor:
-    return torch.tensor(list(text.encode("ascii", errors="replace")), dtype=torch.int64).clamp_(max=VOCAB - 1)
-
-
-class Windows(Dataset[tuple[torch.Tensor, torch.Tensor]]):
-    """Non-overlapping windows of ``context`` characters and the same shifted by one (the targets)."""
-
-    def __init__(self, ids: torch.Tensor, context: int) -> None:
-        self.ids = ids
-        self.context = context
-
-    def __len__(self) -> int:
-        return (len(self.ids) - 1) // self.context
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        start = index * self.context
-        return self.ids[start:start + self.context], self.ids[start + 1:start + self.context + 1]
-
-
-class CharTransformer(nn.Module):
-    """Token and position embeddings, ``layers`` pre-norm causal transformer blocks, a linear head."""
-
-    def __init__(self, context: int, dim: int, layers: int, heads: int) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(VOCAB, dim)
-        self.position = nn.Embedding(context, dim)
-        self.blocks = nn.ModuleList(nn.TransformerEncoderLayer(dim, heads, 2 * dim, dropout=0.0, batch_first=True,
-                                                               norm_first=True) for _ in range(layers))
-        self.norm = nn.LayerNorm(dim)
-        self.head = nn.Linear(dim, VOCAB)
-        self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(context), persistent=False)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        length = ids.shape[1]
-        x = self.embed(ids) + self.position(torch.arange(length, device=ids.device))
-        for block in self.blocks:
-            x = block(x, src_mask=self.mask[:length, :length], is_causal=True)
-        return self.head(self.norm(x))
-
-
-def evaluate(model: nn.Module, val: Windows, batches: int, batch_size: int) -> tuple[float, float]:
-    """Mean loss and next-character accuracy on the first ``batches`` validation batches."""
-    model.eval()
-    losses, correct, count = [], 0, 0
-    with torch.no_grad():
-        for _, (x, y) in zip(range(batches), DataLoader(val, batch_size=batch_size), strict=False):
-            logits = model(x).reshape(-1, VOCAB)
-            losses.append(float(F.cross_entropy(logits, y.reshape(-1))))
-            correct += int((logits.argmax(dim=1) == y.reshape(-1)).sum())
-            count += y.numel()
-    model.train()
-    return sum(losses) / len(losses), correct / count
+from geomx.charlm import VOCAB, CharTransformer, Windows, encode, evaluate, stdlib_text  # the model and its text
 
 
 def parse_args() -> argparse.Namespace:

@@ -54,7 +54,8 @@ def _keygen(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     from .bench.runner import run_bench
 
-    return run_bench(quick=args.quick, out_dir=Path(args.out), sections=args.only, sync_scenarios=args.scenario)
+    return run_bench(quick=args.quick, out_dir=Path(args.out), sections=args.only, sync_scenarios=args.scenario,
+                     wan_job=args.job)
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -89,6 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--scenario", action="append", choices=["same", "slow", "alone", "wide"],
                        help="sync section: run only these scenarios' rows (repeatable; 'wide', the bandwidth-bound "
                             "CNN, is in the full run only)")
+    bench.add_argument("--job", choices=["mlp", "lm", "all"],
+                       help="wan section: which job (default: mlp with --quick, all otherwise)")
     bench.set_defaults(func=_bench)
     report = sub.add_parser("report", help="plots (loss, accuracy, WAN bytes against wall time) and a table of runs")
     report.add_argument("runs", nargs="+", help="run folders (geomx launch --run-dir)")

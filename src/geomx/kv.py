@@ -36,6 +36,7 @@ from .rpc import Requests
 from .runlog import append_metrics, write_stats
 from .sharding import ShardPlanner
 from .sync.registry import SYNC_POLICIES, sync_policy
+from .trace import Tracer
 from .transport import Van
 from .wire import Kind, Message
 from .worker.compose import compose_worker
@@ -93,6 +94,7 @@ class KVStore:
         self.rank = me.rank
         self.name = me.name
         self._van.name = me.name
+        self._van.tracer = Tracer.for_node(config.trace, config.run_dir, me.name)
         self.party = config.party
         self.hfa = config.topology.hfa  # HFASpec(k1, k2) when hierarchical frequency aggregation is on
         self.num_workers = config.num_workers

@@ -35,12 +35,15 @@ from .config import Mode, NodeConfig, Role
 from .config.combinations import configure_facts, refusal
 from .core.checkpoints import checkpoint_if_due, restore_optimizer, resume, slots_of
 from .core.clients import Clients
+from .core.early import EarlyAnswers, send_early
 from .core.inits import Inits, slot_mismatch
+from .core.plugins import Aggregation, Route
 from .core.rounds import Round, RoundId, RoundTable, Slot
 from .heartbeat import pulse_for
 from .membership import GLOBAL_SCHEDULER_ID, Member, Tier, is_not_scheduler, join, local_scheduler_id, new_node_id
 from .rpc import Requests
 from .runlog import write_stats
+from .trace import Tracer
 from .transport import Van
 from .wire import Kind, Message
 
@@ -80,6 +83,7 @@ class ParameterServer:
         self.route = plugins.route
         self.route_handlers = self.route.handlers()
         self.aggregation = plugins.aggregation
+        self.early_answers = EarlyAnswers()  # a local server's early answers (geomx.core.early)
         self.extra_handlers = plugins.requests()
         self.completions = plugins.completions()
         self.configurers: set[str] = set()  # clients allowed to set the optimizer (the master worker's path)
@@ -95,6 +99,7 @@ class ParameterServer:
         self._stop_watchdog = threading.Event()
         self.van = Van(self.identity, config.party, config.topology, self._on_message,
                        bind_host=config.bind_host, name=self.name)
+        self.van.tracer = Tracer.for_node(config.trace, config.run_dir, self.name)
         self.requests = Requests(self.van)
         self.timeouts = config.topology.timeouts
         self.checkpoints: CheckpointWriter | None = None  # global servers with checkpoint.dir set
@@ -249,6 +254,10 @@ class ParameterServer:
 
     # -- message handling ---------------------------------------------------------------------------------
     def _on_message(self, message: Message) -> None:
+        if EarlyAnswers.is_early(message) and message.sender.decode() in self.upstream:
+            with self._lock:  # the others' sum, ahead of the answer to our push (geomx.core.early)
+                self.early_answers.store(message.sender.decode(), message)
+            return
         if message.is_reply:
             if not self.requests.resolve(message):
                 log.warning("[%s] reply %d from %r answers no pending request", self.name, message.request_id,
@@ -382,6 +391,19 @@ class ParameterServer:
             return
         self._contribute(message)
         self.route.pushed(message)
+        if self._answers_early():
+            rnd = self.table.get(Kind.PUSHPULL, message.key, message.part)
+            if rnd is not None:
+                send_early(self, rnd, self.table.awaited(rnd))
+
+    def _answers_early(self) -> bool:
+        """Whether this server sends the last party the others' sum early (see geomx.core.early): a HiPS global
+        server whose answer is the plain sum of the parties' pushes."""
+        return (self.is_global and self.config.topology.early_answers and self.config.topology.mode is Mode.HIPS
+                and self.optimizer is None
+                and type(self.aggregation) is Aggregation and type(self.route) is Route
+                and self.table.policy.name == DEFAULT_SYNC and self.wan_codec is None
+                and self.encoding.wide is None)
 
     def _on_pull(self, message: Message) -> None:
         """The current value. A local server asks its global server: under MixedSync its own copy may be stale."""
@@ -572,7 +594,12 @@ class ParameterServer:
         total, rnd.accum = rnd.accum, None
         sid = (rnd.key, rnd.part)
         dtype = self.slots[sid].value.dtype  # what init declared; sums of fp16 were kept in fp32 until now
-        total = self._rescaled(rnd, total)
+        full_sum, total = total, self._rescaled(rnd, total)
+        if rnd.early is not None and (total is not full_sum or rnd.early not in rnd.contributions
+                                      or not self._answers_early()):
+            # a client is missing, or the answer is no longer the plain sum (the master set an optimizer or a
+            # codec since the early sum left): everyone gets the full answer; the early sum is never used
+            rnd.early = None
         if not self.is_global:
             upward = total.astype(dtype, copy=False)
             sent = self.aggregation.upward(sid, total)
@@ -642,8 +669,13 @@ class ParameterServer:
 
     def forward(self, rnd: Round, message: Message) -> None:
         """Send this round's reduction to the owning global server; release the round with its answer."""
-        future = self.requests.call(self.owner(rnd.key, rnd.part), message)
+        owner = self.owner(rnd.key, rnd.part)
+        future = self.requests.call(owner, message)
         number = rnd.number
+        if message.kind is Kind.PUSHPULL and message.tensor is not None and message.encoded is None:
+            # plain sums: if the global server sends the others' sum early, answer with it plus ours at once
+            self.early_answers.forwarded(owner, rnd.key, rnd.part, message.tensor,
+                                         lambda value: self._answer_early(rnd, number, value))
 
         def done(result: Future[Message]) -> None:
             with self._lock:
@@ -654,6 +686,12 @@ class ParameterServer:
                 reply = result.result()
                 self.route.answer_arrived(reply)
                 if self.route.answered_elsewhere(reply):
+                    return
+                try:
+                    if self.early_answers.settled(owner, reply):
+                        return  # answered already, with the early sum (geomx.core.early)
+                except ValueError as exc:
+                    self._stop_fatally(f"{self.name}: {exc}")
                     return
                 try:
                     reply.tensor = decode_message(self.codecs, reply)
@@ -670,6 +708,13 @@ class ParameterServer:
                 self.release(rnd, reply.tensor, None, number)
 
         future.add_done_callback(done)
+
+    def _answer_early(self, rnd: Round, number: int, value: np.ndarray) -> None:
+        """Round ``number`` of ``rnd`` is the others' sum plus ours: adopt it and answer the workers now."""
+        if rnd.number == number and rnd.forwarding:
+            self.slots[(rnd.key, rnd.part)] = Slot(value)
+            self.aggregation.adopted((rnd.key, rnd.part), value)
+        self.release(rnd, value, None, number)
 
     def _when_all(self, futures: list[Future[Message]], then: Callable[[str | None], None]) -> None:
         """Call ``then(error_text_or_None)`` once every future is done (under the server lock)."""

@@ -38,6 +38,7 @@ import zmq
 from .config import Topology
 from .emulator import OutageSchedule
 from .security import Guard
+from .trace import Tracer
 from .transport_counters import LAN, WAN, ByteCounters, DatagramCounts
 from .transport_dispatch import DISPATCH_POLL_S, dispatch
 from .transport_links import Delivery, LinkModel, Outgoing, Peer, earliest
@@ -88,6 +89,8 @@ class Van:
         # sees HEARTBEAT messages first, on the I/O thread, so a slow handler never delays them
         self.heartbeat_hook: Hook | None = None
         self._stop_hooks: list[Callable[[], None]] = []
+        # GEOMX_TRACE=1 (see geomx.trace): the node sets this; None costs one test per message event
+        self.tracer: Tracer | None = None
 
     # -- public API ---------------------------------------------------------------------------------------
     def start(self) -> str:
@@ -146,7 +149,11 @@ class Van:
         if message.kind is Kind.PUSHPULL and self._links.outages:
             self._links.outages.training_started(time.monotonic())
         frames = encode(message)
-        self._commands.put(("send", (Outgoing(peer, frames, frames_nbytes(frames)), message.priority)))
+        outgoing = Outgoing(peer, frames, frames_nbytes(frames))
+        if self.tracer is not None:
+            outgoing.tag = (message.kind.name, message.key, message.part, message.round, message.is_reply)
+            self.tracer.event("queue", peer, *outgoing.tag, outgoing.nbytes)
+        self._commands.put(("send", (outgoing, message.priority)))
         self._wake()
 
     def send_datagram(self, peer: str, address: tuple[str, int], data: bytes, channel: int,
@@ -211,6 +218,8 @@ class Van:
         os.close(self._wake_read)
         os.close(self._wake_write)
         self._context.term()
+        if self.tracer is not None:
+            self.tracer.close()
 
     # -- internals ----------------------------------------------------------------------------------------
     def _wake(self) -> None:
@@ -349,6 +358,8 @@ class Van:
             log.error("[%s] cannot send to %s at %s: %s", self.name, peer.identity, peer.address, exc)
             return
         self.counters.add(peer.identity, peer.link_class, "sent", outgoing.nbytes)
+        if self.tracer is not None and outgoing.tag is not None:
+            self.tracer.event("out", peer.identity, *outgoing.tag, outgoing.nbytes)
 
     def _receive_available(self, router: zmq.Socket[Any]) -> None:
         for _ in range(256):
@@ -374,6 +385,9 @@ class Van:
                 log.exception("[%s] could not decode a message from %r", self.name, sender)
                 continue
             message.sender = sender.encode()
+            if self.tracer is not None:
+                self.tracer.event("in", sender, message.kind.name, message.key, message.part, message.round,
+                                  message.is_reply, nbytes)
             if message.kind is Kind.PUSHPULL and self._links.outages:
                 self._links.outages.training_started(time.monotonic())
             if message.kind is Kind.HEARTBEAT and self.heartbeat_hook is not None and self.heartbeat_hook(message):
@@ -389,4 +403,5 @@ class Van:
                 and bool(self._threads) and all(t.is_alive() for t in self._threads))
 
     def _dispatch_loop(self) -> None:
-        dispatch(self.name, self._inbox, self._handler, self._threads[0], self._stopping, self.send, self._peers)
+        handler = self._handler if self.tracer is None else self.tracer.handled(self._handler)
+        dispatch(self.name, self._inbox, handler, self._threads[0], self._stopping, self.send, self._peers)

@@ -1,6 +1,8 @@
-"""The one job every system of ``geomx bench --only wan`` trains: same model, data split, seeds, batch, optimizer.
+"""The jobs of ``geomx bench --only wan``: every system trains the same model, data split, seeds, batch, optimizer.
 
-The digits MLP 64-1024-1024-10 (1.13M parameters, 4.5 MB of fp32 gradients: bandwidth-bound on a WAN),
+A :class:`Job` bundles what a runner needs (model, optimizer, data, loss, the job's evaluation and which way it
+improves); ``job("mlp")`` is the digits MLP below, ``job("lm")`` the character transformer of
+``geomx.wan_lm``. The digits MLP 64-1024-1024-10 (1.13M parameters, 4.5 MB of fp32 gradients: bandwidth-bound on a WAN),
 4 workers (ranks 0-1 in data center A, 2-3 in B), each on its own shard of ``digits_split()``, batch 32,
 SGD with momentum 0.9 at a constant learning rate (the same "schedule" everywhere: a server optimizer
 cannot follow a per-step schedule), initial weights from seed 0 on every rank.
@@ -8,18 +10,20 @@ cannot follow a per-step schedule), initial weights from seed 0 on every rank.
 Each runner writes JSON lines (one per evaluation of the *job's* model: DDP's model, the averaged model
 right after an averaging round, geomx's global model after a global round) with :class:`JobLog`::
 
-    log = JobLog(path, rank)
+    spec = job("mlp")
+    log = JobLog(path, rank, "ddp", spec.metric)
     timer = ComputeTimer()
-    with timer("forward"): loss = ...
-    log.write(step=12, epoch=1, accuracy=evaluate(model), compute=timer)
+    with timer("forward"): loss = spec.loss_of(model, x, y)
+    log.write(step=12, epoch=1, value=log.evaluate(lambda: spec.evaluate(model, test)), compute=timer)
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -87,19 +91,26 @@ class ComputeTimer:
 
 
 def calibrate_step_s(hidden: int = HIDDEN, steps: int = 8) -> float:
+    return calibrate(lambda: make_model(hidden), make_optimizer,
+                     lambda: (torch.rand(BATCH, 1, 8, 8), torch.randint(0, 10, (BATCH,))), loss_of, steps)
+
+
+def calibrate(build: Callable[[], nn.Module], optimizer_for: Callable[[Any], torch.optim.Optimizer],
+              batch: Callable[[], tuple[torch.Tensor, torch.Tensor]], loss: Callable[..., torch.Tensor],
+              steps: int = 8) -> float:
     """Median seconds of one forward + backward + SGD step of this job on this rank, with no communication.
 
     DDP's backward also waits for its all-reduce, so measured phases include network waits there; this figure
     (times the steps taken) is the compute every system must do, the numerator of compute utilization.
     """
-    model = make_model(hidden)
-    optimizer = make_optimizer(model.parameters())
-    images, labels = torch.rand(BATCH, 1, 8, 8), torch.randint(0, 10, (BATCH,))
+    model = build()
+    optimizer = optimizer_for(model.parameters())
+    images, labels = batch()
     times = []
     for _ in range(steps + 2):
         started = time.perf_counter()
         optimizer.zero_grad()
-        loss_of(model, images, labels).backward()
+        loss(model, images, labels).backward()
         optimizer.step()
         times.append(time.perf_counter() - started)
     times = sorted(times[2:])
@@ -109,8 +120,9 @@ def calibrate_step_s(hidden: int = HIDDEN, steps: int = 8) -> float:
 class JobLog:
     """JSON lines of one rank: ``time`` (s since start, evaluation time excluded), ``step``, ``accuracy`` ..."""
 
-    def __init__(self, path: str | Path, rank: int, system: str) -> None:
+    def __init__(self, path: str | Path, rank: int, system: str, metric: str = "accuracy") -> None:
         self.path = Path(path)
+        self.metric = metric
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.rank = rank
         self.system = system
@@ -121,16 +133,17 @@ class JobLog:
     def elapsed(self) -> float:
         return time.perf_counter() - self.started - self.eval_s
 
-    def evaluate(self, model: nn.Module, test: Dataset) -> float:
-        """Test accuracy of ``model``; the seconds it takes are taken off this log's clock."""
+    def evaluate(self, measure: Callable[[], float]) -> float:
+        """``measure()`` (the job's evaluation); the seconds it takes are taken off this log's clock."""
         started = time.perf_counter()
-        acc = accuracy(model, test.images, test.labels)
+        value = measure()
         self.eval_s += time.perf_counter() - started
-        return acc
+        return value
 
-    def write(self, *, step: int, epoch: int, accuracy: float | None, compute: ComputeTimer, **extra: Any) -> None:
+    def write(self, *, step: int, epoch: int, value: float | None, compute: ComputeTimer, **extra: Any) -> None:
+        """One record; ``value`` (the job's evaluation) goes under the job's metric name."""
         record = {"system": self.system, "rank": self.rank, "time": self.elapsed(), "step": step, "epoch": epoch,
-                  "accuracy": accuracy, "compute_s": compute.total(), **compute.seconds, **extra}
+                  self.metric: value, "compute_s": compute.total(), **compute.seconds, **extra}
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
 
@@ -147,3 +160,61 @@ def read_log(path: str | Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             continue
     return records
+
+
+@dataclass(frozen=True)
+class Job:
+    """What every runner of the WAN bench needs to train one job the same way (see the module docstring).
+
+    ``metric``: the key of the job's evaluation in the records (``accuracy``: higher is better; ``val_loss``:
+    lower is better); ``margin``: how far from DDP-on-loopback's final value the target is set.
+    """
+
+    name: str
+    title: str  # the table's header line
+    metric: str
+    higher_is_better: bool
+    margin: float
+    epochs: int  # of the full run (--quick: the plan's own, MLP only)
+    codec_momentum: float  # Bi-Sparse's momentum correction (0 where the local optimizer has its own moments)
+    make_model: Callable[[], nn.Module]
+    make_optimizer: Callable[[Any, bool], torch.optim.Optimizer]  # (params, residual codec on the WAN)
+    shard_and_test: Callable[[int, int], tuple[Dataset, Dataset, int]]
+    loss_of: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
+    evaluate: Callable[[nn.Module, Dataset], float]
+    calibrate_step_s: Callable[[], float]
+
+    def reached(self, value: float, target: float) -> bool:
+        return value >= target if self.higher_is_better else value <= target
+
+    def target(self, final: float) -> float:
+        """DDP-on-loopback's final value, ``margin`` worse: the value every system has to reach."""
+        return final - self.margin if self.higher_is_better else final + self.margin
+
+
+def _mlp_optimizer(params: Any, residual_codec: bool) -> torch.optim.Optimizer:
+    # a residual codec's momentum correction is the momentum: the local SGD then has none of its own
+    return make_optimizer(params, momentum=0.0 if residual_codec else MOMENTUM)
+
+
+def _mlp_accuracy(model: nn.Module, test: Dataset) -> float:
+    return accuracy(model, test.images, test.labels)
+
+
+MLP = Job(name="mlp", title="digits MLP 64-1024-1024-10", metric="accuracy", higher_is_better=True, margin=0.01,
+          epochs=10, codec_momentum=0.9, make_model=make_model, make_optimizer=_mlp_optimizer,
+          shard_and_test=shard_and_test, loss_of=loss_of, evaluate=_mlp_accuracy, calibrate_step_s=calibrate_step_s)
+
+
+def job(name: str) -> Job:
+    """The job called ``name`` ("mlp" or "lm")."""
+    if name == "mlp":
+        return MLP
+    if name == "lm":
+        from .wan_lm import LM  # imports the transformer only when asked for
+
+        return LM
+    raise ValueError(f"unknown WAN job {name!r}: choose mlp or lm")
+
+
+JOBS = ("mlp", "lm")

@@ -9,7 +9,7 @@ session and killed with its group when the run ends, whatever the reason.
 Usage::
 
     with wan_link(100) as link:
-        raw = run_system(DDP, link, out_dir / "ddp-100", epochs=10, cap_s=300)
+        raw = run_system(DDP, link, out_dir / "ddp-100", epochs=10, cap_s=300, job="mlp")
 """
 
 from __future__ import annotations
@@ -125,17 +125,19 @@ def _worker(module: str, *args: str) -> list[str]:
     return [sys.executable, "-m", f"geomx.bench_workers.{module}", *args]
 
 
-def start_ddp(system: System, a: Place, b: Place, logs: Path, procs: ProcessSet, epochs: int) -> None:
+def start_ddp(system: System, a: Place, b: Place, logs: Path, procs: ProcessSet, epochs: int,
+              job: str) -> None:
     port = free_port(a)
     period = ["--local-sgd-period", str(system.period)] if system.kind == "local_sgd" else []
     for rank in range(4):
         place = a if rank < 2 else b
         procs.start(f"rank{rank}", _in(place, _worker(
             "ddp", "--rank", str(rank), "--master", f"{a.host}:{port}", "--log", str(logs / f"rank{rank}.jsonl"),
-            "--epochs", str(epochs), *period)), env={"GLOO_SOCKET_IFNAME": place.ifname})
+            "--epochs", str(epochs), "--job", job, *period)), env={"GLOO_SOCKET_IFNAME": place.ifname})
 
 
-def start_diloco(system: System, a: Place, b: Place, logs: Path, procs: ProcessSet, epochs: int) -> None:
+def start_diloco(system: System, a: Place, b: Place, logs: Path, procs: ProcessSet, epochs: int,
+                 job: str) -> None:
     lighthouse = shutil.which("torchft_lighthouse") or str(Path(sys.executable).with_name("torchft_lighthouse"))
     port = free_port(a)
     procs.start("lighthouse", _in(a, [lighthouse, "--min_replicas", "4", "--bind", f"{a.host}:{port}",
@@ -144,7 +146,8 @@ def start_diloco(system: System, a: Place, b: Place, logs: Path, procs: ProcessS
         place = a if rank < 2 else b
         procs.start(f"rank{rank}", _in(place, _worker(
             "diloco", "--rank", str(rank), "--host", place.host, "--lighthouse", f"http://{a.host}:{port}",
-            "--sync-every", str(system.period), "--log", str(logs / f"rank{rank}.jsonl"), "--epochs", str(epochs))),
+            "--sync-every", str(system.period), "--log", str(logs / f"rank{rank}.jsonl"), "--epochs", str(epochs),
+            "--job", job)),
             env={"GLOO_SOCKET_IFNAME": place.ifname})
 
 
@@ -158,12 +161,13 @@ def geomx_topology(system: System) -> dict[str, Any]:
     return {**raw, **system.topology_extra}
 
 
-def start_geomx(system: System, a: Place, b: Place, logs: Path, procs: ProcessSet, epochs: int) -> None:
+def start_geomx(system: System, a: Place, b: Place, logs: Path, procs: ProcessSet, epochs: int,
+                job: str) -> None:
     topology = logs / "topology.yaml"
     topology.parent.mkdir(parents=True, exist_ok=True)
     topology.write_text(yaml.safe_dump(geomx_topology(system), sort_keys=False))
     scheduler = f"{a.host}:{free_port(a)}"
-    worker = _worker("wan_geomx", "--log-dir", str(logs), "--epochs", str(epochs),
+    worker = _worker("wan_geomx", "--log-dir", str(logs), "--epochs", str(epochs), "--job", job,
                      "--compression", json.dumps(system.compression), *(["--outer"] if system.outer else []))
     for party, place in (("dc0", a), ("dc1", b)):
         procs.start(party, _in(place, [sys.executable, "-m", "geomx.cli", "launch", str(topology), "--party", party,
@@ -174,8 +178,10 @@ def start_geomx(system: System, a: Place, b: Place, logs: Path, procs: ProcessSe
 STARTERS = {"ddp": start_ddp, "local_sgd": start_ddp, "diloco": start_diloco, "geomx": start_geomx}
 
 
-def run_system(system: System, link: Link | None, out: Path, epochs: int, cap_s: float) -> dict[str, Any]:
-    """Run ``system`` across ``link`` (None: loopback, unshaped); returns its records, bytes and wall time."""
+def run_system(system: System, link: Link | None, out: Path, epochs: int, cap_s: float,
+               job: str = "mlp") -> dict[str, Any]:
+    """Run ``system`` on ``job`` across ``link`` (None: loopback, unshaped); returns its records, bytes and wall
+    time."""
     if out.exists():
         shutil.rmtree(out)  # JobLog appends: start clean
     out.mkdir(parents=True)
@@ -184,7 +190,7 @@ def run_system(system: System, link: Link | None, out: Path, epochs: int, cap_s:
     procs = ProcessSet(out / "logs")
     started = time.monotonic()
     try:
-        STARTERS[system.kind](system, a, b, out, procs, epochs)
+        STARTERS[system.kind](system, a, b, out, procs, epochs, job)
         cut, failed = procs.wait(cap_s, started=(out / "rank0.jsonl").exists)
     finally:
         procs.stop()

@@ -13,6 +13,7 @@ import torch
 from compressed_train import reference_sgd
 
 from geomx.config import WAN_SLICE_ELEMS
+from geomx.trace import read_trace
 
 
 def test_fsa_matches_single_process_sgd(standard_hips_job):
@@ -61,3 +62,27 @@ def test_dcasgd_with_a_single_party_is_momentum_sgd(geomx_job):
     job = geomx_job("train.py", "--kind", "dist_async", "--dcasgd", parties={"dc0": 2})
     job.assert_ok()
     jobkit.assert_fsa_equivalent(job.workers(), num_workers=2)
+
+
+def test_early_answers_keep_fsa_exact(geomx_job, monkeypatch):
+    """Servers that only sum send the last party of each slice the other party's sum before its push arrives
+    (geomx.core.early): its local server adds its own sum. Both parties still hold bit-identical models, and
+    those are one process's SGD. The trace shows the early answers: the global server's only non-reply pushes."""
+    steps, hidden, lr = 3, 64, 0.05
+    monkeypatch.setenv("GEOMX_TRACE", "1")
+    job = geomx_job("compressed_train.py", "--steps", str(steps), "--hidden", str(hidden), "--compression", "null",
+                    "--lr", str(lr), name="early", slice_elems=512)
+    job.assert_ok()
+    early = [e for e in read_trace([job.run_dir]) if e["node"].startswith("global_server")
+             and e["event"] == "queue" and e["kind"] == "PUSHPULL" and not e["reply"]]
+    first_layer_slices = hidden * jobkit.IN_FEATURES // 512  # 4; the other tensors add one slice each
+    assert len(early) >= steps * (first_layer_slices + 3), len(early)  # one per slice and step
+    assert {e["peer"].split("/")[0] for e in early} <= {"dc0", "dc1"}
+    workers = jobkit.load_worker_outputs(job.run_dir)
+    finals = [tensors["final"] for tensors, _ in workers.values()]
+    for other in finals[1:]:  # every worker of both parties: the very same bits
+        for got, want in zip(other, finals[0], strict=True):
+            assert torch.equal(got, want)
+    expected = reference_sgd(workers[0][0]["initial"], steps, hidden, lr)
+    for got, want in zip(finals[0], expected, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from geomx import netns
+from geomx import netns, wan_job
 from geomx.bench import wan as bench_wan
 
 
@@ -50,12 +50,15 @@ def test_table_marks_lower_bounds_and_says_whether_goals_are_met():
                            "compute_util": 0.5},
             "diloco": {"skipped": "torchft not installed"}}
     bench_wan.add_ratios(rows, {"time_to_target_s": 4.0})
-    result = {"plan": {"epochs": 10, "cap_s": 240}, "margin": 0.01, "sync_period": 10, "target": 0.96,
-              "ddp_loopback": {"final_accuracy": 0.97, "time_to_target_s": 4.0, "step_s": 0.05},
-              "rates": {"20": {"probe_mbit": {"a_to_b": 19.1, "b_to_a": 19.0}, "rows": rows}}}
+    block = {"job": "mlp", "title": "digits MLP", "metric": "accuracy", "higher_is_better": True, "margin": 0.01,
+             "epochs": 10, "target": 0.96,
+             "ddp_loopback": {"final_accuracy": 0.97, "time_to_target_s": 4.0, "step_s": 0.05},
+             "rates": {"20": {"probe_mbit": {"a_to_b": 19.1, "b_to_a": 19.0}, "rows": rows}}}
+    result = {"plan": {"epochs": 10, "cap_s": 240}, "sync_period": 10, "jobs": {"mlp": block}}
     text = "\n".join(bench_wan.wan_lines(result))
     assert ">=40.00x" in text and "torchft not installed" in text
-    assert "geomx best reaches the target >= 30x sooner than DDP on the link: 40.00x -> met" in text
+    assert ("goal (mlp): 20 Mbit/s, geomx best reaches the target >= 30x sooner than DDP on the link: 40.00x -> met"
+            in text)
 
 
 def test_the_skip_reason_is_the_whole_section(monkeypatch, tmp_path):
@@ -67,3 +70,61 @@ def test_tbf_burst_covers_a_gso_segment_and_4_ms():
     args = netns.tbf_args(100.0)
     assert args[:3] == ["tbf", "rate", "100mbit"]
     assert int(args[args.index("burst") + 1]) >= max(64 * 1024, 100e6 / 8 * 0.004)
+
+
+def _loss_records(*points: tuple[int, float, float]) -> list[dict]:
+    return [{"step": s, "time": t, "val_loss": v, "compute_s": 0.1 * s, "calibrated_step_s": 0.05}
+            for s, t, v in points]
+
+
+def test_the_lm_job_reaches_a_validation_loss_target_from_above():
+    lm = wan_job.job("lm")
+    assert lm.metric == "val_loss" and not lm.higher_is_better
+    assert lm.target(2.0) == pytest.approx(2.0 + lm.margin)  # one margin *worse* than DDP-on-loopback's final
+    records = _loss_records((10, 1.0, 3.1), (20, 2.0, 2.06), (30, 3.0, 2.04), (40, 4.0, 1.98))
+    assert bench_wan.time_to(records, 2.05, lm) == 3.0  # the first at or below the target, not above
+    assert bench_wan.time_to(records, 1.5, lm) is None
+    assert bench_wan.time_to(_records((5, 1.0, 0.97)), 0.95) == 1.0  # the MLP (accuracy) still counts upwards
+
+
+def test_an_lm_summary_reads_the_validation_loss_and_the_table_says_so():
+    lm = wan_job.job("lm")
+    raw = {"system": "ddp", "records": _loss_records((10, 2.0, 2.5), (20, 4.0, 2.1)), "cut_at_cap": False,
+           "failed": []}
+    figures = bench_wan.summarize(raw, 2.2, lm)
+    assert figures["final_accuracy"] == 2.1 and figures["time_to_target_s"] == 4.0  # the job's last evaluation
+    assert figures["evaluations"] == [(10, 2.0, 2.5), (20, 4.0, 2.1)]
+    worse = {"system": "x", "records": _loss_records((10, 1.0, 2.15), (20, 2.0, 2.3)), "cut_at_cap": False,
+             "failed": []}  # 4x sooner to the target than DDP/DiLoCo, but ends at a higher loss
+    rows = {"ddp": figures, "geomx_hfa_outer_h": bench_wan.summarize(worse, 2.2, lm), "diloco": figures}
+    bench_wan.add_ratios(rows, {"time_to_target_s": 1.0})
+    block = {"job": "lm", "title": "char transformer", "metric": "val_loss", "higher_is_better": False,
+             "margin": lm.margin, "epochs": 2, "target": 2.2, "ddp_loopback": {"final_accuracy": 2.15},
+             "rates": {"100": {"probe_mbit": {"a_to_b": 95.0, "b_to_a": 95.0}, "rows": rows}}}
+    text = "\n".join(bench_wan.wan_lines({"plan": {"cap_s": 240}, "sync_period": 10, "jobs": {"lm": block}}))
+    assert "target val_loss 2.2000 (DDP loopback final 2.1500 + 0.05)" in text and "final val_loss" in text
+    # a higher validation loss is a worse final value: 4x sooner, yet the goal is not met
+    assert "than diloco at the same H, final value no worse (2.300 vs 2.100): 4.00x -> NOT met" in text
+
+
+def test_bisparse_takes_the_jobs_momentum_correction():
+    lm_rows = {s.name: s for s in bench_wan.systems_for(wan_job.job("lm"))}
+    mlp_rows = {s.name: s for s in bench_wan.systems_for(wan_job.job("mlp"))}
+    assert lm_rows["geomx_bisparse"].compression["momentum"] == 0.0  # Adam keeps its own moments
+    assert mlp_rows["geomx_bisparse"].compression["momentum"] == 0.9
+    assert lm_rows["geomx_fsa"].compression is None
+
+
+def test_job_choice():
+    assert bench_wan.jobs_from(None) is None and bench_wan.jobs_from("all") == ("mlp", "lm")
+    assert bench_wan.jobs_from("lm") == ("lm",)
+    with pytest.raises(ValueError, match="unknown WAN job 'cnn'"):
+        wan_job.job("cnn")
+
+
+def test_extra_rows_run_only_when_named():
+    default = [s.name for s in bench_wan.systems_for(wan_job.MLP)]
+    assert "geomx_fsa_no_early" not in default and "ddp" in default
+    named = bench_wan.systems_for(wan_job.MLP, ["geomx_fsa_no_early", "ddp", "geomx_fsa"])
+    assert [s.name for s in named] == ["geomx_fsa_no_early", "ddp", "geomx_fsa"]  # the order asked: drift cancels
+    assert named[0].topology_extra == {"early_answers": False}

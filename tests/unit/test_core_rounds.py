@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from geomx.core.clients import Clients
+from geomx.core.early import EARLY, EarlyAnswers, send_early
 from geomx.core.policy import SyncPolicy
 from geomx.core.rounds import Round, RoundTable
 from geomx.sync.fsa import FullySynchronous
@@ -343,3 +344,59 @@ def test_an_early_answer_is_the_last_applied_value() -> None:
     assert host.early == [("a", 1, 0)]
     table.contribute(push("b", [10.0], request_id=1))
     assert host.early == [("a", 1, 0), ("a", 2, 1)] and [(p, m.request_id) for p, m in host.sent] == [("b", 1)]
+
+
+# -- early answers (geomx.core.early): the last party gets the others' sum first, then a bare answer
+
+
+def _three_parties_early() -> tuple[dict[str, np.ndarray], Message, dict[str, Message]]:
+    """a and b push, c gets their sum early, then pushes: (values, the early message, the answers)."""
+    host, table = make(["a", "b", "c"])
+    rng = np.random.default_rng(0)
+    values = {name: rng.standard_normal(1000).astype(np.float32) for name in "abc"}
+    table.contribute(push("a", list(values["a"])))
+    rnd = table.get(Kind.PUSHPULL, 0, 0)
+    send_early(host, rnd, table.awaited(rnd))
+    assert host.sent == []  # two clients still missing
+    table.contribute(push("b", list(values["b"])))
+    send_early(host, rnd, table.awaited(rnd))
+    send_early(host, rnd, table.awaited(rnd))  # once per round
+    assert [peer for peer, _ in host.sent] == ["c"]
+    early_message = host.sent[0][1]
+    assert not early_message.is_reply and early_message.body == {EARLY: 0}
+    early_message.sender = b"global"
+    table.contribute(push("c", list(values["c"])))  # completes: the sum is added to in place
+    answers = replies(host)
+    assert rnd.early is None and rnd.number == 1  # the next round starts clean
+    for message in answers.values():
+        message.sender = b"global"
+    return values, early_message, answers
+
+
+@pytest.mark.parametrize("early_first", [True, False], ids=["sum-before-push", "push-before-sum"])
+def test_the_last_party_answers_with_the_others_sum_plus_its_own_bit_for_bit(early_first: bool) -> None:
+    values, early_message, answers = _three_parties_early()
+    assert answers["c"].is_reply and answers["c"].tensor is None and answers["c"].body == {EARLY: 0}
+    assert answers["a"].tensor is not None and answers["a"].body is None
+    local, got = EarlyAnswers(), []
+    if early_first:
+        local.store("global", early_message)
+        local.forwarded("global", 0, 0, values["c"], got.append)
+    else:
+        local.forwarded("global", 0, 0, values["c"], got.append)
+        assert got == []  # waits for the others' sum
+        local.store("global", early_message)
+    assert len(got) == 1 and np.array_equal(got[0], answers["a"].tensor)  # bit for bit the global sum
+    assert local.settled("global", answers["c"])  # the bare answer closes it
+    assert not local.settled("global", answers["c"])  # once
+
+
+def test_an_ordinary_answer_goes_on_and_a_full_answer_after_an_early_one_is_an_error() -> None:
+    values, early_message, answers = _three_parties_early()
+    local, got = EarlyAnswers(), []
+    local.forwarded("global", 0, 0, values["a"], got.append)  # a was not last: no early sum comes
+    assert not local.settled("global", answers["a"]) and got == []
+    local.store("global", early_message)
+    local.forwarded("global", 0, 0, values["c"], got.append)
+    with pytest.raises(ValueError, match="in full after its early sum"):
+        local.settled("global", answers["a"])  # a tensor where a bare answer was due

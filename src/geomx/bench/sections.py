@@ -22,10 +22,12 @@ from types import ModuleType
 @dataclass(frozen=True)
 class Plan:
     """How much to run: ``quick`` (fewer steps and repetitions) or the full bench; each section sizes itself
-    from it. ``sync_scenarios``: run only these scenarios' rows of the sync section (empty: all)."""
+    from it. ``sync_scenarios``: run only these scenarios' rows of the sync section (empty: all); ``wan_job``:
+    the wan section's job."""
 
     quick: bool
     sync_scenarios: tuple[str, ...] = ()
+    wan_job: str | None = None  # the wan section's job: mlp, lm or all (None: mlp with quick, all otherwise)
 
 
 @dataclass(frozen=True)

@@ -2,21 +2,29 @@
 
 Two network namespaces (one per data center) joined by a veth pair with ``tbf`` on both ends
 (``geomx.netns``), first at 100 Mbit/s, then at 20 Mbit/s (each rate checked with a TCP probe first). Every
-system trains the same job (``geomx.wan_job``: the digits MLP 64-1024-1024-10, ranks 0-1 in A, 2-3 in B,
-same seeds, batch, SGD) for the same epochs; geomx runs as two per-party launches with its emulator off.
-DDP also runs on loopback, unshaped: the LAN reference whose final accuracy, minus ``MARGIN``, is the target.
+system trains the same job (``geomx.wan_job``; ranks 0-1 in A, 2-3 in B, same seeds, batch, optimizer) for the
+same epochs; geomx runs as two per-party launches with its emulator off. Two jobs (``--job``):
+
+* ``mlp``: the digits MLP 64-1024-1024-10 (4.5 MB of gradients, SGD + momentum) to DDP-on-loopback's final
+  accuracy minus 0.01;
+* ``lm``: ``examples/lm.py``'s character transformer (``geomx.wan_lm``: 2 blocks of width 128, 1.2 MB of
+  gradients, Adam) to DDP-on-loopback's final validation loss plus 0.05 nats.
+
+DDP also runs on loopback, unshaped: the LAN reference whose final value, one margin worse, is the target.
 The kernel here has no ``netem``: the link has bandwidth but no added delay.
 
-Per system and rate: time to the target (the job's model: DDP's, the averaged model after an averaging round,
-geomx's global model after a global round; evaluation time excluded), final accuracy, MB per direction from
+Per job, system and rate: time to the target (the job's model: DDP's, the averaged model after an averaging
+round, geomx's global model after a global round; evaluation time excluded), final value, MB per direction from
 the qdisc counters, compute utilization (steps x the calibrated compute of one step, over the training time)
 and the ratios to DDP on the same link and to DDP on loopback. A run longer than the cap is cut: its figures
 are those recorded until then (``cut``). Nothing is asserted.
 
 Usage::
 
-    geomx bench --only wan --quick       # 100 Mbit/s only, 7 epochs, runs cut after 60 s of training
-    geomx bench --only wan               # both rates, 10 epochs, cut after 240 s: 40 minutes under load 30-45
+    geomx bench --only wan --quick       # MLP only, 100 Mbit/s only, 7 epochs, runs cut after 60 s of training
+    geomx bench --only wan               # both jobs, both rates, MLP 10 epochs (cut after 240 s), lm 2 epochs
+    geomx bench --only wan --job lm      # the lm job only (11 runs at 100 Mbit/s + 20 Mbit/s)
+    python -m geomx.bench_wan --job lm --rates 100   # the lm row set at 100 Mbit/s only: ~10 minutes
 
 Each run also spends 30-60 s starting (4-10 processes importing torch at once on 2 loaded cores); that time
 is in no figure, but it is most of ``--quick``'s wall time (4 epochs took 7.6 minutes under load 12).
@@ -27,16 +35,16 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from ..netns import NetnsError, unavailable_reason, wan_link
+from ..wan_job import JOBS, MLP, Job, job
 from ..wan_runs import System, run_system
 from .sections import Plan
 
-MARGIN = 0.01  # the target is DDP-on-loopback's final accuracy minus one point
 H = 10  # the sync period of local SGD, DiLoCo and HFA (K1 * K2)
 # DGC momentum correction asked for explicitly (the codec's default became 0 for Adam loops): the FSA row's
 # local SGD has no momentum of its own, and the table was measured with the correction on
@@ -61,16 +69,35 @@ SYSTEMS = (
 )
 
 
+# rows run only when named in ``--only``: what one of geomx's defaults saves, side by side with the default row
+EXTRA_SYSTEMS = (
+    System("geomx_fsa_no_early", "geomx FSA, no early answers", "geomx", topology_extra={"early_answers": False}),
+)
+
+
+def systems_for(spec: Job, only: list[str] | None = None) -> tuple[System, ...]:
+    """The rows for ``spec`` (``only``: just these, in that order, extra rows included): Bi-Sparse's momentum
+    correction is the job's (0 where Adam keeps its own)."""
+    by_name = {s.name: s for s in (*SYSTEMS, *EXTRA_SYSTEMS)}
+    chosen = [by_name[name] for name in dict.fromkeys(only)] if only else list(SYSTEMS)
+    return tuple(replace(s, compression={**s.compression, "momentum": spec.codec_momentum}) if s.compression else s
+                 for s in chosen)
+
+
 @dataclass(frozen=True)
 class WanPlan:
     rates_mbit: tuple[float, ...]
-    epochs: int
+    epochs: int  # of the MLP job (the lm job runs its own ``Job.epochs``)
     cap_s: float  # a run is cut after this long of training (startup not counted)
+    jobs: tuple[str, ...] = ("mlp",)
+
+    def epochs_of(self, spec: Job) -> int:
+        return self.epochs if spec is MLP else spec.epochs
 
 
 # quick: 7 epochs, so that the periodic systems' evaluation at step 70 can meet the target (at 4 epochs none did)
-QUICK = WanPlan(rates_mbit=(100.0,), epochs=7, cap_s=60.0)
-FULL = WanPlan(rates_mbit=(100.0, 20.0), epochs=10, cap_s=240.0)
+QUICK = WanPlan(rates_mbit=(100.0,), epochs=7, cap_s=60.0, jobs=("mlp",))
+FULL = WanPlan(rates_mbit=(100.0, 20.0), epochs=10, cap_s=240.0, jobs=JOBS)
 
 
 def found_peers() -> dict[str, str | None]:
@@ -84,28 +111,29 @@ def found_peers() -> dict[str, str | None]:
     return found
 
 
-def time_to(records: list[dict[str, Any]], target: float) -> float | None:
-    """Training seconds until the first evaluation at or above ``target`` (None: never reached)."""
+def time_to(records: list[dict[str, Any]], target: float, spec: Job = MLP) -> float | None:
+    """Training seconds until the first evaluation that reaches ``target`` (None: never reached)."""
     for record in records:
-        if record.get("accuracy") is not None and record["accuracy"] >= target:
+        if record.get(spec.metric) is not None and spec.reached(record[spec.metric], target):
             return float(record["time"])
     return None
 
 
-def summarize(raw: dict[str, Any], target: float | None) -> dict[str, Any]:
-    """Figures of one run from its rank-0 records and the link's byte counters."""
-    records = [r for r in raw["records"] if r.get("accuracy") is not None]
+def summarize(raw: dict[str, Any], target: float | None, spec: Job = MLP) -> dict[str, Any]:
+    """Figures of one run from its rank-0 records and the link's byte counters (``final_accuracy``: the last
+    evaluation of the job's metric, whichever it is)."""
+    records = [r for r in raw["records"] if r.get(spec.metric) is not None]
     figures: dict[str, Any] = {k: v for k, v in raw.items() if k != "records"}
-    figures["evaluations"] = [(r["step"], round(r["time"], 3), round(r["accuracy"], 4)) for r in records]
+    figures["evaluations"] = [(r["step"], round(r["time"], 3), round(r[spec.metric], 4)) for r in records]
     if not records:
         return figures
     last = records[-1]
     train_s, steps = float(last["time"]), int(last["step"])
-    figures.update(steps=steps, train_s=train_s, step_s=train_s / steps, final_accuracy=float(last["accuracy"]),
+    figures.update(steps=steps, train_s=train_s, step_s=train_s / steps, final_accuracy=float(last[spec.metric]),
                    compute_util=steps * float(last["calibrated_step_s"]) / train_s,
                    measured_phases_util=float(last["compute_s"]) / train_s)
     if target is not None:
-        figures["time_to_target_s"] = time_to(records, target)
+        figures["time_to_target_s"] = time_to(records, target, spec)
     if "bytes" in raw:
         figures["mb_a_to_b"] = raw["bytes"]["a_to_b"] / 1e6
         figures["mb_b_to_a"] = raw["bytes"]["b_to_a"] / 1e6
@@ -134,53 +162,48 @@ def _say(text: str) -> None:
     print(text, flush=True)
 
 
-def _run(system: System, link: Any, out: Path, plan: WanPlan, target: float | None) -> dict[str, Any]:
-    _say(f"[wan] {system.label} ({'loopback' if link is None else f'{link.rate_mbit:g} Mbit/s'}) ...")
-    figures = summarize(run_system(system, link, out, plan.epochs, plan.cap_s), target)
+def _run(system: System, link: Any, out: Path, plan: WanPlan, target: float | None, spec: Job) -> dict[str, Any]:
+    _say(f"[wan] {spec.name}: {system.label} ({'loopback' if link is None else f'{link.rate_mbit:g} Mbit/s'}) ...")
+    figures = summarize(run_system(system, link, out, plan.epochs_of(spec), plan.cap_s, spec.name), target, spec)
     figures["load_avg_after"] = [round(x, 2) for x in os.getloadavg()]
-    _say(f"[wan]   {_brief(figures)}")
+    _say(f"[wan]   {_brief(figures, spec)}")
     return figures
 
 
-def _brief(f: dict[str, Any]) -> str:
+def _brief(f: dict[str, Any], spec: Job) -> str:
     if f.get("failed") or "final_accuracy" not in f:
         return f"FAILED {f.get('failed')}; logs in {f.get('logs')}"
-    return (f"{f['steps']} steps in {f['train_s']:.1f} s, final accuracy {f['final_accuracy']:.3f}, "
+    return (f"{f['steps']} steps in {f['train_s']:.1f} s, final {spec.metric} {f['final_accuracy']:.3f}, "
             f"to target {_fmt(f.get('time_to_target_s'), '.1f', ' s')}{' (cut)' if f.get('cut_at_cap') else ''}")
 
 
 def run_wan(quick: bool, out_dir: Path, only: list[str] | None = None,
-            rates_mbit: tuple[float, ...] | None = None) -> dict[str, Any]:
+            rates_mbit: tuple[float, ...] | None = None, jobs: tuple[str, ...] | None = None) -> dict[str, Any]:
     """The whole section; returns the JSON-able result (also written to OUT/wan.json) and prints the table.
 
     ``only``: run just these systems (by name; DDP on loopback always runs: it sets the target);
-    ``rates_mbit``: instead of the plan's rates.
+    ``rates_mbit``: instead of the plan's rates; ``jobs``: instead of the plan's (quick: mlp, full: mlp and lm).
     """
     reason = unavailable_reason()
     if reason:
         _say(f"[wan] skipped: {reason}")
         return {"skipped": reason}
     plan = QUICK if quick else FULL
-    if rates_mbit:
-        plan = WanPlan(rates_mbit, plan.epochs, plan.cap_s)
-    systems = [s for s in SYSTEMS if not only or s.name in only]
+    plan = replace(plan, rates_mbit=rates_mbit or plan.rates_mbit, jobs=jobs or plan.jobs)
     out_dir = Path(out_dir) / "wan"
     peers = found_peers()
     _say(f"[wan] peers found: torch {peers['torch']} (DDP, PostLocalSGD); torchft {peers['torchft'] or 'MISSING'}"
          + ("" if peers["torchft"] else " (DiLoCo row skipped: pip install 'geomx[peers]')"))
-    result: dict[str, Any] = {"plan": asdict(plan), "peers": peers, "margin": MARGIN, "sync_period": H,
-                              "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "rates": {}, "errors": [],
+    result: dict[str, Any] = {"plan": asdict(plan), "peers": peers, "sync_period": H,
+                              "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "jobs": {}, "errors": [],
+                              "labels": {s.name: s.label for s in (*SYSTEMS, *EXTRA_SYSTEMS)},
                               "load_avg_start": [round(x, 2) for x in os.getloadavg()]}
-    loopback = _run(DDP, None, out_dir / "ddp-loopback", plan, None)
-    result["ddp_loopback"] = loopback
-    if "final_accuracy" not in loopback:
-        result["errors"].append("DDP on loopback failed: no target")
-        return result
-    target = loopback["final_accuracy"] - MARGIN
-    loopback["time_to_target_s"] = time_to(
-        [{"time": t, "accuracy": a} for _, t, a in loopback["evaluations"]], target)
-    result["target"] = target
-    _say(f"[wan] target accuracy {target:.4f} (DDP on loopback after {plan.epochs} epochs minus {MARGIN})")
+    specs = {name: job(name) for name in plan.jobs}
+    for name, spec in specs.items():  # each job's target, from DDP on loopback
+        block = _job_block(spec, plan, out_dir / name)
+        result["jobs"][name] = block
+        if "target" not in block:
+            result["errors"].append(f"{name}: DDP on loopback failed: no target")
     try:
         with wan_link() as link:
             for rate in plan.rates_mbit:
@@ -188,19 +211,12 @@ def run_wan(quick: bool, out_dir: Path, only: list[str] | None = None,
                 probe = {"a_to_b": link.probe_mbit(), "b_to_a": link.probe_mbit(reverse=True)}
                 _say(f"[wan] {rate:g} Mbit/s tbf: TCP probe {probe['a_to_b']:.1f} Mbit/s A->B, "
                      f"{probe['b_to_a']:.1f} B->A")
-                rows: dict[str, dict[str, Any]] = {}
-                for system in systems:
-                    if system.kind == "diloco" and not peers["torchft"]:
-                        rows[system.name] = {"skipped": "torchft not installed (pip install 'geomx[peers]')"}
-                        continue
-                    rows[system.name] = _run(system, link, out_dir / f"{system.name}-{rate:g}", plan, target)
-                    if rows[system.name].get("failed"):
-                        result["errors"].append(f"{system.name} at {rate:g} Mbit/s failed: {rows[system.name]['failed']}")
-                add_ratios(rows, loopback)
-                result["rates"][f"{rate:g}"] = {"probe_mbit": probe, "rows": rows}
+                for name, block in result["jobs"].items():
+                    if "target" in block:
+                        rows = _rows(specs[name], link, out_dir / name, plan, block, only, peers, result["errors"])
+                        block["rates"][f"{rate:g}"] = {"probe_mbit": probe, "rows": rows}
     except NetnsError as exc:
         result["errors"].append(f"link: {exc}")
-    result["labels"] = {s.name: s.label for s in SYSTEMS}
     result["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "wan.json").write_text(json.dumps(result, indent=2, default=str))
@@ -208,27 +224,74 @@ def run_wan(quick: bool, out_dir: Path, only: list[str] | None = None,
     return result
 
 
+def _job_block(spec: Job, plan: WanPlan, out_dir: Path) -> dict[str, Any]:
+    """DDP on loopback for ``spec``, and the target it sets (one margin worse than its final value)."""
+    loopback = _run(DDP, None, out_dir / "ddp-loopback", plan, None, spec)
+    block: dict[str, Any] = {"job": spec.name, "title": spec.title, "metric": spec.metric,
+                             "higher_is_better": spec.higher_is_better, "margin": spec.margin,
+                             "epochs": plan.epochs_of(spec), "ddp_loopback": loopback, "rates": {}}
+    if "final_accuracy" not in loopback:
+        return block
+    target = spec.target(loopback["final_accuracy"])
+    loopback["time_to_target_s"] = time_to(
+        [{"time": t, spec.metric: v} for _, t, v in loopback["evaluations"]], target, spec)
+    block["target"] = target
+    _say(f"[wan] {spec.name}: target {spec.metric} {target:.4f} (DDP on loopback after {block['epochs']} epochs, "
+         f"{spec.margin} {'lower' if spec.higher_is_better else 'higher'})")
+    return block
+
+
+def _rows(spec: Job, link: Any, out_dir: Path, plan: WanPlan, block: dict[str, Any], only: list[str] | None,
+          peers: dict[str, str | None], errors: list[str]) -> dict[str, dict[str, Any]]:
+    """Every chosen system on ``spec`` across ``link`` at its current rate, with the ratios."""
+    rows: dict[str, dict[str, Any]] = {}
+    for system in systems_for(spec, only):
+        if system.kind == "diloco" and not peers["torchft"]:
+            rows[system.name] = {"skipped": "torchft not installed (pip install 'geomx[peers]')"}
+            continue
+        rows[system.name] = _run(system, link, out_dir / f"{system.name}-{link.rate_mbit:g}", plan, block["target"],
+                                 spec)
+        if rows[system.name].get("failed"):
+            errors.append(f"{spec.name}: {system.name} at {link.rate_mbit:g} Mbit/s failed: "
+                          f"{rows[system.name]['failed']}")
+    add_ratios(rows, block["ddp_loopback"])
+    return rows
+
+
 def _fmt(value: Any, spec: str, suffix: str = "") -> str:
     return "-" if value is None else f"{value:{spec}}{suffix}"
 
 
 def wan_lines(result: dict[str, Any]) -> list[str]:
-    """The section's table (one block per rate), for the terminal and the README."""
+    """The section's table (per job, one block per rate), for the terminal and the README."""
     if "skipped" in result:
         return [f"[wan] skipped: {result['skipped']}"]
-    plan, loop = result["plan"], result.get("ddp_loopback", {})
-    lines = [f"[wan] digits MLP 64-1024-1024-10, 2 namespaces x 2 ranks, {plan['epochs']} epochs, runs cut at "
-             f"{plan['cap_s']:g} s; target {_fmt(result.get('target'), '.4f')} (DDP loopback final "
-             f"{_fmt(loop.get('final_accuracy'), '.4f')} - {result['margin']}); DDP loopback reaches it in "
+    lines = []
+    for block in result.get("jobs", {}).values():
+        lines += job_lines(block, result)
+    lines.append("vs DDP link: DDP's time to target on the same link / this one's (x sooner); vs DDP loopback: "
+                 "this one's time / DDP's on loopback (1.00x = LAN speed); compute util: steps x calibrated "
+                 "forward+backward+optimizer step / training time")
+    lines += [f"error: {e}" for e in result.get("errors", [])]
+    return lines
+
+
+def job_lines(block: dict[str, Any], result: dict[str, Any]) -> list[str]:
+    """One job's table: its target, then one block of rows per rate, then the issue's goals for it."""
+    plan, loop, metric = result["plan"], block.get("ddp_loopback", {}), block["metric"]
+    worse = "-" if block["higher_is_better"] else "+"
+    lines = [f"[wan] {block['title']}, 2 namespaces x 2 ranks, {block['epochs']} epochs, runs cut at "
+             f"{plan['cap_s']:g} s; target {metric} {_fmt(block.get('target'), '.4f')} (DDP loopback final "
+             f"{_fmt(loop.get('final_accuracy'), '.4f')} {worse} {block['margin']}); DDP loopback reaches it in "
              f"{_fmt(loop.get('time_to_target_s'), '.1f', ' s')} ({_fmt(loop.get('step_s'), '.3f')} s/step); "
              f"H = {result['sync_period']}; tbf has no delay (no netem in this kernel)"]
-    header = ["system", "s to target", "final acc", "MB A->B", "MB B->A", "s/step", "compute util",
-              "vs DDP link", "vs DDP loopback"]
-    for rate, block in result.get("rates", {}).items():
-        probe = block["probe_mbit"]
+    header = ["system", "s to target", f"final {'acc' if metric == 'accuracy' else metric}", "MB A->B", "MB B->A",
+              "s/step", "compute util", "vs DDP link", "vs DDP loopback"]
+    for rate, rate_block in block.get("rates", {}).items():
+        probe = rate_block["probe_mbit"]
         lines.append(f"-- {rate} Mbit/s (TCP probe {probe['a_to_b']:.1f} / {probe['b_to_a']:.1f} Mbit/s)")
         rows = []
-        for name, f in block["rows"].items():
+        for name, f in rate_block["rows"].items():
             label = result.get("labels", {}).get(name, name)
             if "skipped" in f or "final_accuracy" not in f:
                 rows.append([label, f.get("skipped") or f"FAILED {f.get('failed')}", *[""] * 7])
@@ -240,17 +303,15 @@ def wan_lines(result: dict[str, Any]) -> list[str]:
                          bound + _fmt(f.get("vs_ddp_link"), ".2f", "x"), _fmt(f.get("vs_loopback"), ".2f", "x")])
         widths = [max(len(str(c)) for c in col) for col in zip(header, *rows, strict=False)]
         lines += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=False)) for r in [header, *rows]]
-    lines.append("vs DDP link: DDP's time to target on the same link / this one's (x sooner); vs DDP loopback: "
-                 "this one's time / DDP's on loopback (1.00x = LAN speed); compute util: steps x calibrated "
-                 "forward+backward+SGD step / training time")
-    lines += goal_lines(result)
-    lines += [f"error: {e}" for e in result.get("errors", [])]
+    lines += goal_lines(block)
     return lines
 
 
-def goal_lines(result: dict[str, Any]) -> list[str]:
-    """The issue's goals, each with the ratio measured in this run (met / NOT met / not measured)."""
-    rates = result.get("rates", {})
+def goal_lines(block: dict[str, Any]) -> list[str]:
+    """The issue's goals for one job, each with the ratio measured in this run (met / NOT met / not measured)."""
+    rates = block.get("rates", {})
+    job_name = block.get("job", "mlp")
+    higher = block.get("higher_is_better", True)
     lines = []
 
     def row(rate: str, name: str) -> dict[str, Any]:
@@ -258,7 +319,7 @@ def goal_lines(result: dict[str, Any]) -> list[str]:
 
     def say(text: str, value: float | None, ok: bool | None) -> None:
         verdict = "not measured" if value is None else "met" if ok else "NOT met"
-        lines.append(f"goal: {text}: {_fmt(value, '.2f', 'x')} -> {verdict}")
+        lines.append(f"goal ({job_name}): {text}: {_fmt(value, '.2f', 'x')} -> {verdict}")
 
     for rate, goal in (("100", 8.0), ("20", 30.0)):
         best = row(rate, "geomx_best")
@@ -273,18 +334,25 @@ def goal_lines(result: dict[str, Any]) -> list[str]:
         for peer in ("diloco", "local_sgd"):
             other = row(rate, peer)
             value = _ratio(other.get("time_to_target_s"), hfa.get("time_to_target_s"))
-            no_worse = (hfa.get("final_accuracy") or 0) >= (other.get("final_accuracy") or 1)
-            say(f"{rate} Mbit/s, geomx HFA + outer (the soonest HFA row) >= 1.3x sooner than {peer} at the same H, final accuracy no "
-                f"worse ({_fmt(hfa.get('final_accuracy'), '.3f')} vs {_fmt(other.get('final_accuracy'), '.3f')})",
+            no_worse = (hfa.get("final_accuracy") is not None and other.get("final_accuracy") is not None
+                        and (hfa["final_accuracy"] - other["final_accuracy"]) * (1 if higher else -1) >= 0)
+            say(f"{rate} Mbit/s, geomx HFA + outer (the soonest HFA row) >= 1.3x sooner than {peer} at the same H, "
+                f"final value no worse ({_fmt(hfa.get('final_accuracy'), '.3f')} vs "
+                f"{_fmt(other.get('final_accuracy'), '.3f')})",
                 value, value is not None and value >= 1.3 and no_worse)
         fsa = row(rate, "geomx_fsa").get("step_speedup_vs_ddp")
         say(f"{rate} Mbit/s, geomx FSA >= 1.3x faster per step than DDP", fsa, fsa is not None and fsa >= 1.3)
     return lines
 
 
+def jobs_from(choice: str | None) -> tuple[str, ...] | None:
+    """``--job mlp|lm|all`` as the jobs to run (None: the plan's)."""
+    return None if choice is None else JOBS if choice == "all" else (choice,)
+
+
 def run(plan: Plan, out_dir: Path) -> dict[str, Any]:
     """The section's entry point for ``geomx bench --only wan`` (see ``run_wan``)."""
-    return run_wan(plan.quick, out_dir)
+    return run_wan(plan.quick, out_dir, jobs=jobs_from(plan.wan_job))
 
 
 def lines(result: dict[str, Any]) -> list[str]:
@@ -293,16 +361,18 @@ def lines(result: dict[str, Any]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m geomx.bench_wan --only ddp geomx_best --rates 100``: some rows of the section, same target."""
+    """``python -m geomx.bench_wan --only ddp geomx_best --rates 100 --job lm``: some rows of the section."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m geomx.bench_wan")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", default="bench-results")
-    parser.add_argument("--only", nargs="+", choices=[s.name for s in SYSTEMS])
+    parser.add_argument("--only", nargs="+", choices=[s.name for s in (*SYSTEMS, *EXTRA_SYSTEMS)])
     parser.add_argument("--rates", nargs="+", type=float, help="Mbit/s (default: the plan's)")
+    parser.add_argument("--job", choices=[*JOBS, "all"], help="default: mlp with --quick, all otherwise")
     args = parser.parse_args(argv)
-    result = run_wan(args.quick, Path(args.out), args.only, tuple(args.rates) if args.rates else None)
+    result = run_wan(args.quick, Path(args.out), args.only, tuple(args.rates) if args.rates else None,
+                     jobs_from(args.job))
     return 1 if result.get("errors") else 0
 
 

@@ -33,12 +33,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--eval-every", type=int, default=5, help="plain DDP: evaluate every N steps")
     parser.add_argument("--local-sgd-period", type=int, default=0, help="H; 0 = plain DDP")
-    parser.add_argument("--hidden", type=int, default=wan_job.HIDDEN)
+    parser.add_argument("--job", choices=wan_job.JOBS, default="mlp", help="the model, data and evaluation")
     parser.add_argument("--timeout-s", type=float, default=600.0)
     return parser.parse_args(argv)
 
 
-def local_sgd(model: torch.nn.Module, period: int, world: int) -> tuple[DistributedDataParallel, torch.optim.Optimizer]:
+def local_sgd(model: torch.nn.Module, period: int, world: int,
+              job: wan_job.Job) -> tuple[DistributedDataParallel, torch.optim.Optimizer]:
     """DDP with the post-local-SGD hook over two-rank subgroups, and the periodic model averager."""
     from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import PostLocalSGDState, post_localSGD_hook
     from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
@@ -50,7 +51,7 @@ def local_sgd(model: torch.nn.Module, period: int, world: int) -> tuple[Distribu
     # == 0) averages after steps H, 2H, ... with warmup H - 1
     ddp.register_comm_hook(PostLocalSGDState(process_group=None, subgroup=subgroup, start_localSGD_iter=0),
                            post_localSGD_hook)
-    optimizer = PostLocalSGDOptimizer(optim=wan_job.make_optimizer(ddp.parameters()),
+    optimizer = PostLocalSGDOptimizer(optim=job.make_optimizer(ddp.parameters(), False),
                                       averager=PeriodicModelAverager(period=period, warmup_steps=period - 1))
     return ddp, optimizer
 
@@ -65,22 +66,23 @@ def main(argv: list[str] | None = None) -> None:
                             timeout=datetime.timedelta(seconds=args.timeout_s))
     period = args.local_sgd_period
     system = f"local_sgd_h{period}" if period else "ddp"
-    calibrated = wan_job.calibrate_step_s(args.hidden)
-    model = wan_job.make_model(args.hidden)
+    job = wan_job.job(args.job)
+    calibrated = job.calibrate_step_s()
+    model = job.make_model()
     if period:
-        ddp, optimizer = local_sgd(model, period, args.world)
+        ddp, optimizer = local_sgd(model, period, args.world, job)
     else:
         ddp = DistributedDataParallel(model)
-        optimizer = wan_job.make_optimizer(ddp.parameters())
-    shard, test, steps = wan_job.shard_and_test(args.rank, args.world)
+        optimizer = job.make_optimizer(ddp.parameters(), False)
+    shard, test, steps = job.shard_and_test(args.rank, args.world)
     timer = wan_job.ComputeTimer()
     dist.barrier()
-    log = wan_job.JobLog(args.log, args.rank, system)
+    log = wan_job.JobLog(args.log, args.rank, system, job.metric)
     step = 0
     for epoch, images, labels in wan_job.batches(shard, args.rank, args.epochs, steps):
         with timer("forward"):
             optimizer.zero_grad()
-            loss = wan_job.loss_of(ddp, images, labels)
+            loss = job.loss_of(ddp, images, labels)
         with timer("backward"):
             loss.backward()  # DDP's all-reduce (or the subgroup's) runs inside
         with timer("optimizer"):
@@ -88,7 +90,7 @@ def main(argv: list[str] | None = None) -> None:
         step += 1
         due = step % period == 0 if period else (step % args.eval_every == 0 or step == args.epochs * steps)
         if args.rank == 0 and due:
-            log.write(step=step, epoch=epoch, accuracy=log.evaluate(model, test), compute=timer,
+            log.write(step=step, epoch=epoch, value=log.evaluate(lambda: job.evaluate(model, test)), compute=timer,
                       loss=float(loss.detach()), calibrated_step_s=calibrated)
     dist.barrier()
     log.close()

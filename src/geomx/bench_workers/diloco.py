@@ -36,7 +36,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sync-every", type=int, default=10)
     parser.add_argument("--log", required=True)
     parser.add_argument("--epochs", type=int, default=10)
-    parser.add_argument("--hidden", type=int, default=wan_job.HIDDEN)
+    parser.add_argument("--job", choices=wan_job.JOBS, default="mlp", help="the model, data and evaluation")
     parser.add_argument("--timeout-s", type=float, default=600.0)
     return parser.parse_args(argv)
 
@@ -51,24 +51,25 @@ def main(argv: list[str] | None = None) -> None:
     # this replica group's store (torchrun would host it): port 0 = the OS picks; the Manager connects to it
     store = dist.TCPStore(args.host, 0, 1, is_master=True, timeout=timeout, wait_for_workers=False)
     store_port = int(store.port)
-    calibrated = wan_job.calibrate_step_s(args.hidden)
-    model = wan_job.make_model(args.hidden)
-    inner = wan_job.make_optimizer(model.parameters())
+    job = wan_job.job(args.job)
+    calibrated = job.calibrate_step_s()
+    model = job.make_model()
+    inner = job.make_optimizer(model.parameters(), False)
     outer = torch.optim.SGD(model.parameters(), lr=wan_job.OUTER_LR, momentum=wan_job.OUTER_MOMENTUM, nesterov=True)
     manager = Manager(pg=ProcessGroupGloo(timeout=timeout), load_state_dict=None, state_dict=None,
                       min_replica_size=args.world, use_async_quorum=False, timeout=timeout, quorum_timeout=timeout,
                       connect_timeout=timeout, rank=0, world_size=1, store_addr=args.host, store_port=store_port,
                       lighthouse_addr=args.lighthouse, replica_id=f"rank{args.rank}", hostname=args.host,
                       init_sync=False)
-    shard, test, steps = wan_job.shard_and_test(args.rank, args.world)
+    shard, test, steps = job.shard_and_test(args.rank, args.world)
     timer = wan_job.ComputeTimer()
-    log = wan_job.JobLog(args.log, args.rank, f"diloco_h{args.sync_every}")
+    log = wan_job.JobLog(args.log, args.rank, f"diloco_h{args.sync_every}", job.metric)
     step = 0
     with DiLoCo(manager, [model], inner, outer, sync_every=args.sync_every):
         for epoch, images, labels in wan_job.batches(shard, args.rank, args.epochs, steps):
             with timer("forward"):
                 inner.zero_grad()
-                loss = wan_job.loss_of(model, images, labels)
+                loss = job.loss_of(model, images, labels)
             with timer("backward"):
                 loss.backward()
             synced = (step + 1) % args.sync_every == 0
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
                     inner.step()
             step += 1
             if args.rank == 0 and synced:
-                log.write(step=step, epoch=epoch, accuracy=log.evaluate(model, test), compute=timer,
+                log.write(step=step, epoch=epoch, value=log.evaluate(lambda: job.evaluate(model, test)), compute=timer,
                           loss=float(loss.detach()), calibrated_step_s=calibrated, manager_step=manager.current_step())
     log.close()
     manager.shutdown(wait=False)

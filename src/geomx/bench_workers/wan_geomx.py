@@ -34,8 +34,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--eval-every", type=int, default=5, help="FSA: evaluate every N steps")
     parser.add_argument("--outer", action="store_true", help="HFA: outer Nesterov (lr 0.7, momentum 0.9)")
     parser.add_argument("--compression", default="null", help="JSON WAN codec spec, or null")
-    parser.add_argument("--lr", type=float, default=wan_job.LR)
-    parser.add_argument("--hidden", type=int, default=wan_job.HIDDEN)
+    parser.add_argument("--job", choices=wan_job.JOBS, default="mlp", help="the model, data and evaluation")
     return parser.parse_args(argv)
 
 
@@ -44,8 +43,9 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     spec = json.loads(args.compression)
     kv = geomx.kv.create("dist_sync")
-    calibrated = wan_job.calibrate_step_s(args.hidden)
-    model = wan_job.make_model(args.hidden)
+    job = wan_job.job(args.job)
+    calibrated = job.calibrate_step_s()
+    model = job.make_model()
     params = list(model.parameters())
     if kv.is_master_worker:
         if spec is not None:
@@ -54,19 +54,19 @@ def main(argv: list[str] | None = None) -> None:
             kv.set_optimizer(geomx.optim.OuterNesterov(lr=wan_job.OUTER_LR, momentum=wan_job.OUTER_MOMENTUM))
     kv.init(list(range(len(params))), [p.data for p in params])
     residual_codec = spec is not None and spec.get("type") in ("bsc", "mpq") and kv.hfa is None
-    optimizer = wan_job.make_optimizer(params, momentum=0.0 if residual_codec else wan_job.MOMENTUM, lr=args.lr)
+    optimizer = job.make_optimizer(params, residual_codec)
     rank, world = kv.global_rank, kv.num_all_workers
-    shard, test, steps = wan_job.shard_and_test(rank, world)
+    shard, test, steps = job.shard_and_test(rank, world)
     hfa = kv.hfa
     system = "geomx_hfa" if hfa else "geomx_fsa"
-    log = wan_job.JobLog(Path(args.log_dir) / f"rank{rank}.jsonl", rank, system)
+    log = wan_job.JobLog(Path(args.log_dir) / f"rank{rank}.jsonl", rank, system, job.metric)
     timer = wan_job.ComputeTimer()
     step = 0
     last = args.epochs * steps
     for epoch, images, labels in wan_job.batches(shard, rank, args.epochs, steps):
         with timer("forward"):
             optimizer.zero_grad()
-            loss = wan_job.loss_of(model, images, labels)
+            loss = job.loss_of(model, images, labels)
         with timer("backward"):
             loss.backward()
         if hfa is None:
@@ -86,7 +86,8 @@ def main(argv: list[str] | None = None) -> None:
                 kv.pull(idx, param.data, priority=-idx)
         due = step % (hfa.k1 * hfa.k2) == 0 if hfa else (step % args.eval_every == 0 or step == last)
         if kv.is_master_worker and due:
-            log.write(step=step, epoch=epoch, accuracy=log.evaluate(model, test), compute=timer, loss=float(loss.detach()),
+            log.write(step=step, epoch=epoch, value=log.evaluate(lambda: job.evaluate(model, test)), compute=timer,
+                      loss=float(loss.detach()),
                       calibrated_step_s=calibrated)
     log.close()
     kv.close()

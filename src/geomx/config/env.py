@@ -44,7 +44,8 @@ _NODE_ALIASES: dict[str, tuple[str, ...]] = {
 NODE_VARIABLES = ("GEOMX_ROLE", "GEOMX_PARTY", "GEOMX_TOPOLOGY", "GEOMX_SCHEDULER", "GEOMX_GLOBAL_SCHEDULER",
                   "GEOMX_NUM_WORKERS", "GEOMX_NUM_GLOBAL_SERVERS", "GEOMX_NUM_ALL_WORKERS", "GEOMX_NUM_PARTIES",
                   "GEOMX_CENTRAL", "GEOMX_MASTER_WORKER", "GEOMX_RANK", "GEOMX_HOST", "GEOMX_WORKER_OFFSET",
-                  "GEOMX_RUN_DIR", "GEOMX_RESUME", "GEOMX_JOB_START", "GEOMX_HFA", "GEOMX_DGT", "GEOMX_SECRET_FILE")
+                  "GEOMX_RUN_DIR", "GEOMX_RESUME", "GEOMX_JOB_START", "GEOMX_HFA", "GEOMX_DGT", "GEOMX_SECRET_FILE",
+                  "GEOMX_TRACE")
 # every spec whose declared fields the environment may set
 ENV_SPECS: tuple[type, ...] = (Topology, Timeouts, HFASpec, DGTSpec, TSEngineSpec, TrainingSpec, SecuritySpec,
                                CheckpointSpec)
@@ -269,6 +270,7 @@ def node_config_from_env(env: Mapping[str, str]) -> NodeConfig:
         run_dir=Path(run_dir) if run_dir else None,
         worker_offset=_int(env, "GEOMX_WORKER_OFFSET"),
         resume=env.get("GEOMX_RESUME", "") not in ("", "0", "false", "False"),
+        trace=env.get("GEOMX_TRACE", "") not in ("", "0", "false", "False"),
     )
 
 

@@ -59,6 +59,9 @@ class Topology:
                                     doc="tensors smaller than this travel dense under Bi-Sparse / MPQ")
     fp16: bool = setting(False, kind=BOOL, env="GEOMX_FP16",
                          doc="kvstore data travels as float16 on LAN and WAN (the model stays float32)")
+    early_answers: bool = setting(True, kind=BOOL,
+                                  doc="FSA across parties: the last party of a slice gets the others' sum early "
+                                      "(geomx.core.early); false only to measure what that saves")
     training: TrainingSpec = TrainingSpec()  # geomx.torch's choices (the kvstore API ignores them)
     security: SecuritySpec = SecuritySpec()  # shared secret / CURVE keys
     checkpoint: CheckpointSpec = CheckpointSpec()  # global servers' checkpoints
@@ -157,6 +160,7 @@ class NodeConfig:
     run_dir: Path | None = None
     worker_offset: int | None = None  # global rank of this party's first worker; None: from the topology
     resume: bool = False  # global servers start from the newest valid checkpoint (`geomx launch --resume`)
+    trace: bool = False  # GEOMX_TRACE=1: debug-only message timeline in RUN/trace/ (see geomx.trace)
 
     @property
     def num_workers(self) -> int:

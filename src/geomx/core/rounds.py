@@ -35,6 +35,8 @@ from .policy import SyncPolicy
 
 log = logging.getLogger("geomx.server")
 
+EARLY = "early"  # body key of an early answer and of the answer after it: the round's number (geomx.core.early)
+
 RoundId = tuple[Kind, int, int]
 
 
@@ -62,6 +64,7 @@ class Round:
     forwarding: bool = False
     started_at: float = 0.0
     exempt: set[str] = field(default_factory=set)  # clients that joined after this round opened: not awaited
+    early: str | None = None  # the client that got the others' sum early (geomx.core.early): answered without it
 
     def describe(self) -> str:
         return f"{self.kind.name} round {self.number} of key {self.key} slice {self.part}"
@@ -235,6 +238,8 @@ class RoundTable:
                 self._count_lead(sender, 0)
             if error:
                 reply = message.error(f"{self.host.name}: {error}")
+            elif sender == rnd.early:  # it has the others' sum already and adds its own (geomx.core.early)
+                reply = message.reply(body={EARLY: rnd.number})
             else:
                 reply = message.reply(**fields) if fields else message.reply(tensor=value, body=body)
             self.host.send(sender, reply)
@@ -245,6 +250,7 @@ class RoundTable:
         rnd.accum = None
         rnd.forwarding = False
         rnd.exempt = set()
+        rnd.early = None
         rnd.number += 1
         deferred, rnd.deferred = rnd.deferred, []
         for message in deferred:

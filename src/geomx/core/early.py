@@ -1,0 +1,127 @@
+"""Early answers: under FSA across parties, the last party to push a slice gets the others' sum before its push
+has even arrived, and adds its own.
+
+Why: a global server can answer a slice only once every party's sum is in, so on a full-duplex WAN the answer
+to the last party (the one whose push crosses the link last) starts only after its push has arrived: the
+answers trail the pushes by a slice and the link's queueing, and each direction idles part of the step
+(``benchmarks/step_timeline.py`` shows it: 0.14 s of a 0.54 s step on the 100 Mbit/s kernel link). But the
+last party knows its own sum already. As soon as every *other* party has pushed a slice, the global server sends
+the last one their sum (``send_early``). Its local server answers its workers with the others' sum plus the sum
+it pushed as soon as it holds both (``EarlyAnswers``), often before its push has even crossed the link; when
+its push completes the round, the global server's answer carries no tensor, only the round number
+(``RoundTable.release``), and closes the round. Same bytes on the link, but both directions now flow at once.
+The result is bit-identical: the global server sums in arrival order, ``accum + last``, and the local server
+computes exactly ``np.add(accum, last)``.
+
+Only where the answer is the plain sum: a HiPS global server with FSA, no server optimizer, the plain
+aggregation (not HFA), no WAN codec, no fp16, no DGT, the direct route (``ParameterServer._answers_early``); a
+round that lost a client on the way (rescaled) answers in full as before. Should the answer stop being the plain
+sum between an early sum and its round's end (the master sets a server optimizer mid-job), the local server that
+used it stops the job with the reason rather than let the parties' models differ.
+
+Usage (global server, after a push joined its round; local server, when it forwards a push and on answers)::
+
+    if early_ok: send_early(server, rnd)
+    early.forwarded(owner, key, part, upward_tensor, answer)   # answer(others + upward) once both are in
+    if early.settled(owner, reply): return                     # the tensor-less answer of such a round
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+import numpy as np
+
+from ..wire import Kind, Message
+from .rounds import EARLY, Round
+
+
+class EarlyHost(Protocol):
+    """What ``send_early`` needs from a global server."""
+
+    def send(self, peer: str, message: Message) -> None: ...
+
+
+def last_missing(rnd: Round, awaited: set[str]) -> str | None:
+    """The one awaited client that has not pushed to ``rnd`` yet, if exactly one is missing (else None)."""
+    missing = awaited - rnd.contributions.keys()
+    return next(iter(missing)) if len(missing) == 1 and rnd.contributions else None
+
+
+def send_early(host: EarlyHost, rnd: Round, awaited: set[str]) -> None:
+    """If every awaited client but one has pushed to the open round ``rnd``, send that one the others' sum now
+    (once per round; ``rnd.early`` remembers to whom)."""
+    if rnd.kind is not Kind.PUSHPULL or rnd.forwarding or rnd.early is not None or rnd.accum is None:
+        return
+    last = last_missing(rnd, awaited)
+    if last is None:
+        return
+    first = next(iter(rnd.contributions.values()))
+    # a sum the table owns is added to in place when the last push arrives: send a snapshot; a single
+    # contribution is the received (read-only) buffer and stays as it is
+    others = rnd.accum.copy() if rnd.accum.flags.writeable else rnd.accum
+    rnd.early = last
+    host.send(last, Message(Kind.PUSHPULL, key=rnd.key, part=rnd.part, num_parts=first.num_parts, round=rnd.number,
+                            priority=first.priority, tensor=others, body={EARLY: rnd.number}))
+
+
+Answer = Callable[[np.ndarray], None]
+SliceOf = tuple[str, int, int]  # (global server, key, slice)
+
+
+class EarlyAnswers:
+    """A local server's side: it answers its workers as soon as it holds both the others' sum and its own push's,
+    whichever comes second, and then only checks the global server's tensor-less answer when it arrives.
+
+    Per (global server, key, slice) one round at a time is in flight (the next push of a slice follows this
+    round's answer, and everything from a global server comes on one ordered connection), so an early sum and
+    a forwarded push of the same slice belong to the same round.
+    """
+
+    def __init__(self) -> None:
+        self._sums: dict[SliceOf, tuple[int, np.ndarray]] = {}  # early sums before this server's push
+        self._waiting: dict[SliceOf, tuple[np.ndarray, Answer]] = {}  # pushes before (or without) an early sum
+        self._answered: dict[SliceOf, int] = {}  # answered early: the global round, until its answer arrives
+
+    @staticmethod
+    def is_early(message: Message) -> bool:
+        """Whether ``message`` (not a reply) is an early answer (the others' sum)."""
+        return message.kind is Kind.PUSHPULL and not message.is_reply and EARLY in (message.body or {})
+
+    def forwarded(self, owner: str, key: int, part: int, pushed: np.ndarray, answer: Answer) -> None:
+        """This server pushed ``pushed`` for (key, slice) to ``owner``: ``answer(others + pushed)`` now if the
+        others' sum is here, else when it comes (if it does: not when another party pushes last)."""
+        where = (owner, key, part)
+        if where in self._sums:
+            number, others = self._sums.pop(where)
+            self._answered[where] = number
+            answer(np.add(others, pushed))
+        else:
+            self._waiting[where] = (pushed, answer)
+
+    def store(self, sender: str, message: Message) -> None:
+        """The others' sum for (key, slice) from global server ``sender``."""
+        assert message.tensor is not None and message.body is not None
+        where, number = (sender, message.key, message.part), int(message.body[EARLY])
+        if where in self._waiting:
+            pushed, answer = self._waiting.pop(where)
+            self._answered[where] = number
+            answer(np.add(message.tensor, pushed))
+        else:
+            self._sums[where] = (number, message.tensor)
+
+    def settled(self, sender: str, reply: Message) -> bool:
+        """Whether ``reply`` (the global server's answer) closes a round answered early (True: nothing more to
+        do); False for an ordinary answer. Raises ValueError if the global server answered a round in full
+        that this server had already answered early (the answer stopped being the plain sum in between)."""
+        where = (sender, reply.key, reply.part)
+        number = self._answered.pop(where, None)
+        if number is None:
+            self._waiting.pop(where, None)  # answered in full: no early sum comes for this round
+            return False
+        body = reply.body or {}
+        if reply.tensor is not None or reply.encoded is not None or body.get(EARLY) != number:
+            raise ValueError(f"the global server answered key {reply.key} slice {reply.part} in full after its "
+                             "early sum had been used: the job's models would differ")
+        return True
