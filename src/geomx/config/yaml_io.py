@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from .errors import ConfigError
-from .fields import read_mapping, read_values, to_mapping
+from .fields import keys, read_mapping, read_values, to_mapping
 from .kinds import PATH
 from .specs import (CheckpointSpec, DGTSpec, HFASpec, LinkSpec, Mode, Outage, PartySpec, SecuritySpec, Timeouts,
                     TrainingSpec, TSEngineSpec)
@@ -42,9 +42,9 @@ def _link(raw: Any, where: str, ingress_allowed: bool = False) -> LinkSpec:
     return LinkSpec(bandwidth, parse_duration(raw.get("latency")), ingress)
 
 
-_TOPOLOGY_FIELDS = {"parties", "central", "global_servers", "mode", "links", "timeouts", "slice_elems",
-                    "max_message_bytes", "hfa", "size_lower_bound", "fp16", "training", "security", "checkpoint",
-                    "elastic", "dgt", "tsengine", "outages"}
+# the sections and fields read by hand below, and every field the Topology declares with its metadata
+_TOPOLOGY_FIELDS = {"parties", "central", "mode", "links", "timeouts", "slice_elems", "hfa", "training", "security",
+                    "checkpoint", "dgt", "tsengine", "outages", *keys(Topology)}
 
 
 def timeouts_from_yaml(raw: Any) -> Timeouts:
