@@ -204,17 +204,3 @@ def _mlp_accuracy(model: nn.Module, test: Dataset) -> float:
 MLP = Job(name="mlp", title="digits MLP 64-1024-1024-10", metric="accuracy", higher_is_better=True, margin=0.01,
           epochs=10, codec_momentum=0.9, make_model=make_model, make_optimizer=_mlp_optimizer,
           shard_and_test=shard_and_test, loss_of=loss_of, evaluate=_mlp_accuracy, calibrate_step_s=calibrate_step_s)
-
-
-def job(name: str) -> Job:
-    """The job called ``name`` ("mlp" or "lm")."""
-    if name == "mlp":
-        return MLP
-    if name == "lm":
-        from .wan_lm import LM  # imports the transformer only when asked for
-
-        return LM
-    raise ValueError(f"unknown WAN job {name!r}: choose mlp or lm")
-
-
-JOBS = ("mlp", "lm")

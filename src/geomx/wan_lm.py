@@ -11,7 +11,7 @@ lower is better, and the target is DDP-on-loopback's final validation loss plus 
 
 Usage::
 
-    from geomx.wan_job import job
+    from geomx.wan_jobs import job
     lm = job("lm")
     model = lm.make_model(); shard, val, steps = lm.shard_and_test(rank, 4)
 """

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from geomx import netns, wan_job
+from geomx import netns, wan_job, wan_jobs
 from geomx.bench import wan as bench_wan
 
 
@@ -78,7 +78,7 @@ def _loss_records(*points: tuple[int, float, float]) -> list[dict]:
 
 
 def test_the_lm_job_reaches_a_validation_loss_target_from_above():
-    lm = wan_job.job("lm")
+    lm = wan_jobs.job("lm")
     assert lm.metric == "val_loss" and not lm.higher_is_better
     assert lm.target(2.0) == pytest.approx(2.0 + lm.margin)  # one margin *worse* than DDP-on-loopback's final
     records = _loss_records((10, 1.0, 3.1), (20, 2.0, 2.06), (30, 3.0, 2.04), (40, 4.0, 1.98))
@@ -88,7 +88,7 @@ def test_the_lm_job_reaches_a_validation_loss_target_from_above():
 
 
 def test_an_lm_summary_reads_the_validation_loss_and_the_table_says_so():
-    lm = wan_job.job("lm")
+    lm = wan_jobs.job("lm")
     raw = {"system": "ddp", "records": _loss_records((10, 2.0, 2.5), (20, 4.0, 2.1)), "cut_at_cap": False,
            "failed": []}
     figures = bench_wan.summarize(raw, 2.2, lm)
@@ -108,8 +108,8 @@ def test_an_lm_summary_reads_the_validation_loss_and_the_table_says_so():
 
 
 def test_bisparse_takes_the_jobs_momentum_correction():
-    lm_rows = {s.name: s for s in bench_wan.systems_for(wan_job.job("lm"))}
-    mlp_rows = {s.name: s for s in bench_wan.systems_for(wan_job.job("mlp"))}
+    lm_rows = {s.name: s for s in bench_wan.systems_for(wan_jobs.job("lm"))}
+    mlp_rows = {s.name: s for s in bench_wan.systems_for(wan_jobs.job("mlp"))}
     assert lm_rows["geomx_bisparse"].compression["momentum"] == 0.0  # Adam keeps its own moments
     assert mlp_rows["geomx_bisparse"].compression["momentum"] == 0.9
     assert lm_rows["geomx_fsa"].compression is None
@@ -119,7 +119,7 @@ def test_job_choice():
     assert bench_wan.jobs_from(None) is None and bench_wan.jobs_from("all") == ("mlp", "lm")
     assert bench_wan.jobs_from("lm") == ("lm",)
     with pytest.raises(ValueError, match="unknown WAN job 'cnn'"):
-        wan_job.job("cnn")
+        wan_jobs.job("cnn")
 
 
 def test_extra_rows_run_only_when_named():

@@ -41,7 +41,8 @@ from pathlib import Path
 from typing import Any
 
 from ..netns import NetnsError, unavailable_reason, wan_link
-from ..wan_job import JOBS, MLP, Job, job
+from ..wan_job import MLP, Job
+from ..wan_jobs import JOBS, job
 from ..wan_runs import System, run_system
 from .sections import Plan
 

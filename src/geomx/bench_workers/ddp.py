@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from geomx import wan_job
+from geomx import wan_job, wan_jobs
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -33,7 +33,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--eval-every", type=int, default=5, help="plain DDP: evaluate every N steps")
     parser.add_argument("--local-sgd-period", type=int, default=0, help="H; 0 = plain DDP")
-    parser.add_argument("--job", choices=wan_job.JOBS, default="mlp", help="the model, data and evaluation")
+    parser.add_argument("--job", choices=wan_jobs.JOBS, default="mlp", help="the model, data and evaluation")
     parser.add_argument("--timeout-s", type=float, default=600.0)
     return parser.parse_args(argv)
 
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
                             timeout=datetime.timedelta(seconds=args.timeout_s))
     period = args.local_sgd_period
     system = f"local_sgd_h{period}" if period else "ddp"
-    job = wan_job.job(args.job)
+    job = wan_jobs.job(args.job)
     calibrated = job.calibrate_step_s()
     model = job.make_model()
     if period:

@@ -24,7 +24,7 @@ import datetime
 import torch
 import torch.distributed as dist
 
-from geomx import wan_job
+from geomx import wan_job, wan_jobs
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -36,7 +36,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sync-every", type=int, default=10)
     parser.add_argument("--log", required=True)
     parser.add_argument("--epochs", type=int, default=10)
-    parser.add_argument("--job", choices=wan_job.JOBS, default="mlp", help="the model, data and evaluation")
+    parser.add_argument("--job", choices=wan_jobs.JOBS, default="mlp", help="the model, data and evaluation")
     parser.add_argument("--timeout-s", type=float, default=600.0)
     return parser.parse_args(argv)
 
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> None:
     # this replica group's store (torchrun would host it): port 0 = the OS picks; the Manager connects to it
     store = dist.TCPStore(args.host, 0, 1, is_master=True, timeout=timeout, wait_for_workers=False)
     store_port = int(store.port)
-    job = wan_job.job(args.job)
+    job = wan_jobs.job(args.job)
     calibrated = job.calibrate_step_s()
     model = job.make_model()
     inner = job.make_optimizer(model.parameters(), False)

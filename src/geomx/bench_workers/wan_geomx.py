@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 import geomx
-from geomx import wan_job
+from geomx import wan_job, wan_jobs
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -34,7 +34,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--eval-every", type=int, default=5, help="FSA: evaluate every N steps")
     parser.add_argument("--outer", action="store_true", help="HFA: outer Nesterov (lr 0.7, momentum 0.9)")
     parser.add_argument("--compression", default="null", help="JSON WAN codec spec, or null")
-    parser.add_argument("--job", choices=wan_job.JOBS, default="mlp", help="the model, data and evaluation")
+    parser.add_argument("--job", choices=wan_jobs.JOBS, default="mlp", help="the model, data and evaluation")
     return parser.parse_args(argv)
 
 
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     spec = json.loads(args.compression)
     kv = geomx.kv.create("dist_sync")
-    job = wan_job.job(args.job)
+    job = wan_jobs.job(args.job)
     calibrated = job.calibrate_step_s()
     model = job.make_model()
     params = list(model.parameters())
