@@ -209,3 +209,21 @@ def test_the_readme_names_exactly_the_variables_the_config_reads():
 
     options = {f"GEOMX_{name.upper()}" for cls in SYNC_POLICIES.values() for name in cls.options}
     assert _documented(readme) == read | options
+
+
+@settings(max_examples=100, deadline=None)
+@given(value=st.floats(1e-3, 1e6, allow_nan=False), unit=st.sampled_from([("k", 1e3), ("M", 1e6), ("G", 1e9)]),
+       written=st.sampled_from(["{v}{u}bit", "{v} {u}bit/s", "{v}{u}bps", "{v}{u}B"]))
+def test_bandwidths_read_as_written(value, unit, written):
+    prefix, scale = unit
+    expected = value * scale * (8 if written.endswith("B") else 1)
+    assert kinds.BANDWIDTH.from_text(written.format(v=repr(value), u=prefix), "rate") == pytest.approx(expected)
+    assert kinds.BANDWIDTH.from_text(kinds.BANDWIDTH.to_text(expected), "rate") == expected
+
+
+@settings(max_examples=100, deadline=None)
+@given(value=st.floats(0, 1e5, allow_nan=False), unit=st.sampled_from([("us", 1e-6), ("ms", 1e-3), ("s", 1.0)]))
+def test_durations_read_as_written(value, unit):
+    suffix, scale = unit
+    assert kinds.DURATION.from_yaml(f"{value!r}{suffix}", "timeouts.round", None) == pytest.approx(value * scale)
+    assert kinds.DURATION.from_text(kinds.DURATION.to_text(value), "GEOMX_TIMEOUT") == value
