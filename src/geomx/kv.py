@@ -28,7 +28,7 @@ import torch
 
 from . import config as config_module
 from .bodies import ConfigureBody, InitBody, decode_body, encode_body
-from .codecs import FP16, default_registry
+from .codecs import default_registry
 from .config import Mode, NodeConfig, Role
 from .membership import Tier, is_server, join, new_node_id, scheduler_id
 from .optim import Optimizer
@@ -68,9 +68,6 @@ class KVStore:
         self._topology = config.topology
         self._timeout = config.topology.timeouts.request_s
         self._codecs = default_registry()
-        # The fp16 switch (topology ``fp16: true`` / GEOMX_FP16=1): pushes travel as float16, answers come
-        # back as float16, the caller's tensors stay float32. INIT stays exact.
-        self._fp16 = FP16() if config.topology.fp16 else None
         self._pending: dict[int, list[Future[Message]]] = {}
         identity = new_node_id(Role.WORKER, config.party)
         self._van = Van(identity, config.party, config.topology, self._on_message, bind_host=config.bind_host,
@@ -89,6 +86,7 @@ class KVStore:
                               self._servers)
         plugins = compose_worker(config, WorkerContext(self._van, self._requests, self._servers, book, me,
                                                        self._timeout))
+        self._plugins = plugins  # the caller's tensors keep their dtype whatever the LAN codec; INIT stays exact
         self._route, self._steps = plugins.route, plugins.steps
         self._handles = self._route.handles
         self.rank = me.rank
@@ -96,7 +94,7 @@ class KVStore:
         self._van.name = me.name
         self._van.tracer = Tracer.for_node(config.trace, config.run_dir, me.name)
         self.party = config.party
-        self.hfa = config.topology.hfa  # HFASpec(k1, k2) when hierarchical frequency aggregation is on
+        self.hfa = config.topology.hfa  # the API's kv.hfa (HFASpec(k1, k2) or None): the training loop's K1
         self.num_workers = config.num_workers
         self.num_all_workers = config.topology.num_all_workers
         offset = config.worker_offset
@@ -160,7 +158,7 @@ class KVStore:
             self._pending[k] = [
                 self._route.push(self._keys.server_for(k, part),
                                  Message(Kind.PUSHPULL, key=k, part=part, num_parts=len(info.parts), priority=priority,
-                                         **payload(self._fp16, k, part, data[start:stop])))
+                                         **payload(self._plugins.lan_codec, k, part, data[start:stop])))
                 for part, (start, stop) in enumerate(info.parts)]
 
     def pull(self, key: int | Sequence[int], out: torch.Tensor | Sequence[torch.Tensor], priority: int = 0) -> None:
@@ -206,11 +204,8 @@ class KVStore:
         if not isinstance(optimizer, Optimizer):
             raise TypeError(f"expected a geomx.optim optimizer, got {type(optimizer).__name__}")
         spec = optimizer.spec()
-        if spec["params"].get("rescale_grad") is None:
-            # FSA/MixedSync: the servers sum the workers' gradients, the optimizer wants their mean.
-            # HFA: the global server already receives a weighted average delta.
-            hfa = self._topology.hfa is not None
-            spec["params"]["rescale_grad"] = 1.0 if hfa else 1.0 / self.num_all_workers
+        if spec["params"].get("rescale_grad") is None:  # what the tier above receives: a sum, or an average
+            spec["params"]["rescale_grad"] = self._plugins.rescale_grad
         self._configure(ConfigureBody(optimizer=spec), "set the optimizer")
 
     def set_gradient_compression(self, spec: dict[str, Any]) -> None:

@@ -8,6 +8,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from geomx.bodies import BodyError
+from geomx.codecs import FP16
 from geomx.config import NodeConfig, Role, load_topology
 from geomx.membership import AddressBook, Member
 from geomx.wire import Kind, Message
@@ -97,3 +99,14 @@ def test_the_step_assigner_reads_this_workers_steps_from_the_state_round() -> No
         StateRoundSteps(context(requests)).assign(0.0, base_steps=2)
     with pytest.raises(RuntimeError, match="assigned no steps to dc0/worker0"):
         StateRoundSteps(context(FakeRequests({"steps": {}}))).assign(0.01, base_steps=2)
+    with pytest.raises(BodyError, match=r"StepAssignment.steps\['dc0/worker0'\]: expected int, got str"):
+        StateRoundSteps(context(FakeRequests({"steps": {ME.name: "six"}}))).assign(0.01, base_steps=2)
+
+
+def test_the_fp16_switch_and_hfa_reach_the_worker_through_its_plug_ins(tmp_path: Any) -> None:
+    plain = compose_worker(node(tmp_path), context())
+    assert plain.lan_codec is None and plain.rescale_grad == pytest.approx(1 / 3)  # 3 workers' gradients summed
+    fp16 = compose_worker(node(tmp_path, "fp16: true\n"), context())
+    assert isinstance(fp16.lan_codec, FP16)
+    hfa = compose_worker(node(tmp_path, "hfa: {k1: 2, k2: 1}\n"), context())
+    assert hfa.rescale_grad == 1.0  # the global server receives a weighted average delta

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..codecs import FP16, Codec
 from ..config import Mode, NodeConfig
 from .plugins import PushRoute, StepAssigner, WorkerContext
 from .registry import PUSH_ROUTES, STEP_ASSIGNERS
@@ -19,10 +20,13 @@ from .registry import PUSH_ROUTES, STEP_ASSIGNERS
 
 @dataclass
 class WorkerPlugins:
-    """What one worker runs: a push route and a step assigner."""
+    """What one worker runs: a push route, a step assigner, the codec of its pushes on the LAN (None: dense), and
+    the factor a server optimizer scales the tier's sum by (``rescale_grad``, unless the optimizer sets one)."""
 
     route: PushRoute
     steps: StepAssigner
+    lan_codec: Codec | None = None
+    rescale_grad: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -43,5 +47,11 @@ def choose_worker(config: NodeConfig) -> WorkerChoice:
 def compose_worker(config: NodeConfig, context: WorkerContext) -> WorkerPlugins:
     """Build the plug-ins ``config`` asks for, each bound to ``context``."""
     choice = choose_worker(config)
+    topology = config.topology
+    # the fp16 switch (``fp16: true`` / GEOMX_FP16=1): pushes travel as float16 (answers come back as float16)
+    lan_codec = FP16() if topology.fp16 else None
+    # FSA/MixedSync: the servers sum the workers' gradients, the optimizer wants their mean; HFA: the global
+    # server already receives a weighted average delta
+    rescale = 1.0 if topology.hfa is not None else 1.0 / topology.num_all_workers
     return WorkerPlugins(route=PUSH_ROUTES[choice.route](config, context),
-                         steps=STEP_ASSIGNERS[choice.steps](config, context))
+                         steps=STEP_ASSIGNERS[choice.steps](config, context), lan_codec=lan_codec, rescale_grad=rescale)

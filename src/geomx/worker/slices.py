@@ -1,5 +1,5 @@
 """A worker's keys: how each key's tensor is cut into slices, which server holds each slice, and how a slice
-travels as message fields (float16 under the fp16 switch) and comes back into the caller's tensor.
+travels as message fields (through the LAN codec, if the worker runs one) and comes back into the caller's tensor.
 
 Usage::
 
@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..codecs import FP16, Registry, TensorInfo
+from ..codecs import Codec, Registry, TensorInfo
 from ..codecs.messages import decode_message, payload_fields
 from ..sharding import ShardPlanner
 from ..tensors import readonly_tensor
@@ -91,11 +91,11 @@ def to_numpy(tensor: torch.Tensor, snapshot: bool) -> np.ndarray:
     return flat.contiguous().numpy()
 
 
-def payload(fp16: FP16 | None, key: int, part: int, piece: np.ndarray) -> dict[str, Any]:
-    """Message fields carrying ``piece``: float16 under the fp16 switch (float32/64 data only), else as is."""
-    if fp16 is None or piece.dtype not in (np.float32, np.float64):
+def payload(codec: Codec | None, key: int, part: int, piece: np.ndarray) -> dict[str, Any]:
+    """Message fields carrying ``piece``: encoded by the LAN ``codec`` (float32/64 data only), else as is."""
+    if codec is None or piece.dtype not in (np.float32, np.float64):
         return {"tensor": piece}
-    return payload_fields(fp16, piece, TensorInfo(key, part, "gradient", "push"))
+    return payload_fields(codec, piece, TensorInfo(key, part, "gradient", "push"))
 
 
 def copy_out(codecs: Registry, replies: list[Message], info: KeyInfo, out: torch.Tensor) -> None:
