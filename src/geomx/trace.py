@@ -49,12 +49,16 @@ class Tracer:
         """One event now (any thread)."""
         self._events.append((time.time(), event, peer, kind, key, part, rnd, reply, nbytes))
 
+    def message(self, event: str, peer: str, message: Message, nbytes: int) -> None:
+        """Record ``event`` for ``message`` (its kind, key, slice, round and whether it is an answer)."""
+        self.event(event, peer, message.kind.name, message.key, message.part, message.round, message.is_reply,
+                   nbytes)
+
     def handled(self, handler: Callable[[Message], None]) -> Callable[[Message], None]:
         """``handler``, recording a ``handled`` event after each message it handled without raising."""
         def traced(message: Message) -> None:
             handler(message)
-            self.event("handled", message.sender.decode(), message.kind.name, message.key, message.part,
-                       message.round, message.is_reply, 0)
+            self.message("handled", message.sender.decode(), message, 0)
         return traced
 
     def close(self) -> None:

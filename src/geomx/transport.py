@@ -1,16 +1,10 @@
 """The van: ZeroMQ sockets, the I/O thread and the dispatch thread of one node.
 
-Each process has one ``Van``. It receives every inbound message on one ROUTER socket and sends through
-one DEALER socket per peer (the DEALER's identity is this node's id, so the receiver knows the sender).
-One I/O thread owns all sockets; one dispatch thread runs the node's handler, so a slow handler never
-stops bytes from moving. ``send`` may be called from any thread.
-
-DGT's UDP datagrams (``send_datagram``) take the same emulated links as the messages to their peer (the
-party's access link included) at strictly lower priority than any message, and count in the same byte
-counters: UDP is not a second pipe next to the WAN.
-
-The emulated links (pacing, access link, ingress, outages) are ``geomx.transport_links.LinkModel``, the counters
-``geomx.transport_counters``; their names are importable from here too.
+Each process has one ``Van``: one ROUTER socket receives, one DEALER per peer sends (its identity is this
+node's id). One I/O thread owns all sockets; one dispatch thread runs the node's handler, so a slow handler
+never stops bytes from moving. ``send`` may be called from any thread. UDP datagrams (``send_datagram``)
+take the same emulated links as the messages to their peer, strictly behind them, and count in the same
+byte counters. The links are ``geomx.transport_links.LinkModel``, the counters ``geomx.transport_counters``.
 
 Usage::
 
@@ -386,8 +380,7 @@ class Van:
                 continue
             message.sender = sender.encode()
             if self.tracer is not None:
-                self.tracer.event("in", sender, message.kind.name, message.key, message.part, message.round,
-                                  message.is_reply, nbytes)
+                self.tracer.message("in", sender, message, nbytes)
             if message.kind is Kind.PUSHPULL and self._links.outages:
                 self._links.outages.training_started(time.monotonic())
             if message.kind is Kind.HEARTBEAT and self.heartbeat_hook is not None and self.heartbeat_hook(message):
