@@ -710,7 +710,9 @@ class ParameterServer:
         future.add_done_callback(done)
 
     def _answer_early(self, rnd: Round, number: int, value: np.ndarray) -> None:
-        """Round ``number`` of ``rnd`` is the others' sum plus ours: adopt it and answer the workers now."""
+        """Round ``number`` of ``rnd`` is the others' sum plus ours: adopt it and answer the workers now (in the
+        declared dtype, as the global server stores it: half precision is summed in float32, then cast back)."""
+        value = value.astype(self.slots[(rnd.key, rnd.part)].value.dtype, copy=False)
         if rnd.number == number and rnd.forwarding:
             self.slots[(rnd.key, rnd.part)] = Slot(value)
             self.aggregation.adopted((rnd.key, rnd.part), value)
