@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ..dgt import read_reports
+from ..launch import LaunchResult
 from ..runlog import read_stats
 from ..tsengine import read_reports as read_ts_reports
 from .jobs import WAN, find_examples, master_records, run_job, write_topology
@@ -37,6 +38,25 @@ from .tables import say, table
 GLOBAL_SERVERS = (1, 2, 4)
 
 
+def _pushpull_command(size_mb: float, reps: int) -> list[str]:
+    """The transport bench worker timing ``reps`` pushpulls of ``size_mb`` after one warm-up."""
+    return [sys.executable, "-m", "geomx.bench_workers.transport", "--sizes-mb", f"{size_mb:g}", "--reps",
+            str(reps), "--warmup", "1"]
+
+
+def _master_records_of(name: str, raw: dict[str, Any], command: list[str], out_dir: Path,
+                       errors: list[str]) -> tuple[LaunchResult, list[dict[str, Any]]] | None:
+    """Run ``command`` as job ``name`` on topology ``raw``; its result and the master's records, or None (the
+    failure is appended to ``errors``, naming the job's log)."""
+    topology = write_topology(out_dir / "topologies" / f"{name}.yaml", raw)
+    result, metrics = run_job(name, topology, command, out_dir)
+    records = master_records(metrics)
+    if result.exit_code != 0 or not records:
+        errors.append(f"{name} failed ({result.failed}); see {out_dir / 'logs' / name}.log")
+        return None
+    return result, records
+
+
 def _multigps(quick: bool, out_dir: Path, errors: list[str]) -> dict[str, Any]:
     size_mb, reps = (16.0, 5) if quick else (64.0, 10)
     rows: dict[str, Any] = {}
@@ -44,15 +64,12 @@ def _multigps(quick: bool, out_dir: Path, errors: list[str]) -> dict[str, Any]:
         name = f"sched-multigps-{servers}gs"
         raw = {"parties": {"dc0": {"workers": 1}, "dc1": {"workers": 1}}, "central": "dc0",
                "global_servers": servers, "mode": "hips"}
-        topology = write_topology(out_dir / "topologies" / f"{name}.yaml", raw)
-        command = [sys.executable, "-m", "geomx.bench_workers.transport", "--sizes-mb", f"{size_mb:g}",
-                   "--reps", str(reps), "--warmup", "1"]
+        command = _pushpull_command(size_mb, reps)
         say(f"[sched] {name}: pushpull of {size_mb:g} MB x{reps}, 2 parties, {servers} global server(s) ...")
-        result, metrics = run_job(name, topology, command, out_dir)
-        records = master_records(metrics)
-        if result.exit_code != 0 or not records:
-            errors.append(f"{name} failed ({result.failed}); see {out_dir / 'logs' / name}.log")
+        outcome = _master_records_of(name, raw, command, out_dir, errors)
+        if outcome is None:
             continue
+        result, records = outcome
         per_server = {s["name"]: {"recv_mb": (s["lan"]["recv"] + s["wan"]["recv"]) / 1e6,
                                   "sent_mb": (s["lan"]["sent"] + s["wan"]["sent"]) / 1e6,
                                   "cpu_s": s.get("cpu_s")}
@@ -90,14 +107,12 @@ def _dgt(quick: bool, out_dir: Path, errors: list[str]) -> dict[str, Any]:
                                "mode": "hips", "links": {"wan": WAN}}
         if extra is not None:
             raw["dgt"] = {**DGT_BASE, **extra}
-        topology = write_topology(out_dir / "topologies" / f"{name}.yaml", raw)
         command = [sys.executable, str(cnn), "--epochs", str(epochs)]
         say(f"[sched] {name}: examples/cnn.py, {epochs} epochs over the emulated WAN ...")
-        result, metrics = run_job(name, topology, command, out_dir)
-        records = master_records(metrics)
-        if result.exit_code != 0 or not records:
-            errors.append(f"{name} failed ({result.failed}); see {out_dir / 'logs' / name}.log")
+        outcome = _master_records_of(name, raw, command, out_dir, errors)
+        if outcome is None:
             continue
+        result, records = outcome
         reports = read_reports(out_dir / "runs" / name)
         senders = [r for r in reports.values() if r.get("role") == "sender"]
         receiver = next((r for r in reports.values() if r.get("role") == "receiver"), {})
@@ -148,15 +163,12 @@ def _tsengine(quick: bool, out_dir: Path, errors: list[str], scenario: str) -> d
         raw: dict[str, Any] = {**TS_SCENARIOS[scenario]}
         if ts is not None:
             raw["tsengine"] = ts
-        topology = write_topology(out_dir / "topologies" / f"{name}.yaml", raw)
-        command = [sys.executable, "-m", "geomx.bench_workers.transport", "--sizes-mb", f"{size_mb:g}",
-                   "--reps", str(reps), "--warmup", "1"]
+        command = _pushpull_command(size_mb, reps)
         say(f"[sched] {name}: pushpull of {size_mb:g} MB x{reps}, {scenario} in-cast ...")
-        result, metrics = run_job(name, topology, command, out_dir)
-        records = master_records(metrics)
-        if result.exit_code != 0 or not records:
-            errors.append(f"{name} failed ({result.failed}); see {out_dir / 'logs' / name}.log")
+        outcome = _master_records_of(name, raw, command, out_dir, errors)
+        if outcome is None:
             continue
+        result, records = outcome
         reports = read_ts_reports(out_dir / "runs" / name)
         report = next((r for n, r in reports.items() if n.startswith("global") == (scenario == "inter")), {})
         rows[label] = {"step_ms": records[0]["mean_s"] * 1000, "size_mb": size_mb,
