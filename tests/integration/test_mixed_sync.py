@@ -28,12 +28,7 @@ def test_every_push_applied_once_and_the_slow_party_blocks_only_under_fsa(geomx_
     workers = _outputs(job)
     if tsengine is not None:  # dc0's local server coordinated its workers' rounds
         assert read_reports(job.run_dir)["dc0_server"]["rounds"] > 0
-    initial = workers[0][0]["initial"]
-    total_pushed = [sum(workers[r][0]["pushed"][i] for r in workers) for i in range(len(initial))]
-    expected = [w0 - jobkit.LR * g for w0, g in zip(initial, total_pushed, strict=True)]
-    for rank, (tensors, _) in workers.items():
-        for got, want in zip(tensors["final"], expected, strict=True):
-            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, msg=f"worker {rank}")
+    jobkit.assert_every_push_applied_once(workers)
     fast = max(report["train_s"] for tensors, report in workers.values() if report["party"] == "dc0")
     slow = min(report["train_s"] for tensors, report in workers.values() if report["party"] == "dc1")
     assert slow >= STEPS * DELAY_S

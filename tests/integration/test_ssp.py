@@ -56,12 +56,7 @@ def test_a_3x_slower_party_is_never_more_than_s_rounds_behind(geomx_job, stalene
     assert set(leads["dc1/server"]) == {0}, leads
     # every push applied exactly once, as FSA sums them (plain SGD: w0 - lr * sum of all pushes / workers)
     workers = jobkit.load_worker_outputs(job.run_dir)
-    initial = workers[0][0]["initial"]
-    total_pushed = [sum(workers[r][0]["pushed"][i] for r in workers) for i in range(len(initial))]
-    expected = [w0 - jobkit.LR * g for w0, g in zip(initial, total_pushed, strict=True)]
-    for rank, (tensors, _) in workers.items():
-        for got, want in zip(tensors["final"], expected, strict=True):
-            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, msg=f"worker {rank}")
+    jobkit.assert_every_push_applied_once(workers)
 
 
 @pytest.mark.slow

@@ -329,3 +329,14 @@ def assert_fsa_equivalent(workers: dict[int, tuple[dict[str, list[torch.Tensor]]
         assert not torch.allclose(got, start), f"parameter {index} did not change: nothing was trained"
         torch.testing.assert_close(got, want, msg=lambda m, i=index: f"parameter {i} differs from the "
                                                                       f"single-process reference: {m}")
+
+
+def assert_every_push_applied_once(workers: dict[int, tuple[dict[str, list[torch.Tensor]], dict[str, Any]]]) -> None:
+    """Plain SGD on the global server: every worker ends at ``initial - LR * (sum of every worker's pushes)``,
+    each push applied exactly once (none lost, none twice), whatever order they arrived in."""
+    initial = workers[0][0]["initial"]
+    total_pushed = [sum(workers[r][0]["pushed"][i] for r in workers) for i in range(len(initial))]
+    expected = [w0 - LR * g for w0, g in zip(initial, total_pushed, strict=True)]
+    for rank, (tensors, _) in workers.items():
+        for got, want in zip(tensors["final"], expected, strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, msg=f"worker {rank}")
