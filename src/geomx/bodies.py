@@ -3,8 +3,8 @@
 A body is JSON on the wire (``Message.body``); these classes say which keys each kind carries and of what
 type, so a sender cannot misspell a key and a receiver gets a precise error naming the kind, the key and what
 was wrong, instead of a KeyError deep in a handler. The worker side (``geomx.kv``, ``geomx.worker``) builds
-its requests and reads its answers through them; the server side reads loose dicts today and adopts them
-later.
+its requests and reads its answers through them; the servers (``geomx.server``, ``geomx.core.inits``, ESync's
+state rounds) and the schedulers read theirs through them.
 
 Usage::
 
@@ -57,6 +57,23 @@ class StepAssignment:
     """STATE's answer: local steps per worker name for the next round."""
 
     steps: dict[str, int]
+
+
+@dataclass(frozen=True)
+class MembersNotice:
+    """MEMBERS, global scheduler -> global servers: a restarted party's local server (its address-book entry,
+    ``Member.to_json()``) replaces the dead one with identity ``replaces``."""
+
+    member: dict[str, Any]
+    replaces: str
+
+
+@dataclass(frozen=True)
+class ShutdownNotice:
+    """SHUTDOWN, a server -> its schedulers: it stops; ``failed`` says why, if it had to (the schedulers tell
+    everyone at once)."""
+
+    failed: str | None = None
 
 
 def encode_body(body: Any) -> dict[str, Any]:

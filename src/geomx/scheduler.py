@@ -20,6 +20,7 @@ import time
 from concurrent.futures import wait
 from dataclasses import dataclass
 
+from .bodies import BodyError, MembersNotice, ShutdownNotice, decode_body, encode_body
 from .config import Mode, NodeConfig, Role
 from .heartbeat import Watch
 from .membership import GLOBAL_SCHEDULER_ID, Member, local_scheduler_id
@@ -116,7 +117,10 @@ class Scheduler:
         if message.kind is Kind.REGISTER:
             self._on_register(sender, message)
         elif message.kind is Kind.SHUTDOWN:
-            failed = (message.body or {}).get("failed")
+            try:
+                failed = decode_body(ShutdownNotice, message.body or {}).failed
+            except BodyError as exc:  # still a goodbye: the member stops either way
+                failed = f"(a malformed goodbye: {exc})"
             with self._lock:
                 if self._watch is None or sender not in self._watch.names:
                     log.warning("[%s] ignored a goodbye from %r, which is not a member", self.name, sender)
@@ -253,7 +257,7 @@ class Scheduler:
         self.van.add_peer(sender, reg.address, reg.party)
         gone = self._goodbyes | self._dead_ids()
         servers = [m for m in self._members if m.role is Role.GLOBAL_SERVER and m.id not in gone]
-        notice = {"member": new.to_json(), "replaces": old.id}
+        notice = encode_body(MembersNotice(member=new.to_json(), replaces=old.id))
         futures = [self.requests.call(m.id, Message(Kind.MEMBERS, body=notice)) for m in servers]
         log.warning("[%s] %s of %s rejoins in place of the one declared dead; telling %d global servers",
                     self.name, reg.role.value, reg.party, len(servers))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from concurrent.futures import Future
 
+from ..bodies import BodyError, StateReport, StepAssignment, decode_body, encode_body
 from ..config import NodeConfig, Role
 from ..core.plugins import Completion, Extension, Handler, ServerHost
 from ..core.rounds import Round
@@ -35,13 +36,26 @@ class StateRounds(Extension):
     def completions(self) -> dict[Kind, Completion]:
         return {Kind.STATE: self.complete}
 
+    def holds_rejoiners(self) -> bool:
+        """A rejoined client joins at the others' next cycle (the end of a state round), so that its first push
+        meets their first push of that cycle. Only where state rounds run (shard 0 sees them)."""
+        return self.host.table.has_kind(Kind.STATE)
+
+    def rejoin_refusal(self, shards: int) -> str | None:
+        if self.holds_rejoiners() and shards > 1:
+            # The hold that aligns a rejoiner with the others' next cycle exists on shard 0 only: the other
+            # global servers' per-key rounds would take its pushes a cycle apart and deadlock.
+            return ("ESync with several global servers cannot take a party back (only global server 0 sees the "
+                    "state rounds that align it); restart the whole job with --resume")
+        return None
+
     def on_state(self, message: Message) -> None:
         """A speed report: {"seconds_per_step": {worker: s}, "base_steps": n}; validated, then a round."""
-        body = message.body or {}
-        speeds = body.get("seconds_per_step")
-        base = body.get("base_steps")
-        if (not isinstance(speeds, dict) or not speeds or not isinstance(base, int) or isinstance(base, bool)
-                or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in speeds.values())):
+        try:
+            report = decode_body(StateReport, message.body)
+        except BodyError:
+            report = None
+        if report is None or not report.seconds_per_step:
             self.host.refuse(message, "STATE needs {'seconds_per_step': {worker: seconds}, 'base_steps': int}")
             return
         self.host.table.contribute(message)
@@ -51,21 +65,22 @@ class StateRounds(Extension):
         speeds: dict[str, float] = {}
         base = 1
         for message in rnd.contributions.values():
-            body = message.body or {}
-            speeds.update(body["seconds_per_step"])
-            base = max(base, int(body["base_steps"]))
+            report = decode_body(StateReport, message.body)  # checked when it arrived (on_state)
+            speeds.update(report.seconds_per_step)
+            base = max(base, report.base_steps)
         if self.is_top:
             try:
                 steps = assign_steps(speeds, base)
             except ValueError as exc:
                 self.host.release(rnd, None, str(exc))
                 return
-            self.host.release(rnd, None, body={"steps": steps})
+            self.host.release(rnd, None, body=encode_body(StepAssignment(steps=steps)))
             self.host.table.admit()
             return
         number = rnd.number
-        self.host.call(self.host.upstream[0], Message(Kind.STATE, round=rnd.number, body={
-            "seconds_per_step": speeds, "base_steps": base}), lambda f: self._finish(rnd, f, number))
+        merged = encode_body(StateReport(seconds_per_step=speeds, base_steps=base))
+        self.host.call(self.host.upstream[0], Message(Kind.STATE, round=rnd.number, body=merged),
+                       lambda f: self._finish(rnd, f, number))
 
     def _finish(self, rnd: Round, future: Future[Message], number: int) -> None:
         error = future.exception()

@@ -39,6 +39,7 @@ class HfaAggregation(Aggregation):
 
     push_kind = "delta"
     answers_weights = True
+    answers_plain_sums = False  # the global model (or its change), not the sum of the parties' deltas
 
     def __init__(self, host: ServerHost, local: LocalFrequencyAggregation | None, hips: bool) -> None:
         self.host = host

@@ -14,7 +14,8 @@ The result is bit-identical: the global server sums in arrival order, ``accum + 
 computes exactly ``np.add(accum, last)``.
 
 Only where the answer is the plain sum: a HiPS global server with FSA, no server optimizer, the plain
-aggregation, no WAN codec and no wide-float encoding, the direct route alone (``ParameterServer._answers_early``); a
+aggregation, no WAN codec and no wide-float encoding, the direct route alone: each plug-in declares it
+(``answers_plain_sums`` of the sync policy, the aggregation and the route; ``geomx.server.pushpull``); a
 round that lost a client on the way (rescaled) answers in full as before. Should the answer stop being the plain
 sum between an early sum and its round's end (the master sets a server optimizer mid-job), the local server that
 used it stops the job with the reason rather than let the parties' models differ.

@@ -27,6 +27,11 @@ class Encoding:
         self.wan: Codec | None = None  # the master's WAN compression
         self.wan_spec: dict[str, Any] | None = None  # as the master sent it: given to rejoining parties
 
+    @property
+    def plain(self) -> bool:
+        """Whether values travel as they are on every link (no codec set)."""
+        return self.wide is None and self.wan is None
+
     def lan_for(self, value: np.ndarray) -> Codec | None:
         """The codec for ``value`` on the LAN: the wide-float codec if ``value`` is wider than it keeps."""
         if self.wide is None or value.dtype not in (np.float32, np.float64):

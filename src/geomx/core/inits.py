@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ..bodies import BodyError, InitBody, decode_body
 from ..wire import Kind, Message
 from .rounds import Round, RoundTable, Slot
 
@@ -95,10 +96,11 @@ class Inits:
 
     def check_shard(self, message: Message) -> str | None:
         """Record the explicit shard id an INIT names (see geomx.sharding); the problem with it, if any."""
-        shard = (message.body or {}).get("shard")
         where = f"INIT of key {message.key} slice {message.part}"
-        if not isinstance(shard, int) or isinstance(shard, bool):
-            return f"{where} names no shard id (body {{'shard': int}})"
+        try:
+            shard = decode_body(InitBody, message.body).shard
+        except BodyError as exc:
+            return f"{where} names no shard id (body {{'shard': int}}): {exc}"
         if self.is_global and shard != self.shard_id:
             return f"{where} is meant for shard {shard}, but this is shard {self.shard_id}"
         if not self.is_global and shard not in self.shard_owner:

@@ -78,6 +78,11 @@ class Route:
     """How a value travels up and down. This base is the direct route: pushes go up as one request to the
     owner, and every contributor gets the round's answer in its reply. A route plug-in overrides hooks."""
 
+    # Whether pushes go up as one request each and every contributor gets the round's answer in its reply, as
+    # the direct route does (what early answers need: geomx.core.early); a route that carries values its own
+    # way says False.
+    answers_plain_sums = True
+
     def start(self) -> None:
         """The server has joined the job (its peers and the tier above are known): start what the route runs."""
 
@@ -131,6 +136,7 @@ class RouteChain(Route):
 
     def __init__(self, routes: list[Route]) -> None:
         self.routes = routes
+        self.answers_plain_sums = all(route.answers_plain_sums for route in routes)
 
     def start(self) -> None:
         for route in self.routes:
@@ -185,6 +191,9 @@ class Aggregation:
 
     push_kind = "gradient"  # what the upward sum is, for the WAN codec ("gradient" or "delta")
     answers_weights = False  # the top tier answers with weights even without an optimizer
+    # Whether the top tier's answer without an optimizer is the completed sum itself, adopted as it is below
+    # (what early answers need: geomx.core.early).
+    answers_plain_sums = True
 
     def upward(self, sid: SlotId, total: np.ndarray) -> np.ndarray | None:
         """What a lower tier sends up for a completed round; None: the round is answered here with ``total``."""
@@ -223,3 +232,12 @@ class Extension:
 
     def completions(self) -> dict[Kind, Completion]:
         return {}
+
+    def holds_rejoiners(self) -> bool:
+        """Whether a client that rejoins the job waits for the others' current cycle to end before its rounds
+        count (its requests are held until then: ``Clients.add(hold=True)``)."""
+        return False
+
+    def rejoin_refusal(self, shards: int) -> str | None:
+        """Why a client cannot rejoin a tier served by ``shards`` servers (None: it can)."""
+        return None

@@ -43,6 +43,10 @@ class SyncPolicy(ABC):
     # The options this policy's constructor takes (name -> int, float, bool or str), parsed from the job's
     # plug-in options by the composition root (see geomx.core.options).
     options: ClassVar[dict[str, type]] = {}
+    # Whether every round's answer is the sum of all awaited clients' pushes, released to all of them at once
+    # when the last one is in: then a global server may send the last party the others' sum ahead of its own
+    # push (early answers, geomx.core.early).
+    answers_plain_sums: ClassVar[bool] = False
 
     @abstractmethod
     def round_complete(self, contributors: Collection[str], awaited: Collection[str]) -> bool:

@@ -40,6 +40,8 @@ def udp_endpoint(address: str) -> tuple[str, int]:
 class DgtRoute(Route):
     """A local server: sends the minor blocks by UDP. A global server: reassembles, answers with feedback."""
 
+    answers_plain_sums = False  # a push travels as blocks on several channels, not as one request
+
     def __init__(self, host: ServerHost, spec: DGTSpec, is_global: bool, bind_host: str) -> None:
         self.host = host
         self.spec = spec

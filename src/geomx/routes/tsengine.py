@@ -34,6 +34,8 @@ SlotId = tuple[int, int]
 class TsEngineRoute(Route):
     """TSEngine's coordinator and/or member side of one server."""
 
+    answers_plain_sums = False  # values travel along the overlays, not in each contributor's reply
+
     def __init__(self, host: ServerHost, coordinator: Coordinator | None, member: bool) -> None:
         self.host = host
         self.ts = coordinator

@@ -23,6 +23,7 @@ class FullySynchronous(SyncPolicy):
     title = "FSA"
     name = "dist_sync"
     synchronous = True
+    answers_plain_sums = True
 
     def round_complete(self, contributors: Collection[str], expected: Collection[str]) -> bool:
         return set(expected) <= set(contributors)

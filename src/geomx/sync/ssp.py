@@ -31,6 +31,7 @@ class BoundedStaleness(FullySynchronous):
     title = "SSP"
     synchronous = False  # answers may precede their round: model averaging would mix rounds
     needs_server_optimizer = True  # an early answer is the applied model: weights, not a sum of gradients
+    answers_plain_sums = False  # a party may be answered before its round completes
     options = {"staleness": int}
 
     def __init__(self, staleness: int = 2) -> None:

@@ -1,0 +1,184 @@
+"""Rounds of pushes (PUSHPULL): a client's push joins its round; a completed round goes one tier up (a local
+server) or is applied (a global server), and every contributor gets the answer.
+
+What a tier does with a completed sum is the plug-ins' call: the sync policy rescales a round with clients
+missing, the aggregation says what goes up and what the top tier answers, the route how it travels, the
+codec slot how it is encoded, and the server optimizer (if the master set one) steps with it.
+
+Usage (the server's handler and completion for the kind)::
+
+    pushpulls = PushPulls(server)
+    handlers[Kind.PUSHPULL] = pushpulls.on_pushpull
+    pushpulls.complete(rnd)       # when the round table says a round of pushes is complete
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, cast
+
+import numpy as np
+
+from ..codecs import CodecError, TensorInfo
+from ..codecs.base import TensorKind
+from ..codecs.messages import payload_fields
+from ..config import Mode
+from ..core.checkpoints import checkpoint_if_due
+from ..core.early import send_early
+from ..core.inits import slot_mismatch
+from ..core.rounds import Round, Slot
+from ..wire import Kind, Message
+from .host import Host
+
+log = logging.getLogger("geomx.server")
+
+
+class PushPulls:
+    """A server's rounds of pushes (see the module docstring)."""
+
+    def __init__(self, host: Host) -> None:
+        self.host = host
+
+    def on_pushpull(self, message: Message) -> None:
+        """A client's push (decoded): checked against its slice, then it joins its round."""
+        host = self.host
+        slot = host.slots.get((message.key, message.part))
+        if slot is None:
+            host.refuse(message, f"key {message.key} slice {message.part} was never initialized; call init first")
+            return
+        if message.tensor is None and host.route.accepts_without_tensor(message):
+            host.table.contribute(message)  # this party's sum travels inside another party's push
+            return
+        if message.tensor is None:
+            host.refuse(message, f"PUSHPULL of key {message.key} carries no tensor")
+            return
+        problem = slot_mismatch(slot.describe(), message)
+        if problem:
+            host.refuse(message, problem)
+            return
+        host.table.contribute(message)
+        host.route.pushed(message)
+        if self.answers_early():
+            rnd = host.table.get(Kind.PUSHPULL, message.key, message.part)
+            if rnd is not None:
+                send_early(host, rnd, host.table.awaited(rnd))
+
+    def answers_early(self) -> bool:
+        """Whether this server sends the last party the others' sum early (see geomx.core.early): a HiPS global
+        server whose answer is the plain sum of the parties' pushes, as every plug-in in it declares."""
+        host = self.host
+        topology = host.config.topology
+        return (host.is_global and topology.early_answers and topology.mode is Mode.HIPS and host.optimizer is None
+                and host.table.policy.answers_plain_sums and host.aggregation.answers_plain_sums
+                and host.route.answers_plain_sums and host.encoding.plain)
+
+    def answer_early(self, rnd: Round, message: Message) -> None:
+        """The policy lets this contributor go on before its round completes: the last applied value, sent as
+        a completed round's answer would be."""
+        host = self.host
+        value = host.slots[(rnd.key, rnd.part)].value
+        fields = self._reply_fields(rnd, value)
+        host.send(message.sender.decode(), message.reply(**fields) if fields else message.reply(tensor=value))
+
+    def complete(self, rnd: Round) -> None:
+        """A round of pushes is complete: send its sum up (a local server) or apply it (a global server)."""
+        host = self.host
+        assert rnd.accum is not None
+        full_sum, rnd.accum = rnd.accum, None
+        total = self._rescaled(rnd, full_sum)
+        if rnd.early is not None and (total is not full_sum or rnd.early not in rnd.contributions
+                                      or not self.answers_early()):
+            # a client is missing, or the answer is no longer the plain sum (the master set an optimizer or a
+            # codec since the early sum left): everyone gets the full answer; the early sum is never used
+            rnd.early = None
+        if host.is_global:
+            self._apply(rnd, total)
+        else:
+            self._send_up(rnd, total)
+
+    def _send_up(self, rnd: Round, total: np.ndarray) -> None:
+        """A local server's completed round: what the aggregation sends up, encoded, by the route."""
+        host = self.host
+        sid = (rnd.key, rnd.part)
+        dtype = host.slots[sid].value.dtype  # what init declared; sums of narrow floats were kept in fp32
+        sent = host.aggregation.upward(sid, total)
+        if sent is None:  # a round the aggregation answers inside the party
+            value = total.astype(dtype, copy=False)
+            host.slots[sid] = Slot(value)
+            host.release(rnd, value)
+            return
+        upward = sent.astype(dtype, copy=False)
+        fields: dict[str, Any] = {"tensor": upward}
+        codec = host.encoding.wan_for(upward)
+        if codec is not None:
+            kind = cast(TensorKind, host.aggregation.push_kind)
+            try:
+                fields = payload_fields(codec, upward, TensorInfo(rnd.key, rnd.part, kind, "push"))
+            except CodecError as exc:
+                host.release(rnd, None, f"cannot compress key {rnd.key} slice {rnd.part}: {exc}")
+                return
+        if host.route.send_up(rnd, fields):
+            return
+        first = next(iter(rnd.contributions.values()))
+        host.forward(rnd, Message(Kind.PUSHPULL, key=rnd.key, part=rnd.part, num_parts=first.num_parts,
+                                  round=rnd.number, priority=first.priority, **fields))
+
+    def _apply(self, rnd: Round, total: np.ndarray) -> None:
+        """A global server's completed round: the optimizer steps with it (or the aggregation combines it), and
+        every contributor gets the answer."""
+        host = self.host
+        sid = (rnd.key, rnd.part)
+        slot = host.slots[sid]
+        dtype = slot.value.dtype
+        previous = slot.value
+        if host.optimizer is not None:
+            try:
+                contributor = next(iter(rnd.contributions)) if len(rnd.contributions) == 1 else ""
+                gradient = host.aggregation.gradient(total)
+                slot.value = host.optimizer.step(sid, slot.value, gradient, contributor).astype(dtype, copy=False)
+            except Exception as exc:  # a failing optimizer must not take the server down
+                log.exception("[%s] optimizer failed on key %d", host.name, rnd.key)
+                host.release(rnd, None, f"optimizer {host.optimizer.name} failed: {exc}")
+                return
+        else:
+            slot.value = host.aggregation.combine(slot.value, total).astype(dtype, copy=False)
+        answer = host.aggregation.answer_fields(rnd, slot.value, previous)
+        host.release(rnd, slot.value, fields=answer or self._reply_fields(rnd, slot.value))
+        checkpoint_if_due(host.checkpoints, host.slots, host.table, host.optimizer)
+
+    def _rescaled(self, rnd: Round, total: np.ndarray) -> np.ndarray:
+        """After a drop or a departure: the sum as the tier's policy applies it, given the workers behind the
+        round's contributions and the tier's (FSA scales it to the full tier; others apply it as it is)."""
+        host = self.host
+        present = sum(self._workers_behind(c) for c in rnd.contributions)
+        full = host.config.topology.num_all_workers if host.is_global else host.config.num_workers
+        return host.table.policy.rescale(total, present, full)
+
+    def _workers_behind(self, client: str) -> int:
+        """Workers a client speaks for: its party's (a local server's pushes to a global server), else 1."""
+        host = self.host
+        party = host.van.peer_party(client)
+        if host.is_global and host.config.topology.mode is Mode.HIPS and party is not None:
+            return host.config.topology.party(party).num_workers
+        return 1
+
+    def _reply_fields(self, rnd: Round, value: np.ndarray) -> dict[str, Any] | None:
+        """The global server's answer, compressed when a WAN codec is set (None: the plain value).
+
+        An aggregate of gradients is additive, so residual codecs may sparsify it, keeping what they hold back
+        for later rounds. Weights (after a server optimizer, or an aggregation that answers with the model)
+        are not: they travel with stateless codecs or dense.
+        """
+        host = self.host
+        codec = host.encoding.wan_for(value)
+        if codec is None:
+            return None
+        weights = host.optimizer is not None or host.aggregation.answers_weights
+        kind: TensorKind = "weights" if weights else "gradient"
+        try:
+            return payload_fields(codec, value, TensorInfo(rnd.key, rnd.part, kind, "pull"))
+        except CodecError as exc:
+            if kind != "weights":
+                raise
+            log.debug("[%s] key %d is sent dense: %s", host.name, rnd.key, exc)
+            return None

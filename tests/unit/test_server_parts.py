@@ -1,0 +1,151 @@
+"""The parameter server's parts (geomx.server) driven in one process: a real ``ParameterServer`` built from a
+topology, never started (no sockets), its transport's ``send`` recorded. The plug-ins it composes decide, by
+what they declare, whether it answers early and whether it takes a party back: the server names none."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from geomx.config import NodeConfig, Role, load_topology
+from geomx.core.plugins import Extension
+from geomx.core.rounds import EARLY
+from geomx.server import ParameterServer
+from geomx.wire import Kind, Message
+
+PARTIES = ["ls0", "ls1", "ls2"]
+
+
+class Sent:
+    """What the server sent, by peer."""
+
+    def __init__(self) -> None:
+        self.messages: list[tuple[str, Message]] = []
+
+    def __call__(self, peer: str, message: Message, *args: Any, **kwargs: Any) -> None:
+        self.messages.append((peer, message))
+
+    def to(self, peer: str) -> list[Message]:
+        return [m for p, m in self.messages if p == peer]
+
+
+def global_server(tmp_path: Path, extra: str = "") -> tuple[ParameterServer, Sent]:
+    """A global server of three one-worker parties whose local servers are ``PARTIES``."""
+    path = tmp_path / "t.yaml"
+    path.write_text("parties:\n  dc0: {workers: 1}\n  dc1: {workers: 1}\n  dc2: {workers: 1}\n" + extra)
+    config = NodeConfig(role=Role.GLOBAL_SERVER, party="dc0", topology=load_topology(path),
+                        global_scheduler="127.0.0.1:1", rank=0)
+    server = ParameterServer(config)
+    server.clients.present = set(PARTIES)
+    sent = Sent()
+    server.van.send = sent  # type: ignore[method-assign]
+    server.van.knows = lambda peer: True  # type: ignore[method-assign]
+    server._ready = True
+    return server, sent
+
+
+def is_error(message: Message) -> bool:
+    return message.kind is Kind.ERROR
+
+
+def request(kind: Kind, sender: str, tensor: list[float] | None = None, **fields: Any) -> Message:
+    if tensor is not None and kind is Kind.PUSHPULL:
+        fields = {"dtype": "float32", "shape": (len(tensor),), **fields}
+    message = Message(kind, key=0, part=0, num_parts=1,
+                      tensor=None if tensor is None else np.array(tensor, dtype=np.float32), **fields)
+    message.sender = sender.encode()
+    message.request_id = 1
+    return message
+
+
+def initialized(server: ParameterServer, sent: Sent) -> None:
+    for i, party in enumerate(PARTIES):
+        server.redeliver(request(Kind.INIT, party, [1.0, 2.0] if i == 0 else None, dtype="float32", shape=(2,),
+                                 body={"shard": 0}))
+    assert [is_error(m) for _, m in sent.messages] == [False] * 3
+    sent.messages.clear()
+
+
+def test_an_fsa_round_sends_the_last_party_the_others_sum_then_answers_everyone(tmp_path: Path) -> None:
+    server, sent = global_server(tmp_path)
+    initialized(server, sent)
+    server.redeliver(request(Kind.PUSHPULL, "ls0", [1.0, 1.0]))
+    assert sent.messages == []  # two parties still missing: nothing early yet
+    server.redeliver(request(Kind.PUSHPULL, "ls1", [2.0, 3.0]))
+    (early,) = sent.to("ls2")  # the last party gets the others' sum before its push
+    assert not early.is_reply and early.body == {EARLY: 0}
+    np.testing.assert_array_equal(early.tensor, [3.0, 4.0])
+    server.redeliver(request(Kind.PUSHPULL, "ls2", [4.0, 4.0]))
+    for party in ("ls0", "ls1"):
+        np.testing.assert_array_equal(sent.to(party)[-1].tensor, [7.0, 8.0])
+    closing = sent.to("ls2")[-1]  # the round's answer to the last party carries no tensor, only the round
+    assert closing.is_reply and closing.tensor is None and closing.body == {EARLY: 0}
+    np.testing.assert_array_equal(server.slots[(0, 0)].value, [7.0, 8.0])
+
+
+@pytest.mark.parametrize("extra", ["hfa: {k1: 2, k2: 3}\n", "fp16: true\n", "tsengine: {inter: true}\n",
+                                   "early_answers: false\n", "dgt: {k: 0.5}\n"])
+def test_a_plug_in_whose_answer_is_not_the_plain_sum_turns_early_answers_off(tmp_path: Path, extra: str) -> None:
+    plain, _ = global_server(tmp_path)
+    assert plain.pushpulls.answers_early()
+    server, _ = global_server(tmp_path, extra)
+    assert not server.pushpulls.answers_early()
+
+
+def test_a_policy_that_answers_before_its_round_completes_turns_early_answers_off(tmp_path: Path) -> None:
+    server, sent = global_server(tmp_path, "training: {staleness: 2}\n")
+    server.configurers = {"ls0"}
+    server.redeliver(request(Kind.CONFIGURE, "ls0", body={"sync": "dist_ssp"}))
+    assert sent.to("ls0")[-1].is_reply and not is_error(sent.to("ls0")[-1])
+    assert server.table.policy.name == "dist_ssp" and not server.pushpulls.answers_early()
+
+
+def test_only_the_master_s_party_configures_and_unknown_settings_are_named(tmp_path: Path) -> None:
+    server, sent = global_server(tmp_path)
+    server.configurers = {"ls0"}
+    server.redeliver(request(Kind.CONFIGURE, "ls1", body={"sync": "dist_async"}))
+    assert "only the master worker may configure the servers" in str(sent.to("ls1")[-1].body)
+    server.redeliver(request(Kind.CONFIGURE, "ls0", body={"colour": "red"}))
+    assert "unknown key(s) ['colour']" in str(sent.to("ls0")[-1].body)
+    assert server.table.policy.name == "dist_sync"
+
+
+class HoldsRejoiners(Extension):
+    def holds_rejoiners(self) -> bool:
+        return True
+
+    def rejoin_refusal(self, shards: int) -> str | None:
+        return f"not with {shards} shards" if shards > 1 else None
+
+
+def test_whether_a_party_may_rejoin_is_the_policy_s_and_the_extensions_call(tmp_path: Path) -> None:
+    fsa, _ = global_server(tmp_path)
+    assert "dist_sync cannot take a party back" in str(fsa.departures.rejoin_refusal())
+    elastic, _ = global_server(tmp_path, "elastic: true\n")
+    assert elastic.departures.rejoin_refusal() is None
+    sharded, _ = global_server(tmp_path, "elastic: true\nglobal_servers: 2\n")
+    assert sharded.departures.rejoin_refusal() is None
+    sharded.extensions.append(HoldsRejoiners())
+    assert sharded.departures.rejoin_refusal() == "not with 2 shards"
+
+
+def test_under_mixedsync_a_party_leaves_alone_and_the_last_one_ends_the_server(tmp_path: Path) -> None:
+    server, sent = global_server(tmp_path)
+    server.configurers = {"ls0"}
+    server.redeliver(request(Kind.CONFIGURE, "ls0", body={"sync": "dist_async"}))
+    for i, party in enumerate(PARTIES):
+        assert not server._done.is_set()
+        server.redeliver(request(Kind.SHUTDOWN, party))
+        assert sent.to(party)[-1].is_reply and len(server.clients.departed) == i + 1
+    assert server._done.is_set()
+
+
+def test_a_pull_of_a_slice_never_initialized_is_refused_naming_it(tmp_path: Path) -> None:
+    server, sent = global_server(tmp_path)
+    server.redeliver(request(Kind.PULL, "ls0"))
+    assert "key 0 slice 0 was never initialized" in str(sent.to("ls0")[-1].body)
+    server.redeliver(request(Kind.PUSHPULL, "stranger", [1.0, 1.0]))
+    assert "'stranger' is not a client of this server" in str(sent.to("stranger")[-1].body)
