@@ -63,7 +63,7 @@ class Flag(enum.IntFlag):
     SHAPE_ONLY = 2  # dtype and shape are set but no data frame follows (e.g. a non-master INIT)
 
 
-class Codec(enum.IntEnum):
+class CodecId(enum.IntEnum):
     """How the data frames encode the tensor. DENSE is decoded here; any other id (1..MAX_CODEC_ID) names a
     codec of ``geomx.codecs``: its frames stay raw bytes (``Message.encoded``) for the receiver's codec
     registry, with the codec's small meta in the JSON body under ``CODEC_META``."""
@@ -112,7 +112,7 @@ class Message:
     round: int = 0
     priority: int = 0
     flags: Flag = Flag.NONE
-    codec: int = Codec.DENSE
+    codec: int = CodecId.DENSE
     body: dict[str, Any] | None = None
     tensor: np.ndarray | None = None
     encoded: list[np.ndarray] | None = None  # a non-DENSE codec's frames (raw bytes; dtype/shape: the decoded)
@@ -234,7 +234,7 @@ def decode(frames: Sequence[Any], max_message_bytes: int = 1 << 31) -> Message:
     tensor: np.ndarray | None = None
     encoded: list[np.ndarray] | None = None
     data_frames = frames[2:]
-    if codec != Codec.DENSE:
+    if codec != CodecId.DENSE:
         if code not in _DTYPES or flags & Flag.SHAPE_ONLY:
             raise WireError(f"codec {codec} payload needs a known dtype and data frames")
         if not 1 <= len(data_frames) <= MAX_ENCODED_FRAMES:
@@ -271,7 +271,7 @@ def decode(frames: Sequence[Any], max_message_bytes: int = 1 << 31) -> Message:
             tensor = np.frombuffer(buffer, dtype=dtype, count=count).reshape(shape)
     return Message(kind=kind_value, key=key, part=part, num_parts=num_parts, request_id=request_id,
                    round=round_, priority=priority, flags=Flag(flags),
-                   codec=Codec.DENSE if codec == Codec.DENSE else codec, body=body,
+                   codec=CodecId.DENSE if codec == CodecId.DENSE else codec, body=body,
                    tensor=tensor, dtype=dtype, shape=tuple(shape), encoded=encoded)
 
 

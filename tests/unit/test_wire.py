@@ -16,7 +16,7 @@ from geomx.wire import (
     MAX_BODY_BYTES,
     MAX_NDIM,
     PROTOCOL_VERSION,
-    Codec,
+    CodecId,
     Flag,
     Kind,
     Message,
@@ -101,7 +101,7 @@ def assert_header_fields_equal(got: Message, sent: Message) -> None:
     assert got.request_id == sent.request_id
     assert got.round == sent.round
     assert got.priority == sent.priority
-    assert got.codec is Codec.DENSE
+    assert got.codec is CodecId.DENSE
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from typing import Any, ClassVar, Literal, Protocol
 
 import numpy as np
 
-DENSE_ID = 0  # raw bytes in the header's dtype; wire.py's Codec.DENSE
+DENSE_ID = 0  # raw bytes in the header's dtype; wire.py's CodecId.DENSE
 COMPOSITE_ID = -1  # a codec that never appears on the wire: its payloads carry the id of the part that encoded
 MAX_DECODE_BYTES = 1 << 31  # the largest tensor a payload may ask us to allocate (wire.py's default limit)
 
