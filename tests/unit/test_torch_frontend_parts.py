@@ -12,6 +12,7 @@ from geomx.config import ConfigError, HFASpec, TrainingSpec
 from geomx.torch import Strategy, make_plan, translate
 from geomx.torch.data import shard_indices
 from geomx.torch.optimizer import _layer_of_params
+from geomx.torch.plan import keeps_residuals
 from geomx.torch.signature import compare, signature
 
 
@@ -45,6 +46,19 @@ def test_plans_follow_the_configuration():
     assert hfa.mode is Strategy.HFA and hfa.server_optimizer == optim.OuterNesterov()
     assert make_plan(TrainingSpec(esync=True), HFASpec(4, 1), adam).mode is Strategy.ESYNC
     assert make_plan(TrainingSpec(p3=True), None, adam).p3
+
+
+@pytest.mark.parametrize(("compression", "residual"), [
+    ({"type": "bsc", "threshold": 0.01}, True), ({"type": "mpq"}, True),
+    ({"type": "error_feedback", "inner": {"type": "int8"}}, True), ({"type": "int8"}, False),
+    ({"type": "fp16"}, False), (None, False), ({"type": "nope"}, False),
+])
+def test_which_codecs_need_additive_data_comes_from_the_codec_registry(compression, residual):
+    assert keeps_residuals(compression) is residual
+    adam = torch.optim.Adam(params(), lr=1e-3)
+    plan = make_plan(TrainingSpec(compression=compression), None, adam) if compression != {"type": "nope"} else None
+    if plan is not None:  # a residual codec cannot carry the weights a server optimizer answers with
+        assert (plan.mode is Strategy.LOCAL) is residual
 
 
 @pytest.mark.parametrize(("spec", "hfa", "text"), [

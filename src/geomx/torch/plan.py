@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import enum
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from .. import optim
+from ..codecs import CodecError, make_codec
 from ..compose import check_names
 from ..config import ConfigError, HFASpec, TrainingSpec
 from ..config.combinations import check, plan_facts
@@ -32,8 +34,21 @@ from ..sync.registry import SYNC_POLICIES
 
 log = logging.getLogger("geomx.torch")
 
-# Codecs that keep residuals: they need additive data (gradients or deltas), never weights.
-RESIDUAL_CODECS = ("bsc", "mpq")
+
+
+def keeps_residuals(compression: Mapping[str, Any] | None) -> bool:
+    """Whether the codec ``compression`` names keeps residuals across rounds (the codec registry says:
+    Bi-Sparse, MPQ, anything wrapped in error feedback): it needs additive data (gradients or deltas), never
+    weights. A spec the registry refuses counts as False here; its error is reported where the codec is built.
+
+    Usage: ``keeps_residuals({"type": "bsc", "ratio": 0.01})`` -> True
+    """
+    if not compression:
+        return False
+    try:
+        return make_codec(compression).keeps_residual()
+    except CodecError:
+        return False
 
 
 class Strategy(enum.Enum):
@@ -111,7 +126,7 @@ def make_plan(spec: TrainingSpec, hfa: HFASpec | None, torch_optimizer: torch.op
     """Decide the mode; ConfigError names an unknown name or any combination that cannot work."""
     check_names(spec)
     codec = spec.compression["type"] if spec.compression else None
-    residual = codec in RESIDUAL_CODECS
+    residual = keeps_residuals(spec.compression)
     named = spec.server_optimizer not in ("auto", "none")
     policy = SYNC_POLICIES[spec.sync]  # check_names refused a name the registry does not hold
     facts = plan_facts(spec, hfa, residual, synchronous=policy.synchronous,
