@@ -5,7 +5,8 @@ servers run the optimizer. Run it through the launcher:
 
     geomx launch topologies/demo.yaml -- python examples/cnn.py --epochs 8
 
-``--mixed-sync`` switches to MixedSync (``dist_async``: each party's push is applied on arrival),
+``--mixed-sync`` switches to MixedSync (``dist_async``: each party's push is applied on arrival), ``--ssp``
+to bounded staleness (``dist_ssp``: a party runs at most ``training.staleness`` global rounds ahead),
 ``--dcasgd`` installs DCASGD on the global server, and ``--slow-party dc1 --slowdown 3`` makes one data
 center 3x slower to show what MixedSync is for:
 
@@ -36,6 +37,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=0.003)
     parser.add_argument("--optimizer", choices=["adam", "sgd"], default="adam")
     parser.add_argument("--mixed-sync", action="store_true", help="MixedSync: asynchronous across parties")
+    parser.add_argument("--ssp", action="store_true",
+                        help="bounded staleness across parties (dist_ssp); the bound is the topology's "
+                             "training.staleness (GEOMX_STALENESS)")
     parser.add_argument("--dcasgd", action="store_true", help="DCASGD on the global server (with --mixed-sync)")
     parser.add_argument("--lamda", type=float, default=0.04, help="DCASGD's variance control")
     parser.add_argument("--slow-party", default=None, help="make this party's workers slower")
@@ -53,7 +57,7 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    kv = geomx.kv.create("dist_async" if args.mixed_sync else "dist_sync")
+    kv = geomx.kv.create("dist_async" if args.mixed_sync else "dist_ssp" if args.ssp else "dist_sync")
     if args.idle_party is not None and not args.mixed_sync:
         raise SystemExit("--idle-party needs --mixed-sync: under FSA every step waits for every party")
     if args.idle_party == kv.party and kv.is_master_worker:
@@ -75,9 +79,9 @@ def main() -> None:
     train, test = digits_split()
     shard = train.shard(kv.global_rank, kv.num_all_workers)
     steps = steps_per_epoch(len(train), kv.num_all_workers, args.batch_size)
-    # MixedSync: each party holds the global model as of its own last pull, so every party's first worker
-    # evaluates and records (geomx bench takes the slowest party's time to target). FSA: one model, one record.
-    progress = Progress(kv, every_party=args.mixed_sync)
+    # MixedSync, SSP: each party holds the global model as of its own last answer, so every party's first
+    # worker evaluates and records (geomx bench takes the slowest party's time to target). FSA: one model.
+    progress = Progress(kv, every_party=args.mixed_sync or args.ssp)
     total_steps = 0
     acc = 0.0
     epochs = 0 if kv.party == args.idle_party else args.epochs

@@ -43,6 +43,7 @@ class SyncRow:
     args: tuple[str, ...] = ()
     mode: str = "hips"  # the topology's mode
     hfa: tuple[int, int] | None = None  # the topology's hfa: (k1, k2)
+    staleness: int | None = None  # the topology's training.staleness (SSP's bound)
     scenario: str = "same"  # "same": every worker at its own speed; "slow": one party (ESync: one worker) 3x
     # slower; "alone": dc1 joins and leaves at once, dc0 trains alone (MixedSync's fast-party baseline)
 
@@ -84,13 +85,15 @@ def sync_rows(quick: bool, scenarios: tuple[str, ...] = ()) -> tuple[SyncRow, ..
         SyncRow(SYNC_BASELINE, "FSA, flat PS", "cnn.py", n(20, 10), adam, mode="flat"),
         SyncRow("hips_fsa", "FSA, HiPS", "cnn.py", n(20, 10), adam),
         SyncRow("mixedsync", "MixedSync (Adam)", "cnn.py", n(30, 15), ("--mixed-sync", *adam)),
+        SyncRow("ssp", "SSP s=2 (Adam)", "cnn.py", n(20, 10), ("--ssp", *adam), staleness=2),
         SyncRow("mixedsync_dcasgd", "MixedSync + DCASGD", "cnn.py", n(40, 15),
                 ("--mixed-sync", "--dcasgd", "--lr", "0.3", "--momentum", "0")),
         SyncRow("hfa", "HFA K1=20 K2=10", "cnn_hfa.py", n(5, 3), hfa=(20, 10)),
         SyncRow("hfa_outer", "HFA K1=20 K2=10 + outer", "cnn_hfa.py", n(5, 3), ("--outer",), hfa=(20, 10)),
         SyncRow("esync", "ESync K1=4", "cnn_esync.py", n(40, 25), hfa=(4, 1)),
     )
-    slowed = (SYNC_BASELINE, "mixedsync", "esync") if quick else (SYNC_BASELINE, "hips_fsa", "mixedsync", "esync")
+    slowed = (SYNC_BASELINE, "mixedsync", "ssp", "esync") if quick else \
+        (SYNC_BASELINE, "hips_fsa", "mixedsync", "ssp", "esync")
     slow = tuple(replace(row, name=f"{row.name}_slow", scenario="slow",
                          args=(*row.args, *(SLOW_RANK if row.script == "cnn_esync.py" else SLOW_PARTY)))
                  for row in same if row.name in slowed)
@@ -100,7 +103,7 @@ def sync_rows(quick: bool, scenarios: tuple[str, ...] = ()) -> tuple[SyncRow, ..
     # (flat-PS FSA alone takes ~1.4 s a step, 2.5 minutes).
     wide = () if quick else tuple(
         replace(row, name=f"{row.name}_wide", scenario="wide", length=length, args=(*row.args, *WIDE_CNN_ARGS))
-        for row, length in ((same[0], 10), (same[4], 3), (same[5], 3)))
+        for row in same for name, length in ((SYNC_BASELINE, 10), ("hfa", 3), ("hfa_outer", 3)) if row.name == name)
     rows = same + slow + alone + wide
     return tuple(r for r in rows if r.scenario in scenarios) if scenarios else rows
 
@@ -114,6 +117,8 @@ def sync_topology(row: SyncRow) -> dict[str, Any]:
     raw = training_topology(row.mode)
     if row.hfa is not None:
         raw["hfa"] = {"k1": row.hfa[0], "k2": row.hfa[1]}
+    if row.staleness is not None:
+        raw.setdefault("training", {})["staleness"] = row.staleness
     return raw
 
 
@@ -198,7 +203,7 @@ def sync_goals(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
         fast = ratio(rates[1], rates[0])
         goals["mixedsync_fast_party"] = {"alone_steps_per_s": rates[0], "with_slow_party_steps_per_s": rates[1],
                                          "ratio": fast, "within_10pct": bool(fast is not None and fast >= 0.9)}
-    for name in ("mixedsync_slow", "esync_slow"):
+    for name in ("mixedsync_slow", "ssp_slow", "esync_slow"):
         if name in rows and fsa:
             time = rows[name].get("time_to_target_s")
             fsa_times = [f.get("time_to_target_s") for f in fsa]
@@ -250,7 +255,7 @@ def lines(sync: dict[str, Any]) -> list[str]:
                   cells, left=2)
     out.append(f"note: target = {sync['target_rule']}; only the job's model counts: FSA, HFA, ESync: the global "
                "model after a global round (HFA: evaluated every K1 x K2 = 200")
-    out.append("      local steps, never a party's local model); MixedSync (+ DCASGD): each party's pulled model, "
+    out.append("      local steps, never a party's local model); MixedSync (+ DCASGD), SSP: each party's pulled model, "
                "and to target s is the SLOWEST party's (its first record at target,")
     out.append("      its own training-loop time); a record before the first global round does not count. "
                "rounds @target = global rounds (WAN exchanges) by then: steps for FSA and")
@@ -284,7 +289,7 @@ def lines(sync: dict[str, Any]) -> list[str]:
                    f"beside a 3x slower dc1, {fmt(fast['alone_steps_per_s'], '.2f')} alone (dc1 idle): "
                    f"{fmt(fast['ratio'], '.2f', 'x')} "
                    f"(goal >= 0.90x: {'met' if fast['within_10pct'] else 'not met'}).")
-    for name, label in (("mixedsync_slow", "MixedSync"), ("esync_slow", "ESync")):
+    for name, label in (("mixedsync_slow", "MixedSync"), ("ssp_slow", "SSP s=2"), ("esync_slow", "ESync")):
         goal = goals.get(name)
         if goal:
             fsa = ", ".join(f"{'HiPS' if n.startswith('hips') else 'flat PS'} "
