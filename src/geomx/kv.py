@@ -26,10 +26,9 @@ from typing import Any
 
 import torch
 
-from . import config as config_module
 from .bodies import ConfigureBody, InitBody, decode_body, encode_body
 from .codecs import default_registry
-from .config import Mode, NodeConfig, Role
+from .config import Mode, NodeConfig, Role, node_config
 from .membership import Tier, is_server, join, new_node_id, scheduler_id
 from .optim import Optimizer
 from .rpc import Requests
@@ -317,4 +316,4 @@ def create(kind: str = "dist_sync", config: NodeConfig | None = None) -> KVStore
     """Connect this worker to the job. ``kind``: one of KVSTORE_TYPES; config defaults to the environment."""
     if kind not in KVSTORE_TYPES:
         raise ValueError(f"unknown kvstore type {kind!r}; valid: {list(KVSTORE_TYPES)}")
-    return KVStore(kind, config or config_module.node_config())
+    return KVStore(kind, config or node_config())

@@ -27,10 +27,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..dgt import read_reports
+from .. import dgt, tsengine
 from ..launch import LaunchResult
 from ..runlog import read_stats
-from ..tsengine import read_reports as read_ts_reports
 from .jobs import WAN, find_examples, master_records, run_job, write_topology
 from .sections import Plan
 from .tables import say, table
@@ -113,7 +112,7 @@ def _dgt(quick: bool, out_dir: Path, errors: list[str]) -> dict[str, Any]:
         if outcome is None:
             continue
         result, records = outcome
-        reports = read_reports(out_dir / "runs" / name)
+        reports = dgt.read_reports(out_dir / "runs" / name)
         senders = [r for r in reports.values() if r.get("role") == "sender"]
         receiver = next((r for r in reports.values() if r.get("role") == "receiver"), {})
         ks = [k for r in senders for k in r.get("k_history", [])]
@@ -169,7 +168,7 @@ def _tsengine(quick: bool, out_dir: Path, errors: list[str], scenario: str) -> d
         if outcome is None:
             continue
         result, records = outcome
-        reports = read_ts_reports(out_dir / "runs" / name)
+        reports = tsengine.read_reports(out_dir / "runs" / name)
         report = next((r for n, r in reports.items() if n.startswith("global") == (scenario == "inter")), {})
         rows[label] = {"step_ms": records[0]["mean_s"] * 1000, "size_mb": size_mb,
                        "disseminate_ms": (report["mean_disseminate_s"] * 1000

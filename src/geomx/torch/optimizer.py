@@ -33,8 +33,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .. import kv as kv_module
 from ..config import NodeConfig, node_config
+from ..kv import KVStore, create
 from ..runlog import file_name
 from .metrics import StepRecorder, TensorBoardSink
 from .plan import Plan, Strategy, make_plan
@@ -90,7 +90,7 @@ class DistributedOptimizer:
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, model: nn.Module, *,
-                 kv: kv_module.KVStore | None = None, config: NodeConfig | None = None) -> None:
+                 kv: KVStore | None = None, config: NodeConfig | None = None) -> None:
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")
         if not isinstance(model, nn.Module):
@@ -100,7 +100,7 @@ class DistributedOptimizer:
         self.model = model
         self.plan: Plan = make_plan(config.topology.training, config.topology.hfa, optimizer)
         self._owns_kv = kv is None
-        self.kv = kv if kv is not None else kv_module.create(self.plan.kvstore_type, config)
+        self.kv = kv if kv is not None else create(self.plan.kvstore_type, config)
         self._params: list[nn.Parameter] = list(model.parameters())
         self._names = [name for name, _ in model.named_parameters()]
         in_model = {id(p) for p in self._params}
