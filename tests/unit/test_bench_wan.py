@@ -128,3 +128,12 @@ def test_extra_rows_run_only_when_named():
     named = bench_wan.systems_for(wan_job.MLP, ["geomx_fsa_no_early", "ddp", "geomx_fsa"])
     assert [s.name for s in named] == ["geomx_fsa_no_early", "ddp", "geomx_fsa"]  # the order asked: drift cancels
     assert named[0].topology_extra == {"early_answers": False}
+
+
+def test_the_lm_job_s_best_row_is_the_plain_model_average_and_the_mlp_s_keeps_the_outer_step():
+    lm_best = {s.name: s for s in bench_wan.systems_for(wan_jobs.job("lm"))}["geomx_best"]
+    mlp_best = {s.name: s for s in bench_wan.systems_for(wan_jobs.job("mlp"))}["geomx_best"]
+    assert not lm_best.outer and "outer" not in lm_best.label and lm_best.hfa == (bench_wan.H, 1)
+    assert mlp_best.outer and "+ outer" in mlp_best.label
+    plain = {s.name: s for s in bench_wan.systems_for(wan_job.MLP)}["geomx_hfa_h"]
+    assert plain.hfa == (bench_wan.H, 1) and not plain.outer and plain.period == bench_wan.H
