@@ -35,7 +35,6 @@ Usage (what a server does when DGT is on)::
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import random
@@ -47,6 +46,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from . import runlog
 from .config import DGTSpec
 from .dgt_feedback import FEEDBACK_KEY, FeedbackError, FeedbackLedger, LossEstimate, parse_feedback
 from .emulator import LossyChannel
@@ -381,15 +381,10 @@ class DgtAssembler:
 
 
 def write_report(run_dir: Path, name: str, report: dict[str, Any]) -> Path:
-    """Write one server's DGT report to ``RUN/dgt/<name>.json`` (losses, K over time; read by tests, bench)."""
-    folder = run_dir / "dgt"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{name.replace('/', '_')}.json"
-    path.write_text(json.dumps(report))
-    return path
+    """Write one server's DGT report to ``RUN/dgt/<name>.json`` (read by tests and the bench)."""
+    return runlog.write_report(run_dir, "dgt", name, report)
 
 
 def read_reports(run_dir: Path) -> dict[str, dict[str, Any]]:
-    """Every DGT report of a run, by file stem."""
-    folder = run_dir / "dgt"
-    return {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))} if folder.is_dir() else {}
+    """Every dgt report of a run, by file stem."""
+    return runlog.read_reports(run_dir, "dgt")

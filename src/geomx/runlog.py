@@ -41,6 +41,22 @@ def read_stats(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
 
 
+def write_report(run_dir: Path, kind: str, name: str, report: dict[str, Any]) -> Path:
+    """Write one process's report of a feature to ``RUN/<kind>/<name>.json`` (DGT's losses, TSEngine's overlays:
+    read by tests and the bench). Usage: ``write_report(run_dir, "dgt", "dc1/server", {...})``."""
+    folder = run_dir / kind
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{file_name(name)}.json"
+    path.write_text(json.dumps(report))
+    return path
+
+
+def read_reports(run_dir: Path, kind: str) -> dict[str, dict[str, Any]]:
+    """Every ``kind`` report of a run, by file stem (``dc1_server``); none if no process wrote one."""
+    folder = run_dir / kind
+    return {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))} if folder.is_dir() else {}
+
+
 def append_metrics(run_dir: Path, name: str, record: dict[str, Any]) -> None:
     folder = run_dir / "metrics"
     folder.mkdir(parents=True, exist_ok=True)

@@ -27,13 +27,14 @@ Usage::
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from . import runlog
 
 EMA = 0.5
 
@@ -196,13 +197,9 @@ class Coordinator:
 
 def write_report(run_dir: Path, name: str, report: dict[str, Any]) -> Path:
     """Write a global server's TSEngine report to ``RUN/tsengine/<name>.json`` (read by tests and the bench)."""
-    folder = run_dir / "tsengine"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{name.replace('/', '_')}.json"
-    path.write_text(json.dumps(report))
-    return path
+    return runlog.write_report(run_dir, "tsengine", name, report)
 
 
 def read_reports(run_dir: Path) -> dict[str, dict[str, Any]]:
-    folder = run_dir / "tsengine"
-    return {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))} if folder.is_dir() else {}
+    """Every tsengine report of a run, by file stem."""
+    return runlog.read_reports(run_dir, "tsengine")
