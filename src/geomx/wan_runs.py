@@ -22,9 +22,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any
 
 import yaml
@@ -201,7 +201,9 @@ def run_system(system: System, link: Link | None, out: Path, epochs: int, cap_s:
     if (out / "rank0.jsonl").exists():
         records = read_log(out / "rank0.jsonl")
     raw: dict[str, Any] = {"system": system.name, "records": records, "cut_at_cap": cut, "failed": failed,
-                           "wall_s": wall, "logs": str(out / "logs")}
+                           "wall_s": wall, "logs": str(out / "logs"),
+                           "settings": {"kind": system.kind, "period": system.period, "hfa": system.hfa,
+                                        "outer": system.outer, "compression": system.compression}}
     if before is not None and after is not None:
         raw["bytes"] = {key: after[key] - before[key] for key in after}
     return raw

@@ -347,11 +347,20 @@ def goal_lines(block: dict[str, Any]) -> list[str]:
             f"({_fmt(mine.get('final_accuracy'), '.3f')} vs {_fmt(other.get('final_accuracy'), '.3f')})",
             value, value is not None and value >= 1.3 and no_worse)
 
+    def soonest(rows: list[dict[str, Any]]) -> dict[str, Any]:
+        return min(rows, key=lambda f: f.get("time_to_target_s") or float("inf"), default={})
+
     for rate in rates:
-        hfa = max((row(rate, n) for n in ("geomx_hfa_outer", "geomx_hfa_outer_h", "geomx_hfa_outer_h_p3")),
-                  key=lambda f: -(f.get("time_to_target_s") or float("inf")))
+        # HFA + outer as it runs dense (HiPS's one copy per party alone) and with a WAN codec (the best row)
+        runs = rates[rate].get("rows", {})
+        outer = {n: f for n, f in runs.items() if f.get("settings", {}).get("outer")} or \
+            {n: runs[n] for n in ("geomx_hfa_outer", "geomx_hfa_outer_h", "geomx_hfa_outer_h_p3") if n in runs}
+        dense = soonest([f for f in outer.values() if not f.get("settings", {}).get("compression")])
+        coded = soonest([f for f in outer.values() if f.get("settings", {}).get("compression")])
         for peer in ("diloco", "local_sgd"):
-            sooner(rate, hfa, "HFA + outer (the soonest HFA + outer row)", peer)
+            sooner(rate, dense, "HFA + outer, dense (the soonest such row)", peer)
+            if coded:
+                sooner(rate, coded, "HFA + outer with its WAN codec (the soonest such row)", peer)
         # the same arithmetic on both sides: HFA's plain model average against PostLocalSGD's
         sooner(rate, row(rate, "geomx_hfa_h"), f"HFA {H}x1 (model average, PostLocalSGD's arithmetic)", "local_sgd")
         fsa = row(rate, "geomx_fsa").get("step_speedup_vs_ddp")
