@@ -137,3 +137,23 @@ def test_the_lm_job_s_best_row_is_the_plain_model_average_and_the_mlp_s_keeps_th
     assert mlp_best.outer and "+ outer" in mlp_best.label
     plain = {s.name: s for s in bench_wan.systems_for(wan_job.MLP)}["geomx_hfa_h"]
     assert plain.hfa == (bench_wan.H, 1) and not plain.outer and plain.period == bench_wan.H
+
+
+def test_the_same_h_goal_is_said_for_hfa_outer_dense_and_with_its_codec():
+    def run(seconds: float, final: float, compression: dict | None, outer: bool = True) -> dict:
+        return {"time_to_target_s": seconds, "final_accuracy": final, "steps": 110, "step_s": 0.1,
+                "compute_util": 0.1, "settings": {"kind": "geomx", "hfa": (10, 1), "outer": outer,
+                                                  "compression": compression}}
+    rows = {"diloco": {**run(8.0, 0.969, None), "settings": {"kind": "diloco", "outer": False}},
+            "local_sgd": {**run(6.0, 0.969, None), "settings": {"kind": "local_sgd", "outer": False}},
+            "geomx_hfa_outer_h": run(6.4, 0.969, None),
+            "geomx_hfa_h": run(5.0, 0.969, None, outer=False),
+            "geomx_best": run(2.0, 0.978, {"type": "bsc"})}
+    block = {"job": "mlp", "higher_is_better": True, "rates": {"100": {"rows": rows}}}
+    text = "\n".join(bench_wan.goal_lines(block))
+    assert "geomx HFA + outer, dense (the soonest such row) >= 1.3x sooner than diloco" in text
+    assert "(0.969 vs 0.969): 1.25x -> NOT met" in text  # 8.0 / 6.4, the dense row, not the faster plain average
+    assert "HFA + outer with its WAN codec (the soonest such row) >= 1.3x sooner than diloco at the same H, final " \
+           "value no worse (0.978 vs 0.969): 4.00x -> met" in text
+    assert "PostLocalSGD's arithmetic) >= 1.3x sooner than local_sgd at the same H, final value no worse " \
+           "(0.969 vs 0.969): 1.20x -> NOT met" in text
