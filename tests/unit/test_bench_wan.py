@@ -136,7 +136,7 @@ def test_the_lm_job_s_best_row_is_the_plain_model_average_and_the_mlp_s_keeps_th
     assert not lm_best.outer and "outer" not in lm_best.label and lm_best.hfa == (bench_wan.H, 1)
     assert mlp_best.outer and "+ outer" in mlp_best.label
     plain = {s.name: s for s in bench_wan.systems_for(wan_job.MLP)}["geomx_hfa_h"]
-    assert plain.hfa == (bench_wan.H, 1) and not plain.outer and plain.period == bench_wan.H
+    assert plain.hfa == (1, bench_wan.H) and not plain.outer and plain.period == bench_wan.H
 
 
 def test_the_same_h_goal_is_said_for_hfa_outer_dense_and_with_its_codec():
@@ -155,5 +155,5 @@ def test_the_same_h_goal_is_said_for_hfa_outer_dense_and_with_its_codec():
     assert "(0.969 vs 0.969): 1.25x -> NOT met" in text  # 8.0 / 6.4, the dense row, not the faster plain average
     assert "HFA + outer with its WAN codec (the soonest such row) >= 1.3x sooner than diloco at the same H, final " \
            "value no worse (0.978 vs 0.969): 4.00x -> met" in text
-    assert "PostLocalSGD's arithmetic) >= 1.3x sooner than local_sgd at the same H, final value no worse " \
+    assert "PostLocalSGD's schedule) >= 1.3x sooner than local_sgd at the same H, final value no worse " \
            "(0.969 vs 0.969): 1.20x -> NOT met" in text

@@ -60,7 +60,8 @@ SYSTEMS = (
     System("geomx_fsa_p3", "geomx FSA + P3", "geomx", topology_extra={"training": {"p3": True}}),
     # HFA + outer at the same H both ways: K1=1 averages in the party every step (PostLocalSGD's subgroups),
     # K1=H only every H steps, with the global round (DiLoCo's four groups of one)
-    System("geomx_hfa_h", f"geomx HFA {H}x1", "geomx", period=H, hfa=(H, 1)),  # PostLocalSGD's arithmetic
+    # PostLocalSGD's schedule: the party's ranks agree every step, all ranks average their models every H steps
+    System("geomx_hfa_h", f"geomx HFA 1x{H}", "geomx", period=H, hfa=(1, H)),
     System("geomx_hfa_outer", f"geomx HFA 1x{H} + outer", "geomx", period=H, hfa=(1, H), outer=True),
     System("geomx_hfa_outer_h", f"geomx HFA {H}x1 + outer", "geomx", period=H, hfa=(H, 1), outer=True),
     System("geomx_hfa_outer_h_p3", f"geomx HFA {H}x1 + outer + P3", "geomx", period=H, hfa=(H, 1), outer=True,
@@ -362,7 +363,7 @@ def goal_lines(block: dict[str, Any]) -> list[str]:
             if coded:
                 sooner(rate, coded, "HFA + outer with its WAN codec (the soonest such row)", peer)
         # the same arithmetic on both sides: HFA's plain model average against PostLocalSGD's
-        sooner(rate, row(rate, "geomx_hfa_h"), f"HFA {H}x1 (model average, PostLocalSGD's arithmetic)", "local_sgd")
+        sooner(rate, row(rate, "geomx_hfa_h"), f"HFA 1x{H} (model average, PostLocalSGD's schedule)", "local_sgd")
         fsa = row(rate, "geomx_fsa").get("step_speedup_vs_ddp")
         say(f"{rate} Mbit/s, geomx FSA >= 1.3x faster per step than DDP", fsa, fsa is not None and fsa >= 1.3)
     return lines
