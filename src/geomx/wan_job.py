@@ -183,10 +183,6 @@ class Job:
     loss_of: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
     evaluate: Callable[[nn.Module, Dataset], float]
     calibrate_step_s: Callable[[], float]
-    # whether geomx's best row runs HFA with the outer Nesterov optimizer (False: the plain model average, as
-    # PostLocalSGD does; on the lm job, with Adam inside, the outer step at lr 0.7 misses the target in its
-    # 130 steps, as DiLoCo's does)
-    best_outer: bool = True
 
     def reached(self, value: float, target: float) -> bool:
         return value >= target if self.higher_is_better else value <= target

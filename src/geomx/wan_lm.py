@@ -81,4 +81,4 @@ def calibrate_step_s() -> float:
 LM = Job(name="lm", title=f"char transformer (lm.py) {LAYERS}x{DIM}, context {CONTEXT}", metric="val_loss",
          higher_is_better=False, margin=MARGIN, epochs=EPOCHS, codec_momentum=0.0, make_model=make_model,
          make_optimizer=make_optimizer, shard_and_test=shard_and_test, loss_of=next_char_loss, evaluate=val_loss,
-         calibrate_step_s=calibrate_step_s, best_outer=False)
+         calibrate_step_s=calibrate_step_s)
