@@ -75,6 +75,11 @@ SYSTEMS = (
 # rows run only when named in ``--only``: what one of geomx's defaults saves, side by side with the default row
 EXTRA_SYSTEMS = (
     System("geomx_fsa_no_early", "geomx FSA, no early answers", "geomx", topology_extra={"early_answers": False}),
+    # HFA's global round answers a slice once the far party's slice is in: the answer trails the push by one
+    # slice, so smaller slices overlap the two directions more (256K elements is the multi-party default)
+    System("geomx_hfa_outer_h_64k", f"geomx HFA {H}x1 + outer, 64K slices", "geomx", period=H, hfa=(H, 1),
+           outer=True, topology_extra={"slice_elems": 1 << 16}),
+    System("geomx_fsa_64k", "geomx FSA, 64K slices", "geomx", topology_extra={"slice_elems": 1 << 16}),
 )
 
 
