@@ -45,51 +45,7 @@ from ..wan_job import MLP, Job
 from ..wan_jobs import JOBS, job
 from ..wan_runs import System, run_system
 from .sections import Plan
-
-H = 10  # the sync period of local SGD, DiLoCo and HFA (K1 * K2)
-# DGC momentum correction asked for explicitly (the codec's default became 0 for Adam loops): the FSA row's
-# local SGD has no momentum of its own, and the table was measured with the correction on
-BSC = {"type": "bsc", "threshold": 0.01, "momentum": 0.9}
-
-DDP = System("ddp", "DDP (gloo)", "ddp")
-SYSTEMS = (
-    DDP,
-    System("local_sgd", f"PostLocalSGD H={H}", "local_sgd", period=H),
-    System("diloco", f"torchft DiLoCo H={H}", "diloco", period=H),
-    System("geomx_fsa", "geomx FSA", "geomx"),
-    System("geomx_fsa_p3", "geomx FSA + P3", "geomx", topology_extra={"training": {"p3": True}}),
-    # HFA + outer at the same H both ways: K1=1 averages in the party every step (PostLocalSGD's subgroups),
-    # K1=H only every H steps, with the global round (DiLoCo's four groups of one)
-    # PostLocalSGD's schedule: the party's ranks agree every step, all ranks average their models every H steps
-    System("geomx_hfa_h", f"geomx HFA 1x{H}", "geomx", period=H, hfa=(1, H)),
-    System("geomx_hfa_outer", f"geomx HFA 1x{H} + outer", "geomx", period=H, hfa=(1, H), outer=True),
-    System("geomx_hfa_outer_h", f"geomx HFA {H}x1 + outer", "geomx", period=H, hfa=(H, 1), outer=True),
-    System("geomx_hfa_outer_h_p3", f"geomx HFA {H}x1 + outer + P3", "geomx", period=H, hfa=(H, 1), outer=True,
-           topology_extra={"training": {"p3": True}}),
-    System("geomx_bisparse", "geomx FSA + Bi-Sparse 1%", "geomx", compression=BSC),
-    System("geomx_best", f"geomx best: HFA {H}x1 + outer + Bi-Sparse", "geomx", period=H, hfa=(H, 1), outer=True,
-           compression=BSC),
-)
-
-
-# rows run only when named in ``--only``: what one of geomx's defaults saves, side by side with the default row
-EXTRA_SYSTEMS = (
-    System("geomx_fsa_no_early", "geomx FSA, no early answers", "geomx", topology_extra={"early_answers": False}),
-    # HFA's global round answers a slice once the far party's slice is in: the answer trails the push by one
-    # slice, so smaller slices overlap the two directions more (256K elements is the multi-party default)
-    System("geomx_hfa_outer_h_64k", f"geomx HFA {H}x1 + outer, 64K slices", "geomx", period=H, hfa=(H, 1),
-           outer=True, topology_extra={"slice_elems": 1 << 16}),
-    System("geomx_fsa_64k", "geomx FSA, 64K slices", "geomx", topology_extra={"slice_elems": 1 << 16}),
-)
-
-
-def systems_for(spec: Job, only: list[str] | None = None) -> tuple[System, ...]:
-    """The rows for ``spec`` (``only``: just these, in that order, extra rows included): Bi-Sparse's momentum
-    correction is the job's (0 where Adam keeps its own)."""
-    by_name = {s.name: s for s in (*SYSTEMS, *EXTRA_SYSTEMS)}
-    chosen = [by_name[name] for name in dict.fromkeys(only)] if only else list(SYSTEMS)
-    return tuple(replace(s, compression={**s.compression, "momentum": spec.codec_momentum}) if s.compression else s
-                 for s in chosen)
+from .wan_systems import DDP, EXTRA_SYSTEMS, SYSTEMS, H, systems_for
 
 
 @dataclass(frozen=True)
