@@ -1,0 +1,42 @@
+"""The house rules of issue 13, checked on every run: small files, small classes, and a server core that names
+no algorithm (what `grep -Ei "hfa|esync|..." src/geomx/core src/geomx/server` checks by hand)."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "geomx"
+MAX_LINES = 400
+MAX_METHODS = 25
+FEATURES = re.compile(r"hfa|esync|dgt|udp|tsengine|relay|fp16|dcasgd", re.IGNORECASE)
+
+
+def sources() -> list[Path]:
+    return sorted(SRC.rglob("*.py"))
+
+
+def test_no_source_file_is_over_400_lines() -> None:
+    long = {str(p.relative_to(SRC)): n for p in sources() if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert long == {}
+
+
+def test_no_class_has_over_25_methods() -> None:
+    big = {}
+    for path in sources():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                methods = [n for n in node.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
+                if len(methods) > MAX_METHODS:
+                    big[f"{path.relative_to(SRC)}:{node.name}"] = len(methods)
+    assert big == {}
+
+
+@pytest.mark.parametrize("package", ["core", "server"])
+def test_the_server_core_names_no_algorithm(package: str) -> None:
+    hits = [f"{p.relative_to(SRC)}:{i}: {line.strip()}" for p in sorted((SRC / package).rglob("*.py"))
+            for i, line in enumerate(p.read_text().splitlines(), 1) if FEATURES.search(line)]
+    assert hits == []
