@@ -66,7 +66,8 @@ class Configure:
             return
         try:
             # the global servers build the optimizer (and report a bad spec); a local server only forwards it
-            optimizer = build_optimizer(settings.optimizer) if settings.optimizer is not None and host.is_global else None
+            wanted = settings.optimizer is not None and host.is_global
+            optimizer = build_optimizer(settings.optimizer) if wanted else None
             options = dict(host.config.topology.training.plugin_options)
             policy = configured_policy(settings.sync, options) if settings.sync is not None else None
             codec = host.codecs.make_codec(settings.compression) if settings.compression is not None else None

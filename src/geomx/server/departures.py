@@ -143,7 +143,8 @@ class Departures:
         spec = host.encoding.wan_spec
         if spec is None:
             return
-        future = host.requests.call(member.id, Message(Kind.CONFIGURE, body=encode_body(ConfigureBody(compression=spec))))
+        body = encode_body(ConfigureBody(compression=spec))
+        future = host.requests.call(member.id, Message(Kind.CONFIGURE, body=body))
 
         def refused(result: Future[Message]) -> None:
             if result.exception() is not None:

@@ -16,41 +16,30 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, Protocol
-
-import numpy as np
+from typing import TYPE_CHECKING, Protocol
 
 from ..checkpoint import CheckpointWriter, Snapshot
 from ..codecs import Registry
 from ..config import NodeConfig, Timeouts
-from ..core.clients import Clients
 from ..core.early import EarlyAnswers
 from ..core.encoding import Encoding
 from ..core.inits import Inits
-from ..core.plugins import Aggregation, Extension, Route
-from ..core.rounds import Round, RoundTable, Slot
+from ..core.plugins import Aggregation, Extension, Route, ServerHost
 from ..rpc import Requests
-from ..transport import Van
 from ..wire import Message
 
 if TYPE_CHECKING:  # geomx.optim imports torch (~1 s per process): only a global server that gets one loads it
     from ..optim import Optimizer
 
 
-class Host(Protocol):
-    """The server process, as its parts see it."""
+class Host(ServerHost, Protocol):
+    """The server process, as its parts see it: what a plug-in may ask of it (``ServerHost``), and more."""
 
     config: NodeConfig
     is_global: bool  # a global server (top tier) rather than a party's local server
-    name: str
-    identity: str
-    van: Van
     requests: Requests
     timeouts: Timeouts
     lock: threading.RLock  # every part's state changes under it
-    clients: Clients
-    table: RoundTable
-    slots: dict[tuple[int, int], Slot]
     inits: Inits
     route: Route
     aggregation: Aggregation
@@ -61,19 +50,7 @@ class Host(Protocol):
     optimizer: Optimizer | None  # a global server's, once the master set one
     resumed: Snapshot | None  # the checkpoint a global server started from (--resume)
     checkpoints: CheckpointWriter | None
-    upstream: list[str]  # the tier above's servers (a local server's)
     configurers: set[str]  # clients allowed to configure the servers (the master worker's path)
-
-    def send(self, peer: str, message: Message) -> None: ...
-
-    def refuse(self, message: Message, text: str) -> None: ...
-
-    def display(self, client: str) -> str: ...
-
-    def owner(self, key: int, part: int) -> str: ...
-
-    def release(self, rnd: Round, value: np.ndarray | None, error: str | None = None, number: int | None = None,
-                body: dict[str, Any] | None = None, fields: dict[str, Any] | None = None) -> None: ...
 
     def when_all(self, futures: list[Future[Message]], then: Callable[[str | None], None]) -> None: ...
 

@@ -39,7 +39,7 @@ from ..core.checkpoints import resume, slots_of
 from ..core.clients import Clients
 from ..core.early import EarlyAnswers
 from ..core.inits import Inits
-from ..core.rounds import Round, RoundId, RoundTable, Slot
+from ..core.rounds import Round, RoundTable, Slot
 from ..heartbeat import pulse_for
 from ..membership import GLOBAL_SCHEDULER_ID, Tier, is_not_scheduler, join, local_scheduler_id, new_node_id
 from ..rpc import Requests
@@ -189,7 +189,8 @@ class ParameterServer:
         if self.checkpoints is not None and not self.checkpoints.wait_idle(self.timeouts.shutdown_s):
             log.error("[%s] a checkpoint was still being written at shutdown", self.name)
         for scheduler in schedulers:  # a fatal stop is announced, so the schedulers tell everyone at once
-            self.van.send(scheduler, Message(Kind.SHUTDOWN, body=encode_body(ShutdownNotice(failed=self._fatal)) or None))
+            goodbye = encode_body(ShutdownNotice(failed=self._fatal)) or None  # a plain goodbye has no body
+            self.van.send(scheduler, Message(Kind.SHUTDOWN, body=goodbye))
         self.van.flush(self.timeouts.shutdown_s)
         if self.config.run_dir is not None:
             with self.lock:
@@ -279,10 +280,6 @@ class ParameterServer:
         handler(message)
 
     # -- the host of the round table and the plug-ins ------------------------------------------------------
-    @property
-    def rounds(self) -> dict[RoundId, Round]:
-        return self.table.rounds
-
     @property
     def wan_codec(self) -> Codec | None:
         return self.encoding.wan
