@@ -285,12 +285,16 @@ def goal_lines(block: dict[str, Any]) -> list[str]:
         verdict = "not measured" if value is None else "met" if ok else "NOT met"
         lines.append(f"goal ({job_name}): {text}: {_fmt(value, '.2f', 'x')} -> {verdict}")
 
+    def soonest(runs: dict[str, dict[str, Any]]) -> tuple[str, dict[str, Any]]:
+        """The row of ``runs`` that reached the target first (name, figures); ("", {}) if there is none."""
+        return min(runs.items(), key=lambda nf: nf[1].get("time_to_target_s") or float("inf"), default=("", {}))
+
     def best(rate: str) -> tuple[str, dict[str, Any]]:
         """geomx's best configuration on this job: the geomx row that reached the target soonest (the row
         named geomx_best is the one designed for the MLP; on another job another row may do better)."""
         runs = rates.get(rate, {}).get("rows", {})
-        mine = [(n, f) for n, f in runs.items() if n.startswith("geomx") and f.get("time_to_target_s") is not None]
-        return min(mine, key=lambda nf: nf[1]["time_to_target_s"], default=("geomx_best", row(rate, "geomx_best")))
+        reached = {n: f for n, f in runs.items() if n.startswith("geomx") and f.get("time_to_target_s") is not None}
+        return soonest(reached) if reached else ("geomx_best", row(rate, "geomx_best"))
 
     for rate, goal in (("100", 8.0), ("20", 30.0)):
         name, found = best(rate)
@@ -300,6 +304,7 @@ def goal_lines(block: dict[str, Any]) -> list[str]:
     name, found = best("100")
     loop = found.get("vs_loopback")
     say(f"100 Mbit/s, geomx best ({name}) within 1.4x of DDP on loopback", loop, loop is not None and loop <= 1.4)
+
     def sooner(rate: str, mine: dict[str, Any], what: str, peer: str) -> None:
         other = row(rate, peer)
         value = _ratio(other.get("time_to_target_s"), mine.get("time_to_target_s"))
@@ -309,16 +314,13 @@ def goal_lines(block: dict[str, Any]) -> list[str]:
             f"({_fmt(mine.get('final_accuracy'), '.3f')} vs {_fmt(other.get('final_accuracy'), '.3f')})",
             value, value is not None and value >= 1.3 and no_worse)
 
-    def soonest(rows: list[dict[str, Any]]) -> dict[str, Any]:
-        return min(rows, key=lambda f: f.get("time_to_target_s") or float("inf"), default={})
-
     for rate in rates:
         # HFA + outer as it runs dense (HiPS's one copy per party alone) and with a WAN codec (the best row)
         runs = rates[rate].get("rows", {})
         outer = {n: f for n, f in runs.items() if f.get("settings", {}).get("outer")} or \
             {n: runs[n] for n in ("geomx_hfa_outer", "geomx_hfa_outer_h", "geomx_hfa_outer_h_p3") if n in runs}
-        dense = soonest([f for f in outer.values() if not f.get("settings", {}).get("compression")])
-        coded = soonest([f for f in outer.values() if f.get("settings", {}).get("compression")])
+        _, dense = soonest({n: f for n, f in outer.items() if not f.get("settings", {}).get("compression")})
+        _, coded = soonest({n: f for n, f in outer.items() if f.get("settings", {}).get("compression")})
         for peer in ("diloco", "local_sgd"):
             sooner(rate, dense, "HFA + outer, dense (the soonest such row)", peer)
             if coded:

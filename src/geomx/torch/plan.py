@@ -35,7 +35,6 @@ from ..sync.registry import SYNC_POLICIES
 log = logging.getLogger("geomx.torch")
 
 
-
 def keeps_residuals(compression: Mapping[str, Any] | None) -> bool:
     """Whether the codec ``compression`` names keeps residuals across rounds (the codec registry says:
     Bi-Sparse, MPQ, anything wrapped in error feedback): it needs additive data (gradients or deltas), never
