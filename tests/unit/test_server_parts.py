@@ -10,9 +10,11 @@ from typing import Any
 import numpy as np
 import pytest
 
+from geomx.checkpoint import Snapshot, write
 from geomx.config import NodeConfig, Role, load_topology
 from geomx.core.plugins import Extension
 from geomx.core.rounds import EARLY
+from geomx.optim import SGD
 from geomx.server import ParameterServer
 from geomx.wire import Kind, Message
 
@@ -32,13 +34,16 @@ class Sent:
         return [m for p, m in self.messages if p == peer]
 
 
-def global_server(tmp_path: Path, extra: str = "") -> tuple[ParameterServer, Sent]:
-    """A global server of three one-worker parties whose local servers are ``PARTIES``."""
+def global_server(tmp_path: Path, extra: str = "", resume: bool = False) -> tuple[ParameterServer, Sent]:
+    """A global server of three one-worker parties whose local servers are ``PARTIES`` (``resume``: started
+    with --resume, its checkpoint loaded)."""
     path = tmp_path / "t.yaml"
     path.write_text("parties:\n  dc0: {workers: 1}\n  dc1: {workers: 1}\n  dc2: {workers: 1}\n" + extra)
     config = NodeConfig(role=Role.GLOBAL_SERVER, party="dc0", topology=load_topology(path),
-                        global_scheduler="127.0.0.1:1", rank=0)
+                        global_scheduler="127.0.0.1:1", rank=0, resume=resume)
     server = ParameterServer(config)
+    if resume:
+        assert server._resume()
     server.clients.present = set(PARTIES)
     sent = Sent()
     server.van.send = sent  # type: ignore[method-assign]
@@ -149,3 +154,21 @@ def test_a_pull_of_a_slice_never_initialized_is_refused_naming_it(tmp_path: Path
     assert "key 0 slice 0 was never initialized" in str(sent.to("ls0")[-1].body)
     server.redeliver(request(Kind.PUSHPULL, "stranger", [1.0, 1.0]))
     assert "'stranger' is not a client of this server" in str(sent.to("stranger")[-1].body)
+
+
+def test_a_resumed_global_server_answers_with_its_checkpoint_s_optimizer_before_the_master_configures(
+        tmp_path: Path) -> None:
+    """INIT is answered at once from the checkpoint, so another party may push before the master's CONFIGURE
+    arrives: its rounds must not start as plain sums (early answers) and end as optimizer steps."""
+    trained = SGD(lr=0.1, momentum=0.9)
+    trained.step((0, 0), np.ones(2, np.float32), np.ones(2, np.float32))
+    layout, state = trained.state()
+    write(tmp_path / "ckpt", 0, Snapshot(2, {(0, 0): np.ones(2, np.float32)}, {(0, 0): 2}, trained.spec(), state,
+                                         layout))
+    server, sent = global_server(tmp_path, "checkpoint: {dir: ckpt, every_steps: 2}\n", resume=True)
+    resumed = server.optimizer
+    assert resumed is not None and resumed.spec() == trained.spec() and not server.pushpulls.answers_early()
+    np.testing.assert_array_equal(resumed.state()[1][next(iter(state))], next(iter(state.values())))
+    server.configurers = {"ls0"}
+    server.redeliver(request(Kind.CONFIGURE, "ls0", body={"optimizer": trained.spec()}))
+    assert not is_error(sent.to("ls0")[-1]) and server.optimizer is resumed  # same spec: the restored state stays

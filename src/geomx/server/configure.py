@@ -30,6 +30,7 @@ if TYPE_CHECKING:  # geomx.optim imports torch (~1 s per process): only a global
 
 log = logging.getLogger("geomx.server")
 
+
 def build_optimizer(spec: Any) -> Optimizer:
     """The server optimizer ``spec`` names (imports torch: only global servers that get one pay for it)."""
     from ..optim import optimizer_from_spec
@@ -105,6 +106,9 @@ class Configure:
         """Make ``optimizer`` this global server's; it learns what every client holds now (set after INIT, so
         every client holds the current value), and takes the checkpoint's state when the job resumed."""
         host = self.host
+        if host.optimizer is not None and host.resumed is not None and host.optimizer.spec() == optimizer.spec():
+            log.info("[%s] optimizer set: %s (the checkpoint's, in place since the resume)", host.name, spec)
+            return
         if host.optimizer is not None:
             log.warning("[%s] replacing optimizer %s (its state is dropped)", host.name, host.optimizer.name)
         host.optimizer = optimizer

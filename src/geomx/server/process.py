@@ -35,7 +35,7 @@ from ..codecs import Codec, CodecError, TensorInfo, default_registry
 from ..codecs.messages import decode_message, payload_fields
 from ..compose import compose
 from ..config import Mode, NodeConfig, Role
-from ..core.checkpoints import resume, slots_of
+from ..core.checkpoints import restore_optimizer, resume, slots_of
 from ..core.clients import Clients
 from ..core.early import EarlyAnswers
 from ..core.inits import Inits
@@ -47,7 +47,7 @@ from ..runlog import write_stats
 from ..trace import Tracer
 from ..transport import Van
 from ..wire import Kind, Message
-from .configure import Configure
+from .configure import Configure, build_optimizer
 from .departures import Departures
 from .pushpull import PushPulls
 from .upstream import Upstream
@@ -150,6 +150,12 @@ class ParameterServer:
         if self.resumed is None:
             return False
         self.slots = slots_of(self.resumed)
+        if self.resumed.optimizer_spec is not None:
+            # the checkpoint's optimizer answers from the first round on: the master's CONFIGURE may arrive
+            # after another party's first push (INIT is answered at once from the checkpoint), and a round
+            # must not start as a plain sum (early answers, geomx.core.early) and end as an optimizer step
+            self.optimizer = build_optimizer(self.resumed.optimizer_spec)
+            restore_optimizer(self.name, self.resumed, self.optimizer)
         return True
 
     def run(self) -> int:
