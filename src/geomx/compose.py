@@ -21,7 +21,6 @@ from .core.encoding import Encoding
 from .core.options import parse_options, undeclared
 from .core.plugins import Aggregation, Completion, Extension, Handler, Route, RouteChain, ServerHost
 from .core.policy import SyncPolicy
-from .optim import OPTIMIZERS
 from .routes.registry import ROUTES
 from .sync.registry import SYNC_POLICIES
 from .wire import Kind
@@ -137,6 +136,10 @@ def check_names(spec: TrainingSpec) -> None:
     """
     if spec.sync not in SYNC_POLICIES:
         raise ConfigError(f"training.sync {spec.sync!r} is unknown; valid: {sorted(SYNC_POLICIES)}")
+    if spec.server_optimizer in ("auto", "none"):
+        return
+    from .optim import OPTIMIZERS  # imports torch (~1 s): only where a topology names a server optimizer
+
     choices = ["auto", "none", *sorted(OPTIMIZERS)]
     if spec.server_optimizer not in choices:
         raise ConfigError(f"training.server_optimizer {spec.server_optimizer!r} is unknown; valid: {choices}")

@@ -15,9 +15,22 @@ import yaml
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from geomx.config import (ENV_ALIASES, CheckpointSpec, ConfigError, DGTSpec, HFASpec, SecuritySpec, Timeouts,
-                          TrainingSpec, TSEngineSpec, node_config_from_env, topology_from_dict, topology_to_dict)
-from geomx.config import fields, kinds
+from geomx.config import (
+    ENV_ALIASES,
+    CheckpointSpec,
+    ConfigError,
+    DGTSpec,
+    HFASpec,
+    SecuritySpec,
+    Timeouts,
+    TrainingSpec,
+    TSEngineSpec,
+    fields,
+    kinds,
+    node_config_from_env,
+    topology_from_dict,
+    topology_to_dict,
+)
 from geomx.config.env import ENV_SPECS
 from geomx.launch import launch
 

@@ -147,7 +147,8 @@ def test_loopback_with_loss_has_zeros_exactly_where_blocks_were_dropped():
 def test_late_blocks_fold_into_the_next_round():
     assembler = DgtAssembler(deadline_s=0.01)
     reliable = Message(Kind.PUSHPULL, key=0, round=0, tensor=np.ones(2, np.float32),
-                       body={"dgt": {"blocks": [0], "udp": 1, "channels": [1], "block_elems": 2, "numel": 4, "shape": [4]}})
+                       body={"dgt": {"blocks": [0], "udp": 1, "channels": [1], "block_elems": 2, "numel": 4,
+                                     "shape": [4]}})
     assert assembler.on_reliable("ls", reliable, now=0.0) is None
     (first,) = assembler.expire(now=1.0)
     np.testing.assert_array_equal(first.tensor, [1, 1, 0, 0])  # block 1 lost at the deadline

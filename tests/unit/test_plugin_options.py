@@ -14,8 +14,16 @@ import pytest
 import geomx.compose
 import geomx.config
 from geomx.compose import build_policy, check_plugins
-from geomx.config import (ConfigError, NodeConfig, Role, TrainingSpec, node_config_from_env, node_env,
-                          topology_from_dict, topology_to_dict)
+from geomx.config import (
+    ConfigError,
+    NodeConfig,
+    Role,
+    TrainingSpec,
+    node_config_from_env,
+    node_env,
+    topology_from_dict,
+    topology_to_dict,
+)
 from geomx.config.env import known_variables
 from geomx.core.options import parse_value
 from geomx.core.policy import SyncPolicy

@@ -40,3 +40,15 @@ def test_the_server_core_names_no_algorithm(package: str) -> None:
     hits = [f"{p.relative_to(SRC)}:{i}: {line.strip()}" for p in sorted((SRC / package).rglob("*.py"))
             for i, line in enumerate(p.read_text().splitlines(), 1) if FEATURES.search(line)]
     assert hits == []
+
+
+def test_the_launcher_schedulers_and_servers_do_not_import_torch() -> None:
+    """torch costs about 1 s and 190 MB per process: only workers and a global server that gets an optimizer
+    pay it (a job of two parties starts six processes that need none)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, geomx.launch, geomx.node, geomx.scheduler, geomx.server; "
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.strip() == "[]"

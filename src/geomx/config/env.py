@@ -20,12 +20,21 @@ from typing import Any
 
 from .errors import ConfigError
 from .fields import aliases_of, env_values, lookup, settings
-from .specs import (CheckpointSpec, DGTSpec, HFASpec, Mode, PartySpec, Role, SecuritySpec, Timeouts, TrainingSpec,
-                    TSEngineSpec)
+from .specs import (
+    CheckpointSpec,
+    DGTSpec,
+    HFASpec,
+    Mode,
+    PartySpec,
+    Role,
+    SecuritySpec,
+    Timeouts,
+    TrainingSpec,
+    TSEngineSpec,
+)
 from .topology import LAN_SLICE_ELEMS, NodeConfig, Topology
 from .units import parse_number
 from .yaml_io import load_topology, read_secret
-
 
 # Our canonical names, and the GeoMX (ps-lite) names accepted as aliases: the process-level names here, every
 # feature's from its spec's declared fields (geomx.config.fields).

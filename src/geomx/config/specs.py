@@ -262,7 +262,8 @@ class TrainingSpec:
     """How ``geomx.torch.DistributedOptimizer`` runs a training loop: the topology's ``training`` block or env.
 
     ``sync``: a sync policy's name (dist_sync: FSA, dist_async: MixedSync, dist_ssp: SSP; ``geomx.sync.registry``
-    has them all, ``geomx.compose.check_plugins`` checks it and the plug-in options). ``server_optimizer``: ``auto`` runs the wrapped
+    has them all, ``geomx.compose.check_plugins`` checks it and the plug-in options). ``server_optimizer``:
+    ``auto`` runs the wrapped
     torch optimizer on the global servers when it can be translated (SGD, Adam), else averages gradients
     and steps locally; ``none`` always steps locally; a name (``dcasgd``, ``outer_nesterov`` ...) installs
     that server optimizer with ``server_optimizer_params``. ``compression``: a codec spec for the WAN.

@@ -16,8 +16,20 @@ from .combinations import check
 from .errors import ConfigError
 from .fields import setting
 from .kinds import BOOL, INT
-from .specs import (CheckpointSpec, DGTSpec, HFASpec, LinkSpec, Mode, Outage, PartySpec, Role, SecuritySpec,
-                    Timeouts, TrainingSpec, TSEngineSpec)
+from .specs import (
+    CheckpointSpec,
+    DGTSpec,
+    HFASpec,
+    LinkSpec,
+    Mode,
+    Outage,
+    PartySpec,
+    Role,
+    SecuritySpec,
+    Timeouts,
+    TrainingSpec,
+    TSEngineSpec,
+)
 
 # Tensors larger than ``slice_elems`` elements travel as independent slices. Left out of the topology, it
 # depends on whether the job has a WAN (more than one party):

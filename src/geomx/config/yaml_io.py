@@ -18,8 +18,19 @@ import yaml
 from .errors import ConfigError
 from .fields import keys, read_mapping, read_values, to_mapping
 from .kinds import PATH
-from .specs import (CheckpointSpec, DGTSpec, HFASpec, LinkSpec, Mode, Outage, PartySpec, SecuritySpec, Timeouts,
-                    TrainingSpec, TSEngineSpec)
+from .specs import (
+    CheckpointSpec,
+    DGTSpec,
+    HFASpec,
+    LinkSpec,
+    Mode,
+    Outage,
+    PartySpec,
+    SecuritySpec,
+    Timeouts,
+    TrainingSpec,
+    TSEngineSpec,
+)
 from .topology import AUTO_SLICE_ELEMS, Topology
 from .units import parse_bandwidth, parse_duration
 
