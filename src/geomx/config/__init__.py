@@ -17,19 +17,19 @@ from __future__ import annotations
 from .env import ENV_ALIASES, job_training, node_config, node_config_from_env, node_env
 from .errors import ConfigError
 from .specs import (
-                    OUTAGE_ORIGINS,
-                    CheckpointSpec,
-                    DGTSpec,
-                    HFASpec,
-                    LinkSpec,
-                    Mode,
-                    Outage,
-                    PartySpec,
-                    Role,
-                    SecuritySpec,
-                    Timeouts,
-                    TrainingSpec,
-                    TSEngineSpec,
+    OUTAGE_ORIGINS,
+    CheckpointSpec,
+    DGTSpec,
+    HFASpec,
+    LinkSpec,
+    Mode,
+    Outage,
+    PartySpec,
+    Role,
+    SecuritySpec,
+    Timeouts,
+    TrainingSpec,
+    TSEngineSpec,
 )
 from .topology import AUTO_SLICE_ELEMS, LAN_SLICE_ELEMS, WAN_SLICE_ELEMS, NodeConfig, Topology, default_slice_elems
 from .units import parse_bandwidth, parse_duration
@@ -40,6 +40,5 @@ __all__ = [
     "WAN_SLICE_ELEMS", "CheckpointSpec", "ConfigError", "DGTSpec", "HFASpec", "LinkSpec", "Mode", "NodeConfig",
     "Outage", "PartySpec", "Role", "SecuritySpec", "Timeouts", "Topology", "TrainingSpec",
     "TSEngineSpec", "default_slice_elems", "job_training", "load_topology", "node_config", "node_config_from_env",
-    "node_env",
-    "parse_bandwidth", "parse_duration", "topology_from_dict", "topology_to_dict",
+    "node_env", "parse_bandwidth", "parse_duration", "topology_from_dict", "topology_to_dict",
 ]
