@@ -74,34 +74,78 @@ def _ephemeral_low() -> int:
         return 32768
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port the OS says is free now, for a scheduler to bind later.
+class PortReservations:
+    """Ports picked for this job's schedulers, each held by a bound, never listening socket until closed.
 
-    Picked below the kernel's ephemeral range and checked by binding it: a port from bind(0) lies *in* that
-    range, where any other process's bind(0) or outgoing connection may take it before the scheduler binds
-    it (seen with several jobs starting at once). Falls back to bind(0) if the low ports are all taken.
+    A port that is picked, released and bound later by the scheduler can be taken by anyone in between (seen
+    with two test suites at once: a scheduler exited with "Address already in use"). Held here instead, any
+    other pick (a plain bind, as :meth:`take` does) is refused the port, while the scheduler's own bind
+    succeeds: ZeroMQ sets SO_REUSEADDR, and Linux lets sockets that all set it share a port as long as at most
+    one of them listens. Ports are picked below the kernel's ephemeral range: a port from bind(0) lies *in*
+    that range, where any process's outgoing connection may take it. Falls back to bind(0) if the low ports
+    are all taken.
+
+    Usage::
+
+        with PortReservations("127.0.0.1") as ports:
+            scheduler = f"127.0.0.1:{ports.take()}"
+            ...  # start the scheduler and run the job; the port is released at the end
     """
-    low = _ephemeral_low()
-    pick = random.SystemRandom()
-    for _ in range(64):
-        port = pick.randrange(10_000, low) if low > 11_000 else 0
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind((host, port))
-            except OSError:
-                continue
-            return int(sock.getsockname()[1])
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
+
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self.host = host
+        self._held: list[socket.socket] = []
+
+    def take(self) -> int:
+        """A port nobody else holds, reserved until :meth:`close`."""
+        low = _ephemeral_low()
+        pick = random.SystemRandom()
+        for port in [pick.randrange(10_000, low) for _ in range(64)] if low > 11_000 else []:
+            with contextlib.suppress(OSError):
+                return self._hold(port)
+        return self._hold(0)
+
+    def _hold(self, port: int) -> int:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.bind((self.host, port))  # without SO_REUSEADDR: refused if anyone holds or uses the port
+        except OSError:
+            sock.close()
+            raise
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # after the bind: lets the scheduler bind
+        self._held.append(sock)
         return int(sock.getsockname()[1])
+
+    def close(self) -> None:
+        """Release every held port (a scheduler already listening on one keeps it)."""
+        for sock in self._held:
+            sock.close()
+        self._held.clear()
+
+    def __enter__(self) -> PortReservations:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port the OS says is free now, released at once: for a caller that cannot hold it.
+
+    Prefer :class:`PortReservations` where the caller lives as long as the process that will bind the port.
+    """
+    with PortReservations(host) as ports:
+        return ports.take()
 
 
 def plan_processes(topology: Topology, topology_path: Path, command: list[str], run_dir: Path, *,
                    host: str = "127.0.0.1", global_scheduler: str | None = None,
-                   parties: list[str] | None = None, resume: bool = False) -> list[ProcessSpec]:
+                   parties: list[str] | None = None, resume: bool = False,
+                   ports: PortReservations | None = None) -> list[ProcessSpec]:
     """Every process of the topology (or of ``parties`` only), with the environment each one needs.
 
-    ``resume``: the global servers start from their newest valid checkpoint.
+    ``resume``: the global servers start from their newest valid checkpoint. ``ports``: where the schedulers'
+    ports are picked and held until the caller closes it (default: picked and released at once).
     """
     if not command:
         raise ValueError("no worker command given: geomx launch TOPOLOGY.yaml -- python train.py ...")
@@ -110,7 +154,8 @@ def plan_processes(topology: Topology, topology_path: Path, command: list[str], 
     selected = parties or [p.name for p in topology.parties]
     for name in selected:
         topology.party(name)  # raises on unknown party
-    global_address = global_scheduler or f"{host}:{free_port(host)}"
+    pick_port = ports.take if ports is not None else lambda: free_port(host)
+    global_address = global_scheduler or f"{host}:{pick_port()}"
     node_cmd = [sys.executable, "-m", "geomx.node"]
     specs: list[ProcessSpec] = []
 
@@ -131,7 +176,7 @@ def plan_processes(topology: Topology, topology_path: Path, command: list[str], 
         party = topology.party(name)
         scheduler = None
         if topology.mode is Mode.HIPS:
-            scheduler = f"{host}:{free_port(host)}"
+            scheduler = f"{host}:{pick_port()}"
             add(f"{name}/scheduler", node(Role.LOCAL_SCHEDULER, name, scheduler), node_cmd)
             add(f"{name}/server", node(Role.LOCAL_SERVER, name, scheduler), node_cmd)
         for rank in range(party.num_workers):
@@ -329,7 +374,9 @@ def launch(topology_path: Path, command: list[str], *, run_dir: Path | None = No
     run_dir = run_dir or default_run_dir(topology_path)
     if party is not None and party != topology.central and global_scheduler is None:
         raise ValueError(f"party {party!r} is not the central party: give --global-scheduler HOST:PORT")
-    specs = plan_processes(topology, topology_path, command, run_dir, host=host,
-                           global_scheduler=global_scheduler, parties=[party] if party else None, resume=resume)
     grace = topology.timeouts.shutdown_s + 10.0
-    return Launcher(specs, run_dir, shutdown_grace_s=grace, out=out).run()
+    with PortReservations(host) as ports:  # held for the whole job: no other job can take a scheduler's port
+        specs = plan_processes(topology, topology_path, command, run_dir, host=host, ports=ports,
+                               global_scheduler=global_scheduler, parties=[party] if party else None,
+                               resume=resume)
+        return Launcher(specs, run_dir, shutdown_grace_s=grace, out=out).run()

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from geomx.launch import PortReservations
+
 _HERE = Path(__file__).resolve().parent
 for _folder in (_HERE, _HERE / "workers"):
     if str(_folder) not in sys.path:
@@ -40,6 +42,14 @@ def geomx_job(tmp_path: Path):
         return run_job(tmp_path, script, *args, **options)
 
     return run
+
+
+@pytest.fixture
+def reserved_port():
+    """``reserved_port()``: a port on 127.0.0.1 held for this test (for a ``--global-scheduler`` given to
+    separately launched parties), so a suite running beside this one cannot take it before the job binds it."""
+    with PortReservations("127.0.0.1") as ports:
+        yield ports.take
 
 
 @pytest.fixture(scope="session")

@@ -19,7 +19,6 @@ from harness import worker_command, write_topology
 
 import geomx
 from geomx.config import NodeConfig, Role, load_topology
-from geomx.launch import free_port
 
 
 def _check_bad_requests(results: dict, server_name: str) -> None:
@@ -133,12 +132,12 @@ def test_worker_exception_fails_the_job_promptly(geomx_job):
     assert job.returned_at - raised_at < shutdown_timeout / 2, "the crash reached the launcher too late"
 
 
-def test_unreachable_scheduler_fails_within_register_timeout(tmp_path):
+def test_unreachable_scheduler_fails_within_register_timeout(tmp_path, reserved_port):
     """A worker and a local server whose schedulers do not exist give up after the register timeout,
     exit non-zero and say which scheduler they could not reach."""
     register_s = 3.0
     topology = write_topology(tmp_path / "lonely.yaml", timeouts={"register": f"{register_s:g}s"})
-    global_port, local_port = free_port(), free_port()
+    global_port, local_port = reserved_port(), reserved_port()
     base = {k: v for k, v in os.environ.items() if not k.startswith(("GEOMX_", "DMLC_"))}
     base.update(GEOMX_PARTY="dc0", GEOMX_TOPOLOGY=str(topology), GEOMX_HOST="127.0.0.1",
                 GEOMX_GLOBAL_SCHEDULER=f"127.0.0.1:{global_port}", GEOMX_SCHEDULER=f"127.0.0.1:{local_port}",

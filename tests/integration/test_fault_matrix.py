@@ -25,7 +25,7 @@ import pytest
 import torch
 from harness import Job, run_job, write_topology
 
-from geomx.launch import free_port
+from geomx.launch import PortReservations
 
 HEARTBEAT_S = 3.0
 LONG_S = 90.0  # round and request timeouts: nothing may wait this long
@@ -46,7 +46,7 @@ class Case:
     killed_at: float  # time.time() when the fault was injected (from the killer's report)
 
 
-def run_case(root: Path, algorithm: str, target: str) -> Case:
+def run_case(root: Path, algorithm: str, target: str, port: int) -> Case:
     die_step = random.Random(f"{SEED}-{algorithm}-{target}").randint(2, 12)
     folder = root / f"{algorithm}-{target}"
     topology = write_topology(folder / "job.yaml", parties={"dc0": 1, "dc1": 1}, timeouts=TIMEOUTS,
@@ -55,7 +55,7 @@ def run_case(root: Path, algorithm: str, target: str) -> Case:
     killer = 0 if target == "global_server" else 1
     fault = ("--die-step", str(die_step), "--die-rank", str(killer), "--kill", target, "--fault-file",
              str(folder / "fault"))
-    global_scheduler = f"127.0.0.1:{free_port()}"
+    global_scheduler = f"127.0.0.1:{port}"
     jobs: dict[str, Job] = {}
 
     def launch(party: str) -> None:
@@ -76,8 +76,8 @@ def run_case(root: Path, algorithm: str, target: str) -> Case:
 @pytest.fixture(scope="module")
 def matrix(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], Case]:
     root = tmp_path_factory.mktemp("faults")
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        futures = {(a, t): pool.submit(run_case, root, a, t) for a in ALGORITHMS for t in TARGETS}
+    with PortReservations("127.0.0.1") as ports, ThreadPoolExecutor(max_workers=3) as pool:
+        futures = {(a, t): pool.submit(run_case, root, a, t, ports.take()) for a in ALGORITHMS for t in TARGETS}
         return {key: future.result() for key, future in futures.items()}
 
 

@@ -14,8 +14,6 @@ import torch
 import torch.nn.functional as F
 from harness import run_job, write_topology
 
-from geomx.launch import free_port
-
 HEARTBEAT_S = 3.0
 LONG_S = 90.0  # round and request timeouts: the job must stop long before these could fire
 TIMEOUTS = {"heartbeat": f"{HEARTBEAT_S:g}s", "heartbeat_interval": "0.25s", "round": f"{LONG_S:g}s",
@@ -140,12 +138,12 @@ def test_elastic_fsa_with_tsengine_inside_the_party_drops_a_silent_worker(geomx_
     assert job.result.wall_s < LONG_S
 
 
-def test_a_party_lost_across_hosts_is_named_by_the_central_party(tmp_path):
+def test_a_party_lost_across_hosts_is_named_by_the_central_party(tmp_path, reserved_port):
     """Per-party launches (as on two hosts): dc1's worker dies, so dc1's launcher stops all of dc1 and
     nothing tells dc0. Only the heartbeats do: the global scheduler declares dc1/server dead, and dc0 stops
     naming it within seconds, not after the 90 s round timeout."""
     topology = write_topology(tmp_path / "split.yaml", timeouts=TIMEOUTS)
-    global_scheduler = f"127.0.0.1:{free_port()}"
+    global_scheduler = f"127.0.0.1:{reserved_port()}"
     jobs: dict = {}
 
     def launch_party(party: str) -> None:

@@ -13,8 +13,6 @@ import threading
 import jobkit
 from harness import run_job, worker_command, write_topology
 
-from geomx.launch import free_port
-
 
 def _labels(output: str) -> set[str]:
     """The processes that printed something (the launcher prefixes each line with its process label)."""
@@ -22,9 +20,9 @@ def _labels(output: str) -> set[str]:
     return labels - {"geomx launch"}
 
 
-def test_two_parties_launched_separately_train_together(tmp_path):
+def test_two_parties_launched_separately_train_together(tmp_path, reserved_port):
     topology = write_topology(tmp_path / "split.yaml")
-    global_scheduler = f"127.0.0.1:{free_port()}"
+    global_scheduler = f"127.0.0.1:{reserved_port()}"
     jobs: dict[str, object] = {}
     errors: dict[str, BaseException] = {}
 

@@ -26,8 +26,6 @@ import torch
 import yaml
 from harness import Job, run_job, write_topology
 
-from geomx.launch import free_port
-
 HEARTBEAT_S = 3.0
 TIMEOUTS = {"heartbeat": f"{HEARTBEAT_S:g}s", "heartbeat_interval": "0.25s", "round": "60s", "request": "60s",
             "shutdown": "20s"}
@@ -53,12 +51,12 @@ def with_outage(path: Path, party: str, start: float, duration: float) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("lost_by", "algorithm"), [("kill", "hfa"), ("kill", "esync"), ("outage", "mixed")])
-def test_a_lost_party_restarts_and_rejoins_with_the_current_model(tmp_path, lost_by, algorithm):
+def test_a_lost_party_restarts_and_rejoins_with_the_current_model(tmp_path, reserved_port, lost_by, algorithm):
     hfa = {"k1": 2, "k2": 1} if algorithm in ("hfa", "esync") else None
     topology = write_topology(tmp_path / "rejoin.yaml", parties={"dc0": 1, "dc1": 1}, timeouts=TIMEOUTS, hfa=hfa)
     kind = {"mixed": ("--kind", "dist_async"), "esync": ("--esync",)}.get(algorithm, ())
     rejoined = tmp_path / "rejoined"
-    global_scheduler = f"127.0.0.1:{free_port()}"
+    global_scheduler = f"127.0.0.1:{reserved_port()}"
     jobs: dict[str, Job] = {}
 
     def launch(label: str, party: str, *args: str, job_topology: Path = topology) -> None:
@@ -141,14 +139,14 @@ def test_a_short_outage_only_delays_fsa(geomx_job, tmp_path):
 
 
 @pytest.mark.slow
-def test_esync_over_two_global_servers_refuses_a_rejoin_and_goes_on(tmp_path):
+def test_esync_over_two_global_servers_refuses_a_rejoin_and_goes_on(tmp_path, reserved_port):
     """Only global server 0 sees ESync's state rounds, which a rejoiner needs to be aligned with the others'
     cycle: with two global servers the restarted dc1 is refused with that reason (never a hang), and dc0
     trains on alone and finishes."""
     topology = write_topology(tmp_path / "esync2.yaml", parties={"dc0": 1, "dc1": 1}, timeouts=TIMEOUTS,
                               hfa={"k1": 2, "k2": 1}, global_servers=2)
     refused = tmp_path / "refused"
-    global_scheduler = f"127.0.0.1:{free_port()}"
+    global_scheduler = f"127.0.0.1:{reserved_port()}"
     jobs: dict[str, Job] = {}
 
     def launch(label: str, party: str, *args: str) -> None:

@@ -24,7 +24,8 @@ def ts_topology(tmp_path, name, max_greed, inter=True, intra=False, **options):
 
 def test_tsengine_over_two_global_servers_equals_single_process_sgd(geomx_job, tmp_path):
     """4 parties, 2 global servers, 64-element slices: every slice's result is relayed, SGD is unchanged."""
-    path = ts_topology(tmp_path, "ts", 0.5, global_servers=2, slice_elems=64)
+    path = ts_topology(tmp_path, "ts", 0.5, global_servers=2, slice_elems=64,
+                       links={"wan": {"bandwidth": "1Gbit", "latency": "20ms"}})
     job = geomx_job("train.py", topology=path, name="ts")
     job.assert_ok()
     jobkit.assert_fsa_equivalent(job.workers(), num_workers=len(PARTIES))
