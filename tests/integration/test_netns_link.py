@@ -7,7 +7,9 @@ the block raised or the process was sent SIGTERM, and that leftovers of a dead c
 from __future__ import annotations
 
 import os
+import random
 import signal
+import string
 import subprocess
 import sys
 from pathlib import Path
@@ -91,12 +93,15 @@ def test_teardown_on_sigterm(tmp_path):
 
 
 def test_leftovers_of_a_dead_run_are_removed():
+    # a prefix of this test's own (letters: no other prefix's "<pid>x" can read it as a pid), so a suite running
+    # beside this one, whose same test cleans up "gxt<dead pid>x...", cannot remove this namespace first
+    prefix = PREFIX + "".join(random.SystemRandom().choices(string.ascii_lowercase, k=3))
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    stale = f"{PREFIX}{dead.pid}x0000a"
+    stale = f"{prefix}{dead.pid}x0a"
     subprocess.run(["ip", "netns", "add", stale], check=True, timeout=20)
     try:
-        assert stale in netns.cleanup_leftovers(PREFIX)
+        assert stale in netns.cleanup_leftovers(prefix)
         assert stale not in netns.list_namespaces()
     finally:
         subprocess.run(["ip", "netns", "del", stale], capture_output=True, timeout=20)
