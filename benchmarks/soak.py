@@ -96,8 +96,13 @@ def main() -> int:
     parser.add_argument("--loss", type=float, default=0.01, help="DGT datagram loss per channel")
     parser.add_argument("--sample", type=float, default=10.0, help="seconds between memory samples")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=Path("bench-results/soak"))
+    parser.add_argument("--out", type=Path, default=None,
+                        help="a new folder for this soak (default: bench-results/soak-<date>-<time>)")
     args = parser.parse_args()
+    args.out = args.out or Path("bench-results") / f"soak-{time.strftime('%Y%m%d-%H%M%S')}"
+    if args.out.exists() and any(args.out.iterdir()):
+        # an earlier soak's run folders would be launched into again, and their metrics read as this run's steps
+        parser.error(f"--out {args.out} is not empty (an earlier soak?): give a new folder")
     rng = random.Random(args.seed)
     args.out.mkdir(parents=True, exist_ok=True)
     topology = write_topology(args.out / "soak.yaml", args.parties, args.loss)
