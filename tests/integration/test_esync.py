@@ -22,16 +22,17 @@ def test_a_3x_slower_worker_gets_a_third_of_the_steps_and_everyone_ends_equal(ge
     for rank, report in reports.items():
         if rank == SLOW_RANK:
             assert report["assigned"] == [BASE] * 4, report
-        else:  # about SLOWDOWN x BASE = 12: the model's own compute (ms) and scheduling noise pull it a bit
-            # lower. The first assignment is measured on round 1, which includes warm-up: checked from round 2.
+        else:  # about SLOWDOWN x BASE = 12: the model's own compute c and scheduling noise pull it lower,
+            # (0.12 + c) / (0.04 + c) x BASE, down to 1.8 x BASE at c = 60 ms on a loaded machine (without ESync:
+            # 1 x BASE). The first assignment is measured on round 1, which includes warm-up: checked from round 2.
             for steps in report["assigned"][1:]:
-                assert 2.4 * BASE <= steps <= 3.3 * BASE, (rank, report)
+                assert 1.8 * BASE <= steps <= 3.3 * BASE, (rank, report)
     # once assignments apply (rounds 2..4) every worker computes about as long as the slow one
     # (with equal step counts the fast ones would idle two thirds of the time)
     slow_time = sum(reports[SLOW_RANK]["compute_s"][1:])
     for rank, report in reports.items():
         fast_time = sum(report["compute_s"][1:])
-        assert 0.75 * slow_time < fast_time < 1.25 * slow_time, (rank, fast_time, slow_time)
+        assert 0.65 * slow_time < fast_time < 1.35 * slow_time, (rank, fast_time, slow_time)  # without: ~0.35
     final = workers[0][0]["final"]
     for tensors, _ in workers.values():
         for got, want in zip(tensors["final"], final, strict=True):

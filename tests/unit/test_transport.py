@@ -571,7 +571,9 @@ def test_datagrams_share_the_link_behind_messages_and_count_as_its_bytes(make_va
     last = max(t for t, _ in udp + [(t, 0) for t, _ in arrivals])
     # ~0.4 s of traffic at 2 MB/s: a separate full-rate UDP pipe would end it at ~0.2 s
     assert total * 8 / (last - start) <= rate * 1.05, f"{total * 8 / (last - start) / 1e6:.1f} Mbit/s"
-    assert max(t for t, _ in arrivals) <= min(t for t, _ in udp) + 0.002  # strictly behind the messages
+    # behind the messages: a datagram next to them would arrive ~0.2 s (the messages' 400 kB) before the last one;
+    # 0.05 s covers the receiving van's dispatch thread being scheduled late on a loaded machine
+    assert max(t for t, _ in arrivals) <= min(t for t, _ in udp) + 0.05
     assert b.flush(WAIT)
     assert b.counters.snapshot()["wan"]["sent"] == total
     assert b.counters.snapshot()["peers"][a.identity]["sent"] == total
