@@ -30,9 +30,11 @@ class BodyError(ValueError):
 
 @dataclass(frozen=True)
 class InitBody:
-    """INIT, worker -> server: the global server (shard id) that owns this slice."""
+    """INIT, worker -> server: the global server (shard id) that owns this slice, and the elements of the whole
+    tensor it is a slice of (codecs' size gates decide per tensor; None from a client that does not say)."""
 
     shard: int
+    numel: int | None = None
 
 
 @dataclass(frozen=True)

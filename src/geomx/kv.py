@@ -136,7 +136,8 @@ class KVStore:
                 piece = data[start:stop]
                 message = Message(Kind.INIT, key=k, part=part, num_parts=len(info.parts),
                                   tensor=piece if self.is_master_worker else None, dtype=piece.dtype,
-                                  shape=piece.shape, body=encode_body(InitBody(shard=info.shards[part])))
+                                  shape=piece.shape,
+                                  body=encode_body(InitBody(shard=info.shards[part], numel=data.size)))
                 futures.append(self._requests.call(self._keys.server_for(k, part), message))
             pending.append((k, v, info, futures))
         for k, v, info, futures in pending:
@@ -157,7 +158,7 @@ class KVStore:
             self._pending[k] = [
                 self._route.push(self._keys.server_for(k, part),
                                  Message(Kind.PUSHPULL, key=k, part=part, num_parts=len(info.parts), priority=priority,
-                                         **payload(self._plugins.lan_codec, k, part, data[start:stop])))
+                                         **payload(self._plugins.lan_codec, k, part, data[start:stop], data.size)))
                 for part, (start, stop) in enumerate(info.parts)]
 
     def pull(self, key: int | Sequence[int], out: torch.Tensor | Sequence[torch.Tensor], priority: int = 0) -> None:

@@ -99,6 +99,23 @@ def test_dense_fp16_and_bisparse(geomx_job, dense_run):
     assert bsc_push * 8 < dense_push and bsc_pull * 8 < dense_pull, (bsc_push, bsc_pull, dense_push, dense_pull)
 
 
+def test_a_tensor_above_the_bound_is_sparsified_in_slices_below_it(geomx_job, tmp_path, dense_run):
+    """``slice_elems`` 10000 cuts the first layer's 32768-element weight into four slices of 8192, below a
+    ``size_lower_bound`` of 16000; the tensor is above it, so every slice is sparsified (GeoMX gates whole
+    tensors; gating the slices sent this weight, 89% of the model, dense). The other tensors stay dense."""
+    dense_job, _ = dense_run
+    spec = {"type": "bsc", "threshold": 0.01, "size_lower_bound": 16000, "momentum": 0.9}
+    job, workers = run(geomx_job, spec, "bsc_sliced", jobkit.LR / 10,
+                       topology=write_topology(tmp_path / "sliced.yaml", slice_elems=10000))
+    assert_all_equal(workers)
+    # per step ~147 kB dense against ~20 kB (16 kB of small tensors + four 1% slices); gated by slice: ~1x
+    ratio = dense_job.result.summary["wan_bytes"] / job.result.summary["wan_bytes"]
+    assert ratio > 4, ratio
+    for _, report in workers.values():
+        losses = report["losses"]
+        assert sum(losses[-5:]) < sum(losses[:5]), losses
+
+
 def directions(workers):
     """(push, pull): bytes the global server received and sent between the master's two counter snapshots."""
     counters = workers[0][1]["global_server_bytes"]

@@ -9,7 +9,8 @@
   normally; the global scheduler exits 0 (the job is whole).
 * **Cut off, dropped, restarted** (MixedSync): the WAN emulator cuts dc1 off for longer than the heartbeat
   timeout. dc1 is dropped; when the WAN comes back dc1/server hears it was declared dead and stops, naming why,
-  and dc1's worker fails with that message. Restarted, dc1 rejoins as above.
+  and dc1's worker fails with that message. Restarted, dc1 rejoins as above (its ``init`` gets each key's
+  current value; the asynchronous tier has no cross-key snapshot, so keys may be one of dc0's steps apart).
 * **A short outage** (FSA) only delays: every step waits for dc1, and the result is still exactly the
   single-process run.
 """

@@ -9,6 +9,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from geomx.codecs import TensorInfo
+from geomx.codecs.base import Direction, TensorKind
 from geomx.core.clients import Clients
 from geomx.core.rounds import Round, RoundTable, Slot
 from geomx.sync.fsa import FullySynchronous
@@ -32,6 +34,7 @@ class FakeServer:
         self.released: list[tuple[Any, ...]] = []
         self.completed: list[Round] = []
         self.wan_codec: Any = None
+        self.tensor_sizes: dict[int, int] = {}  # key -> its whole tensor's elements, as INIT would have said
         self.calls: list[tuple[str, Message, Callable[[Future[Message]], None]]] = []
 
     def send(self, peer: str, message: Message) -> None:
@@ -53,6 +56,9 @@ class FakeServer:
 
     def owner(self, key: int, part: int) -> str:
         return self.upstream[0] if self.upstream else "gs"
+
+    def tensor_info(self, key: int, part: int, kind: TensorKind, direction: Direction) -> TensorInfo:
+        return TensorInfo(key, part, kind, direction, self.tensor_sizes.get(key))
 
     def call(self, peer: str, message: Message, then: Callable[[Future[Message]], None]) -> None:
         self.calls.append((peer, message, then))

@@ -67,6 +67,19 @@ def test_under_a_residual_codec_the_answer_is_the_models_change_and_a_local_tier
     np.testing.assert_allclose(reply.tensor, 1 + change)
 
 
+def test_the_model_changes_size_gate_is_the_whole_tensors(make_server: Any) -> None:
+    """A slice below Bi-Sparse's bound of a tensor above it: the change is sparsified (its residual kept); the
+    same slice of a small tensor travels as a plain model."""
+    server, hfa, rnd = model_change_setup(make_server)
+    server.wan_codec = default_registry().make_codec({"type": "bsc", "threshold": 0.25, "size_lower_bound": 12})
+    value, previous = np.arange(8, dtype=np.float32), np.zeros(8, dtype=np.float32)
+    server.tensor_sizes[rnd.key] = 16  # two slices of 8
+    fields = hfa.answer_fields(rnd, value, previous)
+    assert fields is not None and fields["body"][MODEL_CHANGE] is True
+    server.tensor_sizes[rnd.key] = 8
+    assert hfa.answer_fields(rnd, value, previous) is None
+
+
 def test_no_model_change_where_parties_do_not_get_every_answer(make_server: Any) -> None:
     server, hfa, rnd = model_change_setup(make_server)
     server.table.policy = Asynchronous()

@@ -488,6 +488,18 @@ def test_bsc_spec_sends_small_tensors_dense() -> None:
     assert isinstance(make_codec({"type": "bsc", "size_lower_bound": 0}), BSC)
 
 
+def test_the_size_gate_is_the_whole_tensors_size_when_the_slice_says_it() -> None:
+    """A slice below the bound of a tensor above it is compressed (GeoMX gates whole tensors); a slice of a
+    small tensor, or one whose tensor size is unknown, goes by its own size."""
+    codec = make_codec({"type": "bsc", "threshold": 0.01, "size_lower_bound": 1000})
+    piece = np.arange(600, dtype=np.float32)  # one of two slices of a 1200-element tensor
+    of_large = TensorInfo(key=0, part=1, kind="gradient", direction="push", tensor_numel=1200)
+    assert codec.encode(piece, of_large).codec_id == BSC.codec_id
+    assert codec.encode(piece, TensorInfo(0, 1, "gradient", "push", tensor_numel=900)).codec_id == 0
+    assert codec.encode(piece, info()).codec_id == 0  # size unknown: the slice's 600
+    assert codec.choose(piece, of_large) is codec.large
+
+
 def test_size_adaptive_from_nested_spec() -> None:
     codec = make_codec({"type": "size_adaptive", "small": None, "large": {"type": "int8", "block": 64},
                         "bound": 100})

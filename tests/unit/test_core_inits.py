@@ -58,9 +58,10 @@ def _every_client() -> Any:
     return FullySynchronous()
 
 
-def init(sender: str, values: list[float] | None, shard: Any = 0, key: int = 0) -> Message:
+def init(sender: str, values: list[float] | None, shard: Any = 0, key: int = 0, numel: int | None = None) -> Message:
     tensor = np.array(values, dtype=np.float32) if values is not None else None
-    message = Message(Kind.INIT, key=key, tensor=tensor, dtype="float32", shape=(2,), body={"shard": shard})
+    body = {"shard": shard} if numel is None else {"shard": shard, "numel": numel}
+    message = Message(Kind.INIT, key=key, tensor=tensor, dtype="float32", shape=(2,), body=body)
     message.sender = sender.encode()
     return message
 
@@ -93,3 +94,20 @@ def test_a_local_server_sends_one_init_up_to_the_shard_its_workers_named() -> No
     server.inits.request(init("w1", None, shard=1, key=1))
     assert server.refused == ["INIT of key 1 slice 0 names shard 1, but another client placed it on shard 0 "
                               "(every worker must init the same keys in the same order)"]
+
+
+def test_init_says_the_whole_tensors_size_codecs_gate_on_it_and_the_local_server_passes_it_up() -> None:
+    server = FakeServer(["w0", "w1"], is_global=False)
+    server.inits.shard_owner = {0: "gs0"}
+    server.inits.request(init("w0", [3.0, 4.0], numel=6))  # slice 0 (2 elements) of a 6-element tensor
+    server.inits.request(init("w1", None, numel=6))
+    upward, = server.forwarded
+    assert upward.body == {"shard": 0, "numel": 6}
+    assert server.inits.tensor_info(0, 0, "gradient", "push").tensor_numel == 6
+    assert server.inits.tensor_info(1, 0, "gradient", "push").tensor_numel is None  # never declared
+    server.inits.request(init("w0", None, key=0, numel=8))
+    server.inits.request(init("w0", None, key=2, numel=1))
+    assert server.refused == [
+        "INIT of key 0 slice 0 says its tensor has 8 elements, but another client declared 6 (every worker must "
+        "init the same shapes)",
+        "INIT of key 2 slice 0 says its tensor has 1 elements, fewer than the slice's 2"]

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ..codecs import CodecError, SizeAdaptive, TensorInfo
+from ..codecs import CodecError, SizeAdaptive
 from ..codecs.messages import payload_fields
 from ..config import Mode, NodeConfig, Role
 from ..core.plugins import Aggregation, ServerHost, SlotId
@@ -68,14 +68,15 @@ class HfaAggregation(Aggregation):
         every party, HiPS); None (answer as usual) otherwise, or when the tensor's codec keeps no residual.
         """
         codec = self.host.wan_codec
+        info = self.host.tensor_info(rnd.key, rnd.part, "delta", "pull")
         if isinstance(codec, SizeAdaptive):
-            codec = codec.pick(value.size)
+            codec = codec.choose(value, info)
         if (codec is None or not codec.keeps_residual() or not self.hips
                 or self.host.table.policy.clients_leave_independently):
             return None
         change = np.subtract(value, previous, dtype=np.float32)
         try:
-            fields = payload_fields(codec, change, TensorInfo(rnd.key, rnd.part, "delta", "pull"))
+            fields = payload_fields(codec, change, info)
         except CodecError as exc:
             log.error("[%s] key %d slice %d: cannot compress the model change (%s); the model goes dense",
                       self.host.name, rnd.key, rnd.part, exc)

@@ -63,12 +63,20 @@ class TensorInfo:
     ``kind``: "gradient" (a sum of gradients), "delta" (a change of weights, additive over rounds) or
     "weights" (absolute values: not additive, so residual-carrying codecs refuse them).
     ``direction``: "push" (local server → global server) or "pull" (the reply).
+    ``tensor_numel``: the elements of the whole tensor the slice belongs to (None: the slice is all that is
+    known). Size gates (``SizeAdaptive``: Bi-Sparse, MPQ) decide on it, so every slice of a tensor above
+    ``size_lower_bound`` is compressed however small ``slice_elems`` cuts it, as GeoMX gates whole tensors.
     """
 
     key: int
     part: int
     kind: TensorKind
     direction: Direction
+    tensor_numel: int | None = None
+
+    def gated_numel(self, array: np.ndarray) -> int:
+        """The size a size gate compares: the whole tensor's if known, else ``array``'s (the slice)."""
+        return int(np.size(array)) if self.tensor_numel is None else self.tensor_numel
 
     @property
     def state_key(self) -> StateKey:

@@ -3,7 +3,9 @@
 GeoMX sparsifies only tensors with at least ``MXNET_KVSTORE_SIZE_LOWER_BOUND`` elements (the server's
 rule is ``numel >= bound``; its MPQ example script says ``>``, we follow the server): indices cost as
 much as values, so a 1%-sparse bias vector saves nothing worth its bookkeeping. The payload keeps the id
-of the codec that actually encoded it, so the receiver picks the same side without knowing the bound.
+of the codec that actually encoded it, so the receiver picks the same side without knowing the bound. A
+slice is gated by its whole tensor's size when ``TensorInfo.tensor_numel`` says it (servers learn it from
+INIT), so ``slice_elems`` never changes which tensors are compressed.
 
 Usage::
 
@@ -38,8 +40,12 @@ class SizeAdaptive(Codec):
         """The codec a tensor of ``numel`` elements goes through."""
         return self.small if numel < self.bound else self.large
 
+    def choose(self, array: np.ndarray, info: TensorInfo) -> Codec:
+        """The codec ``array``, a slice described by ``info``, goes through: by its whole tensor's size."""
+        return self.pick(info.gated_numel(array))
+
     def encode(self, array: np.ndarray, info: TensorInfo) -> Encoded:
-        return self.pick(np.size(array)).encode(array, info)
+        return self.choose(array, info).encode(array, info)
 
     def decode(self, encoded: Encoded, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
         for codec in (self.small, self.large):

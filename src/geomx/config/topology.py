@@ -36,9 +36,8 @@ from .specs import (
 # - several parties: 256K elements (1 MiB of float32). A 1024x1024 weight is then 4 slices, so the answer to
 #   its first slice comes back while its last is still being pushed: a push and its answer share a
 #   full-duplex WAN link instead of taking turns (one 1M-element slice made the digits MLP 1.6x slower per
-#   step on a 100 Mbit/s link). Not smaller: codecs see slices (Bi-Sparse sends a slice below
-#   size_lower_bound, 200000, dense; slices of a tensor of 800K elements or more stay above it), and every
-#   slice is one more message for Python to handle on the LAN tier;
+#   step on a 100 Mbit/s link). Not smaller: every slice is one more message for Python to handle on the
+#   LAN tier (codecs' size gates look at the whole tensor, so slicing does not change what is compressed);
 # - one party (every link a LAN, e.g. the loopback transport bench): 1M elements (GeoMX's
 #   MXNET_KVSTORE_BIGARRAY_BOUND), where a message's Python overhead, not the link, sets the pace.
 WAN_SLICE_ELEMS = 1 << 18

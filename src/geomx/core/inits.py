@@ -4,7 +4,8 @@ Every client sends INIT for every (key, slice) it will push, naming the shard it
 ``geomx.sharding``); exactly one of them (the master worker) carries the value. A global server keeps that
 value as the slice's first weights and answers every client with it; a local server checks its workers'
 INITs and sends one INIT up to the owning global server. A client that INITs a slice that already has a
-value (a late joiner, a rejoined party) gets the current value at once.
+value (a late joiner, a rejoined party) gets the current value at once. An INIT also says how many elements
+the whole tensor has: codecs gate on that, not on the slice (``tensor_info``).
 
 Usage (inside a server, under its lock)::
 
@@ -16,11 +17,13 @@ Usage (inside a server, under its lock)::
 
 from __future__ import annotations
 
+import math
 from typing import Any, Protocol
 
 import numpy as np
 
 from ..bodies import BodyError, InitBody, decode_body
+from ..codecs.base import Direction, TensorInfo, TensorKind
 from ..wire import Kind, Message
 from .rounds import Round, RoundTable, Slot
 
@@ -60,6 +63,11 @@ class Inits:
         self.shard_id = 0  # a global server's own shard id
         self.shard_owner: dict[int, str] = {}  # a local server's global servers by explicit shard id (= rank)
         self.shards: dict[SlotId, int] = {}  # (key, slice) -> shard id, as declared by INIT
+        self.sizes: dict[int, int] = {}  # key -> elements of its whole tensor, as declared by INIT
+
+    def tensor_info(self, key: int, part: int, kind: TensorKind, direction: Direction) -> TensorInfo:
+        """What a codec is told about slice ``part`` of ``key``: its whole tensor's size too, once INIT said it."""
+        return TensorInfo(key, part, kind, direction, self.sizes.get(key))
 
     def owner(self, key: int, part: int) -> str:
         """The global server that holds (key, slice), by the shard id its INIT declared."""
@@ -74,14 +82,14 @@ class Inits:
         sid = (message.key, message.part)
         slot = host.slots.get(sid)
         if slot is not None:  # already initialized: answer with the current value (a late joiner)
-            problem = slot_mismatch(slot.describe(), message)
+            problem = slot_mismatch(slot.describe(), message) or self.check_size(message)
             if problem:
                 host.refuse(message, problem)
                 return
             self._received(sid, message.sender.decode(), slot.value)  # a rejoiner holds these weights
             host.send(message.sender.decode(), message.reply(tensor=slot.value))
             return
-        problem = self.check_shard(message)
+        problem = self.check_shard(message) or self.check_size(message)
         if problem:
             host.refuse(message, problem)
             return
@@ -111,6 +119,24 @@ class Inits:
                    "(every worker must init the same keys in the same order)"
         return None
 
+    def check_size(self, message: Message) -> str | None:
+        """Record the whole tensor's size an INIT names, if any; the problem with it (smaller than the slice, or
+        not the size another client declared), if any."""
+        try:
+            numel = decode_body(InitBody, message.body).numel
+        except BodyError as exc:
+            return f"INIT of key {message.key} slice {message.part}: {exc}"
+        if numel is None:
+            return None
+        where = f"INIT of key {message.key} slice {message.part} says its tensor has {numel} elements"
+        piece = math.prod(message.shape or ())
+        if numel < piece:
+            return f"{where}, fewer than the slice's {piece}"
+        known = self.sizes.setdefault(message.key, numel)
+        if known != numel:
+            return f"{where}, but another client declared {known} (every worker must init the same shapes)"
+        return None
+
     def complete(self, rnd: Round) -> None:
         """A complete INIT round: a global server keeps the one value and answers it; a local server sends
         one INIT up (with the master worker's value, if it is in this party)."""
@@ -132,9 +158,12 @@ class Inits:
             host.release(rnd, None, f"key {rnd.key}: {len(with_data)} workers of this party sent an initial "
                                     "value; only the master worker may")
             return
+        body: dict[str, int] = {"shard": self.shards[sid]}
+        if rnd.key in self.sizes:
+            body["numel"] = self.sizes[rnd.key]
         upward = Message(Kind.INIT, key=rnd.key, part=rnd.part, num_parts=first.num_parts,
                          tensor=with_data[0].tensor if with_data else None, dtype=first.dtype, shape=first.shape,
-                         body={"shard": self.shards[sid]})
+                         body=body)
         host.forward(rnd, upward)
 
     def _received(self, sid: SlotId, client: str, value: np.ndarray) -> None:

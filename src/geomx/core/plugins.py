@@ -20,7 +20,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..codecs import Codec
+from ..codecs import Codec, TensorInfo
+from ..codecs.base import Direction, TensorKind
 from ..transport import Van
 from ..wire import Kind, Message
 from .clients import Clients
@@ -63,6 +64,9 @@ class ServerHost(Protocol):
 
     def owner(self, key: int, part: int) -> str:
         """The server of the tier above that owns (key, slice)."""
+
+    def tensor_info(self, key: int, part: int, kind: TensorKind, direction: Direction) -> TensorInfo:
+        """What a codec is told about (key, slice) (its whole tensor's size included: size gates are per tensor)."""
 
     def call(self, peer: str, message: Message, then: Callable[[Future[Message]], None]) -> None:
         """Send a request to ``peer``; ``then(future)`` runs under the server lock once it is answered."""

@@ -32,6 +32,7 @@ import numpy as np
 from ..bodies import ShutdownNotice, encode_body
 from ..checkpoint import CheckpointWriter, Snapshot
 from ..codecs import Codec, CodecError, TensorInfo, default_registry
+from ..codecs.base import Direction, TensorKind
 from ..codecs.messages import decode_message, payload_fields
 from ..compose import compose
 from ..config import Mode, NodeConfig, Role
@@ -294,6 +295,9 @@ class ParameterServer:
         """The global server that holds (key, slice), by the shard id its INIT declared."""
         return self.inits.owner(key, part)
 
+    def tensor_info(self, key: int, part: int, kind: TensorKind, direction: Direction) -> TensorInfo:
+        return self.inits.tensor_info(key, part, kind, direction)
+
     def display(self, client: str) -> str:
         return self.requests.names.get(client, client)
 
@@ -365,7 +369,7 @@ class ParameterServer:
         if lan is not None and not error and fields is None:
             assert value is not None
             try:  # a local server answers its workers in the LAN's codec
-                fields = payload_fields(lan, value, TensorInfo(rnd.key, rnd.part, "weights", "pull"))
+                fields = payload_fields(lan, value, self.tensor_info(rnd.key, rnd.part, "weights", "pull"))
             except CodecError as exc:
                 error = f"cannot send key {rnd.key} slice {rnd.part} as {lan.name}: {exc}"
         self.table.release(rnd, value, error, body=body, fields=fields)

@@ -19,7 +19,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from ..codecs import CodecError, TensorInfo
+from ..codecs import CodecError
 from ..codecs.base import TensorKind
 from ..codecs.messages import payload_fields
 from ..config import Mode
@@ -113,7 +113,7 @@ class PushPulls:
         if codec is not None:
             kind = cast(TensorKind, host.aggregation.push_kind)
             try:
-                fields = payload_fields(codec, upward, TensorInfo(rnd.key, rnd.part, kind, "push"))
+                fields = payload_fields(codec, upward, host.tensor_info(rnd.key, rnd.part, kind, "push"))
             except CodecError as exc:
                 host.release(rnd, None, f"cannot compress key {rnd.key} slice {rnd.part}: {exc}")
                 return
@@ -176,7 +176,7 @@ class PushPulls:
         weights = host.optimizer is not None or host.aggregation.answers_weights
         kind: TensorKind = "weights" if weights else "gradient"
         try:
-            return payload_fields(codec, value, TensorInfo(rnd.key, rnd.part, kind, "pull"))
+            return payload_fields(codec, value, host.tensor_info(rnd.key, rnd.part, kind, "pull"))
         except CodecError as exc:
             if kind != "weights":
                 raise

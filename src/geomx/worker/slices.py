@@ -91,11 +91,12 @@ def to_numpy(tensor: torch.Tensor, snapshot: bool) -> np.ndarray:
     return flat.contiguous().numpy()
 
 
-def payload(codec: Codec | None, key: int, part: int, piece: np.ndarray) -> dict[str, Any]:
-    """Message fields carrying ``piece``: encoded by the LAN ``codec`` (float32/64 data only), else as is."""
+def payload(codec: Codec | None, key: int, part: int, piece: np.ndarray, tensor_numel: int) -> dict[str, Any]:
+    """Message fields carrying ``piece`` (a slice of a tensor of ``tensor_numel`` elements): encoded by the LAN
+    ``codec`` (float32/64 data only), else as is."""
     if codec is None or piece.dtype not in (np.float32, np.float64):
         return {"tensor": piece}
-    return payload_fields(codec, piece, TensorInfo(key, part, "gradient", "push"))
+    return payload_fields(codec, piece, TensorInfo(key, part, "gradient", "push", tensor_numel))
 
 
 def copy_out(codecs: Registry, replies: list[Message], info: KeyInfo, out: torch.Tensor) -> None:
