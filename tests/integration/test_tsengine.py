@@ -46,9 +46,11 @@ def test_tsengine_over_two_global_servers_equals_single_process_sgd(geomx_job, t
 def test_tsengine_inside_parties_equals_single_process_sgd(geomx_job, tmp_path):
     """ENABLE_INTRA_TS and ENABLE_INTER_TS together: 2 parties x 3 workers; each local server coordinates its
     workers (they pre-merge pushes and relay values to each other), the global server its local servers.
-    The LAN has a NIC-like ingress so simultaneous pushes queue at the local server and pairs form."""
+    The LAN has a NIC-like ingress so simultaneous pushes queue at the local server and pairs form, and 5 ms of
+    latency so that pushes still overlap when a loaded machine spreads the workers' steps (with 0 ms, two suites
+    at once left no merge at all)."""
     path = ts_topology(tmp_path, "ts-intra", 0.5, intra=True, parties={"dc0": 3, "dc1": 3}, slice_elems=64,
-                       links={"lan": {"bandwidth": "200Mbit", "latency": "0ms", "ingress": True}})
+                       links={"lan": {"bandwidth": "200Mbit", "latency": "5ms", "ingress": True}})
     job = geomx_job("train.py", topology=path, name="ts-intra")
     job.assert_ok()
     jobkit.assert_fsa_equivalent(job.workers(), num_workers=6)
