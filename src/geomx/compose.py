@@ -13,10 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from .aggregation.registry import AGGREGATIONS, EXTENSIONS
 from .codecs import FP16
-from .config import ConfigError, NodeConfig, TrainingSpec
+from .config import ConfigError, NodeConfig, Topology, TrainingSpec
 from .core.encoding import Encoding
 from .core.options import parse_options, undeclared
 from .core.plugins import Aggregation, Completion, Extension, Handler, Route, RouteChain, ServerHost
@@ -66,23 +67,43 @@ def choose(config: NodeConfig) -> Choice:
     topology = config.topology
     return Choice(route="tsengine" if topology.tsengine is not None else "direct",
                   uplinks=("dgt",) if topology.dgt is not None else (),
-                  aggregation="hfa" if topology.hfa is not None else "sum")
+                  aggregation=_aggregation_name(topology))
 
 
-def check_plugins(training: TrainingSpec) -> None:
-    """ConfigError unless ``training.sync`` names a sync policy and every plug-in option is one a plug-in takes,
-    with a value it can read (``geomx launch`` calls this before starting any process; every server at start).
+def check_plugins(training: TrainingSpec, topology: Topology | None = None) -> None:
+    """ConfigError unless ``training.sync`` names a sync policy and every plug-in option is one a plug-in of
+    this job takes, with a value it can read (``geomx launch`` calls this before starting any process; every
+    server at start). ``topology``: the job's, when known (HFA's aggregation options are taken only with HFA).
 
     Every sync policy may take options (the master may name any of them later, as ``kv.create`` does).
     """
     check_names(training)
     options = dict(training.plugin_options)
-    takers = {name: cls.options for name, cls in SYNC_POLICIES.items()}
+    aggregation = _aggregation_name(topology)
+    takers = {**{name: cls.options for name, cls in SYNC_POLICIES.items()},
+              f"the {aggregation} aggregation": AGGREGATIONS[aggregation].options}
     refusal = undeclared(options, takers)
     if refusal is not None:
         raise ConfigError(f"training has unknown fields {sorted(set(options) - _declared(takers))}: {refusal}")
-    for name in takers:
+    for name in SYNC_POLICIES:
         build_policy(name, options)
+    aggregation_options(aggregation, options, topology)
+
+
+def aggregation_options(name: str, options: Mapping[str, str], topology: Topology | None) -> dict[str, Any]:
+    """The options aggregation ``name`` takes, parsed from ``options`` and checked (against the job's
+    ``topology`` when given); ConfigError names what is wrong."""
+    cls = AGGREGATIONS[name]
+    try:
+        parsed = parse_options(f"the {name} aggregation", cls.options, options)
+        cls.check_options(parsed, topology)
+    except ValueError as exc:
+        raise ConfigError(f"the {name} aggregation: {exc}") from None
+    return parsed
+
+
+def _aggregation_name(topology: Topology | None) -> str:
+    return "hfa" if topology is not None and topology.hfa is not None else "sum"
 
 
 def _declared(takers: Mapping[str, Mapping[str, type]]) -> set[str]:
@@ -104,11 +125,14 @@ def build_policy(name: str, options: Mapping[str, str]) -> SyncPolicy:
 
 def compose(config: NodeConfig, host: ServerHost) -> Plugins:
     """Build the plug-ins ``config`` asks for, each bound to ``host``."""
-    check_plugins(config.topology.training)
+    topology = config.topology
+    check_plugins(topology.training, topology)
     choice = choose(config)
-    return Plugins(policy=build_policy(choice.sync, dict(config.topology.training.plugin_options)),
+    options = dict(topology.training.plugin_options)
+    return Plugins(policy=build_policy(choice.sync, options),
                    route=_route(choice, config, host),
-                   aggregation=AGGREGATIONS[choice.aggregation](config, host),
+                   aggregation=AGGREGATIONS[choice.aggregation].from_config(
+                       config, host, **aggregation_options(choice.aggregation, options, topology)),
                    extensions=[EXTENSIONS[name](config, host) for name in choice.extensions],
                    # the fp16 switch: every link's float32 data as float16, unless the master sets a WAN codec
                    encoding=Encoding(wide=FP16() if config.topology.fp16 else None))

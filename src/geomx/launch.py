@@ -370,7 +370,7 @@ def launch(topology_path: Path, command: list[str], *, run_dir: Path | None = No
            out: IO[str] | None = None, resume: bool = False) -> LaunchResult:
     """Plan, start and watch a job; returns its result (the caller prints the summary)."""
     topology = load_topology(topology_path)
-    check_plugins(job_training(topology, os.environ))  # a bad sync name or plug-in option: before any process
+    check_plugins(job_training(topology, os.environ), topology)  # a bad sync name or plug-in option: before any process
     run_dir = run_dir or default_run_dir(topology_path)
     if party is not None and party != topology.central and global_scheduler is None:
         raise ValueError(f"party {party!r} is not the central party: give --global-scheduler HOST:PORT")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import jobkit
 import pytest
 import torch
@@ -13,17 +15,30 @@ K1, K2, STEPS = 2, 3, 12
 PARTIES = {"dc0": 2, "dc1": 1}  # unequal parties: the global average must weigh dc0 twice
 
 
-def simulate(initial: list[torch.Tensor], outer: str) -> list[list[torch.Tensor]]:
-    """Every worker's final weights under HFA, computed in one process."""
+@dataclass(frozen=True)
+class Streaming:
+    """Streaming outer sync: key -> its fragment, the fragments' count, the overlap (local rounds), the mix."""
+
+    fragment_of: dict[int, int] = field(default_factory=lambda: {0: 0, 1: 0, 2: 0, 3: 0})
+    fragments: int = 1
+    delay: int = 0
+    alpha: float = 0.0
+
+
+def simulate(initial: list[torch.Tensor], outer: str, k2: int = K2, steps: int = STEPS,
+             streaming: Streaming = Streaming()) -> list[list[torch.Tensor]]:
+    """Every worker's final weights under HFA (streaming: fragments at staggered rounds, overlapped), computed
+    in one process."""
     ranks_of = {"dc0": [0, 1], "dc1": [2]}
     total = sum(PARTIES.values())
     workers = [[w.clone() for w in initial] for _ in range(total)]
     global_model = [w.clone() for w in initial]
-    velocity = [torch.zeros_like(w) for w in initial]
-    inputs, targets = jobkit.make_data(STEPS, total)
+    velocity: list[torch.Tensor | None] = [None for _ in initial]
+    in_flight: dict[int, tuple[int, torch.Tensor]] = {}  # key -> (the round that ends its overlap, new model)
+    inputs, targets = jobkit.make_data(steps, total)
     model = jobkit.make_model()
     local_rounds = 0
-    for step in range(1, STEPS + 1):
+    for step in range(1, steps + 1):
         for rank in range(total):
             with torch.no_grad():
                 for p, w in zip(model.parameters(), workers[rank], strict=True):
@@ -34,23 +49,30 @@ def simulate(initial: list[torch.Tensor], outer: str) -> list[list[torch.Tensor]
         if step % K1:
             continue
         local_rounds += 1
-        averages = {party: [sum(workers[r][i] / len(ranks) for r in ranks) for i in range(len(initial))]
-                    for party, ranks in ranks_of.items()}
-        if local_rounds % K2:
+        for i in range(len(initial)):
+            averages = {party: sum(workers[r][i] / len(ranks) for r in ranks) for party, ranks in ranks_of.items()}
+            offset = (streaming.fragment_of[i] + 1) * k2 // streaming.fragments % k2
+            answer: dict[str, torch.Tensor] = dict(averages)  # a local round: the party's average
+            if i in in_flight and in_flight[i][0] == local_rounds:  # an overlap ends: the new model, mixed
+                global_model[i] = in_flight.pop(i)[1]
+                answer = {party: (1 - streaming.alpha) * global_model[i] + streaming.alpha * average
+                          for party, average in averages.items()}
+            elif local_rounds % k2 == offset:  # this key's fragment goes global
+                delta = sum((averages[p] - global_model[i]) * PARTIES[p] / total for p in PARTIES)
+                if outer == "none":
+                    new_model = global_model[i] + delta
+                else:  # Nesterov SGD on the gradient -delta, lr 0.7, momentum 0.9 (torch's formula)
+                    grad = -delta
+                    velocity[i] = grad.clone() if velocity[i] is None else 0.9 * velocity[i] + grad
+                    new_model = global_model[i] - 0.7 * (grad + 0.9 * velocity[i])
+                if streaming.delay:
+                    in_flight[i] = (local_rounds + streaming.delay, new_model)
+                else:
+                    global_model[i] = new_model
+                    answer = {party: new_model for party in averages}
             for party, ranks in ranks_of.items():
                 for r in ranks:
-                    workers[r] = [a.clone() for a in averages[party]]
-            continue
-        delta = [sum((averages[p][i] - global_model[i]) * PARTIES[p] / total for p in PARTIES)
-                 for i in range(len(initial))]
-        if outer == "none":
-            global_model = [g + d for g, d in zip(global_model, delta, strict=True)]
-        else:  # Nesterov SGD on the gradient -delta, lr 0.7, momentum 0.9 (torch's formula)
-            for i, d in enumerate(delta):
-                grad = -d
-                velocity[i] = grad.clone() if local_rounds == K2 else 0.9 * velocity[i] + grad
-                global_model[i] = global_model[i] - 0.7 * (grad + 0.9 * velocity[i])
-        workers = [[g.clone() for g in global_model] for _ in range(total)]
+                    workers[r][i] = answer[party].clone()
     return workers
 
 
@@ -76,3 +98,28 @@ def test_hfa_matches_a_single_process_simulation(geomx_job, outer, tsengine):
     for tensors, _ in workers.values():
         for got, want in zip(tensors["final"], workers[0][0]["final"], strict=True):
             assert torch.equal(got, want)
+
+
+# jobkit's model: keys 0 (2048 elements), 1 (64), 2 (192), 3 (3); two fragments by size: {0} and {1, 2, 3}
+STREAMING_SPLIT = {0: 0, 1: 1, 2: 1, 3: 1}
+
+
+@pytest.mark.parametrize(("outer", "streaming"), [
+    ("none", Streaming(STREAMING_SPLIT, fragments=2)),
+    ("outer_nesterov", Streaming(STREAMING_SPLIT, fragments=2, delay=1, alpha=0.5)),
+], ids=["fragments", "fragments_overlapped_outer_nesterov"])
+def test_streaming_hfa_matches_a_single_process_simulation(geomx_job, outer, streaming):
+    """Fragments go global at staggered rounds; overlapped, the workers go on from the party's average and the
+    new global model (mixed) replaces it ``delay`` rounds later: the same weights as the simulation."""
+    k2, steps = 4, 24  # 12 local rounds: each fragment goes global 3 times
+    training = {"fragments": streaming.fragments, "fragment_delay": streaming.delay,
+                "fragment_alpha": streaming.alpha}
+    job = geomx_job("hfa_train.py", "--steps", str(steps), "--outer", outer, parties=PARTIES,
+                    hfa={"k1": K1, "k2": k2}, training=training)
+    job.assert_ok()
+    workers = jobkit.load_worker_outputs(job.run_dir)
+    initial = workers[0][0]["initial"]
+    expected = simulate(initial, outer, k2, steps, streaming)
+    for rank, (tensors, _) in workers.items():
+        for got, want in zip(tensors["final"], expected[rank], strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=f"worker {rank}")

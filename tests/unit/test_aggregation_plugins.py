@@ -22,7 +22,8 @@ from geomx.wire import Kind, Message
 def test_the_plain_sum_sends_the_sum_up_and_answers_with_it() -> None:
     plain = Aggregation()
     total = np.array([1.0, 2.0], dtype=np.float32)
-    assert plain.upward((0, 0), total) is total and plain.gradient(total) is total
+    step = plain.upward((0, 0), total)
+    assert step.send is total and step.answer is None and not step.wait and plain.gradient(total) is total
     assert plain.combine(np.zeros(2), total) is total and plain.push_kind == "gradient"
 
 
@@ -30,9 +31,12 @@ def test_a_local_tier_answers_inside_the_party_until_every_k2th_round(make_serve
     server = make_server("dc0/server", ["w0"], upstream=["gs"])
     hfa = HfaAggregation(server, LocalFrequencyAggregation(k2=2, party_weight=0.5), hips=True)
     hfa.adopted((0, 0), np.zeros(2, dtype=np.float32))
-    assert hfa.upward((0, 0), np.array([4.0, 4.0], dtype=np.float32)) is None  # round 1: local
-    delta = hfa.upward((0, 0), np.array([4.0, 6.0], dtype=np.float32))  # round 2: the weighted delta
-    np.testing.assert_array_equal(delta, [2.0, 3.0])
+    local_round = hfa.upward((0, 0), np.array([4.0, 4.0], dtype=np.float32))  # round 1: the average here
+    assert local_round.send is None and local_round.answer is not None
+    np.testing.assert_array_equal(local_round.answer, [4.0, 4.0])
+    global_round = hfa.upward((0, 0), np.array([4.0, 6.0], dtype=np.float32))  # round 2: the weighted delta
+    assert global_round.answer is None and global_round.send is not None  # answered by the global server
+    np.testing.assert_array_equal(global_round.send, [2.0, 3.0])
     assert hfa.push_kind == "delta" and hfa.answers_weights
 
 

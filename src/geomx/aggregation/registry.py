@@ -4,7 +4,7 @@ A new aggregation (or request kind of an algorithm's own) is one file in this pa
 
 Usage::
 
-    aggregation = AGGREGATIONS["hfa"](node_config, server)
+    aggregation = AGGREGATIONS["hfa"].from_config(node_config, server, **options)
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from collections.abc import Callable
 from ..config import NodeConfig
 from ..core.plugins import Aggregation, Extension, ServerHost
 from .esync import state_rounds_from_config
-from .hfa import hfa_from_config
+from .hfa import HfaAggregation
 
-AGGREGATIONS: dict[str, Callable[[NodeConfig, ServerHost], Aggregation]] = {
-    "sum": lambda config, host: Aggregation(),
-    "hfa": hfa_from_config,
+AGGREGATIONS: dict[str, type[Aggregation]] = {
+    "sum": Aggregation,
+    "hfa": HfaAggregation,
 }
 
 EXTENSIONS: dict[str, Callable[[NodeConfig, ServerHost], Extension]] = {

@@ -13,15 +13,17 @@ Usage::
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
 from ..codecs import Codec, TensorInfo
 from ..codecs.base import Direction, TensorKind
+from ..config import NodeConfig, Topology
 from ..transport import Van
 from ..wire import Kind, Message
 from .clients import Clients
@@ -189,6 +191,24 @@ class RouteChain(Route):
             route.stop(run_dir)
 
 
+@dataclass(frozen=True)
+class Upward:
+    """What a lower tier does with a completed round (``Aggregation.upward``): one of
+
+    - ``Upward(answer=x)``: answer the contributors with ``x`` here; nothing goes up (a round inside the party);
+    - ``Upward(send=x)``: send ``x`` up and answer with what the tier above answers (the plain sum, a
+      model average's global rounds);
+    - ``Upward(send=x, answer=y)``: send ``x`` up *and* answer with ``y`` now; the tier above's answer arrives
+      later, through ``Aggregation.adopted`` (an overlapped outer sync: the workers do not wait for the WAN);
+    - ``Upward(wait=True)``: answer once the tier above answers an earlier overlapped send of this slice
+      (``Aggregation.resumed`` then gives the answer).
+    """
+
+    send: np.ndarray | None = None
+    answer: np.ndarray | None = None
+    wait: bool = False
+
+
 class Aggregation:
     """What a tier does with a completed sum, and what it answers. This base is the plain sum: a lower tier
     sends its sum up as a gradient; the top tier's optimizer steps with it, or the sum itself is the answer."""
@@ -198,10 +218,25 @@ class Aggregation:
     # Whether the top tier's answer without an optimizer is the completed sum itself, adopted as it is below
     # (what early answers need: geomx.core.early).
     answers_plain_sums = True
+    # The plug-in options it takes (the training block's extra keys, GEOMX_<NAME>: geomx.core.options).
+    options: ClassVar[dict[str, type]] = {}
 
-    def upward(self, sid: SlotId, total: np.ndarray) -> np.ndarray | None:
-        """What a lower tier sends up for a completed round; None: the round is answered here with ``total``."""
-        return total
+    @classmethod
+    def from_config(cls, config: NodeConfig, host: ServerHost, **options: Any) -> Aggregation:
+        """This aggregation for a server of ``config``, with its parsed ``options``."""
+        return cls()
+
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any], topology: Topology | None = None) -> None:
+        """ValueError naming what is wrong with ``options`` (parsed) for a job of ``topology`` (if known)."""
+
+    def upward(self, sid: SlotId, total: np.ndarray) -> Upward:
+        """What a lower tier does with a completed round's ``total`` (see ``Upward``)."""
+        return Upward(send=total)
+
+    def resumed(self, sid: SlotId) -> np.ndarray:
+        """The answer of the round ``upward`` told to wait, now that the tier above answered (``adopted``)."""
+        raise NotImplementedError(f"{type(self).__name__} never waits")
 
     def gradient(self, total: np.ndarray) -> np.ndarray:
         """What the top tier's optimizer steps with."""
@@ -220,7 +255,8 @@ class Aggregation:
         return None
 
     def adopted(self, sid: SlotId, value: np.ndarray) -> None:
-        """A lower tier took ``value`` from the tier above as (key, slice)'s value (after INIT or a round)."""
+        """A lower tier took ``value`` from the tier above as (key, slice)'s value (after INIT, a round, or an
+        overlapped send's late answer)."""
 
     def may_drop(self, usual: bool) -> bool:
         """Whether this tier drops a dead client and goes on (``usual``: what the job and the policy say)."""

@@ -13,6 +13,11 @@ Parties therefore count by their workers; a party of 4 weighs twice a party of 2
 counted per (key, slice), not by key 0 alone, and the global model every party starts from is the master
 worker's, sent explicitly.
 
+Streaming (Streaming DiLoCo's fragments): with ``fragments`` F > 1 the slices are split into F groups of about
+equal size, and group f goes global at the local rounds r with ``r % K2 == ((f + 1) * K2 // F) % K2``: each
+slice still goes global once every K2 rounds, but the WAN carries 1/F of the model every K2/F rounds instead
+of all of it at once. Every party computes the same split from the same slices (``assign_fragments``).
+
 Usage (inside the local server)::
 
     hfa = LocalFrequencyAggregation(k2=10, party_weight=2 / 4)
@@ -22,6 +27,8 @@ Usage (inside the local server)::
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
 SlotId = tuple[int, int]
@@ -30,15 +37,43 @@ SlotId = tuple[int, int]
 class LocalFrequencyAggregation:
     """The local server's side of HFA: which rounds go global, and what they send."""
 
-    def __init__(self, k2: int, party_weight: float) -> None:
+    def __init__(self, k2: int, party_weight: float, fragments: int = 1) -> None:
         if k2 < 1:
             raise ValueError(f"HFA K2 must be at least 1, got {k2}")
         if not 0 < party_weight <= 1:
             raise ValueError(f"a party's weight is its share of all workers, got {party_weight}")
+        if not 1 <= fragments <= k2:
+            raise ValueError(f"streaming HFA needs 1 <= fragments <= K2 (each fragment its own round of the K2), "
+                             f"got fragments={fragments} with K2={k2}")
         self.k2 = k2
         self.party_weight = party_weight
+        self.fragments = fragments
         self._rounds: dict[SlotId, int] = {}
         self._global_model: dict[SlotId, np.ndarray] = {}
+        self._fragment: dict[SlotId, int] = {}  # the split (empty until assign_fragments)
+
+    @property
+    def needs_fragments(self) -> bool:
+        """Streaming, and no split yet: call ``assign_fragments`` with every slice before the first round."""
+        return self.fragments > 1 and not self._fragment
+
+    def assign_fragments(self, sizes: Mapping[SlotId, int]) -> None:
+        """Split the slices (``sizes``: elements of each) into ``fragments`` groups of about equal size: the
+        largest first, each to the smallest group so far (ties: the lower group; equal sizes: the lower key).
+        Deterministic, so every party that holds the same slices makes the same split."""
+        loads = [0] * self.fragments
+        for slot in sorted(sizes, key=lambda s: (-sizes[s], s)):
+            group = min(range(self.fragments), key=lambda g: (loads[g], g))
+            self._fragment[slot] = group
+            loads[group] += sizes[slot]
+
+    def fragment(self, slot: SlotId) -> int:
+        """The group of ``slot`` (a slice the split did not see goes by its key)."""
+        return self._fragment.get(slot, slot[0] % self.fragments)
+
+    def goes_global(self, slot: SlotId, count: int) -> bool:
+        """Whether local round ``count`` (from 1) of ``slot`` goes global."""
+        return count % self.k2 == (self.fragment(slot) + 1) * self.k2 // self.fragments % self.k2
 
     def set_global_model(self, slot: SlotId, model: np.ndarray) -> None:
         """Record the latest global model of ``slot`` (after init and after every global round)."""
@@ -51,7 +86,7 @@ class LocalFrequencyAggregation:
     def after_local_round(self, slot: SlotId, average: np.ndarray) -> np.ndarray | None:
         """None for a local round; for a global one, the weighted delta to push to the global server."""
         count = self._rounds[slot] = self._rounds.get(slot, 0) + 1
-        if count % self.k2:
+        if not self.goes_global(slot, count):
             return None
         base = self._global_model.get(slot)
         if base is None:

@@ -15,17 +15,19 @@ Usage (the server's handler and completion for the kind)::
 from __future__ import annotations
 
 import logging
+from concurrent.futures import Future
 from typing import Any, cast
 
 import numpy as np
 
 from ..codecs import CodecError
 from ..codecs.base import TensorKind
-from ..codecs.messages import payload_fields
+from ..codecs.messages import decode_message, payload_fields
 from ..config import Mode
 from ..core.checkpoints import checkpoint_if_due
 from ..core.early import send_early
 from ..core.inits import slot_mismatch
+from ..core.plugins import SlotId
 from ..core.rounds import Round, Slot
 from ..wire import Kind, Message
 from .host import Host
@@ -38,6 +40,9 @@ class PushPulls:
 
     def __init__(self, host: Host) -> None:
         self.host = host
+        # rounds the aggregation answers once an overlapped send's answer arrives, with their numbers
+        self.waiting: dict[SlotId, tuple[Round, int]] = {}
+        self.failed_sends: dict[SlotId, str] = {}  # slices whose overlapped send failed: the error they answer
 
     def on_pushpull(self, message: Message) -> None:
         """A client's push (decoded): checked against its slice, then it joins its round."""
@@ -97,17 +102,24 @@ class PushPulls:
             self._send_up(rnd, total)
 
     def _send_up(self, rnd: Round, total: np.ndarray) -> None:
-        """A local server's completed round: what the aggregation sends up, encoded, by the route."""
+        """A local server's completed round: what the aggregation sends up, encoded, by the route; answered
+        here, with the tier above's answer, or later (see ``Upward``)."""
         host = self.host
         sid = (rnd.key, rnd.part)
-        dtype = host.slots[sid].value.dtype  # what init declared; sums of narrow floats were kept in fp32
-        sent = host.aggregation.upward(sid, total)
-        if sent is None:  # a round the aggregation answers inside the party
-            value = total.astype(dtype, copy=False)
-            host.slots[sid] = Slot(value)
-            host.release(rnd, value)
+        failure = self.failed_sends.get(sid)
+        if failure is not None:  # the tier above lost an overlapped send of this slice: every round says so
+            host.release(rnd, None, failure)
             return
-        upward = sent.astype(dtype, copy=False)
+        step = host.aggregation.upward(sid, total)
+        if step.wait:  # answered once the tier above answers an earlier overlapped send of this slice
+            self.waiting[sid] = (rnd, rnd.number)
+            return
+        if step.send is None:  # a round the aggregation answers inside the party
+            assert step.answer is not None
+            self._answer_here(rnd, step.answer)
+            return
+        dtype = host.slots[sid].value.dtype  # what init declared; sums of narrow floats were kept in fp32
+        upward = step.send.astype(dtype, copy=False)
         fields: dict[str, Any] = {"tensor": upward}
         codec = host.encoding.wan_for(upward)
         if codec is not None:
@@ -117,11 +129,54 @@ class PushPulls:
             except CodecError as exc:
                 host.release(rnd, None, f"cannot compress key {rnd.key} slice {rnd.part}: {exc}")
                 return
+        first = next(iter(rnd.contributions.values()))
+        message = Message(Kind.PUSHPULL, key=rnd.key, part=rnd.part, num_parts=first.num_parts, round=rnd.number,
+                          priority=first.priority, **fields)
+        if step.answer is not None:  # overlapped: the contributors go on now, the answer is adopted later
+            self._answer_here(rnd, step.answer)
+            host.call(host.owner(rnd.key, rnd.part), message, lambda result: self._answer_arrived(sid, result))
+            return
         if host.route.send_up(rnd, fields):
             return
-        first = next(iter(rnd.contributions.values()))
-        host.forward(rnd, Message(Kind.PUSHPULL, key=rnd.key, part=rnd.part, num_parts=first.num_parts,
-                                  round=rnd.number, priority=first.priority, **fields))
+        host.forward(rnd, message)
+
+    def _answer_here(self, rnd: Round, value: np.ndarray) -> None:
+        """Answer ``rnd``'s contributors with ``value`` (in the declared dtype), which the slice now holds."""
+        host = self.host
+        sid = (rnd.key, rnd.part)
+        value = value.astype(host.slots[sid].value.dtype, copy=False)
+        host.slots[sid] = Slot(value)
+        host.release(rnd, value)
+
+    def _answer_arrived(self, sid: SlotId, result: Future[Message]) -> None:
+        """The tier above answered an overlapped send of ``sid`` (under the lock): the aggregation adopts the
+        answer, and a round waiting for it is answered. A failure is kept: the waiting round and every later
+        round of the slice get its error (the tier above lost this party's contribution; nothing is resent)."""
+        host = self.host
+        problem = None if result.exception() is None else f"the global server: {result.exception()}"
+        if problem is None:
+            reply = result.result()
+            host.route.answer_arrived(reply)
+            try:
+                reply.tensor = decode_message(host.codecs, reply)
+                problem = host.aggregation.answered(sid, reply)
+            except CodecError as exc:
+                problem = f"undecodable answer from the global server: {exc}"
+            if problem is None and reply.tensor is None:
+                problem = "the global server answered without a value"
+        waiting = self.waiting.pop(sid, None)
+        if problem is not None:
+            text = f"key {sid[0]} slice {sid[1]}: an overlapped send failed: {problem}"
+            log.error("[%s] %s", host.name, text)
+            self.failed_sends[sid] = text
+            if waiting is not None:
+                host.release(waiting[0], None, text, waiting[1])
+            return
+        host.aggregation.adopted(sid, reply.tensor)
+        if waiting is not None:
+            rnd, number = waiting
+            if host.table.is_current(rnd, number):
+                self._answer_here(rnd, host.aggregation.resumed(sid))
 
     def _apply(self, rnd: Round, total: np.ndarray) -> None:
         """A global server's completed round: the optimizer steps with it (or the aggregation combines it), and

@@ -1,0 +1,188 @@
+"""Streaming outer sync on HFA (fragments, overlap, mix): the schedule, the aggregation's answers, the server's
+rounds that wait for an overlapped send, and the options' checks, in one process with fake hosts."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from geomx.aggregation.hfa import HfaAggregation
+from geomx.codecs import default_registry
+from geomx.compose import check_plugins
+from geomx.config import ConfigError, TrainingSpec, topology_from_dict
+from geomx.core.encoding import Encoding
+from geomx.core.plugins import Route
+from geomx.core.rounds import Slot
+from geomx.policies.hfa import LocalFrequencyAggregation
+from geomx.server.pushpull import PushPulls
+from geomx.wire import Kind, Message
+
+
+def test_fragments_split_the_slices_by_size_and_go_global_at_staggered_rounds() -> None:
+    hfa = LocalFrequencyAggregation(k2=4, party_weight=1.0, fragments=2)
+    assert hfa.needs_fragments
+    hfa.assign_fragments({(0, 0): 100, (1, 0): 10, (2, 0): 100, (3, 0): 10, (2, 1): 50})
+    assert not hfa.needs_fragments
+    groups = [hfa.fragment(slot) for slot in [(0, 0), (2, 0), (2, 1), (1, 0), (3, 0)]]
+    assert groups == [0, 1, 0, 1, 1]  # largest first, each to the lighter group: 150 and 120 elements
+    # group 0 goes global at rounds 2, 6, ...; group 1 at 4, 8, ...: each slice once every K2 rounds
+    assert [r for r in range(1, 9) if hfa.goes_global((0, 0), r)] == [2, 6]
+    assert [r for r in range(1, 9) if hfa.goes_global((2, 0), r)] == [4, 8]
+    assert hfa.fragment((9, 0)) == 1  # a slice the split did not see goes by its key
+
+
+def test_one_fragment_is_plain_hfa() -> None:
+    hfa = LocalFrequencyAggregation(k2=3, party_weight=1.0)
+    assert not hfa.needs_fragments
+    assert [r for r in range(1, 10) if hfa.goes_global((5, 2), r)] == [3, 6, 9]
+
+
+@pytest.mark.parametrize(("k2", "fragments"), [(4, 0), (2, 3)])
+def test_fragments_out_of_range_are_refused(k2: int, fragments: int) -> None:
+    with pytest.raises(ValueError, match="fragments"):
+        LocalFrequencyAggregation(k2=k2, party_weight=1.0, fragments=fragments)
+
+
+def local_hfa(make_server: Any, delay: int, alpha: float = 0.0, k2: int = 2) -> HfaAggregation:
+    server = make_server("dc0/server", ["w0"], upstream=["gs"])
+    hfa = HfaAggregation(server, LocalFrequencyAggregation(k2=k2, party_weight=1.0), hips=True, delay=delay,
+                         alpha=alpha)
+    hfa.adopted((0, 0), np.zeros(2, dtype=np.float32))
+    return hfa
+
+
+def floats(*values: float) -> np.ndarray:
+    return np.array(values, dtype=np.float32)
+
+
+def test_an_overlapped_global_round_answers_the_average_now_and_the_new_model_delay_rounds_later(
+        make_server: Any) -> None:
+    hfa = local_hfa(make_server, delay=1)
+    assert hfa.upward((0, 0), floats(1, 1)).answer is not None  # round 1: local
+    sent = hfa.upward((0, 0), floats(2, 4))  # round 2: global, overlapped
+    assert sent.send is not None and sent.answer is not None and not sent.wait
+    np.testing.assert_array_equal(sent.send, [2, 4])  # the delta from the global model (zeros)
+    np.testing.assert_array_equal(sent.answer, [2, 4])  # the workers go on from the party's average
+    hfa.adopted((0, 0), floats(10, 10))  # the new global model arrives before round 3
+    mixed = hfa.upward((0, 0), floats(3, 5))  # round 3: the overlap ends with the new global model (alpha 0)
+    np.testing.assert_array_equal(mixed.answer, [10, 10])
+    assert hfa.in_flight == {}
+    # round 4 goes global again, its delta taken from the new global model
+    np.testing.assert_array_equal(hfa.upward((0, 0), floats(12, 13)).send, [2, 3])
+
+
+def test_a_due_round_waits_for_the_answer_then_mixes_with_its_average(make_server: Any) -> None:
+    hfa = local_hfa(make_server, delay=1, alpha=0.25)
+    hfa.upward((0, 0), floats(1, 1))
+    hfa.upward((0, 0), floats(2, 4))  # sent, overlapped
+    assert hfa.upward((0, 0), floats(4, 8)).wait  # round 3: no answer yet
+    hfa.adopted((0, 0), floats(8, 0))
+    np.testing.assert_allclose(hfa.resumed((0, 0)), [0.75 * 8 + 0.25 * 4, 0.25 * 8])
+    assert hfa.in_flight == {}
+
+
+def test_without_delay_a_global_round_waits_for_the_global_model(make_server: Any) -> None:
+    hfa = local_hfa(make_server, delay=0)
+    hfa.upward((0, 0), floats(1, 1))
+    step = hfa.upward((0, 0), floats(2, 4))
+    assert step.send is not None and step.answer is None and hfa.in_flight == {}
+
+
+class PushPullHost:
+    """What PushPulls asks of a local server, around the unit tests' fake server and a real aggregation."""
+
+    def __init__(self, server: Any, aggregation: HfaAggregation) -> None:
+        self.server = server
+        self.aggregation = aggregation
+        self.encoding = Encoding()
+        self.route = Route()
+        self.codecs = default_registry()
+        self.is_global = False
+        self.config = SimpleNamespace(num_workers=1, topology=SimpleNamespace(num_all_workers=1))
+        self.van = SimpleNamespace(peer_party=lambda client: None)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.server, name)
+
+
+def push_round(host: PushPullHost, value: np.ndarray) -> Any:
+    """One worker's push of key 0, completed into a round, handed to PushPulls."""
+    server = host.server
+    server.table.contribute(Message(Kind.PUSHPULL, key=0, part=0, num_parts=1, tensor=value,
+                                    sender=b"w0", request_id=len(server.completed) + 1))
+    rnd = server.completed[-1]
+    rnd.accum = value
+    return rnd
+
+
+def answered(server: Any) -> list[tuple[Any, ...]]:
+    return [(number, None if value is None else value.tolist(), error) for number, value, error, _ in server.released]
+
+
+def test_the_server_answers_an_overlapped_round_at_once_and_a_due_round_when_the_answer_arrives(
+        make_server: Any) -> None:
+    server = make_server("dc0/server", ["w0"], upstream=["gs"])
+    server.slots = {(0, 0): Slot(np.zeros(2, dtype=np.float32))}
+    hfa = HfaAggregation(server, LocalFrequencyAggregation(k2=2, party_weight=1.0), hips=True, delay=1)
+    hfa.adopted((0, 0), np.zeros(2, dtype=np.float32))
+    host = PushPullHost(server, hfa)
+    pushpulls = PushPulls(host)  # type: ignore[arg-type]
+    pushpulls.complete(push_round(host, floats(1, 1)))
+    pushpulls.complete(push_round(host, floats(2, 4)))  # global, overlapped: answered at once, sent up
+    assert answered(server) == [(0, [1, 1], None), (1, [2, 4], None)]
+    (peer, message, then), = server.calls
+    assert peer == "gs" and message.kind is Kind.PUSHPULL and message.tensor.tolist() == [2, 4]
+    pushpulls.complete(push_round(host, floats(3, 3)))  # due: waits for the global server
+    assert len(server.released) == 2 and (0, 0) in pushpulls.waiting
+    reply: Future[Message] = Future()
+    reply.set_result(message.reply(tensor=floats(7, 9)))
+    then(reply)
+    assert answered(server)[-1] == (2, [7, 9], None) and server.slots[(0, 0)].value.tolist() == [7, 9]
+
+
+def test_a_failed_overlapped_send_answers_the_waiting_round_and_every_later_one_with_its_error(
+        make_server: Any) -> None:
+    server = make_server("dc0/server", ["w0"], upstream=["gs"])
+    server.slots = {(0, 0): Slot(np.zeros(2, dtype=np.float32))}
+    hfa = HfaAggregation(server, LocalFrequencyAggregation(k2=2, party_weight=1.0), hips=True, delay=1)
+    hfa.adopted((0, 0), np.zeros(2, dtype=np.float32))
+    host = PushPullHost(server, hfa)
+    pushpulls = PushPulls(host)  # type: ignore[arg-type]
+    pushpulls.complete(push_round(host, floats(1, 1)))  # round 1: local
+    pushpulls.complete(push_round(host, floats(2, 2)))  # round 2: sent, overlapped
+    pushpulls.complete(push_round(host, floats(3, 3)))  # round 3: due, waits
+    failed: Future[Message] = Future()
+    failed.set_exception(TimeoutError("no answer from gs in 30 s"))
+    server.calls[0][2](failed)
+    number, value, error = answered(server)[-1]
+    assert (number, value) == (2, None) and "overlapped send failed" in error and "no answer from gs" in error
+    pushpulls.complete(push_round(host, floats(4, 4)))  # round 4 would go up again: the error instead
+    assert "no answer from gs" in (answered(server)[-1][2] or "") and len(server.calls) == 1
+
+
+HFA_TOPOLOGY = {"parties": {"dc0": 1, "dc1": 1}, "hfa": {"k1": 2, "k2": 4}}
+
+
+@pytest.mark.parametrize(("options", "problem"), [
+    ({"fragments": "5"}, "must not exceed HFA's K2"),
+    ({"fragments": "2", "fragment_delay": "4"}, r"below HFA's K2 \(4\)"),
+    ({"fragment_alpha": "1.5"}, "between 0 and 1"),
+    ({"fragment_delay": "-1"}, "at least 0"),
+    ({"fragments": "two"}, "must be an integer"),
+])
+def test_streaming_options_are_checked_against_the_jobs_k2(options: dict[str, str], problem: str) -> None:
+    topology = topology_from_dict({**HFA_TOPOLOGY, "training": options})
+    with pytest.raises(ConfigError, match=problem):
+        check_plugins(topology.training, topology)
+
+
+def test_streaming_options_need_hfa() -> None:
+    check_plugins(TrainingSpec(plugin_options=(("fragments", "2"), ("fragment_delay", "1"))),
+                  topology_from_dict({**HFA_TOPOLOGY, "training": {"fragments": 2, "fragment_delay": 1}}))
+    without_hfa = topology_from_dict({"parties": {"dc0": 1}, "training": {"fragments": 2}})
+    with pytest.raises(ConfigError, match=r"\['fragments'\].*taken by no plug-in"):
+        check_plugins(without_hfa.training, without_hfa)
