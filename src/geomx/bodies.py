@@ -38,6 +38,14 @@ class InitBody:
 
 
 @dataclass(frozen=True)
+class PullBody:
+    """PULL, worker -> local server: ``held``: the job's model as this party holds it, answered by the local
+    server without asking the tier above (``geomx.kv.KVStore.pull_job_model``)."""
+
+    held: bool = False
+
+
+@dataclass(frozen=True)
 class ConfigureBody:
     """CONFIGURE, master worker -> servers: what to switch (the keys left out stay as they are)."""
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from .bodies import ConfigureBody, InitBody, decode_body, encode_body
+from .bodies import ConfigureBody, InitBody, PullBody, decode_body, encode_body
 from .codecs import default_registry
 from .config import Mode, NodeConfig, Role, node_config
 from .membership import Tier, is_server, join, new_node_id, scheduler_id
@@ -164,16 +164,34 @@ class KVStore:
     def pull(self, key: int | Sequence[int], out: torch.Tensor | Sequence[torch.Tensor], priority: int = 0) -> None:
         """Write the latest value of ``key`` into ``out`` (after a push: that round's result)."""
         for k, o in zip(_as_list(key), _as_list(out), strict=True):
-            info = self._keys.check(k, o, "pull")
             futures = self._pending.pop(k, None)
-            what = "PUSHPULL"
-            if futures is None:
-                what = "PULL"
-                futures = [self._requests.call(self._keys.server_for(k, part),
-                                               Message(Kind.PULL, key=k, part=part, num_parts=len(info.parts),
-                                                       priority=priority))
-                           for part in range(len(info.parts))]
-            copy_out(self._codecs, self._wait(futures, k, what), info, o.data if o.requires_grad else o)
+            if futures is not None:
+                self._pull(k, o, "PUSHPULL", futures)
+            else:
+                self._pull(k, o, "PULL", priority=priority)
+
+    def pull_job_model(self, key: int | Sequence[int], out: torch.Tensor | Sequence[torch.Tensor]) -> None:
+        """Write the job's model of ``key`` into ``out``, as this party's local server holds it, without WAN
+        traffic: under HFA the global model of its last global round (streaming: each fragment's last one that
+        arrived; a party's average after a local round is not the job's model), elsewhere the tier above's
+        last answer. A pending push is left pending. Usage: evaluate the job's model on a copy::
+
+            kv.pull_job_model(list(range(len(params))), [p.data for p in eval_model.parameters()])
+        """
+        for k, o in zip(_as_list(key), _as_list(out), strict=True):
+            self._pull(k, o, "PULL", held=True)
+
+    def _pull(self, key: int, out: torch.Tensor, what: str, futures: list[Future[Message]] | None = None,
+              priority: int = 0, held: bool = False) -> None:
+        """``out`` from ``futures`` (a push's answers), or from PULL requests for every slice of ``key``."""
+        info = self._keys.check(key, out, "pull")
+        if futures is None:
+            body = encode_body(PullBody(held=True)) if held else None
+            futures = [self._requests.call(self._keys.server_for(key, part),
+                                           Message(Kind.PULL, key=key, part=part, num_parts=len(info.parts),
+                                                   priority=priority, body=body))
+                       for part in range(len(info.parts))]
+        copy_out(self._codecs, self._wait(futures, key, what), info, out.data if out.requires_grad else out)
 
     def slices(self, key: int) -> list[tuple[int, int, int]]:
         """How ``key`` travels: ``(start, stop, global server index)`` per slice (one message each way per slice).

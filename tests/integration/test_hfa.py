@@ -26,9 +26,9 @@ class Streaming:
 
 
 def simulate(initial: list[torch.Tensor], outer: str, k2: int = K2, steps: int = STEPS,
-             streaming: Streaming = Streaming()) -> list[list[torch.Tensor]]:
-    """Every worker's final weights under HFA (streaming: fragments at staggered rounds, overlapped), computed
-    in one process."""
+             streaming: Streaming = Streaming()) -> tuple[list[list[torch.Tensor]], list[torch.Tensor]]:
+    """Every worker's final weights under HFA (streaming: fragments at staggered rounds, overlapped), and the
+    global model every party holds at the end, computed in one process."""
     ranks_of = {"dc0": [0, 1], "dc1": [2]}
     total = sum(PARTIES.values())
     workers = [[w.clone() for w in initial] for _ in range(total)]
@@ -73,7 +73,7 @@ def simulate(initial: list[torch.Tensor], outer: str, k2: int = K2, steps: int =
             for party, ranks in ranks_of.items():
                 for r in ranks:
                     workers[r][i] = answer[party].clone()
-    return workers
+    return workers, global_model
 
 
 INTRA_TS = {"inter": False, "intra": True, "max_greed": 0.5}  # workers pre-merge and relay (ENABLE_INTRA_TS)
@@ -90,7 +90,7 @@ def test_hfa_matches_a_single_process_simulation(geomx_job, outer, tsengine):
     if tsengine is not None:  # dc0's local server coordinated its workers' rounds
         assert read_reports(job.run_dir)["dc0_server"]["rounds"] > 0
     initial = workers[0][0]["initial"]
-    expected = simulate(initial, outer)
+    expected, _ = simulate(initial, outer)
     for rank, (tensors, _) in workers.items():
         for got, want in zip(tensors["final"], expected[rank], strict=True):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=f"worker {rank}")
@@ -111,7 +111,8 @@ STREAMING_SPLIT = {0: 0, 1: 1, 2: 1, 3: 1}
 def test_streaming_hfa_matches_a_single_process_simulation(geomx_job, outer, streaming):
     """Fragments go global at staggered rounds; overlapped, the workers go on from the party's average and the
     new global model (mixed) replaces it ``delay`` rounds later: the same weights as the simulation."""
-    k2, steps = 4, 24  # 12 local rounds: each fragment goes global 3 times
+    k2, steps = 4, 22  # 11 local rounds: fragment 0 goes global at 2, 6, 10, fragment 1 at 4, 8 (overlapped:
+    # answered at 3, 7, 11 and 5, 9: nothing in flight at the end, so the job's model is known)
     training = {"fragments": streaming.fragments, "fragment_delay": streaming.delay,
                 "fragment_alpha": streaming.alpha}
     job = geomx_job("hfa_train.py", "--steps", str(steps), "--outer", outer, parties=PARTIES,
@@ -119,7 +120,12 @@ def test_streaming_hfa_matches_a_single_process_simulation(geomx_job, outer, str
     job.assert_ok()
     workers = jobkit.load_worker_outputs(job.run_dir)
     initial = workers[0][0]["initial"]
-    expected = simulate(initial, outer, k2, steps, streaming)
+    expected, job_model = simulate(initial, outer, k2, steps, streaming)
     for rank, (tensors, _) in workers.items():
         for got, want in zip(tensors["final"], expected[rank], strict=True):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=f"worker {rank}")
+        # the job's model (every fragment's last global model), as each party's local server holds it
+        for got, want in zip(tensors["job_model"], job_model, strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=f"job model, worker {rank}")
+        # ... which is not the worker's own: the last round answered key 0 with a party average (or a mix)
+        assert not torch.equal(tensors["job_model"][0], tensors["final"][0])

@@ -10,6 +10,7 @@ from geomx.bodies import (
     BodyError,
     ConfigureBody,
     InitBody,
+    PullBody,
     StateReport,
     StepAssignment,
     decode_body,
@@ -20,7 +21,7 @@ from geomx.bodies import (
 @pytest.mark.parametrize("body", [InitBody(shard=2), ConfigureBody(sync="dist_async"),
                                   ConfigureBody(optimizer={"name": "sgd", "params": {"lr": 0.1}}),
                                   StateReport({"dc0/worker0": 0.02, "dc1/worker0": 1.0}, base_steps=4),
-                                  StepAssignment({"dc0/worker0": 6})])
+                                  StepAssignment({"dc0/worker0": 6}), PullBody(held=True)])
 def test_a_body_survives_json(body: object) -> None:
     assert decode_body(type(body), json.loads(json.dumps(encode_body(body)))) == body
 
@@ -42,6 +43,8 @@ def test_unset_fields_stay_off_the_wire_and_ints_pass_as_seconds() -> None:
      r"StateReport.seconds_per_step\['w'\]: expected float, got str"),
     (StepAssignment, {"steps": {"w": 2.5}}, r"StepAssignment.steps\['w'\]: expected int, got float"),
     (ConfigureBody, {"sync": 3}, "ConfigureBody.sync: expected str, got int"),
+    (PullBody, {"held": 1}, "PullBody.held: expected bool, got int"),
+    (PullBody, {"hold": True}, r"PullBody: unknown key\(s\) \['hold'\]"),
 ])
 def test_a_bad_body_is_refused_naming_the_key(cls: type, body: object, error: str) -> None:
     with pytest.raises(BodyError, match=error):

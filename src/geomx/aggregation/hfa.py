@@ -195,6 +195,12 @@ class HfaAggregation(Aggregation):
         if flight is not None and flight.arrived is None:
             flight.arrived = value
 
+    def held(self, sid: SlotId, value: np.ndarray) -> np.ndarray:
+        """The job's model is the global one (the slot holds the party's average after a local round); under
+        streaming, each fragment's from its last global round that has arrived."""
+        known = self.local.global_model(sid) if self.local is not None else None
+        return value if known is None else known
+
     def may_drop(self, usual: bool) -> bool:
         """The global model moves by whichever parties' deltas arrive, so a global server goes on without a
         dead party; a local tier averages its workers' models and keeps its weights: it stops."""

@@ -48,6 +48,12 @@ EXTRA_SYSTEMS = (
     System("geomx_hfa_outer_h_64k", f"geomx HFA {H}x1 + outer, 64K slices", "geomx", period=H, hfa=(H, 1),
            outer=True, topology_extra={"slice_elems": 1 << 16}),
     System("geomx_fsa_64k", "geomx FSA, 64K slices", "geomx", topology_extra={"slice_elems": 1 << 16}),
+    # streaming outer sync against the same K1 x K2 without it: half the model goes global every K1 steps, and
+    # the workers go on while it travels (the new global model, mixed half and half, one local round later)
+    System("geomx_hfa_outer_5x2", "geomx HFA 5x2 + outer", "geomx", period=H, hfa=(5, 2), outer=True),
+    System("geomx_hfa_outer_5x2_stream", "geomx HFA 5x2 + outer, streaming (2 fragments, overlap 1, mix 0.5)",
+           "geomx", period=H, hfa=(5, 2), outer=True,
+           topology_extra={"training": {"fragments": 2, "fragment_delay": 1, "fragment_alpha": 0.5}}),
 )
 
 

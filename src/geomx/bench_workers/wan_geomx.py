@@ -12,7 +12,9 @@ and steps the job's SGD on the mean (the servers only sum: the same arithmetic a
 codec (Bi-Sparse) the local SGD has no momentum of its own: the codec's momentum correction is the momentum.
 HFA: local SGD steps; every K1 steps a model average in the party, every K1*K2 steps a global one (with
 ``--outer``, DiLoCo's outer Nesterov on the global server). The master worker evaluates the job's model:
-after every ``--eval-every`` FSA steps, after every global round under HFA.
+after every ``--eval-every`` FSA steps (its own model: every worker holds the job's); under HFA every K1*K2
+steps, on a copy filled with the job's model as its party's local server holds it (``kv.pull_job_model``: the
+global model; under streaming each fragment's last global model, which no worker holds whole).
 """
 
 from __future__ import annotations
@@ -59,6 +61,14 @@ def main(argv: list[str] | None = None) -> None:
     shard, test, steps = job.shard_and_test(rank, world)
     hfa = kv.hfa
     system = "geomx_hfa" if hfa else "geomx_fsa"
+    held = job.make_model() if hfa else model  # what the master worker evaluates
+    keys, held_params = list(range(len(params))), [p.data for p in held.parameters()]
+
+    def evaluate() -> float:
+        if hfa:
+            kv.pull_job_model(keys, held_params)
+        return job.evaluate(held, test)
+
     log = wan_job.JobLog(Path(args.log_dir) / f"rank{rank}.jsonl", rank, system, job.metric)
     timer = wan_job.ComputeTimer()
     step = 0
@@ -86,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
                 kv.pull(idx, param.data, priority=-idx)
         due = step % (hfa.k1 * hfa.k2) == 0 if hfa else (step % args.eval_every == 0 or step == last)
         if kv.is_master_worker and due:
-            log.write(step=step, epoch=epoch, value=log.evaluate(lambda: job.evaluate(model, test)), compute=timer,
+            log.write(step=step, epoch=epoch, value=log.evaluate(evaluate), compute=timer,
                       loss=float(loss.detach()),
                       calibrated_step_s=calibrated)
     log.close()

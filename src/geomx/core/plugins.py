@@ -262,6 +262,11 @@ class Aggregation:
         """Whether this tier drops a dead client and goes on (``usual``: what the job and the policy say)."""
         return usual
 
+    def held(self, sid: SlotId, value: np.ndarray) -> np.ndarray:
+        """The job's model of (key, slice) as this lower tier holds it (``value``: what its slot holds, the
+        tier above's last answer unless the tier answers rounds itself)."""
+        return value
+
 
 class Extension:
     """An algorithm's own request kinds that become rounds (a speed report, say): how each request is checked

@@ -19,6 +19,7 @@ from concurrent.futures import Future
 
 import numpy as np
 
+from ..bodies import BodyError, PullBody, decode_body
 from ..codecs import CodecError
 from ..codecs.messages import decode_message
 from ..core.rounds import Round, Slot
@@ -112,12 +113,21 @@ class Upstream:
 
     def on_pull(self, message: Message) -> None:
         """The current value. A local server asks its global server: its own copy may be stale (the global tier
-        need not be synchronous)."""
+        need not be synchronous); asked for what it holds (``PullBody.held``), it answers the job's model as the
+        aggregation says the party holds it."""
         host = self.host
         slot = host.slots.get((message.key, message.part))
         sender = message.sender.decode()
         if slot is None:
             host.refuse(message, f"key {message.key} slice {message.part} was never initialized; call init first")
+            return
+        try:
+            held = message.body is not None and decode_body(PullBody, message.body).held
+        except BodyError as exc:
+            host.refuse(message, str(exc))
+            return
+        if held and not host.is_global:  # the job's model as this party holds it: no WAN
+            host.van.send(sender, message.reply(tensor=host.aggregation.held((message.key, message.part), slot.value)))
             return
         if host.is_global:
             if host.optimizer is not None:  # an optimizer may compensate the puller's next push against these

@@ -41,8 +41,11 @@ def main() -> None:
                 kv.push(idx, param.data / kv.num_workers, priority=-idx)
             for idx, param in enumerate(params):
                 kv.pull(idx, param.data, priority=-idx)
+    job_model = [torch.empty_like(p) for p in params]  # the job's model as the party's local server holds it
+    kv.pull_job_model(list(range(len(params))), job_model)
     jobkit.save_worker_output(kv.config.run_dir, rank, {"initial": initial,
-                                                        "final": [p.detach().clone() for p in params]},
+                                                        "final": [p.detach().clone() for p in params],
+                                                        "job_model": job_model},
                               {"party": kv.party, "num_workers": kv.num_workers})
     kv.close()
 
