@@ -4,13 +4,16 @@ Every worker takes K1 local Adam steps, then pushes ``param / num_local_workers`
 server answers with the party's average model, and every K2-th time with the new global model (parties
 weighted by their workers). K1 and K2 come from the topology's ``hfa`` (or MXNET_KVSTORE_HFA_K1/_K2).
 
-The test accuracy is the GLOBAL model's, measured right after each global round (every K1 x K2 local
-steps), when every worker of every party holds that model: one line and one record per global round.
-Between global rounds each party trains a model of its own, which is not the job's model.
+The test accuracy is the GLOBAL model's, measured every K1 x K2 local steps on the job's model as the
+master worker's local server holds it (``kv.pull_job_model``, no WAN): one line and one record per global
+round. Between global rounds each party trains a model of its own, which is not the job's model; under
+streaming outer sync (``fragments`` in the training block) no worker ever holds the global model whole.
 ``--global-rounds N`` trains until N global rounds are done (instead of ``--epochs``).
 
     geomx launch topologies/hfa.yaml -- python examples/cnn_hfa.py --epochs 8
     geomx launch topologies/hfa.yaml -- python examples/cnn_hfa.py --outer    # + DiLoCo's outer Nesterov
+    GEOMX_FRAGMENTS=2 GEOMX_FRAGMENT_DELAY=1 GEOMX_FRAGMENT_ALPHA=0.5 \
+        geomx launch topologies/hfa.yaml -- python examples/cnn_hfa.py --outer    # streaming
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ def main() -> None:
     torch.manual_seed(args.seed + 1000 * kv.global_rank)
     model = DigitsCNN(channels=args.channels, hidden=args.hidden)
     params = list(model.parameters())
+    job_model = DigitsCNN(channels=args.channels, hidden=args.hidden)  # evaluated: the job's model, not ours
     if kv.is_master_worker and args.outer:
         kv.set_optimizer(geomx.optim.OuterNesterov())
     kv.init(list(range(len(params))), [p.data for p in params])
@@ -80,10 +84,13 @@ def main() -> None:
                     kv.push(idx, param.data / kv.num_workers, priority=-idx)
                 for idx, param in enumerate(params):
                     kv.pull(idx, param.data, priority=-idx)
-            if local_steps % every_global == 0:  # that pull returned the new global model
+            if local_steps % every_global == 0:  # every slice has gone global once more
                 global_rounds += 1
-                if kv.is_master_worker:  # the same model everywhere: evaluating it once is enough
-                    acc = accuracy(model, test.images, test.labels)
+                if kv.is_master_worker:  # the same global model in every party: evaluating it once is enough
+                    # the job's model as our local server holds it (no WAN): the global model; under streaming
+                    # (training.fragments) each fragment's last one, which no worker holds whole
+                    kv.pull_job_model(list(range(len(params))), [p.data for p in job_model.parameters()])
+                    acc = accuracy(job_model, test.images, test.labels)
                 # recorded as ``global_round``: the unit's name
                 progress.epoch(global_rounds, total_rounds, steps=local_steps, losses=losses, accuracy=acc,
                                epoch=epoch + 1)
