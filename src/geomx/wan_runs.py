@@ -47,6 +47,7 @@ class System:
     outer: bool = False  # geomx HFA: outer Nesterov on the global server
     compression: dict[str, Any] | None = None  # geomx: WAN codec
     topology_extra: dict[str, Any] = field(default_factory=dict)  # geomx: e.g. {"training": {"p3": True}}
+    worker_args: tuple[str, ...] = ()  # more arguments of its bench worker (torchft's streaming: --fragments 2)
 
 
 @dataclass
@@ -147,7 +148,7 @@ def start_diloco(system: System, a: Place, b: Place, logs: Path, procs: ProcessS
         procs.start(f"rank{rank}", _in(place, _worker(
             "diloco", "--rank", str(rank), "--host", place.host, "--lighthouse", f"http://{a.host}:{port}",
             "--sync-every", str(system.period), "--log", str(logs / f"rank{rank}.jsonl"), "--epochs", str(epochs),
-            "--job", job)),
+            "--job", job, *system.worker_args)),
             env={"GLOO_SOCKET_IFNAME": place.ifname})
 
 

@@ -129,7 +129,7 @@ def test_hfa_through_the_wrapper_matches_the_simulation(geomx_job, tmp_path, out
     job.assert_ok()
     workers = job.workers()
     initial = workers[0][0]["after_init"]
-    expected = simulate_hfa(initial, outer)
+    expected, _ = simulate_hfa(initial, outer)
     for rank, (tensors, report) in workers.items():
         assert report["mode"] == "HFA"
         for got, want in zip(tensors["final"], expected[rank], strict=True):
