@@ -37,7 +37,7 @@ from typing import Any
 import yaml
 
 from geomx.config import LAN_SLICE_ELEMS, WAN_SLICE_ELEMS
-from geomx.runlog import read_metrics
+from geomx.runs.runlog import read_metrics
 
 HERE = Path(__file__).resolve().parent
 OLD_SLICE_ELEMS = LAN_SLICE_ELEMS  # the default of every job before issue 14, now of one-party jobs

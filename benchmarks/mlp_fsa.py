@@ -19,8 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import geomx
-from geomx.data import digits_split, steps_per_epoch
-from geomx.models import accuracy
+from geomx.zoo.data import digits_split, steps_per_epoch
+from geomx.zoo.models import accuracy
 
 
 def mlp(hidden: int = 1024) -> nn.Module:

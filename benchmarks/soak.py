@@ -32,7 +32,7 @@ import numpy as np
 import yaml
 
 from geomx.launch import LaunchResult, free_port, job_processes, launch
-from geomx.runlog import read_metrics
+from geomx.runs.runlog import read_metrics
 
 HERE = Path(__file__).resolve().parent
 HEARTBEAT_S = 5.0

@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 
 import geomx
-from geomx.data import digits_split, steps_per_epoch
-from geomx.models import DigitsCNN, accuracy
+from geomx.zoo.data import digits_split, steps_per_epoch
+from geomx.zoo.models import DigitsCNN, accuracy
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""One FSA step's timeline across the WAN, from a run traced with ``GEOMX_TRACE=1`` (see ``geomx.trace``).
+"""One FSA step's timeline across the WAN, from a run traced with ``GEOMX_TRACE=1`` (see ``geomx.transport.trace``).
 
 For party ``--party`` (default dc1, the one whose local server crosses the link to the global server), per step
 and then as medians over the steps after ``--skip``: when its workers push, when its local server forwards each
@@ -8,7 +8,7 @@ the party's first worker (one clock: every process of the machine shares ``time.
 
 Usage::
 
-    sudo GEOMX_TRACE=1 .venv/bin/python -m geomx.bench_wan --quick --only ddp geomx_fsa --rates 100
+    sudo GEOMX_TRACE=1 .venv/bin/python -m geomx.bench.wan --quick --only ddp geomx_fsa --rates 100
     .venv/bin/python benchmarks/step_timeline.py bench-results/wan/mlp/geomx_fsa-100
 """
 
@@ -20,7 +20,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from geomx.trace import read_trace
+from geomx.transport.trace import read_trace
 
 
 def steps(events: list[dict[str, Any]], party: str) -> list[tuple[int, float, float]]:

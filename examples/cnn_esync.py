@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 
 import geomx
-from geomx.data import digits_split
-from geomx.models import DigitsCNN, accuracy
-from geomx.progress import Progress
+from geomx.runs.progress import Progress
+from geomx.zoo.data import digits_split
+from geomx.zoo.models import DigitsCNN, accuracy
 
 
 def parse_args() -> argparse.Namespace:

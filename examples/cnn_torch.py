@@ -21,8 +21,8 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 import geomx.torch as gx  # geomx
-from geomx.data import digits_split
-from geomx.models import DigitsCNN, accuracy
+from geomx.zoo.data import digits_split
+from geomx.zoo.models import DigitsCNN, accuracy
 
 
 def main() -> None:

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 import geomx.torch as gx
-from geomx.charlm import VOCAB, CharTransformer, Windows, encode, evaluate, stdlib_text  # the model and its text
+from geomx.zoo.charlm import VOCAB, CharTransformer, Windows, encode, evaluate, stdlib_text  # the model and its text
 
 
 def parse_args() -> argparse.Namespace:

@@ -34,8 +34,8 @@ import zmq
 
 from geomx.config import SecuritySpec, Topology, load_topology
 from geomx.launch import Launcher, LaunchResult, default_run_dir, format_summary, plan_processes
-from geomx.security import PLAIN_USER
-from geomx.wire import Flag, Kind, Message, encode
+from geomx.protocol.wire import Flag, Kind, Message, encode
+from geomx.transport.security import PLAIN_USER
 
 _SOCKET = re.compile(r"socket:\[(\d+)\]")
 

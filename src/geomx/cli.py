@@ -34,7 +34,7 @@ def _launch(args: argparse.Namespace) -> int:
 
 def _keygen(args: argparse.Namespace) -> int:
     from .config import load_topology
-    from .security import SecurityError, generate_keys
+    from .transport.security import SecurityError, generate_keys
 
     try:
         parties = list(args.parties or [])
@@ -59,7 +59,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from .report import main as report_main
+    from .runs.report import main as report_main
 
     return report_main(args.runs, args.out, args.label)
 

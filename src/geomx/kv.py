@@ -26,20 +26,20 @@ from typing import Any
 
 import torch
 
-from .bodies import ConfigureBody, InitBody, PullBody, decode_body, encode_body
+from .algorithms.registry import SYNC_POLICIES, sync_policy
+from .cluster.membership import Tier, is_server, join, new_node_id, scheduler_id
 from .codecs import default_registry
 from .config import Mode, NodeConfig, Role, node_config
-from .membership import Tier, is_server, join, new_node_id, scheduler_id
+from .core.sharding import ShardPlanner
+from .core.worker_plugins import WorkerContext
 from .optim import Optimizer
-from .rpc import Requests
-from .runlog import append_metrics, write_stats
-from .sharding import ShardPlanner
-from .sync.registry import SYNC_POLICIES, sync_policy
-from .trace import Tracer
-from .transport import Van
-from .wire import Kind, Message
+from .protocol.bodies import ConfigureBody, InitBody, PullBody, decode_body, encode_body
+from .protocol.wire import Kind, Message
+from .runs.runlog import append_metrics, write_stats
+from .transport.rpc import Requests
+from .transport.trace import Tracer
+from .transport.van import Van
 from .worker.compose import compose_worker
-from .worker.plugins import WorkerContext
 from .worker.slices import KeyTable, copy_out, payload, to_numpy
 
 log = logging.getLogger("geomx.kv")

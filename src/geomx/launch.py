@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from .compose import check_plugins
 from .config import Mode, NodeConfig, Role, Topology, job_training, load_topology, node_env
-from .runlog import read_metrics, read_stats
+from .runs.runlog import read_metrics, read_stats
+from .server.compose import check_plugins
 
 # Environment defaults for every launched process (the user's environment wins):
 # - many processes share this machine's cores: one math thread each;

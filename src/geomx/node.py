@@ -18,7 +18,7 @@ from .config import ConfigError, NodeConfig, Role, node_config
 def run_node(config: NodeConfig) -> int:
     """Run one scheduler or server until the job ends; returns the exit code."""
     if config.role in (Role.GLOBAL_SCHEDULER, Role.LOCAL_SCHEDULER):
-        from .scheduler import Scheduler
+        from .cluster.scheduler import Scheduler
 
         return Scheduler(config).run()
     if config.role in (Role.GLOBAL_SERVER, Role.LOCAL_SERVER):

@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from .tensors import readonly_tensor
+from .protocol.tensors import readonly_tensor
 
 SlotId = tuple[int, int]
 

@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from harness import Job, worker_command, write_topology
 
-from geomx.checkpoint import load, load_latest, shard_dir
 from geomx.launch import launch
+from geomx.runs.checkpoint import load, load_latest, shard_dir
 
 STEPS = 8
 

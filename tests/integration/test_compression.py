@@ -11,7 +11,7 @@ import yaml
 from compressed_train import reference_sgd
 from harness import run_job, write_topology
 
-from geomx.tsengine import read_reports as read_ts_reports
+from geomx.algorithms.tsengine.rules import read_reports as read_ts_reports
 
 STEPS, HIDDEN = 30, 1024
 

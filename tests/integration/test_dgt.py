@@ -11,9 +11,9 @@ import yaml
 from dgt_sum import pushed
 from harness import EXAMPLES_DIR, write_topology
 
-from geomx.dgt import read_reports
-from geomx.report import build_report
-from geomx.runlog import read_stats
+from geomx.algorithms.dgt.datagrams import read_reports
+from geomx.runs.report import build_report
+from geomx.runs.runlog import read_stats
 
 NUMEL, ROUNDS, BLOCK_BYTES = 8192, 6, 256  # 128 blocks of 64 values per push
 

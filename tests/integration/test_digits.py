@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from harness import EXAMPLES_DIR
 
-from geomx.report import build_report
+from geomx.runs.report import build_report
 
 DEMO_LINKS = {"lan": {"bandwidth": "10Gbit", "latency": "0ms"}, "wan": {"bandwidth": "100Mbit", "latency": "25ms"}}
 EPOCHS = 8

@@ -13,7 +13,7 @@ import torch
 from compressed_train import reference_sgd
 
 from geomx.config import WAN_SLICE_ELEMS
-from geomx.trace import read_trace
+from geomx.transport.trace import read_trace
 
 
 def test_fsa_matches_single_process_sgd(standard_hips_job):

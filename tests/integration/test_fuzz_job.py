@@ -12,9 +12,9 @@ import sys
 import jobkit
 from harness import REPO_ROOT, worker_command, write_topology
 
+from geomx.algorithms.tsengine.rules import read_reports as read_ts_reports
 from geomx.config import SecuritySpec
-from geomx.runlog import read_stats
-from geomx.tsengine import read_reports as read_ts_reports
+from geomx.runs.runlog import read_stats
 
 sys.path.insert(0, str(REPO_ROOT / "scripts"))
 from fuzz_job import LiveJob, junk, spray

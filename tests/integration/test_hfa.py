@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from geomx.tsengine import read_reports
+from geomx.algorithms.tsengine.rules import read_reports
 
 K1, K2, STEPS = 2, 3, 12
 PARTIES = {"dc0": 2, "dc1": 1}  # unequal parties: the global average must weigh dc0 twice

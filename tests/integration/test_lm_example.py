@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from harness import EXAMPLES_DIR
 
-from geomx.runlog import read_metrics
+from geomx.runs.runlog import read_metrics
 
 SMALL = ("--steps", "24", "--dim", "32", "--context", "32", "--batch-size", "16", "--max-chars", "200000",
          "--eval-every", "24", "--eval-batches", "4", "--lr", "0.01")

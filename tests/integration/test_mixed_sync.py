@@ -6,7 +6,7 @@ import jobkit
 import pytest
 import torch
 
-from geomx.tsengine import read_reports
+from geomx.algorithms.tsengine.rules import read_reports
 
 STEPS = 8
 DELAY_S = 0.25

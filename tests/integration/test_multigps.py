@@ -10,8 +10,8 @@ import torch
 import yaml
 from harness import EXAMPLES_DIR
 
-from geomx.dgt import read_reports
-from geomx.tsengine import read_reports as read_ts_reports
+from geomx.algorithms.dgt.datagrams import read_reports
+from geomx.algorithms.tsengine.rules import read_reports as read_ts_reports
 
 BSC = {"type": "bsc", "threshold": 0.01, "size_lower_bound": 0}
 SLICE = 4096  # Linear(32, 1024) has 32768 weights: 8 slices whatever the number of global servers (1, 2, 4)

@@ -18,7 +18,7 @@ import jobkit
 import pytest
 from harness import worker_command, write_topology
 
-from geomx import netns
+from geomx.bench import netns
 
 REASON = netns.unavailable_reason()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")

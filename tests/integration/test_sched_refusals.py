@@ -11,7 +11,7 @@ import os
 import sys
 
 import geomx
-from geomx.rpc import RemoteError
+from geomx.transport.rpc import RemoteError
 
 kind = sys.argv[1]
 try:

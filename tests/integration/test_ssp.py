@@ -15,7 +15,7 @@ import pytest
 import torch
 from harness import EXAMPLES_DIR
 
-from geomx.runlog import read_metrics
+from geomx.runs.runlog import read_metrics
 
 
 def _global_leads(job) -> dict[str, dict[int, int]]:

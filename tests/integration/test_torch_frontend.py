@@ -16,7 +16,7 @@ import yaml
 from harness import write_topology
 from test_hfa import simulate as simulate_hfa
 
-from geomx.tsengine import read_reports as read_ts_reports
+from geomx.algorithms.tsengine.rules import read_reports as read_ts_reports
 
 SCRIPT = "frontend_train.py"
 
@@ -58,7 +58,7 @@ def test_wrapped_loop_equals_the_kvstore_loop_under_fsa(geomx_job, standard_hips
         for got, want in zip(tensors["final"], kvstore[rank][0]["final"], strict=True):
             torch.testing.assert_close(got, want)
     # the run folder holds per-step metrics: steps, losses, traffic, time blocked on the network
-    from geomx.runlog import read_metrics
+    from geomx.runs.runlog import read_metrics
     records = read_metrics(job.run_dir)["dc0_worker0"]
     assert records[-1]["step"] == jobkit.STEPS
     assert records[-1]["lan_bytes"] > 0 and records[-1]["net_wait_s"] >= 0 and "loss" in records[-1]

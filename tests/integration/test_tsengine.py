@@ -9,7 +9,7 @@ import pytest
 import yaml
 from harness import EXAMPLES_DIR, write_topology
 
-from geomx.tsengine import read_reports
+from geomx.algorithms.tsengine.rules import read_reports
 
 PARTIES = {"dc0": 1, "dc1": 1, "dc2": 1, "dc3": 1}
 

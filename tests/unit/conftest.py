@@ -9,12 +9,12 @@ from typing import Any
 import numpy as np
 import pytest
 
+from geomx.algorithms.fsa.server import FullySynchronous
 from geomx.codecs import TensorInfo
 from geomx.codecs.base import Direction, TensorKind
 from geomx.core.clients import Clients
 from geomx.core.rounds import Round, RoundTable, Slot
-from geomx.sync.fsa import FullySynchronous
-from geomx.wire import Message
+from geomx.protocol.wire import Message
 
 
 class FakeServer:

@@ -8,15 +8,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from geomx.aggregation.esync import StateRounds
-from geomx.aggregation.hfa import MODEL_CHANGE, HfaAggregation
+from geomx.algorithms.esync.server import StateRounds
+from geomx.algorithms.hfa.rules import LocalFrequencyAggregation
+from geomx.algorithms.hfa.server import MODEL_CHANGE, HfaAggregation
+from geomx.algorithms.mixed_sync.server import Asynchronous
 from geomx.codecs import default_registry
 from geomx.codecs.messages import decode_message
 from geomx.core.plugins import Aggregation
 from geomx.core.rounds import Round
-from geomx.policies.hfa import LocalFrequencyAggregation
-from geomx.sync.mixed import Asynchronous
-from geomx.wire import Kind, Message
+from geomx.protocol.wire import Kind, Message
 
 
 def test_the_plain_sum_sends_the_sum_up_and_answers_with_it() -> None:

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import torch
 
-from geomx import wan_job
-from geomx.bench_workers.diloco import fragments_of, load_global_model
+from geomx.bench import wan_job
+from geomx.bench.workers.diloco import fragments_of, load_global_model
 
 
 def test_the_mlps_modules_make_two_fragments_by_size() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from geomx import netns, wan_job, wan_jobs
+from geomx.bench import netns, wan_job, wan_jobs
 from geomx.bench import wan as bench_wan
 
 

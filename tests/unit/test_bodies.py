@@ -1,4 +1,4 @@
-"""Typed message bodies (geomx.bodies): round trips through JSON and precise errors for bad bodies."""
+"""Typed message bodies (geomx.protocol.bodies): round trips through JSON and precise errors for bad bodies."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from geomx.bodies import (
+from geomx.protocol.bodies import (
     BodyError,
     ConfigureBody,
     InitBody,

@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from geomx.checkpoint import CheckpointError, CheckpointWriter, Snapshot, load, load_latest, shard_dir, write
 from geomx.config import CheckpointSpec, ConfigError
 from geomx.optim import DCASGD, SGD, Adam, Optimizer, optimizer_from_spec
+from geomx.runs.checkpoint import CheckpointError, CheckpointWriter, Snapshot, load, load_latest, shard_dir, write
 
 
 def snapshot(step: int) -> Snapshot:

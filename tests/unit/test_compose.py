@@ -6,15 +6,15 @@ from typing import Any
 
 import pytest
 
-from geomx.aggregation.esync import StateRounds
-from geomx.aggregation.hfa import HfaAggregation
-from geomx.compose import Choice, choose, compose, configured_policy
+from geomx.algorithms.esync.server import StateRounds
+from geomx.algorithms.fsa.server import FullySynchronous
+from geomx.algorithms.hfa.server import HfaAggregation
+from geomx.algorithms.mixed_sync.server import Asynchronous
+from geomx.algorithms.tsengine.server import TsEngineRoute
 from geomx.config import NodeConfig, Role, load_topology
 from geomx.core.plugins import Aggregation, Route
-from geomx.routes.tsengine import TsEngineRoute
-from geomx.sync.fsa import FullySynchronous
-from geomx.sync.mixed import Asynchronous
-from geomx.wire import Kind
+from geomx.protocol.wire import Kind
+from geomx.server.compose import Choice, choose, compose, configured_policy
 
 
 def node(tmp_path: Any, role: Role, extra: str = "") -> NodeConfig:
@@ -58,8 +58,8 @@ def test_the_master_may_name_another_policy_from_the_same_registry() -> None:
 @pytest.mark.parametrize("tsengine", [False, True])
 def test_dgt_is_an_uplink_route_chained_after_the_party_s_route(tmp_path: Any, make_server: Any,
                                                                  tsengine: bool) -> None:
+    from geomx.algorithms.dgt.server import DgtRoute
     from geomx.core.plugins import RouteChain
-    from geomx.routes.dgt import DgtRoute
 
     extra = "dgt: {k: 0.5}\n" + ("tsengine: {inter: false, intra: true}\n" if tsengine else "")
     config = node(tmp_path, Role.LOCAL_SERVER, extra)

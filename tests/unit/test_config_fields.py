@@ -218,8 +218,7 @@ def test_the_readme_names_exactly_the_variables_the_config_reads():
     readme = (Path(__file__).parents[2] / "README.md").read_text()
     # plug-in options are read generically (GEOMX_<NAME> nothing else reads): the README names the ones the
     # registered plug-ins declare
-    from geomx.aggregation.registry import AGGREGATIONS
-    from geomx.sync.registry import SYNC_POLICIES
+    from geomx.algorithms.registry import AGGREGATIONS, SYNC_POLICIES
 
     options = {f"GEOMX_{name.upper()}" for cls in (*SYNC_POLICIES.values(), *AGGREGATIONS.values())
                for name in cls.options}

@@ -8,11 +8,11 @@ from typing import Any
 
 import numpy as np
 
-from geomx.checkpoint import CheckpointWriter
 from geomx.config import CheckpointSpec
 from geomx.core.checkpoints import checkpoint_if_due, restore_optimizer, resume, slots_of
 from geomx.core.rounds import Slot
-from geomx.wire import Kind
+from geomx.protocol.wire import Kind
+from geomx.runs.checkpoint import CheckpointWriter
 
 
 def test_a_checkpoint_is_the_least_advanced_slices_step_and_resumes_their_counts(tmp_path: Path,

@@ -9,7 +9,7 @@ import numpy as np
 from geomx.core.clients import Clients
 from geomx.core.inits import Inits
 from geomx.core.rounds import Round, RoundTable, Slot
-from geomx.wire import Kind, Message
+from geomx.protocol.wire import Kind, Message
 
 
 class FakeServer:
@@ -53,7 +53,7 @@ class FakeServer:
 
 
 def _every_client() -> Any:
-    from geomx.sync.fsa import FullySynchronous
+    from geomx.algorithms.fsa.server import FullySynchronous
 
     return FullySynchronous()
 

@@ -7,13 +7,13 @@ from collections.abc import Collection
 import numpy as np
 import pytest
 
+from geomx.algorithms.fsa.server import FullySynchronous
+from geomx.algorithms.ssp.server import BoundedStaleness
 from geomx.core.clients import Clients
 from geomx.core.early import EARLY, EarlyAnswers, send_early
 from geomx.core.policy import SyncPolicy
 from geomx.core.rounds import Round, RoundTable
-from geomx.sync.fsa import FullySynchronous
-from geomx.sync.ssp import BoundedStaleness
-from geomx.wire import Flag, Kind, Message
+from geomx.protocol.wire import Flag, Kind, Message
 
 
 class EveryClient(SyncPolicy):

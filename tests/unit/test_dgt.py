@@ -10,12 +10,20 @@ import time
 import numpy as np
 import pytest
 
+from geomx.algorithms.dgt.datagrams import (
+    DgtAssembler,
+    DgtError,
+    DgtSender,
+    adaptive_k,
+    assign_channels,
+    block_ranges,
+    block_scores,
+)
 from geomx.config import DGTSpec, Outage, PartySpec, Topology
-from geomx.dgt import DgtAssembler, DgtError, DgtSender, adaptive_k, assign_channels, block_ranges, block_scores
-from geomx.emulator import LossyChannel, OutageSchedule
-from geomx.transport import Van
-from geomx.udp import Datagram, DatagramError, UdpReceiver, decode_datagram, encode_datagram
-from geomx.wire import Kind, Message
+from geomx.protocol.wire import Kind, Message
+from geomx.transport.emulator import LossyChannel, OutageSchedule
+from geomx.transport.udp import Datagram, DatagramError, UdpReceiver, decode_datagram, encode_datagram
+from geomx.transport.van import Van
 
 
 def test_assign_channels_top_k_reliable_rest_evenly_in_rank_order():

@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from geomx.algorithms.dgt.datagrams import DgtAssembler, DgtSender
+from geomx.algorithms.dgt.feedback import FEEDBACK_KEY, MAX_ROWS, FeedbackError, LossEstimate, parse_feedback
 from geomx.config import DGTSpec
-from geomx.dgt import DgtAssembler, DgtSender
-from geomx.dgt_feedback import FEEDBACK_KEY, MAX_ROWS, FeedbackError, LossEstimate, parse_feedback
-from geomx.udp import Datagram, decode_datagram
-from geomx.wire import Kind, Message
+from geomx.protocol.wire import Kind, Message
+from geomx.transport.udp import Datagram, decode_datagram
 
 
 class RecordingPath:

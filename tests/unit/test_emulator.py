@@ -8,7 +8,7 @@ import time
 import pytest
 
 from geomx.config import LinkSpec
-from geomx.emulator import ShapedLink
+from geomx.transport.emulator import ShapedLink
 
 MBIT = 1e6
 
@@ -182,7 +182,7 @@ def test_hold_until_starts_the_backlog_at_the_end_of_an_outage_at_the_links_rate
 
 def test_outage_schedule_cuts_both_directions_of_the_party_for_its_window():
     from geomx.config import Outage
-    from geomx.emulator import OutageSchedule
+    from geomx.transport.emulator import OutageSchedule
 
     outages = (Outage("dc1", 10.0, 2.0), Outage("dc2", 30.0, 5.0))
     start = time.time()
@@ -203,7 +203,7 @@ def test_outage_schedule_cuts_both_directions_of_the_party_for_its_window():
 
 def test_outage_counts_from_the_jobs_start_not_from_the_process_start():
     from geomx.config import Outage
-    from geomx.emulator import OutageSchedule
+    from geomx.transport.emulator import OutageSchedule
 
     late_process = OutageSchedule((Outage("dc1", 10.0, 2.0),), "dc0", job_start=time.time() - 9.0)
     now = time.monotonic()
@@ -241,7 +241,7 @@ def test_an_outage_from_training_counts_from_the_first_training_message():
     """``from: training``: nothing is cut before training_started, then the window counts from that call
     (later calls do not move it), while a ``launch`` outage keeps counting from the job's start."""
     from geomx.config import Outage
-    from geomx.emulator import OutageSchedule
+    from geomx.transport.emulator import OutageSchedule
 
     schedule = OutageSchedule((Outage("dc1", 2.0, 1.0, origin="training"), Outage("dc1", 50.0, 1.0)), "dc0",
                               job_start=time.time() - 100.0)

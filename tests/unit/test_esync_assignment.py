@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from geomx.policies.esync import MAX_STEPS, assign_steps
+from geomx.algorithms.esync.rules import MAX_STEPS, assign_steps
 
 
 def test_the_slowest_gets_base_steps_and_the_others_fill_the_same_time():

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from geomx.cluster.heartbeat import Watch, pulse_for
 from geomx.config import (
     CheckpointSpec,
     ConfigError,
@@ -19,10 +20,9 @@ from geomx.config import (
     load_topology,
     node_config_from_env,
 )
-from geomx.heartbeat import Watch, pulse_for
-from geomx.rpc import RemoteError, Requests
-from geomx.transport import Van
-from geomx.wire import Kind, Message
+from geomx.protocol.wire import Kind, Message
+from geomx.transport.rpc import RemoteError, Requests
+from geomx.transport.van import Van
 
 FAST = Timeouts(heartbeat_s=0.5, heartbeat_interval_s=0.05)
 

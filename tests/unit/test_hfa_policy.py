@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from geomx.algorithms.hfa.rules import LocalFrequencyAggregation
 from geomx.config import ConfigError, HFASpec, node_config_from_env, topology_from_dict, topology_to_dict
-from geomx.policies.hfa import LocalFrequencyAggregation
 
 
 def test_every_k2th_round_sends_the_weighted_delta():

@@ -11,9 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-import geomx.compose
 import geomx.config
-from geomx.compose import build_policy, check_plugins
+import geomx.server.compose
 from geomx.config import (
     ConfigError,
     NodeConfig,
@@ -28,6 +27,7 @@ from geomx.config.env import known_variables
 from geomx.core.options import parse_value
 from geomx.core.policy import SyncPolicy
 from geomx.launch import launch
+from geomx.server.compose import build_policy, check_plugins
 
 BASE_ENV = {"GEOMX_ROLE": "worker", "GEOMX_PARTY": "dc0", "GEOMX_GLOBAL_SCHEDULER": "127.0.0.1:1",
             "GEOMX_SCHEDULER": "127.0.0.1:2", "GEOMX_NUM_WORKERS": "1"}
@@ -53,7 +53,7 @@ class Patient(SyncPolicy):
 
 @pytest.fixture
 def with_patient(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(geomx.compose.SYNC_POLICIES, Patient.name, Patient)
+    monkeypatch.setitem(geomx.server.compose.SYNC_POLICIES, Patient.name, Patient)
 
 
 def test_unknown_training_keys_and_variables_are_collected_as_text_and_written_back() -> None:

@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 from geomx.cli import main as cli_main
-from geomx.report import build_report
-from geomx.runlog import append_metrics, write_stats
+from geomx.runs.report import build_report
+from geomx.runs.runlog import append_metrics, write_stats
 
 
 def record_run(run_dir: Path, losses: list[float], accuracies: list[float], wan_step: int) -> list[dict]:

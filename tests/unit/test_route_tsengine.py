@@ -6,9 +6,9 @@ from typing import Any
 
 import numpy as np
 
+from geomx.algorithms.tsengine.server import TsEngineRoute, tsengine_route
 from geomx.core.rounds import Round
-from geomx.routes.tsengine import TsEngineRoute, tsengine_route
-from geomx.wire import Kind, Message
+from geomx.protocol.wire import Kind, Message
 
 GS, LS1, LS2, LS3 = "gs", "ls1", "ls2", "ls3"
 

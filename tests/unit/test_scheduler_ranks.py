@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from geomx.cluster.membership import AddressBook, Member
+from geomx.cluster.scheduler import _Registration, assign_ranks, expected_members
 from geomx.config import Mode, NodeConfig, PartySpec, Role, Topology
-from geomx.membership import AddressBook, Member
-from geomx.scheduler import _Registration, assign_ranks, expected_members
-from geomx.wire import Kind, Message
+from geomx.protocol.wire import Kind, Message
 
 
 def reg(role: Role = Role.WORKER, party: str = "dc0", rank: int | None = None, master: bool = False) -> _Registration:
@@ -202,7 +202,7 @@ def test_member_names_and_json():
 
 
 def test_sync_policies():
-    from geomx.sync.registry import SYNC_POLICIES, sync_policy
+    from geomx.algorithms.registry import SYNC_POLICIES, sync_policy
 
     assert set(SYNC_POLICIES) == {"dist_sync", "dist_async", "dist_ssp"}
     fsa, mixed = sync_policy("dist_sync"), sync_policy("dist_async")

@@ -14,9 +14,9 @@ import pytest
 import zmq
 
 from geomx.config import ConfigError, PartySpec, SecuritySpec, Topology
-from geomx.security import Guard, SecurityError, generate_keys
-from geomx.transport import Van
-from geomx.wire import Kind, Message, encode
+from geomx.protocol.wire import Kind, Message, encode
+from geomx.transport.security import Guard, SecurityError, generate_keys
+from geomx.transport.van import Van
 
 WAIT = 10.0
 SECRET = "correct horse battery staple"

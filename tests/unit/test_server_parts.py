@@ -10,13 +10,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from geomx.checkpoint import Snapshot, write
 from geomx.config import NodeConfig, Role, load_topology
 from geomx.core.plugins import Extension
 from geomx.core.rounds import EARLY
 from geomx.optim import SGD
+from geomx.protocol.wire import Kind, Message
+from geomx.runs.checkpoint import Snapshot, write
 from geomx.server import ParameterServer
-from geomx.wire import Kind, Message
 
 PARTIES = ["ls0", "ls1", "ls2"]
 

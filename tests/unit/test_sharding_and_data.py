@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from geomx.config import node_config_from_env, topology_from_dict
-from geomx.data import Dataset, digits_split, steps_per_epoch
-from geomx.sharding import Part, ShardPlanner, even_split, slice_plan
+from geomx.core.sharding import Part, ShardPlanner, even_split, slice_plan
+from geomx.zoo.data import Dataset, digits_split, steps_per_epoch
 
 # ---------------------------------------------------------------------------------------------------------
 # slice_plan / ShardPlanner

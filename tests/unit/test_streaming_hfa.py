@@ -10,16 +10,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-from geomx.aggregation.hfa import HfaAggregation
+from geomx.algorithms.hfa.rules import LocalFrequencyAggregation
+from geomx.algorithms.hfa.server import HfaAggregation
 from geomx.codecs import default_registry
-from geomx.compose import check_plugins
 from geomx.config import ConfigError, TrainingSpec, topology_from_dict
 from geomx.core.encoding import Encoding
 from geomx.core.plugins import Route
 from geomx.core.rounds import Slot
-from geomx.policies.hfa import LocalFrequencyAggregation
+from geomx.protocol.wire import Kind, Message
+from geomx.server.compose import check_plugins
 from geomx.server.pushpull import PushPulls
-from geomx.wire import Kind, Message
 
 
 def test_fragments_split_the_slices_by_size_and_go_global_at_staggered_rounds() -> None:

@@ -7,12 +7,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from geomx.aggregation.hfa import HfaAggregation
+from geomx.algorithms.fsa.server import FullySynchronous
+from geomx.algorithms.hfa.rules import LocalFrequencyAggregation
+from geomx.algorithms.hfa.server import HfaAggregation
+from geomx.algorithms.mixed_sync.server import Asynchronous
+from geomx.algorithms.registry import SYNC_POLICIES, sync_policy
 from geomx.core.plugins import Aggregation
-from geomx.policies.hfa import LocalFrequencyAggregation
-from geomx.sync.fsa import FullySynchronous
-from geomx.sync.mixed import Asynchronous
-from geomx.sync.registry import SYNC_POLICIES, sync_policy
 
 
 def test_fsa_waits_for_every_awaited_client_and_scales_a_partial_round_to_the_full_tier() -> None:

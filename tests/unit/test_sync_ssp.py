@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from geomx.compose import build_policy, check_plugins
+from geomx.algorithms.ssp.server import BoundedStaleness
 from geomx.config import ConfigError, TrainingSpec
-from geomx.sync.ssp import BoundedStaleness
+from geomx.server.compose import build_policy, check_plugins
 
 
 def test_the_policy_bounds_the_lead_and_reads_its_option() -> None:
@@ -42,8 +42,8 @@ def test_the_wrapper_plans_ssp_from_the_policy_s_declared_needs() -> None:
 
 
 def test_the_environment_turns_it_on_as_the_issue_says(tmp_path, make_server) -> None:
-    from geomx.compose import compose, configured_policy
     from geomx.config import Role, node_config_from_env
+    from geomx.server.compose import compose, configured_policy
 
     env = {"GEOMX_ROLE": "global_server", "GEOMX_PARTY": "dc0", "GEOMX_GLOBAL_SCHEDULER": "127.0.0.1:1",
            "GEOMX_NUM_WORKERS": "1", "GEOMX_NUM_PARTIES": "2", "GEOMX_RANK": "0",

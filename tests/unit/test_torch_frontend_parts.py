@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 from geomx import optim
-from geomx.compose import check_names
 from geomx.config import ConfigError, HFASpec, TrainingSpec
+from geomx.server.compose import check_names
 from geomx.torch import Strategy, make_plan, translate
 from geomx.torch.data import shard_indices
 from geomx.torch.optimizer import _layer_of_params
@@ -113,8 +113,8 @@ def test_layers_are_numbered_in_definition_order_and_modules_wait_for_their_subt
 
 
 def test_the_training_block_and_its_environment_variables():
-    from geomx.compose import check_plugins
     from geomx.config import node_config_from_env, topology_from_dict
+    from geomx.server.compose import check_plugins
 
     topology = topology_from_dict({"parties": {"dc0": 1}, "training": {
         "sync": "dist_async", "server_optimizer": {"type": "dcasgd", "lr": 0.05, "momentum": 0.9},

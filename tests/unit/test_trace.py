@@ -9,9 +9,9 @@ import time
 import numpy as np
 
 from geomx.config import LinkSpec, PartySpec, Topology, node_config_from_env
-from geomx.trace import Tracer, read_trace
-from geomx.transport import Van
-from geomx.wire import Kind, Message
+from geomx.protocol.wire import Kind, Message
+from geomx.transport.trace import Tracer, read_trace
+from geomx.transport.van import Van
 
 
 def test_off_unless_the_environment_asks(tmp_path):

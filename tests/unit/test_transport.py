@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 import zmq
 
-from geomx import wire
 from geomx.config import LinkSpec, PartySpec, Topology
-from geomx.transport import Van
-from geomx.wire import Kind, Message, encode, frames_nbytes
+from geomx.protocol import wire
+from geomx.protocol.wire import Kind, Message, encode, frames_nbytes
+from geomx.transport.van import Van
 
 WAIT = 10.0  # generous upper bound for anything that should happen at once on localhost
 
@@ -644,7 +644,7 @@ def test_dispatch_stops_waiting_when_the_io_thread_dies(make_van, caplog):
     """The dispatch thread's wait for messages is bounded: when the I/O thread ends (here: _pump raises),
     it gives up within DISPATCH_POLL_S and says why, and ``running`` turns False (the server's wait for its
     clients' goodbyes checks it)."""
-    from geomx import transport
+    from geomx.transport import van as transport
 
     van, _ = make_van("a/x", "a", topology())
     assert van.running

@@ -1,4 +1,4 @@
-"""A worker's TSEngine part (geomx.ts_member) against a recording van: holds, merges, relays, refusals."""
+"""A worker's TSEngine part (algorithms.tsengine.member) against a recording van: holds, merges, relays, refusals."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from concurrent.futures import Future
 import numpy as np
 import pytest
 
-from geomx.rpc import RemoteError
-from geomx.ts_member import RelayMember
-from geomx.wire import Kind, Message
+from geomx.algorithms.tsengine.member import RelayMember
+from geomx.protocol.wire import Kind, Message
+from geomx.transport.rpc import RemoteError
 
 SERVER, PEER, STRANGER = "dc0/server/s", "dc0/worker/p", "dc0/worker/x"
 

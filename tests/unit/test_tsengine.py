@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from geomx.tsengine import Coordinator, PushPairing
+from geomx.algorithms.tsengine.rules import Coordinator, PushPairing
 
 
 class Clock:

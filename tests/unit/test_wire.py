@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from geomx import wire
-from geomx.wire import (
+from geomx.protocol import wire
+from geomx.protocol.wire import (
     MAX_BODY_BYTES,
     MAX_NDIM,
     PROTOCOL_VERSION,

@@ -15,7 +15,7 @@ from hypothesis.extra import numpy as hnp
 
 from geomx.codecs import CodecError, TensorInfo, default_registry
 from geomx.codecs.messages import decode_message, payload_fields
-from geomx.wire import Kind, Message, WireError, decode, encode
+from geomx.protocol.wire import Kind, Message, WireError, decode, encode
 
 LIMIT = 1 << 16
 HEADER_FIXED = 44  # bytes before the dimensions (see wire._HEADER)

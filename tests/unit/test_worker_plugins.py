@@ -8,15 +8,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from geomx.bodies import BodyError
+from geomx.algorithms.esync.worker import StateRoundSteps
+from geomx.algorithms.tsengine.worker import RelayRoute
+from geomx.cluster.membership import AddressBook, Member
 from geomx.codecs import FP16
 from geomx.config import NodeConfig, Role, load_topology
-from geomx.membership import AddressBook, Member
-from geomx.wire import Kind, Message
+from geomx.core.worker_plugins import PushRoute, WorkerContext
+from geomx.protocol.bodies import BodyError
+from geomx.protocol.wire import Kind, Message
 from geomx.worker.compose import WorkerChoice, choose_worker, compose_worker
-from geomx.worker.plugins import PushRoute, WorkerContext
-from geomx.worker.relay import RelayRoute
-from geomx.worker.steps import StateRoundSteps
 
 ME = Member("dc0/worker/a", Role.WORKER, "dc0", 0, "tcp://127.0.0.1:1")
 FELLOW = Member("dc0/worker/b", Role.WORKER, "dc0", 1, "tcp://127.0.0.1:2")

@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 
 from ..config import LinkSpec, PartySpec, Topology
-from ..transport import Van
-from ..wire import Kind, Message, encode, frames_nbytes
+from ..protocol.wire import Kind, Message, encode, frames_nbytes
+from ..transport.van import Van
 from .jobs import load_avg
 from .sections import Plan
 from .tables import fmt, say, table

@@ -90,7 +90,7 @@ def _run(name: str, row: FrontendRow, steps: int, warmup: int, out_dir: Path) ->
     topology = out_dir / "topologies" / f"frontend_{name}.yaml"
     topology.parent.mkdir(parents=True, exist_ok=True)
     topology.write_text(yaml.safe_dump(row.topology(), sort_keys=False))
-    command = [sys.executable, "-m", "geomx.bench_workers.frontend", "--loop", row.loop, "--model", row.model,
+    command = [sys.executable, "-m", "geomx.bench.workers.frontend", "--loop", row.loop, "--model", row.model,
                "--steps", str(steps), "--warmup", str(warmup), "--batch-size", str(row.batch_size)]
     log = io.StringIO()
     result = launch(topology, command, run_dir=run_dir, out=log)
@@ -206,7 +206,7 @@ def lines(section: dict[str, Any]) -> list[str]:
 
 
 def main() -> None:
-    """``python -m geomx.bench_frontend``: chosen rows, repeated and interleaved; prints the table, writes JSON."""
+    """``python -m geomx.bench.frontend``: chosen rows, repeated and interleaved; prints the table, writes JSON."""
     parser = argparse.ArgumentParser(description="the frontend bench rows, repeated and interleaved")
     parser.add_argument("--rows", nargs="+", choices=list(ROWS), default=None)
     parser.add_argument("--repeats", type=int, default=1)

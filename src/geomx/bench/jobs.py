@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 
 from ..launch import KILL_WAIT_S, LaunchResult, launch
-from ..runlog import read_metrics
+from ..runs.runlog import read_metrics
 from .tables import say
 
 Records = list[dict[str, Any]]
@@ -175,7 +175,7 @@ def find_examples() -> Path:
 
 def warm_caches() -> None:
     """Import torch and load the digits once, untimed, so the first run does not pay a cold file cache."""
-    code = "import torch, geomx.kv, geomx.data; geomx.data.digits_split()"
+    code = "import torch, geomx.kv, geomx.zoo.data; geomx.zoo.data.digits_split()"
     with contextlib.suppress(subprocess.TimeoutExpired):
         subprocess.run([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                        timeout=120, check=False)

@@ -15,7 +15,7 @@
 Usage::
 
     geomx bench --only sched --quick
-    python -m geomx.bench_sched --quick --only dgt --out bench-results/sched   # one part alone
+    python -m geomx.bench.sched --quick --only dgt --out bench-results/sched   # one part alone
 """
 
 from __future__ import annotations
@@ -27,9 +27,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .. import dgt, tsengine
+from ..algorithms.dgt import datagrams as dgt
+from ..algorithms.tsengine import rules as tsengine
 from ..launch import LaunchResult
-from ..runlog import read_stats
+from ..runs.runlog import read_stats
 from .jobs import WAN, find_examples, master_records, run_job, write_topology
 from .sections import Plan
 from .tables import say, table
@@ -39,7 +40,7 @@ GLOBAL_SERVERS = (1, 2, 4)
 
 def _pushpull_command(size_mb: float, reps: int) -> list[str]:
     """The transport bench worker timing ``reps`` pushpulls of ``size_mb`` after one warm-up."""
-    return [sys.executable, "-m", "geomx.bench_workers.transport", "--sizes-mb", f"{size_mb:g}", "--reps",
+    return [sys.executable, "-m", "geomx.bench.workers.transport", "--sizes-mb", f"{size_mb:g}", "--reps",
             str(reps), "--warmup", "1"]
 
 

@@ -22,8 +22,8 @@ from typing import Any
 import yaml
 
 from ..launch import launch
-from ..runlog import read_metrics
-from ..security import generate_keys
+from ..runs.runlog import read_metrics
+from ..transport.security import generate_keys
 from .sections import Plan
 from .tables import say
 
@@ -49,7 +49,7 @@ def _topology(out_dir: Path, mode: str) -> Path:
 def _pushpull(out_dir: Path, mode: str, sizes_mb: list[float], reps: int) -> list[dict[str, Any]]:
     run_dir = out_dir / "runs" / f"security-{mode}"
     shutil.rmtree(run_dir, ignore_errors=True)
-    command = [sys.executable, "-m", "geomx.bench_workers.transport", "--sizes-mb", *[f"{s:g}" for s in sizes_mb],
+    command = [sys.executable, "-m", "geomx.bench.workers.transport", "--sizes-mb", *[f"{s:g}" for s in sizes_mb],
                "--reps", str(reps), "--warmup", "2"]
     log = io.StringIO()
     result = launch(_topology(out_dir, mode), command, run_dir=run_dir, out=log)

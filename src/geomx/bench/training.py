@@ -113,7 +113,7 @@ def mean_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def model_size(workload: Workload) -> int:
     """Parameters of the workload's DigitsCNN (the gradient a worker pushes per step is 4 bytes each)."""
-    from ..models import DigitsCNN  # torch: only when the section runs
+    from ..zoo.models import DigitsCNN  # torch: only when the section runs
 
     return sum(p.numel() for p in DigitsCNN(channels=workload.channels, hidden=workload.hidden).parameters())
 

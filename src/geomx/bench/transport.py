@@ -48,7 +48,7 @@ def transport_topology(workers: int) -> dict[str, Any]:
 def bench_geomx_pushpull(plan: TransportPlan, out_dir: Path, workers: int) -> list[dict[str, Any]]:
     """One job of ``workers`` workers pushpulling each size; the master's records (one per size)."""
     topology = write_topology(out_dir / "topologies" / f"transport-{workers}w.yaml", transport_topology(workers))
-    command = [sys.executable, "-m", "geomx.bench_workers.transport", "--sizes-mb",
+    command = [sys.executable, "-m", "geomx.bench.workers.transport", "--sizes-mb",
                *[f"{s:g}" for s in plan.sizes_mb], "--reps", str(plan.reps), "--warmup", str(plan.warmup)]
     name = f"transport-geomx-{workers}w"
     say(f"[transport] {name}: pushpull of {', '.join(f'{s:g} MB' for s in plan.sizes_mb)} "
@@ -77,7 +77,7 @@ def bench_gloo(plan: TransportPlan, out_dir: Path, world: int = 2, timeout_s: fl
     procs: list[subprocess.Popen[bytes]] = []
     with open(log_path, "w") as log:
         for rank in range(world):
-            argv = [sys.executable, "-m", "geomx.bench_workers.gloo", "--rank", str(rank), "--world", str(world),
+            argv = [sys.executable, "-m", "geomx.bench.workers.gloo", "--rank", str(rank), "--world", str(world),
                     "--port", str(port), "--out", str(out_file), "--reps", str(plan.reps),
                     "--warmup", str(plan.warmup), "--sizes-mb", *[f"{s:g}" for s in plan.sizes_mb]]
             procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))

@@ -1,13 +1,13 @@
 """``geomx bench --only wan``: geomx against DDP, PyTorch's local SGD and torchft DiLoCo on a kernel-shaped link.
 
 Two network namespaces (one per data center) joined by a veth pair with ``tbf`` on both ends
-(``geomx.netns``), first at 100 Mbit/s, then at 20 Mbit/s (each rate checked with a TCP probe first). Every
-system trains the same job (``geomx.wan_job``; ranks 0-1 in A, 2-3 in B, same seeds, batch, optimizer) for the
+(``geomx.bench.netns``), first at 100 Mbit/s, then at 20 Mbit/s (each rate checked with a TCP probe first). Every
+system trains the same job (``geomx.bench.wan_job``; ranks 0-1 in A, 2-3 in B, same seeds, batch, optimizer) for the
 same epochs; geomx runs as two per-party launches with its emulator off. Two jobs (``--job``):
 
 * ``mlp``: the digits MLP 64-1024-1024-10 (4.5 MB of gradients, SGD + momentum) to DDP-on-loopback's final
   accuracy minus 0.01;
-* ``lm``: ``examples/lm.py``'s character transformer (``geomx.wan_lm``: 2 blocks of width 128, 1.2 MB of
+* ``lm``: ``examples/lm.py``'s character transformer (``geomx.bench.wan_lm``: 2 blocks of width 128, 1.2 MB of
   gradients, Adam) to DDP-on-loopback's final validation loss plus 0.05 nats.
 
 DDP also runs on loopback, unshaped: the LAN reference whose final value, one margin worse, is the target.
@@ -24,7 +24,7 @@ Usage::
     geomx bench --only wan --quick       # MLP only, 100 Mbit/s only, 7 epochs, runs cut after 60 s of training
     geomx bench --only wan               # both jobs, both rates, MLP 10 epochs (cut after 240 s), lm 2 epochs
     geomx bench --only wan --job lm      # the lm job only (11 runs at 100 Mbit/s + 20 Mbit/s)
-    python -m geomx.bench_wan --job lm --rates 100   # the lm row set at 100 Mbit/s only: ~10 minutes
+    python -m geomx.bench.wan --job lm --rates 100   # the lm row set at 100 Mbit/s only: ~10 minutes
 
 Each run also spends 30-60 s starting (4-10 processes importing torch at once on 2 loaded cores); that time
 is in no figure, but it is most of ``--quick``'s wall time (4 epochs took 7.6 minutes under load 12).
@@ -40,11 +40,11 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from ..netns import NetnsError, unavailable_reason, wan_link
-from ..wan_job import MLP, Job
-from ..wan_jobs import JOBS, job
-from ..wan_runs import System, run_system
+from .netns import NetnsError, unavailable_reason, wan_link
 from .sections import Plan
+from .wan_job import MLP, Job
+from .wan_jobs import JOBS, job
+from .wan_runs import System, run_system
 from .wan_systems import DDP, EXTRA_SYSTEMS, SYSTEMS, H, systems_for
 
 
@@ -348,10 +348,10 @@ def lines(result: dict[str, Any]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m geomx.bench_wan --only ddp geomx_best --rates 100 --job lm``: some rows of the section."""
+    """``python -m geomx.bench.wan --only ddp geomx_best --rates 100 --job lm``: some rows of the section."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m geomx.bench_wan")
+    parser = argparse.ArgumentParser(prog="python -m geomx.bench.wan")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", default="bench-results")
     parser.add_argument("--only", nargs="+", choices=[s.name for s in (*SYSTEMS, *EXTRA_SYSTEMS)])

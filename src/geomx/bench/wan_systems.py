@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..wan_job import Job
-from ..wan_runs import System
+from .wan_job import Job
+from .wan_runs import System
 
 H = 10  # the sync period of local SGD, DiLoCo and HFA (K1 * K2)
 # DGC momentum correction asked for explicitly (the codec's default became 0 for Adam loops): the FSA row's

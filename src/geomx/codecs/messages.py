@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ..wire import CODEC_META, Message
+from ..protocol.wire import CODEC_META, Message
 from .base import DENSE_ID, Codec, CodecError, Encoded, TensorInfo
 from .registry import Registry
 

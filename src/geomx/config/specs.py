@@ -143,13 +143,13 @@ class HFASpec:
 
 @dataclass(frozen=True)
 class DGTSpec:
-    """Differential Gradient Transmission on local servers' pushes to the global servers (see ``geomx.dgt``).
+    """Differential Gradient Transmission on local servers' pushes to the global servers (``geomx.algorithms.dgt``).
 
     Blocks of ``block_bytes`` are ranked by their contribution (an EMA with coefficient ``alpha`` of the mean
     magnitude); the top ``k`` fraction travels on the reliable ZeroMQ channel, the rest on ``channels`` UDP
     channels in falling priority, sharing the reliable traffic's emulated links behind it (paced at ``rate_bps``
     where no link sets a rate). The receiver assembles at ``deadline_s``. ``loss``: the emulated loss rate of
-    each UDP channel (seeded by ``seed``). ``adaptive``: K follows ``geomx.dgt.adaptive_k`` of the loss the
+    each UDP channel (seeded by ``seed``). ``adaptive``: K follows ``dgt.datagrams.adaptive_k`` of the loss the
     receiver reports (never below ``k_min``; ``k`` until the first reports). ``random_order``: the
     baseline that ranks blocks at random. Usage: ``DGTSpec(channels=3, k=0.8, loss=(0.01, 0.01, 0.01))``.
     """
@@ -193,7 +193,7 @@ class DGTSpec:
 @dataclass(frozen=True)
 class TSEngineSpec:
     """TSEngine's overlays, chosen online, ε-greedy with exploration probability ``1 - max_greed``
-    (``MAX_GREED_RATE_TS``); see ``geomx.tsengine``. ``inter`` (``ENABLE_INTER_TS``): between the local
+    (``MAX_GREED_RATE_TS``); see ``geomx.algorithms.tsengine.rules``. ``inter`` (``ENABLE_INTER_TS``): between the local
     servers and the global servers, across parties. ``intra`` (``ENABLE_INTRA_TS``): between the workers and
     their local server, inside each party. Usage: ``TSEngineSpec(max_greed=0.9, intra=True)``."""
 
@@ -211,7 +211,7 @@ class TSEngineSpec:
 
 @dataclass(frozen=True)
 class SecuritySpec:
-    """Who may talk to the job, and whether links are encrypted (see ``geomx.security``).
+    """Who may talk to the job, and whether links are encrypted (see ``geomx.transport.security``).
 
     ``secret``: a shared secret every connection must present (ZeroMQ PLAIN through a ZAP handler), from
     the topology's ``security.secret`` / ``secret_file`` or GEOMX_SECRET. ``curve_keys``: a folder made by
@@ -234,7 +234,7 @@ class SecuritySpec:
 
 @dataclass(frozen=True)
 class CheckpointSpec:
-    """Where and how often global servers save the global model (see ``geomx.checkpoint``).
+    """Where and how often global servers save the global model (see ``geomx.runs.checkpoint``).
 
     A checkpoint is written every ``every_steps`` completed rounds and/or ``every_s`` seconds; the newest
     ``keep`` are kept. Usage: ``CheckpointSpec(dir=Path("ckpt"), every_steps=50)``.
@@ -253,7 +253,7 @@ class CheckpointSpec:
             raise ConfigError("checkpoint.dir is set: say how often with every_steps and/or every_seconds")
 
 
-# Names in a training block: the registries (geomx.sync, geomx.optim) say which exist (geomx.compose.check_names).
+# Names in a training block: the registries (algorithms, optim) say which exist (server.compose.check_names).
 _NAME = re.compile(r"[a-z0-9_]+")
 
 
@@ -261,8 +261,8 @@ _NAME = re.compile(r"[a-z0-9_]+")
 class TrainingSpec:
     """How ``geomx.torch.DistributedOptimizer`` runs a training loop: the topology's ``training`` block or env.
 
-    ``sync``: a sync policy's name (dist_sync: FSA, dist_async: MixedSync, dist_ssp: SSP; ``geomx.sync.registry``
-    has them all, ``geomx.compose.check_plugins`` checks it and the plug-in options). ``server_optimizer``:
+    ``sync``: a sync policy's name (dist_sync: FSA, dist_async: MixedSync, dist_ssp: SSP; ``geomx.algorithms.registry``
+    has them all, ``geomx.server.compose.check_plugins`` checks it and the plug-in options). ``server_optimizer``:
     ``auto`` runs the wrapped
     torch optimizer on the global servers when it can be translated (SGD, Adam), else averages gradients
     and steps locally; ``none`` always steps locally; a name (``dcasgd``, ``outer_nesterov`` ...) installs
@@ -290,7 +290,7 @@ class TrainingSpec:
     tensorboard: bool = setting(False, kind=BOOL, expects="bool", env="GEOMX_TENSORBOARD",
                                 doc="also write the metrics as TensorBoard scalars (RUN/tensorboard/<worker>/)")
     # Plug-in options: keys of the ``training`` block no field above declares and GEOMX_<NAME> variables nothing
-    # reads, as (name, text) pairs. The composition root (geomx.compose) hands each plug-in the ones it declares
+    # reads, as (name, text) pairs. The composition root (geomx.server.compose) hands each plug-in the ones it declares
     # and refuses the rest; this model knows none of them.
     plugin_options: tuple[tuple[str, str], ...] = extras()
 

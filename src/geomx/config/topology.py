@@ -171,7 +171,7 @@ class NodeConfig:
     run_dir: Path | None = None
     worker_offset: int | None = None  # global rank of this party's first worker; None: from the topology
     resume: bool = False  # global servers start from the newest valid checkpoint (`geomx launch --resume`)
-    trace: bool = False  # GEOMX_TRACE=1: debug-only message timeline in RUN/trace/ (see geomx.trace)
+    trace: bool = False  # GEOMX_TRACE=1: debug-only message timeline in RUN/trace/ (see geomx.transport.trace)
 
     @property
     def num_workers(self) -> int:

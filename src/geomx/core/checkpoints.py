@@ -1,6 +1,6 @@
 """A top-tier server's checkpoints: resume from the newest valid one, write one when due, restore the optimizer.
 
-The files themselves are ``geomx.checkpoint``'s (npz + a JSON manifest); this module ties them to the round
+The files themselves are ``geomx.runs.checkpoint``'s (npz + a JSON manifest); this module ties them to the round
 table: a checkpoint's step is the completed rounds of the least advanced slice, and a resumed server's rounds
 go on counting from the checkpoint's.
 
@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..checkpoint import CheckpointWriter, Snapshot, load_latest, shard_dir
 from ..config import CheckpointSpec
-from ..wire import Kind
+from ..protocol.wire import Kind
+from ..runs.checkpoint import CheckpointWriter, Snapshot, load_latest, shard_dir
 from .rounds import RoundTable, Slot
 
 if TYPE_CHECKING:  # geomx.optim imports torch: only a server that gets an optimizer loads it

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from ..wire import Message
+from ..protocol.wire import Message
 
 
 class Clients:

@@ -34,7 +34,7 @@ from typing import Protocol
 
 import numpy as np
 
-from ..wire import Kind, Message
+from ..protocol.wire import Kind, Message
 from .rounds import EARLY, Round
 
 

@@ -1,7 +1,7 @@
 """INIT: a key's first value, and which global server (shard) holds each (key, slice).
 
 Every client sends INIT for every (key, slice) it will push, naming the shard it placed it on (see
-``geomx.sharding``); exactly one of them (the master worker) carries the value. A global server keeps that
+``geomx.core.sharding``); exactly one of them (the master worker) carries the value. A global server keeps that
 value as the slice's first weights and answers every client with it; a local server checks its workers'
 INITs and sends one INIT up to the owning global server. A client that INITs a slice that already has a
 value (a late joiner, a rejoined party) gets the current value at once. An INIT also says how many elements
@@ -22,9 +22,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..bodies import BodyError, InitBody, decode_body
 from ..codecs.base import Direction, TensorInfo, TensorKind
-from ..wire import Kind, Message
+from ..protocol.bodies import BodyError, InitBody, decode_body
+from ..protocol.wire import Kind, Message
 from .rounds import Round, RoundTable, Slot
 
 SlotId = tuple[int, int]
@@ -103,7 +103,7 @@ class Inits:
         host.table.contribute(message)
 
     def check_shard(self, message: Message) -> str | None:
-        """Record the explicit shard id an INIT names (see geomx.sharding); the problem with it, if any."""
+        """Record the explicit shard id an INIT names (see geomx.core.sharding); the problem with it, if any."""
         where = f"INIT of key {message.key} slice {message.part}"
         try:
             shard = decode_body(InitBody, message.body).shard

@@ -24,8 +24,8 @@ import numpy as np
 from ..codecs import Codec, TensorInfo
 from ..codecs.base import Direction, TensorKind
 from ..config import NodeConfig, Topology
-from ..transport import Van
-from ..wire import Kind, Message
+from ..protocol.wire import Kind, Message
+from ..transport.van import Van
 from .clients import Clients
 from .rounds import Round, RoundTable, Slot
 

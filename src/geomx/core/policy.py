@@ -2,7 +2,7 @@
 
 FSA (``dist_sync``) waits for every awaited client; MixedSync (``dist_async``) releases every push on
 arrival. A policy may also let a contributor go on before its round completes (``may_answer``: bounded
-staleness). The core's round table asks its policy and imports no implementation (see ``geomx.sync``).
+staleness). The core's round table asks its policy and imports no implementation (see ``geomx.algorithms``).
 
 A policy declares what it needs of the rest of the job as class attributes (the wrapper's plan and the
 composition root read them, so a new policy needs no edit there) and the options it takes (``options``:

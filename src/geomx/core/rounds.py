@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..wire import Kind, Message
+from ..protocol.wire import Kind, Message
 from .clients import Clients
 from .policy import SyncPolicy
 

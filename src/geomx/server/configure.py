@@ -17,12 +17,12 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from ..bodies import BodyError, ConfigureBody, decode_body, encode_body
-from ..compose import DEFAULT_SYNC, configured_policy
 from ..config import Mode
 from ..config.combinations import configure_facts, refusal
 from ..core.checkpoints import restore_optimizer
-from ..wire import Kind, Message
+from ..protocol.bodies import BodyError, ConfigureBody, decode_body, encode_body
+from ..protocol.wire import Kind, Message
+from .compose import DEFAULT_SYNC, configured_policy
 from .host import Host
 
 if TYPE_CHECKING:  # geomx.optim imports torch (~1 s per process): only a global server that gets one loads it

@@ -17,10 +17,10 @@ from __future__ import annotations
 import logging
 from concurrent.futures import Future
 
-from ..bodies import ConfigureBody, MembersNotice, decode_body, encode_body
+from ..cluster.membership import GLOBAL_SCHEDULER_ID, Member
 from ..config import Role
-from ..membership import GLOBAL_SCHEDULER_ID, Member
-from ..wire import Kind, Message
+from ..protocol.bodies import ConfigureBody, MembersNotice, decode_body, encode_body
+from ..protocol.wire import Kind, Message
 from .host import Host
 
 log = logging.getLogger("geomx.server")

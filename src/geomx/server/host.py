@@ -18,15 +18,15 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Protocol
 
-from ..checkpoint import CheckpointWriter, Snapshot
 from ..codecs import Registry
 from ..config import NodeConfig, Timeouts
 from ..core.early import EarlyAnswers
 from ..core.encoding import Encoding
 from ..core.inits import Inits
 from ..core.plugins import Aggregation, Extension, Route, ServerHost
-from ..rpc import Requests
-from ..wire import Message
+from ..protocol.wire import Message
+from ..runs.checkpoint import CheckpointWriter, Snapshot
+from ..transport.rpc import Requests
 
 if TYPE_CHECKING:  # geomx.optim imports torch (~1 s per process): only a global server that gets one loads it
     from ..optim import Optimizer

@@ -6,7 +6,7 @@ and pull fused). A local server's reduction goes one tier up as a single request
 (``upstream``), and the global server's answer comes back down; a global server applies its optimizer (if one
 is set) to the sum and answers with the new weights, or answers with the sum itself (``pushpull``).
 
-This module is the process: it composes the plug-ins (``geomx.compose``), joins the job, dispatches every
+This module is the process: it composes the plug-ins (``geomx.server.compose``), joins the job, dispatches every
 message to the part that handles its kind, and is the host the round table and the plug-ins call back. It
 names no algorithm.
 
@@ -29,25 +29,25 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..bodies import ShutdownNotice, encode_body
-from ..checkpoint import CheckpointWriter, Snapshot
+from ..cluster.heartbeat import pulse_for
+from ..cluster.membership import GLOBAL_SCHEDULER_ID, Tier, is_not_scheduler, join, local_scheduler_id, new_node_id
 from ..codecs import Codec, CodecError, TensorInfo, default_registry
 from ..codecs.base import Direction, TensorKind
 from ..codecs.messages import decode_message, payload_fields
-from ..compose import compose
 from ..config import Mode, NodeConfig, Role
 from ..core.checkpoints import restore_optimizer, resume, slots_of
 from ..core.clients import Clients
 from ..core.early import EarlyAnswers
 from ..core.inits import Inits
 from ..core.rounds import Round, RoundTable, Slot
-from ..heartbeat import pulse_for
-from ..membership import GLOBAL_SCHEDULER_ID, Tier, is_not_scheduler, join, local_scheduler_id, new_node_id
-from ..rpc import Requests
-from ..runlog import write_stats
-from ..trace import Tracer
-from ..transport import Van
-from ..wire import Kind, Message
+from ..protocol.bodies import ShutdownNotice, encode_body
+from ..protocol.wire import Kind, Message
+from ..runs.checkpoint import CheckpointWriter, Snapshot
+from ..runs.runlog import write_stats
+from ..transport.rpc import Requests
+from ..transport.trace import Tracer
+from ..transport.van import Van
+from .compose import compose
 from .configure import Configure, build_optimizer
 from .departures import Departures
 from .pushpull import PushPulls
@@ -72,7 +72,7 @@ class ParameterServer:
         self.optimizer: Optimizer | None = None
         self.slots: dict[tuple[int, int], Slot] = {}
         self.clients = Clients()
-        # The algorithms, chosen once from the config (geomx.compose): rounds of pushes follow the sync policy
+        # The algorithms, chosen once from the config (geomx.server.compose): rounds of pushes follow the sync policy
         # (the master may set another on the global servers; local servers stay synchronous) and INIT, BARRIER
         # and SHUTDOWN rounds always wait for every client; the route carries values between tiers; the
         # aggregation says what a tier does with a sum; extensions add request kinds of an algorithm's own;

@@ -29,7 +29,7 @@ from ..core.early import send_early
 from ..core.inits import slot_mismatch
 from ..core.plugins import SlotId
 from ..core.rounds import Round, Slot
-from ..wire import Kind, Message
+from ..protocol.wire import Kind, Message
 from .host import Host
 
 log = logging.getLogger("geomx.server")

@@ -19,11 +19,11 @@ from concurrent.futures import Future
 
 import numpy as np
 
-from ..bodies import BodyError, PullBody, decode_body
 from ..codecs import CodecError
 from ..codecs.messages import decode_message
 from ..core.rounds import Round, Slot
-from ..wire import Kind, Message
+from ..protocol.bodies import BodyError, PullBody, decode_body
+from ..protocol.wire import Kind, Message
 from .host import Host
 
 log = logging.getLogger("geomx.server")

@@ -35,7 +35,7 @@ from torch import nn
 
 from ..config import NodeConfig, node_config
 from ..kv import KVStore, create
-from ..runlog import file_name
+from ..runs.runlog import file_name
 from .metrics import StepRecorder, TensorBoardSink
 from .plan import Plan, Strategy, make_plan
 from .signature import compare, signature

@@ -26,11 +26,11 @@ from typing import Any
 import torch
 
 from .. import optim
+from ..algorithms.registry import SYNC_POLICIES
 from ..codecs import CodecError, make_codec
-from ..compose import check_names
 from ..config import ConfigError, HFASpec, TrainingSpec
 from ..config.combinations import check, plan_facts
-from ..sync.registry import SYNC_POLICIES
+from ..server.compose import check_names
 
 log = logging.getLogger("geomx.torch")
 

@@ -1,8 +1,8 @@
 """The worker side: what ``geomx.kv.KVStore`` runs besides its MXNet-shaped API.
 
-``plugins`` holds the interfaces the worker core owns (how a push travels, how local steps are assigned),
-``registry`` names their implementations, ``compose`` picks them once from the typed config, ``slices`` cuts
-a key's tensor into the slices that travel. ``kv.py`` names no algorithm: it calls these.
+``compose`` picks the plug-ins (their interfaces in ``geomx.core.worker_plugins``, their implementations named
+in ``geomx.algorithms.registry``) once from the typed config; ``slices`` cuts a key's tensor into the slices
+that travel. ``kv.py`` names no algorithm: it calls these.
 
 Usage::
 

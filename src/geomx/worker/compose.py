@@ -1,6 +1,6 @@
 """The worker's composition root: which plug-ins a worker runs, chosen once at start from its typed config.
 
-The one place that maps a worker's configuration to plug-in names (the server's is ``geomx.compose``).
+The one place that maps a worker's configuration to plug-in names (the server's is ``geomx.server.compose``).
 
 Usage (inside ``KVStore.__init__``)::
 
@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..algorithms.registry import PUSH_ROUTES, STEP_ASSIGNERS
 from ..codecs import FP16, Codec
 from ..config import Mode, NodeConfig
-from .plugins import PushRoute, StepAssigner, WorkerContext
-from .registry import PUSH_ROUTES, STEP_ASSIGNERS
+from ..core.worker_plugins import PushRoute, StepAssigner, WorkerContext
 
 
 @dataclass

@@ -18,9 +18,9 @@ import torch
 
 from ..codecs import Codec, Registry, TensorInfo
 from ..codecs.messages import decode_message, payload_fields
-from ..sharding import ShardPlanner
-from ..tensors import readonly_tensor
-from ..wire import Message
+from ..core.sharding import ShardPlanner
+from ..protocol.tensors import readonly_tensor
+from ..protocol.wire import Message
 
 
 @dataclass
@@ -30,7 +30,7 @@ class KeyInfo:
     shape: torch.Size
     dtype: torch.dtype
     parts: list[tuple[int, int]]
-    shards: list[int]  # the global server (shard id) of each part; see geomx.sharding
+    shards: list[int]  # the global server (shard id) of each part; see geomx.core.sharding
 
 
 class KeyTable(dict[int, KeyInfo]):

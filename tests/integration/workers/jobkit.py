@@ -102,8 +102,8 @@ def bad_requests(kv: Any) -> dict[str, dict[str, str]]:
 
     Returns case -> {"outcome": exception class name or "reply:<KIND>", "text": ...}.
     """
-    from geomx.rpc import RemoteError
-    from geomx.wire import Kind, Message
+    from geomx.protocol.wire import Kind, Message
+    from geomx.transport.rpc import RemoteError
 
     server = kv._servers[0]
     info = kv._keys[0]
@@ -154,7 +154,7 @@ def bad_requests(kv: Any) -> dict[str, dict[str, str]]:
 
 def _mutations(templates: list[list[bytes]], rng: random.Random, count: int) -> list[list[bytes]]:
     """Random and mutated frame lists; never a well-formed reply (forged replies are a separate test)."""
-    from geomx.wire import WireError, decode
+    from geomx.protocol.wire import WireError, decode
 
     out: list[list[bytes]] = []
     while len(out) < count:
@@ -213,7 +213,7 @@ def fuzz(kv: Any, count: int, seed: int = 7) -> dict[str, Any]:
     """
     import zmq
 
-    from geomx.wire import Kind, Message, encode
+    from geomx.protocol.wire import Kind, Message, encode
 
     info = kv._keys[0]
     n0 = info.parts[0][1] - info.parts[0][0]
@@ -267,7 +267,7 @@ def forge_replies(kv: Any, rounds: int, max_request_id: int = 400) -> dict[str, 
     """
     import zmq
 
-    from geomx.wire import Flag, Kind, Message, encode
+    from geomx.protocol.wire import Flag, Kind, Message, encode
 
     address = kv._van._peers[kv._servers[0]].address
     context = zmq.Context()
@@ -293,7 +293,7 @@ def poison(kv: Any, depth: int = 100_000) -> dict[str, Any]:
     """
     import zmq
 
-    from geomx.wire import Kind, Message, encode
+    from geomx.protocol.wire import Kind, Message, encode
 
     address = kv._van._peers[kv._servers[0]].address
     header = bytes(memoryview(encode(Message(Kind.STATS))[0]))

@@ -26,8 +26,8 @@ import torch
 import torch.nn.functional as F
 
 import geomx
-from geomx.checkpoint import load_latest
 from geomx.launch import job_processes
+from geomx.runs.checkpoint import load_latest
 
 
 def find_pids(run_dir: Path, **wanted: str) -> list[int]:

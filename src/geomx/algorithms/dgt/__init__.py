@@ -1,0 +1,1 @@
+"""DGT: differential gradient transmission; the least important slices of a push go over lossy UDP."""

@@ -1,0 +1,1 @@
+"""FSA: every round of pushes waits for every contributor (``dist_sync``)."""

@@ -1,0 +1,207 @@
+"""HFA as an aggregation: a party's average model goes up as a weighted delta every K2-th round, the global
+model moves by the deltas' sum, and the answer is the global model, or its change under a residual codec.
+
+The local tier's counting and deltas are ``geomx.algorithms.hfa.rules.LocalFrequencyAggregation``; this plug-in puts
+them into the server's rounds. A global server adds the weighted deltas to the global model (or feeds their
+negation to an outer optimizer as a gradient) and answers with the new global model, or, with a residual
+codec where every party gets every answer, with the model's change since the last answer, compressed with
+the codec's residual so the WAN is sparse both ways (flagged in the body by ``MODEL_CHANGE``).
+
+Streaming outer sync (Streaming DiLoCo, Douillard et al. 2025), by three plug-in options:
+
+- ``fragments`` F: the model goes global in F groups of slices, one every K2/F rounds (``policies.hfa``);
+- ``fragment_delay`` tau: a fragment's global round overlaps the next tau local rounds: the workers get the
+  party's average at once and go on; the tau-th round after answers with the new global model mixed with the
+  party's average of that round, ``(1 - alpha) * global + alpha * average``, waiting for the WAN only if the
+  answer has not arrived by then (torchft's ``fragment_sync_delay``);
+- ``fragment_alpha`` alpha: that mix (0: the global model alone, as torchft's default).
+
+Usage (the composition root)::
+
+    aggregation = HfaAggregation.from_config(node_config, server, fragments=4, fragment_delay=1)
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ...codecs import CodecError, SizeAdaptive
+from ...codecs.messages import payload_fields
+from ...config import Mode, NodeConfig, Role, Topology
+from ...core.plugins import Aggregation, ServerHost, SlotId, Upward
+from ...core.rounds import Round
+from ...protocol.wire import Message
+from .rules import LocalFrequencyAggregation
+
+log = logging.getLogger("geomx.server")
+
+# A global server's answer under HFA with a residual codec carries the change of the global model since the
+# last answer (compressed with the codec's own residual), not the model: flagged in the body by this key.
+MODEL_CHANGE = "model_change"
+
+
+@dataclass
+class InFlight:
+    """A fragment's overlapped global round: the local round that answers with its result, and the result."""
+
+    due: int  # the local round (count) that answers with the mixed model
+    arrived: np.ndarray | None = None  # the new global model, once the global server answered
+    waiting: np.ndarray | None = None  # the due round's average, while that round waits for the answer
+
+
+class HfaAggregation(Aggregation):
+    """HFA's tiers: a local server's model averages and deltas, a global server's model and its changes."""
+
+    push_kind = "delta"
+    answers_weights = True
+    answers_plain_sums = False  # the global model (or its change), not the sum of the parties' deltas
+    options: ClassVar[dict[str, type]] = {"fragments": int, "fragment_delay": int, "fragment_alpha": float}
+
+    def __init__(self, host: ServerHost, local: LocalFrequencyAggregation | None, hips: bool, delay: int = 0,
+                 alpha: float = 0.0) -> None:
+        self.host = host
+        self.local = local  # a local server's counting and deltas (None on a global server)
+        self.hips = hips  # every party has a local server (a model change is meaningful only then)
+        self.delay = delay  # local rounds a fragment's global round overlaps (0: the workers wait for it)
+        self.alpha = np.float32(alpha)  # the party's average's share in the mix that ends an overlap
+        self.in_flight: dict[SlotId, InFlight] = {}
+
+    @classmethod
+    def from_config(cls, config: NodeConfig, host: ServerHost, **options: Any) -> HfaAggregation:
+        """A server's HFA: a local server counts K2 and weighs its party by its share of all workers."""
+        cls.check_options(options, config.topology)
+        topology = config.topology
+        assert topology.hfa is not None
+        local = None if config.role is Role.GLOBAL_SERVER else LocalFrequencyAggregation(
+            topology.hfa.k2, config.num_workers / topology.num_all_workers, options.get("fragments", 1))
+        return cls(host, local, hips=topology.mode is Mode.HIPS, delay=options.get("fragment_delay", 0),
+                   alpha=options.get("fragment_alpha", 0.0))
+
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any], topology: Topology | None = None) -> None:
+        """The streaming options' ranges; with the job's K2 known, fragments <= K2 and delay < K2 (a slice's
+        overlap ends before it goes global again; other fragments may go global meanwhile: each slice keeps its
+        own overlap, unlike torchft's one counter, which needs delay < K2 / fragments)."""
+        fragments = options.get("fragments", 1)
+        delay = options.get("fragment_delay", 0)
+        alpha = options.get("fragment_alpha", 0.0)
+        if fragments < 1:
+            raise ValueError(f"fragments must be at least 1, got {fragments}")
+        if delay < 0:
+            raise ValueError(f"fragment_delay must be at least 0, got {delay}")
+        if not 0.0 <= alpha <= 1.0:
+            raise ValueError(f"fragment_alpha must be between 0 and 1, got {alpha}")
+        hfa = topology.hfa if topology is not None else None
+        if hfa is None:
+            return
+        if fragments > hfa.k2:
+            raise ValueError(f"fragments ({fragments}) must not exceed HFA's K2 ({hfa.k2}): each fragment goes "
+                             "global at its own round of the K2")
+        if delay >= hfa.k2:
+            raise ValueError(f"fragment_delay ({delay}) must be below HFA's K2 ({hfa.k2}): a slice's overlap ends "
+                             "before it goes global again")
+
+    def upward(self, sid: SlotId, total: np.ndarray) -> Upward:
+        """A local round answers with the party's average; every K2-th of a slice's rounds (its fragment's)
+        sends the delta up and answers with the global model, or, overlapped, with the average now and the mix
+        ``delay`` rounds later."""
+        local = self.local
+        assert local is not None
+        if local.needs_fragments:  # the first round: every slice is initialized (workers init before they push)
+            local.assign_fragments({slot: held.value.size for slot, held in self.host.slots.items()})
+        delta = local.after_local_round(sid, total)
+        flight = self.in_flight.get(sid)
+        if flight is not None and local.rounds(sid) == flight.due:
+            if flight.arrived is None:
+                flight.waiting = total
+                return Upward(wait=True)
+            del self.in_flight[sid]
+            return Upward(answer=self._mix(flight.arrived, total))
+        if delta is None:
+            return Upward(answer=total)
+        if not self.delay:
+            return Upward(send=delta)
+        self.in_flight[sid] = InFlight(due=local.rounds(sid) + self.delay)
+        return Upward(send=delta, answer=total)
+
+    def resumed(self, sid: SlotId) -> np.ndarray:
+        """The overlap's due round waited for the new global model: the mix."""
+        flight = self.in_flight.pop(sid)
+        assert flight.arrived is not None and flight.waiting is not None
+        return self._mix(flight.arrived, flight.waiting)
+
+    def _mix(self, global_model: np.ndarray, average: np.ndarray) -> np.ndarray:
+        if not self.alpha:
+            return global_model
+        mixed = np.multiply(global_model, np.float32(1) - self.alpha, dtype=np.float32)
+        mixed += np.multiply(average, self.alpha, dtype=np.float32)
+        return mixed
+
+    def gradient(self, total: np.ndarray) -> np.ndarray:
+        """The pushes are weighted model deltas: an outer optimizer takes their negation as its gradient."""
+        return np.negative(total)
+
+    def combine(self, value: np.ndarray, total: np.ndarray) -> np.ndarray:
+        """The global model moves by the deltas' sum."""
+        return np.add(value, total)
+
+    def answer_fields(self, rnd: Round, value: np.ndarray, previous: np.ndarray) -> dict[str, Any] | None:
+        """With a residual codec (bsc, mpq's large tensors, error feedback): the global model's change since
+        the last answer, compressed with the codec's residual.
+
+        Every party applies the same changes to the same initial model, so all hold ``value - residual``; what
+        is held back arrives in later answers. Only where every party gets every answer (rounds that wait for
+        every party, HiPS); None (answer as usual) otherwise, or when the tensor's codec keeps no residual.
+        """
+        codec = self.host.wan_codec
+        info = self.host.tensor_info(rnd.key, rnd.part, "delta", "pull")
+        if isinstance(codec, SizeAdaptive):
+            codec = codec.choose(value, info)
+        if (codec is None or not codec.keeps_residual() or not self.hips
+                or self.host.table.policy.clients_leave_independently):
+            return None
+        change = np.subtract(value, previous, dtype=np.float32)
+        try:
+            fields = payload_fields(codec, change, info)
+        except CodecError as exc:
+            log.error("[%s] key %d slice %d: cannot compress the model change (%s); the model goes dense",
+                      self.host.name, rnd.key, rnd.part, exc)
+            return None
+        fields["body"] = {**(fields.get("body") or {}), MODEL_CHANGE: True}
+        return fields
+
+    def answered(self, sid: SlotId, reply: Message) -> str | None:
+        """A model change becomes the model: the last global model plus the change."""
+        if reply.tensor is None or not (reply.body or {}).get(MODEL_CHANGE):
+            return None
+        known = self.local.global_model(sid) if self.local is not None else None
+        if known is None:
+            return ("the global server sent a model change, but this server holds no global model of key "
+                    f"{sid[0]} slice {sid[1]}")
+        reply.tensor = np.add(known, reply.tensor, dtype=np.float32).astype(known.dtype, copy=False)
+        return None
+
+    def adopted(self, sid: SlotId, value: np.ndarray) -> None:
+        """INIT and global rounds both answer with the global model: the next deltas are taken from it (an
+        overlapped round's answer also ends its overlap, at its due round)."""
+        if self.local is not None:
+            self.local.set_global_model(sid, value)
+        flight = self.in_flight.get(sid)
+        if flight is not None and flight.arrived is None:
+            flight.arrived = value
+
+    def held(self, sid: SlotId, value: np.ndarray) -> np.ndarray:
+        """The job's model is the global one (the slot holds the party's average after a local round); under
+        streaming, each fragment's from its last global round that has arrived."""
+        known = self.local.global_model(sid) if self.local is not None else None
+        return value if known is None else known
+
+    def may_drop(self, usual: bool) -> bool:
+        """The global model moves by whichever parties' deltas arrive, so a global server goes on without a
+        dead party; a local tier averages its workers' models and keeps its weights: it stops."""
+        return self.local is None

@@ -1,0 +1,1 @@
+"""MixedSync: synchronous inside a party, asynchronous between parties (``dist_async``)."""

@@ -1,0 +1,76 @@
+"""Every algorithm's plug-ins by name, on both sides: how the composition roots build what a config asks for.
+
+The server core and the worker name no algorithm; ``geomx.server.compose`` and ``geomx.worker.compose`` look
+their plug-ins up here. A new algorithm is one folder under ``geomx/algorithms/`` and one line per side here:
+
+- ``SYNC_POLICIES``: when a round of pushes is complete (``kv.create(name)`` and CONFIGURE's ``sync``);
+- ``AGGREGATIONS``: what a tier does with a complete round (sum, or HFA's periodic average);
+- ``EXTENSIONS``: request kinds an algorithm adds to a server (ESync's state rounds);
+- ``ROUTES``: how a value travels up and down between the tiers (TSEngine, DGT);
+- ``PUSH_ROUTES`` and ``STEP_ASSIGNERS``: the worker side (TSEngine's relay, ESync's step assignment).
+
+Usage::
+
+    policy = sync_policy("dist_async")
+    aggregation = AGGREGATIONS["hfa"].from_config(node_config, server, **options)
+    route = ROUTES["tsengine"](node_config, server)
+    push_route = PUSH_ROUTES["relay"](node_config, context)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..config import NodeConfig
+from ..core.plugins import Aggregation, Extension, Route, ServerHost
+from ..core.policy import SyncPolicy
+from ..core.worker_plugins import PushRoute, StepAssigner, WorkerContext
+from .dgt.server import dgt_from_config
+from .esync.server import state_rounds_from_config
+from .esync.worker import state_round_steps_from_config
+from .fsa.server import FullySynchronous
+from .hfa.server import HfaAggregation
+from .mixed_sync.server import Asynchronous
+from .ssp.server import BoundedStaleness
+from .tsengine.server import tsengine_from_config
+from .tsengine.worker import relay_from_config
+
+SYNC_POLICIES: dict[str, type[SyncPolicy]] = {cls.name: cls for cls in (
+    FullySynchronous,
+    Asynchronous,
+    BoundedStaleness,
+)}
+
+AGGREGATIONS: dict[str, type[Aggregation]] = {
+    "sum": Aggregation,
+    "hfa": HfaAggregation,
+}
+
+EXTENSIONS: dict[str, Callable[[NodeConfig, ServerHost], Extension]] = {
+    "state_rounds": state_rounds_from_config,
+}
+
+RouteFactory = Callable[[NodeConfig, ServerHost], Route]
+
+ROUTES: dict[str, RouteFactory] = {
+    "direct": lambda config, host: Route(),
+    "tsengine": tsengine_from_config,
+    "dgt": dgt_from_config,
+}
+
+PUSH_ROUTES: dict[str, Callable[[NodeConfig, WorkerContext], PushRoute]] = {
+    "direct": lambda config, context: PushRoute(context),
+    "relay": relay_from_config,
+}
+
+STEP_ASSIGNERS: dict[str, Callable[[NodeConfig, WorkerContext], StepAssigner]] = {
+    "state_round": state_round_steps_from_config,
+}
+
+
+def sync_policy(kind: str) -> SyncPolicy:
+    """The policy for a kvstore type string; ValueError lists the valid ones."""
+    try:
+        return SYNC_POLICIES[kind]()
+    except KeyError:
+        raise ValueError(f"unknown kvstore type {kind!r}; valid: {sorted(SYNC_POLICIES)}") from None

@@ -1,0 +1,1 @@
+"""TSEngine: pushes and answers relayed among members over an overlay, to spread the load off one link."""

@@ -1,0 +1,1 @@
+"""Worker scripts that ``geomx bench`` starts through the launcher (``python -m geomx.bench.workers.X``)."""

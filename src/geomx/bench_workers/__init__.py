@@ -1,1 +1,0 @@
-"""Worker scripts that ``geomx bench`` starts through the launcher (``python -m geomx.bench_workers.X``)."""

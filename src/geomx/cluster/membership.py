@@ -1,0 +1,188 @@
+"""Who is in the job: members, address books, and registering with a scheduler.
+
+Every node binds a free port, then sends REGISTER (its role, party, address and requested rank) to its
+scheduler: a party's local scheduler, or the global scheduler. When every expected member has arrived the
+scheduler assigns ranks and answers each with the address book of its tier.
+
+Usage::
+
+    book, me = register(van, requests, "127.0.0.1:9000", GLOBAL_SCHEDULER_ID, role=Role.LOCAL_SERVER,
+                        party="dc1", rank=None, timeout=60)
+    servers = book.of_role(Role.GLOBAL_SERVER)
+
+    # or, for a node (server or worker): register and connect to the members it talks to, in one call
+    book, me = join(van, requests, node_config, Tier.PARTY, rank=None, connect=is_server)
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import secrets
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ..config import NodeConfig, Role
+from ..protocol.wire import Kind, Message
+from ..transport.rpc import Requests
+from ..transport.van import Van
+from .heartbeat import pulse_for
+
+GLOBAL_SCHEDULER_ID = "global_scheduler"
+SCHEDULERS = (Role.GLOBAL_SCHEDULER, Role.LOCAL_SCHEDULER)
+SERVERS = (Role.GLOBAL_SERVER, Role.LOCAL_SERVER)
+
+
+class Tier(enum.StrEnum):
+    """Which scheduler a node registers with: the job's global one, or its own party's."""
+
+    GLOBAL = "global"
+    PARTY = "party"
+
+
+def local_scheduler_id(party: str) -> str:
+    return f"{party}/scheduler"
+
+
+def new_node_id(role: Role, party: str) -> str:
+    """A unique ZeroMQ identity for this process (ranks are known only after registration)."""
+    return f"{party}/{role.value}/{os.getpid()}-{secrets.token_hex(3)}"
+
+
+@dataclass(frozen=True)
+class Member:
+    """One registered node."""
+
+    id: str
+    role: Role
+    party: str
+    rank: int
+    address: str
+    master: bool = False  # the master worker: the only one allowed to configure the servers
+
+    @property
+    def name(self) -> str:
+        """A short human name for logs: ``dc1/worker1``, ``dc1/server``, ``global_server0``."""
+        if self.role is Role.WORKER:
+            return f"{self.party}/worker{self.rank}"
+        if self.role is Role.LOCAL_SERVER:
+            return f"{self.party}/server"
+        if self.role is Role.GLOBAL_SERVER:
+            return f"global_server{self.rank}"
+        if self.role is Role.LOCAL_SCHEDULER:
+            return f"{self.party}/scheduler"
+        return "global_scheduler"
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["role"] = self.role.value
+        return data
+
+    @staticmethod
+    def from_json(data: dict[str, Any]) -> Member:
+        return Member(str(data["id"]), Role(data["role"]), str(data["party"]), int(data["rank"]),
+                      str(data["address"]), bool(data.get("master", False)))
+
+
+@dataclass(frozen=True)
+class AddressBook:
+    """The members of one tier, as the scheduler announced them."""
+
+    members: tuple[Member, ...]
+
+    def of_role(self, role: Role, party: str | None = None) -> list[Member]:
+        found = [m for m in self.members if m.role is role and (party is None or m.party == party)]
+        return sorted(found, key=lambda m: (m.party, m.rank))
+
+    def get(self, member_id: str) -> Member:
+        for member in self.members:
+            if member.id == member_id:
+                return member
+        raise KeyError(member_id)
+
+    def names(self) -> dict[str, str]:
+        return {m.id: m.name for m in self.members}
+
+    def wan_share(self, party: str, dest_party: str) -> int:
+        """How many members of ``party`` send over the WAN to ``dest_party`` (they share that pipe).
+
+        Servers talk to clients and clients to servers; a member counts if any counterpart sits in
+        ``dest_party``.
+        """
+        servers = {Role.GLOBAL_SERVER}
+        count = 0
+        for member in self.members:
+            if member.party != party or member.role in (Role.GLOBAL_SCHEDULER, Role.LOCAL_SCHEDULER):
+                continue
+            is_server = member.role in servers
+            if any(other.party == dest_party and (other.role in servers) != is_server
+                   and other.role not in (Role.GLOBAL_SCHEDULER, Role.LOCAL_SCHEDULER)
+                   for other in self.members):
+                count += 1
+        return max(count, 1)
+
+
+def register(van: Van, requests: Requests, scheduler_address: str, scheduler_id: str, *, role: Role,
+             party: str, scheduler_party: str, rank: int | None, timeout: float,
+             master: bool = False) -> tuple[AddressBook, Member]:
+    """Register with a scheduler and wait for the address book; returns it and this node's own entry.
+
+    ``scheduler_party``: where the scheduler runs (the central party for the global scheduler), which
+    decides whether registration crosses the WAN. Once registered, the node sends the scheduler
+    heartbeats until its van stops (see ``geomx.cluster.heartbeat``).
+    """
+    if not van.knows(scheduler_id):
+        van.add_peer(scheduler_id, f"tcp://{scheduler_address}", party=scheduler_party)
+    body = {"role": role.value, "party": party, "address": van.address, "rank": rank, "master": master}
+    future = requests.call(scheduler_id, Message(Kind.REGISTER, body=body))
+    reply = requests.wait(future, timeout, f"the scheduler at {scheduler_address} ({scheduler_id}) to "
+                                           "complete registration; is it running, and are all members started?")
+    members = tuple(Member.from_json(m) for m in (reply.body or {}).get("members", []))
+    book = AddressBook(members)
+    requests.names.setdefault(scheduler_id, scheduler_id)
+    pulse_for(van, requests, van.topology.timeouts).watch(scheduler_id)  # from now on: heartbeats
+    return book, book.get(van.identity)
+
+
+
+def join(van: Van, requests: Requests, config: NodeConfig, tier: Tier, *, rank: int | None,
+         connect: Callable[[Member], bool], master: bool = False) -> tuple[AddressBook, Member]:
+    """Register ``config``'s node with the scheduler of ``tier`` and connect to the members ``connect`` picks.
+
+    The one way servers and workers join the job: the scheduler's address and id, the registration timeout
+    and each link's WAN share all come from ``config``; the book's names go to ``requests`` for messages.
+
+    Usage: ``book, me = join(van, requests, cfg, Tier.GLOBAL, rank=cfg.rank, connect=is_not_scheduler)``
+    """
+    if tier is Tier.GLOBAL:
+        address, where = config.global_scheduler, config.topology.central
+    elif config.scheduler is None:
+        raise ValueError(f"{config.role.value} of party {config.party!r} must join its party's scheduler, "
+                         "but no party scheduler address is configured (GEOMX_SCHEDULER / DMLC_PS_ROOT_URI)")
+    else:
+        address, where = config.scheduler, config.party
+    scheduler = scheduler_id(config, tier)
+    book, me = register(van, requests, address, scheduler, role=config.role, party=config.party,
+                        scheduler_party=where, rank=rank, timeout=config.topology.timeouts.register_s,
+                        master=master)
+    for member in book.members:
+        if member.id != van.identity and connect(member):
+            van.add_peer(member.id, member.address, member.party, share=book.wan_share(config.party, member.party))
+    requests.names.update(book.names())
+    return book, me
+
+
+def scheduler_id(config: NodeConfig, tier: Tier) -> str:
+    """The id of the scheduler of ``tier`` for ``config``'s node (to say goodbye to it)."""
+    return GLOBAL_SCHEDULER_ID if tier is Tier.GLOBAL else local_scheduler_id(config.party)
+
+
+def is_server(member: Member) -> bool:
+    """A ``join`` filter: connect to the servers of the book (what a worker talks to)."""
+    return member.role in SERVERS
+
+
+def is_not_scheduler(member: Member) -> bool:
+    """A ``join`` filter: connect to every node of the book (what a server talks to)."""
+    return member.role not in SCHEDULERS

@@ -1,0 +1,234 @@
+"""Checkpoints of a global server: the global model, the server optimizer's state and the step counter.
+
+Format (no pickle anywhere): ``<dir>/gs<shard>/ckpt-<step>.npz`` holds the arrays (``numpy.savez``, read
+back with ``allow_pickle=False``) and ``ckpt-<step>.json`` describes them: format version, step, shard,
+wall time, the optimizer's spec and state layout, each slot's round number, and the SHA-256 of the
+``.npz``. Both files are written to a temporary name, flushed to disk and renamed, the manifest last, so a
+crash mid-write leaves either a complete checkpoint or none. Loading verifies the checksum and every array;
+a checkpoint that fails is refused with a log line saying why, and the previous one is used.
+
+``step``: the number of completed rounds of the least advanced (key, slice), i.e. every slot has taken at
+least that many optimizer steps.
+
+Usage::
+
+    writer = CheckpointWriter(spec, shard=0, name="global_server0")
+    writer.maybe_write(step, lambda: Snapshot(step, slots, rounds, optimizer_spec, optimizer_state))
+    snapshot = load_latest(spec.dir, shard=0)          # None if there is no valid checkpoint
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..config import CheckpointSpec
+
+log = logging.getLogger("geomx.runs.checkpoint")
+
+FORMAT_VERSION = 1
+_NAME = re.compile(r"ckpt-(\d+)\.json")
+SlotId = tuple[int, int]
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used (names the file and what is wrong with it)."""
+
+
+@dataclass
+class Snapshot:
+    """What a global server needs to go on where it stopped. Arrays are owned copies."""
+
+    step: int
+    slots: dict[SlotId, np.ndarray]
+    rounds: dict[SlotId, int] = field(default_factory=dict)
+    optimizer_spec: dict[str, Any] | None = None
+    optimizer_state: dict[str, np.ndarray] = field(default_factory=dict)
+    optimizer_layout: dict[str, Any] = field(default_factory=dict)
+    source: Path | None = None  # the manifest it was loaded from
+
+
+def shard_dir(folder: Path, shard: int) -> Path:
+    return Path(folder) / f"gs{shard}"
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _write_atomically(path: Path, write: Callable[[Any], None]) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with tmp.open("wb") as handle:
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
+def write(folder: Path, shard: int, snapshot: Snapshot, keep: int = 3) -> Path:
+    """Write ``snapshot`` atomically; keep the newest ``keep`` checkpoints. Returns the manifest's path."""
+    target = shard_dir(folder, shard)
+    target.mkdir(parents=True, exist_ok=True)
+    arrays: dict[str, np.ndarray] = {}
+    slots = []
+    for index, (sid, value) in enumerate(sorted(snapshot.slots.items())):
+        arrays[f"slot{index}"] = value
+        slots.append({"key": sid[0], "part": sid[1], "array": f"slot{index}",
+                      "round": snapshot.rounds.get(sid, 0)})
+    for name, value in snapshot.optimizer_state.items():
+        arrays[f"opt/{name}"] = value
+    data = target / f"ckpt-{snapshot.step:09d}.npz"
+    _write_atomically(data, lambda handle: np.savez(handle, **arrays))  # type: ignore[arg-type]
+    manifest = {"format": FORMAT_VERSION, "step": snapshot.step, "shard": shard, "time": time.time(),
+                "data": data.name, "sha256": _sha256(data), "slots": slots,
+                "optimizer": {"spec": snapshot.optimizer_spec, "layout": snapshot.optimizer_layout,
+                              "arrays": sorted(snapshot.optimizer_state)}}
+    path = target / f"ckpt-{snapshot.step:09d}.json"
+    _write_atomically(path, lambda handle: handle.write(json.dumps(manifest, indent=1).encode()))
+    with contextlib.suppress(OSError):  # make the renames themselves durable
+        fd = os.open(target, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    for old in _manifests(target)[keep:]:
+        for stale in (old, old.with_suffix(".npz")):
+            with contextlib.suppress(FileNotFoundError):
+                stale.unlink()
+    return path
+
+
+def _manifests(target: Path) -> list[Path]:
+    """Manifests in ``target``, newest step first."""
+    found = [(int(m.group(1)), p) for p in target.glob("ckpt-*.json") if (m := _NAME.fullmatch(p.name))]
+    return [p for _, p in sorted(found, reverse=True)]
+
+
+def load(manifest_path: Path) -> Snapshot:
+    """Read and verify one checkpoint; CheckpointError says what is wrong with it."""
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{manifest_path}: unreadable manifest ({exc})") from None
+    try:
+        if manifest["format"] != FORMAT_VERSION:
+            raise CheckpointError(f"{manifest_path}: format {manifest['format']} (this geomx reads {FORMAT_VERSION})")
+        data = manifest_path.with_name(str(manifest["data"]))
+        if not data.is_file():
+            raise CheckpointError(f"{manifest_path}: its data file {data.name} is missing")
+        actual = _sha256(data)
+        if actual != manifest["sha256"]:
+            raise CheckpointError(f"{data}: checksum mismatch (sha256 {actual[:12]}…, the manifest says "
+                                  f"{str(manifest['sha256'])[:12]}…); the file is corrupt")
+        with np.load(data, allow_pickle=False) as npz:
+            arrays = {name: npz[name] for name in npz.files}
+        slots: dict[SlotId, np.ndarray] = {}
+        rounds: dict[SlotId, int] = {}
+        for entry in manifest["slots"]:
+            sid = (int(entry["key"]), int(entry["part"]))
+            slots[sid] = arrays[str(entry["array"])]
+            rounds[sid] = int(entry["round"])
+        optimizer = manifest["optimizer"]
+        state = {name: arrays[f"opt/{name}"] for name in optimizer["arrays"]}
+        return Snapshot(int(manifest["step"]), slots, rounds, optimizer["spec"], state, optimizer["layout"],
+                        manifest_path)
+    except CheckpointError:
+        raise
+    except (KeyError, TypeError, ValueError, OSError) as exc:  # a manifest or archive that does not add up
+        raise CheckpointError(f"{manifest_path}: inconsistent checkpoint ({type(exc).__name__}: {exc})") from None
+
+
+def load_latest(folder: Path, shard: int) -> Snapshot | None:
+    """The newest checkpoint of ``shard`` that verifies; each refused one is logged with the reason."""
+    for manifest in _manifests(shard_dir(folder, shard)):
+        try:
+            return load(manifest)
+        except CheckpointError as exc:
+            log.error("refused checkpoint: %s; trying the previous one", exc)
+    return None
+
+
+class CheckpointWriter:
+    """Decides when a global server checkpoints, and writes in the background.
+
+    ``maybe_write(step, take)`` is called after every completed round; ``take`` builds the snapshot (under
+    the server's lock, copying the arrays) only when a checkpoint is due. One write runs at a time; a
+    snapshot taken meanwhile waits for it (a newer one replaces an older one still waiting), so at most two
+    copies of the model exist and the newest due checkpoint is always written.
+    """
+
+    def __init__(self, spec: CheckpointSpec, shard: int, name: str) -> None:
+        if spec.dir is None:
+            raise ValueError("CheckpointWriter needs checkpoint.dir")
+        self.spec = spec
+        self.folder = spec.dir
+        self.shard = shard
+        self.name = name
+        self.last_step = -1
+        self._last_time = time.monotonic()
+        self._cond = threading.Condition()
+        self._pending: Snapshot | None = None
+        self._writing = False
+        self.written: list[int] = []
+
+    def due(self, step: int) -> bool:
+        if step <= max(self.last_step, 0):
+            return False
+        every = self.spec.every_steps
+        by_steps = every > 0 and step // every > max(self.last_step, 0) // every
+        by_time = self.spec.every_s > 0 and time.monotonic() - self._last_time >= self.spec.every_s
+        return by_steps or by_time
+
+    def maybe_write(self, step: int, take: Callable[[], Snapshot]) -> bool:
+        """Queue a checkpoint of ``step`` if one is due; True if it was queued."""
+        if not self.due(step):
+            return False
+        snapshot = take()
+        self.last_step = step
+        self._last_time = time.monotonic()
+        with self._cond:
+            self._pending = snapshot
+            if not self._writing:
+                self._writing = True
+                threading.Thread(target=self._drain, name=f"{self.name}-checkpoint", daemon=True).start()
+        return True
+
+    def _drain(self) -> None:
+        while True:
+            with self._cond:
+                snapshot, self._pending = self._pending, None
+                if snapshot is None:
+                    self._writing = False
+                    self._cond.notify_all()
+                    return
+            try:
+                path = write(self.folder, self.shard, snapshot, self.spec.keep)
+                self.written.append(snapshot.step)
+                log.info("[%s] checkpoint of step %d written to %s", self.name, snapshot.step, path)
+            except Exception:  # a full disk must not take the server down: log and keep training
+                log.exception("[%s] could not write the checkpoint of step %d", self.name, snapshot.step)
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until every queued checkpoint is written (at shutdown); False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._writing, timeout)

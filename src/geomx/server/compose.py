@@ -1,0 +1,167 @@
+"""The composition root: which plug-ins a server runs, chosen once at start from its typed config.
+
+The server core names no algorithm. This module is the one place that maps a node's configuration to plug-in
+names, and builds each through its registry (``geomx.algorithms``, ``geomx.algorithms``, ``geomx.algorithms``).
+
+Usage (inside ``ParameterServer.__init__``)::
+
+    plugins = compose(node_config, server)
+    server.route, server.aggregation = plugins.route, plugins.aggregation
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..algorithms.registry import AGGREGATIONS, EXTENSIONS, ROUTES, SYNC_POLICIES
+from ..codecs import FP16
+from ..config import ConfigError, NodeConfig, Topology, TrainingSpec
+from ..core.encoding import Encoding
+from ..core.options import parse_options, undeclared
+from ..core.plugins import Aggregation, Completion, Extension, Handler, Route, RouteChain, ServerHost
+from ..core.policy import SyncPolicy
+from ..protocol.wire import Kind
+
+# Until the master's CONFIGURE names another, rounds of pushes wait for every client (and a local tier's
+# always do): the policy a server starts with.
+DEFAULT_SYNC = "dist_sync"
+
+
+@dataclass
+class Plugins:
+    """What one server runs: a sync policy, a route, an aggregation and extensions."""
+
+    policy: SyncPolicy
+    route: Route
+    aggregation: Aggregation
+    extensions: list[Extension] = field(default_factory=list)
+    encoding: Encoding = field(default_factory=Encoding)
+
+    def requests(self) -> dict[Kind, Handler]:
+        """The extensions' request kinds and their handlers."""
+        return {kind: handler for extension in self.extensions for kind, handler in extension.requests().items()}
+
+    def completions(self) -> dict[Kind, Completion]:
+        """What a completed round of each extension kind does."""
+        return {kind: done for extension in self.extensions for kind, done in extension.completions().items()}
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The plug-ins a server runs, by registry name."""
+
+    sync: str = DEFAULT_SYNC
+    route: str = "direct"
+    uplinks: tuple[str, ...] = ()  # further routes, chained after ``route`` (DGT's UDP uplink)
+    aggregation: str = "sum"
+    # any worker may send ESync's speed reports (ESync is a worker-side switch): always served
+    extensions: tuple[str, ...] = ("state_rounds",)
+
+
+def choose(config: NodeConfig) -> Choice:
+    """The plug-ins ``config`` asks for."""
+    topology = config.topology
+    return Choice(route="tsengine" if topology.tsengine is not None else "direct",
+                  uplinks=("dgt",) if topology.dgt is not None else (),
+                  aggregation=_aggregation_name(topology))
+
+
+def check_plugins(training: TrainingSpec, topology: Topology | None = None) -> None:
+    """ConfigError unless ``training.sync`` names a sync policy and every plug-in option is one a plug-in of
+    this job takes, with a value it can read (``geomx launch`` calls this before starting any process; every
+    server at start). ``topology``: the job's, when known (HFA's aggregation options are taken only with HFA).
+
+    Every sync policy may take options (the master may name any of them later, as ``kv.create`` does).
+    """
+    check_names(training)
+    options = dict(training.plugin_options)
+    aggregation = _aggregation_name(topology)
+    takers = {**{name: cls.options for name, cls in SYNC_POLICIES.items()},
+              f"the {aggregation} aggregation": AGGREGATIONS[aggregation].options}
+    refusal = undeclared(options, takers)
+    if refusal is not None:
+        raise ConfigError(f"training has unknown fields {sorted(set(options) - _declared(takers))}: {refusal}")
+    for name in SYNC_POLICIES:
+        build_policy(name, options)
+    aggregation_options(aggregation, options, topology)
+
+
+def aggregation_options(name: str, options: Mapping[str, str], topology: Topology | None) -> dict[str, Any]:
+    """The options aggregation ``name`` takes, parsed from ``options`` and checked (against the job's
+    ``topology`` when given); ConfigError names what is wrong."""
+    cls = AGGREGATIONS[name]
+    try:
+        parsed = parse_options(f"the {name} aggregation", cls.options, options)
+        cls.check_options(parsed, topology)
+    except ValueError as exc:
+        raise ConfigError(f"the {name} aggregation: {exc}") from None
+    return parsed
+
+
+def _aggregation_name(topology: Topology | None) -> str:
+    return "hfa" if topology is not None and topology.hfa is not None else "sum"
+
+
+def _declared(takers: Mapping[str, Mapping[str, type]]) -> set[str]:
+    return {option for declared in takers.values() for option in declared}
+
+
+def build_policy(name: str, options: Mapping[str, str]) -> SyncPolicy:
+    """The sync policy ``name`` with the options it declares, parsed from ``options``; ConfigError names
+    what is wrong (an unknown name lists the valid ones)."""
+    try:
+        cls = SYNC_POLICIES[name]
+    except KeyError:
+        raise ConfigError(f"unknown kvstore type {name!r}; valid: {sorted(SYNC_POLICIES)}") from None
+    try:
+        return cls(**parse_options(name, cls.options, options))
+    except ValueError as exc:  # OptionError, or the policy's own check of a value
+        raise ConfigError(f"{name}: {exc}") from None
+
+
+def compose(config: NodeConfig, host: ServerHost) -> Plugins:
+    """Build the plug-ins ``config`` asks for, each bound to ``host``."""
+    topology = config.topology
+    check_plugins(topology.training, topology)
+    choice = choose(config)
+    options = dict(topology.training.plugin_options)
+    return Plugins(policy=build_policy(choice.sync, options),
+                   route=_route(choice, config, host),
+                   aggregation=AGGREGATIONS[choice.aggregation].from_config(
+                       config, host, **aggregation_options(choice.aggregation, options, topology)),
+                   extensions=[EXTENSIONS[name](config, host) for name in choice.extensions],
+                   # the fp16 switch: every link's float32 data as float16, unless the master sets a WAN codec
+                   encoding=Encoding(wide=FP16() if config.topology.fp16 else None))
+
+
+def _route(choice: Choice, config: NodeConfig, host: ServerHost) -> Route:
+    route = ROUTES[choice.route](config, host)
+    if not choice.uplinks:
+        return route
+    return RouteChain([route, *(ROUTES[name](config, host) for name in choice.uplinks)])
+
+
+def configured_policy(name: str, options: Mapping[str, str] | None = None) -> SyncPolicy:
+    """The policy the master names later (CONFIGURE's ``sync``), from the same registry, with the job's plug-in
+    ``options``; ConfigError (a ValueError) lists the valid names."""
+    return build_policy(name, options or {})
+
+
+def check_names(spec: TrainingSpec) -> None:
+    """Refuse a training block naming a sync or server optimizer no registry holds, listing the valid names.
+
+    The config layer takes any name (it imports no plug-in); the registries know which exist, so the names are
+    checked here, where they are reachable: at `geomx launch` and when the torch wrapper makes its plan.
+    Usage: ``check_names(topology.training)``.
+    """
+    if spec.sync not in SYNC_POLICIES:
+        raise ConfigError(f"training.sync {spec.sync!r} is unknown; valid: {sorted(SYNC_POLICIES)}")
+    if spec.server_optimizer in ("auto", "none"):
+        return
+    from ..optim import OPTIMIZERS  # imports torch (~1 s): only where a topology names a server optimizer
+
+    choices = ["auto", "none", *sorted(OPTIMIZERS)]
+    if spec.server_optimizer not in choices:
+        raise ConfigError(f"training.server_optimizer {spec.server_optimizer!r} is unknown; valid: {choices}")

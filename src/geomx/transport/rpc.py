@@ -1,0 +1,111 @@
+"""Request tracking: every request gets an id and a future; replies and errors resolve it.
+
+Usage::
+
+    requests = Requests(van)
+    future = requests.call("dc1/server", Message(Kind.PULL, key=3))
+    reply = requests.wait(future, timeout=30, what="PULL key 3 from dc1/server")
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+
+from ..protocol.wire import Kind, Message
+from .van import Van
+
+
+class RemoteError(RuntimeError):
+    """A peer answered a request with an error (the text says who and why)."""
+
+
+class RequestTimeout(TimeoutError):
+    """No answer within the configured timeout; the text names the peer and the request."""
+
+
+class Requests:
+    """Outstanding requests of one node, keyed by request id."""
+
+    def __init__(self, van: Van, names: dict[str, str] | None = None) -> None:
+        self._van = van
+        self._ids = itertools.count(1)
+        self._pending: dict[int, tuple[str, Future[Message]]] = {}
+        self._lock = threading.Lock()
+        self.names = names if names is not None else {}
+        self._dead: dict[str, str] = {}  # peers declared dead (by heartbeats): requests to them fail at once
+        self._self_dead: str | None = None  # this node was declared dead: every request fails at once
+
+    def call(self, peer: str, message: Message) -> Future[Message]:
+        """Send ``message`` to ``peer`` as a new request; the future resolves with the reply."""
+        future: Future[Message] = Future()
+        with self._lock:
+            message.request_id = next(self._ids)
+            dead = self._self_dead or self._dead.get(peer)
+            if dead is None:
+                self._pending[message.request_id] = (peer, future)
+        if dead is not None:
+            future.set_exception(RemoteError(dead))
+            return future
+        self._van.send(peer, message)
+        return future
+
+    def resolve(self, message: Message) -> bool:
+        """Complete the request this reply answers. False if it answers nothing we wait for.
+
+        Only the peer the request went to can answer it: a reply with a known id from anyone else is ignored.
+        """
+        if not message.is_reply:
+            return False
+        sender = message.sender.decode(errors="replace")
+        with self._lock:
+            entry = self._pending.get(message.request_id)
+            if entry is None or entry[0] != sender:  # unknown id, or an answer from someone we did not ask
+                return False
+            del self._pending[message.request_id]
+        peer, future = entry
+        if message.kind is Kind.ERROR:
+            text = (message.body or {}).get("error", "unspecified error")
+            future.set_exception(RemoteError(f"{self.names.get(peer, peer)} refused the request: {text}"))
+        else:
+            future.set_result(message)
+        return True
+
+    def fail_all(self, reason: str) -> None:
+        """Fail every outstanding request (used when the node shuts down)."""
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        for peer, future in pending.values():
+            if not future.done():
+                future.set_exception(RemoteError(f"request to {self.names.get(peer, peer)} abandoned: {reason}"))
+
+    def fail_peer(self, peer: str, reason: str) -> None:
+        """``peer`` is dead: fail its outstanding requests, and every later one at once, with ``reason``."""
+        with self._lock:
+            self._dead[peer] = reason
+            mine = [rid for rid, (to, _) in self._pending.items() if to == peer]
+            futures = [self._pending.pop(rid)[1] for rid in mine]
+        for future in futures:
+            if not future.done():
+                future.set_exception(RemoteError(reason))
+
+    def fail_everything(self, reason: str) -> None:
+        """This node was declared dead: fail every outstanding request, and every later one at once."""
+        with self._lock:
+            self._self_dead = reason
+            pending, self._pending = self._pending, {}
+        for _, future in pending.values():
+            if not future.done():
+                future.set_exception(RemoteError(reason))
+
+    def wait(self, future: Future[Message], timeout: float, what: str) -> Message:
+        """The reply, or RequestTimeout naming ``what`` after ``timeout`` seconds."""
+        try:
+            return future.result(timeout=timeout)
+        except FutureTimeout:
+            raise RequestTimeout(f"timed out after {timeout:g} s waiting for {what}") from None
+
+    def __len__(self) -> int:
+        return len(self._pending)
