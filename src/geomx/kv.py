@@ -18,9 +18,10 @@ Usage::
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -103,12 +104,9 @@ class KVStore:
         # The scheduler decides: the flagged worker (GEOMX_MASTER_WORKER / DMLC_ROLE_MASTER_WORKER), else rank 0
         # of the central party.
         self.is_master_worker = me.master
-        self._crashed = False
-        self._previous_excepthook = sys.excepthook
-        sys.excepthook = self._on_uncaught
+        self._exit_hook: Callable[[], None] | None = None  # close_at_exit's
         if self.is_master_worker:  # before any init round completes, so every push meets the right policy
             self._configure(ConfigureBody(sync=kind), f"switch to {kind}")
-        atexit.register(self.close)
 
     def _on_message(self, message: Message) -> None:
         if self._handles(message):
@@ -292,25 +290,28 @@ class KVStore:
         if self.config.run_dir is not None:
             append_metrics(self.config.run_dir, self.name, metrics)
 
-    def _on_uncaught(self, *exc_info: Any) -> None:
-        """An uncaught exception: the atexit close must not wait for a shutdown round nobody will join."""
-        self._crashed = True
-        self._previous_excepthook(*exc_info)
+    def close_at_exit(self) -> None:
+        """Close when the interpreter exits, as MXNet's kvstore does for loops that never call ``close``.
 
-    def close(self) -> None:
+        After an uncaught exception (the interpreter has set ``sys.last_value``), the worker just disconnects:
+        the process exits at once with its error, the launcher stops the job, and no shutdown round waits for
+        workers that will never join it.
+        """
+        self._exit_hook = functools.partial(_close_at_exit, self)
+        atexit.register(self._exit_hook)
+
+    def close(self, crashed: bool = False) -> None:
         """Leave the job: a shutdown round through the servers, then stop. Safe to call twice.
 
-        After an uncaught exception (close runs from atexit), the worker just disconnects, so the process
-        exits at once with its error and the launcher stops the job.
+        ``crashed``: just disconnect (no shutdown round), as after an uncaught exception.
         """
         if self._keys.closed:
             return
         self._keys.closed = True
-        atexit.unregister(self.close)
-        if sys.excepthook == self._on_uncaught:
-            sys.excepthook = self._previous_excepthook
+        if self._exit_hook is not None:
+            atexit.unregister(self._exit_hook)
         wait = self._topology.timeouts.shutdown_s
-        if self._crashed:
+        if crashed:
             self._van.stop(flush_timeout=1.0)
             return
         try:
@@ -331,8 +332,20 @@ class KVStore:
         self.close()
 
 
-def create(kind: str = "dist_sync", config: NodeConfig | None = None) -> KVStore:
-    """Connect this worker to the job. ``kind``: one of KVSTORE_TYPES; config defaults to the environment."""
+def _close_at_exit(store: KVStore) -> None:
+    """``KVStore.close_at_exit``'s hook: after an uncaught exception the interpreter has set ``sys.last_value``."""
+    store.close(crashed=hasattr(sys, "last_value"))
+
+
+def create(kind: str = "dist_sync", config: NodeConfig | None = None, *, close_at_exit: bool = True) -> KVStore:
+    """Connect this worker to the job. ``kind``: one of KVSTORE_TYPES; config defaults to the environment.
+
+    ``close_at_exit``: leave the job when the interpreter exits (``KVStore.close_at_exit``), as the seeds' loops
+    expect of MXNet's kvstore; pass False to call ``close`` (or use ``with``) yourself.
+    """
     if kind not in KVSTORE_TYPES:
         raise ValueError(f"unknown kvstore type {kind!r}; valid: {list(KVSTORE_TYPES)}")
-    return KVStore(kind, config or node_config())
+    store = KVStore(kind, config or node_config())
+    if close_at_exit:
+        store.close_at_exit()
+    return store

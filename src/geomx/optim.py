@@ -25,8 +25,7 @@ import numpy as np
 import torch
 
 from .protocol.tensors import readonly_tensor
-
-SlotId = tuple[int, int]
+from .protocol.wire import SliceId
 
 
 @dataclass
@@ -40,7 +39,7 @@ class Optimizer:
         """The JSON-safe description that travels to the servers."""
         return {"name": self.name, "params": dataclasses.asdict(self)}
 
-    def step(self, slot: SlotId, weight: np.ndarray, grad_sum: np.ndarray, contributor: str = "") -> np.ndarray:
+    def step(self, slot: SliceId, weight: np.ndarray, grad_sum: np.ndarray, contributor: str = "") -> np.ndarray:
         """Return new weights for ``slot`` (a new array: the old one may still be on the wire).
 
         ``contributor``: who pushed ``grad_sum`` (one party under MixedSync; "" for a synchronous round).
@@ -53,10 +52,10 @@ class Optimizer:
         self._update(slot, w, g, contributor)
         return w.numpy()
 
-    def received(self, slot: SlotId, contributor: str, weight: np.ndarray) -> None:
+    def received(self, slot: SliceId, contributor: str, weight: np.ndarray) -> None:
         """``contributor`` now holds ``weight`` for ``slot`` (INIT, a rejoin, a pull). Only DCASGD cares."""
 
-    def _update(self, slot: SlotId, weight: torch.Tensor, grad: torch.Tensor, contributor: str) -> None:
+    def _update(self, slot: SliceId, weight: torch.Tensor, grad: torch.Tensor, contributor: str) -> None:
         raise NotImplementedError
 
     def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
@@ -116,9 +115,9 @@ class SGD(Optimizer):
     nesterov: bool = False
 
     def __post_init__(self) -> None:
-        self._momentum: dict[SlotId, torch.Tensor] = {}
+        self._momentum: dict[SliceId, torch.Tensor] = {}
 
-    def _update(self, slot: SlotId, weight: torch.Tensor, grad: torch.Tensor, contributor: str) -> None:
+    def _update(self, slot: SliceId, weight: torch.Tensor, grad: torch.Tensor, contributor: str) -> None:
         if self.weight_decay:
             grad = grad.add(weight, alpha=self.weight_decay)
         if self.momentum:
@@ -144,9 +143,9 @@ class Adam(Optimizer):
     weight_decay: float = 0.0
 
     def __post_init__(self) -> None:
-        self._state: dict[SlotId, tuple[torch.Tensor, torch.Tensor, list[int]]] = {}
+        self._state: dict[SliceId, tuple[torch.Tensor, torch.Tensor, list[int]]] = {}
 
-    def _update(self, slot: SlotId, weight: torch.Tensor, grad: torch.Tensor, contributor: str) -> None:
+    def _update(self, slot: SliceId, weight: torch.Tensor, grad: torch.Tensor, contributor: str) -> None:
         if self.weight_decay:
             grad = grad.add(weight, alpha=self.weight_decay)
         state = self._state.get(slot)
@@ -204,14 +203,14 @@ class DCASGD(Optimizer):
     weight_decay: float = 0.0
 
     def __post_init__(self) -> None:
-        self._velocity: dict[SlotId, torch.Tensor] = {}
-        self._backup: dict[tuple[SlotId, str], torch.Tensor] = {}
+        self._velocity: dict[SliceId, torch.Tensor] = {}
+        self._backup: dict[tuple[SliceId, str], torch.Tensor] = {}
 
-    def received(self, slot: SlotId, contributor: str, weight: np.ndarray) -> None:
+    def received(self, slot: SliceId, contributor: str, weight: np.ndarray) -> None:
         """``contributor`` now holds ``weight`` for ``slot``: its next push is compensated against it."""
         self._backup[(slot, contributor)] = torch.from_numpy(np.array(weight, dtype=np.float32, copy=True))
 
-    def _update(self, slot: SlotId, weight: torch.Tensor, grad: torch.Tensor, contributor: str) -> None:
+    def _update(self, slot: SliceId, weight: torch.Tensor, grad: torch.Tensor, contributor: str) -> None:
         backup = self._backup.get((slot, contributor))
         direction = grad if backup is None else grad + self.lamda * grad * grad * (weight - backup)
         if self.weight_decay:

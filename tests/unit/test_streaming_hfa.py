@@ -15,7 +15,7 @@ from geomx.algorithms.hfa.server import HfaAggregation
 from geomx.codecs import default_registry
 from geomx.config import ConfigError, TrainingSpec, topology_from_dict
 from geomx.core.encoding import Encoding
-from geomx.core.plugins import Route
+from geomx.core.plugins import Answer, AwaitAnswer, Route, SendUp, SendUpAndAnswer
 from geomx.core.rounds import Slot
 from geomx.protocol.wire import Kind, Message
 from geomx.server.compose import check_plugins
@@ -62,24 +62,27 @@ def floats(*values: float) -> np.ndarray:
 def test_an_overlapped_global_round_answers_the_average_now_and_the_new_model_delay_rounds_later(
         make_server: Any) -> None:
     hfa = local_hfa(make_server, delay=1)
-    assert hfa.upward((0, 0), floats(1, 1)).answer is not None  # round 1: local
+    assert isinstance(hfa.upward((0, 0), floats(1, 1)), Answer)  # round 1: local
     sent = hfa.upward((0, 0), floats(2, 4))  # round 2: global, overlapped
-    assert sent.send is not None and sent.answer is not None and not sent.wait
+    assert isinstance(sent, SendUpAndAnswer)
     np.testing.assert_array_equal(sent.send, [2, 4])  # the delta from the global model (zeros)
     np.testing.assert_array_equal(sent.answer, [2, 4])  # the workers go on from the party's average
     hfa.adopted((0, 0), floats(10, 10))  # the new global model arrives before round 3
     mixed = hfa.upward((0, 0), floats(3, 5))  # round 3: the overlap ends with the new global model (alpha 0)
+    assert isinstance(mixed, Answer)
     np.testing.assert_array_equal(mixed.answer, [10, 10])
     assert hfa.in_flight == {}
     # round 4 goes global again, its delta taken from the new global model
-    np.testing.assert_array_equal(hfa.upward((0, 0), floats(12, 13)).send, [2, 3])
+    again = hfa.upward((0, 0), floats(12, 13))
+    assert isinstance(again, SendUpAndAnswer)
+    np.testing.assert_array_equal(again.send, [2, 3])
 
 
 def test_a_due_round_waits_for_the_answer_then_mixes_with_its_average(make_server: Any) -> None:
     hfa = local_hfa(make_server, delay=1, alpha=0.25)
     hfa.upward((0, 0), floats(1, 1))
     hfa.upward((0, 0), floats(2, 4))  # sent, overlapped
-    assert hfa.upward((0, 0), floats(4, 8)).wait  # round 3: no answer yet
+    assert isinstance(hfa.upward((0, 0), floats(4, 8)), AwaitAnswer)  # round 3: no answer yet
     hfa.adopted((0, 0), floats(8, 0))
     np.testing.assert_allclose(hfa.resumed((0, 0)), [0.75 * 8 + 0.25 * 4, 0.25 * 8])
     assert hfa.in_flight == {}
@@ -89,7 +92,8 @@ def test_without_delay_a_global_round_waits_for_the_global_model(make_server: An
     hfa = local_hfa(make_server, delay=0)
     hfa.upward((0, 0), floats(1, 1))
     step = hfa.upward((0, 0), floats(2, 4))
-    assert step.send is not None and step.answer is None and hfa.in_flight == {}
+    assert isinstance(step, SendUp) and hfa.in_flight == {}
+    np.testing.assert_array_equal(step.send, [2, 4])
 
 
 class PushPullHost:
@@ -178,6 +182,14 @@ def test_streaming_options_are_checked_against_the_jobs_k2(options: dict[str, st
     topology = topology_from_dict({**HFA_TOPOLOGY, "training": options})
     with pytest.raises(ConfigError, match=problem):
         check_plugins(topology.training, topology)
+
+
+@pytest.mark.parametrize("route", [{"tsengine": True}, {"dgt": True}], ids=["tsengine", "dgt"])
+def test_overlapped_fragments_never_meet_a_route_they_would_skip(route: dict[str, bool]) -> None:
+    """An overlapped send goes straight to the slice's owner (server.pushpull), not through the local server's
+    route: the routes (TSEngine between parties, DGT) do not combine with HFA at all, refused at load."""
+    with pytest.raises(ConfigError, match="does not combine with HFA"):
+        topology_from_dict({**HFA_TOPOLOGY, **route, "training": {"fragments": 2, "fragment_delay": 1}})
 
 
 def test_streaming_options_need_hfa() -> None:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..config import CheckpointSpec
-from ..protocol.wire import Kind
+from ..protocol.wire import Kind, SliceId
 from ..runs.checkpoint import CheckpointWriter, Snapshot, load_latest, shard_dir
 from .rounds import RoundTable, Slot
 
@@ -26,8 +26,6 @@ if TYPE_CHECKING:  # geomx.optim imports torch: only a server that gets an optim
     from ..optim import Optimizer
 
 log = logging.getLogger("geomx.server")
-
-SlotId = tuple[int, int]
 
 
 def resume(name: str, spec: CheckpointSpec, shard: int, table: RoundTable) -> Snapshot | None:
@@ -47,7 +45,7 @@ def resume(name: str, spec: CheckpointSpec, shard: int, table: RoundTable) -> Sn
     return snapshot
 
 
-def slots_of(snapshot: Snapshot) -> dict[SlotId, Slot]:
+def slots_of(snapshot: Snapshot) -> dict[SliceId, Slot]:
     return {sid: Slot(value) for sid, value in snapshot.slots.items()}
 
 
@@ -67,7 +65,7 @@ def restore_optimizer(name: str, snapshot: Snapshot | None, optimizer: Optimizer
     log.info("[%s] optimizer state restored from step %d", name, snapshot.step)
 
 
-def checkpoint_if_due(writer: CheckpointWriter | None, slots: dict[SlotId, Slot], table: RoundTable,
+def checkpoint_if_due(writer: CheckpointWriter | None, slots: dict[SliceId, Slot], table: RoundTable,
                       optimizer: Optimizer | None) -> None:
     """Checkpoint when due; the step is the completed rounds of the least advanced slot."""
     if writer is None or not slots:

@@ -24,10 +24,8 @@ import numpy as np
 
 from ..codecs.base import Direction, TensorInfo, TensorKind
 from ..protocol.bodies import BodyError, InitBody, decode_body
-from ..protocol.wire import Kind, Message
+from ..protocol.wire import Kind, Message, SliceId
 from .rounds import Round, RoundTable, Slot
-
-SlotId = tuple[int, int]
 
 
 def slot_mismatch(slot_desc: str, message: Message) -> str | None:
@@ -40,7 +38,7 @@ def slot_mismatch(slot_desc: str, message: Message) -> str | None:
 class InitHost(Protocol):
     """What INIT asks of the server (a fake one in unit tests)."""
 
-    slots: dict[SlotId, Slot]
+    slots: dict[SliceId, Slot]
     table: RoundTable
     optimizer: Any  # the global server's optimizer (it is told which value each client holds), or None
 
@@ -62,7 +60,7 @@ class Inits:
         self.is_global = is_global
         self.shard_id = 0  # a global server's own shard id
         self.shard_owner: dict[int, str] = {}  # a local server's global servers by explicit shard id (= rank)
-        self.shards: dict[SlotId, int] = {}  # (key, slice) -> shard id, as declared by INIT
+        self.shards: dict[SliceId, int] = {}  # (key, slice) -> shard id, as declared by INIT
         self.sizes: dict[int, int] = {}  # key -> elements of its whole tensor, as declared by INIT
 
     def tensor_info(self, key: int, part: int, kind: TensorKind, direction: Direction) -> TensorInfo:
@@ -166,7 +164,7 @@ class Inits:
                          body=body)
         host.forward(rnd, upward)
 
-    def _received(self, sid: SlotId, client: str, value: np.ndarray) -> None:
+    def _received(self, sid: SliceId, client: str, value: np.ndarray) -> None:
         """Tell a global server's optimizer which value ``client`` now holds (an optimizer that compensates
         for staleness keeps one per client)."""
         if self.is_global and self.host.optimizer is not None:

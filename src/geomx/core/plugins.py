@@ -24,15 +24,13 @@ import numpy as np
 from ..codecs import Codec, TensorInfo
 from ..codecs.base import Direction, TensorKind
 from ..config import NodeConfig, Topology
-from ..protocol.wire import Kind, Message
+from ..protocol.wire import Kind, Message, SliceId
 from ..transport.van import Van
 from .clients import Clients
 from .rounds import Round, RoundTable, Slot
 
 Handler = Callable[[Message], None]
 Completion = Callable[[Round], None]
-SlotId = tuple[int, int]
-
 
 class ServerHost(Protocol):
     """What a plug-in may ask of the server it is plugged into (a fake one in unit tests)."""
@@ -192,21 +190,38 @@ class RouteChain(Route):
 
 
 @dataclass(frozen=True)
-class Upward:
-    """What a lower tier does with a completed round (``Aggregation.upward``): one of
+class Answer:
+    """Answer the contributors with ``answer`` here; nothing goes up (a round inside the party)."""
 
-    - ``Upward(answer=x)``: answer the contributors with ``x`` here; nothing goes up (a round inside the party);
-    - ``Upward(send=x)``: send ``x`` up and answer with what the tier above answers (the plain sum, a
-      model average's global rounds);
-    - ``Upward(send=x, answer=y)``: send ``x`` up *and* answer with ``y`` now; the tier above's answer arrives
-      later, through ``Aggregation.adopted`` (an overlapped outer sync: the workers do not wait for the WAN);
-    - ``Upward(wait=True)``: answer once the tier above answers an earlier overlapped send of this slice
-      (``Aggregation.resumed`` then gives the answer).
-    """
+    answer: np.ndarray
 
-    send: np.ndarray | None = None
-    answer: np.ndarray | None = None
-    wait: bool = False
+
+@dataclass(frozen=True)
+class SendUp:
+    """Send ``send`` up and answer with what the tier above answers (the plain sum, a model average's global
+    rounds)."""
+
+    send: np.ndarray
+
+
+@dataclass(frozen=True)
+class SendUpAndAnswer:
+    """Send ``send`` up *and* answer with ``answer`` now; the tier above's answer arrives later, through
+    ``Aggregation.adopted`` (an overlapped outer sync: the workers do not wait for the WAN)."""
+
+    send: np.ndarray
+    answer: np.ndarray
+
+
+@dataclass(frozen=True)
+class AwaitAnswer:
+    """Answer once the tier above answers an earlier overlapped send of this slice (``Aggregation.resumed``
+    then gives the answer)."""
+
+
+# What a lower tier does with a completed round (``Aggregation.upward``): exactly one of these four cases,
+# which the server takes apart with ``match`` (geomx.server.pushpull).
+Upward = Answer | SendUp | SendUpAndAnswer | AwaitAnswer
 
 
 class Aggregation:
@@ -230,11 +245,11 @@ class Aggregation:
     def check_options(cls, options: Mapping[str, Any], topology: Topology | None = None) -> None:
         """ValueError naming what is wrong with ``options`` (parsed) for a job of ``topology`` (if known)."""
 
-    def upward(self, sid: SlotId, total: np.ndarray) -> Upward:
+    def upward(self, sid: SliceId, total: np.ndarray) -> Upward:
         """What a lower tier does with a completed round's ``total`` (see ``Upward``)."""
-        return Upward(send=total)
+        return SendUp(total)
 
-    def resumed(self, sid: SlotId) -> np.ndarray:
+    def resumed(self, sid: SliceId) -> np.ndarray:
         """The answer of the round ``upward`` told to wait, now that the tier above answered (``adopted``)."""
         raise NotImplementedError(f"{type(self).__name__} never waits")
 
@@ -250,11 +265,11 @@ class Aggregation:
         """The top tier's answer as message fields, if it is not the value itself (None)."""
         return None
 
-    def answered(self, sid: SlotId, reply: Message) -> str | None:
+    def answered(self, sid: SliceId, reply: Message) -> str | None:
         """A lower tier got the answer ``reply`` (decoded): make ``reply.tensor`` the value; an error text."""
         return None
 
-    def adopted(self, sid: SlotId, value: np.ndarray) -> None:
+    def adopted(self, sid: SliceId, value: np.ndarray) -> None:
         """A lower tier took ``value`` from the tier above as (key, slice)'s value (after INIT, a round, or an
         overlapped send's late answer)."""
 
@@ -262,7 +277,7 @@ class Aggregation:
         """Whether this tier drops a dead client and goes on (``usual``: what the job and the policy say)."""
         return usual
 
-    def held(self, sid: SlotId, value: np.ndarray) -> np.ndarray:
+    def held(self, sid: SliceId, value: np.ndarray) -> np.ndarray:
         """The job's model of (key, slice) as this lower tier holds it (``value``: what its slot holds, the
         tier above's last answer unless the tier answers rounds itself)."""
         return value

@@ -34,6 +34,10 @@ PROTOCOL_VERSION = 1
 MAX_NDIM = 8
 MAX_BODY_BYTES = 1 << 20
 
+# A slice of a key's tensor, ``(key, part)``: the unit that travels, is summed and is checkpointed. Every layer
+# names it with this one type.
+SliceId = tuple[int, int]
+
 
 class WireError(ValueError):
     """A frame sequence that is not a valid geomx message."""

@@ -35,13 +35,12 @@ from typing import Any
 import numpy as np
 
 from ..config import CheckpointSpec
+from ..protocol.wire import SliceId
 
 log = logging.getLogger("geomx.runs.checkpoint")
 
 FORMAT_VERSION = 1
 _NAME = re.compile(r"ckpt-(\d+)\.json")
-SlotId = tuple[int, int]
-
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be used (names the file and what is wrong with it)."""
@@ -52,8 +51,8 @@ class Snapshot:
     """What a global server needs to go on where it stopped. Arrays are owned copies."""
 
     step: int
-    slots: dict[SlotId, np.ndarray]
-    rounds: dict[SlotId, int] = field(default_factory=dict)
+    slots: dict[SliceId, np.ndarray]
+    rounds: dict[SliceId, int] = field(default_factory=dict)
     optimizer_spec: dict[str, Any] | None = None
     optimizer_state: dict[str, np.ndarray] = field(default_factory=dict)
     optimizer_layout: dict[str, Any] = field(default_factory=dict)
@@ -142,8 +141,8 @@ def load(manifest_path: Path) -> Snapshot:
                                   f"{str(manifest['sha256'])[:12]}…); the file is corrupt")
         with np.load(data, allow_pickle=False) as npz:
             arrays = {name: npz[name] for name in npz.files}
-        slots: dict[SlotId, np.ndarray] = {}
-        rounds: dict[SlotId, int] = {}
+        slots: dict[SliceId, np.ndarray] = {}
+        rounds: dict[SliceId, int] = {}
         for entry in manifest["slots"]:
             sid = (int(entry["key"]), int(entry["part"]))
             slots[sid] = arrays[str(entry["array"])]

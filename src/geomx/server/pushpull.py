@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import Future
-from typing import Any, cast
+from typing import Any, assert_never, cast
 
 import numpy as np
 
@@ -27,7 +27,7 @@ from ..config import Mode
 from ..core.checkpoints import checkpoint_if_due
 from ..core.early import send_early
 from ..core.inits import slot_mismatch
-from ..core.plugins import SlotId
+from ..core.plugins import Answer, AwaitAnswer, SendUp, SendUpAndAnswer, SliceId
 from ..core.rounds import Round, Slot
 from ..protocol.wire import Kind, Message
 from .host import Host
@@ -41,8 +41,8 @@ class PushPulls:
     def __init__(self, host: Host) -> None:
         self.host = host
         # rounds the aggregation answers once an overlapped send's answer arrives, with their numbers
-        self.waiting: dict[SlotId, tuple[Round, int]] = {}
-        self.failed_sends: dict[SlotId, str] = {}  # slices whose overlapped send failed: the error they answer
+        self.waiting: dict[SliceId, tuple[Round, int]] = {}
+        self.failed_sends: dict[SliceId, str] = {}  # slices whose overlapped send failed: the error they answer
 
     def on_pushpull(self, message: Message) -> None:
         """A client's push (decoded): checked against its slice, then it joins its round."""
@@ -111,15 +111,25 @@ class PushPulls:
             host.release(rnd, None, failure)
             return
         step = host.aggregation.upward(sid, total)
-        if step.wait:  # answered once the tier above answers an earlier overlapped send of this slice
-            self.waiting[sid] = (rnd, rnd.number)
-            return
-        if step.send is None:  # a round the aggregation answers inside the party
-            assert step.answer is not None
-            self._answer_here(rnd, step.answer)
-            return
+        match step:
+            case AwaitAnswer():  # answered once the tier above answers an earlier overlapped send
+                self.waiting[sid] = (rnd, rnd.number)
+            case Answer(answer=answer):  # a round the aggregation answers inside the party
+                self._answer_here(rnd, answer)
+            case SendUp(send=send):
+                self._send(rnd, send, answer=None)
+            case SendUpAndAnswer(send=send, answer=answer):
+                self._send(rnd, send, answer)
+            case _:
+                assert_never(step)
+
+    def _send(self, rnd: Round, send: np.ndarray, answer: np.ndarray | None) -> None:
+        """Send ``send`` (encoded) up for ``rnd``: through the route, answered with the tier above's answer; or,
+        with an ``answer`` now (overlapped), straight to the owner, its answer adopted when it arrives."""
+        host = self.host
+        sid = (rnd.key, rnd.part)
         dtype = host.slots[sid].value.dtype  # what init declared; sums of narrow floats were kept in fp32
-        upward = step.send.astype(dtype, copy=False)
+        upward = send.astype(dtype, copy=False)
         fields: dict[str, Any] = {"tensor": upward}
         codec = host.encoding.wan_for(upward)
         if codec is not None:
@@ -132,8 +142,8 @@ class PushPulls:
         first = next(iter(rnd.contributions.values()))
         message = Message(Kind.PUSHPULL, key=rnd.key, part=rnd.part, num_parts=first.num_parts, round=rnd.number,
                           priority=first.priority, **fields)
-        if step.answer is not None:  # overlapped: the contributors go on now, the answer is adopted later
-            self._answer_here(rnd, step.answer)
+        if answer is not None:  # overlapped: the contributors go on now, the answer is adopted later
+            self._answer_here(rnd, answer)
             host.call(host.owner(rnd.key, rnd.part), message, lambda result: self._answer_arrived(sid, result))
             return
         if host.route.send_up(rnd, fields):
@@ -148,7 +158,7 @@ class PushPulls:
         host.slots[sid] = Slot(value)
         host.release(rnd, value)
 
-    def _answer_arrived(self, sid: SlotId, result: Future[Message]) -> None:
+    def _answer_arrived(self, sid: SliceId, result: Future[Message]) -> None:
         """The tier above answered an overlapped send of ``sid`` (under the lock): the aggregation adopts the
         answer, and a round waiting for it is answered. A failure is kept: the waiting round and every later
         round of the slice get its error (the tier above lost this party's contribution; nothing is resent)."""

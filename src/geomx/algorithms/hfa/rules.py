@@ -31,7 +31,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-SlotId = tuple[int, int]
+from ...protocol.wire import SliceId
 
 
 class LocalFrequencyAggregation:
@@ -48,16 +48,16 @@ class LocalFrequencyAggregation:
         self.k2 = k2
         self.party_weight = party_weight
         self.fragments = fragments
-        self._rounds: dict[SlotId, int] = {}
-        self._global_model: dict[SlotId, np.ndarray] = {}
-        self._fragment: dict[SlotId, int] = {}  # the split (empty until assign_fragments)
+        self._rounds: dict[SliceId, int] = {}
+        self._global_model: dict[SliceId, np.ndarray] = {}
+        self._fragment: dict[SliceId, int] = {}  # the split (empty until assign_fragments)
 
     @property
     def needs_fragments(self) -> bool:
         """Streaming, and no split yet: call ``assign_fragments`` with every slice before the first round."""
         return self.fragments > 1 and not self._fragment
 
-    def assign_fragments(self, sizes: Mapping[SlotId, int]) -> None:
+    def assign_fragments(self, sizes: Mapping[SliceId, int]) -> None:
         """Split the slices (``sizes``: elements of each) into ``fragments`` groups of about equal size: the
         largest first, each to the smallest group so far (ties: the lower group; equal sizes: the lower key).
         Deterministic, so every party that holds the same slices makes the same split."""
@@ -67,23 +67,23 @@ class LocalFrequencyAggregation:
             self._fragment[slot] = group
             loads[group] += sizes[slot]
 
-    def fragment(self, slot: SlotId) -> int:
+    def fragment(self, slot: SliceId) -> int:
         """The group of ``slot`` (a slice the split did not see goes by its key)."""
         return self._fragment.get(slot, slot[0] % self.fragments)
 
-    def goes_global(self, slot: SlotId, count: int) -> bool:
+    def goes_global(self, slot: SliceId, count: int) -> bool:
         """Whether local round ``count`` (from 1) of ``slot`` goes global."""
         return count % self.k2 == (self.fragment(slot) + 1) * self.k2 // self.fragments % self.k2
 
-    def set_global_model(self, slot: SlotId, model: np.ndarray) -> None:
+    def set_global_model(self, slot: SliceId, model: np.ndarray) -> None:
         """Record the latest global model of ``slot`` (after init and after every global round)."""
         self._global_model[slot] = model
 
-    def global_model(self, slot: SlotId) -> np.ndarray | None:
+    def global_model(self, slot: SliceId) -> np.ndarray | None:
         """The latest global model of ``slot`` (None before init)."""
         return self._global_model.get(slot)
 
-    def after_local_round(self, slot: SlotId, average: np.ndarray) -> np.ndarray | None:
+    def after_local_round(self, slot: SliceId, average: np.ndarray) -> np.ndarray | None:
         """None for a local round; for a global one, the weighted delta to push to the global server."""
         count = self._rounds[slot] = self._rounds.get(slot, 0) + 1
         if not self.goes_global(slot, count):
@@ -95,5 +95,5 @@ class LocalFrequencyAggregation:
         delta *= np.float32(self.party_weight)
         return delta
 
-    def rounds(self, slot: SlotId) -> int:
+    def rounds(self, slot: SliceId) -> int:
         return self._rounds.get(slot, 0)

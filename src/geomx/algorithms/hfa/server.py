@@ -33,7 +33,7 @@ import numpy as np
 from ...codecs import CodecError, SizeAdaptive
 from ...codecs.messages import payload_fields
 from ...config import Mode, NodeConfig, Role, Topology
-from ...core.plugins import Aggregation, ServerHost, SlotId, Upward
+from ...core.plugins import Aggregation, Answer, AwaitAnswer, SendUp, SendUpAndAnswer, ServerHost, SliceId, Upward
 from ...core.rounds import Round
 from ...protocol.wire import Message
 from .rules import LocalFrequencyAggregation
@@ -69,7 +69,7 @@ class HfaAggregation(Aggregation):
         self.hips = hips  # every party has a local server (a model change is meaningful only then)
         self.delay = delay  # local rounds a fragment's global round overlaps (0: the workers wait for it)
         self.alpha = np.float32(alpha)  # the party's average's share in the mix that ends an overlap
-        self.in_flight: dict[SlotId, InFlight] = {}
+        self.in_flight: dict[SliceId, InFlight] = {}
 
     @classmethod
     def from_config(cls, config: NodeConfig, host: ServerHost, **options: Any) -> HfaAggregation:
@@ -106,7 +106,7 @@ class HfaAggregation(Aggregation):
             raise ValueError(f"fragment_delay ({delay}) must be below HFA's K2 ({hfa.k2}): a slice's overlap ends "
                              "before it goes global again")
 
-    def upward(self, sid: SlotId, total: np.ndarray) -> Upward:
+    def upward(self, sid: SliceId, total: np.ndarray) -> Upward:
         """A local round answers with the party's average; every K2-th of a slice's rounds (its fragment's)
         sends the delta up and answers with the global model, or, overlapped, with the average now and the mix
         ``delay`` rounds later."""
@@ -119,17 +119,17 @@ class HfaAggregation(Aggregation):
         if flight is not None and local.rounds(sid) == flight.due:
             if flight.arrived is None:
                 flight.waiting = total
-                return Upward(wait=True)
+                return AwaitAnswer()
             del self.in_flight[sid]
-            return Upward(answer=self._mix(flight.arrived, total))
+            return Answer(self._mix(flight.arrived, total))
         if delta is None:
-            return Upward(answer=total)
+            return Answer(total)
         if not self.delay:
-            return Upward(send=delta)
+            return SendUp(delta)
         self.in_flight[sid] = InFlight(due=local.rounds(sid) + self.delay)
-        return Upward(send=delta, answer=total)
+        return SendUpAndAnswer(delta, total)
 
-    def resumed(self, sid: SlotId) -> np.ndarray:
+    def resumed(self, sid: SliceId) -> np.ndarray:
         """The overlap's due round waited for the new global model: the mix."""
         flight = self.in_flight.pop(sid)
         assert flight.arrived is not None and flight.waiting is not None
@@ -175,7 +175,7 @@ class HfaAggregation(Aggregation):
         fields["body"] = {**(fields.get("body") or {}), MODEL_CHANGE: True}
         return fields
 
-    def answered(self, sid: SlotId, reply: Message) -> str | None:
+    def answered(self, sid: SliceId, reply: Message) -> str | None:
         """A model change becomes the model: the last global model plus the change."""
         if reply.tensor is None or not (reply.body or {}).get(MODEL_CHANGE):
             return None
@@ -186,7 +186,7 @@ class HfaAggregation(Aggregation):
         reply.tensor = np.add(known, reply.tensor, dtype=np.float32).astype(known.dtype, copy=False)
         return None
 
-    def adopted(self, sid: SlotId, value: np.ndarray) -> None:
+    def adopted(self, sid: SliceId, value: np.ndarray) -> None:
         """INIT and global rounds both answer with the global model: the next deltas are taken from it (an
         overlapped round's answer also ends its overlap, at its due round)."""
         if self.local is not None:
@@ -195,7 +195,7 @@ class HfaAggregation(Aggregation):
         if flight is not None and flight.arrived is None:
             flight.arrived = value
 
-    def held(self, sid: SlotId, value: np.ndarray) -> np.ndarray:
+    def held(self, sid: SliceId, value: np.ndarray) -> np.ndarray:
         """The job's model is the global one (the slot holds the party's average after a local round); under
         streaming, each fragment's from its last global round that has arrived."""
         known = self.local.global_model(sid) if self.local is not None else None

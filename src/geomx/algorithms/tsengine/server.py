@@ -23,12 +23,10 @@ import numpy as np
 from ...config import NodeConfig, Role
 from ...core.plugins import Handler, Route, ServerHost
 from ...core.rounds import Round, Slot
-from ...protocol.wire import Kind, Message
+from ...protocol.wire import Kind, Message, SliceId
 from .rules import Coordinator, Dissemination, PushPairing, write_report
 
 log = logging.getLogger("geomx.server")
-
-SlotId = tuple[int, int]
 
 
 class TsEngineRoute(Route):
@@ -40,11 +38,11 @@ class TsEngineRoute(Route):
         self.host = host
         self.ts = coordinator
         self.member = member
-        self.rounds: dict[SlotId, Dissemination] = {}
-        self.values: dict[SlotId, tuple[np.ndarray, int]] = {}  # value, num_parts
-        self.pairings: dict[SlotId, PushPairing] = {}  # a coordinator's aggregation overlays
-        self.asks: dict[tuple[SlotId, str], Message] = {}  # each client's last ask per slice
-        self.pending: dict[SlotId, tuple[Round, np.ndarray]] = {}  # a member's held sums
+        self.rounds: dict[SliceId, Dissemination] = {}
+        self.values: dict[SliceId, tuple[np.ndarray, int]] = {}  # value, num_parts
+        self.pairings: dict[SliceId, PushPairing] = {}  # a coordinator's aggregation overlays
+        self.asks: dict[tuple[SliceId, str], Message] = {}  # each client's last ask per slice
+        self.pending: dict[SliceId, tuple[Round, np.ndarray]] = {}  # a member's held sums
 
     # -- the core's hooks ---------------------------------------------------------------------------------
     def handlers(self) -> dict[Kind, Handler]:
@@ -198,7 +196,7 @@ class TsEngineRoute(Route):
         host.forward(rnd, push)
 
     # -- the overlays -------------------------------------------------------------------------------------
-    def _serve(self, sid: SlotId, holder: str) -> None:
+    def _serve(self, sid: SliceId, holder: str) -> None:
         """Let ``holder`` (this server or a client that has the value) send to the next target."""
         assert self.ts is not None
         dissemination = self.rounds.get(sid)
@@ -217,7 +215,7 @@ class TsEngineRoute(Route):
             message.body = {"to": target}
             self.host.send(holder, message)
 
-    def _instruct(self, sid: SlotId, orders: list[tuple[str, str | None]]) -> None:
+    def _instruct(self, sid: SliceId, orders: list[tuple[str, str | None]]) -> None:
         """Tell each client in ``orders`` where to send its held sum (None: to this server), naming the round
         of its own last ask."""
         for node, target in orders:
@@ -226,7 +224,7 @@ class TsEngineRoute(Route):
             self.host.send(node, Message(Kind.RELAY, key=sid[0], part=sid[1], num_parts=ask.num_parts,
                                          round=ask.round, body=body))
 
-    def _end_if_done(self, sid: SlotId, dissemination: Dissemination) -> None:
+    def _end_if_done(self, sid: SliceId, dissemination: Dissemination) -> None:
         """Every client has the round's value: the coordinator lets go of it."""
         if dissemination.done:
             self.rounds.pop(sid, None)
