@@ -8,13 +8,16 @@ The algorithm comes from the topology (or GEOMX_* variables), not from this file
     geomx launch topologies/lm_hfa.yaml --run-dir runs/lm-hfa -- python examples/lm.py        # HFA + outer
     geomx report runs/lm-fsa runs/lm-hfa --out report/lm
 
-The master worker evaluates on held-out text every ``--eval-every`` steps and logs ``val_loss`` and the
-next-character ``accuracy``; every worker logs its training loss.
+The master worker evaluates the job's model on held-out text every ``--eval-every`` steps and logs
+``val_loss`` and the next-character ``accuracy``; every worker logs its training loss. Under FSA every worker
+holds the job's model; under HFA a worker's own model between global rounds is its party's, so the master
+evaluates the global model as its party's local server holds it (``opt.load_job_model``, no WAN).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import time
 
 import torch
@@ -54,6 +57,7 @@ def main() -> None:
     loader = DataLoader(train, batch_size=args.batch_size, shuffle=True, drop_last=True,
                         generator=torch.Generator().manual_seed(args.seed + opt.global_rank))
     step, started = 0, time.monotonic()
+    job_model = copy.deepcopy(model)  # what the master evaluates: the job's model, not its own
     if opt.is_master_worker:  # the starting point (the master's initial weights, which every worker now holds)
         val_loss, accuracy = evaluate(model, val, args.eval_batches, args.batch_size)
         opt.log(val_loss=val_loss, accuracy=accuracy)
@@ -67,7 +71,8 @@ def main() -> None:
             opt.log(loss=loss)  # geomx: the loss in the run's metrics
             step += 1
             if opt.is_master_worker and (step % args.eval_every == 0 or step == args.steps):
-                val_loss, accuracy = evaluate(model, val, args.eval_batches, args.batch_size)
+                opt.load_job_model(job_model)  # geomx (optional): under HFA, the global model
+                val_loss, accuracy = evaluate(job_model, val, args.eval_batches, args.batch_size)
                 opt.log(val_loss=val_loss, accuracy=accuracy)
                 print(f"step {step}  train loss {loss.item():.3f}  val loss {val_loss:.3f}  "
                       f"val accuracy {accuracy:.3f}  elapsed {time.monotonic() - started:.1f} s", flush=True)

@@ -7,7 +7,9 @@ their plug-ins up here. A new algorithm is one folder under ``geomx/algorithms/`
 - ``AGGREGATIONS``: what a tier does with a complete round (sum, or HFA's periodic average);
 - ``EXTENSIONS``: request kinds an algorithm adds to a server (ESync's state rounds);
 - ``ROUTES``: how a value travels up and down between the tiers (TSEngine, DGT);
-- ``PUSH_ROUTES`` and ``STEP_ASSIGNERS``: the worker side (TSEngine's relay, ESync's step assignment).
+- ``PUSH_ROUTES`` and ``STEP_ASSIGNERS``: the worker side (TSEngine's relay, ESync's step assignment);
+- ``STRATEGIES``: what the PyTorch wrapper's ``step()`` does (``geomx.core.strategy``), by the plan's mode.
+  They are named, not imported, so that servers and schedulers never import torch.
 
 Usage::
 
@@ -15,15 +17,18 @@ Usage::
     aggregation = AGGREGATIONS["hfa"].from_config(node_config, server, **options)
     route = ROUTES["tsengine"](node_config, server)
     push_route = PUSH_ROUTES["relay"](node_config, context)
+    strategy = strategy_class("HFA")(loop)
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 
 from ..config import NodeConfig
 from ..core.plugins import Aggregation, Extension, Route, ServerHost
 from ..core.policy import SyncPolicy
+from ..core.strategy import WorkerStrategy
 from ..core.worker_plugins import PushRoute, StepAssigner, WorkerContext
 from .dgt.server import dgt_from_config
 from .esync.server import state_rounds_from_config
@@ -74,3 +79,22 @@ def sync_policy(kind: str) -> SyncPolicy:
         return SYNC_POLICIES[kind]()
     except KeyError:
         raise ValueError(f"unknown kvstore type {kind!r}; valid: {sorted(SYNC_POLICIES)}") from None
+
+
+# The PyTorch wrapper's strategy per plan mode (``geomx.torch.plan.Strategy``'s names), as "module:class".
+STRATEGIES: dict[str, str] = {
+    "SERVER": "geomx.algorithms.fsa.strategy:ServerOptimizerStep",
+    "LOCAL": "geomx.algorithms.fsa.strategy:LocalOptimizerStep",
+    "HFA": "geomx.algorithms.hfa.strategy:PeriodicAverage",
+    "ESYNC": "geomx.algorithms.esync.strategy:ESync",
+}
+
+
+def strategy_class(mode: str) -> type[WorkerStrategy]:
+    """The wrapper's strategy for a plan mode (imported now: it needs torch); ValueError lists the valid ones."""
+    try:
+        module, _, name = STRATEGIES[mode].partition(":")
+    except KeyError:
+        raise ValueError(f"unknown wrapper strategy {mode!r}; valid: {sorted(STRATEGIES)}") from None
+    cls: type[WorkerStrategy] = getattr(importlib.import_module(module), name)
+    return cls

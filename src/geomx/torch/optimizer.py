@@ -27,25 +27,22 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
+from ..algorithms.registry import strategy_class
 from ..config import NodeConfig, node_config
+from ..core.strategy import SIGNATURE_KEY, WorkerStrategy
 from ..kv import KVStore, create
 from ..runs.runlog import file_name
 from .metrics import StepRecorder, TensorBoardSink
-from .plan import Plan, Strategy, make_plan
+from .plan import Plan, make_plan
 from .signature import compare, signature
 
 log = logging.getLogger("geomx.torch")
-
-# Keys of the wrapper's own bookkeeping, far above any parameter index.
-SIGNATURE_KEY = 1 << 40
-CONTROL_KEY = SIGNATURE_KEY + 1
-
 
 class ModelMismatchError(ValueError):
     """The workers' models do not have the same parameters (raised on every mismatched worker at start)."""
@@ -87,6 +84,10 @@ class DistributedOptimizer:
 
     Attributes of the wrapped optimizer (``param_groups``, ``state`` ...) are reachable through this one.
     One ``backward`` per ``step``: a second gradient for a parameter before ``step`` raises.
+
+    This class is the mechanism (hooks, answers on their way, metrics); what ``step`` does is its
+    ``strategy``'s (``geomx.core.strategy``), chosen once from the plan. ``params``, ``names``, ``trained``,
+    ``priority``, ``pending`` and ``pushed`` are what the strategy reads and updates.
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, model: nn.Module, *,
@@ -101,9 +102,9 @@ class DistributedOptimizer:
         self.plan: Plan = make_plan(config.topology.training, config.topology.hfa, optimizer)
         self._owns_kv = kv is None
         self.kv = kv if kv is not None else create(self.plan.kvstore_type, config)
-        self._params: list[nn.Parameter] = list(model.parameters())
-        self._names = [name for name, _ in model.named_parameters()]
-        in_model = {id(p) for p in self._params}
+        self.params: list[nn.Parameter] = list(model.parameters())
+        self.names = [name for name, _ in model.named_parameters()]
+        in_model = {id(p) for p in self.params}
         trained: set[int] = set()
         for group in optimizer.param_groups:
             for p in group["params"]:
@@ -111,18 +112,14 @@ class DistributedOptimizer:
                     raise ValueError("the optimizer holds a parameter that is not one of the model's "
                                      f"(shape {tuple(p.shape)}): pass the model the optimizer trains")
                 trained.add(id(p))
-        self._trained = [k for k, p in enumerate(self._params) if id(p) in trained and p.requires_grad]
-        layers, waits = _layer_of_params(model, self._params)
+        self.trained = [k for k, p in enumerate(self.params) if id(p) in trained and p.requires_grad]
+        layers, waits = _layer_of_params(model, self.params)
         # training.priorities false: one priority for all, FIFO in the order sent (the bench's P3 control)
-        self._priority = [-layer for layer in layers] if config.topology.training.priorities else [0] * len(layers)
+        self.priority = [-layer for layer in layers] if config.topology.training.priorities else [0] * len(layers)
         deepest = max(layers, default=0)
         self._deepest = [k for k, layer in enumerate(layers) if layer == deepest]
-        self._pending: set[int] = set()  # keys whose new values are on their way
-        self._pushed: set[int] = set()  # keys pushed during this step's backward
-        self._local_steps = 0
-        self._round_steps = config.topology.hfa.k1 if config.topology.hfa else 1
-        self._round_started = time.monotonic()
-        self._esync_done = False
+        self.pending: set[int] = set()  # keys whose new values are on their way
+        self.pushed: set[int] = set()  # keys pushed during this step's backward
         self._warned: set[str] = set()
         self._closed = False
         # How much the next forward overlapped the previous step's communication (observed, never waited for):
@@ -130,19 +127,19 @@ class DistributedOptimizer:
         # values while the deepest layer's were still on their way (P3: shallow slices travel first).
         self.overlap = {"forwards": 0, "forwards_before_all_arrived": 0, "first_layer_before_deepest": 0}
         self._forward_started = False
+        self.strategy: WorkerStrategy = strategy_class(self.plan.mode.name)(self)
         self._configure_servers()
         self._check_and_init()
-        self._round_started = time.monotonic()  # ESync's first speed report: local steps only, not the init wait
         run_dir = config.run_dir
         sink = (TensorBoardSink(run_dir / "tensorboard" / file_name(self.kv.name))
                 if config.topology.training.tensorboard and run_dir is not None else None)
         self.recorder = StepRecorder(self.kv, config.topology.training.metrics_every, sink)
         self.kv.record(step=0, elapsed_s=0.0, plan=self.plan.describe())  # which algorithm this run used
         self._handles: list[Any] = []
-        if self.plan.mode in (Strategy.SERVER, Strategy.LOCAL):
-            for key in self._trained:
+        if self.strategy.pushes_gradients:
+            for key in self.trained:
                 hook = functools.partial(self._on_gradient, key)
-                self._handles.append(self._params[key].register_post_accumulate_grad_hook(hook))
+                self._handles.append(self.params[key].register_post_accumulate_grad_hook(hook))
         for module, keys in waits.items():
             self._handles.append(module.register_forward_pre_hook(functools.partial(self._before_forward, keys)))
         if self.kv.is_master_worker:
@@ -164,42 +161,45 @@ class DistributedOptimizer:
         problem = compare(mine, masters, self.model)
         if problem:
             raise ModelMismatchError(f"{self.kv.name}: the workers' models differ: {problem}")
-        self.kv.init(list(range(len(self._params))), [p.data for p in self._params])
-        if self.plan.mode is Strategy.ESYNC:
-            self.kv.init(CONTROL_KEY, torch.zeros(1))
+        self.kv.init(list(range(len(self.params))), [p.data for p in self.params])
+        self.strategy.init_keys()
 
     # -- hooks --------------------------------------------------------------------------------------------
     def _on_gradient(self, key: int, param: torch.Tensor) -> None:
         if self._closed:
             return
-        if key in self._pushed:
-            raise RuntimeError(f"parameter {self._names[key]!r} got a second gradient before step(): geomx pushes "
+        if key in self.pushed:
+            raise RuntimeError(f"parameter {self.names[key]!r} got a second gradient before step(): geomx pushes "
                                "each gradient as backward produces it, so call step() after every backward")
-        self._await([key])  # a parameter the last forward did not use may still be on its way
+        self.await_keys([key])  # a parameter the last forward did not use may still be on its way
         assert param.grad is not None
-        self.kv.push(key, param.grad, priority=self._priority[key])
-        self._pushed.add(key)
+        self.strategy.on_gradient(key, param.grad)
 
     def _before_forward(self, keys: list[int], module: nn.Module, args: Any) -> None:
         first = not self._forward_started
         if first:
             self._forward_started = True
             self.overlap["forwards"] += 1
-            if self._pending and not all(self.kv.ready(k) for k in self._pending):
+            if self.pending and not all(self.kv.ready(k) for k in self.pending):
                 self.overlap["forwards_before_all_arrived"] += 1
-        self._await(keys)
-        if first and any(k in self._pending and not self.kv.ready(k) for k in self._deepest):
+        self.await_keys(keys)
+        if first and any(k in self.pending and not self.kv.ready(k) for k in self._deepest):
             self.overlap["first_layer_before_deepest"] += 1
 
-    def _await(self, keys: list[int]) -> None:
-        waiting = [k for k in keys if k in self._pending]
+    def await_keys(self, keys: Sequence[int]) -> None:
+        """Land the answers of ``keys`` still on their way."""
+        waiting = [k for k in keys if k in self.pending]
         if not waiting:
             return
         started = time.monotonic()
         for key in waiting:
-            self.kv.pull(key, self._params[key], priority=self._priority[key])
-            self._pending.discard(key)
-        self.recorder.waited(time.monotonic() - started)
+            self.kv.pull(key, self.params[key], priority=self.priority[key])
+            self.pending.discard(key)
+        self.waited(time.monotonic() - started)
+
+    def waited(self, seconds: float) -> None:
+        """Count ``seconds`` spent waiting for the network in this step (the metrics' wait share)."""
+        self.recorder.waited(seconds)
 
     # -- the torch.optim.Optimizer surface ----------------------------------------------------------------
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -213,75 +213,13 @@ class DistributedOptimizer:
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        mode = self.plan.mode
-        if mode is Strategy.SERVER:
-            self._push_missing()
-            self._pending.update(self._pushed)
-            self._pushed.clear()
-        elif mode is Strategy.LOCAL:
-            self._push_missing()
-            self._pushed.clear()
-            self._average_gradients()  # the answers are gradient sums: into .grad, then a local step
-            self.optimizer.step()
-        elif self._esync_done:
-            self._warn_once("esync", "ESync: a worker ran out of data and the job's last round is over; "
-                                     "the remaining steps of this loop do not train")
-        else:
-            self.synchronize()
-            self.optimizer.step()
-            self._local_steps += 1
-            if self._local_steps % self._round_steps == 0:
-                self._sync_models(finishing=False)
+        self.strategy.step()
         self._forward_started = False
         self.recorder.step()
         return loss
 
-    def _push_missing(self) -> None:
-        """FSA rounds need every worker's push of every key: parameters without a gradient push zeros."""
-        for key in self._trained:
-            if key not in self._pushed:
-                self._warn_once(f"nograd{key}", f"parameter {self._names[key]!r} had no gradient in a step: "
-                                                 "pushing zeros for it")
-                self._await([key])
-                self.kv.push(key, torch.zeros_like(self._params[key]), priority=self._priority[key])
-                self._pushed.add(key)
-
-    def _average_gradients(self) -> None:
-        started = time.monotonic()
-        scale = 1.0 / self.kv.num_all_workers
-        for key in self._trained:
-            param = self._params[key]
-            if param.grad is None:
-                param.grad = torch.zeros_like(param)
-            self.kv.pull(key, param.grad, priority=self._priority[key])
-            param.grad.mul_(scale)
-        self.recorder.waited(time.monotonic() - started)
-
-    def _sync_models(self, finishing: bool) -> None:
-        """HFA/ESync: push every model tensor / workers of this party; the answers land lazily."""
-        per_step = (time.monotonic() - self._round_started) / max(self._round_steps, 1)
-        for key in range(len(self._params)):
-            self.kv.push(key, self._params[key].data / self.kv.num_workers, priority=self._priority[key])
-        self._pending.update(range(len(self._params)))
-        if self.plan.mode is Strategy.ESYNC:
-            flag = torch.full((1,), (1.0 if finishing else 0.0) / self.kv.num_workers)
-            self.kv.push(CONTROL_KEY, flag, priority=1)
-            started = time.monotonic()
-            control = torch.zeros(1)
-            self.kv.pull(CONTROL_KEY, control, priority=1)
-            if float(control[0]) > 0:
-                self._esync_done = True
-            else:
-                self._round_steps = self.kv.assign_local_steps(per_step, base_steps=self._round_steps_base())
-            self.recorder.waited(time.monotonic() - started)
-        self._local_steps = 0
-        self._round_started = time.monotonic()
-
-    def _round_steps_base(self) -> int:
-        hfa = self.kv.config.topology.hfa
-        return hfa.k1 if hfa else 1
-
-    def _warn_once(self, tag: str, text: str) -> None:
+    def warn_once(self, tag: str, text: str) -> None:
+        """Log ``text`` once per ``tag``."""
         if tag not in self._warned:
             self._warned.add(tag)
             log.warning("[%s] %s", self.kv.name, text)
@@ -291,17 +229,28 @@ class DistributedOptimizer:
         """Add ``loss`` (averaged into the next metrics record) or ``accuracy`` etc. (written at once)."""
         self.recorder.log(**metrics)
 
+    def load_job_model(self, into: nn.Module) -> None:
+        """Write the job's model into ``into``, a model shaped as the wrapped one (a copy for evaluation).
+
+        Under FSA every worker holds the job's model; under HFA a worker's own model between global rounds is
+        its party's, and the job's is the global model as the party's local server holds it (no WAN traffic).
+        Usage: ``eval_model = copy.deepcopy(model); opt.load_job_model(eval_model); evaluate(eval_model)``
+        """
+        tensors = [p.data for p in into.parameters()]
+        if [t.shape for t in tensors] != [p.shape for p in self.params]:
+            raise ValueError("load_job_model needs a model shaped as the wrapped one (a copy of it)")
+        self.strategy.load_job_model(tensors)
+
     def synchronize(self) -> None:
         """Wait for every update still on its way (before reading or saving the weights outside forward)."""
-        self._await(sorted(self._pending))
+        self.await_keys(sorted(self.pending))
 
     def close(self) -> None:
         """Finish: the last updates land in the model, metrics are written, the worker leaves the job."""
         if self._closed:
             return
         try:
-            if self.plan.mode is Strategy.ESYNC and not self._esync_done:
-                self._sync_models(finishing=True)
+            self.strategy.finish()
             self.synchronize()
             self.recorder.close()
         finally:
@@ -312,7 +261,7 @@ class DistributedOptimizer:
                 self.kv.close()
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("_") or name in ("optimizer", "kv", "model", "plan", "recorder"):
+        if name.startswith("_") or name in ("optimizer", "kv", "model", "plan", "recorder", "strategy"):
             raise AttributeError(name)
         return getattr(self.optimizer, name)
 

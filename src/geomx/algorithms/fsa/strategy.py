@@ -1,0 +1,64 @@
+"""FSA's worker side in the PyTorch wrapper: gradients leave from autograd hooks, every round needs every key.
+
+Two strategies, chosen by the plan: ``ServerOptimizerStep`` (the global servers run the optimizer and answer
+with new weights, landed lazily before the forward that needs them) and ``LocalOptimizerStep`` (the servers
+answer with the gradient sum; every worker steps its own torch optimizer on the mean). MixedSync, SSP and
+DCASGD differ only on the servers: their workers run these too.
+
+Usage::
+
+    strategy = ServerOptimizerStep(loop)      # loop: the wrapper (geomx.core.strategy.Loop)
+    strategy.step()                           # after backward
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ...core.strategy import WorkerStrategy
+
+
+class ServerOptimizerStep(WorkerStrategy):
+    """Push every gradient as backward makes it; the answers (new weights) land before the next forward."""
+
+    pushes_gradients = True
+
+    def step(self) -> None:
+        self.push_missing()
+        self.after_pushes()
+
+    def after_pushes(self) -> None:
+        """Every key of the step is pushed: its answer is the new weights, landed lazily."""
+        loop = self.loop
+        loop.pending.update(loop.pushed)
+        loop.pushed.clear()
+
+    def push_missing(self) -> None:
+        """FSA rounds need every worker's push of every key: parameters without a gradient push zeros."""
+        loop = self.loop
+        for key in loop.trained:
+            if key not in loop.pushed:
+                loop.warn_once(f"nograd{key}", f"parameter {loop.names[key]!r} had no gradient in a step: "
+                                                "pushing zeros for it")
+                loop.await_keys([key])
+                self.on_gradient(key, torch.zeros_like(loop.params[key]))
+
+
+class LocalOptimizerStep(ServerOptimizerStep):
+    """The answers are gradient sums: their mean goes into ``.grad`` and the wrapped optimizer steps here."""
+
+    def after_pushes(self) -> None:
+        loop = self.loop
+        loop.pushed.clear()
+        started = time.monotonic()
+        scale = 1.0 / loop.kv.num_all_workers
+        for key in loop.trained:
+            param = loop.params[key]
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+            loop.kv.pull(key, param.grad, priority=loop.priority[key])
+            param.grad.mul_(scale)
+        loop.waited(time.monotonic() - started)
+        loop.optimizer.step()

@@ -1,0 +1,57 @@
+"""HFA's worker side in the PyTorch wrapper: local steps, and every K1 of them the model goes to be averaged.
+
+The worker steps its own optimizer on its own gradients; every ``K1`` steps it pushes each model tensor
+divided by its party's worker count and goes on; the average (every K2-th of them the global model, after the
+global servers' outer step when one is configured) lands lazily before the forward that needs it. DiLoCo's
+outer step and streaming fragments are the servers' part: the worker side is the same for all of them.
+
+Usage::
+
+    strategy = PeriodicAverage(loop)        # K1 from the job's hfa block, or k1=4
+    strategy.step()                         # after backward: a local step, a sync every K1
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import torch
+
+from ...core.strategy import Loop, WorkerStrategy
+
+
+class PeriodicAverage(WorkerStrategy):
+    """A local optimizer step each step; ``sync`` every ``k1`` of them (``sync`` is what subclasses override)."""
+
+    def __init__(self, loop: Loop, k1: int | None = None) -> None:
+        super().__init__(loop)
+        self.k1 = k1 if k1 is not None else loop.kv.hfa.k1  # the job's K1 (kv.hfa: the topology's hfa block)
+        self.round_steps = self.k1  # local steps in this round (a subclass may assign others)
+        self.local_steps = 0
+        self.round_started = time.monotonic()
+
+    def init_keys(self) -> None:
+        self.round_started = time.monotonic()  # the first round's time counts local steps, not the init wait
+
+    def step(self) -> None:
+        loop = self.loop
+        loop.synchronize()
+        loop.optimizer.step()
+        self.local_steps += 1
+        if self.local_steps % self.round_steps == 0:
+            self.sync(finishing=False)
+            self.local_steps = 0
+            self.round_started = time.monotonic()
+
+    def load_job_model(self, into: Sequence[torch.Tensor]) -> None:
+        """Between global rounds a party trains a model of its own: the job's is the global model as this
+        party's local server holds it (``kv.pull_job_model``: no WAN; under streaming each fragment's last)."""
+        self.loop.kv.pull_job_model(list(range(len(into))), list(into))
+
+    def sync(self, finishing: bool) -> None:
+        """Push every model tensor (its share of the party's average); the answers land lazily."""
+        loop = self.loop
+        for key, param in enumerate(loop.params):
+            loop.kv.push(key, param.data / loop.kv.num_workers, priority=loop.priority[key])
+        loop.pending.update(range(len(loop.params)))

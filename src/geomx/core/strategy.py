@@ -1,0 +1,91 @@
+"""The worker-side seam of the PyTorch wrapper: one strategy object per algorithm, over the wrapper's mechanism.
+
+``geomx.torch.DistributedOptimizer`` is mechanism only: it registers hooks, tracks which parameters have
+answers on their way, lands them before the forward that needs them, records metrics. What a ``step()`` does
+under the configured algorithm is a ``WorkerStrategy``'s: the wrapper holds one, chosen once by the plan, and
+calls it without asking which it holds (as torchft's ``LocalSGD`` and ``DiLoCo`` are small classes over its
+``Manager``). A strategy overrides only the part that differs from its parent; the strategies live in their
+algorithms' folders (``geomx/algorithms/<name>/strategy.py``) and ``geomx.algorithms.registry.STRATEGIES``
+names them.
+
+Usage::
+
+    class MyAverage(PeriodicAverage):
+        def sync(self, finishing: bool) -> None:
+            ...                                  # what differs from the parent's periodic average
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:  # the servers never import torch; only the wrapper's strategies use it at run time
+    import torch
+
+# Keys of the wrapper's own bookkeeping, far above any parameter index: the model's signature, then one
+# key per strategy that needs one of its own (a control key, say).
+WRAPPER_KEYS = 1 << 40
+SIGNATURE_KEY = WRAPPER_KEYS
+
+
+class Loop(Protocol):
+    """What the wrapper offers its strategy: the store, the model's tensors and the bookkeeping of answers."""
+
+    kv: Any  # the worker's geomx.kv.KVStore
+    optimizer: torch.optim.Optimizer
+    params: Sequence[torch.nn.Parameter]
+    names: Sequence[str]  # each parameter's name in the model
+    trained: Sequence[int]  # keys of the parameters the optimizer trains
+    priority: Sequence[int]  # each key's send priority
+    pending: set[int]  # keys whose answers are on their way (landed lazily, before the forward needing them)
+    pushed: set[int]  # keys pushed during this step's backward
+
+    def await_keys(self, keys: Sequence[int]) -> None:
+        """Land the answers of ``keys`` still on their way."""
+
+    def synchronize(self) -> None:
+        """Land every answer still on its way."""
+
+    def waited(self, seconds: float) -> None:
+        """Count ``seconds`` spent waiting for the network in this step."""
+
+    def warn_once(self, tag: str, text: str) -> None:
+        """Log ``text`` once per ``tag``."""
+
+
+class WorkerStrategy:
+    """What one ``step()`` of the wrapped loop does under an algorithm. This base does nothing: subclasses
+    override the parts that differ.
+
+    ``pushes_gradients``: the wrapper pushes each gradient from an autograd hook as backward produces it
+    (``on_gradient``); otherwise gradients stay local and ``step`` decides what travels.
+    """
+
+    pushes_gradients = False
+
+    def __init__(self, loop: Loop) -> None:
+        self.loop = loop
+
+    def init_keys(self) -> None:
+        """After the model's keys are initialized: initialize the strategy's own keys, if any."""
+
+    def on_gradient(self, key: int, grad: torch.Tensor) -> None:
+        """A gradient is ready (only with ``pushes_gradients``): push it."""
+        loop = self.loop
+        loop.kv.push(key, grad, priority=loop.priority[key])
+        loop.pushed.add(key)
+
+    def step(self) -> None:
+        """One training step, after backward."""
+
+    def finish(self) -> None:
+        """The loop ends (``close``): what the algorithm owes the job before the worker leaves."""
+
+    def load_job_model(self, into: Sequence[torch.Tensor]) -> None:
+        """Write the job's model into ``into`` (tensors shaped as the parameters). This base: every answer is the
+        job's model, so it is this worker's, once every answer on its way has landed."""
+        loop = self.loop
+        loop.synchronize()
+        for out, param in zip(into, loop.params, strict=True):
+            out.copy_(param.data)
