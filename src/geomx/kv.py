@@ -170,9 +170,10 @@ class KVStore:
 
     def pull_job_model(self, key: int | Sequence[int], out: torch.Tensor | Sequence[torch.Tensor]) -> None:
         """Write the job's model of ``key`` into ``out``, as this party's local server holds it, without WAN
-        traffic: under HFA the global model of its last global round (streaming: each fragment's last one that
-        arrived; a party's average after a local round is not the job's model), elsewhere the tier above's
-        last answer. A pending push is left pending. Usage: evaluate the job's model on a copy::
+        traffic: under HFA the global model of its last global round (streaming: each fragment's last one,
+        waiting for an overlapped fragment's answer still on its way; a party's average after a local round is
+        not the job's model), elsewhere the tier above's last answer. A pending push is left pending. Usage:
+        evaluate the job's model on a copy::
 
             kv.pull_job_model(list(range(len(params))), [p.data for p in eval_model.parameters()])
         """

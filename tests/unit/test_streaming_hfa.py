@@ -107,7 +107,9 @@ class PushPullHost:
         self.codecs = default_registry()
         self.is_global = False
         self.config = SimpleNamespace(num_workers=1, topology=SimpleNamespace(num_all_workers=1))
-        self.van = SimpleNamespace(peer_party=lambda client: None)
+        self.sent: list[tuple[str, Message]] = []
+        self.van = SimpleNamespace(peer_party=lambda client: None,
+                                   send=lambda peer, message: self.sent.append((peer, message)))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.server, name)
@@ -166,6 +168,44 @@ def test_a_failed_overlapped_send_answers_the_waiting_round_and_every_later_one_
     assert (number, value) == (2, None) and "overlapped send failed" in error and "no answer from gs" in error
     pushpulls.complete(push_round(host, floats(4, 4)))  # round 4 would go up again: the error instead
     assert "no answer from gs" in (answered(server)[-1][2] or "") and len(server.calls) == 1
+
+
+def overlapping(make_server: Any) -> tuple[Any, PushPullHost, PushPulls]:
+    """A local server whose key 0 went global, overlapped, at round 2: its send is on its way."""
+    server = make_server("dc0/server", ["w0"], upstream=["gs"])
+    server.slots = {(0, 0): Slot(np.zeros(2, dtype=np.float32))}
+    hfa = HfaAggregation(server, LocalFrequencyAggregation(k2=2, party_weight=1.0), hips=True, delay=1)
+    hfa.adopted((0, 0), np.zeros(2, dtype=np.float32))
+    host = PushPullHost(server, hfa)
+    pushpulls = PushPulls(host)  # type: ignore[arg-type]
+    pushpulls.complete(push_round(host, floats(1, 1)))
+    pushpulls.complete(push_round(host, floats(2, 4)))
+    return server, host, pushpulls
+
+
+def test_the_jobs_model_waits_for_an_overlapped_send_then_holds_its_answer(make_server: Any) -> None:
+    server, host, pushpulls = overlapping(make_server)
+    ask = Message(Kind.PULL, key=0, part=0, num_parts=1, sender=b"w0", request_id=99)
+    pushpulls.on_held_pull(ask)
+    assert host.sent == []  # the delta on its way is in no model the party holds yet
+    (_, message, then), = server.calls
+    reply: Future[Message] = Future()
+    reply.set_result(message.reply(tensor=floats(7, 9)))
+    then(reply)
+    (peer, answer), = host.sent
+    assert peer == "w0" and answer.request_id == 99 and answer.tensor.tolist() == [7, 9]
+    pushpulls.on_held_pull(ask)  # nothing on its way now: answered at once
+    assert len(host.sent) == 2 and host.sent[-1][1].tensor.tolist() == [7, 9]
+
+
+def test_the_jobs_model_of_a_failed_overlapped_send_is_its_error(make_server: Any) -> None:
+    server, host, pushpulls = overlapping(make_server)
+    pushpulls.on_held_pull(Message(Kind.PULL, key=0, part=0, num_parts=1, sender=b"w0", request_id=99))
+    failed: Future[Message] = Future()
+    failed.set_exception(TimeoutError("no answer from gs in 30 s"))
+    server.calls[0][2](failed)
+    (peer, answer), = host.sent
+    assert answer.kind is Kind.ERROR and "no answer from gs" in answer.body["error"]
 
 
 HFA_TOPOLOGY = {"parties": {"dc0": 1, "dc1": 1}, "hfa": {"k1": 2, "k2": 4}}

@@ -282,6 +282,11 @@ class Aggregation:
         tier above's last answer unless the tier answers rounds itself)."""
         return value
 
+    def settled(self, sid: SliceId) -> bool:
+        """Whether no overlapped send of (key, slice) is still waiting for the tier above's answer: a request
+        for the job's model (``held``) waits until it is."""
+        return True
+
 
 class Extension:
     """An algorithm's own request kinds that become rounds (a speed report, say): how each request is checked

@@ -106,8 +106,8 @@ class ParameterServer:
         self.codecs = default_registry()  # every server decodes whatever arrives by the payload's codec id
         # the parts, one per kind of event (each reaches the others through this host)
         self.departures = Departures(self)
-        self.upstream_link = Upstream(self)
         self.pushpulls = PushPulls(self)
+        self.upstream_link = Upstream(self, held=self.pushpulls.on_held_pull)
         self.handlers: dict[Kind, Callable[[Message], None]] = {
             Kind.INIT: self.inits.request, Kind.PUSHPULL: self.pushpulls.on_pushpull,
             Kind.PULL: self.upstream_link.on_pull, Kind.BARRIER: self.table.contribute,

@@ -43,6 +43,7 @@ class PushPulls:
         # rounds the aggregation answers once an overlapped send's answer arrives, with their numbers
         self.waiting: dict[SliceId, tuple[Round, int]] = {}
         self.failed_sends: dict[SliceId, str] = {}  # slices whose overlapped send failed: the error they answer
+        self.held_pulls: dict[SliceId, list[Message]] = {}  # requests for the job's model, until a send lands
 
     def on_pushpull(self, message: Message) -> None:
         """A client's push (decoded): checked against its slice, then it joins its round."""
@@ -67,6 +68,27 @@ class PushPulls:
             rnd = host.table.get(Kind.PUSHPULL, message.key, message.part)
             if rnd is not None:
                 send_early(host, rnd, host.table.awaited(rnd))
+
+    def on_held_pull(self, message: Message) -> None:
+        """A request for the job's model as this party holds it (``PullBody.held``; no WAN): answered once no
+        overlapped send of the slice is on its way, so that it holds every delta sent so far."""
+        sid = (message.key, message.part)
+        if not self.host.aggregation.settled(sid):
+            self.held_pulls.setdefault(sid, []).append(message)
+            return
+        self._answer_held(message)
+
+    def _answer_held_pulls(self, sid: SliceId) -> None:
+        for message in self.held_pulls.pop(sid, []):
+            self._answer_held(message)
+
+    def _answer_held(self, message: Message) -> None:
+        host = self.host
+        sid = (message.key, message.part)
+        failure = self.failed_sends.get(sid)
+        reply = (message.error(failure) if failure is not None
+                 else message.reply(tensor=host.aggregation.held(sid, host.slots[sid].value)))
+        host.van.send(message.sender.decode(), reply)
 
     def answers_early(self) -> bool:
         """Whether this server sends the last party the others' sum early (see geomx.core.early): a HiPS global
@@ -181,8 +203,10 @@ class PushPulls:
             self.failed_sends[sid] = text
             if waiting is not None:
                 host.release(waiting[0], None, text, waiting[1])
+            self._answer_held_pulls(sid)
             return
         host.aggregation.adopted(sid, reply.tensor)
+        self._answer_held_pulls(sid)
         if waiting is not None:
             rnd, number = waiting
             if host.table.is_current(rnd, number):

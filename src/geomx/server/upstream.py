@@ -6,7 +6,7 @@ released with the answer, or earlier with the others' sum plus ours when the glo
 
 Usage (the server's host methods and handlers)::
 
-    upstream = Upstream(server)
+    upstream = Upstream(server, held=pushpulls.on_held_pull)
     upstream.forward(rnd, Message(Kind.PUSHPULL, key=rnd.key, part=rnd.part, tensor=total))
     handlers[Kind.PULL] = upstream.on_pull
 """
@@ -32,8 +32,9 @@ log = logging.getLogger("geomx.server")
 class Upstream:
     """A server's requests to the tier above (see the module docstring)."""
 
-    def __init__(self, host: Host) -> None:
+    def __init__(self, host: Host, held: Callable[[Message], None]) -> None:
         self.host = host
+        self.held = held  # answers a request for the job's model as this party holds it (PushPulls.on_held_pull)
 
     def forward(self, rnd: Round, message: Message) -> None:
         """Send this round's reduction to the owning global server; release the round with its answer."""
@@ -127,7 +128,7 @@ class Upstream:
             host.refuse(message, str(exc))
             return
         if held and not host.is_global:  # the job's model as this party holds it: no WAN
-            host.van.send(sender, message.reply(tensor=host.aggregation.held((message.key, message.part), slot.value)))
+            self.held(message)
             return
         if host.is_global:
             if host.optimizer is not None:  # an optimizer may compensate the puller's next push against these

@@ -201,6 +201,11 @@ class HfaAggregation(Aggregation):
         known = self.local.global_model(sid) if self.local is not None else None
         return value if known is None else known
 
+    def settled(self, sid: SliceId) -> bool:
+        """An overlapped fragment's answer has arrived, or none is on its way."""
+        flight = self.in_flight.get(sid)
+        return flight is None or flight.arrived is not None
+
     def may_drop(self, usual: bool) -> bool:
         """The global model moves by whichever parties' deltas arrive, so a global server goes on without a
         dead party; a local tier averages its workers' models and keeps its weights: it stops."""
