@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+from typing import Any
+
 import numpy as np
 import pytest
 
+from geomx import optim
 from geomx.algorithms.ssp.server import BoundedStaleness
-from geomx.config import ConfigError, TrainingSpec
+from geomx.config import ConfigError, Mode, TrainingSpec
+from geomx.core.encoding import Encoding
+from geomx.core.plugins import Aggregation, Route
+from geomx.core.rounds import RoundTable, Slot
+from geomx.protocol.wire import Kind, Message
 from geomx.server.compose import build_policy, check_plugins
+from geomx.server.pushpull import PushPulls
 
 
 def test_the_policy_bounds_the_lead_and_reads_its_option() -> None:
@@ -54,3 +63,43 @@ def test_the_environment_turns_it_on_as_the_issue_says(tmp_path, make_server) ->
     compose(config, make_server("gs", ["ls0", "ls1"]))  # the job's options pass the root's check
     policy = configured_policy("dist_ssp", dict(config.topology.training.plugin_options))  # the master's CONFIGURE
     assert isinstance(policy, BoundedStaleness) and policy.staleness == 3
+
+
+def ssp_global_server(make_server: Any) -> Any:
+    """A global server of two parties under SSP (staleness 1) with SGD (lr 1), answering through the real
+    PushPulls (the unit tests' fake host records what it sends)."""
+    server = make_server("gs", ["a", "b"])
+    server.table = RoundTable(server, server.clients, BoundedStaleness(1))
+    server.slots = {(0, 0): Slot(np.array([10.0, 10.0], dtype=np.float32))}
+    server.is_global = True
+    server.optimizer = optim.SGD(lr=1.0)
+    server.aggregation = Aggregation()
+    server.encoding = Encoding()
+    server.route = Route()
+    server.checkpoints = None
+    server.config = SimpleNamespace(num_workers=1, topology=SimpleNamespace(num_all_workers=2, mode=Mode.HIPS,
+                                                                     early_answers=True))
+    server.van = SimpleNamespace(peer_party=lambda client: None)
+    pushpulls = PushPulls(server)
+    server.answer_early, server.complete = pushpulls.answer_early, pushpulls.complete
+    server.push = lambda client, request_id, gradient: pushpulls.on_pushpull(Message(
+        Kind.PUSHPULL, key=0, part=0, num_parts=1, sender=client.encode(), request_id=request_id,
+        tensor=np.array(gradient, dtype=np.float32), dtype=np.dtype(np.float32), shape=(2,)))
+    server.answers = lambda client: [(m.request_id, m.tensor.tolist()) for peer, m in server.sent if peer == client]
+    return server
+
+
+def test_an_early_answer_carries_the_last_applied_model_without_the_open_rounds(make_server: Any) -> None:
+    """SSP's promise about values: an early answer is the model as last applied, with neither the early party's
+    own pending gradient nor the open round's others; the round, once complete, applies every push once."""
+    server = ssp_global_server(make_server)
+    server.push("a", 1, [1.0, 2.0])  # round 0 waits for b: a may run one round ahead
+    assert server.answers("a") == [(1, [10.0, 10.0])]  # the initial model: a's own gradient is not in it
+    server.push("a", 2, [4.0, 4.0])  # round 1: two ahead of the last completed round: it waits
+    assert server.answers("a") == [(1, [10.0, 10.0])]
+    server.push("b", 1, [3.0, 2.0])  # round 0 completes: 10 - (1 + 3), 10 - (2 + 2); a's round-1 push joins
+    assert server.answers("b") == [(1, [6.0, 6.0])]
+    assert server.answers("a") == [(1, [10.0, 10.0]), (2, [6.0, 6.0])]  # early again: round 0 applied, not 1
+    server.push("b", 2, [0.0, 2.0])  # round 1 completes: 6 - 4, 6 - 6
+    assert server.answers("b") == [(1, [6.0, 6.0]), (2, [2.0, 0.0])]
+    assert server.slots[(0, 0)].value.tolist() == [2.0, 0.0]
