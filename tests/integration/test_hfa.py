@@ -106,7 +106,8 @@ STREAMING_SPLIT = {0: 0, 1: 1, 2: 1, 3: 1}
 
 @pytest.mark.parametrize(("outer", "streaming"), [
     ("none", Streaming(STREAMING_SPLIT, fragments=2)),
-    ("outer_nesterov", Streaming(STREAMING_SPLIT, fragments=2, delay=1, alpha=0.5)),
+    # alpha 0.25, not 0.5: a mix with alpha and 1 - alpha swapped must not pass
+    ("outer_nesterov", Streaming(STREAMING_SPLIT, fragments=2, delay=1, alpha=0.25)),
 ], ids=["fragments", "fragments_overlapped_outer_nesterov"])
 def test_streaming_hfa_matches_a_single_process_simulation(geomx_job, outer, streaming):
     """Fragments go global at staggered rounds; overlapped, the workers go on from the party's average and the
@@ -121,6 +122,7 @@ def test_streaming_hfa_matches_a_single_process_simulation(geomx_job, outer, str
     workers = jobkit.load_worker_outputs(job.run_dir)
     initial = workers[0][0]["initial"]
     expected, job_model = simulate(initial, outer, k2, steps, streaming)
+    assert sorted(workers) == list(range(sum(PARTIES.values()))), "every worker reports"
     for rank, (tensors, _) in workers.items():
         for got, want in zip(tensors["final"], expected[rank], strict=True):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=f"worker {rank}")

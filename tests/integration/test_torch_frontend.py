@@ -120,16 +120,23 @@ def test_mixed_sync_with_dcasgd_from_the_topology(geomx_job, tmp_path):
         assert len(events) == 1 and events[0].stat().st_size > 200, (worker, events)
 
 
-@pytest.mark.parametrize("outer", ["none", "outer_nesterov"])
-def test_hfa_through_the_wrapper_matches_the_simulation(geomx_job, tmp_path, outer):
-    from test_hfa import K1, K2, PARTIES, STEPS
+@pytest.mark.parametrize(("outer", "streaming"), [("none", False), ("outer_nesterov", False),
+                                                  ("outer_nesterov", True)],
+                         ids=["none", "outer_nesterov", "outer_nesterov_streaming"])
+def test_hfa_through_the_wrapper_matches_the_simulation(geomx_job, tmp_path, outer, streaming):
+    """HFA under the wrapper, as in test_hfa; streaming (2 fragments, overlap 1, mix 0.25) from the training block."""
+    from test_hfa import K1, K2, PARTIES, STEPS, STREAMING_SPLIT, Streaming
 
-    path = topology(tmp_path, {"server_optimizer": outer}, parties=PARTIES, hfa={"k1": K1, "k2": K2})
-    job = geomx_job(SCRIPT, "--steps", str(STEPS), "--momentum", "0", topology=path)
+    k2, steps = (4, 22) if streaming else (K2, STEPS)
+    options = {"fragments": 2, "fragment_delay": 1, "fragment_alpha": 0.25} if streaming else {}
+    path = topology(tmp_path, {"server_optimizer": outer, **options}, parties=PARTIES, hfa={"k1": K1, "k2": k2})
+    job = geomx_job(SCRIPT, "--steps", str(steps), "--momentum", "0", topology=path)
     job.assert_ok()
     workers = job.workers()
     initial = workers[0][0]["after_init"]
-    expected, _ = simulate_hfa(initial, outer)
+    plan = Streaming(STREAMING_SPLIT, fragments=2, delay=1, alpha=0.25) if streaming else Streaming()
+    expected, _ = simulate_hfa(initial, outer, k2, steps, plan)
+    assert sorted(workers) == list(range(sum(PARTIES.values()))), "every worker reports"
     for rank, (tensors, report) in workers.items():
         assert report["mode"] == "HFA"
         for got, want in zip(tensors["final"], expected[rank], strict=True):
