@@ -1,0 +1,219 @@
+"""The configuration reference, generated from the typed settings: every topology key and environment variable.
+
+Each feature spec declares its fields once (``geomx.config.fields.setting``: YAML key, ``GEOMX_*`` variable,
+GeoMX alias, kind, help); this module walks those declarations and writes them as Markdown tables, so the
+published reference cannot drift from what the configuration reads. ``tests/unit/test_docs.py`` fails when
+``docs/configuration.md`` differs from what this module generates.
+
+Usage::
+
+    python -m geomx.config.reference > docs/configuration.md      # regenerate the page
+    python -m geomx.config.reference --check docs/configuration.md   # exit 1 if the page is stale
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+from .env import ENV_ALIASES, ENV_SPECS, NODE_VARIABLES
+from .fields import Setting, settings
+from .specs import CheckpointSpec, DGTSpec, HFASpec, SecuritySpec, Timeouts, TrainingSpec, TSEngineSpec
+from .topology import LAN_SLICE_ELEMS, WAN_SLICE_ELEMS, Topology
+
+COMMAND = "python -m geomx.config.reference > docs/configuration.md"
+
+# The topology file's sections, in the order a topology file usually lists them: (YAML section, spec).
+# "" is the top level. Every spec the environment may set must have a section here (checked in ``markdown``).
+SECTIONS: tuple[tuple[str, type], ...] = (
+    ("", Topology),
+    ("timeouts", Timeouts),
+    ("training", TrainingSpec),
+    ("hfa", HFASpec),
+    ("dgt", DGTSpec),
+    ("tsengine", TSEngineSpec),
+    ("security", SecuritySpec),
+    ("checkpoint", CheckpointSpec),
+)
+
+# How each optional section is switched on, beyond its keys (read by hand in geomx.config.env / yaml_io).
+_SWITCHES: dict[str, str] = {
+    "hfa": "The block turns HFA on; `GEOMX_HFA=1` (GeoMX: `MXNET_KVSTORE_USE_HFA`) turns it on without one, "
+           "`GEOMX_HFA=0` off.",
+    "dgt": "`dgt: true` or any of its keys turns DGT on; `GEOMX_DGT` (GeoMX: `ENABLE_DGT`) `1` or `2` on, `0` off "
+           "(GeoMX's `3`, 4-bit quantization, is refused).",
+    "tsengine": "`tsengine: true` or the block turns TSEngine on; with both `inter` and `intra` false it is off.",
+    "security": "`secret_file: PATH` (or `GEOMX_SECRET_FILE`) may stand for `secret`.",
+    "training": "Keys no field declares are plug-in options, handed to the algorithm that declares them "
+                "(`staleness`, `fragments`, `fragment_delay`, `fragment_alpha`: see [algorithms](algorithms.md)); "
+                "so are `GEOMX_<NAME>` variables nothing else reads.",
+}
+
+# Top-level keys read by hand in geomx.config.yaml_io (they have structure, not one value).
+_HAND_READ_KEYS: tuple[tuple[str, str, str], ...] = (
+    ("parties", "`{dc0: {workers: 2}, dc1: 2}`",
+     "each data center (party) and its workers; optional per party: `wan: {bandwidth, latency}` (its own WAN "
+     "link; between two parties the slower one counts) and `access: 50Mbit` (its own connection to the WAN)"),
+    ("central", "the first party", "the party that hosts the global scheduler and the global servers"),
+    ("mode", "`hips`", "`hips` (local servers, two tiers) or `flat` (every worker talks to the global servers)"),
+    ("links", "unlimited, 0 ms",
+     "`lan:` and `wan:` `{bandwidth: 100Mbit, latency: 25ms}`; `lan` also takes `ingress: true` (nodes receive "
+     "at the link rate too)"),
+    ("slice_elems", f"{WAN_SLICE_ELEMS:,} with several parties, {LAN_SLICE_ELEMS:,} with one",
+     "tensors larger than this travel as independent slices"),
+    ("outages", "none",
+     "`[{party: dc1, start: 20s, duration: 5s, from: launch}]`: emulated WAN cut-offs (`from: training` counts "
+     "from each process's first training message)"),
+)
+
+# Variables read by hand in geomx.config.env: a process's role and addresses, mostly set by `geomx launch`.
+_PROCESS_HELP: dict[str, str] = {
+    "GEOMX_ROLE": "global_scheduler, global_server, local_scheduler, local_server or worker "
+                  "(GeoMX: `DMLC_ROLE` with `DMLC_ROLE_GLOBAL`)",
+    "GEOMX_PARTY": "this process's party",
+    "GEOMX_TOPOLOGY": "the topology file",
+    "GEOMX_SCHEDULER": "this party's local scheduler, HOST:PORT (GeoMX: `DMLC_PS_ROOT_URI` + `DMLC_PS_ROOT_PORT`)",
+    "GEOMX_GLOBAL_SCHEDULER": "the global scheduler, HOST:PORT "
+                              "(GeoMX: `DMLC_PS_GLOBAL_ROOT_URI` + `DMLC_PS_GLOBAL_ROOT_PORT`)",
+    "GEOMX_NUM_WORKERS": "workers in this party (without a topology file)",
+    "GEOMX_NUM_GLOBAL_SERVERS": "global servers (without a topology file)",
+    "GEOMX_NUM_ALL_WORKERS": "workers in all parties (without a topology file)",
+    "GEOMX_NUM_PARTIES": "local servers that register with the global scheduler (without a topology file)",
+    "GEOMX_CENTRAL": "the central party (without a topology file)",
+    "GEOMX_MASTER_WORKER": "`1`: this worker is the master worker",
+    "GEOMX_RANK": "requested rank (a worker's in its party, a global server's shard id)",
+    "GEOMX_HOST": "address to bind and announce",
+    "GEOMX_WORKER_OFFSET": "global rank of this party's first worker (without a topology file)",
+    "GEOMX_RUN_DIR": "where stats, metrics and reports go",
+    "GEOMX_RESUME": "`1`: global servers start from their newest valid checkpoint (`geomx launch --resume`)",
+    "GEOMX_JOB_START": "wall-clock time (`time.time()`) that `outages` count from (`geomx launch` sets it)",
+    "GEOMX_HFA": "`1` / `0`: HFA on or off (with `GEOMX_HFA_K1`, `GEOMX_HFA_K2`)",
+    "GEOMX_DGT": "`1` or `2`: DGT on; `0`: off",
+    "GEOMX_SECRET_FILE": "a file holding the shared secret",
+    "GEOMX_TRACE": "`1`: every node writes a message timeline to `RUN/trace/` (debugging only)",
+}
+
+
+def _code(text: str) -> str:
+    return f"`{text}`"
+
+
+def _bandwidth(bps: float) -> str:
+    for unit, scale in (("Gbit", 1e9), ("Mbit", 1e6), ("kbit", 1e3)):
+        if bps >= scale:
+            return f"{bps / scale:g}{unit}"
+    return f"{bps:g}bit"
+
+
+def _default(spec: type, name: str, declared: Setting) -> str:
+    """The field's default as a topology file would write it."""
+    value = next(f.default for f in dataclasses.fields(spec) if f.name == name)
+    if value is dataclasses.MISSING or value is None or value == ():
+        return "unset"
+    if isinstance(value, bool):
+        return _code(str(value).lower())
+    if declared.kind.expects.startswith("a duration"):
+        return _code(f"{value * 1000:g}ms" if 0 < value < 1 else f"{value:g}s")
+    if declared.kind.expects.startswith("a bandwidth"):
+        return _code(_bandwidth(value))
+    if isinstance(value, int):
+        return _code(f"{value}")
+    return _code(str(value))
+
+
+def _help(spec: type) -> str:
+    """A spec's docstring as one Markdown paragraph (reST's double backticks made single, usage lines left out)."""
+    text = inspect.getdoc(spec) or ""
+    kept = [p for p in text.split("\n\n") if not p.lstrip().startswith("Usage") and not p.startswith(" ")]
+    prose = " ".join(" ".join(p.split()) for p in kept).replace("``", "`")
+    return prose.split(" Usage: ")[0].split(" Topology form::")[0]
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|") or "—"
+
+
+def _rows(section: str, spec: type) -> Iterator[str]:
+    yield "| key | environment | GeoMX alias | value | default | meaning |"
+    yield "|---|---|---|---|---|---|"
+    for name, declared in settings(spec):
+        key = f"{section}.{declared.key}" if section else declared.key
+        env = _code(declared.env) if declared.env else "—"
+        aliases = ", ".join(_code(alias) for alias in declared.aliases) or "—"
+        yield (f"| {_code(key)} | {env} | {aliases} | {_cell(declared.kind.expects)} | "
+               f"{_default(spec, name, declared)} | {_cell(declared.doc)} |")
+
+
+def markdown() -> str:
+    """The whole reference page, as Markdown."""
+    missing = [cls.__name__ for cls in ENV_SPECS if cls not in {spec for _, spec in SECTIONS}]
+    if missing:
+        raise RuntimeError(f"geomx.config.reference.SECTIONS lacks {missing}: add their YAML sections")
+    lines = [
+        "# Configuration reference",
+        "",
+        f"Generated from the typed settings in `src/geomx/config` by `{COMMAND}`; do not edit by hand "
+        "(a test fails when this page is stale).",
+        "",
+        "Every setting has a key in the topology file and most have an environment variable; the variable wins "
+        "over the file, and a GeoMX alias works where `GEOMX_*` is not set. `geomx launch` passes the "
+        "topology to every process; set variables only to override it or to start processes by hand "
+        "([deployment](deployment.md)). Durations read `25ms`, `10s`, `2m`; bandwidths `100Mbit`, `1Gbit`, `10MB`.",
+        "",
+        "```yaml",
+        "parties: {dc0: {workers: 2}, dc1: {workers: 2}}",
+        "central: dc0",
+        "links: {lan: {bandwidth: 10Gbit}, wan: {bandwidth: 100Mbit, latency: 25ms}}",
+        "hfa: {k1: 4, k2: 5}",
+        "training: {server_optimizer: outer_nesterov, compression: fp16}",
+        "```",
+        "",
+        "## The topology's structure",
+        "",
+        "| key | default | meaning |",
+        "|---|---|---|",
+        *(f"| {_code(key)} | {default} | {text} |" for key, default, text in _HAND_READ_KEYS),
+    ]
+    for section, spec in SECTIONS:
+        title = "Top-level settings" if not section else f"`{section}`"
+        lines += ["", f"## {title}", "", _help(spec)]
+        if section in _SWITCHES:
+            lines += ["", _SWITCHES[section]]
+        lines += ["", *_rows(section, spec)]
+    lines += [
+        "",
+        "## Process variables",
+        "",
+        "Read by each process at start; `geomx launch` sets them. The counts matter only without a topology file "
+        "(GeoMX-style launches).",
+        "",
+        "| environment | GeoMX alias | meaning |",
+        "|---|---|---|",
+    ]
+    for name in NODE_VARIABLES:
+        aliases = ", ".join(_code(alias) for alias in ENV_ALIASES.get(name, ())) or "—"
+        lines.append(f"| {_code(name)} | {aliases} | {_cell(_PROCESS_HELP.get(name, ''))} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the reference, or with ``--check FILE`` compare it with FILE (exit 1 if they differ)."""
+    parser = argparse.ArgumentParser(prog="python -m geomx.config.reference", description=__doc__.split("\n")[0])
+    parser.add_argument("--check", metavar="FILE", help="exit 1 if FILE is not what this module generates")
+    args = parser.parse_args(argv)
+    text = markdown()
+    if args.check is None:
+        sys.stdout.write(text)
+        return 0
+    if Path(args.check).read_text() == text:
+        return 0
+    print(f"{args.check} is stale: regenerate it with `{COMMAND}`", file=sys.stderr)
+    return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
