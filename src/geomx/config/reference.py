@@ -162,7 +162,8 @@ def markdown() -> str:
         "Every setting has a key in the topology file and most have an environment variable; the variable wins "
         "over the file, and a GeoMX alias works where `GEOMX_*` is not set. `geomx launch` passes the "
         "topology to every process; set variables only to override it or to start processes by hand "
-        "([deployment](deployment.md)). Durations read `25ms`, `10s`, `2m`; bandwidths `100Mbit`, `1Gbit`, `10MB`.",
+        "([deployment](deployment.md)). Durations read `100us`, `25ms`, `1.5s` (a bare number is seconds); "
+        "bandwidths `100Mbit`, `1Gbit`, `10MB` (bytes per second).",
         "",
         "```yaml",
         "parties: {dc0: {workers: 2}, dc1: {workers: 2}}",
