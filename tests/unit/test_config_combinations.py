@@ -59,7 +59,7 @@ def test_tsengine_refuses_fp16_through_the_topology():
 def test_configure_rows(topology, compression, other_sync, expected):
     features = topology_from_dict({**BASE, **topology}).features
     text = refusal(configure_facts(features, compression=compression, other_sync=other_sync))
-    assert (text and text.removesuffix("; see the README's table")) == expected
+    assert (text and text.removesuffix("; see docs/algorithms.md, 'Which features combine'")) == expected
 
 
 def test_the_plan_checks_before_and_after_translating_the_torch_optimizer():

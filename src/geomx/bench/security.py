@@ -13,6 +13,7 @@ Usage::
 
 from __future__ import annotations
 
+import argparse
 import io
 import shutil
 import sys
@@ -121,9 +122,11 @@ def lines(section: dict[str, Any]) -> list[str]:
     return out
 
 
-def main() -> int:
-    """``python -m geomx.bench.security [OUT]``: this section alone."""
-    out_dir = Path(sys.argv[1] if len(sys.argv) > 1 else "bench-results").resolve()
+def main(argv: list[str] | None = None) -> int:
+    """``python -m geomx.bench.security [--out OUT]``: this section alone (``geomx bench --only security``)."""
+    parser = argparse.ArgumentParser(prog="python -m geomx.bench.security", description=main.__doc__)
+    parser.add_argument("--out", default="bench-results", help="folder for the JSON results")
+    out_dir = Path(parser.parse_args(argv).out).resolve()
     section = run_security(quick=True, out_dir=out_dir)
     print("\n".join(lines(section)))
     return 1 if section["errors"] else 0

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from .errors import ConfigError
 from .specs import HFASpec, TrainingSpec
 
-_README = "see the README's table"
+_README = "see docs/algorithms.md, 'Which features combine'"
 DGT = "DGT (ENABLE_DGT)"
 INTER_TS = "TSEngine (ENABLE_INTER_TS)"
 INTRA_TS = "TSEngine inside a party (ENABLE_INTRA_TS)"

@@ -119,7 +119,7 @@ def security_from_yaml(raw: Any, base_dir: Path | None) -> SecuritySpec:
 
 
 def checkpoint_from_yaml(raw: Any, base_dir: Path | None) -> CheckpointSpec:
-    """The ``checkpoint`` block: ``{dir: ckpt, every_steps: 50, every_seconds: 10m, keep: 3}``."""
+    """The ``checkpoint`` block: ``{dir: ckpt, every_steps: 50, every_seconds: 600s, keep: 3}``."""
     return CheckpointSpec() if raw is None else CheckpointSpec(**read_mapping(CheckpointSpec, raw, "checkpoint",
                                                                               base_dir))
 

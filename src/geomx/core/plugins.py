@@ -1,4 +1,4 @@
-"""The interfaces the server core owns for what plugs into a server (see docs/server-core-plan.md).
+"""The interfaces the server core owns for what plugs into a server (see docs/architecture.md).
 
 A *route* decides how a value travels up and down (this base class is the direct route); ``ServerHost`` is
 what a plug-in may ask of the server. The core imports no implementation: the composition root hands it
