@@ -136,3 +136,27 @@ def test_priorities_follow_the_layers_unless_the_topology_turns_them_off(priorit
     # keys 0, 1: the first Linear (layer 0); keys 2, 3: the second (layer 1)
     want = {0: 0, 1: 0, 2: -1, 3: -1} if priorities else {0: 0, 1: 0, 2: 0, 3: 0}
     assert {k: store.priorities[k] for k in range(4)} == want
+
+
+def test_a_copy_of_the_wrapped_model_is_a_plain_model_and_gets_the_jobs_model():
+    """An evaluation copy (deepcopy, or torch.save of the whole model) carries none of the wrapper's hooks."""
+    import copy
+    import io
+
+    model, inner = model_and_adam()
+    store = OneWorkerStore(TrainingSpec(server_optimizer="none"))
+    opt = DistributedOptimizer(inner, model, kv=store)  # type: ignore[arg-type]
+    twin = copy.deepcopy(model)
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    pushes = len(store.pushes)
+    twin(torch.randn(5, 4)).sum().backward()  # no hook of the wrapper's fires on the copy
+    assert len(store.pushes) == pushes and all(p.grad is not None for p in twin.parameters())
+    with torch.no_grad():
+        for p in twin.parameters():
+            p.zero_()
+    opt.load_job_model(twin)  # FSA: every worker holds the job's model
+    for got, want in zip(twin.parameters(), model.parameters(), strict=True):
+        assert torch.equal(got, want)
+    with pytest.raises(ValueError, match="shaped as the wrapped one"):
+        opt.load_job_model(nn.Linear(4, 3))

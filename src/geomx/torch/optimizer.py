@@ -79,6 +79,31 @@ def _layer_of_params(model: nn.Module, params: list[nn.Parameter]) -> tuple[list
     return layers, waits
 
 
+def _detached(*args: Any) -> None:
+    """What a copy of the model gets in place of a wrapper's hook: nothing."""
+
+
+class _Hook:
+    """A hook of the wrapper's on the model. A deepcopy (an evaluation copy, say) or a pickle of the model gets
+    ``_detached`` in its place: the copy is not wrapped, and the wrapper's store and sockets are not copied."""
+
+    def __init__(self, function: Callable[..., Any]) -> None:
+        self.function = function
+
+    def __call__(self, *args: Any) -> Any:
+        return self.function(*args)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Callable[..., None]:
+        return _detached
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _copied_hook, ()
+
+
+def _copied_hook() -> Callable[..., None]:
+    return _detached
+
+
 class DistributedOptimizer:
     """A torch optimizer whose ``step`` runs geomx's configured algorithm. See the module docstring.
 
@@ -138,10 +163,11 @@ class DistributedOptimizer:
         self._handles: list[Any] = []
         if self.strategy.pushes_gradients:
             for key in self.trained:
-                hook = functools.partial(self._on_gradient, key)
+                hook = _Hook(functools.partial(self._on_gradient, key))
                 self._handles.append(self.params[key].register_post_accumulate_grad_hook(hook))
         for module, keys in waits.items():
-            self._handles.append(module.register_forward_pre_hook(functools.partial(self._before_forward, keys)))
+            hook = _Hook(functools.partial(self._before_forward, keys))
+            self._handles.append(module.register_forward_pre_hook(hook))
         if self.kv.is_master_worker:
             log.info("geomx.torch: %s", self.plan.describe())
 
