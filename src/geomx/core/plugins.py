@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -26,6 +26,7 @@ from ..codecs.base import Direction, TensorKind
 from ..config import NodeConfig, Topology
 from ..protocol.wire import Kind, Message, SliceId
 from ..transport.van import Van
+from .capabilities import Capabilities, all_answer_plain_sums
 from .clients import Clients
 from .rounds import Round, RoundTable, Slot
 
@@ -78,14 +79,10 @@ class ServerHost(Protocol):
         """Run ``action`` under the server lock (from a thread of the plug-in's own)."""
 
 
-class Route:
+class Route(Capabilities):
     """How a value travels up and down. This base is the direct route: pushes go up as one request to the
-    owner, and every contributor gets the round's answer in its reply. A route plug-in overrides hooks."""
-
-    # Whether pushes go up as one request each and every contributor gets the round's answer in its reply, as
-    # the direct route does (what early answers need: geomx.core.early); a route that carries values its own
-    # way says False.
-    answers_plain_sums = True
+    owner, and every contributor gets the round's answer in its reply. A route plug-in overrides hooks; one
+    that carries values its own way says ``answers_plain_sums = False`` (geomx.core.capabilities)."""
 
     def start(self) -> None:
         """The server has joined the job (its peers and the tier above are known): start what the route runs."""
@@ -140,7 +137,7 @@ class RouteChain(Route):
 
     def __init__(self, routes: list[Route]) -> None:
         self.routes = routes
-        self.answers_plain_sums = all(route.answers_plain_sums for route in routes)
+        self.answers_plain_sums = all_answer_plain_sums(*routes)
 
     def start(self) -> None:
         for route in self.routes:
@@ -224,17 +221,14 @@ class AwaitAnswer:
 Upward = Answer | SendUp | SendUpAndAnswer | AwaitAnswer
 
 
-class Aggregation:
+class Aggregation(Capabilities):
     """What a tier does with a completed sum, and what it answers. This base is the plain sum: a lower tier
     sends its sum up as a gradient; the top tier's optimizer steps with it, or the sum itself is the answer."""
 
     push_kind = "gradient"  # what the upward sum is, for the WAN codec ("gradient" or "delta")
     answers_weights = False  # the top tier answers with weights even without an optimizer
-    # Whether the top tier's answer without an optimizer is the completed sum itself, adopted as it is below
-    # (what early answers need: geomx.core.early).
-    answers_plain_sums = True
-    # The plug-in options it takes (the training block's extra keys, GEOMX_<NAME>: geomx.core.options).
-    options: ClassVar[dict[str, type]] = {}
+    # (``answers_plain_sums``: the top tier's answer without an optimizer is the completed sum itself, adopted
+    # as it is below; ``options``: geomx.core.capabilities.)
 
     @classmethod
     def from_config(cls, config: NodeConfig, host: ServerHost, **options: Any) -> Aggregation:

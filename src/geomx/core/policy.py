@@ -24,8 +24,10 @@ from typing import ClassVar
 
 import numpy as np
 
+from .capabilities import Capabilities
 
-class SyncPolicy(ABC):
+
+class SyncPolicy(Capabilities, ABC):
     """Decides when the contributions collected so far make a complete round of pushes."""
 
     name = ""
@@ -40,13 +42,9 @@ class SyncPolicy(ABC):
     # as they come, or answers before a round completes): the answer must then be weights, so the global
     # servers need an optimizer; an answered sum of gradients would mean nothing.
     needs_server_optimizer: ClassVar[bool] = False
-    # The options this policy's constructor takes (name -> int, float, bool or str), parsed from the job's
-    # plug-in options by the composition root (see geomx.core.options).
-    options: ClassVar[dict[str, type]] = {}
-    # Whether every round's answer is the sum of all awaited clients' pushes, released to all of them at once
-    # when the last one is in: then a global server may send the last party the others' sum ahead of its own
-    # push (early answers, geomx.core.early).
-    answers_plain_sums: ClassVar[bool] = False
+    # (``options`` and ``answers_plain_sums``: geomx.core.capabilities; a policy answers plain sums only where
+    # every round's answer is the sum of all awaited clients' pushes, released when the last one is in.)
+    answers_plain_sums = False
 
     @abstractmethod
     def round_complete(self, contributors: Collection[str], awaited: Collection[str]) -> bool:

@@ -84,6 +84,8 @@ class ParameterServer:
         self.extensions = plugins.extensions
         self.encoding = plugins.encoding
         self.completions = plugins.completions()
+        # the kinds whose requests become rounds: a rejoiner's are held until the others' cycle ends
+        self.round_kinds = {Kind.PUSHPULL, Kind.BARRIER, *self.completions}
         self.early_answers = EarlyAnswers()  # a local server's early answers (geomx.core.early)
         self.configurers: set[str] = set()  # clients allowed to set the optimizer (the master worker's path)
         self.upstream: list[str] = []
@@ -265,7 +267,7 @@ class ParameterServer:
         if sender not in self.clients and not from_upstream:
             self.refuse(message, f"{sender!r} is not a client of this server")
             return
-        if message.kind in (Kind.PUSHPULL, Kind.STATE, Kind.BARRIER) and self.clients.hold(message):
+        if message.kind in self.round_kinds and self.clients.hold(message):
             return  # replayed when the others' cycle ends (RoundTable.admit)
         refusal = self.clients.refusal(sender, self.display(sender))
         if refusal is not None:

@@ -24,6 +24,7 @@ from ..codecs import CodecError
 from ..codecs.base import TensorKind
 from ..codecs.messages import decode_message, payload_fields
 from ..config import Mode
+from ..core.capabilities import all_answer_plain_sums
 from ..core.checkpoints import checkpoint_if_due
 from ..core.early import send_early
 from ..core.inits import slot_mismatch
@@ -96,8 +97,7 @@ class PushPulls:
         host = self.host
         topology = host.config.topology
         return (host.is_global and topology.early_answers and topology.mode is Mode.HIPS and host.optimizer is None
-                and host.table.policy.answers_plain_sums and host.aggregation.answers_plain_sums
-                and host.route.answers_plain_sums and host.encoding.plain)
+                and all_answer_plain_sums(host.table.policy, host.aggregation, host.route) and host.encoding.plain)
 
     def answer_early(self, rnd: Round, message: Message) -> None:
         """The policy lets this contributor go on before its round completes: the last applied value, sent as
