@@ -53,7 +53,7 @@ STRATEGIES = {
 }
 
 
-def _strategy(kind: kinds.Kind) -> st.SearchStrategy:
+def _strategy(kind: kinds.ValueKind) -> st.SearchStrategy:
     return next(strategy for known, strategy in STRATEGIES.items() if known.from_text is kind.from_text)
 
 

@@ -26,7 +26,7 @@ import importlib
 from collections.abc import Callable
 
 from ..config import NodeConfig
-from ..core.plugins import Aggregation, Extension, Route, ServerHost
+from ..core.plugins import Aggregation, Extension, PluginHost, Route
 from ..core.policy import SyncPolicy
 from ..core.strategy import WorkerStrategy
 from ..core.worker_plugins import PushRoute, StepAssigner, WorkerContext
@@ -51,11 +51,11 @@ AGGREGATIONS: dict[str, type[Aggregation]] = {
     "hfa": HfaAggregation,
 }
 
-EXTENSIONS: dict[str, Callable[[NodeConfig, ServerHost], Extension]] = {
+EXTENSIONS: dict[str, Callable[[NodeConfig, PluginHost], Extension]] = {
     "state_rounds": state_rounds_from_config,
 }
 
-RouteFactory = Callable[[NodeConfig, ServerHost], Route]
+RouteFactory = Callable[[NodeConfig, PluginHost], Route]
 
 ROUTES: dict[str, RouteFactory] = {
     "direct": lambda config, host: Route(),

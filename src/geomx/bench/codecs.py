@@ -42,7 +42,7 @@ import numpy as np
 from ..codecs import Codec, Encoded, TensorInfo, make_codec
 from ..codecs.bsc import top_k_exact, top_k_sampled
 from .jobs import find_examples, measure, training_topology, warm_caches, write_topology
-from .sections import Plan
+from .sections import BenchPlan
 from .tables import fmt, say, table
 from .targets import reach_target, summarize_sync_run
 
@@ -180,7 +180,7 @@ def summarize_codec_run(records: list[dict[str, Any]], summary: dict[str, Any], 
     return figures
 
 
-def run(plan: Plan, out_dir: Path) -> dict[str, Any]:
+def run(plan: BenchPlan, out_dir: Path) -> dict[str, Any]:
     """The section's entry point: the speed part, then every training job, each rated against dense FSA."""
     quick = plan.quick
     rng = np.random.default_rng(0)

@@ -28,7 +28,7 @@ from ..config import LinkSpec, PartySpec, Topology
 from ..protocol.wire import Kind, Message, encode, frames_nbytes
 from ..transport.van import Van
 from .jobs import load_avg
-from .sections import Plan
+from .sections import BenchPlan
 from .tables import fmt, say, table
 
 RATES_BPS = (10e6, 100e6, 1e9)
@@ -88,7 +88,7 @@ def measure_rate(rate_bps: float, message_bytes: int, target_s: float = TARGET_S
             "cpu_share": cpu / wall if wall > 0 else None, "load_avg_after": load_avg()}
 
 
-def run(plan: Plan, out_dir: Path) -> dict[str, Any]:
+def run(plan: BenchPlan, out_dir: Path) -> dict[str, Any]:
     """The section's entry point: every rate once (``--quick`` changes nothing: it takes seconds)."""
     rows, errors = [], []
     for rate in RATES_BPS:

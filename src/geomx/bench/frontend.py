@@ -44,7 +44,7 @@ from typing import Any
 import yaml
 
 from ..launch import launch
-from .sections import Plan
+from .sections import BenchPlan
 from .tables import say
 
 WHOLE = 1 << 20  # the slice size without P3, set explicitly (whatever the topology default is)
@@ -162,7 +162,7 @@ def run_frontend(quick: bool, out_dir: Path, names: list[str] | None = None, rep
     return section
 
 
-def run(plan: Plan, out_dir: Path) -> dict[str, Any]:
+def run(plan: BenchPlan, out_dir: Path) -> dict[str, Any]:
     """The section's entry point: every row once (``run_frontend`` repeats and picks rows)."""
     return run_frontend(plan.quick, out_dir)
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .jobs import load_avg, machine_info
-from .sections import SECTIONS, Plan, chosen, module_of
+from .sections import SECTIONS, BenchPlan, chosen, module_of
 from .tables import say
 
 
@@ -50,7 +50,7 @@ def run_bench(quick: bool, out_dir: Path, sections: list[str] | None = None,
     ``sync_scenarios``: run only those scenarios' rows of the sync section (e.g. ``["wide"]``: the bandwidth-bound
     CNN's flat-PS FSA, HFA and HFA + outer, ~4 minutes).
     """
-    plan = Plan(quick=quick, sync_scenarios=tuple(sync_scenarios or ()), wan_job=wan_job)
+    plan = BenchPlan(quick=quick, sync_scenarios=tuple(sync_scenarios or ()), wan_job=wan_job)
     rows = chosen(sections)
     out_dir = Path(out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)

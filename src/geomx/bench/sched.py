@@ -32,7 +32,7 @@ from ..algorithms.tsengine import rules as tsengine
 from ..launch import LaunchResult
 from ..runs.runlog import read_stats
 from .jobs import WAN, find_examples, master_records, run_job, write_topology
-from .sections import Plan
+from .sections import BenchPlan
 from .tables import say, table
 
 GLOBAL_SERVERS = (1, 2, 4)
@@ -181,7 +181,7 @@ def _tsengine(quick: bool, out_dir: Path, errors: list[str], scenario: str) -> d
     return rows
 
 
-def run(plan: Plan, out_dir: Path) -> dict[str, Any]:
+def run(plan: BenchPlan, out_dir: Path) -> dict[str, Any]:
     """The section's entry point: MultiGPS, DGT and TSEngine; the figures for bench.json (``lines`` prints them)."""
     quick = plan.quick
     errors: list[str] = []

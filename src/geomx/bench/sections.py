@@ -1,6 +1,6 @@
 """The bench's sections: one table row per section, naming the module that measures it.
 
-A section is a module with two public functions: ``run(plan: Plan, out_dir: Path) -> dict`` (measure; the
+A section is a module with two public functions: ``run(plan: BenchPlan, out_dir: Path) -> dict`` (measure; the
 dict goes to bench.json under the section's name, with ``errors``: a list of what could not be measured)
 and ``lines(section: dict) -> list[str]`` (its table for the report). Adding a section is one such module
 and one row here; ``geomx bench --only NAME`` takes its choices from this table. The modules are named, not
@@ -9,7 +9,7 @@ imported, so that ``geomx --help`` does not import torch.
 Usage::
 
     module = module_of(section("sync"))
-    print("\\n".join(module.lines(module.run(Plan(quick=True), Path("bench-results")))))
+    print("\\n".join(module.lines(module.run(BenchPlan(quick=True), Path("bench-results")))))
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from types import ModuleType
 
 
 @dataclass(frozen=True)
-class Plan:
+class BenchPlan:
     """How much to run: ``quick`` (fewer steps and repetitions) or the full bench; each section sizes itself
     from it. ``sync_scenarios``: run only these scenarios' rows of the sync section (empty: all); ``wan_job``:
     the wan section's job."""

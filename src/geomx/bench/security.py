@@ -25,7 +25,7 @@ import yaml
 from ..launch import launch
 from ..runs.runlog import read_metrics
 from ..transport.security import generate_keys
-from .sections import Plan
+from .sections import BenchPlan
 from .tables import say
 
 MODES = ("none", "secret", "curve")
@@ -64,7 +64,7 @@ def _pushpull(out_dir: Path, mode: str, sizes_mb: list[float], reps: int) -> lis
     return records
 
 
-def run(plan: Plan, out_dir: Path) -> dict[str, Any]:
+def run(plan: BenchPlan, out_dir: Path) -> dict[str, Any]:
     """The section's entry point (see ``run_security``)."""
     return run_security(plan.quick, out_dir)
 

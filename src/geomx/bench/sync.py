@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .jobs import LAN, WAN, all_records, find_examples, measure, training_topology, warm_caches, write_topology
-from .sections import Plan
+from .sections import BenchPlan
 from .tables import fmt, say, table
 from .targets import ratio, reach_target, summarize_sync_run
 from .training import WIDE_CNN
@@ -132,7 +132,7 @@ def sync_ratios(base: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def run(plan: Plan, out_dir: Path) -> dict[str, Any]:
+def run(plan: BenchPlan, out_dir: Path) -> dict[str, Any]:
     """The section's entry point: every row of ``sync_rows``, then each rated against flat-PS FSA of its scenario."""
     examples = find_examples()
     chosen = sync_rows(plan.quick, plan.sync_scenarios)

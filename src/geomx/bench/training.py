@@ -8,7 +8,7 @@ bandwidth-bound). Ratios are to the flat PS of the same workload.
 
 Usage::
 
-    section = run(Plan(quick=True), Path("bench-results"))
+    section = run(BenchPlan(quick=True), Path("bench-results"))
     print("\\n".join(lines(section)))
 """
 
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .jobs import LAN, WAN, find_examples, measure, training_topology, warm_caches, write_topology
-from .sections import Plan
+from .sections import BenchPlan
 from .tables import fmt, say, table
 
 
@@ -173,7 +173,7 @@ def bench_workload(workload: Workload, repeats: int, cnn: Path, topologies: dict
     return section
 
 
-def run(plan: Plan, out_dir: Path) -> dict[str, Any]:
+def run(plan: BenchPlan, out_dir: Path) -> dict[str, Any]:
     """The section's entry point: every workload under both modes; the figures for bench.json."""
     cnn = find_examples() / "cnn.py"
     topo_dir = out_dir / "topologies"

@@ -6,7 +6,7 @@ processes. Ratio geomx / gloo.
 
 Usage::
 
-    section = run(Plan(quick=True), Path("bench-results"))
+    section = run(BenchPlan(quick=True), Path("bench-results"))
     print("\\n".join(lines(section)))
 """
 
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .jobs import free_port, kill_all, master_records, run_job, write_topology
-from .sections import Plan
+from .sections import BenchPlan
 from .tables import fmt, say, table
 
 
@@ -98,7 +98,7 @@ def bench_gloo(plan: TransportPlan, out_dir: Path, world: int = 2, timeout_s: fl
     return list(json.loads(out_file.read_text()))
 
 
-def run(plan: Plan, out_dir: Path) -> dict[str, Any]:
+def run(plan: BenchPlan, out_dir: Path) -> dict[str, Any]:
     """The section's entry point: geomx with 1 and 2 workers and gloo, each size; the figures for bench.json."""
     sizes = QUICK if plan.quick else FULL
     section: dict[str, Any] = {

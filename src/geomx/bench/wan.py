@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from .netns import NetnsError, unavailable_reason, wan_link
-from .sections import Plan
+from .sections import BenchPlan
 from .wan_job import MLP, Job
 from .wan_jobs import JOBS, job
 from .wan_runs import System, run_system
@@ -337,7 +337,7 @@ def jobs_from(choice: str | None) -> tuple[str, ...] | None:
     return None if choice is None else JOBS if choice == "all" else (choice,)
 
 
-def run(plan: Plan, out_dir: Path) -> dict[str, Any]:
+def run(plan: BenchPlan, out_dir: Path) -> dict[str, Any]:
     """The section's entry point for ``geomx bench --only wan`` (see ``run_wan``)."""
     return run_wan(plan.quick, out_dir, jobs=jobs_from(plan.wan_job))
 

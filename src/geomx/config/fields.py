@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
-from .kinds import Kind
+from .kinds import ValueKind
 
 _SETTING = "geomx.setting"
 _PART_OF = "geomx.part_of"
@@ -40,7 +40,7 @@ class Setting:
     ``written``: False for a value never written back (the shared secret).
     """
 
-    kind: Kind
+    kind: ValueKind
     key: str
     env: str | None = None
     aliases: tuple[str, ...] = ()
@@ -49,7 +49,7 @@ class Setting:
     doc: str = ""
 
 
-def setting(default: Any = dataclasses.MISSING, *, kind: Kind, key: str = "", env: str | None = None,
+def setting(default: Any = dataclasses.MISSING, *, kind: ValueKind, key: str = "", env: str | None = None,
             aliases: tuple[str, ...] = (), companions: tuple[str, ...] = (), written: bool = True,
             expects: str | None = None, doc: str = "", **field_options: Any) -> Any:
     """A dataclass field with its Setting (``key`` defaults to the field's name)."""

@@ -27,7 +27,7 @@ _FALSE = ("0", "false", "no", "off")
 
 
 @dataclass(frozen=True)
-class Kind:
+class ValueKind:
     """One kind of value. A YAML value passes ``check`` (then ``convert``), or ``read`` converts it itself;
     ``from_text(text, name)`` reads environment text. Both give the typed value or raise ConfigError;
     ``to_yaml`` and ``to_text`` write it back so that reading it gives it again."""
@@ -48,7 +48,7 @@ class Kind:
             raise bad(where, self.expects, value)
         return self.convert(value)
 
-    def expecting(self, expects: str) -> Kind:
+    def expecting(self, expects: str) -> ValueKind:
         """This kind, its refusals saying ``expects`` (e.g. ``bool`` where the docs use Python's type names)."""
         return replace(self, expects=expects)
 
@@ -150,20 +150,21 @@ def _as_is(value: Any) -> Any:
     return value
 
 
-INT = Kind("an integer", _is_int, None, _text_int, _as_is, str)
-FLOAT = Kind("a number", _is_number, None, _text_float, _as_is, repr, convert=float)
-BOOL = Kind("true or false", lambda v: isinstance(v, bool), None, _text_bool, _as_is, lambda v: "1" if v else "0")
-STR = Kind("a string", lambda v: isinstance(v, str), None, lambda text, name: text, _as_is, str)
-DURATION = Kind("a duration like '25ms'", None, lambda v, where, _: parse_duration(v),
+INT = ValueKind("an integer", _is_int, None, _text_int, _as_is, str)
+FLOAT = ValueKind("a number", _is_number, None, _text_float, _as_is, repr, convert=float)
+BOOL = ValueKind("true or false", lambda v: isinstance(v, bool), None, _text_bool, _as_is, lambda v: "1" if v else "0")
+STR = ValueKind("a string", lambda v: isinstance(v, str), None, lambda text, name: text, _as_is, str)
+DURATION = ValueKind("a duration like '25ms'", None, lambda v, where, _: parse_duration(v),
                 lambda text, _: parse_duration(text), _as_is, repr)
-BANDWIDTH = Kind("a bandwidth like '100Mbit'", None, lambda v, where, _: parse_bandwidth(v),
+BANDWIDTH = ValueKind("a bandwidth like '100Mbit'", None, lambda v, where, _: parse_bandwidth(v),
                  lambda text, _: parse_bandwidth(text), _as_is, repr)
-FLOATS = Kind("a number or a list of numbers", None, _floats, lambda text, name: _floats(text, name), list,
+FLOATS = ValueKind("a number or a list of numbers", None, _floats, lambda text, name: _floats(text, name), list,
               lambda v: ",".join(repr(x) for x in v))
-PATH = Kind("a path", None, _path, lambda text, name: Path(text), str, str)
+PATH = ValueKind("a path", None, _path, lambda text, name: Path(text), str, str)
 # a server optimizer: (name, ((param, value), ...)); written as {type: name, param: value}
-OPTIMIZER = Kind("a name like 'dcasgd' or 'dcasgd:lamda=0.04'", None, _optimizer,
+OPTIMIZER = ValueKind("a name like 'dcasgd' or 'dcasgd:lamda=0.04'", None, _optimizer,
                  lambda text, name: _optimizer(text, name), lambda v: {"type": v[0], **dict(v[1])},
                  lambda v: json.dumps({"type": v[0], **dict(v[1])}))
 # a codec spec: {"type": name, param: value}
-CODEC = Kind("a codec like 'bsc:threshold=0.01'", None, _codec, lambda text, name: _codec(text, name), dict, json.dumps)
+CODEC = ValueKind("a codec like 'bsc:threshold=0.01'", None, _codec, lambda text, name: _codec(text, name), dict,
+                  json.dumps)

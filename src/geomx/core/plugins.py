@@ -1,6 +1,6 @@
 """The interfaces the server core owns for what plugs into a server (see docs/architecture.md).
 
-A *route* decides how a value travels up and down (this base class is the direct route); ``ServerHost`` is
+A *route* decides how a value travels up and down (this base class is the direct route); ``PluginHost`` is
 what a plug-in may ask of the server. The core imports no implementation: the composition root hands it
 one, chosen from the typed config. (The sync policy's interface is ``geomx.core.policy``.)
 
@@ -33,7 +33,7 @@ from .rounds import Round, RoundTable, Slot
 Handler = Callable[[Message], None]
 Completion = Callable[[Round], None]
 
-class ServerHost(Protocol):
+class PluginHost(Protocol):
     """What a plug-in may ask of the server it is plugged into (a fake one in unit tests)."""
 
     name: str
@@ -93,7 +93,7 @@ class Route(Capabilities):
 
     def holds(self, message: Message) -> bool:
         """A client's push (checked, decoded) that the route takes: True if it joins its round later, through
-        ``ServerHost.push``, or was refused."""
+        ``PluginHost.push``, or was refused."""
         return False
 
     def outgoing(self, peer: str, message: Message) -> None:
@@ -231,7 +231,7 @@ class Aggregation(Capabilities):
     # as it is below; ``options``: geomx.core.capabilities.)
 
     @classmethod
-    def from_config(cls, config: NodeConfig, host: ServerHost, **options: Any) -> Aggregation:
+    def from_config(cls, config: NodeConfig, host: PluginHost, **options: Any) -> Aggregation:
         """This aggregation for a server of ``config``, with its parsed ``options``."""
         return cls()
 

@@ -2,7 +2,7 @@
 
 A round opens with its first contribution and completes when the awaited clients are in (a request kind's
 rule: pushes follow the job's sync policy, every other kind waits for every awaited client). The host then
-reduces it as its algorithm says (``RoundHost.complete``) and answers it through ``release``, which replies
+reduces it as its algorithm says (``RoundTableHost.complete``) and answers it through ``release``, which replies
 to every contributor in one go and opens the next round, replaying the requests that arrived early for it.
 A round that misses its deadline fails, naming whom it waited for.
 
@@ -70,7 +70,7 @@ class Round:
         return f"{self.kind.name} round {self.number} of key {self.key} slice {self.part}"
 
 
-class RoundHost(Protocol):
+class RoundTableHost(Protocol):
     """What the table asks of the server that owns it (a fake one in unit tests)."""
 
     name: str
@@ -97,7 +97,7 @@ class RoundHost(Protocol):
 class RoundTable:
     """The open rounds of one server (the caller holds the server lock)."""
 
-    def __init__(self, host: RoundHost, clients: Clients, policy: SyncPolicy,
+    def __init__(self, host: RoundTableHost, clients: Clients, policy: SyncPolicy,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.host = host
         self.clients = clients

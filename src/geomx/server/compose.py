@@ -20,7 +20,7 @@ from ..codecs import FP16
 from ..config import ConfigError, NodeConfig, Topology, TrainingSpec
 from ..core.encoding import Encoding
 from ..core.options import parse_options, undeclared
-from ..core.plugins import Aggregation, Completion, Extension, Handler, Route, RouteChain, ServerHost
+from ..core.plugins import Aggregation, Completion, Extension, Handler, PluginHost, Route, RouteChain
 from ..core.policy import SyncPolicy
 from ..protocol.wire import Kind
 
@@ -121,7 +121,7 @@ def build_policy(name: str, options: Mapping[str, str]) -> SyncPolicy:
         raise ConfigError(f"{name}: {exc}") from None
 
 
-def compose(config: NodeConfig, host: ServerHost) -> Plugins:
+def compose(config: NodeConfig, host: PluginHost) -> Plugins:
     """Build the plug-ins ``config`` asks for, each bound to ``host``."""
     topology = config.topology
     check_plugins(topology.training, topology)
@@ -136,7 +136,7 @@ def compose(config: NodeConfig, host: ServerHost) -> Plugins:
                    encoding=Encoding(wide=FP16() if config.topology.fp16 else None))
 
 
-def _route(choice: Choice, config: NodeConfig, host: ServerHost) -> Route:
+def _route(choice: Choice, config: NodeConfig, host: PluginHost) -> Route:
     route = ROUTES[choice.route](config, host)
     if not choice.uplinks:
         return route

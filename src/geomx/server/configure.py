@@ -23,7 +23,7 @@ from ..core.checkpoints import restore_optimizer
 from ..protocol.bodies import BodyError, ConfigureBody, decode_body, encode_body
 from ..protocol.wire import Kind, Message
 from .compose import DEFAULT_SYNC, configured_policy
-from .host import Host
+from .host import PartHost
 
 if TYPE_CHECKING:  # geomx.optim imports torch (~1 s per process): only a global server that gets one loads it
     from ..optim import Optimizer
@@ -41,7 +41,7 @@ def build_optimizer(spec: Any) -> Optimizer:
 class Configure:
     """A server's CONFIGURE handler (see the module docstring)."""
 
-    def __init__(self, host: Host) -> None:
+    def __init__(self, host: PartHost) -> None:
         self.host = host
 
     def on_configure(self, message: Message) -> None:

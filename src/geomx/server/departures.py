@@ -21,7 +21,7 @@ from ..cluster.membership import GLOBAL_SCHEDULER_ID, Member
 from ..config import Role
 from ..protocol.bodies import ConfigureBody, MembersNotice, decode_body, encode_body
 from ..protocol.wire import Kind, Message
-from .host import Host
+from .host import PartHost
 
 log = logging.getLogger("geomx.server")
 
@@ -29,7 +29,7 @@ log = logging.getLogger("geomx.server")
 class Departures:
     """Dead, departing and rejoining clients of one server (see the module docstring)."""
 
-    def __init__(self, host: Host) -> None:
+    def __init__(self, host: PartHost) -> None:
         self.host = host
 
     def member_dead(self, member: str, why: str) -> None:

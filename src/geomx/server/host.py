@@ -8,7 +8,7 @@ fake.
 Usage (a part's constructor)::
 
     class Departures:
-        def __init__(self, host: Host) -> None: self.host = host
+        def __init__(self, host: PartHost) -> None: self.host = host
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from ..config import NodeConfig, Timeouts
 from ..core.early import EarlyAnswers
 from ..core.encoding import Encoding
 from ..core.inits import Inits
-from ..core.plugins import Aggregation, Extension, Route, ServerHost
+from ..core.plugins import Aggregation, Extension, PluginHost, Route
 from ..protocol.wire import Message
 from ..runs.checkpoint import CheckpointWriter, Snapshot
 from ..transport.rpc import Requests
@@ -32,8 +32,8 @@ if TYPE_CHECKING:  # geomx.optim imports torch (~1 s per process): only a global
     from ..optim import Optimizer
 
 
-class Host(ServerHost, Protocol):
-    """The server process, as its parts see it: what a plug-in may ask of it (``ServerHost``), and more."""
+class PartHost(PluginHost, Protocol):
+    """The server process, as its parts see it: what a plug-in may ask of it (``PluginHost``), and more."""
 
     config: NodeConfig
     is_global: bool  # a global server (top tier) rather than a party's local server

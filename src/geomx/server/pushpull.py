@@ -31,7 +31,7 @@ from ..core.inits import slot_mismatch
 from ..core.plugins import Answer, AwaitAnswer, SendUp, SendUpAndAnswer, SliceId
 from ..core.rounds import Round, Slot
 from ..protocol.wire import Kind, Message
-from .host import Host
+from .host import PartHost
 
 log = logging.getLogger("geomx.server")
 
@@ -39,7 +39,7 @@ log = logging.getLogger("geomx.server")
 class PushPulls:
     """A server's rounds of pushes (see the module docstring)."""
 
-    def __init__(self, host: Host) -> None:
+    def __init__(self, host: PartHost) -> None:
         self.host = host
         # rounds the aggregation answers once an overlapped send's answer arrives, with their numbers
         self.waiting: dict[SliceId, tuple[Round, int]] = {}

@@ -24,7 +24,7 @@ from ..codecs.messages import decode_message
 from ..core.rounds import Round, Slot
 from ..protocol.bodies import BodyError, PullBody, decode_body
 from ..protocol.wire import Kind, Message
-from .host import Host
+from .host import PartHost
 
 log = logging.getLogger("geomx.server")
 
@@ -32,7 +32,7 @@ log = logging.getLogger("geomx.server")
 class Upstream:
     """A server's requests to the tier above (see the module docstring)."""
 
-    def __init__(self, host: Host, held: Callable[[Message], None]) -> None:
+    def __init__(self, host: PartHost, held: Callable[[Message], None]) -> None:
         self.host = host
         self.held = held  # answers a request for the job's model as this party holds it (PushPulls.on_held_pull)
 

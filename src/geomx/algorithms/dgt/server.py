@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from ...config import DGTSpec, NodeConfig, Role
-from ...core.plugins import Route, ServerHost
+from ...core.plugins import PluginHost, Route
 from ...core.rounds import Round
 from ...protocol.wire import Kind, Message
 from ...transport.udp import Datagram, UdpReceiver
@@ -42,7 +42,7 @@ class DgtRoute(Route):
 
     answers_plain_sums = False  # a push travels as blocks on several channels, not as one request
 
-    def __init__(self, host: ServerHost, spec: DGTSpec, is_global: bool, bind_host: str) -> None:
+    def __init__(self, host: PluginHost, spec: DGTSpec, is_global: bool, bind_host: str) -> None:
         self.host = host
         self.spec = spec
         self.is_global = is_global
@@ -144,7 +144,7 @@ class DgtRoute(Route):
             write_report(run_dir, self.host.name, report)
 
 
-def dgt_from_config(config: NodeConfig, host: ServerHost) -> Route:
+def dgt_from_config(config: NodeConfig, host: PluginHost) -> Route:
     """The DGT route of a server whose topology turns DGT on."""
     assert config.topology.dgt is not None
     return DgtRoute(host, config.topology.dgt, config.role is Role.GLOBAL_SERVER, config.bind_host)

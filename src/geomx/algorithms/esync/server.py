@@ -16,7 +16,7 @@ from __future__ import annotations
 from concurrent.futures import Future
 
 from ...config import NodeConfig, Role
-from ...core.plugins import Completion, Extension, Handler, ServerHost
+from ...core.plugins import Completion, Extension, Handler, PluginHost
 from ...core.rounds import Round
 from ...protocol.bodies import BodyError, StateReport, StepAssignment, decode_body, encode_body
 from ...protocol.wire import Kind, Message
@@ -26,7 +26,7 @@ from .rules import assign_steps
 class StateRounds(Extension):
     """STATE requests and rounds of one server."""
 
-    def __init__(self, host: ServerHost, is_top: bool) -> None:
+    def __init__(self, host: PluginHost, is_top: bool) -> None:
         self.host = host
         self.is_top = is_top  # this server assigns (a global server) rather than forwarding up
 
@@ -90,6 +90,6 @@ class StateRounds(Extension):
             self.host.release(rnd, None, None, number, body=future.result().body)
 
 
-def state_rounds_from_config(config: NodeConfig, host: ServerHost) -> StateRounds:
+def state_rounds_from_config(config: NodeConfig, host: PluginHost) -> StateRounds:
     """A server's state rounds: a global server assigns the steps, a local server forwards its party's reports."""
     return StateRounds(host, is_top=config.role is Role.GLOBAL_SERVER)

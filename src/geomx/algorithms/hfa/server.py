@@ -33,7 +33,7 @@ import numpy as np
 from ...codecs import CodecError, SizeAdaptive
 from ...codecs.messages import payload_fields
 from ...config import Mode, NodeConfig, Role, Topology
-from ...core.plugins import Aggregation, Answer, AwaitAnswer, SendUp, SendUpAndAnswer, ServerHost, SliceId, Upward
+from ...core.plugins import Aggregation, Answer, AwaitAnswer, PluginHost, SendUp, SendUpAndAnswer, SliceId, Upward
 from ...core.rounds import Round
 from ...protocol.wire import Message
 from .rules import LocalFrequencyAggregation
@@ -62,7 +62,7 @@ class HfaAggregation(Aggregation):
     answers_plain_sums = False  # the global model (or its change), not the sum of the parties' deltas
     options: ClassVar[dict[str, type]] = {"fragments": int, "fragment_delay": int, "fragment_alpha": float}
 
-    def __init__(self, host: ServerHost, local: LocalFrequencyAggregation | None, hips: bool, delay: int = 0,
+    def __init__(self, host: PluginHost, local: LocalFrequencyAggregation | None, hips: bool, delay: int = 0,
                  alpha: float = 0.0) -> None:
         self.host = host
         self.local = local  # a local server's counting and deltas (None on a global server)
@@ -72,7 +72,7 @@ class HfaAggregation(Aggregation):
         self.in_flight: dict[SliceId, InFlight] = {}
 
     @classmethod
-    def from_config(cls, config: NodeConfig, host: ServerHost, **options: Any) -> HfaAggregation:
+    def from_config(cls, config: NodeConfig, host: PluginHost, **options: Any) -> HfaAggregation:
         """A server's HFA: a local server counts K2 and weighs its party by its share of all workers."""
         cls.check_options(options, config.topology)
         topology = config.topology

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from ...config import NodeConfig, Role
-from ...core.plugins import Handler, Route, ServerHost
+from ...core.plugins import Handler, PluginHost, Route
 from ...core.rounds import Round, Slot
 from ...protocol.wire import Kind, Message, SliceId
 from .rules import Coordinator, Dissemination, PushPairing, write_report
@@ -34,7 +34,7 @@ class TsEngineRoute(Route):
 
     answers_plain_sums = False  # values travel along the overlays, not in each contributor's reply
 
-    def __init__(self, host: ServerHost, coordinator: Coordinator | None, member: bool) -> None:
+    def __init__(self, host: PluginHost, coordinator: Coordinator | None, member: bool) -> None:
         self.host = host
         self.ts = coordinator
         self.member = member
@@ -232,7 +232,7 @@ class TsEngineRoute(Route):
 
 
 
-def tsengine_from_config(config: NodeConfig, host: ServerHost) -> TsEngineRoute:
+def tsengine_from_config(config: NodeConfig, host: PluginHost) -> TsEngineRoute:
     """A server's TSEngine route: a coordinator of its own clients (a global server under ENABLE_INTER_TS, a
     local server under ENABLE_INTRA_TS) and/or a relaying member (a local server under ENABLE_INTER_TS)."""
     topology = config.topology
@@ -243,6 +243,6 @@ def tsengine_from_config(config: NodeConfig, host: ServerHost) -> TsEngineRoute:
                           topology.intra_ts, member=topology.inter_ts and not is_global)
 
 
-def tsengine_route(host: ServerHost, max_greed: float, seed: int, coordinates: bool, member: bool) -> TsEngineRoute:
+def tsengine_route(host: PluginHost, max_greed: float, seed: int, coordinates: bool, member: bool) -> TsEngineRoute:
     """The route of a server under TSEngine: a coordinator of its own clients and/or a relaying member."""
     return TsEngineRoute(host, Coordinator(max_greed, seed) if coordinates else None, member)
