@@ -79,7 +79,7 @@ def test_teardown_after_an_exception():
 
 
 def test_teardown_on_sigterm(tmp_path):
-    code = ("import sys; from geomx import netns\n"
+    code = ("import sys; from geomx.bench import netns\n"
             f"with netns.wan_link({RATE_MBIT}, prefix={PREFIX!r}) as link:\n"
             "    print(link.ns_a, link.ns_b, flush=True)\n"
             "    sys.stdin.readline()\n")  # blocks until the test closes stdin (it never does: SIGTERM comes first)

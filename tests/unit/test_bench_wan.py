@@ -153,3 +153,15 @@ def test_the_same_h_goal_is_said_for_hfa_outer_dense_and_with_its_codec():
            "value no worse (0.978 vs 0.969): 4.00x -> met" in text
     assert "PostLocalSGD's schedule) >= 1.3x sooner than local_sgd at the same H, final value no worse " \
            "(0.969 vs 0.969): 1.20x -> NOT met" in text
+
+
+def test_the_wrapper_rows_run_the_wrapper_with_the_optimizer_where_the_topology_puts_it(tmp_path):
+    from geomx.bench.wan_runs import geomx_topology, geomx_worker
+    from geomx.bench.wan_systems import systems_for
+
+    fsa, server, local = systems_for(wan_job.MLP, ["geomx_fsa", "geomx_fsa_wrapper", "geomx_fsa_wrapper_local"])
+    assert "geomx.bench.workers.wan_geomx" in geomx_worker(fsa, tmp_path, 3, "mlp")
+    command = geomx_worker(server, tmp_path, 3, "mlp")
+    assert "geomx.bench.workers.wan_torch" in command and "--compression" not in command
+    assert geomx_topology(server)["training"] == {"server_optimizer": "auto"}
+    assert geomx_topology(local)["training"] == {"server_optimizer": "none"}

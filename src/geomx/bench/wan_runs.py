@@ -48,6 +48,7 @@ class System:
     compression: dict[str, Any] | None = None  # geomx: WAN codec
     topology_extra: dict[str, Any] = field(default_factory=dict)  # geomx: e.g. {"training": {"p3": True}}
     worker_args: tuple[str, ...] = ()  # more arguments of its bench worker (torchft's streaming: --fragments 2)
+    worker: str = "wan_geomx"  # geomx: its bench worker (geomx.bench.workers.X): the kvstore loop or the wrapper
 
 
 @dataclass
@@ -162,14 +163,23 @@ def geomx_topology(system: System) -> dict[str, Any]:
     return {**raw, **system.topology_extra}
 
 
+def geomx_worker(system: System, logs: Path, epochs: int, job: str) -> list[str]:
+    """The worker command of a geomx row: the kvstore loop (its codec and outer optimizer as arguments) or the
+    PyTorch wrapper (everything from the topology, as for a user of the wrapper)."""
+    common = ("--log-dir", str(logs), "--epochs", str(epochs), "--job", job)
+    if system.worker == "wan_torch":
+        return _worker("wan_torch", *common)
+    return _worker(system.worker, *common, "--compression", json.dumps(system.compression),
+                   *(["--outer"] if system.outer else []))
+
+
 def start_geomx(system: System, a: Place, b: Place, logs: Path, procs: ProcessSet, epochs: int,
                 job: str) -> None:
     topology = logs / "topology.yaml"
     topology.parent.mkdir(parents=True, exist_ok=True)
     topology.write_text(yaml.safe_dump(geomx_topology(system), sort_keys=False))
     scheduler = f"{a.host}:{free_port(a)}"
-    worker = _worker("wan_geomx", "--log-dir", str(logs), "--epochs", str(epochs), "--job", job,
-                     "--compression", json.dumps(system.compression), *(["--outer"] if system.outer else []))
+    worker = geomx_worker(system, logs, epochs, job)
     for party, place in (("dc0", a), ("dc1", b)):
         procs.start(party, _in(place, [sys.executable, "-m", "geomx.cli", "launch", str(topology), "--party", party,
                                        "--host", place.host, "--global-scheduler", scheduler,

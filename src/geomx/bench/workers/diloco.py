@@ -102,6 +102,10 @@ def main(argv: list[str] | None = None) -> None:
         load_global_model(diloco, model, held)
         return job.evaluate(held, test)
 
+    # the clock starts where DDP's and geomx's do, with every rank joined: after a first quorum (the lighthouse's
+    # rendezvous and the gloo group's set-up), which DiLoCo would otherwise run inside the first timed steps
+    manager.start_quorum()
+    manager.wait_quorum()
     log = wan_job.JobLog(args.log, args.rank, f"diloco_h{args.sync_every}", job.metric)
     step = 0
     fragments = fragments_of(model, args.fragments) if args.fragments > 1 else [model]

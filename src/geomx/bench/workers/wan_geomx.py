@@ -65,8 +65,6 @@ def main(argv: list[str] | None = None) -> None:
     keys, held_params = list(range(len(params))), [p.data for p in held.parameters()]
 
     def evaluate() -> float:
-        if hfa:
-            kv.pull_job_model(keys, held_params)
         return job.evaluate(held, test)
 
     log = wan_job.JobLog(Path(args.log_dir) / f"rank{rank}.jsonl", rank, system, job.metric)
@@ -96,6 +94,8 @@ def main(argv: list[str] | None = None) -> None:
                 kv.pull(idx, param.data, priority=-idx)
         due = step % (hfa.k1 * hfa.k2) == 0 if hfa else (step % args.eval_every == 0 or step == last)
         if kv.is_master_worker and due:
+            if hfa:  # on the clock: it waits for a streaming fragment's answer still on its way (every sync lands)
+                kv.pull_job_model(keys, held_params)
             log.write(step=step, epoch=epoch, value=log.evaluate(evaluate), compute=timer,
                       loss=float(loss.detach()),
                       calibrated_step_s=calibrated)
