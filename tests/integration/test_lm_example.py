@@ -21,7 +21,7 @@ def test_lm_lowers_its_validation_loss(geomx_job, monkeypatch, algorithm):
     job = geomx_job(EXAMPLES_DIR / "lm.py", *SMALL, parties={"dc0": 1, "dc1": 1}, **options)
     job.assert_ok()
     all_records = read_metrics(job.run_dir)["dc0_worker0"]
-    expected = "hierarchical frequency aggregation" if algorithm == "hfa-outer" else "server optimizer adam"
+    expected = "hierarchical frequency aggregation" if algorithm == "hfa-outer" else "local optimizer"
     assert expected in all_records[0]["plan"], all_records[0]
     records = [r for r in all_records if "val_loss" in r]
     assert len(records) == 2, records  # step 0 and the last step

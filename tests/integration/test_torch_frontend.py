@@ -45,16 +45,21 @@ def single_process(optimizer: str, steps: int = jobkit.STEPS) -> list[torch.Tens
     return [p.detach().clone() for p in model.parameters()]
 
 
-def test_wrapped_loop_equals_the_kvstore_loop_under_fsa(geomx_job, standard_hips_job):
-    """Same model, data and SGD as the kvstore loop (train.py): the wrapper translates torch's SGD to the servers."""
-    job = geomx_job(SCRIPT)
+@pytest.mark.parametrize(("server_optimizer", "mode"), [("auto", "LOCAL"), ("translate", "SERVER")],
+                         ids=["sgd-on-the-workers", "sgd-translated-to-the-servers"])
+def test_wrapped_loop_equals_the_kvstore_loop_under_fsa(geomx_job, standard_hips_job, tmp_path, server_optimizer,
+                                                        mode):
+    """Same model, data and SGD as the kvstore loop (train.py, SGD on the global server): under FSA the wrapper
+    steps torch's SGD on every worker on the mean gradient (auto), or translates it onto the servers."""
+    job = geomx_job(SCRIPT, topology=topology(tmp_path, {"server_optimizer": server_optimizer}))
     job.assert_ok()
     workers = job.workers()
+    assert sorted(workers) == [0, 1, 2, 3]
     jobkit.assert_fsa_equivalent(workers, num_workers=4)
     standard_hips_job.assert_ok()
     kvstore = standard_hips_job.workers()
     for rank, (tensors, report) in workers.items():
-        assert report["mode"] == "SERVER"
+        assert report["mode"] == mode
         for got, want in zip(tensors["final"], kvstore[rank][0]["final"], strict=True):
             torch.testing.assert_close(got, want)
     # the run folder holds per-step metrics: steps, losses, traffic, time blocked on the network
@@ -64,13 +69,17 @@ def test_wrapped_loop_equals_the_kvstore_loop_under_fsa(geomx_job, standard_hips
     assert records[-1]["lan_bytes"] > 0 and records[-1]["net_wait_s"] >= 0 and "loss" in records[-1]
 
 
-@pytest.mark.parametrize("optimizer", ["adam", "adamw"], ids=["adam-on-the-server", "adamw-stepped-locally"])
-def test_one_worker_equals_single_process_training(geomx_job, optimizer):
-    """Adam runs on the global server (translated); AdamW has no server twin and steps on the averaged gradient."""
-    job = geomx_job(SCRIPT, "--optimizer", optimizer, parties={"dc0": 1})
+@pytest.mark.parametrize(("optimizer", "server_optimizer", "mode"), [
+    ("adam", "translate", "SERVER"), ("adam", "auto", "LOCAL"), ("adamw", "auto", "LOCAL")],
+    ids=["adam-translated-to-the-server", "adam-stepped-locally", "adamw-stepped-locally"])
+def test_one_worker_equals_single_process_training(geomx_job, optimizer, server_optimizer, mode):
+    """Adam runs on the global server when translated; by default (and AdamW always: no server twin) the
+    optimizer steps on the worker on the averaged gradient."""
+    job = geomx_job(SCRIPT, "--optimizer", optimizer, parties={"dc0": 1},
+                    training={"server_optimizer": server_optimizer})
     job.assert_ok()
     (tensors, report), = job.workers().values()
-    assert report["mode"] == {"adam": "SERVER", "adamw": "LOCAL"}[optimizer]
+    assert report["mode"] == mode
     for index, (got, want, start) in enumerate(zip(tensors["final"], single_process(optimizer),
                                                    tensors["after_init"], strict=True)):
         assert not torch.equal(got, start), f"parameter {index} was not trained"
@@ -154,13 +163,13 @@ def test_a_worker_with_a_different_model_fails_at_start(geomx_job):
 
 
 def test_fp16_wan_codec_from_the_topology_stays_close_to_fsa(geomx_job, tmp_path):
-    """The master sets the topology's codec; fp16 on the WAN rounds gradient sums and weights, nothing more."""
+    """The master sets the topology's codec; fp16 on the WAN rounds the gradient sums, nothing more."""
     job = geomx_job(SCRIPT, topology=topology(tmp_path, {"compression": {"type": "fp16"}}))
     job.assert_ok()
     _, final = jobkit.reference_run(4)
     workers = job.workers()
     for tensors, report in workers.values():
-        assert report["mode"] == "SERVER"
+        assert report["mode"] == "LOCAL"
         for got, want in zip(tensors["final"], final, strict=True):
             torch.testing.assert_close(got, want, atol=5e-3, rtol=5e-3)
     # fp16 really rounded something on the way (the same job in fp32 matches to fp32 tolerance, see above)

@@ -159,9 +159,10 @@ def test_the_wrapper_rows_run_the_wrapper_with_the_optimizer_where_the_topology_
     from geomx.bench.wan_runs import geomx_topology, geomx_worker
     from geomx.bench.wan_systems import systems_for
 
-    fsa, server, local = systems_for(wan_job.MLP, ["geomx_fsa", "geomx_fsa_wrapper", "geomx_fsa_wrapper_local"])
+    fsa, default, server = systems_for(wan_job.MLP, ["geomx_fsa", "geomx_fsa_wrapper",
+                                                     "geomx_fsa_wrapper_translate"])
     assert "geomx.bench.workers.wan_geomx" in geomx_worker(fsa, tmp_path, 3, "mlp")
     command = geomx_worker(server, tmp_path, 3, "mlp")
     assert "geomx.bench.workers.wan_torch" in command and "--compression" not in command
-    assert geomx_topology(server)["training"] == {"server_optimizer": "auto"}
-    assert geomx_topology(local)["training"] == {"server_optimizer": "none"}
+    assert geomx_topology(default)["training"] == {"server_optimizer": "auto"}
+    assert geomx_topology(server)["training"] == {"server_optimizer": "translate"}

@@ -34,9 +34,19 @@ def test_torch_sgd_and_adam_translate_to_the_same_server_arithmetic():
 
 def test_plans_follow_the_configuration():
     adam = torch.optim.Adam(params(), lr=1e-3)
-    assert make_plan(TrainingSpec(), None, adam).mode is Strategy.SERVER
+    # FSA: every worker steps on the mean gradient, as DDP (the global server's answer stays a plain sum)
+    assert make_plan(TrainingSpec(), None, adam).mode is Strategy.LOCAL
     assert make_plan(TrainingSpec(server_optimizer="none"), None, adam).mode is Strategy.LOCAL
     assert make_plan(TrainingSpec(), None, torch.optim.AdamW(params())).mode is Strategy.LOCAL
+    translated = make_plan(TrainingSpec(server_optimizer="translate"), None, adam)
+    assert translated.mode is Strategy.SERVER and translated.server_optimizer == optim.Adam(lr=1e-3)
+    with pytest.raises(ConfigError, match="translate: AdamW has no server twin"):
+        make_plan(TrainingSpec(server_optimizer="translate"), None, torch.optim.AdamW(params()))
+    # a policy that answers with models needs the optimizer on the servers: translated where it can be
+    mixed = make_plan(TrainingSpec(sync="dist_async"), None, adam)
+    assert mixed.mode is Strategy.SERVER and mixed.server_optimizer == optim.Adam(lr=1e-3)
+    # P3's overlap lands answers lazily, which only weights allow: translated too
+    assert make_plan(TrainingSpec(p3=True), None, adam).mode is Strategy.SERVER
     bsc = make_plan(TrainingSpec(compression={"type": "bsc", "threshold": 0.01}), None, adam)
     assert bsc.mode is Strategy.LOCAL and bsc.server_optimizer is None
     dcasgd = make_plan(TrainingSpec(sync="dist_async", server_optimizer="dcasgd",
@@ -56,9 +66,15 @@ def test_plans_follow_the_configuration():
 def test_which_codecs_need_additive_data_comes_from_the_codec_registry(compression, residual):
     assert keeps_residuals(compression) is residual
     adam = torch.optim.Adam(params(), lr=1e-3)
-    plan = make_plan(TrainingSpec(compression=compression), None, adam) if compression != {"type": "nope"} else None
-    if plan is not None:  # a residual codec cannot carry the weights a server optimizer answers with
-        assert (plan.mode is Strategy.LOCAL) is residual
+    if compression == {"type": "nope"}:
+        return
+    translated = TrainingSpec(compression=compression, server_optimizer="translate")
+    if residual:  # a residual codec cannot carry the weights a server optimizer answers with
+        with pytest.raises(ConfigError, match="keeps residuals"):
+            make_plan(translated, None, adam)
+        assert make_plan(TrainingSpec(compression=compression), None, adam).mode is Strategy.LOCAL
+    else:
+        assert make_plan(translated, None, adam).mode is Strategy.SERVER
 
 
 @pytest.mark.parametrize(("spec", "hfa", "text"), [
@@ -139,7 +155,7 @@ def test_the_training_block_and_its_environment_variables():
     # the config layer, which imports no plug-in; the valid names come from the registries
     for bad, text in [({"sync": "dist_bogus"}, r"training\.sync 'dist_bogus' is unknown; valid: \['dist_async', "),
                       ({"server_optimizer": "lion"}, r"server_optimizer 'lion' is unknown; valid: \['auto', 'none', "
-                                                     r"'adam', 'dcasgd', 'outer_nesterov', 'sgd'\]")]:
+                                                     r"'translate', 'adam', 'dcasgd', 'outer_nesterov', 'sgd'\]")]:
         training = topology_from_dict({"parties": {"dc0": 1}, "training": bad}).training
         with pytest.raises(ConfigError, match=text):
             check_names(training)

@@ -61,6 +61,8 @@ class FrontendRow:
     priorities: bool
     bandwidth: str
     batch_size: int
+    # where the wrapper's SGD runs: on the global server, as the kvstore loop's (translate), or on the workers
+    server_optimizer: str = "translate"
 
     def topology(self) -> dict[str, Any]:
         p3 = self.slice_elems == P3_SLICE
@@ -68,12 +70,14 @@ class FrontendRow:
                 "slice_elems": WHOLE,
                 "links": {"lan": {"bandwidth": "10Gbit", "latency": "0ms"},
                           "wan": {"bandwidth": self.bandwidth, "latency": "25ms"}},
-                "training": {"p3": p3, "p3_slice_elems": P3_SLICE, "priorities": self.priorities}}
+                "training": {"p3": p3, "p3_slice_elems": P3_SLICE, "priorities": self.priorities,
+                             "server_optimizer": self.server_optimizer}}
 
 
 ROWS = {
     "sequential": FrontendRow("sequential", "cnn", WHOLE, True, "1Gbit", 64),
     "wrapper": FrontendRow("wrapper", "cnn", WHOLE, True, "1Gbit", 64),
+    "wrapper_local": FrontendRow("wrapper", "cnn", WHOLE, True, "1Gbit", 64, server_optimizer="none"),
     **{f"{model}_{name}": FrontendRow("wrapper", model, slices, priorities, "100Mbit", 16)
        for model in ("cnn", "deep")
        for name, slices, priorities in (("p3", P3_SLICE, True), ("slices_fifo", P3_SLICE, False),

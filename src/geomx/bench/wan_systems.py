@@ -54,13 +54,13 @@ EXTRA_SYSTEMS = (
     System("geomx_hfa_outer_5x2_stream", "geomx HFA 5x2 + outer, streaming (2 fragments, overlap 1, mix 0.5)",
            "geomx", period=H, hfa=(5, 2), outer=True,
            topology_extra={"training": {"fragments": 2, "fragment_delay": 1, "fragment_alpha": 0.5}}),
-    # the same FSA job through the PyTorch wrapper: with the job's SGD translated into a server optimizer (the
-    # wrapper's default; the global server answers weights, so no early answers) and on the workers (the servers
-    # only sum, as in the kvstore loop of geomx_fsa and as in DDP)
-    System("geomx_fsa_wrapper", "geomx FSA, PyTorch wrapper, server optimizer", "geomx", worker="wan_torch",
+    # the same FSA job through the PyTorch wrapper: as its default puts it, the job's SGD on every worker (the
+    # servers only sum, as in the kvstore loop of geomx_fsa and as in DDP), and translated onto the global server
+    # (its answers are weights, so none goes out early)
+    System("geomx_fsa_wrapper", "geomx FSA, PyTorch wrapper (optimizer on the workers)", "geomx", worker="wan_torch",
            topology_extra={"training": {"server_optimizer": "auto"}}),
-    System("geomx_fsa_wrapper_local", "geomx FSA, PyTorch wrapper, optimizer on the workers", "geomx",
-           worker="wan_torch", topology_extra={"training": {"server_optimizer": "none"}}),
+    System("geomx_fsa_wrapper_translate", "geomx FSA, PyTorch wrapper, optimizer on the server", "geomx",
+           worker="wan_torch", topology_extra={"training": {"server_optimizer": "translate"}}),
     # torchft's own streaming DiLoCo at the same H: 2 fragments (modules), its longest overlap (H / 2 - 1 steps)
     System("diloco_stream", f"torchft streaming DiLoCo H={H} (2 fragments, overlap 4 steps, mix 0.5)", "diloco",
            period=H, worker_args=("--fragments", "2", "--fragment-sync-delay", "4", "--fragment-alpha", "0.5")),

@@ -261,12 +261,14 @@ _NAME = re.compile(r"[a-z0-9_]+")
 class TrainingSpec:
     """How ``geomx.torch.DistributedOptimizer`` runs a training loop: the topology's ``training`` block or env.
 
-    ``sync``: a sync policy's name (dist_sync: FSA, dist_async: MixedSync, dist_ssp: SSP; ``geomx.algorithms.registry``
-    has them all, ``geomx.server.compose.check_plugins`` checks it and the plug-in options). ``server_optimizer``:
-    ``auto`` runs the wrapped
-    torch optimizer on the global servers when it can be translated (SGD, Adam), else averages gradients
-    and steps locally; ``none`` always steps locally; a name (``dcasgd``, ``outer_nesterov`` ...) installs
-    that server optimizer with ``server_optimizer_params``. ``compression``: a codec spec for the WAN.
+    ``sync``: a sync policy's name (dist_sync: FSA, dist_async: MixedSync, dist_ssp: SSP;
+    ``geomx.algorithms.registry`` has them all, ``geomx.server.compose.check_plugins`` checks it and the plug-in
+    options). ``server_optimizer``: ``auto`` steps the wrapped torch optimizer on every worker on the mean
+    gradient under FSA (as DDP), and translates it onto the global servers (SGD, Adam) where the sync policy
+    needs a server optimizer (MixedSync, SSP) or P3 is on (its overlap lands new weights lazily); ``none``
+    always steps on the workers; ``translate`` always runs the translated optimizer on the global servers; a
+    name (``dcasgd``, ``outer_nesterov`` ...) installs that server optimizer with ``server_optimizer_params``.
+    ``compression``: a codec spec for the WAN.
     ``esync``: ESync's balanced local steps (needs HFA with K2 = 1). ``p3``: Priority-based Parameter
     Propagation: tensors cut into ``p3_slice_elems`` slices, shallow layers first. ``priorities``: the wrapper
     tags each tensor with ``-layer index`` (shallow layers overtake deep ones in every send queue); ``false``

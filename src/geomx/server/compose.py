@@ -158,10 +158,10 @@ def check_names(spec: TrainingSpec) -> None:
     """
     if spec.sync not in SYNC_POLICIES:
         raise ConfigError(f"training.sync {spec.sync!r} is unknown; valid: {sorted(SYNC_POLICIES)}")
-    if spec.server_optimizer in ("auto", "none"):
+    if spec.server_optimizer in ("auto", "none", "translate"):
         return
     from ..optim import OPTIMIZERS  # imports torch (~1 s): only where a topology names a server optimizer
 
-    choices = ["auto", "none", *sorted(OPTIMIZERS)]
+    choices = ["auto", "none", "translate", *sorted(OPTIMIZERS)]
     if spec.server_optimizer not in choices:
         raise ConfigError(f"training.server_optimizer {spec.server_optimizer!r} is unknown; valid: {choices}")

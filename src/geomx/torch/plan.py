@@ -2,10 +2,13 @@
 
 The loop never changes; the topology's ``training`` block (or GEOMX_* variables) and ``hfa`` decide:
 
-- ``SERVER``: FSA, MixedSync or DCASGD. Workers push gradients, the global servers run the optimizer
-  (the wrapped torch optimizer translated, or the configured server optimizer), workers pull weights.
-- ``LOCAL``: FSA with the optimizer on the workers. Workers push gradients, pull their sum, and the
-  wrapped torch optimizer steps on the mean (any torch optimizer; needed by residual codecs such as bsc).
+- ``SERVER``: MixedSync, SSP, DCASGD, or FSA with ``server_optimizer: translate`` or a named one. Workers push
+  gradients, the global servers run the optimizer (the wrapped torch optimizer translated, or the configured
+  server optimizer), workers pull weights.
+- ``LOCAL``: FSA's default without P3 (``server_optimizer: auto``), as DDP: workers push gradients, pull
+  their sum, and the wrapped torch optimizer steps on the mean on every worker (any torch optimizer; needed by
+  residual codecs such as bsc; the global server's answer stays a plain sum, so the last party may get it
+  early). With P3 ``auto`` translates the optimizer onto the servers: P3's overlap lands new weights lazily.
 - ``HFA``: local optimizer steps; every K1 steps the model is averaged (K2 local averages per global one).
 - ``ESYNC``: HFA with K2 = 1 and the local step count per round assigned by measured speed.
 
@@ -33,6 +36,10 @@ from ..config.combinations import check, plan_facts
 from ..server.compose import check_names
 
 log = logging.getLogger("geomx.torch")
+
+# training.server_optimizer values that name no server optimizer: the wrapper decides (auto), the wrapped
+# optimizer steps on every worker (none), or it is translated onto the global servers (translate)
+WRAPPER_CHOICES = ("auto", "none", "translate")
 
 
 def keeps_residuals(compression: Mapping[str, Any] | None) -> bool:
@@ -126,7 +133,7 @@ def make_plan(spec: TrainingSpec, hfa: HFASpec | None, torch_optimizer: torch.op
     check_names(spec)
     codec = spec.compression["type"] if spec.compression else None
     residual = keeps_residuals(spec.compression)
-    named = spec.server_optimizer not in ("auto", "none")
+    named = spec.server_optimizer not in WRAPPER_CHOICES
     policy = SYNC_POLICIES[spec.sync]  # check_names refused a name the registry does not hold
     facts = plan_facts(spec, hfa, residual, synchronous=policy.synchronous,
                        applies_on_server=policy.needs_server_optimizer)
@@ -135,16 +142,24 @@ def make_plan(spec: TrainingSpec, hfa: HFASpec | None, torch_optimizer: torch.op
     if hfa is not None:
         outer = _named_optimizer(spec, torch_optimizer) if named else None
         return Plan(Strategy.ESYNC if spec.esync else Strategy.HFA, spec.sync, outer, spec.compression, spec.p3)
+    # auto: on the servers where the policy needs it (answers may be models the party's own push is not in
+    # yet) or where P3 is on (answers that are weights land lazily, before the forward that needs them: P3's
+    # overlap); otherwise every worker steps on the mean gradient, as DDP does, and the global server's answer
+    # stays the plain sum, which lets it answer the last party early (benchmarks/README.md, "Loop shapes")
+    on_servers = policy.needs_server_optimizer or spec.p3
     if named:
         server: optim.Optimizer | None = _named_optimizer(spec, torch_optimizer)
-    elif spec.server_optimizer == "auto" and not residual:
+    elif spec.server_optimizer == "translate" or (spec.server_optimizer == "auto" and not residual and on_servers):
         server = translate(torch_optimizer)
+        if server is None and spec.server_optimizer == "translate":
+            raise ConfigError(f"training.server_optimizer translate: {type(torch_optimizer).__name__} has no server "
+                              "twin (SGD without dampening, Adam without amsgrad, one set of hyperparameters)")
     else:
         server = None
     check({**facts, "server_optimizer": server is not None, "no_server_optimizer": server is None},
           codec=codec, torch_optimizer=type(torch_optimizer).__name__, policy=policy.title, sync=spec.sync)
     if server is None:
-        if spec.server_optimizer == "auto" and not residual:
+        if spec.server_optimizer == "auto" and not residual and on_servers:
             log.info("%s has no server equivalent: gradients are averaged and it steps on every worker",
                      type(torch_optimizer).__name__)
         return Plan(Strategy.LOCAL, spec.sync, None, spec.compression, spec.p3)

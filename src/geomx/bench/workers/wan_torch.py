@@ -1,10 +1,9 @@
 """Bench worker: the WAN job (``geomx.bench.wan_job``) through the PyTorch wrapper, ``gx.DistributedOptimizer``.
 
 The same job, data and evaluation as ``wan_geomx`` (the kvstore loop); the algorithm and where the optimizer
-runs come from the topology, as for any user of the wrapper: under FSA the job's SGD is translated into a
-server optimizer (``server_optimizer: auto``, the global servers answer new weights) or, with
-``server_optimizer: none``, steps on every worker on the mean of the gradients (the servers only sum, as in
-``wan_geomx`` and DDP)::
+runs come from the topology, as for any user of the wrapper: under FSA the job's SGD steps on every worker on
+the mean of the gradients (``server_optimizer: auto``; the servers only sum, as in ``wan_geomx`` and DDP) or,
+with ``server_optimizer: translate``, runs on the global server, which answers new weights::
 
     geomx launch wan.yaml --party dc0 ... -- python -m geomx.bench.workers.wan_torch --log-dir runs/fsa-wrapper
 
