@@ -129,14 +129,20 @@ def answered(server: Any) -> list[tuple[Any, ...]]:
     return [(number, None if value is None else value.tolist(), error) for number, value, error, _ in server.released]
 
 
-def test_the_server_answers_an_overlapped_round_at_once_and_a_due_round_when_the_answer_arrives(
-        make_server: Any) -> None:
+def overlapping_server(make_server: Any) -> tuple[Any, PushPullHost, PushPulls]:
+    """A local server of one worker whose key 0 goes global every 2nd round, overlapped by one round."""
     server = make_server("dc0/server", ["w0"], upstream=["gs"])
     server.slots = {(0, 0): Slot(np.zeros(2, dtype=np.float32))}
     hfa = HfaAggregation(server, LocalFrequencyAggregation(k2=2, party_weight=1.0), hips=True, delay=1)
     hfa.adopted((0, 0), np.zeros(2, dtype=np.float32))
     host = PushPullHost(server, hfa)
     pushpulls = PushPulls(host)  # type: ignore[arg-type]
+    return server, host, pushpulls
+
+
+def test_the_server_answers_an_overlapped_round_at_once_and_a_due_round_when_the_answer_arrives(
+        make_server: Any) -> None:
+    server, host, pushpulls = overlapping_server(make_server)
     pushpulls.complete(push_round(host, floats(1, 1)))
     pushpulls.complete(push_round(host, floats(2, 4)))  # global, overlapped: answered at once, sent up
     assert answered(server) == [(0, [1, 1], None), (1, [2, 4], None)]
@@ -152,12 +158,7 @@ def test_the_server_answers_an_overlapped_round_at_once_and_a_due_round_when_the
 
 def test_a_failed_overlapped_send_answers_the_waiting_round_and_every_later_one_with_its_error(
         make_server: Any) -> None:
-    server = make_server("dc0/server", ["w0"], upstream=["gs"])
-    server.slots = {(0, 0): Slot(np.zeros(2, dtype=np.float32))}
-    hfa = HfaAggregation(server, LocalFrequencyAggregation(k2=2, party_weight=1.0), hips=True, delay=1)
-    hfa.adopted((0, 0), np.zeros(2, dtype=np.float32))
-    host = PushPullHost(server, hfa)
-    pushpulls = PushPulls(host)  # type: ignore[arg-type]
+    server, host, pushpulls = overlapping_server(make_server)
     pushpulls.complete(push_round(host, floats(1, 1)))  # round 1: local
     pushpulls.complete(push_round(host, floats(2, 2)))  # round 2: sent, overlapped
     pushpulls.complete(push_round(host, floats(3, 3)))  # round 3: due, waits
@@ -170,21 +171,10 @@ def test_a_failed_overlapped_send_answers_the_waiting_round_and_every_later_one_
     assert "no answer from gs" in (answered(server)[-1][2] or "") and len(server.calls) == 1
 
 
-def overlapping(make_server: Any) -> tuple[Any, PushPullHost, PushPulls]:
-    """A local server whose key 0 went global, overlapped, at round 2: its send is on its way."""
-    server = make_server("dc0/server", ["w0"], upstream=["gs"])
-    server.slots = {(0, 0): Slot(np.zeros(2, dtype=np.float32))}
-    hfa = HfaAggregation(server, LocalFrequencyAggregation(k2=2, party_weight=1.0), hips=True, delay=1)
-    hfa.adopted((0, 0), np.zeros(2, dtype=np.float32))
-    host = PushPullHost(server, hfa)
-    pushpulls = PushPulls(host)  # type: ignore[arg-type]
-    pushpulls.complete(push_round(host, floats(1, 1)))
-    pushpulls.complete(push_round(host, floats(2, 4)))
-    return server, host, pushpulls
-
-
 def test_the_jobs_model_waits_for_an_overlapped_send_then_holds_its_answer(make_server: Any) -> None:
-    server, host, pushpulls = overlapping(make_server)
+    server, host, pushpulls = overlapping_server(make_server)
+    pushpulls.complete(push_round(host, floats(1, 1)))
+    pushpulls.complete(push_round(host, floats(2, 4)))  # global, overlapped: its send is on its way
     ask = Message(Kind.PULL, key=0, part=0, num_parts=1, sender=b"w0", request_id=99)
     pushpulls.on_held_pull(ask)
     assert host.sent == []  # the delta on its way is in no model the party holds yet
@@ -199,7 +189,9 @@ def test_the_jobs_model_waits_for_an_overlapped_send_then_holds_its_answer(make_
 
 
 def test_the_jobs_model_of_a_failed_overlapped_send_is_its_error(make_server: Any) -> None:
-    server, host, pushpulls = overlapping(make_server)
+    server, host, pushpulls = overlapping_server(make_server)
+    pushpulls.complete(push_round(host, floats(1, 1)))
+    pushpulls.complete(push_round(host, floats(2, 4)))  # global, overlapped: its send is on its way
     pushpulls.on_held_pull(Message(Kind.PULL, key=0, part=0, num_parts=1, sender=b"w0", request_id=99))
     failed: Future[Message] = Future()
     failed.set_exception(TimeoutError("no answer from gs in 30 s"))

@@ -30,13 +30,9 @@ from geomx.bench import wan_job, wan_jobs
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--log-dir", required=True, help="folder for rank<global rank>.jsonl")
-    parser.add_argument("--epochs", type=int, default=10)
-    parser.add_argument("--eval-every", type=int, default=5, help="FSA: evaluate every N steps")
+    parser = wan_jobs.geomx_worker_parser(__doc__)
     parser.add_argument("--outer", action="store_true", help="HFA: outer Nesterov (lr 0.7, momentum 0.9)")
     parser.add_argument("--compression", default="null", help="JSON WAN codec spec, or null")
-    parser.add_argument("--job", choices=wan_jobs.JOBS, default="mlp", help="the model, data and evaluation")
     return parser.parse_args(argv)
 
 

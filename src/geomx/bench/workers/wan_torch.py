@@ -23,12 +23,7 @@ from geomx.bench import wan_job, wan_jobs
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--log-dir", required=True, help="folder for rank<global rank>.jsonl")
-    parser.add_argument("--epochs", type=int, default=10)
-    parser.add_argument("--eval-every", type=int, default=5, help="evaluate every N steps")
-    parser.add_argument("--job", choices=wan_jobs.JOBS, default="mlp", help="the model, data and evaluation")
-    return parser.parse_args(argv)
+    return wan_jobs.geomx_worker_parser(__doc__).parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> None:
