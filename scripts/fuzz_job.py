@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import zmq
 
+from geomx.algorithms.registry import MESSAGE_KINDS
 from geomx.config import SecuritySpec, Topology, load_topology
 from geomx.launch import Launcher, LaunchResult, default_run_dir, format_summary, plan_processes
 from geomx.protocol.wire import Flag, Kind, Message, encode
@@ -67,9 +68,10 @@ def listening_ports(pid: int) -> set[int]:
 
 
 def templates(rng: random.Random) -> list[list[bytes]]:
-    """Valid messages of every kind (requests and replies), with and without tensors and bodies."""
+    """Valid messages of every kind, the algorithms' own included (requests and replies), with and without tensors
+    and bodies."""
     out = []
-    for kind in Kind:
+    for kind in [*Kind, *MESSAGE_KINDS]:
         for _ in range(3):
             tensor = None
             if rng.random() < 0.5:

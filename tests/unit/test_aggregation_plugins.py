@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from geomx.algorithms.esync.kinds import STATE
 from geomx.algorithms.esync.server import StateRounds
 from geomx.algorithms.hfa.rules import LocalFrequencyAggregation
 from geomx.algorithms.hfa.server import MODEL_CHANGE, HfaAggregation
@@ -94,7 +95,7 @@ def test_no_model_change_where_parties_do_not_get_every_answer(make_server: Any)
 
 
 def state(sender: str, speeds: Any, base: Any = 2) -> Message:
-    message = Message(Kind.STATE, body={"seconds_per_step": speeds, "base_steps": base})
+    message = Message(STATE, body={"seconds_per_step": speeds, "base_steps": base})
     message.sender = sender.encode()
     return message
 
@@ -127,7 +128,7 @@ def test_a_lower_tier_merges_its_reports_into_one_request_up(make_server: Any) -
     (peer, up, then), = server.calls
     assert peer == "gs" and up.body == {"seconds_per_step": {"dc0/w0": 0.01, "dc0/w1": 0.02}, "base_steps": 3}
     answer: Future[Message] = Future()
-    answer.set_result(Message(Kind.STATE, body={"steps": {"dc0/w0": 2, "dc0/w1": 1}}))
+    answer.set_result(Message(STATE, body={"steps": {"dc0/w0": 2, "dc0/w1": 1}}))
     then(answer)
     assert {peer for peer, _ in server.sent} == {"w0", "w1"}
     assert all(m.body == {"steps": {"dc0/w0": 2, "dc0/w1": 1}} for _, m in server.sent)

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from geomx.algorithms.esync.kinds import STATE
 from geomx.algorithms.esync.server import StateRounds
 from geomx.algorithms.fsa.server import FullySynchronous
 from geomx.algorithms.hfa.server import HfaAggregation
@@ -13,7 +14,6 @@ from geomx.algorithms.mixed_sync.server import Asynchronous
 from geomx.algorithms.tsengine.server import TsEngineRoute
 from geomx.config import NodeConfig, Role, load_topology
 from geomx.core.plugins import Aggregation, Route
-from geomx.protocol.wire import Kind
 from geomx.server.compose import Choice, choose, compose, configured_policy
 
 
@@ -30,8 +30,8 @@ def test_a_plain_job_runs_the_direct_route_the_plain_sum_and_fsa(tmp_path: Any, 
     plugins = compose(config, make_server("gs", ["ls0"]))
     assert type(plugins.route) is Route and type(plugins.aggregation) is Aggregation
     assert isinstance(plugins.policy, FullySynchronous)
-    assert isinstance(plugins.extensions[0], StateRounds) and Kind.STATE in plugins.requests()
-    assert Kind.STATE in plugins.completions()
+    assert isinstance(plugins.extensions[0], StateRounds) and STATE in plugins.requests()
+    assert STATE in plugins.completions()
 
 
 @pytest.mark.parametrize("role", [Role.GLOBAL_SERVER, Role.LOCAL_SERVER])

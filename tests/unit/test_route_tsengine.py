@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from geomx.algorithms.tsengine.kinds import RELAY
 from geomx.algorithms.tsengine.server import TsEngineRoute, tsengine_route
 from geomx.core.rounds import Round
 from geomx.protocol.wire import Kind, Message
@@ -14,7 +15,7 @@ GS, LS1, LS2, LS3 = "gs", "ls1", "ls2", "ls3"
 
 
 def relay(sender: str, round_: int = 0, body: dict[str, Any] | None = None, tensor: Any = None) -> Message:
-    message = Message(Kind.RELAY, key=0, part=0, round=round_, body=body,
+    message = Message(RELAY, key=0, part=0, round=round_, body=body,
                       tensor=None if tensor is None else np.asarray(tensor, dtype=np.float32))
     message.sender = sender.encode()
     return message
@@ -40,7 +41,7 @@ def test_a_coordinator_answers_everyone_without_the_value_then_hands_it_down_one
     answers = [(peer, m) for peer, m in server.sent if m.kind is Kind.PUSHPULL]
     assert {peer for peer, _ in answers} == {LS1, LS2, LS3}
     assert all(m.body == {"ts": "relayed"} and m.tensor is None for _, m in answers)
-    data = [(peer, m) for peer, m in server.sent if m.kind is Kind.RELAY]
+    data = [(peer, m) for peer, m in server.sent if m.kind == RELAY]
     assert len(data) == 1 and data[0][1].tensor is not None  # one copy leaves the coordinator
     first = data[0][0]
     server.sent.clear()
@@ -58,7 +59,7 @@ def test_the_dissemination_ends_when_every_target_acked_and_forgets_a_dropped_on
     acked: set[str] = set()
     while route.rounds:  # each receiver acks the copy it got: from the coordinator, or from a holder told to
         receivers = [m.body["to"] if m.body and "to" in m.body else peer
-                     for peer, m in server.sent if m.kind is Kind.RELAY]
+                     for peer, m in server.sent if m.kind == RELAY]
         fresh = [r for r in receivers if r not in acked]
         assert fresh, "the dissemination stalled"
         acked.add(fresh[0])

@@ -7,6 +7,7 @@ from concurrent.futures import Future
 import numpy as np
 import pytest
 
+from geomx.algorithms.tsengine.kinds import RELAY
 from geomx.algorithms.tsengine.member import RelayMember
 from geomx.protocol.wire import Kind, Message
 from geomx.transport.rpc import RemoteError
@@ -33,7 +34,7 @@ class RecordingRequests:
 
 
 def from_(sender: str, **fields) -> Message:
-    message = Message(Kind.RELAY, key=3, part=0, num_parts=1, **fields)
+    message = Message(RELAY, key=3, part=0, num_parts=1, **fields)
     message.sender = sender.encode()
     return message
 

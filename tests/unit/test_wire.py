@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import json
+import pickle
 import struct
 
 import numpy as np
@@ -15,11 +17,13 @@ from geomx.protocol import wire
 from geomx.protocol.wire import (
     MAX_BODY_BYTES,
     MAX_NDIM,
+    PLUGIN_KINDS,
     PROTOCOL_VERSION,
     CodecId,
     Flag,
     Kind,
     Message,
+    PluginKind,
     WireError,
     decode,
     encode,
@@ -57,7 +61,8 @@ def valid_frames() -> list[bytes]:
 # ---------------------------------------------------------------------------------------------------------
 # Strategies
 
-kinds = st.sampled_from(list(Kind))
+# the core's kinds and an algorithm's own, at both ends of the range reserved for them
+kinds = st.sampled_from([*Kind, PluginKind(PLUGIN_KINDS.start, "test.first"), PluginKind(PLUGIN_KINDS.stop - 1)])
 reply_flags = st.sampled_from([Flag.NONE, Flag.REPLY])
 keys = st.integers(-(2**63), 2**63 - 1)
 priorities = st.integers(-(2**31), 2**31 - 1)
@@ -94,7 +99,7 @@ json_objects = st.dictionaries(st.text(max_size=10), json_values, max_size=6)
 
 
 def assert_header_fields_equal(got: Message, sent: Message) -> None:
-    assert got.kind is sent.kind
+    assert got.kind == sent.kind and type(got.kind) is type(sent.kind)  # a PluginKind decodes as a new int
     assert got.key == sent.key
     assert got.part == sent.part
     assert got.num_parts == sent.num_parts
@@ -299,10 +304,51 @@ def test_wrong_version(version):
         decode([raw_header(version=version), b"", bytes(16)])
 
 
-@pytest.mark.parametrize("kind", [0, max(Kind) + 1, 255])
+@pytest.mark.parametrize("kind", [0, max(Kind) + 1, PLUGIN_KINDS.start - 1])
 def test_unknown_kind(kind):
-    with pytest.raises(WireError, match="kind"):
+    """Neither a core kind nor in the algorithms' range: refused, naming the number."""
+    with pytest.raises(WireError, match=f"unknown message kind {kind}$"):
         decode([raw_header(kind=kind), b"", bytes(16)])
+
+
+@pytest.mark.parametrize("number", [PLUGIN_KINDS.start, 100, PLUGIN_KINDS.stop - 1])
+def test_a_plugin_kind_round_trips_and_finds_its_handler(number):
+    declared = PluginKind(number, "test.overlay")
+    got = roundtrip(Message(declared, key=5, body={"ask": True}, tensor=np.ones(3, np.float32)))
+    assert isinstance(got.kind, PluginKind) and not isinstance(got.kind, Kind)
+    assert got.kind == declared and got.kind.name == f"kind {number}"  # the wire carries no name
+    assert {declared: "on_overlay"}[got.kind] == "on_overlay"  # a handler table keyed by the declared kind
+    assert (got.key, got.body, got.tensor.tolist()) == (5, {"ask": True}, [1, 1, 1])
+    assert got.reply().kind == declared and got.error("no").kind is Kind.ERROR
+
+
+@pytest.mark.parametrize("number", [-1, 0, int(Kind.PUSHPULL), PLUGIN_KINDS.start - 1, PLUGIN_KINDS.stop, 1 << 40])
+def test_a_plugin_kind_outside_its_range_is_refused(number):
+    span = rf"{PLUGIN_KINDS.start}\.\.{PLUGIN_KINDS.stop - 1}"
+    with pytest.raises(ValueError, match=rf"plugin message kind {number} \(test.bad\) is outside {span}"):
+        PluginKind(number, "test.bad")
+
+
+def test_a_plugin_kind_is_its_number_with_a_name():
+    kind = PluginKind(40, "test.overlay")
+    assert kind == 40 and hash(kind) == hash(40) and f"{kind}" == "40" and kind.name == "test.overlay"
+    assert repr(kind) == "PluginKind(40, 'test.overlay')"
+    for twin in (copy.deepcopy(kind), pickle.loads(pickle.dumps(kind))):
+        assert type(twin) is PluginKind and twin == kind and twin.name == "test.overlay"
+    with pytest.raises(ValueError, match="not True"):
+        PluginKind(True)
+
+
+def test_two_plugin_kinds_sharing_a_number_are_refused():
+    wire.check_plugin_kinds([PluginKind(32, "a.one"), PluginKind(33, "b.one"), PluginKind(32, "a.one")])
+    with pytest.raises(ValueError, match=r"'a\.one' and 'b\.two' share the number 32"):
+        wire.check_plugin_kinds([PluginKind(32, "a.one"), PluginKind(33, "b.one"), PluginKind(32, "b.two")])
+
+
+@pytest.mark.parametrize("kind", [32, 3, None])
+def test_encode_refuses_a_kind_that_is_neither_a_kind_nor_a_plugin_kind(kind):
+    with pytest.raises(WireError, match="neither a Kind nor a PluginKind"):
+        encode(Message(kind))
 
 
 @pytest.mark.parametrize("flags", [4, 8, 0x80, 0xFF])
@@ -482,8 +528,9 @@ def plausible_frames(draw):
     ndim = draw(st.integers(0, 10))
     shape = draw(st.lists(st.integers(0, 64), min_size=ndim, max_size=ndim))
     header = HEADER.pack(
-        b"GX", draw(st.sampled_from([PROTOCOL_VERSION, PROTOCOL_VERSION, 0, 2])),
-        draw(st.integers(0, 12)), draw(st.integers(0, 7)), draw(st.integers(0, 1)), draw(st.integers(0, 9)),
+        b"GX", draw(st.sampled_from([PROTOCOL_VERSION, PROTOCOL_VERSION, 0, PROTOCOL_VERSION + 1])),
+        draw(st.integers(0, max(Kind) + 1) | st.sampled_from([PLUGIN_KINDS.start - 1, PLUGIN_KINDS.start, 255])),
+        draw(st.integers(0, 7)), draw(st.integers(0, 1)), draw(st.integers(0, 9)),
         draw(st.integers(0, 10)), draw(st.integers(-(2**31), 2**31 - 1)), draw(keys),
         draw(st.integers(0, 4)), draw(st.integers(0, 4)), draw(uint64s), draw(uint64s),
     ) + struct.pack(f"<{ndim}Q", *shape)
@@ -503,7 +550,7 @@ def test_plausible_frames_raise_only_wire_error(frames):
     except WireError:
         return
     # accepted: then it must be self-consistent and re-encode to the same fixed header
-    assert isinstance(message.kind, Kind)
+    assert isinstance(message.kind, (Kind, PluginKind))
     if message.tensor is not None:
         assert message.tensor.nbytes == len(frames[2])
     assert bytes(encode(message)[0]) == bytes(frames[0])

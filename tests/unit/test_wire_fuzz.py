@@ -15,12 +15,12 @@ from hypothesis.extra import numpy as hnp
 
 from geomx.codecs import CodecError, TensorInfo, default_registry
 from geomx.codecs.messages import decode_message, payload_fields
-from geomx.protocol.wire import Kind, Message, WireError, decode, encode
+from geomx.protocol.wire import PLUGIN_KINDS, Kind, Message, PluginKind, WireError, decode, encode
 
 LIMIT = 1 << 16
 HEADER_FIXED = 44  # bytes before the dimensions (see wire._HEADER)
 
-kinds = st.sampled_from(list(Kind))
+kinds = st.sampled_from([*Kind, PluginKind(PLUGIN_KINDS.start, "fuzz.first"), PluginKind(PLUGIN_KINDS.stop - 1)])
 tensors = hnp.arrays(st.sampled_from([np.float32, np.float16, np.int64, np.uint8]),
                      hnp.array_shapes(min_dims=0, max_dims=3, max_side=6))
 bodies = st.none() | st.dictionaries(st.text(max_size=5), st.integers() | st.text(max_size=5), max_size=3)
@@ -79,7 +79,7 @@ def check_decode(frames: list[bytes]) -> None:
         message = decode(frames, max_message_bytes=LIMIT)
     except WireError:
         return
-    assert isinstance(message.kind, Kind)
+    assert isinstance(message.kind, (Kind, PluginKind))
     declared = math.prod(message.shape) * (message.dtype.itemsize if message.dtype is not None else 0)
     assert declared <= LIMIT, (message.shape, message.dtype)
     if message.tensor is not None:

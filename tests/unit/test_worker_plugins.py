@@ -8,7 +8,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from geomx.algorithms.esync.kinds import STATE
 from geomx.algorithms.esync.worker import StateRoundSteps
+from geomx.algorithms.tsengine.kinds import RELAY
 from geomx.algorithms.tsengine.worker import RelayRoute
 from geomx.cluster.membership import AddressBook, Member
 from geomx.codecs import FP16
@@ -83,8 +85,8 @@ def test_tsengine_inside_the_party_relays_through_the_fellow_workers(tmp_path: A
     future = route.push(SERVER.id, Message(Kind.PUSHPULL, key=2, tensor=np.ones(3, np.float32)))
     assert not future.done() and ctx.requests.calls == []  # type: ignore[attr-defined]
     peer, ask = ctx.van.sent[-1]  # type: ignore[attr-defined]
-    assert peer == SERVER.id and ask.kind is Kind.RELAY and ask.body == {"ask": True}
-    instruction = Message(Kind.RELAY, key=2, body={"push": "server"})
+    assert peer == SERVER.id and ask.kind == RELAY and ask.body == {"ask": True}
+    instruction = Message(RELAY, key=2, body={"push": "server"})
     instruction.sender = SERVER.id.encode()
     assert route.handles(instruction) and ctx.requests.calls[-1][1].kind is Kind.PUSHPULL  # type: ignore[attr-defined]
 
@@ -93,7 +95,7 @@ def test_the_step_assigner_reads_this_workers_steps_from_the_state_round() -> No
     requests = FakeRequests({"steps": {ME.name: 6, FELLOW.name: 2}})
     assert StateRoundSteps(context(requests)).assign(0.01, base_steps=2) == 6
     (server, report), = requests.calls
-    assert server == SERVER.id and report.kind is Kind.STATE
+    assert server == SERVER.id and report.kind == STATE
     assert report.body == {"seconds_per_step": {ME.name: 0.01}, "base_steps": 2}
     with pytest.raises(ValueError, match="must be positive"):
         StateRoundSteps(context(requests)).assign(0.0, base_steps=2)

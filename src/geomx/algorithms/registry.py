@@ -9,7 +9,9 @@ their plug-ins up here. A new algorithm is one folder under ``geomx/algorithms/`
 - ``ROUTES``: how a value travels up and down between the tiers (TSEngine, DGT);
 - ``PUSH_ROUTES`` and ``STEP_ASSIGNERS``: the worker side (TSEngine's relay, ESync's step assignment);
 - ``STRATEGIES``: what the PyTorch wrapper's ``step()`` does (``geomx.core.strategy``), by the plan's mode.
-  They are named, not imported, so that servers and schedulers never import torch.
+  They are named, not imported, so that servers and schedulers never import torch;
+- ``MESSAGE_KINDS``: the message kinds algorithms declare for themselves (each in its folder's ``kinds.py``),
+  so that ``check_message_kinds`` can refuse two that share a number.
 
 Usage::
 
@@ -18,25 +20,29 @@ Usage::
     route = ROUTES["tsengine"](node_config, server)
     push_route = PUSH_ROUTES["relay"](node_config, context)
     strategy = strategy_class("HFA")(loop)
+    check_message_kinds()                    # ValueError if two algorithms' kinds share a number
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from ..config import NodeConfig
 from ..core.plugins import Aggregation, Extension, PluginHost, Route
 from ..core.policy import SyncPolicy
 from ..core.strategy import WorkerStrategy
 from ..core.worker_plugins import PushRoute, StepAssigner, WorkerContext
+from ..protocol.wire import PluginKind, check_plugin_kinds
 from .dgt.server import dgt_from_config
+from .esync.kinds import STATE
 from .esync.server import state_rounds_from_config
 from .esync.worker import state_round_steps_from_config
 from .fsa.server import FullySynchronous
 from .hfa.server import HfaAggregation
 from .mixed_sync.server import Asynchronous
 from .ssp.server import BoundedStaleness
+from .tsengine.kinds import RELAY
 from .tsengine.server import tsengine_from_config
 from .tsengine.worker import relay_from_config
 
@@ -71,6 +77,20 @@ PUSH_ROUTES: dict[str, Callable[[NodeConfig, WorkerContext], PushRoute]] = {
 STEP_ASSIGNERS: dict[str, Callable[[NodeConfig, WorkerContext], StepAssigner]] = {
     "state_round": state_round_steps_from_config,
 }
+
+
+# Every message kind an algorithm declares (``geomx.protocol.wire.PluginKind``, in its folder's ``kinds.py``).
+# The wire tells kinds apart by number only: two algorithms sharing one would take each other's messages.
+MESSAGE_KINDS: tuple[PluginKind, ...] = (
+    STATE,  # ESync's speed reports and step assignments
+    RELAY,  # TSEngine's relays
+)
+
+
+def check_message_kinds(kinds: Iterable[PluginKind] = MESSAGE_KINDS) -> None:
+    """ValueError naming both when two declared kinds share a number (``geomx launch`` and every server check
+    it at start, through ``geomx.server.compose.check_plugins``; a unit test too)."""
+    check_plugin_kinds(kinds)
 
 
 def sync_policy(kind: str) -> SyncPolicy:

@@ -7,7 +7,7 @@ one, chosen from the typed config. (The sync policy's interface is ``geomx.core.
 Usage::
 
     class Overlay(Route):
-        def handlers(self): return {OVERLAY_KIND: self.on_overlay_message}
+        def handlers(self): return {OVERLAY: self.on_overlay_message}   # OVERLAY = PluginKind(40, "overlay")
         def send_down(self, rnd, value): ...; return True   # the overlay answers the contributors
 """
 
@@ -24,7 +24,7 @@ import numpy as np
 from ..codecs import Codec, TensorInfo
 from ..codecs.base import Direction, TensorKind
 from ..config import NodeConfig, Topology
-from ..protocol.wire import Kind, Message, SliceId
+from ..protocol.wire import Message, MessageKind, SliceId
 from ..transport.van import Van
 from .capabilities import Capabilities, all_answer_plain_sums
 from .clients import Clients
@@ -87,7 +87,7 @@ class Route(Capabilities):
     def start(self) -> None:
         """The server has joined the job (its peers and the tier above are known): start what the route runs."""
 
-    def handlers(self) -> dict[Kind, Handler]:
+    def handlers(self) -> dict[MessageKind, Handler]:
         """Requests of these kinds go to the route before any client check (the route checks senders)."""
         return {}
 
@@ -143,7 +143,7 @@ class RouteChain(Route):
         for route in self.routes:
             route.start()
 
-    def handlers(self) -> dict[Kind, Handler]:
+    def handlers(self) -> dict[MessageKind, Handler]:
         return {kind: handler for route in self.routes for kind, handler in route.handlers().items()}
 
     def holds(self, message: Message) -> bool:
@@ -286,10 +286,10 @@ class Extension:
     """An algorithm's own request kinds that become rounds (a speed report, say): how each request is checked
     (``requests``, after the server's client checks) and what a completed round of it does (``completions``)."""
 
-    def requests(self) -> dict[Kind, Handler]:
+    def requests(self) -> dict[MessageKind, Handler]:
         return {}
 
-    def completions(self) -> dict[Kind, Completion]:
+    def completions(self) -> dict[MessageKind, Completion]:
         return {}
 
     def holds_rejoiners(self) -> bool:

@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..protocol.wire import Kind, Message
+from ..protocol.wire import Kind, Message, MessageKind
 from .clients import Clients
 from .policy import SyncPolicy
 
@@ -37,7 +37,7 @@ log = logging.getLogger("geomx.server")
 
 EARLY = "early"  # body key of an early answer and of the answer after it: the round's number (geomx.core.early)
 
-RoundId = tuple[Kind, int, int]
+RoundId = tuple[MessageKind, int, int]
 
 
 @dataclass
@@ -54,7 +54,7 @@ class Slot:
 class Round:
     """Contributions to one (kind, key, slice) being collected or forwarded."""
 
-    kind: Kind
+    kind: MessageKind
     key: int
     part: int
     number: int = 0
@@ -108,20 +108,20 @@ class RoundTable:
         self.leads: dict[str, Counter[int]] = {}  # client -> {rounds ahead an answer let it run: answers}
 
     # -- collect ------------------------------------------------------------------------------------------
-    def get(self, kind: Kind, key: int, part: int) -> Round | None:
+    def get(self, kind: MessageKind, key: int, part: int) -> Round | None:
         return self.rounds.get((kind, key, part))
 
-    def restore(self, kind: Kind, key: int, part: int, number: int) -> None:
+    def restore(self, kind: MessageKind, key: int, part: int, number: int) -> None:
         """Start (key, slice)'s rounds of ``kind`` at ``number`` (a resumed checkpoint's count)."""
         self.rounds[(kind, key, part)] = Round(kind, key, part, number=number)
 
-    def completed(self, kind: Kind, key: int, part: int) -> int:
+    def completed(self, kind: MessageKind, key: int, part: int) -> int:
         """How many rounds of ``kind`` of (key, slice) were released."""
         rnd = self.rounds.get((kind, key, part))
         return rnd.number if rnd is not None else 0
 
-    def has_kind(self, kind: Kind) -> bool:
-        return any(k is kind for k, _, _ in self.rounds)
+    def has_kind(self, kind: MessageKind) -> bool:
+        return any(k == kind for k, _, _ in self.rounds)  # ==: a received PluginKind is not the declared object
 
     def contribute(self, message: Message) -> None:
         """Add ``message`` to its round (or defer it to the next one); complete the round if it is ready.

@@ -10,7 +10,7 @@ Usage::
     class Overlay(PushRoute):
         copies = True
         def push(self, server, message): ...; return future    # resolves with the round's value
-        def handles(self, message): return message.kind is Kind.MY_KIND
+        def handles(self, message): return message.kind == OVERLAY   # OVERLAY = PluginKind(40, "overlay")
 """
 
 from __future__ import annotations

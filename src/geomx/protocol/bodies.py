@@ -8,8 +8,8 @@ state rounds) and the schedulers read theirs through them.
 
 Usage::
 
-    message = Message(Kind.STATE, body=encode_body(StateReport({"dc0/worker0": 0.02}, base_steps=4)))
-    report = decode_body(StateReport, message.body)          # BodyError if a key is missing or mistyped
+    message = Message(Kind.INIT, key=3, body=encode_body(InitBody(shard=1, numel=4096)))
+    init = decode_body(InitBody, message.body)               # BodyError if a key is missing or mistyped
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 A message travels as ZeroMQ frames ``[header, body, *data]``:
 
-* ``header`` — a packed struct (see ``_HEADER``) with a version byte, one ``Kind``, flags, the codec id,
+* ``header`` — a packed struct (see ``_HEADER``) with a version byte, one kind, flags, the codec id,
   the tensor's dtype and shape, the key and its slice (``part`` of ``num_parts``), the request id, the
   round number and the priority; followed by ``ndim`` little-endian uint64 dimensions.
 * ``body`` — UTF-8 JSON for control messages (registration, optimizer specs, errors), or empty.
@@ -10,12 +10,16 @@ A message travels as ZeroMQ frames ``[header, body, *data]``:
 * ``data`` — for codec ``DENSE``: exactly one frame of ``prod(shape) * itemsize`` bytes, decoded
   without a copy (a read-only NumPy view of the received buffer).
 
-Every field is validated on decode; anything wrong raises ``WireError`` naming the field.
+A message's kind is one of the core's (``Kind``: registration, pushes, pulls, …) or one an algorithm declares
+for itself (``PluginKind``, numbered in ``PLUGIN_KINDS``): this layer knows no algorithm, only which numbers are
+theirs. Every field is validated on decode; anything wrong raises ``WireError`` naming the field.
 
 Usage::
 
     frames = encode(Message(Kind.PUSHPULL, key=3, tensor=np.ones(4, np.float32)))
     message = decode(frames)
+    MINE = PluginKind(40, "myalgo.mine")               # in an algorithm's folder: geomx.algorithms.myalgo.kinds
+    assert decode(encode(Message(MINE))).kind == MINE  # ==, never ``is``: decoded, it is a new int
 """
 
 from __future__ import annotations
@@ -23,14 +27,15 @@ from __future__ import annotations
 import enum
 import json
 import math
+import operator
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: the algorithms' kinds moved out of Kind into PLUGIN_KINDS
 MAX_NDIM = 8
 MAX_BODY_BYTES = 1 << 20
 
@@ -56,9 +61,83 @@ class Kind(enum.IntEnum):
     SHUTDOWN = 8  # client -> server / node -> scheduler: I am done
     ERROR = 9  # reply carrying {"error": "..."} in the body
     HEARTBEAT = 10  # reserved for failure detection
-    STATE = 11  # worker -> servers: ESync speed report (JSON); reply: local step assignment
-    RELAY = 12  # TSEngine: a round's result handed on between servers, an instruction to do so, or its ack
-    MEMBERS = 13  # global scheduler -> global servers: a restarted party's local server replaces its dead one
+    MEMBERS = 11  # global scheduler -> global servers: a restarted party's local server replaces its dead one
+
+
+# The header numbers an algorithm may give its own message kinds (``PluginKind``). Below them: ``Kind``'s, the
+# core's (the numbers it does not use yet are kept free for it to grow; 0 is never a kind).
+PLUGIN_KINDS = range(32, 256)
+
+
+class PluginKind(int):
+    """A message kind that an algorithm declares for itself, so that the wire needs no change per algorithm.
+
+    An int in ``PLUGIN_KINDS`` with a ``name`` for logs and traces. It compares and hashes as its number: a
+    received message's kind (decoded without a name, since the wire knows no algorithm) equals the declared
+    one and finds its handler in a dict keyed by it. Compare kinds with ``==`` or look them up; never with
+    ``is``. Two algorithms must not declare the same number: ``check_plugin_kinds`` refuses that (the
+    algorithms' registry lists every declared kind).
+
+    Usage::
+
+        OVERLAY = PluginKind(40, "myalgo.overlay")
+        handlers = {OVERLAY: on_overlay}
+        handlers[decode(frames).kind]          # a received OVERLAY (an unnamed PluginKind(40)) finds on_overlay
+    """
+
+    _name: str
+
+    def __new__(cls, value: int, name: str | None = None) -> PluginKind:
+        if isinstance(value, bool):
+            raise ValueError(f"a plugin message kind is a number in {_span(PLUGIN_KINDS)}, not {value!r}")
+        number = operator.index(value)
+        if number not in PLUGIN_KINDS:
+            raise ValueError(f"plugin message kind {number} ({name or 'unnamed'}) is outside {_span(PLUGIN_KINDS)}, "
+                             f"the numbers reserved for algorithms' kinds (1..{max(Kind)} are the core's Kind)")
+        self = super().__new__(cls, number)
+        self._name = name if name else f"kind {number}"
+        return self
+
+    @property
+    def name(self) -> str:
+        """The declared name (``"myalgo.overlay"``), or ``"kind N"`` for one decoded from the wire."""
+        return self._name
+
+    def __repr__(self) -> str:
+        return f"PluginKind({int(self)}, {self._name!r})"
+
+    def __str__(self) -> str:
+        return str(int(self))  # as IntEnum's: the number (f-strings and %s included)
+
+    def __getnewargs__(self) -> tuple[int, str]:  # type: ignore[override]
+        return int(self), self._name
+
+
+# What ``Message.kind`` holds: a core kind, or an algorithm's.
+MessageKind: TypeAlias = Kind | PluginKind
+
+
+def _span(numbers: range) -> str:
+    return f"{numbers.start}..{numbers.stop - 1}"
+
+
+def check_plugin_kinds(kinds: Iterable[PluginKind]) -> None:
+    """ValueError naming both when two declared kinds share a number: on the wire they would be one kind, and
+    the second algorithm's handler would take the first one's messages.
+
+    Usage::
+
+        check_plugin_kinds([PluginKind(40, "a.one"), PluginKind(41, "b.one")])   # fine
+        check_plugin_kinds([PluginKind(40, "a.one"), PluginKind(40, "b.one")])   # ValueError: both 40
+    """
+    seen: dict[int, PluginKind] = {}
+    for kind in kinds:
+        if not isinstance(kind, PluginKind):
+            raise ValueError(f"{kind!r} is not a PluginKind")
+        other = seen.setdefault(int(kind), kind)
+        if other is not kind and other.name != kind.name:
+            raise ValueError(f"message kinds {other.name!r} and {kind.name!r} share the number {int(kind)}; "
+                             f"give one of them another number in {_span(PLUGIN_KINDS)}")
 
 
 class Flag(enum.IntFlag):
@@ -95,6 +174,7 @@ _DTYPE_CODES = {dtype: code for code, dtype in _DTYPES.items()}
 # magic, version, kind, flags, codec, dtype, ndim, priority, key, part, num_parts, request_id, round
 _HEADER = struct.Struct("<2sBBBBBBiqIIQQ")
 _MAGIC = b"GX"
+_CORE_KINDS = frozenset(int(kind) for kind in Kind)
 
 
 def dtype_code(dtype: np.dtype[Any]) -> int:
@@ -108,7 +188,7 @@ def dtype_code(dtype: np.dtype[Any]) -> int:
 class Message:
     """One decoded message. ``tensor`` may be a read-only view into the received buffer."""
 
-    kind: Kind
+    kind: MessageKind
     key: int = 0
     part: int = 0
     num_parts: int = 1
@@ -128,7 +208,7 @@ class Message:
     def is_reply(self) -> bool:
         return bool(self.flags & Flag.REPLY)
 
-    def reply(self, kind: Kind | None = None, **fields: Any) -> Message:
+    def reply(self, kind: MessageKind | None = None, **fields: Any) -> Message:
         """A reply to this request: same key/part/request id/round, REPLY flag set."""
         base: dict[str, Any] = {"kind": kind or self.kind, "key": self.key, "part": self.part,
                                 "num_parts": self.num_parts, "request_id": self.request_id,
@@ -144,6 +224,8 @@ def encode(message: Message) -> list[bytes | memoryview]:
     """Frames for ``message``. Tensor data is referenced, not copied: keep it alive and unchanged until sent."""
     data: list[bytes | memoryview]
     flags = message.flags
+    if not isinstance(message.kind, (Kind, PluginKind)):
+        raise WireError(f"message kind {message.kind!r} is neither a Kind nor a PluginKind")
     if message.encoded is not None:
         if not 0 < message.codec <= MAX_CODEC_ID:
             raise WireError(f"encoded frames need a codec id in 1..{MAX_CODEC_ID}, got {message.codec}")
@@ -208,10 +290,13 @@ def decode(frames: Sequence[Any], max_message_bytes: int = 1 << 31) -> Message:
         raise WireError(f"bad magic {bytes(magic)!r}; not a geomx message")
     if version != PROTOCOL_VERSION:
         raise WireError(f"protocol version {version} is not supported (this node speaks {PROTOCOL_VERSION})")
-    try:
+    kind_value: MessageKind
+    if kind in _CORE_KINDS:
         kind_value = Kind(kind)
-    except ValueError:
-        raise WireError(f"unknown message kind {kind}") from None
+    elif kind in PLUGIN_KINDS:
+        kind_value = PluginKind(kind)  # unnamed: which algorithm's it is, the receiver's handlers know
+    else:
+        raise WireError(f"unknown message kind {kind}")
     if flags & ~int(Flag.REPLY | Flag.SHAPE_ONLY):
         raise WireError(f"unknown flag bits {flags:#x}")
     if codec > MAX_CODEC_ID:

@@ -11,18 +11,18 @@ Usage (inside ``ParameterServer.__init__``)::
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..algorithms.registry import AGGREGATIONS, EXTENSIONS, ROUTES, SYNC_POLICIES
+from ..algorithms.registry import AGGREGATIONS, EXTENSIONS, ROUTES, SYNC_POLICIES, check_message_kinds
 from ..codecs import FP16
 from ..config import ConfigError, NodeConfig, Topology, TrainingSpec
 from ..core.encoding import Encoding
 from ..core.options import parse_options, undeclared
 from ..core.plugins import Aggregation, Completion, Extension, Handler, PluginHost, Route, RouteChain
 from ..core.policy import SyncPolicy
-from ..protocol.wire import Kind
+from ..protocol.wire import Kind, MessageKind
 
 # Until the master's CONFIGURE names another, rounds of pushes wait for every client (and a local tier's
 # always do): the policy a server starts with.
@@ -39,11 +39,11 @@ class Plugins:
     extensions: list[Extension] = field(default_factory=list)
     encoding: Encoding = field(default_factory=Encoding)
 
-    def requests(self) -> dict[Kind, Handler]:
+    def requests(self) -> dict[MessageKind, Handler]:
         """The extensions' request kinds and their handlers."""
         return {kind: handler for extension in self.extensions for kind, handler in extension.requests().items()}
 
-    def completions(self) -> dict[Kind, Completion]:
+    def completions(self) -> dict[MessageKind, Completion]:
         """What a completed round of each extension kind does."""
         return {kind: done for extension in self.extensions for kind, done in extension.completions().items()}
 
@@ -69,13 +69,18 @@ def choose(config: NodeConfig) -> Choice:
 
 
 def check_plugins(training: TrainingSpec, topology: Topology | None = None) -> None:
-    """ConfigError unless ``training.sync`` names a sync policy and every plug-in option is one a plug-in of
-    this job takes, with a value it can read (``geomx launch`` calls this before starting any process; every
-    server at start). ``topology``: the job's, when known (HFA's aggregation options are taken only with HFA).
+    """ConfigError unless ``training.sync`` names a sync policy, no two algorithms' message kinds share a number,
+    and every plug-in option is one a plug-in of this job takes, with a value it can read (``geomx launch`` calls
+    this before starting any process; every server at start). ``topology``: the job's, when known (HFA's
+    aggregation options are taken only with HFA).
 
     Every sync policy may take options (the master may name any of them later, as ``kv.create`` does).
     """
     check_names(training)
+    try:
+        check_message_kinds()
+    except ValueError as exc:
+        raise ConfigError(f"the algorithms' message kinds: {exc}") from None
     options = dict(training.plugin_options)
     aggregation = _aggregation_name(topology)
     takers = {**{name: cls.options for name, cls in SYNC_POLICIES.items()},
@@ -127,13 +132,37 @@ def compose(config: NodeConfig, host: PluginHost) -> Plugins:
     check_plugins(topology.training, topology)
     choice = choose(config)
     options = dict(topology.training.plugin_options)
-    return Plugins(policy=build_policy(choice.sync, options),
-                   route=_route(choice, config, host),
-                   aggregation=AGGREGATIONS[choice.aggregation].from_config(
-                       config, host, **aggregation_options(choice.aggregation, options, topology)),
-                   extensions=[EXTENSIONS[name](config, host) for name in choice.extensions],
-                   # the fp16 switch: every link's float32 data as float16, unless the master sets a WAN codec
-                   encoding=Encoding(wide=FP16() if config.topology.fp16 else None))
+    plugins = Plugins(policy=build_policy(choice.sync, options),
+                      route=_route(choice, config, host),
+                      aggregation=AGGREGATIONS[choice.aggregation].from_config(
+                          config, host, **aggregation_options(choice.aggregation, options, topology)),
+                      extensions=[EXTENSIONS[name](config, host) for name in choice.extensions],
+                      # the fp16 switch: every link's float32 data as float16, unless the master sets a WAN codec
+                      encoding=Encoding(wide=FP16() if config.topology.fp16 else None))
+    check_kind_claims(plugins)
+    return plugins
+
+
+def check_kind_claims(plugins: Plugins) -> None:
+    """ConfigError unless every message kind the plug-ins take is an algorithm's own (a ``PluginKind``) and is
+    taken by one plug-in only. The server's handler tables are dicts keyed by kind: a second plug-in's handler
+    would silently replace the first's, and one keyed by a core kind would replace the server's own.
+
+    Usage: ``check_kind_claims(plugins)`` (``compose`` does, before the server builds its tables).
+    """
+    routes = plugins.route.routes if isinstance(plugins.route, RouteChain) else [plugins.route]
+    claims: list[tuple[object, Iterable[MessageKind]]] = [(route, route.handlers()) for route in routes]
+    claims += [(extension, {*extension.requests(), *extension.completions()}) for extension in plugins.extensions]
+    owners: dict[MessageKind, object] = {}
+    for owner, kinds in claims:
+        for kind in kinds:
+            if isinstance(kind, Kind):
+                raise ConfigError(f"plug-in {type(owner).__name__} takes the core's {kind.name} messages; a plug-in "
+                                  f"takes only kinds of its own (geomx.protocol.wire.PluginKind)")
+            other = owners.setdefault(kind, owner)
+            if other is not owner:
+                raise ConfigError(f"plug-ins {type(other).__name__} and {type(owner).__name__} both take message "
+                                  f"kind {kind.name} ({int(kind)})")
 
 
 def _route(choice: Choice, config: NodeConfig, host: PluginHost) -> Route:

@@ -41,7 +41,7 @@ from ..core.early import EarlyAnswers
 from ..core.inits import Inits
 from ..core.rounds import Round, RoundTable, Slot
 from ..protocol.bodies import ShutdownNotice, encode_body
-from ..protocol.wire import Kind, Message
+from ..protocol.wire import Kind, Message, MessageKind
 from ..runs.checkpoint import CheckpointWriter, Snapshot
 from ..runs.runlog import write_stats
 from ..transport.rpc import Requests
@@ -110,7 +110,7 @@ class ParameterServer:
         self.departures = Departures(self)
         self.pushpulls = PushPulls(self)
         self.upstream_link = Upstream(self, held=self.pushpulls.on_held_pull)
-        self.handlers: dict[Kind, Callable[[Message], None]] = {
+        self.handlers: dict[MessageKind, Callable[[Message], None]] = {
             Kind.INIT: self.inits.request, Kind.PUSHPULL: self.pushpulls.on_pushpull,
             Kind.PULL: self.upstream_link.on_pull, Kind.BARRIER: self.table.contribute,
             Kind.SHUTDOWN: self.departures.on_shutdown, Kind.CONFIGURE: Configure(self).on_configure,

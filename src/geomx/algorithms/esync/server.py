@@ -19,7 +19,8 @@ from ...config import NodeConfig, Role
 from ...core.plugins import Completion, Extension, Handler, PluginHost
 from ...core.rounds import Round
 from ...protocol.bodies import BodyError, StateReport, StepAssignment, decode_body, encode_body
-from ...protocol.wire import Kind, Message
+from ...protocol.wire import Message, MessageKind
+from .kinds import STATE
 from .rules import assign_steps
 
 
@@ -30,16 +31,16 @@ class StateRounds(Extension):
         self.host = host
         self.is_top = is_top  # this server assigns (a global server) rather than forwarding up
 
-    def requests(self) -> dict[Kind, Handler]:
-        return {Kind.STATE: self.on_state}
+    def requests(self) -> dict[MessageKind, Handler]:
+        return {STATE: self.on_state}
 
-    def completions(self) -> dict[Kind, Completion]:
-        return {Kind.STATE: self.complete}
+    def completions(self) -> dict[MessageKind, Completion]:
+        return {STATE: self.complete}
 
     def holds_rejoiners(self) -> bool:
         """A rejoined client joins at the others' next cycle (the end of a state round), so that its first push
         meets their first push of that cycle. Only where state rounds run (shard 0 sees them)."""
-        return self.host.table.has_kind(Kind.STATE)
+        return self.host.table.has_kind(STATE)
 
     def rejoin_refusal(self, shards: int) -> str | None:
         if self.holds_rejoiners() and shards > 1:
@@ -79,7 +80,7 @@ class StateRounds(Extension):
             return
         number = rnd.number
         merged = encode_body(StateReport(seconds_per_step=speeds, base_steps=base))
-        self.host.call(self.host.upstream[0], Message(Kind.STATE, round=rnd.number, body=merged),
+        self.host.call(self.host.upstream[0], Message(STATE, round=rnd.number, body=merged),
                        lambda f: self._finish(rnd, f, number))
 
     def _finish(self, rnd: Round, future: Future[Message], number: int) -> None:

@@ -14,7 +14,8 @@ import math
 from ...config import NodeConfig
 from ...core.worker_plugins import StepAssigner, WorkerContext
 from ...protocol.bodies import StateReport, StepAssignment, decode_body, encode_body
-from ...protocol.wire import Kind, Message
+from ...protocol.wire import Message
+from .kinds import STATE
 
 
 class StateRoundSteps(StepAssigner):
@@ -29,7 +30,7 @@ class StateRoundSteps(StepAssigner):
         name = self._context.me.name
         ctx = self._context
         report = StateReport({name: float(seconds_per_step)}, int(base_steps))
-        future = ctx.requests.call(ctx.servers[0], Message(Kind.STATE, body=encode_body(report)))
+        future = ctx.requests.call(ctx.servers[0], Message(STATE, body=encode_body(report)))
         reply = ctx.requests.wait(future, ctx.timeout, "the ESync step assignment (all workers of all parties)")
         steps = decode_body(StepAssignment, reply.body).steps
         if name not in steps:

@@ -31,6 +31,7 @@ import numpy as np
 from ...protocol.wire import Kind, Message
 from ...transport.rpc import RemoteError, Requests
 from ...transport.van import Van
+from .kinds import RELAY
 
 log = logging.getLogger("geomx.algorithms.tsengine.member")
 
@@ -70,7 +71,7 @@ class RelayMember:
                                    "aggregated; pull it first")
             self._held[sid] = _Held(np.array(data, copy=True), num_parts, priority)
             self._awaiting[sid] = future
-        self._van.send(self._server, Message(Kind.RELAY, key=key, part=part, num_parts=num_parts,
+        self._van.send(self._server, Message(RELAY, key=key, part=part, num_parts=num_parts,
                                              priority=priority, body={"ask": True}))
         return future
 
@@ -81,7 +82,7 @@ class RelayMember:
             text = (message.body or {}).get("error", "unspecified error")
             self._fail((message.key, message.part), RemoteError(f"the local server refused TSEngine: {text}"))
             return True
-        if message.kind is not Kind.RELAY:
+        if message.kind != RELAY:  # a received kind is a new int: never ``is``
             return False
         body = message.body or {}
         if sender == self._server and "push" in body:
@@ -108,7 +109,7 @@ class RelayMember:
             return
         push = Message(Kind.PUSHPULL, key=sid[0], part=sid[1], num_parts=held.num_parts, priority=held.priority)
         if isinstance(peer, str) and peer in self._peers:
-            self._van.send(peer, Message(Kind.RELAY, key=sid[0], part=sid[1], num_parts=held.num_parts,
+            self._van.send(peer, Message(RELAY, key=sid[0], part=sid[1], num_parts=held.num_parts,
                                          priority=held.priority, tensor=held.total, body={"merge": True}))
             push.body = {"ts_merged": peer}
         else:
@@ -123,7 +124,7 @@ class RelayMember:
             held = self._held.get(sid)
             if held is not None and message.tensor is not None and message.tensor.size == held.total.size:
                 np.add(held.total, message.tensor.reshape(held.total.shape), out=held.total)
-                ask = Message(Kind.RELAY, key=sid[0], part=sid[1], num_parts=held.num_parts, priority=held.priority,
+                ask = Message(RELAY, key=sid[0], part=sid[1], num_parts=held.num_parts, priority=held.priority,
                               body={"ask": True})
             else:
                 ask = None
@@ -139,7 +140,7 @@ class RelayMember:
         with self._lock:
             self._received[sid] = message
             future = self._awaiting.pop(sid, None)
-        self._van.send(self._server, Message(Kind.RELAY, key=sid[0], part=sid[1], num_parts=message.num_parts,
+        self._van.send(self._server, Message(RELAY, key=sid[0], part=sid[1], num_parts=message.num_parts,
                                              round=message.round, body={"ack": True}))
         if future is None:
             log.warning("[%s] a value of key %d slice %d arrived that no push awaits", self._name, *sid)
@@ -153,7 +154,7 @@ class RelayMember:
         if value is None or not isinstance(target, str) or target not in self._peers:
             log.error("[%s] cannot relay key %d slice %d to %r", self._name, *sid, target)
             return
-        self._van.send(target, Message(Kind.RELAY, key=sid[0], part=sid[1], num_parts=value.num_parts,
+        self._van.send(target, Message(RELAY, key=sid[0], part=sid[1], num_parts=value.num_parts,
                                        round=instruction.round, tensor=value.tensor))
 
     def _fail(self, sid: SliceId, error: BaseException | None) -> None:

@@ -23,7 +23,8 @@ import numpy as np
 from ...config import NodeConfig, Role
 from ...core.plugins import Handler, PluginHost, Route
 from ...core.rounds import Round, Slot
-from ...protocol.wire import Kind, Message, SliceId
+from ...protocol.wire import Kind, Message, MessageKind, SliceId
+from .kinds import RELAY
 from .rules import Coordinator, Dissemination, PushPairing, write_report
 
 log = logging.getLogger("geomx.server")
@@ -45,8 +46,8 @@ class TsEngineRoute(Route):
         self.pending: dict[SliceId, tuple[Round, np.ndarray]] = {}  # a member's held sums
 
     # -- the core's hooks ---------------------------------------------------------------------------------
-    def handlers(self) -> dict[Kind, Handler]:
-        return {Kind.RELAY: self.on_relay}
+    def handlers(self) -> dict[MessageKind, Handler]:
+        return {RELAY: self.on_relay}
 
     def send_up(self, rnd: Round, fields: dict[str, Any]) -> bool:
         """A member holds its party's sum and asks the owning global server where it should go."""
@@ -55,7 +56,7 @@ class TsEngineRoute(Route):
         sid = (rnd.key, rnd.part)
         first = next(iter(rnd.contributions.values()))
         self.pending[sid] = (rnd, np.array(fields["tensor"], dtype=np.float32))
-        self.host.send(self.host.owner(*sid), Message(Kind.RELAY, key=rnd.key, part=rnd.part, round=rnd.number,
+        self.host.send(self.host.owner(*sid), Message(RELAY, key=rnd.key, part=rnd.part, round=rnd.number,
                                                       num_parts=first.num_parts, body={"ask": True}))
         return True
 
@@ -125,7 +126,7 @@ class TsEngineRoute(Route):
             if sender not in host.upstream or target not in host.peers or slot is None:
                 host.refuse(message, f"cannot relay key {message.key} slice {message.part} to {target!r}")
                 return
-            host.send(target, Message(Kind.RELAY, key=message.key, part=message.part, round=message.round,
+            host.send(target, Message(RELAY, key=message.key, part=message.part, round=message.round,
                                       num_parts=message.num_parts, tensor=slot.value))
             return
         rnd = host.table.get(Kind.PUSHPULL, *sid)
@@ -138,7 +139,7 @@ class TsEngineRoute(Route):
             return
         host.slots[sid] = Slot(message.tensor)
         host.release(rnd, message.tensor, None, message.round)
-        host.send(host.owner(*sid), Message(Kind.RELAY, key=message.key, part=message.part,
+        host.send(host.owner(*sid), Message(RELAY, key=message.key, part=message.part,
                                             num_parts=message.num_parts, round=message.round, body={"ack": True}))
 
     def _coordinate(self, message: Message, sender: str) -> None:
@@ -178,7 +179,7 @@ class TsEngineRoute(Route):
                 host.refuse(message, "a TSEngine merge needs a fellow local server's sum of the same slice")
                 return
             np.add(total, message.tensor.reshape(total.shape), out=total)
-            host.send(host.owner(*sid), Message(Kind.RELAY, key=rnd.key, part=rnd.part, round=rnd.number,
+            host.send(host.owner(*sid), Message(RELAY, key=rnd.key, part=rnd.part, round=rnd.number,
                                                 num_parts=message.num_parts, body={"ask": True}))
             return
         if sender not in host.upstream:
@@ -188,7 +189,7 @@ class TsEngineRoute(Route):
         push = Message(Kind.PUSHPULL, key=rnd.key, part=rnd.part, num_parts=message.num_parts, round=rnd.number)
         target = body.get("to")
         if body.get("push") == "peer" and isinstance(target, str) and target in host.peers:
-            host.send(target, Message(Kind.RELAY, key=rnd.key, part=rnd.part, round=rnd.number,
+            host.send(target, Message(RELAY, key=rnd.key, part=rnd.part, round=rnd.number,
                                       num_parts=message.num_parts, tensor=total, body={"merge": True}))
             push.body = {"ts_merged": target}
         else:
@@ -206,7 +207,7 @@ class TsEngineRoute(Route):
         if target is None:
             return
         value, num_parts = self.values[sid]
-        message = Message(Kind.RELAY, key=sid[0], part=sid[1], num_parts=num_parts,
+        message = Message(RELAY, key=sid[0], part=sid[1], num_parts=num_parts,
                           round=dissemination.targets[target])
         if holder == self.host.identity:
             message.tensor = value
@@ -221,7 +222,7 @@ class TsEngineRoute(Route):
         for node, target in orders:
             ask = self.asks[(sid, node)]
             body: dict[str, Any] = {"push": "server"} if target is None else {"push": "peer", "to": target}
-            self.host.send(node, Message(Kind.RELAY, key=sid[0], part=sid[1], num_parts=ask.num_parts,
+            self.host.send(node, Message(RELAY, key=sid[0], part=sid[1], num_parts=ask.num_parts,
                                          round=ask.round, body=body))
 
     def _end_if_done(self, sid: SliceId, dissemination: Dissemination) -> None:
