@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
-from .fields import aliases_of, env_values, lookup, settings
+from .fields import aliases_of, block_from_env, env_values, lookup, variables
 from .specs import (
     CheckpointSpec,
     DGTSpec,
@@ -34,10 +34,10 @@ from .specs import (
 )
 from .topology import LAN_SLICE_ELEMS, NodeConfig, Topology
 from .units import parse_number
-from .yaml_io import load_topology, read_secret
+from .yaml_io import load_topology
 
 # Our canonical names, and the GeoMX (ps-lite) names accepted as aliases: the process-level names here, every
-# feature's from its spec's declared fields (geomx.config.fields).
+# feature's (and every block switch's) from its spec's declarations (geomx.config.fields).
 _NODE_ALIASES: dict[str, tuple[str, ...]] = {
     "GEOMX_NUM_WORKERS": ("DMLC_NUM_WORKER",),
     "GEOMX_NUM_GLOBAL_SERVERS": ("DMLC_NUM_GLOBAL_SERVER",),
@@ -45,19 +45,19 @@ _NODE_ALIASES: dict[str, tuple[str, ...]] = {
     "GEOMX_NUM_PARTIES": ("DMLC_NUM_GLOBAL_WORKER",),
     "GEOMX_MASTER_WORKER": ("DMLC_ROLE_MASTER_WORKER",),
     "GEOMX_HOST": ("DMLC_NODE_HOST",),
-    "GEOMX_HFA": ("MXNET_KVSTORE_USE_HFA",),
-    "GEOMX_DGT": ("ENABLE_DGT",),
 }
-# The variables read by hand here (a process's role and addresses, counts without a topology file, the feature
-# switches that turn a whole block on or off); every other one is declared on its spec field.
+# The variables read by hand here: a process's role, party and addresses, the counts of a job without a topology
+# file, its run folder, resume, the job's start and tracing. Every other one is declared on its spec: a field's
+# (``setting``) or an optional block's switch (``Switch``: GEOMX_HFA, GEOMX_DGT).
 NODE_VARIABLES = ("GEOMX_ROLE", "GEOMX_PARTY", "GEOMX_TOPOLOGY", "GEOMX_SCHEDULER", "GEOMX_GLOBAL_SCHEDULER",
                   "GEOMX_NUM_WORKERS", "GEOMX_NUM_GLOBAL_SERVERS", "GEOMX_NUM_ALL_WORKERS", "GEOMX_NUM_PARTIES",
                   "GEOMX_CENTRAL", "GEOMX_MASTER_WORKER", "GEOMX_RANK", "GEOMX_HOST", "GEOMX_WORKER_OFFSET",
-                  "GEOMX_RUN_DIR", "GEOMX_RESUME", "GEOMX_JOB_START", "GEOMX_HFA", "GEOMX_DGT", "GEOMX_SECRET_FILE",
-                  "GEOMX_TRACE")
-# every spec whose declared fields the environment may set
+                  "GEOMX_RUN_DIR", "GEOMX_RESUME", "GEOMX_JOB_START", "GEOMX_TRACE")
+# every spec whose declarations the environment may set
 ENV_SPECS: tuple[type, ...] = (Topology, Timeouts, HFASpec, DGTSpec, TSEngineSpec, TrainingSpec, SecuritySpec,
                                CheckpointSpec)
+# the topology's optional blocks, switched on and off by their spec's ``switch`` (fields.block_from_env)
+OPTIONAL_BLOCKS: tuple[tuple[str, type], ...] = (("hfa", HFASpec), ("dgt", DGTSpec), ("tsengine", TSEngineSpec))
 ENV_ALIASES: dict[str, tuple[str, ...]] = {**_NODE_ALIASES, **aliases_of(*ENV_SPECS)}
 
 _ROLE_NAMES = {r.value for r in Role}
@@ -140,58 +140,10 @@ def _topology_from_env(env: Mapping[str, str], role: Role, party: str) -> Topolo
                     timeouts=_overridden(Timeouts(), env))
 
 
-def _hfa_from_env(env: Mapping[str, str], base: HFASpec | None) -> HFASpec | None:
-    """GEOMX_HFA / MXNET_KVSTORE_USE_HFA (with _K1, _K2) override the topology's ``hfa``."""
-    flag = _get(env, "GEOMX_HFA")
-    if flag is None:
-        return base
-    if flag.lower() in ("0", "false", "no", "off"):
-        return None
-    if flag.lower() not in ("1", "true", "yes", "on"):
-        raise ConfigError(f"GEOMX_HFA / MXNET_KVSTORE_USE_HFA must be 0 or 1, got {flag!r}")
-    return dataclasses.replace(base or HFASpec(), **env_values(HFASpec, env))
-
-
-def _dgt_from_env(env: Mapping[str, str], base: DGTSpec | None) -> DGTSpec | None:
-    """GEOMX_DGT / ENABLE_DGT (0, 1 or 2; GeoMX's mode 3 quantizes and is refused) and DGTSpec's variables
-    (DMLC_UDP_CHANNEL_NUM, DMLC_K, DMLC_K_MIN, ADAPTIVE_K_FLAG, DGT_BLOCK_SIZE, DGT_CONTRIBUTION_ALPHA,
-    DGT_SET_RANDOM ...) override the topology's ``dgt``."""
-    mode = _get(env, "GEOMX_DGT")
-    if mode is not None and mode.strip() not in ("0", "1", "2"):
-        raise ConfigError(f"GEOMX_DGT / ENABLE_DGT must be 0, 1 or 2 (GeoMX's mode 3, 4-bit quantization of "
-                          f"the unreliable blocks, is not supported), got {mode!r}")
-    if mode is not None and mode.strip() == "0":
-        return None
-    overrides = env_values(DGTSpec, env)
-    if mode is None and (base is None or not overrides):
-        return base
-    return dataclasses.replace(base or DGTSpec(), **overrides)
-
-
-def _tsengine_from_env(env: Mapping[str, str], base: TSEngineSpec | None) -> TSEngineSpec | None:
-    """GEOMX_INTER_TS / ENABLE_INTER_TS, GEOMX_INTRA_TS / ENABLE_INTRA_TS and GEOMX_MAX_GREED_RATE_TS /
-    MAX_GREED_RATE_TS override the topology's ``tsengine``; both switches off turns TSEngine off (a switch
-    not set is off when the topology has no ``tsengine``)."""
-    values = env_values(TSEngineSpec, env)
-    if "inter" not in values and "intra" not in values and (base is None or "max_greed" not in values):
-        return base
-    switches = {name: values.get(name, getattr(base, name) if base else False) for name in ("inter", "intra")}
-    if not any(switches.values()):
-        return None
-    return dataclasses.replace(base or TSEngineSpec(), **{**values, **switches})
-
-
-def _security_from_env(env: Mapping[str, str], base: SecuritySpec) -> SecuritySpec:
-    """GEOMX_SECRET / GEOMX_SECRET_FILE and GEOMX_CURVE_KEYS override the topology's ``security``."""
-    values = env_values(SecuritySpec, env)
-    if env.get("GEOMX_SECRET_FILE") and "secret" not in values:
-        values["secret"] = read_secret(Path(env["GEOMX_SECRET_FILE"]))
-    return dataclasses.replace(base, **values) if values else base
-
-
 def known_variables() -> frozenset[str]:
-    """Every GEOMX_* variable the configuration reads: declared on a spec field, or read by hand here."""
-    return frozenset((*NODE_VARIABLES, *(d.env for cls in ENV_SPECS for _, d in settings(cls) if d.env)))
+    """Every GEOMX_* variable the configuration reads: declared on a spec (a field's or a block's switch), or
+    read by hand here. Any other GEOMX_<NAME> is a plug-in option."""
+    return frozenset((*NODE_VARIABLES, *(name for cls in ENV_SPECS for name in variables(cls))))
 
 
 def _plugin_options_from_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -233,10 +185,9 @@ def node_config_from_env(env: Mapping[str, str]) -> NodeConfig:
         topology = dataclasses.replace(topology, timeouts=_overridden(topology.timeouts, env))
     else:
         topology = _topology_from_env(env, role, party)
-    topology = dataclasses.replace(topology, **env_values(Topology, env), hfa=_hfa_from_env(env, topology.hfa),
-                                   dgt=_dgt_from_env(env, topology.dgt),
-                                   tsengine=_tsengine_from_env(env, topology.tsengine),
-                                   security=_security_from_env(env, topology.security),
+    blocks = {name: block_from_env(cls, env, getattr(topology, name)) for name, cls in OPTIONAL_BLOCKS}
+    topology = dataclasses.replace(topology, **env_values(Topology, env), **blocks,
+                                   security=_overridden(topology.security, env),
                                    checkpoint=_overridden(topology.checkpoint, env))
     training = training_from_env(env, topology.training)
     job_start = _get(env, "GEOMX_JOB_START")

@@ -14,6 +14,9 @@ Usage::
     values = read_mapping(HFASpec, {"k1": 4}, "hfa")        # {"k1": 4}
     values = env_values(HFASpec, {"MXNET_KVSTORE_HFA_K1": "4"})
     to_mapping(HFASpec(4, 2)), to_env(HFASpec(4, 2))       # {"k1": 4, "k2": 2}, {"GEOMX_HFA_K1": "4", ...}
+
+An optional block (``hfa``, ``dgt``, ``tsengine``) also declares how the environment switches it on and off: a
+``Switch`` as the spec's ``switch`` class variable, which ``block_from_env`` reads with the fields' variables.
 """
 
 from __future__ import annotations
@@ -22,14 +25,16 @@ import dataclasses
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from .errors import ConfigError
-from .kinds import ValueKind
+from .kinds import FALSE_TEXTS, TRUE_TEXTS, ValueKind, read_secret
 
 _SETTING = "geomx.setting"
 _PART_OF = "geomx.part_of"
 _EXTRAS = "geomx.extras"
+
+SpecT = TypeVar("SpecT")
 
 
 @dataclass(frozen=True)
@@ -38,6 +43,9 @@ class Setting:
 
     ``companions``: fields this one's value also fills (its kind reads and writes them as one tuple).
     ``written``: False for a value never written back (the shared secret).
+    ``file_env``: a variable naming a file that holds the value (read with ``kinds.read_secret``), for a value
+    kept out of the environment; ``env`` wins when both are set.
+    ``doc``: what the setting does, with its unit: the configuration reference's "meaning" column.
     """
 
     kind: ValueKind
@@ -47,14 +55,59 @@ class Setting:
     companions: tuple[str, ...] = ()
     written: bool = True
     doc: str = ""
+    file_env: str | None = None
 
 
 def setting(default: Any = dataclasses.MISSING, *, kind: ValueKind, key: str = "", env: str | None = None,
             aliases: tuple[str, ...] = (), companions: tuple[str, ...] = (), written: bool = True,
-            expects: str | None = None, doc: str = "", **field_options: Any) -> Any:
+            expects: str | None = None, doc: str = "", file_env: str | None = None, **field_options: Any) -> Any:
     """A dataclass field with its Setting (``key`` defaults to the field's name)."""
-    declared = Setting(kind.expecting(expects) if expects else kind, key, env, aliases, companions, written, doc)
+    declared = Setting(kind.expecting(expects) if expects else kind, key, env, aliases, companions, written, doc,
+                       file_env)
     return dataclasses.field(default=default, metadata={_SETTING: declared}, **field_options)
+
+
+@dataclass(frozen=True)
+class Switch:
+    """How the environment turns a spec's optional topology block on or off; ``block_from_env`` applies it.
+
+    Declared once on the spec, as its ``switch`` class variable, so that the reader, ``known_variables`` and the
+    reference all learn the switch from one place. ``env`` (with GeoMX's ``aliases``): a variable whose ``on``
+    texts turn the block on and whose ``off`` texts turn it off (compared stripped, in lower case); any other
+    text is refused as not ``expects``. ``flags``: boolean fields of the spec whose variables switch it instead
+    (TSEngine's ``inter`` and ``intra``): the switch is set when any of their variables is, and on when any flag
+    ends up on. ``doc``: the reference's line on the switch variable.
+
+    Usage::
+
+        @dataclass(frozen=True)
+        class HFASpec:
+            switch: ClassVar[Switch] = Switch("GEOMX_HFA", ("MXNET_KVSTORE_USE_HFA",), doc="HFA on or off")
+    """
+
+    env: str | None = None
+    aliases: tuple[str, ...] = ()
+    on: tuple[str, ...] = TRUE_TEXTS
+    off: tuple[str, ...] = FALSE_TEXTS
+    expects: str = "0 or 1"
+    flags: tuple[str, ...] = ()
+    doc: str = ""
+
+    def state(self, env: Mapping[str, str]) -> bool | None:
+        """What the switch variable says: True (on), False (off) or None (not set, or no variable)."""
+        text = lookup(env, self.env, self.aliases) if self.env else None
+        if self.env is None or text is None:
+            return None
+        word = text.strip().lower()
+        if word not in (*self.on, *self.off):
+            raise ConfigError(f"{' / '.join((self.env, *self.aliases))} must be {self.expects}, got {text!r}")
+        return word in self.on
+
+
+def switch_of(cls: type) -> Switch:
+    """``cls``'s declared ``switch``; a spec without one has a switch that is never set (always-present sections)."""
+    declared = getattr(cls, "switch", None)
+    return declared if isinstance(declared, Switch) else Switch()
 
 
 def part(default: Any, of: str, **field_options: Any) -> Any:
@@ -147,13 +200,48 @@ def lookup(env: Mapping[str, str], name: str, aliases: tuple[str, ...] = ()) -> 
 
 
 def env_values(cls: type, env: Mapping[str, str]) -> dict[str, Any]:
-    """Field values of ``cls`` from the environment variables (or their aliases) that are set."""
+    """Field values of ``cls`` from the environment variables (or their aliases) that are set; a field's
+    ``file_env`` variable, where its own is not set, names a file holding the value."""
     values: dict[str, Any] = {}
     for name, declared in settings(cls):
         text = lookup(env, declared.env, declared.aliases) if declared.env else None
+        source = declared.env or name
+        if text is None and declared.file_env:
+            path = lookup(env, declared.file_env)
+            if path is not None:
+                text, source = read_secret(Path(path)), declared.file_env
         if text is not None:
-            values.update(_spread(name, declared, declared.kind.from_text(text, declared.env or name)))
+            values.update(_spread(name, declared, declared.kind.from_text(text, source)))
     return values
+
+
+def block_from_env(cls: type[SpecT], env: Mapping[str, str], base: SpecT | None) -> SpecT | None:
+    """The topology's optional block ``base`` of spec ``cls`` (None: the topology has none) as ``env`` leaves it.
+
+    One rule for every block, from the spec's ``switch`` (``Switch``) and its fields' variables:
+
+    - switch set off: None (no block, whatever the topology says);
+    - switch set on: ``base`` (or, without one, ``cls``'s defaults) with the values of the variables set;
+    - switch not set: ``base`` with the values of the variables set if the topology has a block, else None
+      (variables alone do not turn a block on).
+
+    A switch with ``flags`` (TSEngine's ``inter`` / ``intra``) is set when any flag's variable is; a flag not set
+    keeps the block's value, off without a block, and the switch is on when any flag ends up on (both off: no
+    block). Every variable of ``cls`` is read, so a bad value is refused even where the block ends up off. A spec
+    without a switch (``timeouts``, ``security`` ...) is never switched: ``base`` with the variables' values.
+
+    Usage: ``hfa = block_from_env(HFASpec, os.environ, topology.hfa)``
+    """
+    switch = switch_of(cls)
+    state = switch.state(env)
+    values = env_values(cls, env)
+    if any(flag in values for flag in switch.flags):
+        flags = {flag: values.get(flag, getattr(base, flag) if base is not None else False) for flag in switch.flags}
+        values.update(flags)
+        state = state is not False and any(flags.values())
+    if state is False or (state is None and base is None):
+        return None
+    return dataclasses.replace(base if base is not None else cls(), **values)
 
 
 def _value(spec: Any, name: str, declared: Setting) -> Any:
@@ -184,5 +272,15 @@ def to_env(spec: Any) -> dict[str, str]:
 
 
 def aliases_of(*classes: type) -> dict[str, tuple[str, ...]]:
-    """GEOMX_* name -> GeoMX's names, over the declared fields of ``classes``."""
-    return {d.env: d.aliases for cls in classes for _, d in settings(cls) if d.env and d.aliases}
+    """GEOMX_* name -> GeoMX's names, over the declared fields and switches of ``classes``."""
+    declared = {d.env: d.aliases for cls in classes for _, d in settings(cls) if d.env and d.aliases}
+    switches = {s.env: s.aliases for s in map(switch_of, classes) if s.env and s.aliases}
+    return {**declared, **switches}
+
+
+def variables(cls: type) -> Iterator[str]:
+    """Every GEOMX_* variable ``cls`` declares: its fields' (and their ``file_env``) and its switch's."""
+    for _, declared in settings(cls):
+        yield from filter(None, (declared.env, declared.file_env))
+    if switch_of(cls).env:
+        yield str(switch_of(cls).env)

@@ -22,8 +22,9 @@ import yaml
 from .errors import ConfigError
 from .units import parse_bandwidth, parse_duration
 
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off")
+# the texts a flag reads as on and as off (compared in lower case)
+TRUE_TEXTS = ("1", "true", "yes", "on")
+FALSE_TEXTS = ("0", "false", "no", "off")
 
 
 @dataclass(frozen=True)
@@ -81,9 +82,9 @@ def _text_float(text: str, name: str) -> float:
 
 
 def _text_bool(text: str, name: str) -> bool:
-    if text.lower() in _TRUE:
+    if text.lower() in TRUE_TEXTS:
         return True
-    if text.lower() in _FALSE:
+    if text.lower() in FALSE_TEXTS:
         return False
     raise bad(name, "0 or 1", text)
 
@@ -101,6 +102,15 @@ def _path(value: Any, where: str, base_dir: Path | None) -> Path:
         raise ConfigError(f"{where} must be a path, got {value!r}")
     path = Path(value).expanduser()
     return path if path.is_absolute() or base_dir is None else base_dir / path
+
+
+def read_secret(path: Path) -> str:
+    """The shared secret in a file (surrounding whitespace dropped): ``security.secret_file`` and the variable
+    ``GEOMX_SECRET_FILE`` (``Setting.file_env``) both read it so, keeping the secret out of the environment."""
+    try:
+        return path.read_text().strip()
+    except OSError as exc:
+        raise ConfigError(f"cannot read the shared secret from {path}: {exc}") from None
 
 
 def named_spec(raw: Any, where: str) -> tuple[str, dict[str, Any]]:

@@ -1,9 +1,10 @@
 """The configuration reference, generated from the typed settings: every topology key and environment variable.
 
 Each feature spec declares its fields once (``geomx.config.fields.setting``: YAML key, ``GEOMX_*`` variable,
-GeoMX alias, kind, help); this module walks those declarations and writes them as Markdown tables, so the
-published reference cannot drift from what the configuration reads. ``tests/unit/test_docs.py`` fails when
-``docs/configuration.md`` differs from what this module generates.
+GeoMX alias, kind, help), and an optional block its switch (``fields.Switch``); this module walks those
+declarations and writes them as Markdown tables, so the published reference cannot drift from what the
+configuration reads. ``tests/unit/test_docs.py`` fails when ``docs/configuration.md`` differs from what this module
+generates.
 
 Usage::
 
@@ -21,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .env import ENV_ALIASES, ENV_SPECS, NODE_VARIABLES
-from .fields import Setting, settings
+from .fields import Setting, Switch, settings, switch_of
 from .specs import CheckpointSpec, DGTSpec, HFASpec, SecuritySpec, Timeouts, TrainingSpec, TSEngineSpec
 from .topology import LAN_SLICE_ELEMS, WAN_SLICE_ELEMS, Topology
 
@@ -40,14 +41,13 @@ SECTIONS: tuple[tuple[str, type], ...] = (
     ("checkpoint", CheckpointSpec),
 )
 
-# How each optional section is switched on, beyond its keys (read by hand in geomx.config.env / yaml_io).
-_SWITCHES: dict[str, str] = {
-    "hfa": "The block turns HFA on; `GEOMX_HFA=1` (GeoMX: `MXNET_KVSTORE_USE_HFA`) turns it on without one, "
-           "`GEOMX_HFA=0` off.",
-    "dgt": "`dgt: true` or any of its keys turns DGT on; `GEOMX_DGT` (GeoMX: `ENABLE_DGT`) `1` or `2` on, `0` off "
-           "(GeoMX's `3`, 4-bit quantization, is refused).",
+# What a section's YAML allows beyond its keys (read by hand in geomx.config.yaml_io); how the environment switches
+# an optional block is written from its spec's Switch (``_switch_rule``).
+_SECTION_NOTES: dict[str, str] = {
+    "hfa": "The block turns HFA on (`hfa: false` or none: off).",
+    "dgt": "`dgt: true` or any of its keys turns DGT on.",
     "tsengine": "`tsengine: true` or the block turns TSEngine on; with both `inter` and `intra` false it is off.",
-    "security": "`secret_file: PATH` (or `GEOMX_SECRET_FILE`) may stand for `secret`.",
+    "security": "`secret_file: PATH` may stand for `secret` (as `GEOMX_SECRET_FILE` may for `GEOMX_SECRET`).",
     "training": "Keys no field declares are plug-in options, handed to the algorithm that declares them "
                 "(`staleness`, `fragments`, `fragment_delay`, `fragment_alpha`: see [algorithms](algorithms.md)); "
                 "so are `GEOMX_<NAME>` variables nothing else reads.",
@@ -91,9 +91,6 @@ _PROCESS_HELP: dict[str, str] = {
     "GEOMX_RUN_DIR": "where stats, metrics and reports go",
     "GEOMX_RESUME": "`1`: global servers start from their newest valid checkpoint (`geomx launch --resume`)",
     "GEOMX_JOB_START": "wall-clock time (`time.time()`) that `outages` count from (`geomx launch` sets it)",
-    "GEOMX_HFA": "`1` / `0`: HFA on or off (with `GEOMX_HFA_K1`, `GEOMX_HFA_K2`)",
-    "GEOMX_DGT": "`1` or `2`: DGT on; `0`: off",
-    "GEOMX_SECRET_FILE": "a file holding the shared secret",
     "GEOMX_TRACE": "`1`: every node writes a message timeline to `RUN/trace/` (debugging only)",
 }
 
@@ -137,12 +134,34 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|") or "—"
 
 
+def _switch_rule(switch: Switch) -> str:
+    """How the environment switches a block (the rule of ``fields.block_from_env``), in words ("" when it has no
+    switch)."""
+    if not (switch.env or switch.flags):
+        return ""
+    unset = "not set" if switch.env else "none set"
+    tail = (f"the block (or, without one, the defaults) with the variables below; {unset}, the variables below apply "
+            "to the topology's block if it has one (they do not turn a block on).")
+    if switch.env:
+        return f"From the environment: `{switch.env}` off drops the block, whatever the topology says; on gives {tail}"
+    flags = " and ".join(_code(flag) for flag in switch.flags)
+    return (f"From the environment: the variables of {flags} switch the block (a flag not set keeps the block's "
+            "value, off without one): all off drops it, whatever the topology says; any on gives " + tail)
+
+
 def _rows(section: str, spec: type) -> Iterator[str]:
     yield "| key | environment | GeoMX alias | value | default | meaning |"
     yield "|---|---|---|---|---|---|"
+    switch = switch_of(spec)
+    if switch.env:
+        aliases = ", ".join(_code(alias) for alias in switch.aliases) or "—"
+        yield (f"| {_code(section)} | {_code(switch.env)} | {aliases} | {_cell(switch.expects)} | unset | "
+               f"{_cell(switch.doc)} |")
     for name, declared in settings(spec):
         key = f"{section}.{declared.key}" if section else declared.key
         env = _code(declared.env) if declared.env else "—"
+        if declared.file_env:
+            env += f", or a file: {_code(declared.file_env)}"
         aliases = ", ".join(_code(alias) for alias in declared.aliases) or "—"
         yield (f"| {_code(key)} | {env} | {aliases} | {_cell(declared.kind.expects)} | "
                f"{_default(spec, name, declared)} | {_cell(declared.doc)} |")
@@ -182,8 +201,8 @@ def markdown() -> str:
     for section, spec in SECTIONS:
         title = "Top-level settings" if not section else f"`{section}`"
         lines += ["", f"## {title}", "", _help(spec)]
-        if section in _SWITCHES:
-            lines += ["", _SWITCHES[section]]
+        for note in (_SECTION_NOTES.get(section, ""), _switch_rule(switch_of(spec))):
+            lines += ["", note] if note else []
         lines += ["", *_rows(section, spec)]
     lines += [
         "",

@@ -13,10 +13,10 @@ import enum
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from .errors import ConfigError
-from .fields import extras, part, setting
+from .fields import Switch, extras, part, setting
 from .kinds import BANDWIDTH, BOOL, CODEC, DURATION, FLOAT, FLOATS, INT, OPTIMIZER, PATH, STR
 
 
@@ -115,7 +115,8 @@ class Timeouts:
                                doc="a worker waiting for an answer")
     round_s: float = setting(120.0, kind=DURATION, key="round", env="GEOMX_TIMEOUT",
                              doc="a server waiting for all its clients")
-    shutdown_s: float = setting(30.0, kind=DURATION, key="shutdown")
+    shutdown_s: float = setting(30.0, kind=DURATION, key="shutdown",
+                                doc="a leaving node flushing its last messages and checkpoint writes")
     heartbeat_s: float = setting(10.0, kind=DURATION, key="heartbeat", env="GEOMX_HEARTBEAT_TIMEOUT",
                                  doc="a node silent this long is declared dead by its scheduler")
     heartbeat_interval_s: float = setting(1.0, kind=DURATION, key="heartbeat_interval", env="GEOMX_HEARTBEAT_INTERVAL",
@@ -131,6 +132,8 @@ class Timeouts:
 class HFASpec:
     """Hierarchical frequency aggregation: K1 local steps per local average, K2 local averages per global one."""
 
+    switch: ClassVar[Switch] = Switch("GEOMX_HFA", ("MXNET_KVSTORE_USE_HFA",),
+                                      doc="`1` / `0`: HFA on or off, whatever the topology says")
     k1: int = setting(1, kind=INT, env="GEOMX_HFA_K1", aliases=("MXNET_KVSTORE_HFA_K1",),
                       doc="local steps per local model average")
     k2: int = setting(1, kind=INT, env="GEOMX_HFA_K2", aliases=("MXNET_KVSTORE_HFA_K2",),
@@ -154,17 +157,33 @@ class DGTSpec:
     baseline that ranks blocks at random. Usage: ``DGTSpec(channels=3, k=0.8, loss=(0.01, 0.01, 0.01))``.
     """
 
-    channels: int = setting(3, kind=INT, env="GEOMX_DGT_CHANNELS", aliases=("DMLC_UDP_CHANNEL_NUM",))
-    k: float = setting(0.8, kind=FLOAT, env="GEOMX_DGT_K", aliases=("DMLC_K",))
-    adaptive: bool = setting(False, kind=BOOL, env="GEOMX_DGT_ADAPTIVE", aliases=("ADAPTIVE_K_FLAG",))
-    k_min: float = setting(0.2, kind=FLOAT, env="GEOMX_DGT_K_MIN", aliases=("DMLC_K_MIN",))
-    block_bytes: int = setting(4096, kind=INT, env="GEOMX_DGT_BLOCK_BYTES", aliases=("DGT_BLOCK_SIZE",))
-    alpha: float = setting(0.3, kind=FLOAT, env="GEOMX_DGT_ALPHA", aliases=("DGT_CONTRIBUTION_ALPHA",))
-    deadline_s: float = setting(0.05, kind=DURATION, key="deadline", env="GEOMX_DGT_DEADLINE")
-    loss: tuple[float, ...] = setting((), kind=FLOATS, env="GEOMX_DGT_LOSS")
-    seed: int = setting(0, kind=INT, env="GEOMX_DGT_SEED")
-    random_order: bool = setting(False, kind=BOOL, env="GEOMX_DGT_RANDOM_ORDER", aliases=("DGT_SET_RANDOM",))
-    rate_bps: float = setting(400e6, kind=BANDWIDTH, key="rate", env="GEOMX_DGT_RATE")
+    # GeoMX's mode 1 and 2 both turn DGT on here; its mode 3 is refused with this text
+    switch: ClassVar[Switch] = Switch(
+        "GEOMX_DGT", ("ENABLE_DGT",), on=("1", "2"), off=("0",),
+        expects="0, 1 or 2 (GeoMX's mode 3, 4-bit quantization of the unreliable blocks, is not supported)",
+        doc="`1` or `2`: DGT on; `0`: off, whatever the topology says (GeoMX's `3`, 4-bit quantization, is refused)")
+
+    channels: int = setting(3, kind=INT, env="GEOMX_DGT_CHANNELS", aliases=("DMLC_UDP_CHANNEL_NUM",),
+                            doc="UDP channels (1..7) for the blocks outside the top K, in falling priority")
+    k: float = setting(0.8, kind=FLOAT, env="GEOMX_DGT_K", aliases=("DMLC_K",),
+                       doc="fraction of the blocks, by contribution, sent on the reliable channel (0 < K <= 1)")
+    adaptive: bool = setting(False, kind=BOOL, env="GEOMX_DGT_ADAPTIVE", aliases=("ADAPTIVE_K_FLAG",),
+                             doc="K follows the loss the receiver reports (never below k_min)")
+    k_min: float = setting(0.2, kind=FLOAT, env="GEOMX_DGT_K_MIN", aliases=("DMLC_K_MIN",),
+                           doc="the smallest K adaptive may choose (0 < k_min <= K)")
+    block_bytes: int = setting(4096, kind=INT, env="GEOMX_DGT_BLOCK_BYTES", aliases=("DGT_BLOCK_SIZE",),
+                               doc="bytes per block: a multiple of 4, at most 60000 (one UDP datagram)")
+    alpha: float = setting(0.3, kind=FLOAT, env="GEOMX_DGT_ALPHA", aliases=("DGT_CONTRIBUTION_ALPHA",),
+                           doc="weight of the previous rounds in a block's contribution (an EMA), in [0, 1)")
+    deadline_s: float = setting(0.05, kind=DURATION, key="deadline", env="GEOMX_DGT_DEADLINE",
+                                doc="the receiver assembles a push this long after its reliable part (lost blocks: 0)")
+    loss: tuple[float, ...] = setting((), kind=FLOATS, env="GEOMX_DGT_LOSS",
+                                      doc="emulated loss rate in [0, 1): one for every UDP channel, or one per channel")
+    seed: int = setting(0, kind=INT, env="GEOMX_DGT_SEED", doc="seed of the emulated loss and of random_order")
+    random_order: bool = setting(False, kind=BOOL, env="GEOMX_DGT_RANDOM_ORDER", aliases=("DGT_SET_RANDOM",),
+                                 doc="rank the blocks at random instead of by contribution (the baseline)")
+    rate_bps: float = setting(400e6, kind=BANDWIDTH, key="rate", env="GEOMX_DGT_RATE",
+                              doc="the UDP blocks' pace, in bits per second, where no emulated link sets a rate")
 
     def __post_init__(self) -> None:
         if not 1 <= self.channels <= 7:
@@ -197,10 +216,16 @@ class TSEngineSpec:
     servers and the global servers, across parties. ``intra`` (``ENABLE_INTRA_TS``): between the workers and
     their local server, inside each party. Usage: ``TSEngineSpec(max_greed=0.9, intra=True)``."""
 
-    max_greed: float = setting(0.9, kind=FLOAT, env="GEOMX_MAX_GREED_RATE_TS", aliases=("MAX_GREED_RATE_TS",))
-    seed: int = setting(0, kind=INT)
-    inter: bool = setting(True, kind=BOOL, env="GEOMX_INTER_TS", aliases=("ENABLE_INTER_TS",))
-    intra: bool = setting(False, kind=BOOL, env="GEOMX_INTRA_TS", aliases=("ENABLE_INTRA_TS",))
+    # no variable of its own: the two overlays' flags switch the block (both off: no TSEngine)
+    switch: ClassVar[Switch] = Switch(flags=("inter", "intra"))
+
+    max_greed: float = setting(0.9, kind=FLOAT, env="GEOMX_MAX_GREED_RATE_TS", aliases=("MAX_GREED_RATE_TS",),
+                               doc="probability in [0, 1] of taking the best measured link (else a random one)")
+    seed: int = setting(0, kind=INT, doc="seed of the ε-greedy choices")
+    inter: bool = setting(True, kind=BOOL, env="GEOMX_INTER_TS", aliases=("ENABLE_INTER_TS",),
+                          doc="overlay between the local servers and the global servers, across parties")
+    intra: bool = setting(False, kind=BOOL, env="GEOMX_INTRA_TS", aliases=("ENABLE_INTRA_TS",),
+                          doc="overlay between the workers and their local server, inside each party")
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.max_greed <= 1.0:
@@ -214,14 +239,16 @@ class SecuritySpec:
     """Who may talk to the job, and whether links are encrypted (see ``geomx.transport.security``).
 
     ``secret``: a shared secret every connection must present (ZeroMQ PLAIN through a ZAP handler), from
-    the topology's ``security.secret`` / ``secret_file`` or GEOMX_SECRET. ``curve_keys``: a folder made by
-    ``geomx keygen``; when set, every link is encrypted and authenticated with CURVE instead.
+    the topology's ``security.secret`` / ``secret_file`` or GEOMX_SECRET / GEOMX_SECRET_FILE. ``curve_keys``: a
+    folder made by ``geomx keygen``; when set, every link is encrypted and authenticated with CURVE instead.
     Usage: ``SecuritySpec(secret="correct horse battery staple")``.
     """
 
-    secret: str | None = setting(None, kind=STR, env="GEOMX_SECRET", written=False, repr=False,
-                                 doc="also 'secret_file' / GEOMX_SECRET_FILE; never written out")
-    curve_keys: Path | None = setting(None, kind=PATH, env="GEOMX_CURVE_KEYS")
+    secret: str | None = setting(None, kind=STR, env="GEOMX_SECRET", file_env="GEOMX_SECRET_FILE", written=False,
+                                 repr=False, doc="shared secret (at least 8 characters) every connection presents; "
+                                                 "the file's text stands for it; never written out")
+    curve_keys: Path | None = setting(None, kind=PATH, env="GEOMX_CURVE_KEYS",
+                                      doc="folder of keys made by `geomx keygen`: every link encrypted (CURVE)")
 
     def __post_init__(self) -> None:
         if self.secret is not None and len(self.secret) < 8:
@@ -240,10 +267,13 @@ class CheckpointSpec:
     ``keep`` are kept. Usage: ``CheckpointSpec(dir=Path("ckpt"), every_steps=50)``.
     """
 
-    dir: Path | None = setting(None, kind=PATH, env="GEOMX_CHECKPOINT_DIR")
-    every_steps: int = setting(0, kind=INT, env="GEOMX_CHECKPOINT_EVERY_STEPS")
-    every_s: float = setting(0.0, kind=DURATION, key="every_seconds", env="GEOMX_CHECKPOINT_EVERY_SECONDS")
-    keep: int = setting(3, kind=INT)
+    dir: Path | None = setting(None, kind=PATH, env="GEOMX_CHECKPOINT_DIR",
+                               doc="folder the global servers write checkpoints to (unset: no checkpoints)")
+    every_steps: int = setting(0, kind=INT, env="GEOMX_CHECKPOINT_EVERY_STEPS",
+                               doc="a checkpoint every this many completed rounds (0: not by rounds)")
+    every_s: float = setting(0.0, kind=DURATION, key="every_seconds", env="GEOMX_CHECKPOINT_EVERY_SECONDS",
+                             doc="a checkpoint at the first round this long after the last (0: not by time)")
+    keep: int = setting(3, kind=INT, doc="how many of the newest checkpoints are kept")
 
     def __post_init__(self) -> None:
         if self.every_steps < 0 or self.every_s < 0 or self.keep < 1:
@@ -278,17 +308,24 @@ class TrainingSpec:
     Usage: ``TrainingSpec(sync="dist_async", server_optimizer="dcasgd")``.
     """
 
-    sync: str = setting("dist_sync", kind=STR, expects="str", env="GEOMX_SYNC")
+    sync: str = setting("dist_sync", kind=STR, expects="str", env="GEOMX_SYNC",
+                        doc="sync policy: dist_sync (FSA), dist_async (MixedSync), dist_ssp (SSP) or a plug-in's")
     server_optimizer: str = setting("auto", kind=OPTIMIZER, env="GEOMX_SERVER_OPTIMIZER",
-                                    companions=("server_optimizer_params",))
+                                    companions=("server_optimizer_params",),
+                                    doc="auto, none, translate or a server optimizer with its parameters (above)")
     server_optimizer_params: tuple[tuple[str, float], ...] = part((), of="server_optimizer")
     compression: dict[str, Any] | None = setting(None, kind=CODEC, env="GEOMX_COMPRESSION", hash=False,
-                                                 compare=True)
-    esync: bool = setting(False, kind=BOOL, expects="bool", env="GEOMX_ESYNC")
-    p3: bool = setting(False, kind=BOOL, expects="bool", env="GEOMX_P3", aliases=("ENABLE_P3",))
-    p3_slice_elems: int = setting(50_000, kind=INT, expects="int", env="GEOMX_P3_SLICE_ELEMS")
-    priorities: bool = setting(True, kind=BOOL, expects="bool", env="GEOMX_PRIORITIES")
-    metrics_every: int = setting(10, kind=INT, expects="int", env="GEOMX_METRICS_EVERY")
+                                                 compare=True, doc="codec of the WAN traffic (unset: none)")
+    esync: bool = setting(False, kind=BOOL, expects="bool", env="GEOMX_ESYNC",
+                          doc="ESync's balanced local steps per worker (needs HFA with K2 = 1)")
+    p3: bool = setting(False, kind=BOOL, expects="bool", env="GEOMX_P3", aliases=("ENABLE_P3",),
+                       doc="Priority-based Parameter Propagation: small slices, shallow layers first")
+    p3_slice_elems: int = setting(50_000, kind=INT, expects="int", env="GEOMX_P3_SLICE_ELEMS",
+                                  doc="P3's slice size, in elements (stands for slice_elems when p3 is on)")
+    priorities: bool = setting(True, kind=BOOL, expects="bool", env="GEOMX_PRIORITIES",
+                               doc="shallow layers overtake deep ones in every send queue; false: FIFO")
+    metrics_every: int = setting(10, kind=INT, expects="int", env="GEOMX_METRICS_EVERY",
+                                 doc="a metrics record every this many training steps")
     tensorboard: bool = setting(False, kind=BOOL, expects="bool", env="GEOMX_TENSORBOARD",
                                 doc="also write the metrics as TensorBoard scalars (RUN/tensorboard/<worker>/)")
     # Plug-in options: keys of the ``training`` block no field above declares and GEOMX_<NAME> variables nothing

@@ -56,13 +56,15 @@ class Topology:
 
     parties: tuple[PartySpec, ...]
     central: str
-    num_global_servers: int = setting(1, kind=INT, key="global_servers")
+    num_global_servers: int = setting(1, kind=INT, key="global_servers",
+                                      doc="global servers in the central party, the tensors' slices spread over them")
     mode: Mode = Mode.HIPS
     lan: LinkSpec = LinkSpec()
     wan: LinkSpec = LinkSpec()
     timeouts: Timeouts = Timeouts()
     slice_elems: int = AUTO_SLICE_ELEMS  # 0: default_slice_elems(number of parties)
-    max_message_bytes: int = setting(1 << 31, kind=INT)
+    max_message_bytes: int = setting(1 << 31, kind=INT,
+                                     doc="largest message a node accepts, in bytes (a larger one is refused)")
     parties_known: bool = True  # False when built from DMLC_* counts alone: party names are placeholders
     hfa: HFASpec | None = None  # hierarchical frequency aggregation, when enabled
     size_lower_bound: int = setting(200_000, kind=INT, env="GEOMX_SIZE_LOWER_BOUND",

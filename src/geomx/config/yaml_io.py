@@ -17,7 +17,7 @@ import yaml
 
 from .errors import ConfigError
 from .fields import keys, read_mapping, read_values, to_mapping
-from .kinds import PATH
+from .kinds import PATH, read_secret
 from .specs import (
     CheckpointSpec,
     DGTSpec,
@@ -96,14 +96,6 @@ def training_from_yaml(raw: Any, base: TrainingSpec | None = None) -> TrainingSp
     """The ``training`` block of a topology (every field optional)."""
     base = base or TrainingSpec()
     return base if raw is None else dataclasses.replace(base, **read_mapping(TrainingSpec, raw, "training"))
-
-
-def read_secret(path: Path) -> str:
-    """The shared secret in a file (surrounding whitespace dropped)."""
-    try:
-        return path.read_text().strip()
-    except OSError as exc:
-        raise ConfigError(f"cannot read the shared secret from {path}: {exc}") from None
 
 
 def security_from_yaml(raw: Any, base_dir: Path | None) -> SecuritySpec:
