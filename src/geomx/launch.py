@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from .config import Mode, NodeConfig, Role, Topology, job_training, load_topology, node_env
+from .config import Mode, NodeConfig, Role, Topology, TorchRun, job_topology, job_training, node_env
 from .runs.runlog import read_metrics, read_stats
 from .server.compose import check_plugins
 
@@ -163,10 +163,10 @@ def plan_processes(topology: Topology, topology_path: Path, command: list[str], 
         specs.append(ProcessSpec(label, argv, node_env(node, topology_path.resolve()), is_worker))
 
     def node(role: Role, party: str, scheduler: str | None = None, rank: int | None = None,
-             is_master: bool = False) -> NodeConfig:
+             is_master: bool = False, torchrun: TorchRun | None = None) -> NodeConfig:
         return NodeConfig(role=role, party=party, topology=topology, global_scheduler=global_address,
                           scheduler=scheduler, rank=rank, is_master=is_master, bind_host=host, run_dir=run_dir,
-                          resume=resume and role is Role.GLOBAL_SERVER)
+                          resume=resume and role is Role.GLOBAL_SERVER, torchrun=torchrun)
 
     if topology.central in selected:
         add("global_scheduler", node(Role.GLOBAL_SCHEDULER, topology.central), node_cmd)
@@ -175,6 +175,14 @@ def plan_processes(topology: Topology, topology_path: Path, command: list[str], 
     for name in selected:
         party = topology.party(name)
         scheduler = None
+        if topology.is_collective(name):  # one torch.distributed group, as torchrun would start it
+            master_port = pick_port()
+            for rank in range(party.num_workers):
+                run = TorchRun(rank=rank, world_size=party.num_workers, local_rank=rank,
+                               local_world_size=party.num_workers, master_addr=host, master_port=master_port)
+                add(f"{name}/worker{rank}", node(Role.WORKER, name, None, rank, name == topology.central and rank == 0,
+                                                 torchrun=run), list(command), is_worker=True)
+            continue
         if topology.mode is Mode.HIPS:
             scheduler = f"{host}:{pick_port()}"
             add(f"{name}/scheduler", node(Role.LOCAL_SCHEDULER, name, scheduler), node_cmd)
@@ -369,7 +377,7 @@ def launch(topology_path: Path, command: list[str], *, run_dir: Path | None = No
            party: str | None = None, global_scheduler: str | None = None,
            out: IO[str] | None = None, resume: bool = False) -> LaunchResult:
     """Plan, start and watch a job; returns its result (the caller prints the summary)."""
-    topology = load_topology(topology_path)
+    topology = job_topology(topology_path, os.environ)
     check_plugins(job_training(topology, os.environ), topology)  # a bad sync name or plug-in option: before any process
     run_dir = run_dir or default_run_dir(topology_path)
     if party is not None and party != topology.central and global_scheduler is None:

@@ -41,7 +41,7 @@ def test_a_valid_topology_breaks_no_row():
     topology = topology_from_dict({**BASE, "dgt": True, "tsengine": {"inter": False, "intra": True}})
     assert refusal(topology.features) is None
     assert topology.features == {"flat": False, "hfa": False, "fp16": False, "security": False, "dgt": True,
-                                 "inter_ts": False, "intra_ts": True}
+                                 "inter_ts": False, "intra_ts": True, "collective": False}
 
 
 def test_tsengine_refuses_fp16_through_the_topology():

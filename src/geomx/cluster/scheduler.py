@@ -49,8 +49,9 @@ def expected_members(config: NodeConfig) -> collections.Counter[tuple[Role, str 
         known = topology.parties_known
         expected[(Role.GLOBAL_SERVER, topology.central if known else None)] = topology.num_global_servers
         for party in topology.parties:
-            role, count = ((Role.WORKER, party.num_workers) if topology.mode is Mode.FLAT
-                           else (Role.LOCAL_SERVER, 1))
+            # flat, or a collective party: its workers are the global servers' clients themselves
+            direct = topology.mode is Mode.FLAT or topology.is_collective(party.name)
+            role, count = (Role.WORKER, party.num_workers) if direct else (Role.LOCAL_SERVER, 1)
             expected[(role, party.name if known else None)] += count
     else:
         expected[(Role.LOCAL_SERVER, config.party)] = 1

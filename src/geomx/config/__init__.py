@@ -14,13 +14,14 @@ Usage::
 
 from __future__ import annotations
 
-from .env import ENV_ALIASES, job_training, node_config, node_config_from_env, node_env
+from .env import ENV_ALIASES, job_topology, job_training, node_config, node_config_from_env, node_env
 from .errors import ConfigError
 from .specs import (
     OUTAGE_ORIGINS,
     CheckpointSpec,
     DGTSpec,
     HFASpec,
+    LanTier,
     LinkSpec,
     Mode,
     Outage,
@@ -30,6 +31,7 @@ from .specs import (
     Timeouts,
     TrainingSpec,
     TSEngineSpec,
+    TorchRun,
 )
 from .topology import AUTO_SLICE_ELEMS, LAN_SLICE_ELEMS, WAN_SLICE_ELEMS, NodeConfig, Topology, default_slice_elems
 from .units import parse_bandwidth, parse_duration
@@ -37,8 +39,8 @@ from .yaml_io import load_topology, topology_from_dict, topology_to_dict
 
 __all__ = [
     "AUTO_SLICE_ELEMS", "ENV_ALIASES", "LAN_SLICE_ELEMS", "OUTAGE_ORIGINS",
-    "WAN_SLICE_ELEMS", "CheckpointSpec", "ConfigError", "DGTSpec", "HFASpec", "LinkSpec", "Mode", "NodeConfig",
+    "WAN_SLICE_ELEMS", "CheckpointSpec", "ConfigError", "DGTSpec", "HFASpec", "LanTier", "LinkSpec", "Mode", "NodeConfig",
     "Outage", "PartySpec", "Role", "SecuritySpec", "Timeouts", "Topology", "TrainingSpec",
-    "TSEngineSpec", "default_slice_elems", "job_training", "load_topology", "node_config", "node_config_from_env",
+    "TSEngineSpec", "TorchRun", "default_slice_elems", "job_topology", "job_training", "load_topology", "node_config", "node_config_from_env",
     "node_env", "parse_bandwidth", "parse_duration", "topology_from_dict", "topology_to_dict",
 ]

@@ -26,6 +26,7 @@ _README = "see docs/algorithms.md, 'Which features combine'"
 DGT = "DGT (ENABLE_DGT)"
 INTER_TS = "TSEngine (ENABLE_INTER_TS)"
 INTRA_TS = "TSEngine inside a party (ENABLE_INTRA_TS)"
+COLLECTIVE = "a collective LAN tier (lan: collective)"
 _INTER_TS_CONFIGURE = f"{INTER_TS} works with dist_sync and without WAN compression; {_README}"
 
 
@@ -57,6 +58,12 @@ RULES: tuple[Rule, ...] = (
     Rule("inter_ts", "dgt", _no(INTER_TS, "DGT"), "drop one of tsengine.inter and dgt"),
     Rule("intra_ts", "flat", _no(INTRA_TS, "a flat parameter server (there is no local server)"), "mode: hips"),
     Rule("intra_ts", "fp16", _no(INTRA_TS, "the fp16 switch (relays carry float32)"), "fp16: false"),
+    Rule("collective", "flat", _no(COLLECTIVE, "a flat parameter server (mode: flat has no LAN tier)"),
+         "mode: hips"),
+    Rule("collective", "dgt", _no(COLLECTIVE, "DGT (its UDP channels start at local servers)"), "no dgt"),
+    Rule("collective", "inter_ts", _no(COLLECTIVE, "TSEngine (its relays run between servers)"), "no tsengine"),
+    Rule("collective", "intra_ts", _no(COLLECTIVE, "TSEngine inside a party"), "no tsengine"),
+    Rule("collective", "fp16", _no(COLLECTIVE, "the fp16 switch yet"), "fp16: false"),
     # a CONFIGURE request to the servers (server._on_configure)
     Rule("inter_ts", "wan_compression", _INTER_TS_CONFIGURE, "no training.compression under TSEngine"),
     Rule("inter_ts", "other_sync", _INTER_TS_CONFIGURE, "training.sync: dist_sync"),

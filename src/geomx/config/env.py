@@ -24,12 +24,14 @@ from .specs import (
     CheckpointSpec,
     DGTSpec,
     HFASpec,
+    LanTier,
     Mode,
     PartySpec,
     Role,
     SecuritySpec,
     Timeouts,
     TrainingSpec,
+    TorchRun,
     TSEngineSpec,
 )
 from .topology import LAN_SLICE_ELEMS, NodeConfig, Topology
@@ -52,7 +54,9 @@ _NODE_ALIASES: dict[str, tuple[str, ...]] = {
 NODE_VARIABLES = ("GEOMX_ROLE", "GEOMX_PARTY", "GEOMX_TOPOLOGY", "GEOMX_SCHEDULER", "GEOMX_GLOBAL_SCHEDULER",
                   "GEOMX_NUM_WORKERS", "GEOMX_NUM_GLOBAL_SERVERS", "GEOMX_NUM_ALL_WORKERS", "GEOMX_NUM_PARTIES",
                   "GEOMX_CENTRAL", "GEOMX_MASTER_WORKER", "GEOMX_RANK", "GEOMX_HOST", "GEOMX_WORKER_OFFSET",
-                  "GEOMX_RUN_DIR", "GEOMX_RESUME", "GEOMX_JOB_START", "GEOMX_TRACE")
+                  "GEOMX_RUN_DIR", "GEOMX_RESUME", "GEOMX_JOB_START", "GEOMX_TRACE", "GEOMX_LAN")
+# torchrun's variables: a collective party's rank reads them (torch.distributed's own names, no GEOMX_ prefix)
+TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 # every spec whose declarations the environment may set
 ENV_SPECS: tuple[type, ...] = (Topology, Timeouts, HFASpec, DGTSpec, TSEngineSpec, TrainingSpec, SecuritySpec,
                                CheckpointSpec)
@@ -173,6 +177,43 @@ def _overridden(spec: Any, env: Mapping[str, str]) -> Any:
     return dataclasses.replace(spec, **values) if values else spec
 
 
+def lan_from_env(topology: Topology, env: Mapping[str, str]) -> Topology:
+    """GEOMX_LAN (``server`` or ``collective``) sets every party's LAN tier over the topology's."""
+    text = _get(env, "GEOMX_LAN")
+    if text is None:
+        return topology
+    try:
+        tier = LanTier(text.strip().lower())
+    except ValueError:
+        raise ConfigError(f"GEOMX_LAN must be one of {[t.value for t in LanTier]}, got {text!r}") from None
+    return dataclasses.replace(topology, parties=tuple(dataclasses.replace(p, lan=tier) for p in topology.parties))
+
+
+def job_topology(path: str | Path, env: Mapping[str, str]) -> Topology:
+    """The topology file at ``path`` as a job launched with ``env`` runs it (GEOMX_LAN applied)."""
+    return lan_from_env(load_topology(path), env)
+
+
+def torchrun_from_env(env: Mapping[str, str]) -> TorchRun | None:
+    """torchrun's variables as a ``TorchRun`` (None when RANK is not set); a partial set is refused, naming what
+    is missing."""
+    if _get(env, "RANK") is None:
+        return None
+    missing = [name for name in TORCHRUN_VARIABLES if name not in ("LOCAL_RANK", "LOCAL_WORLD_SIZE")
+               and _get(env, name) is None]
+    if missing:
+        raise ConfigError(f"RANK is set but not {', '.join(missing)}: a collective party's rank needs torchrun's "
+                          "variables (start it with `geomx launch` or torchrun)")
+    numbers = {name: _int(env, name) for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                                                   "MASTER_PORT")}
+    rank, world = numbers["RANK"], numbers["WORLD_SIZE"]
+    assert rank is not None and world is not None and numbers["MASTER_PORT"] is not None
+    return TorchRun(rank=rank, world_size=world,
+                    local_rank=numbers["LOCAL_RANK"] if numbers["LOCAL_RANK"] is not None else rank,
+                    local_world_size=numbers["LOCAL_WORLD_SIZE"] or world,
+                    master_addr=str(_get(env, "MASTER_ADDR")), master_port=numbers["MASTER_PORT"])
+
+
 def node_config_from_env(env: Mapping[str, str]) -> NodeConfig:
     """Build this process's NodeConfig from the environment set by `geomx launch` (or GeoMX scripts)."""
     role = _role_from_env(env)
@@ -186,7 +227,7 @@ def node_config_from_env(env: Mapping[str, str]) -> NodeConfig:
     else:
         topology = _topology_from_env(env, role, party)
     blocks = {name: block_from_env(cls, env, getattr(topology, name)) for name, cls in OPTIONAL_BLOCKS}
-    topology = dataclasses.replace(topology, **env_values(Topology, env), **blocks,
+    topology = dataclasses.replace(lan_from_env(topology, env), **env_values(Topology, env), **blocks,
                                    security=_overridden(topology.security, env),
                                    checkpoint=_overridden(topology.checkpoint, env))
     training = training_from_env(env, topology.training)
@@ -206,7 +247,7 @@ def node_config_from_env(env: Mapping[str, str]) -> NodeConfig:
         raise ConfigError("no global scheduler address: set GEOMX_GLOBAL_SCHEDULER=HOST:PORT "
                           "(or DMLC_PS_GLOBAL_ROOT_URI and DMLC_PS_GLOBAL_ROOT_PORT)")
     needs_local = role in (Role.LOCAL_SCHEDULER, Role.LOCAL_SERVER) or (
-        role is Role.WORKER and topology.mode is Mode.HIPS)
+        role is Role.WORKER and topology.mode is Mode.HIPS and not topology.is_collective(party))
     if needs_local and scheduler is None:
         raise ConfigError(f"role {role.value} needs its party's scheduler: set GEOMX_SCHEDULER=HOST:PORT "
                           "(or DMLC_PS_ROOT_URI and DMLC_PS_ROOT_PORT)")
@@ -231,6 +272,7 @@ def node_config_from_env(env: Mapping[str, str]) -> NodeConfig:
         worker_offset=_int(env, "GEOMX_WORKER_OFFSET"),
         resume=env.get("GEOMX_RESUME", "") not in ("", "0", "false", "False"),
         trace=env.get("GEOMX_TRACE", "") not in ("", "0", "false", "False"),
+        torchrun=torchrun_from_env(env) if role is Role.WORKER and topology.is_collective(party) else None,
     )
 
 
@@ -260,6 +302,11 @@ def node_env(node: NodeConfig, topology_path: Path) -> dict[str, str]:
         env["GEOMX_RESUME"] = "1"
     if node.topology.job_start is not None:
         env["GEOMX_JOB_START"] = repr(node.topology.job_start)
+    if node.torchrun is not None:
+        run = node.torchrun
+        env.update({"RANK": str(run.rank), "WORLD_SIZE": str(run.world_size), "LOCAL_RANK": str(run.local_rank),
+                    "LOCAL_WORLD_SIZE": str(run.local_world_size), "MASTER_ADDR": run.master_addr,
+                    "MASTER_PORT": str(run.master_port)})
     for name, text in node.topology.training.plugin_options:
         env[f"GEOMX_{name.upper()}"] = text
     return env

@@ -37,6 +37,33 @@ class Mode(enum.StrEnum):
     FLAT = "flat"
 
 
+class LanTier(enum.StrEnum):
+    """How a party's workers meet inside the data center: through its local server (HiPS, GeoMX's tier, the
+    default) or as one torch.distributed group whose ranks each sync their own slices across the WAN."""
+
+    SERVER = "server"
+    COLLECTIVE = "collective"
+
+
+@dataclass(frozen=True)
+class TorchRun:
+    """Where a rank of a collective party stands in its party's group, as torchrun's variables say (``RANK``,
+    ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``)."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    master_addr: str
+    master_port: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.rank < self.world_size:
+            raise ConfigError(f"RANK={self.rank} is not in WORLD_SIZE={self.world_size}")
+        if not 0 < self.master_port < 65536:
+            raise ConfigError(f"MASTER_PORT={self.master_port} is not a port")
+
+
 @dataclass(frozen=True)
 class LinkSpec:
     """One link class: bandwidth in bits per second (None = unlimited) and one-way latency in seconds.
@@ -63,13 +90,14 @@ class PartySpec:
     between two parties is the slower of theirs, one pipe per pair and direction. ``access_bps`` is the
     party's own connection to the WAN, shared by *all* its WAN traffic in each direction whatever the other
     party: many parties sending to it at once queue there (in-cast), and what it sends to several parties
-    shares it.
+    shares it. ``lan``: the party's LAN tier (``LanTier``): its local server, or a collective group.
     """
 
     name: str
     num_workers: int
     wan: LinkSpec | None = None
     access_bps: float | None = None
+    lan: LanTier = LanTier.SERVER
 
 
 OUTAGE_ORIGINS = ("launch", "training")

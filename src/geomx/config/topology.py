@@ -20,6 +20,7 @@ from .specs import (
     CheckpointSpec,
     DGTSpec,
     HFASpec,
+    LanTier,
     LinkSpec,
     Mode,
     Outage,
@@ -29,6 +30,7 @@ from .specs import (
     Timeouts,
     TrainingSpec,
     TSEngineSpec,
+    TorchRun,
 )
 
 # Tensors larger than ``slice_elems`` elements travel as independent slices. Left out of the topology, it
@@ -113,6 +115,7 @@ class Topology:
     def features(self) -> dict[str, bool]:
         """What this topology turns on (its tier shape and feature switches): facts for ``combinations.check``."""
         return {"flat": self.mode is Mode.FLAT, "hfa": self.hfa is not None, "fp16": self.fp16,
+                "collective": bool(self.collective_parties),
                 "security": self.security.enabled, "dgt": self.dgt is not None, "inter_ts": self.inter_ts,
                 "intra_ts": self.intra_ts}
 
@@ -129,6 +132,16 @@ class Topology:
     @property
     def num_all_workers(self) -> int:
         return sum(p.num_workers for p in self.parties)
+
+    @property
+    def collective_parties(self) -> tuple[str, ...]:
+        """The parties whose LAN tier is a torch.distributed group (``lan: collective``)."""
+        return tuple(p.name for p in self.parties if p.lan is LanTier.COLLECTIVE)
+
+    def is_collective(self, party: str) -> bool:
+        """Whether ``party``'s workers form one torch.distributed group and talk to the global servers
+        themselves (no local server, no local scheduler)."""
+        return self.party(party).lan is LanTier.COLLECTIVE
 
     def party(self, name: str) -> PartySpec:
         for party in self.parties:
@@ -174,6 +187,7 @@ class NodeConfig:
     worker_offset: int | None = None  # global rank of this party's first worker; None: from the topology
     resume: bool = False  # global servers start from the newest valid checkpoint (`geomx launch --resume`)
     trace: bool = False  # GEOMX_TRACE=1: debug-only message timeline in RUN/trace/ (see geomx.transport.trace)
+    torchrun: TorchRun | None = None  # a collective party's rank: torchrun's RANK, WORLD_SIZE ... (else None)
 
     @property
     def num_workers(self) -> int:

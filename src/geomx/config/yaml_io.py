@@ -22,6 +22,7 @@ from .specs import (
     CheckpointSpec,
     DGTSpec,
     HFASpec,
+    LanTier,
     LinkSpec,
     Mode,
     Outage,
@@ -133,6 +134,15 @@ def _outages(raw: Any) -> tuple[Outage, ...]:
     return tuple(outages)
 
 
+def _lan_tier(value: Any, where: str) -> LanTier:
+    """A LAN tier's name (``server`` or ``collective``), refused naming ``where`` otherwise."""
+    try:
+        return LanTier(str(value).lower())
+    except ValueError:
+        raise ConfigError(f"{where} must be one of {[t.value for t in LanTier]} (a party's LAN tier), "
+                          f"got {value!r}") from None
+
+
 def topology_from_dict(raw: Mapping[str, Any], base_dir: Path | None = None) -> Topology:
     """Build a Topology from the YAML structure documented in ``topologies/demo.yaml``.
 
@@ -146,21 +156,26 @@ def topology_from_dict(raw: Mapping[str, Any], base_dir: Path | None = None) -> 
     raw_parties = raw.get("parties")
     if not isinstance(raw_parties, Mapping) or not raw_parties:
         raise ConfigError("topology needs 'parties': a mapping of party name to {workers: N}")
+    links = raw.get("links") or {}
+    if not isinstance(links, Mapping) or set(links) - {"lan", "wan"}:
+        raise ConfigError("'links' may hold only 'lan' and 'wan'")
+    # `links: {lan: collective}` makes every party's LAN tier a collective group (a party's own `lan` wins)
+    default_lan = _lan_tier(links["lan"], "links.lan") if isinstance(links.get("lan"), str) else LanTier.SERVER
+    lan_link = None if isinstance(links.get("lan"), str) else links.get("lan")
     parties = []
     for name, spec in raw_parties.items():
         workers = spec.get("workers") if isinstance(spec, Mapping) else spec
         if not isinstance(workers, int) or isinstance(workers, bool):
             raise ConfigError(f"party {name!r} needs an integer 'workers'")
-        fields = {"workers", "wan", "access"}
+        fields = {"workers", "wan", "access", "lan"}
         if isinstance(spec, Mapping) and set(spec) - fields:
             raise ConfigError(f"party {name!r} has unknown fields {sorted(set(spec) - fields)}; "
                               f"allowed: {', '.join(sorted(fields))}")
         wan = _link(spec.get("wan"), f"parties.{name}.wan") if isinstance(spec, Mapping) and spec.get("wan") else None
         access = parse_bandwidth(spec.get("access")) if isinstance(spec, Mapping) else None
-        parties.append(PartySpec(str(name), workers, wan, access))
-    links = raw.get("links") or {}
-    if not isinstance(links, Mapping) or set(links) - {"lan", "wan"}:
-        raise ConfigError("'links' may hold only 'lan' and 'wan'")
+        lan = (_lan_tier(spec["lan"], f"parties.{name}.lan") if isinstance(spec, Mapping) and "lan" in spec
+               else default_lan)
+        parties.append(PartySpec(str(name), workers, wan, access, lan))
     mode_text = str(raw.get("mode", "hips")).lower()
     try:
         mode = Mode(mode_text)
@@ -170,7 +185,7 @@ def topology_from_dict(raw: Mapping[str, Any], base_dir: Path | None = None) -> 
         parties=tuple(parties),
         central=str(raw.get("central", parties[0].name)),
         mode=mode,
-        lan=_link(links.get("lan"), "links.lan", ingress_allowed=True),
+        lan=_link(lan_link, "links.lan", ingress_allowed=True),
         wan=_link(links.get("wan"), "links.wan"),
         timeouts=timeouts_from_yaml(raw.get("timeouts")),
         slice_elems=_slice_elems(raw["slice_elems"]) if "slice_elems" in raw else AUTO_SLICE_ELEMS,
@@ -218,7 +233,8 @@ def topology_to_dict(topology: Topology) -> dict[str, Any]:
     optional = {"hfa": topology.hfa, "dgt": topology.dgt, "tsengine": topology.tsengine}
     return {
         "parties": {p.name: {"workers": p.num_workers, **({"wan": link(p.wan)} if p.wan else {}),
-                             **({"access": p.access_bps} if p.access_bps is not None else {})}
+                             **({"access": p.access_bps} if p.access_bps is not None else {}),
+                             **({"lan": p.lan.value} if p.lan is not LanTier.SERVER else {})}
                     for p in topology.parties},
         "central": topology.central,
         "mode": topology.mode.value,

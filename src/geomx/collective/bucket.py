@@ -1,0 +1,52 @@
+"""A collective rank's view of the model: the owner-ordered buffer of ``geomx.collective.layout``, this rank's
+chunk of it, and the slices it owns with their views, allocated once.
+
+Usage (inside a collective strategy)::
+
+    bucket = ModelBucket(layout, group, like=params[0])
+    bucket.reduce_scatter([p.grad for p in params])       # bucket.chunk: the party's sums of this rank's slices
+    for owned, piece in bucket.pieces: ...                 # send piece, write the answer into it
+    bucket.all_gather_into([p.data for p in params])       # every rank: every owner's answers
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from .group import PartyGroup
+from .layout import OwnerLayout
+from .owners import OwnedSlice
+
+
+class ModelBucket:
+    """One flat buffer for the whole model and this rank's chunk, on the model's device."""
+
+    def __init__(self, layout: OwnerLayout, group: PartyGroup, like: torch.Tensor) -> None:
+        self.layout = layout
+        self.group = group
+        self.buffer = layout.empty(like.dtype, like.device)
+        self.chunk = torch.zeros(layout.chunk_numel, dtype=like.dtype, device=like.device)
+        self.pieces: list[tuple[OwnedSlice, torch.Tensor]] = list(layout.pieces(self.chunk, group.rank))
+
+    def reduce_scatter(self, tensors: Sequence[torch.Tensor]) -> None:
+        """``chunk`` = the party's sum of this rank's slices of ``tensors``."""
+        self.layout.pack(tensors, self.buffer)
+        self.group.reduce_scatter(self.chunk, self.buffer)
+
+    def all_reduce(self, tensors: Sequence[torch.Tensor]) -> None:
+        """``tensors`` = their sum over the party, in place (one all-reduce of the whole buffer)."""
+        self.layout.pack(tensors, self.buffer)
+        self.group.all_reduce(self.buffer)
+        self.layout.unpack(self.buffer, tensors)
+
+    def own(self, tensors: Sequence[torch.Tensor]) -> None:
+        """``chunk`` = this rank's slices of ``tensors`` (no collective)."""
+        for owned, piece in self.pieces:
+            piece.copy_(tensors[owned.key].detach().reshape(-1)[owned.start:owned.stop])
+
+    def all_gather_into(self, tensors: Sequence[torch.Tensor]) -> None:
+        """Every rank's chunk into ``tensors``: each slice as its owner holds it."""
+        self.group.all_gather(self.buffer, self.chunk)
+        self.layout.unpack(self.buffer, tensors)

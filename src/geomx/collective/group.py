@@ -1,0 +1,98 @@
+"""A collective party's process group: its ranks joined as torchrun would join them, every collective bounded by
+the topology's round timeout, and a failure named after the party and the operation.
+
+A rank of a ``lan: collective`` party is started by ``geomx launch`` (or by the data center's own ``torchrun``)
+with torchrun's variables, which ``geomx.config`` reads into a ``TorchRun``. If the training script already
+initialized torch.distributed (as a torchrun script does), the group is that one; otherwise it is initialized
+here from the ``TorchRun``. gloo serves CPU tensors, NCCL CUDA ones.
+
+Usage::
+
+    group = PartyGroup.join(torchrun, party="dc1", timeout_s=60.0, backend="gloo")
+    group.reduce_scatter(chunk, buffer)     # chunk: the party's sum of this rank's share of buffer
+    group.all_gather(buffer, chunk)
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..config import TorchRun
+
+log = logging.getLogger("geomx.collective")
+
+
+class PartyError(RuntimeError):
+    """A collective of the party failed: a rank died, hung past the timeout, or disagreed on a shape."""
+
+
+def backend_for(device: torch.device) -> str:
+    """The collective backend for tensors on ``device``: NCCL for CUDA, gloo otherwise."""
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+class PartyGroup:
+    """The ranks of one party, and the collectives the collective strategies run over them."""
+
+    def __init__(self, party: str, rank: int, world_size: int, group: Any = None) -> None:
+        self.party = party
+        self.rank = rank
+        self.world_size = world_size
+        self.group = group  # None: torch.distributed's default group
+        self.owns_group = False  # initialized here, so destroyed by close()
+
+    @classmethod
+    def join(cls, run: TorchRun | None, party: str, timeout_s: float, backend: str) -> PartyGroup:
+        """The party's group: torch.distributed's default one if the script initialized it, else one initialized
+        here from ``run`` (refused, naming what is missing, when there is neither)."""
+        if dist.is_initialized():
+            return cls(party, dist.get_rank(), dist.get_world_size())
+        if run is None:
+            raise PartyError(f"party {party} has lan: collective, but this process has no RANK / WORLD_SIZE / "
+                             "MASTER_ADDR / MASTER_PORT: start it with `geomx launch` or torchrun")
+        log.info("[%s] rank %d of %d joins the party's %s group at %s:%d", party, run.rank, run.world_size,
+                 backend, run.master_addr, run.master_port)
+        dist.init_process_group(backend, init_method=f"tcp://{run.master_addr}:{run.master_port}", rank=run.rank,
+                                world_size=run.world_size, timeout=datetime.timedelta(seconds=timeout_s))
+        group = cls(party, run.rank, run.world_size)
+        group.owns_group = True
+        return group
+
+    def _run(self, what: str, op: Callable[[], Any]) -> None:
+        try:
+            op()
+        except (RuntimeError, dist.DistBackendError) as error:
+            raise PartyError(f"party {self.party}: rank {self.rank}'s {what} failed (a rank of the party died, "
+                             f"hung past the round timeout, or disagrees on the model): {error}") from error
+
+    def reduce_scatter(self, chunk: torch.Tensor, buffer: torch.Tensor) -> None:
+        """``chunk`` = the party's sum of this rank's chunk of ``buffer``."""
+        self._run("reduce-scatter", lambda: dist.reduce_scatter_tensor(chunk, buffer, group=self.group))
+
+    def all_gather(self, buffer: torch.Tensor, chunk: torch.Tensor) -> None:
+        """``buffer`` = every rank's ``chunk``, rank by rank."""
+        self._run("all-gather", lambda: dist.all_gather_into_tensor(buffer, chunk, group=self.group))
+
+    def all_reduce(self, tensor: torch.Tensor) -> None:
+        """``tensor`` = its sum over the party, in place."""
+        self._run("all-reduce", lambda: dist.all_reduce(tensor, group=self.group))
+
+    def broadcast(self, tensor: torch.Tensor, source: int = 0) -> None:
+        """``tensor`` = rank ``source``'s, in place."""
+        self._run("broadcast", lambda: dist.broadcast(tensor, src=source, group=self.group))
+
+    def barrier(self) -> None:
+        """Wait for every rank of the party."""
+        self._run("barrier", lambda: dist.barrier(group=self.group))
+
+    def close(self) -> None:
+        """Destroy the group if it was initialized here (a script's own group is the script's to destroy)."""
+        if self.owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+            self.owns_group = False

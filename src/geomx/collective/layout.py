@@ -1,0 +1,101 @@
+"""A model's tensors packed owner by owner, so that the party's collectives move every slice to its owner in one
+call: a reduce-scatter gives each rank the party's sum of the slices it owns, an all-gather gives every rank the
+answers its peers brought back.
+
+The buffer holds ``world_size`` chunks of equal length (the largest rank's share; the others padded): chunk
+``r`` holds rank ``r``'s owned slices (``geomx.collective.owners``), back to back in declaration order. Packing
+copies each slice once (as DDP copies gradients into its buckets); a rank's slices are views into its chunk, so
+what it sends over the WAN and what it receives never need another copy.
+
+Usage::
+
+    layout = OwnerLayout(owners, numels=[p.numel() for p in params])
+    buffer = layout.empty(dtype=torch.float32, device="cpu")
+    layout.pack([p.grad for p in params], buffer)
+    dist.reduce_scatter_tensor(layout.chunk(buffer, rank), buffer)   # the party's sums of rank's slices
+    for owned, piece in layout.pieces(buffer, rank): ...             # push piece, receive its answer into it
+    dist.all_gather_into_tensor(buffer, layout.chunk(buffer, rank).clone())
+    layout.unpack(buffer, [p.data for p in params])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import torch
+
+from .owners import OwnedSlice, SliceOwners
+
+
+class OwnerLayout:
+    """Where each owned slice of the model sits in a flat buffer of ``world_size`` equal chunks."""
+
+    def __init__(self, owners: SliceOwners, numels: Sequence[int]) -> None:
+        self.world_size = owners.world_size
+        self.numels = list(numels)
+        self.owned = [owners.owned(rank) for rank in range(self.world_size)]
+        keys = {s.key for share in self.owned for s in share}
+        if keys != set(range(len(self.numels))):
+            raise ValueError(f"the layout covers keys 0..{len(self.numels) - 1}, but the owners declare "
+                             f"{sorted(keys)[:10]}")
+        for share in self.owned:
+            for s in share:
+                if s.stop > self.numels[s.key]:
+                    raise ValueError(f"key {s.key} slice {s.index} ends at {s.stop}, past its "
+                                     f"{self.numels[s.key]} elements")
+        self.shares = [sum(s.numel for s in share) for share in self.owned]
+        self.chunk_numel = max(self.shares, default=0)
+        # (rank, offset in the rank's chunk) of every owned slice
+        self.offsets: list[list[int]] = []
+        for share in self.owned:
+            offset, offsets = 0, []
+            for s in share:
+                offsets.append(offset)
+                offset += s.numel
+            self.offsets.append(offsets)
+
+    @property
+    def numel(self) -> int:
+        """Elements of the whole buffer (chunks included padding)."""
+        return self.chunk_numel * self.world_size
+
+    def empty(self, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+        """A zeroed buffer for this layout (the padding stays zero)."""
+        return torch.zeros(self.numel, dtype=dtype, device=device)
+
+    def chunk(self, buffer: torch.Tensor, rank: int) -> torch.Tensor:
+        """Rank ``rank``'s chunk of ``buffer`` (a view)."""
+        return buffer[rank * self.chunk_numel:(rank + 1) * self.chunk_numel]
+
+    def pieces(self, buffer: torch.Tensor, rank: int) -> Iterator[tuple[OwnedSlice, torch.Tensor]]:
+        """Each slice ``rank`` owns with its view into ``buffer`` (the whole buffer, or just the rank's chunk)."""
+        base = rank * self.chunk_numel if buffer.numel() == self.numel else 0
+        for s, offset in zip(self.owned[rank], self.offsets[rank], strict=True):
+            yield s, buffer[base + offset:base + offset + s.numel]
+
+    def _walk(self, tensors: Sequence[torch.Tensor], buffer: torch.Tensor
+              ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        if len(tensors) != len(self.numels):
+            raise ValueError(f"expected {len(self.numels)} tensors, got {len(tensors)}")
+        if buffer.numel() != self.numel:
+            raise ValueError(f"buffer has {buffer.numel()} elements; the layout needs {self.numel}")
+        flats = []
+        for key, tensor in enumerate(tensors):
+            if tensor.numel() != self.numels[key]:
+                raise ValueError(f"key {key} has {tensor.numel()} elements; the layout says {self.numels[key]}")
+            flats.append(tensor.view(-1))
+        for rank in range(self.world_size):
+            for s, piece in self.pieces(buffer, rank):
+                yield flats[s.key][s.start:s.stop], piece
+
+    def pack(self, tensors: Sequence[torch.Tensor], buffer: torch.Tensor) -> None:
+        """Copy ``tensors`` (indexed by key, contiguous) into ``buffer``, owner by owner."""
+        with torch.no_grad():
+            for source, piece in self._walk(tensors, buffer):
+                piece.copy_(source)
+
+    def unpack(self, buffer: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
+        """Copy ``buffer`` back into ``tensors`` (indexed by key, contiguous)."""
+        with torch.no_grad():
+            for target, piece in self._walk(tensors, buffer):
+                target.copy_(piece)

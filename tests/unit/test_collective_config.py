@@ -1,0 +1,82 @@
+"""A party's LAN tier in the topology, the environment and the launcher's plan: `lan: collective` parties get
+torchrun's variables and no local server or scheduler; the global scheduler waits for their ranks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from geomx.cluster.scheduler import expected_members
+from geomx.config import ConfigError, LanTier, NodeConfig, Role, topology_from_dict, topology_to_dict
+from geomx.config.env import lan_from_env, node_config_from_env, torchrun_from_env
+from geomx.launch import plan_processes
+
+MIXED = {"parties": {"dc0": {"workers": 2, "lan": "collective"}, "dc1": 3}, "central": "dc0"}
+
+
+def test_a_party_entry_or_the_links_block_chooses_the_lan_tier() -> None:
+    topology = topology_from_dict(MIXED)
+    assert topology.collective_parties == ("dc0",)
+    assert topology.party("dc1").lan is LanTier.SERVER
+    every = topology_from_dict({"parties": {"dc0": 2, "dc1": {"workers": 2, "lan": "server"}},
+                                "links": {"lan": "collective"}})
+    assert every.collective_parties == ("dc0",)  # a party's own entry wins over links.lan
+    assert topology_from_dict(topology_to_dict(topology)).collective_parties == ("dc0",)  # written back
+
+
+def test_bad_lan_tiers_and_combinations_are_refused_by_name() -> None:
+    with pytest.raises(ConfigError, match=r"parties.dc0.lan must be one of \['server', 'collective'\]"):
+        topology_from_dict({"parties": {"dc0": {"workers": 2, "lan": "nccl"}}})
+    with pytest.raises(ConfigError, match="collective LAN tier .* does not combine with a flat parameter server"):
+        topology_from_dict({**MIXED, "mode": "flat"})
+    with pytest.raises(ConfigError, match="does not combine with DGT"):
+        topology_from_dict({**MIXED, "dgt": {"k": 0.5}})
+    with pytest.raises(ConfigError, match="GEOMX_LAN must be one of"):
+        lan_from_env(topology_from_dict(MIXED), {"GEOMX_LAN": "rdma"})
+
+
+def test_geomx_lan_sets_every_party() -> None:
+    topology = lan_from_env(topology_from_dict(MIXED), {"GEOMX_LAN": "collective"})
+    assert topology.collective_parties == ("dc0", "dc1")
+    assert lan_from_env(topology, {"GEOMX_LAN": "server"}).collective_parties == ()
+
+
+def test_torchrun_variables_are_read_whole_or_refused() -> None:
+    assert torchrun_from_env({}) is None
+    run = torchrun_from_env({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"})
+    assert (run.rank, run.world_size, run.local_rank, run.master_addr, run.master_port) == (1, 2, 1, "10.0.0.1",
+                                                                                          29500)
+    with pytest.raises(ConfigError, match="RANK is set but not MASTER_ADDR, MASTER_PORT"):
+        torchrun_from_env({"RANK": "0", "WORLD_SIZE": "2"})
+    with pytest.raises(ConfigError, match="RANK=2 is not in WORLD_SIZE=2"):
+        torchrun_from_env({"RANK": "2", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "1"})
+
+
+def test_the_launcher_starts_a_collective_party_as_torchrun_would(tmp_path: Path) -> None:
+    topology = topology_from_dict(MIXED)
+    specs = {s.label: s for s in plan_processes(topology, tmp_path / "t.yaml", ["python", "train.py"], tmp_path)}
+    assert "dc0/scheduler" not in specs and "dc0/server" not in specs  # no local tier for the collective party
+    assert {"dc1/scheduler", "dc1/server"} <= set(specs)
+    ranks = [specs[f"dc0/worker{r}"].env for r in range(2)]
+    assert [e["RANK"] for e in ranks] == ["0", "1"] and {e["WORLD_SIZE"] for e in ranks} == {"2"}
+    assert ranks[0]["MASTER_PORT"] == ranks[1]["MASTER_PORT"] and "GEOMX_SCHEDULER" not in ranks[0]
+    assert "RANK" not in specs["dc1/worker0"].env
+    node = node_config_from_env({**ranks[1], "GEOMX_TOPOLOGY": str(_write(tmp_path, topology))})
+    assert node.torchrun is not None and node.torchrun.rank == 1 and node.scheduler is None
+
+
+def test_the_global_scheduler_waits_for_a_collective_partys_ranks() -> None:
+    topology = topology_from_dict(MIXED)
+    node = NodeConfig(role=Role.GLOBAL_SCHEDULER, party="dc0", topology=topology, global_scheduler="h:1")
+    expected = expected_members(node)
+    assert expected[(Role.WORKER, "dc0")] == 2 and expected[(Role.LOCAL_SERVER, "dc1")] == 1
+    assert (Role.LOCAL_SERVER, "dc0") not in expected
+
+
+def _write(folder: Path, topology: object) -> Path:
+    import yaml
+
+    path = folder / "t.yaml"
+    path.write_text(yaml.safe_dump(topology_to_dict(topology)))  # type: ignore[arg-type]
+    return path

@@ -1,0 +1,125 @@
+"""The collective tier's pure pieces: who owns each slice, and the owner-ordered buffer that one reduce-scatter
+and one all-gather move; then the same two collectives for real, over gloo between two processes."""
+
+from __future__ import annotations
+
+import multiprocessing
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from geomx.collective.layout import OwnerLayout
+from geomx.collective.owners import SliceOwners
+from geomx.core.sharding import slice_plan
+
+
+def _owners(numels: list[int], world_size: int, slice_elems: int) -> SliceOwners:
+    owners = SliceOwners(world_size)
+    for key, numel in enumerate(numels):
+        owners.add(key, slice_plan(numel, slice_elems), itemsize=4)
+    return owners
+
+
+def test_owners_balance_bytes_greedily_in_declaration_order() -> None:
+    owners = _owners([1000, 1000, 10, 2000], world_size=2, slice_elems=1000)
+    # slices: k0 [0,1000) -> r0; k1 [0,1000) -> r1; k2 -> r0 (1000 vs 1000 ties low); k3 s0 -> r1, k3 s1 -> r0
+    assert [owners.owner(0, 0), owners.owner(1, 0), owners.owner(2, 0), owners.owner(3, 0), owners.owner(3, 1)] \
+        == [0, 1, 0, 1, 0]
+    assert [s.id for s in owners.owned(0)] == [(0, 0), (2, 0), (3, 1)]
+    assert owners.loads == [4 * 2010, 4 * 2000]
+    assert owners.imbalance() < 1.01
+
+
+def test_owners_refuse_what_they_do_not_know() -> None:
+    owners = _owners([10], world_size=2, slice_elems=100)
+    with pytest.raises(KeyError, match="key 5 slice 0 was never declared"):
+        owners.owner(5, 0)
+    with pytest.raises(ValueError, match="already declared"):
+        owners.add(0, [(0, 10)], 4)
+    with pytest.raises(ValueError, match="rank 2 is not in a party of 2"):
+        owners.owned(2)
+    with pytest.raises(ValueError, match="at least one rank"):
+        SliceOwners(0)
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_layout_packs_every_element_once_and_unpacks_it_back(world_size: int) -> None:
+    shapes = [(7, 5), (300,), (1,), (64, 9)]
+    tensors = [torch.randn(s) for s in shapes]
+    layout = OwnerLayout(_owners([t.numel() for t in tensors], world_size, slice_elems=100),
+                         [t.numel() for t in tensors])
+    buffer = layout.empty(torch.float32, "cpu")
+    layout.pack(tensors, buffer)
+    assert sorted(buffer.tolist()) == sorted([0.0] * (layout.numel - sum(layout.shares))
+                                             + torch.cat([t.view(-1) for t in tensors]).tolist())
+    for rank in range(world_size):  # a rank's pieces are its owned slices, views into its chunk
+        for owned, piece in layout.pieces(layout.chunk(buffer, rank), rank):
+            assert torch.equal(piece, tensors[owned.key].view(-1)[owned.start:owned.stop])
+    out = [torch.zeros(s) for s in shapes]
+    layout.unpack(buffer, out)
+    assert all(torch.equal(a, b) for a, b in zip(out, tensors, strict=True))
+
+
+def test_layout_refuses_mismatched_tensors() -> None:
+    layout = OwnerLayout(_owners([10, 20], 2, slice_elems=8), [10, 20])
+    buffer = layout.empty(torch.float32, "cpu")
+    with pytest.raises(ValueError, match="key 1 has 21 elements; the layout says 20"):
+        layout.pack([torch.zeros(10), torch.zeros(21)], buffer)
+    with pytest.raises(ValueError, match="expected 2 tensors"):
+        layout.pack([torch.zeros(10)], buffer)
+    with pytest.raises(ValueError, match="covers keys 0..2"):
+        OwnerLayout(_owners([10, 20], 2, slice_elems=8), [10, 20, 5])
+
+
+def _rank(rank: int, store: str, shapes: list[tuple[int, ...]], out: multiprocessing.Queue) -> None:
+    import torch.distributed as dist
+
+    from geomx.collective.group import PartyGroup
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    try:
+        group = PartyGroup.join(None, party="dc1", timeout_s=30, backend="gloo")
+        generator = torch.Generator().manual_seed(rank)
+        tensors = [torch.randn(s, generator=generator) for s in shapes]
+        layout = OwnerLayout(_owners([t.numel() for t in tensors], 2, slice_elems=50), [t.numel() for t in tensors])
+        buffer = layout.empty(torch.float32, "cpu")
+        layout.pack(tensors, buffer)
+        chunk = torch.empty(layout.chunk_numel)
+        group.reduce_scatter(chunk, buffer)
+        mine = {owned.id: piece.clone() for owned, piece in layout.pieces(chunk, rank)}
+        group.all_gather(buffer, chunk)
+        summed = [torch.empty(s) for s in shapes]
+        layout.unpack(buffer, summed)
+        out.put((rank, mine, summed))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_reduce_scatter_then_all_gather_equal_the_single_process_sum() -> None:
+    shapes = [(7, 5), (120,), (3,), (11, 9)]
+    context = multiprocessing.get_context("spawn")
+    results: multiprocessing.Queue = context.Queue()
+    with tempfile.TemporaryDirectory() as folder:
+        store = str(Path(folder) / "store")
+        procs = [context.Process(target=_rank, args=(r, store, shapes, results)) for r in range(2)]
+        for proc in procs:
+            proc.start()
+        got = {rank: (mine, summed) for rank, mine, summed in (results.get(timeout=120) for _ in procs)}
+        for proc in procs:
+            proc.join(timeout=60)
+            assert proc.exitcode == 0
+    drawn = []
+    for r in range(2):
+        generator = torch.Generator().manual_seed(r)
+        drawn.append([torch.randn(s, generator=generator) for s in shapes])
+    reference = [a + b for a, b in zip(drawn[0], drawn[1], strict=True)]
+    owners = _owners([torch.Size(s).numel() for s in shapes], 2, slice_elems=50)
+    for rank, (mine, summed) in got.items():
+        assert set(mine) == {s.id for s in owners.owned(rank)}  # each rank got its own slices' sums
+        for (key, index), piece in mine.items():
+            owned = next(s for s in owners.owned(rank) if s.id == (key, index))
+            torch.testing.assert_close(piece, reference[key].view(-1)[owned.start:owned.stop])
+        for a, b in zip(summed, reference, strict=True):
+            torch.testing.assert_close(a, b)
