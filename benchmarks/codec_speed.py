@@ -1,7 +1,7 @@
 """Codec throughput on this machine: encode / decode milliseconds per MB and compression ratio.
 
 The functions live in ``geomx.bench.codecs`` (``geomx bench --only codecs`` runs them too). Each codec
-encodes synthetic float32 gradients of 1M and 10M elements several times on one slot (so stateful codecs
+encodes synthetic float32 gradients of 1M and 10M elements several times on one slice (so stateful codecs
 run in steady state), then decodes the last payload. "MB" is 1e6 bytes of the dense
 float32 tensor; "ratio" is encoded frame bytes / dense bytes, measured (not estimated). A second table
 times Bi-Sparse's selection alone: exact top-k (``np.argpartition`` over all n) against the sampled

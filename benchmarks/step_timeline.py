@@ -34,7 +34,7 @@ def steps(events: list[dict[str, Any]], party: str) -> list[tuple[int, float, fl
 
 
 def slice_times(events: list[dict[str, Any]], party: str, skip: int) -> dict[tuple[int, int], dict[str, list[float]]]:
-    """Per (key, part): lists (one value per step) of b_out, a_in, a_out, b_in and early_in (the others' sum,
+    """Per (key, slice): lists (one value per step) of b_out, a_in, a_out, b_in and early_in (the others' sum,
     sent early: geomx.core.early), relative to the step's start."""
     server, starts = f"{party}/server", {r: t for r, t, _ in steps(events, party) if r >= skip}
     found: dict[tuple[int, int], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
@@ -49,9 +49,9 @@ def slice_times(events: list[dict[str, Any]], party: str, skip: int) -> dict[tup
         elif e["node"].startswith("global_server") and f"{party}/" in e["peer"]:
             where = {("in", False): "a_in", ("out", True): "a_out"}.get((e["event"], e["reply"]))
         if where:
-            found[(e["key"], e["part"])][where].append(e["t"] - start)
+            found[(e["key"], e["slice"])][where].append(e["t"] - start)
             if where == "a_in":
-                found[(e["key"], e["part"])]["bytes"].append(e["nbytes"])
+                found[(e["key"], e["slice"])]["bytes"].append(e["nbytes"])
     return found
 
 

@@ -130,13 +130,13 @@ class KVStore:
             info = self._keys.add(k, v)
             data = to_numpy(v, snapshot=True)
             futures = []
-            for part, (start, stop) in enumerate(info.parts):
+            for index, (start, stop) in enumerate(info.slices):
                 piece = data[start:stop]
-                message = Message(Kind.INIT, key=k, part=part, num_parts=len(info.parts),
+                message = Message(Kind.INIT, key=k, slice=index, num_slices=len(info.slices),
                                   tensor=piece if self.is_master_worker else None, dtype=piece.dtype,
                                   shape=piece.shape,
-                                  body=encode_body(InitBody(shard=info.shards[part], numel=data.size)))
-                futures.append(self._requests.call(self._keys.server_for(k, part), message))
+                                  body=encode_body(InitBody(shard=info.shards[index], numel=data.size)))
+                futures.append(self._requests.call(self._keys.server_for(k, index), message))
             pending.append((k, v, info, futures))
         for k, v, info, futures in pending:
             copy_out(self._codecs, self._wait(futures, k, "INIT"), info, v.data)
@@ -154,10 +154,11 @@ class KVStore:
             info = self._keys.check(k, v, "push")
             data = to_numpy(v, snapshot=snapshot and not self._route.copies)
             self._pending[k] = [
-                self._route.push(self._keys.server_for(k, part),
-                                 Message(Kind.PUSHPULL, key=k, part=part, num_parts=len(info.parts), priority=priority,
-                                         **payload(self._plugins.lan_codec, k, part, data[start:stop], data.size)))
-                for part, (start, stop) in enumerate(info.parts)]
+                self._route.push(self._keys.server_for(k, index),
+                                 Message(Kind.PUSHPULL, key=k, slice=index, num_slices=len(info.slices),
+                                         priority=priority,
+                                         **payload(self._plugins.lan_codec, k, index, data[start:stop], data.size)))
+                for index, (start, stop) in enumerate(info.slices)]
 
     def pull(self, key: int | Sequence[int], out: torch.Tensor | Sequence[torch.Tensor], priority: int = 0) -> None:
         """Write the latest value of ``key`` into ``out`` (after a push: that round's result)."""
@@ -186,10 +187,10 @@ class KVStore:
         info = self._keys.check(key, out, "pull")
         if futures is None:
             body = encode_body(PullBody(held=True)) if held else None
-            futures = [self._requests.call(self._keys.server_for(key, part),
-                                           Message(Kind.PULL, key=key, part=part, num_parts=len(info.parts),
+            futures = [self._requests.call(self._keys.server_for(key, index),
+                                           Message(Kind.PULL, key=key, slice=index, num_slices=len(info.slices),
                                                    priority=priority, body=body))
-                       for part in range(len(info.parts))]
+                       for index in range(len(info.slices))]
         copy_out(self._codecs, self._wait(futures, key, what), info, out.data if out.requires_grad else out)
 
     def slices(self, key: int) -> list[tuple[int, int, int]]:
@@ -198,7 +199,7 @@ class KVStore:
         ``slice_elems`` (or P3's ``p3_slice_elems``) cuts bigger tensors, spread over the global servers.
         """
         info = self._keys.info(key)
-        return [(start, stop, shard) for (start, stop), shard in zip(info.parts, info.shards, strict=True)]
+        return [(start, stop, shard) for (start, stop), shard in zip(info.slices, info.shards, strict=True)]
 
     def ready(self, key: int) -> bool:
         """Whether a pull of ``key`` would return without waiting (its pushed round has been answered)."""

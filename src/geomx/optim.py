@@ -39,8 +39,8 @@ class Optimizer:
         """The JSON-safe description that travels to the servers."""
         return {"name": self.name, "params": dataclasses.asdict(self)}
 
-    def step(self, slot: SliceId, weight: np.ndarray, grad_sum: np.ndarray, contributor: str = "") -> np.ndarray:
-        """Return new weights for ``slot`` (a new array: the old one may still be on the wire).
+    def step(self, sid: SliceId, weight: np.ndarray, grad_sum: np.ndarray, contributor: str = "") -> np.ndarray:
+        """Return new weights for ``sid`` (a new array: the old one may still be on the wire).
 
         ``contributor``: who pushed ``grad_sum`` (one party under MixedSync; "" for a synchronous round).
         """
@@ -49,17 +49,17 @@ class Optimizer:
         g = readonly_tensor(np.asarray(grad_sum, dtype=np.float32))  # only read; scaling makes a new tensor
         if scale != 1.0:
             g = g * scale
-        self._update(slot, w, g, contributor)
+        self._update(sid, w, g, contributor)
         return w.numpy()
 
-    def received(self, slot: SliceId, contributor: str, weight: np.ndarray) -> None:
-        """``contributor`` now holds ``weight`` for ``slot`` (INIT, a rejoin, a pull). Only DCASGD cares."""
+    def received(self, sid: SliceId, contributor: str, weight: np.ndarray) -> None:
+        """``contributor`` now holds ``weight`` for ``sid`` (INIT, a rejoin, a pull). Only DCASGD cares."""
 
-    def _update(self, slot: SliceId, weight: torch.Tensor, grad: torch.Tensor, contributor: str) -> None:
+    def _update(self, sid: SliceId, weight: torch.Tensor, grad: torch.Tensor, contributor: str) -> None:
         raise NotImplementedError
 
     def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-        """The per-slot state as (JSON layout, named arrays), for checkpoints (no pickle).
+        """The per-slice state as (JSON layout, named arrays), for checkpoints (no pickle).
 
         Every subclass keeps its state in private dicts (``_momentum``, ``_state`` ...) whose values are
         tensors, lists of ints, or tuples of those; this walks them all. Usage: ``layout, arrays = opt.state()``.
@@ -70,7 +70,7 @@ class Optimizer:
             if not attr.startswith("_") or not isinstance(table, dict):
                 continue
             entries = []
-            for index, (slot, value) in enumerate(table.items()):
+            for index, (held_for, value) in enumerate(table.items()):  # a slice id; DCASGD's: (slice id, contributor)
                 leaves = list(value) if isinstance(value, tuple) else [value]
                 kinds = []
                 for position, leaf in enumerate(leaves):
@@ -82,14 +82,14 @@ class Optimizer:
                     else:
                         raise TypeError(f"optimizer {self.name}: cannot save state {attr} of type {type(leaf)}")
                     kinds.append(kind)
-                entries.append({"slot": slot, "leaves": kinds, "tuple": isinstance(value, tuple)})
+                entries.append({"slice": held_for, "leaves": kinds, "tuple": isinstance(value, tuple)})
             layout[attr] = entries
         return layout, arrays
 
     def load_state(self, layout: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
         """Restore what ``state`` returned (ValueError if it does not fit this optimizer)."""
-        def slot_id(raw: Any) -> Any:  # JSON turned the tuples into lists
-            return tuple(slot_id(x) for x in raw) if isinstance(raw, list) else raw
+        def as_tuple(raw: Any) -> Any:  # JSON turned the tuples into lists
+            return tuple(as_tuple(x) for x in raw) if isinstance(raw, list) else raw
 
         for attr, entries in layout.items():
             table = getattr(self, attr, None)
@@ -101,7 +101,8 @@ class Optimizer:
                 for position, kind in enumerate(entry["leaves"]):
                     array = arrays[f"{attr}/{index}/{position}"]
                     leaves.append(torch.from_numpy(np.array(array)) if kind == "tensor" else [int(x) for x in array])
-                table[slot_id(entry["slot"])] = tuple(leaves) if entry["tuple"] else leaves[0]
+                held_for = entry["slice"] if "slice" in entry else entry["slot"]  # "slot": an older geomx's checkpoint
+                table[as_tuple(held_for)] = tuple(leaves) if entry["tuple"] else leaves[0]
 
 
 @dataclass
@@ -117,14 +118,14 @@ class SGD(Optimizer):
     def __post_init__(self) -> None:
         self._momentum: dict[SliceId, torch.Tensor] = {}
 
-    def _update(self, slot: SliceId, weight: torch.Tensor, grad: torch.Tensor, contributor: str) -> None:
+    def _update(self, sid: SliceId, weight: torch.Tensor, grad: torch.Tensor, contributor: str) -> None:
         if self.weight_decay:
             grad = grad.add(weight, alpha=self.weight_decay)
         if self.momentum:
-            buf = self._momentum.get(slot)
+            buf = self._momentum.get(sid)
             if buf is None:
                 buf = grad.clone()
-                self._momentum[slot] = buf
+                self._momentum[sid] = buf
             else:
                 buf.mul_(self.momentum).add_(grad)
             grad = grad.add(buf, alpha=self.momentum) if self.nesterov else buf
@@ -145,13 +146,13 @@ class Adam(Optimizer):
     def __post_init__(self) -> None:
         self._state: dict[SliceId, tuple[torch.Tensor, torch.Tensor, list[int]]] = {}
 
-    def _update(self, slot: SliceId, weight: torch.Tensor, grad: torch.Tensor, contributor: str) -> None:
+    def _update(self, sid: SliceId, weight: torch.Tensor, grad: torch.Tensor, contributor: str) -> None:
         if self.weight_decay:
             grad = grad.add(weight, alpha=self.weight_decay)
-        state = self._state.get(slot)
+        state = self._state.get(sid)
         if state is None:
             state = (torch.zeros_like(weight), torch.zeros_like(weight), [0])
-            self._state[slot] = state
+            self._state[sid] = state
         exp_avg, exp_avg_sq, step = state
         step[0] += 1
         exp_avg.lerp_(grad, 1 - self.beta1)
@@ -206,25 +207,25 @@ class DCASGD(Optimizer):
         self._velocity: dict[SliceId, torch.Tensor] = {}
         self._backup: dict[tuple[SliceId, str], torch.Tensor] = {}
 
-    def received(self, slot: SliceId, contributor: str, weight: np.ndarray) -> None:
-        """``contributor`` now holds ``weight`` for ``slot``: its next push is compensated against it."""
-        self._backup[(slot, contributor)] = torch.from_numpy(np.array(weight, dtype=np.float32, copy=True))
+    def received(self, sid: SliceId, contributor: str, weight: np.ndarray) -> None:
+        """``contributor`` now holds ``weight`` for ``sid``: its next push is compensated against it."""
+        self._backup[(sid, contributor)] = torch.from_numpy(np.array(weight, dtype=np.float32, copy=True))
 
-    def _update(self, slot: SliceId, weight: torch.Tensor, grad: torch.Tensor, contributor: str) -> None:
-        backup = self._backup.get((slot, contributor))
+    def _update(self, sid: SliceId, weight: torch.Tensor, grad: torch.Tensor, contributor: str) -> None:
+        backup = self._backup.get((sid, contributor))
         direction = grad if backup is None else grad + self.lamda * grad * grad * (weight - backup)
         if self.weight_decay:
             direction = direction.add(weight, alpha=self.weight_decay)
         step = direction.mul(-self.lr)
         if self.momentum:
-            velocity = self._velocity.get(slot)
+            velocity = self._velocity.get(sid)
             if velocity is None:
-                velocity = self._velocity[slot] = step
+                velocity = self._velocity[sid] = step
             else:
                 velocity.mul_(self.momentum).add_(step)
             step = velocity
         weight.add_(step)
-        self._backup[(slot, contributor)] = weight.clone()
+        self._backup[(sid, contributor)] = weight.clone()
 
 
 OPTIMIZERS: dict[str, type[Optimizer]] = {cls.name: cls for cls in (SGD, Adam, DCASGD, OuterNesterov)}

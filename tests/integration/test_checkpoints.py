@@ -58,11 +58,11 @@ def reference_after(steps: int, num_workers: int = 2) -> list[torch.Tensor]:
     return [p.detach().clone() for p in model.parameters()]
 
 
-def assert_slots_equal_reference(snapshot, steps: int) -> None:
+def assert_values_equal_reference(snapshot, steps: int) -> None:
     reference = reference_after(steps)
-    assert sorted(snapshot.slots) == [(i, 0) for i in range(len(reference))]
+    assert sorted(snapshot.values) == [(i, 0) for i in range(len(reference))]
     for index, want in enumerate(reference):
-        got = torch.from_numpy(snapshot.slots[(index, 0)]).reshape(want.shape)
+        got = torch.from_numpy(snapshot.values[(index, 0)]).reshape(want.shape)
         torch.testing.assert_close(got, want, msg=lambda m, i=index: f"checkpoint step {steps}, param {i}: {m}")
 
 
@@ -81,7 +81,7 @@ def test_kill_global_server_then_resume_from_the_newest_valid_checkpoint(tmp_pat
     assert [load(m).step for m in manifests] == [2, 4], manifests
     for manifest in manifests:
         snapshot = load(manifest)
-        assert_slots_equal_reference(snapshot, snapshot.step)
+        assert_values_equal_reference(snapshot, snapshot.step)
         assert snapshot.optimizer_spec is not None and snapshot.optimizer_spec["name"] == "sgd"
         assert snapshot.optimizer_state, "the momentum buffers were not saved"
     assert not list(shard_dir(folder, 0).glob(".*tmp")), "a temporary file was left behind"
@@ -105,7 +105,7 @@ def test_kill_global_server_then_resume_from_the_newest_valid_checkpoint(tmp_pat
     for rank, (tensors, report) in workers.items():
         assert report["resumed_at"] == 2
         for index, got in enumerate(tensors["after_init"]):  # bit for bit: the checkpoint's model
-            want = torch.from_numpy(at_2.slots[(index, 0)]).reshape(got.shape)
+            want = torch.from_numpy(at_2.values[(index, 0)]).reshape(got.shape)
             assert torch.equal(got, want), f"worker {rank} did not start from the checkpoint's model"
         for index, (got, want) in enumerate(zip(tensors["final"], reference_final, strict=True)):
             torch.testing.assert_close(got, want, msg=lambda m, i=index, r=rank: f"worker {r} param {i}: {m}")

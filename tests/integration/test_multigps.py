@@ -32,7 +32,7 @@ def test_two_global_servers_equal_one_with_bisparse(geomx_job):
             assert torch.equal(got, want), (got - want).abs().max()
     report = two[0][1]
     # the large weight was split evenly over both servers; small tensors went whole to the lighter one
-    assert report["parts"] == [8, 1, 1, 1]
+    assert report["slices"] == [8, 1, 1, 1]
     assert report["shards"][0] == [0, 1] * 4
     assert sorted(report["global_servers"]) == ["global_server0", "global_server1"]
     recv = [body["recv"] for body in report["global_servers"].values()]

@@ -13,7 +13,7 @@ from geomx.algorithms.fsa.server import FullySynchronous
 from geomx.codecs import TensorInfo
 from geomx.codecs.base import Direction, TensorKind
 from geomx.core.clients import Clients
-from geomx.core.rounds import Round, RoundTable, Slot
+from geomx.core.rounds import Round, RoundTable, SliceValue
 from geomx.protocol.wire import Message
 
 
@@ -26,7 +26,7 @@ class FakeServer:
         self.clients = Clients(clients)
         self.upstream = list(upstream)
         self.peers = set(peers)
-        self.slots: dict[tuple[int, int], Slot] = {(0, 0): Slot(np.zeros(4, dtype=np.float32))}
+        self.stored: dict[tuple[int, int], SliceValue] = {(0, 0): SliceValue(np.zeros(4, dtype=np.float32))}
         self.table = RoundTable(self, self.clients, FullySynchronous())
         self.sent: list[tuple[str, Message]] = []
         self.refused: list[str] = []
@@ -54,11 +54,11 @@ class FakeServer:
     def forward(self, rnd: Round, message: Message) -> None:
         self.forwarded.append(message)
 
-    def owner(self, key: int, part: int) -> str:
+    def owner(self, key: int, index: int) -> str:
         return self.upstream[0] if self.upstream else "gs"
 
-    def tensor_info(self, key: int, part: int, kind: TensorKind, direction: Direction) -> TensorInfo:
-        return TensorInfo(key, part, kind, direction, self.tensor_sizes.get(key))
+    def tensor_info(self, key: int, index: int, kind: TensorKind, direction: Direction) -> TensorInfo:
+        return TensorInfo(key, index, kind, direction, self.tensor_sizes.get(key))
 
     def call(self, peer: str, message: Message, then: Callable[[Future[Message]], None]) -> None:
         self.calls.append((peer, message, then))

@@ -1,4 +1,5 @@
-"""Typed message bodies (geomx.protocol.bodies): round trips through JSON and precise errors for bad bodies."""
+"""Typed message bodies (geomx.protocol.bodies; ESync's in geomx.algorithms.esync.bodies): round trips through JSON
+and precise errors for bad bodies."""
 
 from __future__ import annotations
 
@@ -6,16 +7,8 @@ import json
 
 import pytest
 
-from geomx.protocol.bodies import (
-    BodyError,
-    ConfigureBody,
-    InitBody,
-    PullBody,
-    StateReport,
-    StepAssignment,
-    decode_body,
-    encode_body,
-)
+from geomx.algorithms.esync.bodies import StateReport, StepAssignment
+from geomx.protocol.bodies import BodyError, ConfigureBody, InitBody, PullBody, decode_body, encode_body
 
 
 @pytest.mark.parametrize("body", [InitBody(shard=2), ConfigureBody(sync="dist_async"),

@@ -25,8 +25,8 @@ def test_round_trip(tmp_path: Path) -> None:
     got = load(path)
     want = snapshot(7)
     assert got.step == 7 and got.rounds == want.rounds and got.source == path
-    for sid, value in want.slots.items():
-        assert got.slots[sid].dtype == value.dtype and np.array_equal(got.slots[sid], value)
+    for sid, value in want.values.items():
+        assert got.values[sid].dtype == value.dtype and np.array_equal(got.values[sid], value)
     assert not [p for p in shard_dir(tmp_path, 0).iterdir() if p.name.startswith(".")]
 
 
@@ -61,7 +61,7 @@ def test_damaged_newest_is_refused_and_the_previous_used(tmp_path: Path, caplog,
         if damage == "format":
             manifest["format"] = 99
         else:
-            manifest["slots"][0]["array"] = "nope"
+            manifest["slices"][0]["array"] = "nope"
         newest.write_text(json.dumps(manifest))
     with pytest.raises(CheckpointError, match=message) as info:
         load(newest)
@@ -120,9 +120,32 @@ def test_optimizer_state_resumes_bit_for_bit(tmp_path: Path, make) -> None:
     assert saved is not None and saved.optimizer_spec == first.spec()
     second = optimizer_from_spec(json.loads(json.dumps(saved.optimizer_spec)))
     second.load_state(saved.optimizer_layout, saved.optimizer_state)
-    resumed = run(second, saved.slots[(0, 0)], grads[3:])
+    resumed = run(second, saved.values[(0, 0)], grads[3:])
     assert np.array_equal(resumed, straight)
 
+
+def test_a_checkpoint_of_an_older_geomx_is_read(tmp_path: Path) -> None:
+    """Format 1 named the slice "part", listed "slots" and keyed the optimizer's state by "slot": still read."""
+    dcasgd = DCASGD(lr=0.1, momentum=0.5)
+    dcasgd.received((1, 1), "dc1", np.zeros(3, np.float32))
+    dcasgd.step((1, 1), np.zeros(3, np.float32), np.ones(3, np.float32), contributor="dc1")
+    layout, arrays = dcasgd.state()
+    want = snapshot(5)
+    path = write(tmp_path, 0, Snapshot(5, want.values, want.rounds, dcasgd.spec(), arrays, layout))
+    manifest = json.loads(path.read_text())
+    manifest["format"] = 1
+    manifest["slots"] = [{"key": e["key"], "part": e["slice"], "array": e["array"], "round": e["round"]}
+                         for e in manifest.pop("slices")]
+    for entries in manifest["optimizer"]["layout"].values():
+        for entry in entries:
+            entry["slot"] = entry.pop("slice")
+    path.write_text(json.dumps(manifest))
+    got = load(path)
+    assert got.rounds == want.rounds and sorted(got.values) == sorted(want.values)
+    assert all(np.array_equal(got.values[sid], value) for sid, value in want.values.items())
+    resumed = DCASGD(lr=0.1, momentum=0.5)
+    resumed.load_state(got.optimizer_layout, got.optimizer_state)
+    assert resumed.state()[0] == layout
 
 def test_load_state_refuses_state_of_another_optimizer() -> None:
     sgd = SGD(lr=0.1, momentum=0.9)

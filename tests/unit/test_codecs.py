@@ -37,8 +37,8 @@ FP16_STEP = 2.0**-11  # relative half-spacing of float16 (10 mantissa bits)
 FP16_TINY = 2.0**-25  # half the spacing of float16 subnormals
 
 
-def info(key: int = 0, part: int = 0, kind: str = "gradient", direction: str = "push") -> TensorInfo:
-    return TensorInfo(key=key, part=part, kind=kind, direction=direction)  # type: ignore[arg-type]
+def info(key: int = 0, index: int = 0, kind: str = "gradient", direction: str = "push") -> TensorInfo:
+    return TensorInfo(key=key, slice=index, kind=kind, direction=direction)  # type: ignore[arg-type]
 
 
 def assert_fp16_close(decoded: np.ndarray, x: np.ndarray) -> None:
@@ -204,12 +204,12 @@ def test_residual_codecs_refuse_weights_but_fp16_takes_them() -> None:
         make_codec({"type": "error_feedback", "inner": {"type": "mpq"}})
 
 
-def test_a_slot_changing_size_is_an_error_until_reset() -> None:
+def test_a_slice_changing_size_is_an_error_until_reset() -> None:
     for codec in (BSC(), ErrorFeedback(Int8())):
         codec.encode(np.ones(10, np.float32), info())
         with pytest.raises(CodecError, match="reset"):
             codec.encode(np.ones(11, np.float32), info())
-        codec.encode(np.ones(11, np.float32), info(key=1))  # another key is another slot
+        codec.encode(np.ones(11, np.float32), info(key=1))  # another key is another slice
         codec.reset()
         codec.encode(np.ones(11, np.float32), info())
 
@@ -387,7 +387,7 @@ def test_fp16_switch_is_a_topology_field_and_an_environment_flag(tmp_path: Any) 
         node_config_from_env({**env, "GEOMX_FP16": "half"})
 
 
-def test_warmup_ramps_exponentially_per_slot() -> None:
+def test_warmup_ramps_exponentially_per_slice() -> None:
     codec = BSC(threshold=0.01, warmup_steps=4)
     assert [round(codec.fraction(i), 4) for i in range(6)] == [1.0, 0.3162, 0.1, 0.0316, 0.01, 0.01]
     x = np.random.default_rng(7).standard_normal(10_000).astype(np.float32)
@@ -493,7 +493,7 @@ def test_the_size_gate_is_the_whole_tensors_size_when_the_slice_says_it() -> Non
     small tensor, or one whose tensor size is unknown, goes by its own size."""
     codec = make_codec({"type": "bsc", "threshold": 0.01, "size_lower_bound": 1000})
     piece = np.arange(600, dtype=np.float32)  # one of two slices of a 1200-element tensor
-    of_large = TensorInfo(key=0, part=1, kind="gradient", direction="push", tensor_numel=1200)
+    of_large = TensorInfo(key=0, slice=1, kind="gradient", direction="push", tensor_numel=1200)
     assert codec.encode(piece, of_large).codec_id == BSC.codec_id
     assert codec.encode(piece, TensorInfo(0, 1, "gradient", "push", tensor_numel=900)).codec_id == 0
     assert codec.encode(piece, info()).codec_id == 0  # size unknown: the slice's 600

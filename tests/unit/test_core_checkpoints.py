@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 
 from geomx.config import CheckpointSpec
-from geomx.core.checkpoints import checkpoint_if_due, restore_optimizer, resume, slots_of
-from geomx.core.rounds import Slot
+from geomx.core.checkpoints import checkpoint_if_due, restore_optimizer, resume, values_of
+from geomx.core.rounds import SliceValue
 from geomx.protocol.wire import Kind
 from geomx.runs.checkpoint import CheckpointWriter
 
@@ -20,18 +20,18 @@ def test_a_checkpoint_is_the_least_advanced_slices_step_and_resumes_their_counts
     spec = CheckpointSpec(dir=tmp_path, every_steps=2)
     server = make_server("gs", ["ls0"])
     table = server.table
-    slots = {(0, 0): Slot(np.ones(3, dtype=np.float32)), (1, 0): Slot(np.full(2, 7, dtype=np.float32))}
+    stored = {(0, 0): SliceValue(np.ones(3, dtype=np.float32)), (1, 0): SliceValue(np.full(2, 7, dtype=np.float32))}
     table.restore(Kind.PUSHPULL, 0, 0, 5)
     table.restore(Kind.PUSHPULL, 1, 0, 4)
     writer = CheckpointWriter(spec, 0, "gs")
-    checkpoint_if_due(writer, slots, table, None)
+    checkpoint_if_due(writer, stored, table, None)
     assert writer.wait_idle(30)
 
     fresh = make_server("gs", ["ls0"]).table
     snapshot = resume("gs", spec, 0, fresh)
     assert snapshot is not None and snapshot.step == 4
     assert fresh.completed(Kind.PUSHPULL, 0, 0) == 5 and fresh.completed(Kind.PUSHPULL, 1, 0) == 4
-    np.testing.assert_array_equal(slots_of(snapshot)[(1, 0)].value, [7, 7])
+    np.testing.assert_array_equal(values_of(snapshot)[(1, 0)].value, [7, 7])
 
 
 def test_no_checkpoint_to_resume_from_is_none(tmp_path: Path, make_server: Any) -> None:

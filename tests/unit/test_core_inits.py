@@ -8,14 +8,14 @@ import numpy as np
 
 from geomx.core.clients import Clients
 from geomx.core.inits import Inits
-from geomx.core.rounds import Round, RoundTable, Slot
+from geomx.core.rounds import Round, RoundTable, SliceValue
 from geomx.protocol.wire import Kind, Message
 
 
 class FakeServer:
     def __init__(self, clients: list[str], is_global: bool) -> None:
         self.name = "fake"
-        self.slots: dict[tuple[int, int], Slot] = {}
+        self.stored: dict[tuple[int, int], SliceValue] = {}
         self.optimizer: Any = None
         self.sent: list[tuple[str, Message]] = []
         self.refused: list[str] = []
@@ -70,7 +70,7 @@ def test_a_global_server_keeps_the_one_value_answers_everyone_and_late_joiners()
     server = FakeServer(["a", "b"], is_global=True)
     server.inits.request(init("a", [1.0, 2.0]))
     server.inits.request(init("b", None))
-    assert (0, 0) in server.slots and sorted(peer for peer, _ in server.sent) == ["a", "b"]
+    assert (0, 0) in server.stored and sorted(peer for peer, _ in server.sent) == ["a", "b"]
     for _, reply in server.sent:
         np.testing.assert_array_equal(reply.tensor, [1.0, 2.0])
     server.inits.request(init("c", None))  # a late joiner: the current value at once

@@ -260,7 +260,7 @@ def test_a_restored_count_carries_on(number: int) -> None:
     table.restore(Kind.PUSHPULL, 4, 1, number)
     assert table.completed(Kind.PUSHPULL, 4, 1) == number
     message = push("a", [1], key=4)
-    message.part = 1
+    message.slice = 1
     table.contribute(message)
     assert table.completed(Kind.PUSHPULL, 4, 1) == number + 1
 

@@ -52,10 +52,10 @@ def test_adaptive_k_rises_with_loss_and_falls_as_contributions_concentrate():
 
 
 def test_datagram_round_trip_and_validation():
-    d = Datagram("dc1/server/ab", key=3, part=1, round=9, block=4, channel=2, offset=256,
+    d = Datagram("dc1/server/ab", key=3, slice=1, round=9, block=4, channel=2, offset=256,
                  values=np.arange(64, dtype=np.float32))
     back = decode_datagram(encode_datagram(d))
-    assert (back.sender, back.key, back.part, back.round, back.block, back.channel, back.offset) == \
+    assert (back.sender, back.key, back.slice, back.round, back.block, back.channel, back.offset) == \
         ("dc1/server/ab", 3, 1, 9, 4, 2, 256)
     np.testing.assert_array_equal(back.values, d.values)
     data = encode_datagram(d)

@@ -26,7 +26,7 @@ class RecordingPath:
 
 def reliable(rnd: int, blocks: list[int], channels: list[int], numel: int = 8) -> Message:
     tensor = np.ones(2 * len(blocks), np.float32)
-    return Message(Kind.PUSHPULL, key=0, part=0, round=rnd, tensor=tensor,
+    return Message(Kind.PUSHPULL, key=0, slice=0, round=rnd, tensor=tensor,
                    body={"dgt": {"blocks": blocks, "udp": sum(channels), "channels": channels, "block_elems": 2,
                                  "numel": numel, "shape": [numel]}})
 

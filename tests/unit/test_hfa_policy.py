@@ -11,13 +11,13 @@ from geomx.config import ConfigError, HFASpec, node_config_from_env, topology_fr
 
 def test_every_k2th_round_sends_the_weighted_delta():
     hfa = LocalFrequencyAggregation(k2=3, party_weight=0.25)
-    slot = (4, 1)
-    hfa.set_global_model(slot, np.full(3, 1.0, np.float32))
-    assert hfa.after_local_round(slot, np.full(3, 5.0, np.float32)) is None
-    assert hfa.after_local_round(slot, np.full(3, 5.0, np.float32)) is None
-    delta = hfa.after_local_round(slot, np.full(3, 5.0, np.float32))
+    sid = (4, 1)
+    hfa.set_global_model(sid, np.full(3, 1.0, np.float32))
+    assert hfa.after_local_round(sid, np.full(3, 5.0, np.float32)) is None
+    assert hfa.after_local_round(sid, np.full(3, 5.0, np.float32)) is None
+    delta = hfa.after_local_round(sid, np.full(3, 5.0, np.float32))
     np.testing.assert_array_equal(delta, np.full(3, (5.0 - 1.0) * 0.25, np.float32))
-    assert hfa.rounds(slot) == 3
+    assert hfa.rounds(sid) == 3
     assert hfa.rounds((0, 0)) == 0  # counted per (key, slice), not by key 0
 
 

@@ -23,11 +23,11 @@ def random_problem(shape, seed):
     return weight, grads
 
 
-def run_geomx(optimizer, weight, grads, slot=(0, 0)):
+def run_geomx(optimizer, weight, grads, sid=(0, 0)):
     w = weight.numpy().copy()
     history = []
     for g in grads:
-        w = optimizer.step(slot, w, g.numpy())
+        w = optimizer.step(sid, w, g.numpy())
         history.append(w.copy())
     return history
 
@@ -116,8 +116,8 @@ def test_rescale_none_and_one_are_the_raw_sum():
 
 
 @pytest.mark.parametrize("make", [lambda: SGD(lr=0.1, momentum=0.9), lambda: Adam(lr=0.01)], ids=["sgd", "adam"])
-def test_state_is_kept_per_slot(make):
-    """Two slots interleaved on one optimizer == two independent torch optimizers."""
+def test_state_is_kept_per_slice(make):
+    """Two slices interleaved on one optimizer == two independent torch optimizers."""
     optimizer = make()
     w1, g1 = random_problem((6,), seed=10)
     w2, g2 = random_problem((3, 2), seed=11)

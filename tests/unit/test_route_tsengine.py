@@ -15,14 +15,14 @@ GS, LS1, LS2, LS3 = "gs", "ls1", "ls2", "ls3"
 
 
 def relay(sender: str, round_: int = 0, body: dict[str, Any] | None = None, tensor: Any = None) -> Message:
-    message = Message(RELAY, key=0, part=0, round=round_, body=body,
+    message = Message(RELAY, key=0, slice=0, round=round_, body=body,
                       tensor=None if tensor is None else np.asarray(tensor, dtype=np.float32))
     message.sender = sender.encode()
     return message
 
 
 def push(sender: str, values: list[float]) -> Message:
-    message = Message(Kind.PUSHPULL, key=0, part=0, tensor=np.array(values, dtype=np.float32), request_id=7)
+    message = Message(Kind.PUSHPULL, key=0, slice=0, tensor=np.array(values, dtype=np.float32), request_id=7)
     message.sender = sender.encode()
     return message
 
@@ -87,7 +87,7 @@ def test_a_member_takes_the_value_from_a_relay_acks_it_and_refuses_strangers(mak
     route.on_relay(relay("stranger", tensor=[5, 5, 5, 5]))
     assert server.refused == ["RELAY data must come from a global server or a fellow local server"]
     route.on_relay(relay(LS2, tensor=[5, 5, 5, 5]))
-    np.testing.assert_array_equal(server.slots[(0, 0)].value, [5, 5, 5, 5])
+    np.testing.assert_array_equal(server.stored[(0, 0)].value, [5, 5, 5, 5])
     assert server.released[0][1] is not None and server.sent[-1][1].body == {"ack": True}
 
 

@@ -59,7 +59,7 @@ def is_error(message: Message) -> bool:
 def request(kind: Kind, sender: str, tensor: list[float] | None = None, **fields: Any) -> Message:
     if tensor is not None and kind is Kind.PUSHPULL:
         fields = {"dtype": "float32", "shape": (len(tensor),), **fields}
-    message = Message(kind, key=0, part=0, num_parts=1,
+    message = Message(kind, key=0, slice=0, num_slices=1,
                       tensor=None if tensor is None else np.array(tensor, dtype=np.float32), **fields)
     message.sender = sender.encode()
     message.request_id = 1
@@ -88,7 +88,7 @@ def test_an_fsa_round_sends_the_last_party_the_others_sum_then_answers_everyone(
         np.testing.assert_array_equal(sent.to(party)[-1].tensor, [7.0, 8.0])
     closing = sent.to("ls2")[-1]  # the round's answer to the last party carries no tensor, only the round
     assert closing.is_reply and closing.tensor is None and closing.body == {EARLY: 0}
-    np.testing.assert_array_equal(server.slots[(0, 0)].value, [7.0, 8.0])
+    np.testing.assert_array_equal(server.stored[(0, 0)].value, [7.0, 8.0])
 
 
 @pytest.mark.parametrize("extra", ["hfa: {k1: 2, k2: 3}\n", "fp16: true\n", "tsengine: {inter: true}\n",

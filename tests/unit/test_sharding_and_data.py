@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from geomx.config import node_config_from_env, topology_from_dict
-from geomx.core.sharding import Part, ShardPlanner, even_split, slice_plan
+from geomx.core.sharding import ShardPlanner, SliceSpan, even_split, slice_plan
 from geomx.zoo.data import Dataset, digits_split, steps_per_epoch
 
 # ---------------------------------------------------------------------------------------------------------
@@ -60,17 +60,17 @@ def test_slice_plan_empty_tensor(numel):
 @settings(max_examples=200, deadline=None)
 @given(numel=st.integers(0, 10**7), slice_elems=st.integers(1000, 10**6), servers=st.integers(1, 8))
 def test_planner_covers_the_tensor_and_splits_large_ones_evenly(numel, slice_elems, servers):
-    parts = ShardPlanner(servers, slice_elems).place(numel, 4)
-    assert parts[0].start == 0 and parts[-1].stop == numel
-    assert all(a.stop == b.start for a, b in itertools.pairwise(parts))
-    assert all(p.numel <= slice_elems for p in parts)
+    slices = ShardPlanner(servers, slice_elems).place(numel, 4)
+    assert slices[0].start == 0 and slices[-1].stop == numel
+    assert all(a.stop == b.start for a, b in itertools.pairwise(slices))
+    assert all(p.numel <= slice_elems for p in slices)
     if numel > slice_elems:  # large: equal slices, the same number on every shard
-        assert len(parts) % servers == 0
-        assert max(p.numel for p in parts) - min(p.numel for p in parts) <= 1
-        count = collections.Counter(p.shard for p in parts)
+        assert len(slices) % servers == 0
+        assert max(p.numel for p in slices) - min(p.numel for p in slices) <= 1
+        count = collections.Counter(p.shard for p in slices)
         assert sorted(count) == list(range(servers)) and len(set(count.values())) == 1
     else:
-        assert len(parts) == 1
+        assert len(slices) == 1
 
 
 def test_default_slicing_cuts_a_1024x1024_weight_when_a_wan_joins_parties():
@@ -78,9 +78,9 @@ def test_default_slicing_cuts_a_1024x1024_weight_when_a_wan_joins_parties():
     comes back while later slices are still pushed on a full-duplex link), each still big enough for
     Bi-Sparse to sparsify; one party keeps one slice (fewer messages on a LAN); P3 keeps its 50K slices."""
     two = topology_from_dict({"parties": {"dc0": 2, "dc1": 2}})
-    parts = ShardPlanner(1, two.slice_elems).place(1024 * 1024, 4)
-    assert len(parts) >= 4
-    assert all(p.numel >= two.size_lower_bound for p in parts)  # Bi-Sparse still sparsifies each slice
+    slices = ShardPlanner(1, two.slice_elems).place(1024 * 1024, 4)
+    assert len(slices) >= 4
+    assert all(p.numel >= two.size_lower_bound for p in slices)  # Bi-Sparse still sparsifies each slice
     one = topology_from_dict({"parties": {"dc0": 4}})
     assert len(ShardPlanner(1, one.slice_elems).place(1024 * 1024, 4)) == 1
     env = {"GEOMX_ROLE": "worker", "GEOMX_PARTY": "dc0", "GEOMX_GLOBAL_SCHEDULER": "127.0.0.1:1",
@@ -104,10 +104,11 @@ def test_planner_is_deterministic_and_validates():
     sizes = [5, 3000, 7, 7, 120, 9000, 1]
     plans = [[ShardPlanner(4, 1000).place(n, 2) for n in sizes] for _ in range(2)]
     assert plans[0] == plans[1]
-    assert ShardPlanner(1, 10).place(35, 4) == tuple(Part(a, b, 0) for a, b in [(0, 8), (8, 17), (17, 26), (26, 35)])
+    spans = [(0, 8), (8, 17), (17, 26), (26, 35)]
+    assert ShardPlanner(1, 10).place(35, 4) == tuple(SliceSpan(a, b, 0) for a, b in spans)
     with pytest.raises(ValueError, match="num_servers"):
         ShardPlanner(0, 10)
-    with pytest.raises(ValueError, match="parts"):
+    with pytest.raises(ValueError, match="num_slices"):
         even_split(10, 0)
 
 
@@ -124,11 +125,11 @@ def test_digits_split_sizes_and_format(digits):
     train, test = digits
     assert len(train) + len(test) == 1797
     assert len(train) == int(1797 * 0.8) and len(test) == 1797 - int(1797 * 0.8)
-    for part in digits:
-        assert part.images.shape == (len(part), 1, 8, 8)
-        assert part.images.dtype == torch.float32 and part.labels.dtype == torch.int64
-        assert float(part.images.min()) >= 0.0 and float(part.images.max()) <= 1.0
-        assert set(part.labels.tolist()) == set(range(10))
+    for subset in digits:
+        assert subset.images.shape == (len(subset), 1, 8, 8)
+        assert subset.images.dtype == torch.float32 and subset.labels.dtype == torch.int64
+        assert float(subset.images.min()) >= 0.0 and float(subset.images.max()) <= 1.0
+        assert set(subset.labels.tolist()) == set(range(10))
 
 
 def _rows(dataset: Dataset) -> collections.Counter:

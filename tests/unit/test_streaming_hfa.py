@@ -16,7 +16,7 @@ from geomx.codecs import default_registry
 from geomx.config import ConfigError, TrainingSpec, topology_from_dict
 from geomx.core.encoding import Encoding
 from geomx.core.plugins import Answer, AwaitAnswer, Route, SendUp, SendUpAndAnswer
-from geomx.core.rounds import Slot
+from geomx.core.rounds import SliceValue
 from geomx.protocol.wire import Kind, Message
 from geomx.server.compose import check_plugins
 from geomx.server.pushpull import PushPulls
@@ -27,7 +27,7 @@ def test_fragments_split_the_slices_by_size_and_go_global_at_staggered_rounds() 
     assert hfa.needs_fragments
     hfa.assign_fragments({(0, 0): 100, (1, 0): 10, (2, 0): 100, (3, 0): 10, (2, 1): 50})
     assert not hfa.needs_fragments
-    groups = [hfa.fragment(slot) for slot in [(0, 0), (2, 0), (2, 1), (1, 0), (3, 0)]]
+    groups = [hfa.fragment(sid) for sid in [(0, 0), (2, 0), (2, 1), (1, 0), (3, 0)]]
     assert groups == [0, 1, 0, 1, 1]  # largest first, each to the lighter group: 150 and 120 elements
     # group 0 goes global at rounds 2, 6, ...; group 1 at 4, 8, ...: each slice once every K2 rounds
     assert [r for r in range(1, 9) if hfa.goes_global((0, 0), r)] == [2, 6]
@@ -118,7 +118,7 @@ class PushPullHost:
 def push_round(host: PushPullHost, value: np.ndarray) -> Any:
     """One worker's push of key 0, completed into a round, handed to PushPulls."""
     server = host.server
-    server.table.contribute(Message(Kind.PUSHPULL, key=0, part=0, num_parts=1, tensor=value,
+    server.table.contribute(Message(Kind.PUSHPULL, key=0, slice=0, num_slices=1, tensor=value,
                                     sender=b"w0", request_id=len(server.completed) + 1))
     rnd = server.completed[-1]
     rnd.accum = value
@@ -132,7 +132,7 @@ def answered(server: Any) -> list[tuple[Any, ...]]:
 def overlapping_server(make_server: Any) -> tuple[Any, PushPullHost, PushPulls]:
     """A local server of one worker whose key 0 goes global every 2nd round, overlapped by one round."""
     server = make_server("dc0/server", ["w0"], upstream=["gs"])
-    server.slots = {(0, 0): Slot(np.zeros(2, dtype=np.float32))}
+    server.stored = {(0, 0): SliceValue(np.zeros(2, dtype=np.float32))}
     hfa = HfaAggregation(server, LocalFrequencyAggregation(k2=2, party_weight=1.0), hips=True, delay=1)
     hfa.adopted((0, 0), np.zeros(2, dtype=np.float32))
     host = PushPullHost(server, hfa)
@@ -153,7 +153,7 @@ def test_the_server_answers_an_overlapped_round_at_once_and_a_due_round_when_the
     reply: Future[Message] = Future()
     reply.set_result(message.reply(tensor=floats(7, 9)))
     then(reply)
-    assert answered(server)[-1] == (2, [7, 9], None) and server.slots[(0, 0)].value.tolist() == [7, 9]
+    assert answered(server)[-1] == (2, [7, 9], None) and server.stored[(0, 0)].value.tolist() == [7, 9]
 
 
 def test_a_failed_overlapped_send_answers_the_waiting_round_and_every_later_one_with_its_error(
@@ -175,7 +175,7 @@ def test_the_jobs_model_waits_for_an_overlapped_send_then_holds_its_answer(make_
     server, host, pushpulls = overlapping_server(make_server)
     pushpulls.complete(push_round(host, floats(1, 1)))
     pushpulls.complete(push_round(host, floats(2, 4)))  # global, overlapped: its send is on its way
-    ask = Message(Kind.PULL, key=0, part=0, num_parts=1, sender=b"w0", request_id=99)
+    ask = Message(Kind.PULL, key=0, slice=0, num_slices=1, sender=b"w0", request_id=99)
     pushpulls.on_held_pull(ask)
     assert host.sent == []  # the delta on its way is in no model the party holds yet
     (_, message, then), = server.calls
@@ -192,7 +192,7 @@ def test_the_jobs_model_of_a_failed_overlapped_send_is_its_error(make_server: An
     server, host, pushpulls = overlapping_server(make_server)
     pushpulls.complete(push_round(host, floats(1, 1)))
     pushpulls.complete(push_round(host, floats(2, 4)))  # global, overlapped: its send is on its way
-    pushpulls.on_held_pull(Message(Kind.PULL, key=0, part=0, num_parts=1, sender=b"w0", request_id=99))
+    pushpulls.on_held_pull(Message(Kind.PULL, key=0, slice=0, num_slices=1, sender=b"w0", request_id=99))
     failed: Future[Message] = Future()
     failed.set_exception(TimeoutError("no answer from gs in 30 s"))
     server.calls[0][2](failed)

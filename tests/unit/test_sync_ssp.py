@@ -13,7 +13,7 @@ from geomx.algorithms.ssp.server import BoundedStaleness
 from geomx.config import ConfigError, Mode, TrainingSpec
 from geomx.core.encoding import Encoding
 from geomx.core.plugins import Aggregation, Route
-from geomx.core.rounds import RoundTable, Slot
+from geomx.core.rounds import RoundTable, SliceValue
 from geomx.protocol.wire import Kind, Message
 from geomx.server.compose import build_policy, check_plugins
 from geomx.server.pushpull import PushPulls
@@ -70,7 +70,7 @@ def ssp_global_server(make_server: Any) -> Any:
     PushPulls (the unit tests' fake host records what it sends)."""
     server = make_server("gs", ["a", "b"])
     server.table = RoundTable(server, server.clients, BoundedStaleness(1))
-    server.slots = {(0, 0): Slot(np.array([10.0, 10.0], dtype=np.float32))}
+    server.stored = {(0, 0): SliceValue(np.array([10.0, 10.0], dtype=np.float32))}
     server.is_global = True
     server.optimizer = optim.SGD(lr=1.0)
     server.aggregation = Aggregation()
@@ -83,7 +83,7 @@ def ssp_global_server(make_server: Any) -> Any:
     pushpulls = PushPulls(server)
     server.answer_early, server.complete = pushpulls.answer_early, pushpulls.complete
     server.push = lambda client, request_id, gradient: pushpulls.on_pushpull(Message(
-        Kind.PUSHPULL, key=0, part=0, num_parts=1, sender=client.encode(), request_id=request_id,
+        Kind.PUSHPULL, key=0, slice=0, num_slices=1, sender=client.encode(), request_id=request_id,
         tensor=np.array(gradient, dtype=np.float32), dtype=np.dtype(np.float32), shape=(2,)))
     server.answers = lambda client: [(m.request_id, m.tensor.tolist()) for peer, m in server.sent if peer == client]
     return server
@@ -102,4 +102,4 @@ def test_an_early_answer_carries_the_last_applied_model_without_the_open_rounds(
     assert server.answers("a") == [(1, [10.0, 10.0]), (2, [6.0, 6.0])]  # early again: round 0 applied, not 1
     server.push("b", 2, [0.0, 2.0])  # round 1 completes: 6 - 4, 6 - 6
     assert server.answers("b") == [(1, [6.0, 6.0]), (2, [2.0, 0.0])]
-    assert server.slots[(0, 0)].value.tolist() == [2.0, 0.0]
+    assert server.stored[(0, 0)].value.tolist() == [2.0, 0.0]

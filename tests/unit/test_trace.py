@@ -3,6 +3,7 @@ message was queued, handed to its socket, received and handled, on the shared cl
 
 from __future__ import annotations
 
+import json
 import queue
 import time
 
@@ -38,7 +39,7 @@ def test_a_message_leaves_a_queue_out_in_handled_timeline(tmp_path):
         sender.add_peer(receiver.identity, receiver.address, "b")
         receiver.add_peer(sender.identity, sender.address, "a")
         before = time.time()
-        message = Message(Kind.PUSHPULL, key=3, part=1, num_parts=2, round=7, tensor=np.ones(1000, np.float32))
+        message = Message(Kind.PUSHPULL, key=3, slice=1, num_slices=2, round=7, tensor=np.ones(1000, np.float32))
         sender.send(receiver.identity, message)
         assert got.get(timeout=10).key == 3
     finally:
@@ -47,5 +48,14 @@ def test_a_message_leaves_a_queue_out_in_handled_timeline(tmp_path):
     events = [e for e in read_trace([tmp_path / "a", tmp_path / "b"]) if e["kind"] == "PUSHPULL"]
     assert [(e["node"], e["event"]) for e in events] == [
         ("a/worker0", "queue"), ("a/worker0", "out"), ("b/server", "in"), ("b/server", "handled")]
-    assert all(e["key"] == 3 and e["part"] == 1 and e["round"] == 7 for e in events)
+    assert all(e["key"] == 3 and e["slice"] == 1 and e["round"] == 7 for e in events)
     assert events[0]["t"] >= before and events[2]["nbytes"] >= 4000 and events[2]["peer"] == "a/worker/1"
+
+
+def test_a_trace_of_an_older_geomx_names_the_slice_as_this_one_does(tmp_path):
+    old = {"node": "b/server", "t": 1.0, "event": "in", "peer": "a/worker/1", "kind": "PUSHPULL", "key": 3,
+           "part": 1, "round": 7, "reply": False, "nbytes": 4000}
+    (tmp_path / "trace").mkdir()
+    (tmp_path / "trace" / "b_server.jsonl").write_text(json.dumps(old) + "\n")
+    [event] = read_trace([tmp_path])
+    assert event["slice"] == 1 and "part" not in event

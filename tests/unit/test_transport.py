@@ -87,10 +87,10 @@ def test_message_delivery_both_ways(make_van):
     b, inbox_b = make_van("b/two", "b", topo)
     connect(a, b)
     tensor = np.arange(10, dtype=np.float32).reshape(2, 5)
-    a.send(b.identity, Message(Kind.PUSHPULL, key=7, part=1, num_parts=2, request_id=99, tensor=tensor,
+    a.send(b.identity, Message(Kind.PUSHPULL, key=7, slice=1, num_slices=2, request_id=99, tensor=tensor,
                                body={"hello": "b"}))
     _, got = inbox_b.get()
-    assert got.kind is Kind.PUSHPULL and (got.key, got.part, got.num_parts, got.request_id) == (7, 1, 2, 99)
+    assert got.kind is Kind.PUSHPULL and (got.key, got.slice, got.num_slices, got.request_id) == (7, 1, 2, 99)
     assert got.body == {"hello": "b"}
     np.testing.assert_array_equal(got.tensor, tensor)
     assert got.sender == b"a/one"

@@ -34,7 +34,7 @@ class RecordingRequests:
 
 
 def from_(sender: str, **fields) -> Message:
-    message = Message(RELAY, key=3, part=0, num_parts=1, **fields)
+    message = Message(RELAY, key=3, slice=0, num_slices=1, **fields)
     message.sender = sender.encode()
     return message
 

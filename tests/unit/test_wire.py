@@ -45,11 +45,11 @@ def roundtrip(message: Message, **kwargs) -> Message:
 
 
 def raw_header(*, magic=b"GX", version=PROTOCOL_VERSION, kind=int(Kind.PUSHPULL), flags=0, codec=0, dtype=1,
-               ndim=None, priority=0, key=0, part=0, num_parts=1, request_id=0, round_=0, shape=(4,)) -> bytes:
+               ndim=None, priority=0, key=0, index=0, num_slices=1, request_id=0, round_=0, shape=(4,)) -> bytes:
     """A header with every field chosen by the caller (defaults: a valid float32 (4,) PUSHPULL)."""
     if ndim is None:
         ndim = len(shape)
-    head = HEADER.pack(magic, version, kind, flags, codec, dtype, ndim, priority, key, part, num_parts,
+    head = HEADER.pack(magic, version, kind, flags, codec, dtype, ndim, priority, key, index, num_slices,
                        request_id, round_)
     return head + struct.pack(f"<{len(shape)}Q", *shape)
 
@@ -70,10 +70,10 @@ uint64s = st.integers(0, 2**64 - 1)
 
 
 @st.composite
-def part_and_count(draw):
-    num_parts = draw(st.integers(1, 2**32 - 1))
-    part = draw(st.integers(0, num_parts - 1))
-    return part, num_parts
+def index_and_count(draw):
+    num_slices = draw(st.integers(1, 2**32 - 1))
+    index = draw(st.integers(0, num_slices - 1))
+    return index, num_slices
 
 
 dtypes = st.sampled_from([np.dtype(d) for d in ALL_DTYPES])
@@ -101,8 +101,8 @@ json_objects = st.dictionaries(st.text(max_size=10), json_values, max_size=6)
 def assert_header_fields_equal(got: Message, sent: Message) -> None:
     assert got.kind == sent.kind and type(got.kind) is type(sent.kind)  # a PluginKind decodes as a new int
     assert got.key == sent.key
-    assert got.part == sent.part
-    assert got.num_parts == sent.num_parts
+    assert got.slice == sent.slice
+    assert got.num_slices == sent.num_slices
     assert got.request_id == sent.request_id
     assert got.round == sent.round
     assert got.priority == sent.priority
@@ -114,11 +114,11 @@ def assert_header_fields_equal(got: Message, sent: Message) -> None:
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(kind=kinds, flags=reply_flags, key=keys, pc=part_and_count(), priority=priorities, request_id=uint64s,
+@given(kind=kinds, flags=reply_flags, key=keys, pc=index_and_count(), priority=priorities, request_id=uint64s,
        round_=uint64s, tensor=tensors())
 def test_roundtrip_tensor_and_header_fields(kind, flags, key, pc, priority, request_id, round_, tensor):
-    part, num_parts = pc
-    sent = Message(kind, key=key, part=part, num_parts=num_parts, request_id=request_id, round=round_,
+    index, num_slices = pc
+    sent = Message(kind, key=key, slice=index, num_slices=num_slices, request_id=request_id, round=round_,
                    priority=priority, flags=flags, tensor=tensor)
     got = roundtrip(sent)
     assert_header_fields_equal(got, sent)
@@ -241,10 +241,10 @@ def test_shape_only_flag_dropped_when_tensor_present():
 
 
 def test_reply_copies_request_identity():
-    request = Message(Kind.PUSHPULL, key=5, part=2, num_parts=3, request_id=77, round=4, priority=-1)
+    request = Message(Kind.PUSHPULL, key=5, slice=2, num_slices=3, request_id=77, round=4, priority=-1)
     reply = roundtrip(request.reply(tensor=np.zeros(2, np.float32)))
     assert reply.is_reply and reply.kind is Kind.PUSHPULL
-    assert (reply.key, reply.part, reply.num_parts, reply.request_id, reply.round, reply.priority) == \
+    assert (reply.key, reply.slice, reply.num_slices, reply.request_id, reply.round, reply.priority) == \
         (5, 2, 3, 77, 4, -1)
     error = roundtrip(request.error("boom"))
     assert error.kind is Kind.ERROR and error.is_reply and error.body == {"error": "boom"}
@@ -411,10 +411,10 @@ def test_trailing_bytes_after_header():
         decode([raw_header() + b"\0", b"", bytes(16)])
 
 
-@pytest.mark.parametrize("part,num_parts", [(0, 0), (1, 1), (5, 3), (2**32 - 1, 2**32 - 1)])
-def test_part_not_below_num_parts(part, num_parts):
+@pytest.mark.parametrize("index,num_slices", [(0, 0), (1, 1), (5, 3), (2**32 - 1, 2**32 - 1)])
+def test_slice_not_below_num_slices(index, num_slices):
     with pytest.raises(WireError, match="slice"):
-        decode([raw_header(part=part, num_parts=num_parts), b"", bytes(16)])
+        decode([raw_header(index=index, num_slices=num_slices), b"", bytes(16)])
 
 
 @pytest.mark.parametrize("length", [0, 15, 17, 32])

@@ -29,9 +29,9 @@ bodies = st.none() | st.dictionaries(st.text(max_size=5), st.integers() | st.tex
 @st.composite
 def messages(draw: st.DrawFn) -> Message:
     """A valid message: any kind, key, slice, request id, round, priority, tensor (or none) and JSON body."""
-    num_parts = draw(st.integers(1, 2**16))
-    return Message(draw(kinds), key=draw(st.integers(0, 2**40)), part=draw(st.integers(0, num_parts - 1)),
-                   num_parts=num_parts, request_id=draw(st.integers(0, 2**64 - 1)),
+    num_slices = draw(st.integers(1, 2**16))
+    return Message(draw(kinds), key=draw(st.integers(0, 2**40)), slice=draw(st.integers(0, num_slices - 1)),
+                   num_slices=num_slices, request_id=draw(st.integers(0, 2**64 - 1)),
                    round=draw(st.integers(0, 2**64 - 1)), priority=draw(st.integers(-2**31, 2**31 - 1)),
                    tensor=draw(st.none() | tensors), body=draw(bodies))
 
@@ -97,7 +97,7 @@ def test_mutated_messages_raise_only_wire_error(frames: list[bytes]) -> None:
 def test_valid_messages_still_decode(sent: Message) -> None:
     """The round trip gives back every field that was sent: kind, key, slice, ids, body, the tensor's bytes."""
     got = decode(frames_of(sent))
-    for name in ("kind", "key", "part", "num_parts", "request_id", "round", "priority", "flags", "codec", "body"):
+    for name in ("kind", "key", "slice", "num_slices", "request_id", "round", "priority", "flags", "codec", "body"):
         assert getattr(got, name) == getattr(sent, name), (name, getattr(got, name), getattr(sent, name))
     if sent.tensor is None:
         assert got.tensor is None

@@ -60,7 +60,7 @@ SPEED_SPECS: dict[str, dict[str, Any]] = {
     "bsc 0.1% exact": {"type": "bsc", "threshold": 0.001, "size_lower_bound": 0, "exact": True},
     "mpq 1%": {"type": "mpq", "threshold": 0.01, "size_lower_bound": 200_000},
 }
-SPEED_INFO = TensorInfo(key=0, part=0, kind="gradient", direction="push")
+SPEED_INFO = TensorInfo(key=0, slice=0, kind="gradient", direction="push")
 WAN_MBIT = 100.0  # the emulated WAN's bandwidth: what a saved byte is worth in time
 
 
@@ -76,7 +76,7 @@ def timed_ms(function: Callable[[], object], repeats: int) -> tuple[float, float
 
 
 def _encode_next(codec: Codec, grads: list[np.ndarray], payloads: list[Encoded]) -> None:
-    """One round of a slot: encode the next gradient (cycling), keep the payload for the decode timing."""
+    """One round of a slice: encode the next gradient (cycling), keep the payload for the decode timing."""
     payloads.append(codec.encode(grads[len(payloads) % len(grads)], SPEED_INFO))
 
 
@@ -93,7 +93,7 @@ def codec_speed_rows(sizes: list[int], repeats: int, rng: np.random.Generator,
         megabytes = n * 4 / 1e6
         for label, spec in (specs or SPEED_SPECS).items():
             codec = make_codec(spec)
-            codec.encode(grads[0], SPEED_INFO)  # the first step allocates the slot's state: not timed
+            codec.encode(grads[0], SPEED_INFO)  # the first step allocates the slice's state: not timed
             payloads: list[Encoded] = []
             encode_ms, encode_median = timed_ms(partial(_encode_next, codec, grads, payloads), repeats)
             payload = payloads[-1]

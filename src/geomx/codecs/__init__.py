@@ -15,7 +15,7 @@ Usage::
 
     from geomx.codecs import TensorInfo, make_codec
     codec = make_codec({"type": "mpq", "threshold": 0.01, "size_lower_bound": 200000})
-    payload = codec.encode(grad, TensorInfo(key=0, part=0, kind="gradient", direction="push"))
+    payload = codec.encode(grad, TensorInfo(key=0, slice=0, kind="gradient", direction="push"))
     grad_hat = codec.decode(payload, grad.shape, grad.dtype)
 """
 

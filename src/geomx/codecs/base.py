@@ -11,12 +11,12 @@ header, so a receiver decodes without negotiation. Two rules keep that true:
   index ranges and the finiteness of values are checked, and any problem raises ``CodecError`` before
   memory proportional to a claimed size is allocated.
 
-Stateful codecs (momentum, residuals) keep their state per ``(key, part, direction)`` inside the
-instance. Two threads may encode different slots at once; one slot must not be encoded concurrently.
+Stateful codecs (momentum, residuals) keep their state per ``(key, slice, direction)`` inside the
+instance. Two threads may encode different slices at once; one slice must not be encoded concurrently.
 
 Usage::
 
-    payload = codec.encode(grad, TensorInfo(key=3, part=0, kind="gradient", direction="push"))
+    payload = codec.encode(grad, TensorInfo(key=3, slice=0, kind="gradient", direction="push"))
     grad_hat = codec.decode(payload, grad.shape, np.dtype(np.float32))
 """
 
@@ -38,7 +38,7 @@ FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)
 
 TensorKind = Literal["gradient", "weights", "delta"]
 Direction = Literal["push", "pull"]
-StateKey = tuple[int, int, str]  # (key, part, direction): where stateful codecs keep their state
+StateKey = tuple[int, int, str]  # (key, slice, direction): where stateful codecs keep their state
 MetaValue = int | float | str
 
 
@@ -58,7 +58,7 @@ class CodecError(ValueError):
 
 @dataclass(frozen=True)
 class TensorInfo:
-    """What a tensor slice is, so codecs can keep per-slot state and refuse what makes no sense for them.
+    """What a tensor slice is, so codecs can keep per-slice state and refuse what makes no sense for them.
 
     ``kind``: "gradient" (a sum of gradients), "delta" (a change of weights, additive over rounds) or
     "weights" (absolute values: not additive, so residual-carrying codecs refuse them).
@@ -69,7 +69,7 @@ class TensorInfo:
     """
 
     key: int
-    part: int
+    slice: int
     kind: TensorKind
     direction: Direction
     tensor_numel: int | None = None
@@ -80,7 +80,7 @@ class TensorInfo:
 
     @property
     def state_key(self) -> StateKey:
-        return (self.key, self.part, self.direction)
+        return (self.key, self.slice, self.direction)
 
 
 @dataclass
@@ -133,7 +133,7 @@ class Codec(ABC):
         return False
 
     def reset(self) -> None:
-        """Forget all per-slot state (e.g. after the model was re-initialised). Stateless codecs: nothing."""
+        """Forget all per-slice state (e.g. after the model was re-initialised). Stateless codecs: nothing."""
         return None
 
     @classmethod
@@ -181,7 +181,7 @@ def check_kind(info: TensorInfo, codec: str) -> None:
     """Residual-carrying codecs refuse absolute weights: a residual of old weights added to new ones is wrong."""
     if info.kind == "weights":
         raise CodecError(f"{codec} carries residuals across rounds, which only makes sense for additive "
-                         f"tensors (gradient or delta); key {info.key} part {info.part} is weights — send "
+                         f"tensors (gradient or delta); key {info.key} slice {info.slice} is weights — send "
                          f"the delta instead")
 
 

@@ -41,7 +41,7 @@ Selection (``exact=False``, the default) estimates the k-th largest |v| from a r
 Entries whose accumulated value is exactly 0 are never sent, in both modes. Indices travel sorted and
 as integers (int32 when n < 2**31, else int64) — never as floats, which lose exactness above 2**24.
 
-Warm-up (``warmup_steps = W > 0``): the kept fraction at a slot's step ``i < W`` is
+Warm-up (``warmup_steps = W > 0``): the kept fraction at a slice's step ``i < W`` is
 ``threshold ** (i / W)`` — 1.0 (everything) at step 0, falling exponentially to ``threshold`` at
 step W. Whenever ``2k >= n`` the indices would cost more than they save, so all n values travel in
 order with an empty index frame (meta ``k == n``).
@@ -53,7 +53,7 @@ Tensors below ``size_lower_bound`` are not this class's business: the spec ``{"t
 Usage::
 
     codec = BSC(threshold=0.01)                      # or make_codec({"type": "bsc", "threshold": 0.01})
-    payload = codec.encode(grad, TensorInfo(key=3, part=0, kind="gradient", direction="push"))
+    payload = codec.encode(grad, TensorInfo(key=3, slice=0, kind="gradient", direction="push"))
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ def top_k_sampled(magnitude: np.ndarray, k: int, rng: np.random.Generator) -> np
 
 @dataclass
 class _ResidualState:
-    """One slot's sparsifier state. ``velocity`` is None on the pull side (no momentum)."""
+    """One slice's sparsifier state. ``velocity`` is None on the pull side (no momentum)."""
 
     velocity: np.ndarray | None
     accumulated: np.ndarray
@@ -169,17 +169,17 @@ class BSC(Codec):
         return SizeAdaptive(small=None, large=sparsifier, bound=bound) if bound > 0 else sparsifier
 
     def fraction(self, step: int) -> float:
-        """The fraction of elements kept at a slot's ``step`` (0-based), warm-up included."""
+        """The fraction of elements kept at a slice's ``step`` (0-based), warm-up included."""
         if step < self.warmup_steps:
             return float(self.threshold ** (step / self.warmup_steps))
         return self.threshold
 
     def encode(self, array: np.ndarray, info: TensorInfo) -> Encoded:
         check_kind(info, self.name)
-        g = float_vector(array, f"key {info.key} part {info.part}")
-        check_finite(g, f"key {info.key} part {info.part}")  # before touching the state
+        g = float_vector(array, f"key {info.key} slice {info.slice}")
+        check_finite(g, f"key {info.key} slice {info.slice}")  # before touching the state
         n = g.size
-        state = self._slot(info, n)
+        state = self._state_of(info, n)
         v = state.accumulated
         if state.velocity is not None:
             u = state.velocity
@@ -241,14 +241,14 @@ class BSC(Codec):
         return True
 
     def pending(self, info: TensorInfo) -> np.ndarray | None:
-        """A copy of the slot's accumulated, not yet sent values (flat float32), or None before its first encode."""
+        """A copy of the slice's accumulated, not yet sent values (flat float32), or None before its first encode."""
         state = self._state.get(info.state_key)
         return None if state is None else state.accumulated.copy()
 
     def reset(self) -> None:
         self._state.clear()
 
-    def _slot(self, info: TensorInfo, n: int) -> _ResidualState:
+    def _state_of(self, info: TensorInfo, n: int) -> _ResidualState:
         state = self._state.get(info.state_key)
         if state is None:
             # Momentum correction stands in for the optimizer's momentum on raw gradients. A delta (HFA's
@@ -259,7 +259,7 @@ class BSC(Codec):
             state = _ResidualState(velocity=velocity, accumulated=np.zeros(n, np.float32))
             self._state[info.state_key] = state
         elif state.accumulated.size != n:
-            raise CodecError(f"key {info.key} part {info.part} had {state.accumulated.size} elements and now has "
+            raise CodecError(f"key {info.key} slice {info.slice} had {state.accumulated.size} elements and now has "
                              f"{n}; call reset() after re-initialising a key")
         return state
 

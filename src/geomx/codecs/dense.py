@@ -44,8 +44,8 @@ class Dense(Codec):
     codec_id: ClassVar[int] = DENSE_ID
 
     def encode(self, array: np.ndarray, info: TensorInfo) -> Encoded:
-        array = check_float_dtype(array, f"key {info.key} part {info.part}")
-        check_finite(array, f"key {info.key} part {info.part}")
+        array = check_float_dtype(array, f"key {info.key} slice {info.slice}")
+        check_finite(array, f"key {info.key} slice {info.slice}")
         return Encoded(self.codec_id, [np.ascontiguousarray(array).reshape(-1)], {"dtype": array.dtype.name})
 
     def decode(self, encoded: Encoded, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:

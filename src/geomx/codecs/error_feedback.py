@@ -1,6 +1,6 @@
 """Error feedback: a wrapper that makes any lossy codec unbiased over time.
 
-Before encoding, the slot's residual (what earlier rounds failed to send) is added to the input; after
+Before encoding, the slice's residual (what earlier rounds failed to send) is added to the input; after
 encoding, the new residual is ``input - decode(encode(input))``. So the sum of everything decoded
 equals the sum of everything pushed minus one bounded residual: quantisation error does not pile up.
 This is BytePS's and hivemind's shape — error feedback is a decorator, not a feature of each codec.
@@ -12,7 +12,7 @@ additive, so a residual of last round's weights does not belong in this round's)
 Usage::
 
     codec = ErrorFeedback(Int8(block=256))
-    payload = codec.encode(grad, TensorInfo(key=0, part=0, kind="gradient", direction="push"))
+    payload = codec.encode(grad, TensorInfo(key=0, slice=0, kind="gradient", direction="push"))
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from .base import (
 
 
 class ErrorFeedback(Codec):
-    """Wraps ``inner``; keeps one float32 residual per (key, part, direction)."""
+    """Wraps ``inner``; keeps one float32 residual per (key, slice, direction)."""
 
     name: ClassVar[str] = "error_feedback"
     codec_id: ClassVar[int] = COMPOSITE_ID
@@ -48,11 +48,11 @@ class ErrorFeedback(Codec):
     def encode(self, array: np.ndarray, info: TensorInfo) -> Encoded:
         check_kind(info, self.name)
         shape = np.shape(array)
-        x = float_vector(array, f"key {info.key} part {info.part}")
+        x = float_vector(array, f"key {info.key} slice {info.slice}")
         residual = self._residuals.get(info.state_key)
         if residual is not None:
             if residual.size != x.size:
-                raise CodecError(f"key {info.key} part {info.part} had {residual.size} elements and now has "
+                raise CodecError(f"key {info.key} slice {info.slice} had {residual.size} elements and now has "
                                  f"{x.size}; call reset() after re-initialising a key")
             x = x + residual  # a new array: the caller's tensor is never modified
         encoded = self.inner.encode(x.reshape(shape), info)  # raises (state untouched) on NaN or inf
@@ -73,7 +73,7 @@ class ErrorFeedback(Codec):
         return True
 
     def residual(self, info: TensorInfo) -> np.ndarray | None:
-        """A copy of the slot's residual (flat float32), or None before its first encode."""
+        """A copy of the slice's residual (flat float32), or None before its first encode."""
         residual = self._residuals.get(info.state_key)
         return None if residual is None else residual.copy()
 

@@ -44,7 +44,7 @@ class FP16(Codec):
 
     def encode(self, array: np.ndarray, info: TensorInfo) -> Encoded:
         array = np.asarray(array)
-        what = f"key {info.key} part {info.part}"
+        what = f"key {info.key} slice {info.slice}"
         if array.dtype == np.float16:  # already on the wire's precision: no float32 round trip
             check_finite(array, what)
             return Encoded(self.codec_id, [np.ascontiguousarray(array).reshape(-1)], {"n": array.size})

@@ -58,8 +58,8 @@ class Int8(Codec):
         self.block = block
 
     def encode(self, array: np.ndarray, info: TensorInfo) -> Encoded:
-        x = float_vector(array, f"key {info.key} part {info.part}")  # may view the caller's array: read only
-        check_finite(x, f"key {info.key} part {info.part}")
+        x = float_vector(array, f"key {info.key} slice {info.slice}")  # may view the caller's array: read only
+        check_finite(x, f"key {info.key} slice {info.slice}")
         rows, tail = _blocks(x, self.block)
         absmax = np.abs(rows).max(axis=1) if rows.size else np.zeros(len(rows), np.float32)
         if tail.size:

@@ -2,8 +2,8 @@
 
 Usage::
 
-    fields = payload_fields(codec, array, TensorInfo(key, part, "gradient", "push"))
-    message = Message(Kind.PUSHPULL, key=key, part=part, **fields)
+    fields = payload_fields(codec, array, TensorInfo(key, index, "gradient", "push"))
+    message = Message(Kind.PUSHPULL, key=key, slice=index, **fields)
     dense = decode_message(registry, received)      # the dense array, whatever codec encoded it
 """
 

@@ -1,7 +1,7 @@
 """Config declared once: each spec field says its YAML key, environment name, GeoMX alias and kind; the generic
 code here reads YAML and the environment and writes both back.
 
-A field is declared with ``setting`` (or ``part`` for a field another one fills, such as a server optimizer's
+A field is declared with ``setting`` (or ``filled_by`` for a field another one fills, such as a server optimizer's
 parameters). Adding a field to a feature is then one line in its spec; ``tests/unit/test_config_fields.py``
 walks every declared field and fails on one without its metadata.
 
@@ -31,7 +31,7 @@ from .errors import ConfigError
 from .kinds import FALSE_TEXTS, TRUE_TEXTS, ValueKind, read_secret
 
 _SETTING = "geomx.setting"
-_PART_OF = "geomx.part_of"
+_FILLED_BY = "geomx.filled_by"
 _EXTRAS = "geomx.extras"
 
 SpecT = TypeVar("SpecT")
@@ -110,9 +110,9 @@ def switch_of(cls: type) -> Switch:
     return declared if isinstance(declared, Switch) else Switch()
 
 
-def part(default: Any, of: str, **field_options: Any) -> Any:
+def filled_by(default: Any, of: str, **field_options: Any) -> Any:
     """A dataclass field filled by field ``of``'s setting (one of its ``companions``)."""
-    return dataclasses.field(default=default, metadata={_PART_OF: of}, **field_options)
+    return dataclasses.field(default=default, metadata={_FILLED_BY: of}, **field_options)
 
 
 def extras(**field_options: Any) -> Any:
@@ -135,8 +135,8 @@ def settings(cls: type) -> Iterator[tuple[str, Setting]]:
 
 
 def undeclared(cls: type) -> list[str]:
-    """Fields of ``cls`` with neither a Setting nor a ``part`` (a feature spec must have none)."""
-    return [f.name for f in dataclasses.fields(cls) if not {_SETTING, _PART_OF, _EXTRAS} & set(f.metadata)]
+    """Fields of ``cls`` with neither a Setting nor a ``filled_by`` (a feature spec must have none)."""
+    return [f.name for f in dataclasses.fields(cls) if not {_SETTING, _FILLED_BY, _EXTRAS} & set(f.metadata)]
 
 
 def where(section: str, key: str) -> str:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from .errors import ConfigError
-from .fields import Switch, extras, part, setting
+from .fields import Switch, extras, filled_by, setting
 from .kinds import BANDWIDTH, BOOL, CODEC, DURATION, FLOAT, FLOATS, INT, OPTIMIZER, PATH, STR
 
 
@@ -341,7 +341,7 @@ class TrainingSpec:
     server_optimizer: str = setting("auto", kind=OPTIMIZER, env="GEOMX_SERVER_OPTIMIZER",
                                     companions=("server_optimizer_params",),
                                     doc="auto, none, translate or a server optimizer with its parameters (above)")
-    server_optimizer_params: tuple[tuple[str, float], ...] = part((), of="server_optimizer")
+    server_optimizer_params: tuple[tuple[str, float], ...] = filled_by((), of="server_optimizer")
     compression: dict[str, Any] | None = setting(None, kind=CODEC, env="GEOMX_COMPRESSION", hash=False,
                                                  compare=True, doc="codec of the WAN traffic (unset: none)")
     esync: bool = setting(False, kind=BOOL, expects="bool", env="GEOMX_ESYNC",

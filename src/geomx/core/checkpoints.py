@@ -7,7 +7,7 @@ go on counting from the checkpoint's.
 Usage (inside a global server)::
 
     snapshot = resume(name, spec, shard, table)            # --resume; None (logged) if there is none
-    checkpoint_if_due(writer, slots, table, optimizer)       # after every applied round
+    checkpoint_if_due(writer, stored, table, optimizer)      # after every applied round
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import numpy as np
 from ..config import CheckpointSpec
 from ..protocol.wire import Kind, SliceId
 from ..runs.checkpoint import CheckpointWriter, Snapshot, load_latest, shard_dir
-from .rounds import RoundTable, Slot
+from .rounds import RoundTable, SliceValue
 
 if TYPE_CHECKING:  # geomx.optim imports torch: only a server that gets an optimizer loads it
     from ..optim import Optimizer
@@ -39,14 +39,14 @@ def resume(name: str, spec: CheckpointSpec, shard: int, table: RoundTable) -> Sn
     if snapshot is None:
         log.error("[%s] --resume: no valid checkpoint in %s", name, shard_dir(spec.dir, shard))
         return None
-    for (key, part), number in snapshot.rounds.items():
-        table.restore(Kind.PUSHPULL, key, part, number)
-    log.info("[%s] resumed from %s: step %d, %d slots", name, snapshot.source, snapshot.step, len(snapshot.slots))
+    for (key, index), number in snapshot.rounds.items():
+        table.restore(Kind.PUSHPULL, key, index, number)
+    log.info("[%s] resumed from %s: step %d, %d slices", name, snapshot.source, snapshot.step, len(snapshot.values))
     return snapshot
 
 
-def slots_of(snapshot: Snapshot) -> dict[SliceId, Slot]:
-    return {sid: Slot(value) for sid, value in snapshot.slots.items()}
+def values_of(snapshot: Snapshot) -> dict[SliceId, SliceValue]:
+    return {sid: SliceValue(value) for sid, value in snapshot.values.items()}
 
 
 def restore_optimizer(name: str, snapshot: Snapshot | None, optimizer: Optimizer | None) -> None:
@@ -65,17 +65,17 @@ def restore_optimizer(name: str, snapshot: Snapshot | None, optimizer: Optimizer
     log.info("[%s] optimizer state restored from step %d", name, snapshot.step)
 
 
-def checkpoint_if_due(writer: CheckpointWriter | None, slots: dict[SliceId, Slot], table: RoundTable,
+def checkpoint_if_due(writer: CheckpointWriter | None, stored: dict[SliceId, SliceValue], table: RoundTable,
                       optimizer: Optimizer | None) -> None:
-    """Checkpoint when due; the step is the completed rounds of the least advanced slot."""
-    if writer is None or not slots:
+    """Checkpoint when due; the step is the completed rounds of the least advanced slice."""
+    if writer is None or not stored:
         return
-    rounds = {sid: table.completed(Kind.PUSHPULL, *sid) for sid in slots}
+    rounds = {sid: table.completed(Kind.PUSHPULL, *sid) for sid in stored}
     step = min(rounds.values())
 
     def take() -> Snapshot:
         layout, state = optimizer.state() if optimizer is not None else ({}, {})
-        return Snapshot(step, {sid: np.array(slot.value, copy=True) for sid, slot in slots.items()},
+        return Snapshot(step, {sid: np.array(kept.value, copy=True) for sid, kept in stored.items()},
                         rounds, optimizer.spec() if optimizer is not None else None, state, layout)
 
     writer.maybe_write(step, take)

@@ -23,7 +23,7 @@ used it stops the job with the reason rather than let the parties' models differ
 Usage (global server, after a push joined its round; local server, when it forwards a push and on answers)::
 
     if early_ok: send_early(server, rnd)
-    early.forwarded(owner, key, part, upward_tensor, answer)   # answer(others + upward) once both are in
+    early.forwarded(owner, key, index, upward_tensor, answer)   # answer(others + upward) once both are in
     if early.settled(owner, reply): return                     # the tensor-less answer of such a round
 """
 
@@ -63,7 +63,7 @@ def send_early(host: EarlyHost, rnd: Round, awaited: set[str]) -> None:
     # contribution is the received (read-only) buffer and stays as it is
     others = rnd.accum.copy() if rnd.accum.flags.writeable else rnd.accum
     rnd.early = last
-    host.send(last, Message(Kind.PUSHPULL, key=rnd.key, part=rnd.part, num_parts=first.num_parts, round=rnd.number,
+    host.send(last, Message(Kind.PUSHPULL, key=rnd.key, slice=rnd.slice, num_slices=first.num_slices, round=rnd.number,
                             priority=first.priority, tensor=others, body={EARLY: rnd.number}))
 
 
@@ -90,10 +90,10 @@ class EarlyAnswers:
         """Whether ``message`` (not a reply) is an early answer (the others' sum)."""
         return message.kind is Kind.PUSHPULL and not message.is_reply and EARLY in (message.body or {})
 
-    def forwarded(self, owner: str, key: int, part: int, pushed: np.ndarray, answer: Answer) -> None:
+    def forwarded(self, owner: str, key: int, index: int, pushed: np.ndarray, answer: Answer) -> None:
         """This server pushed ``pushed`` for (key, slice) to ``owner``: ``answer(others + pushed)`` now if the
         others' sum is here, else when it comes (if it does: not when another party pushes last)."""
-        where = (owner, key, part)
+        where = (owner, key, index)
         if where in self._sums:
             number, others = self._sums.pop(where)
             self._answered[where] = number
@@ -104,7 +104,7 @@ class EarlyAnswers:
     def store(self, sender: str, message: Message) -> None:
         """The others' sum for (key, slice) from global server ``sender``."""
         assert message.tensor is not None and message.body is not None
-        where, number = (sender, message.key, message.part), int(message.body[EARLY])
+        where, number = (sender, message.key, message.slice), int(message.body[EARLY])
         if where in self._waiting:
             pushed, answer = self._waiting.pop(where)
             self._answered[where] = number
@@ -116,13 +116,13 @@ class EarlyAnswers:
         """Whether ``reply`` (the global server's answer) closes a round answered early (True: nothing more to
         do); False for an ordinary answer. Raises ValueError if the global server answered a round in full
         that this server had already answered early (the answer stopped being the plain sum in between)."""
-        where = (sender, reply.key, reply.part)
+        where = (sender, reply.key, reply.slice)
         number = self._answered.pop(where, None)
         if number is None:
             self._waiting.pop(where, None)  # answered in full: no early sum comes for this round
             return False
         body = reply.body or {}
         if reply.tensor is not None or reply.encoded is not None or body.get(EARLY) != number:
-            raise ValueError(f"the global server answered key {reply.key} slice {reply.part} in full after its "
+            raise ValueError(f"the global server answered key {reply.key} slice {reply.slice} in full after its "
                              "early sum had been used: the job's models would differ")
         return True

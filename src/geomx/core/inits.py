@@ -25,20 +25,20 @@ import numpy as np
 from ..codecs.base import Direction, TensorInfo, TensorKind
 from ..protocol.bodies import BodyError, InitBody, decode_body
 from ..protocol.wire import Kind, Message, SliceId
-from .rounds import Round, RoundTable, Slot
+from .rounds import Round, RoundTable, SliceValue
 
 
-def slot_mismatch(slot_desc: str, message: Message) -> str | None:
-    """The problem if ``message`` declares another shape or dtype than the slot's (``slot_desc``)."""
+def value_mismatch(stored: str, message: Message) -> str | None:
+    """The problem if ``message`` declares another shape or dtype than the stored value's (``stored``)."""
     declared = f"{message.shape} {message.dtype}"
-    return None if declared == slot_desc else f"key {message.key} slice {message.part} is {slot_desc}, " \
-                                              f"but the request says {declared}"
+    return None if declared == stored else f"key {message.key} slice {message.slice} is {stored}, " \
+                                           f"but the request says {declared}"
 
 
 class InitHost(Protocol):
     """What INIT asks of the server (a fake one in unit tests)."""
 
-    slots: dict[SliceId, Slot]
+    stored: dict[SliceId, SliceValue]
     table: RoundTable
     optimizer: Any  # the global server's optimizer (it is told which value each client holds), or None
 
@@ -63,13 +63,13 @@ class Inits:
         self.shards: dict[SliceId, int] = {}  # (key, slice) -> shard id, as declared by INIT
         self.sizes: dict[int, int] = {}  # key -> elements of its whole tensor, as declared by INIT
 
-    def tensor_info(self, key: int, part: int, kind: TensorKind, direction: Direction) -> TensorInfo:
-        """What a codec is told about slice ``part`` of ``key``: its whole tensor's size too, once INIT said it."""
-        return TensorInfo(key, part, kind, direction, self.sizes.get(key))
+    def tensor_info(self, key: int, index: int, kind: TensorKind, direction: Direction) -> TensorInfo:
+        """What a codec is told about slice ``index`` of ``key``: its whole tensor's size too, once INIT said it."""
+        return TensorInfo(key, index, kind, direction, self.sizes.get(key))
 
-    def owner(self, key: int, part: int) -> str:
+    def owner(self, key: int, index: int) -> str:
         """The global server that holds (key, slice), by the shard id its INIT declared."""
-        return self.shard_owner[self.shards[(key, part)]]
+        return self.shard_owner[self.shards[(key, index)]]
 
     def request(self, message: Message) -> None:
         """A client's INIT: answered at once if the slice has a value, else checked and added to its round."""
@@ -77,24 +77,24 @@ class Inits:
         if message.dtype is None:
             host.refuse(message, f"INIT of key {message.key} carries no dtype and shape")
             return
-        sid = (message.key, message.part)
-        slot = host.slots.get(sid)
-        if slot is not None:  # already initialized: answer with the current value (a late joiner)
-            problem = slot_mismatch(slot.describe(), message) or self.check_size(message)
+        sid = (message.key, message.slice)
+        stored = host.stored.get(sid)
+        if stored is not None:  # already initialized: answer with the current value (a late joiner)
+            problem = value_mismatch(stored.describe(), message) or self.check_size(message)
             if problem:
                 host.refuse(message, problem)
                 return
-            self._received(sid, message.sender.decode(), slot.value)  # a rejoiner holds these weights
-            host.send(message.sender.decode(), message.reply(tensor=slot.value))
+            self._received(sid, message.sender.decode(), stored.value)  # a rejoiner holds these weights
+            host.send(message.sender.decode(), message.reply(tensor=stored.value))
             return
         problem = self.check_shard(message) or self.check_size(message)
         if problem:
             host.refuse(message, problem)
             return
-        current = host.table.get(Kind.INIT, message.key, message.part)
+        current = host.table.get(Kind.INIT, message.key, message.slice)
         if current is not None and current.contributions:
             first = next(iter(current.contributions.values()))
-            problem = slot_mismatch(f"{first.shape} {first.dtype}", message)
+            problem = value_mismatch(f"{first.shape} {first.dtype}", message)
             if problem:
                 host.refuse(message, problem + " (as declared by another client's INIT)")
                 return
@@ -102,7 +102,7 @@ class Inits:
 
     def check_shard(self, message: Message) -> str | None:
         """Record the explicit shard id an INIT names (see geomx.core.sharding); the problem with it, if any."""
-        where = f"INIT of key {message.key} slice {message.part}"
+        where = f"INIT of key {message.key} slice {message.slice}"
         try:
             shard = decode_body(InitBody, message.body).shard
         except BodyError as exc:
@@ -111,7 +111,7 @@ class Inits:
             return f"{where} is meant for shard {shard}, but this is shard {self.shard_id}"
         if not self.is_global and shard not in self.shard_owner:
             return f"{where} names shard {shard}; the global servers are shards {sorted(self.shard_owner)}"
-        known = self.shards.setdefault((message.key, message.part), shard)
+        known = self.shards.setdefault((message.key, message.slice), shard)
         if known != shard:
             return f"{where} names shard {shard}, but another client placed it on shard {known} " \
                    "(every worker must init the same keys in the same order)"
@@ -123,10 +123,10 @@ class Inits:
         try:
             numel = decode_body(InitBody, message.body).numel
         except BodyError as exc:
-            return f"INIT of key {message.key} slice {message.part}: {exc}"
+            return f"INIT of key {message.key} slice {message.slice}: {exc}"
         if numel is None:
             return None
-        where = f"INIT of key {message.key} slice {message.part} says its tensor has {numel} elements"
+        where = f"INIT of key {message.key} slice {message.slice} says its tensor has {numel} elements"
         piece = math.prod(message.shape or ())
         if numel < piece:
             return f"{where}, fewer than the slice's {piece}"
@@ -141,16 +141,16 @@ class Inits:
         host = self.host
         with_data = [m for m in rnd.contributions.values() if m.tensor is not None]
         first = next(iter(rnd.contributions.values()))
-        sid = (rnd.key, rnd.part)
+        sid = (rnd.key, rnd.slice)
         if self.is_global:
             if len(with_data) != 1:
                 host.release(rnd, None, f"key {rnd.key}: {len(with_data)} clients sent an initial value; "
                                         "exactly one (the master worker's) is needed")
                 return
-            host.slots[sid] = Slot(np.array(with_data[0].tensor, copy=True))
+            host.stored[sid] = SliceValue(np.array(with_data[0].tensor, copy=True))
             for client in rnd.contributions:  # every party starts from these weights
-                self._received(sid, client, host.slots[sid].value)
-            host.release(rnd, host.slots[sid].value)
+                self._received(sid, client, host.stored[sid].value)
+            host.release(rnd, host.stored[sid].value)
             return
         if len(with_data) > 1:
             host.release(rnd, None, f"key {rnd.key}: {len(with_data)} workers of this party sent an initial "
@@ -159,7 +159,7 @@ class Inits:
         body: dict[str, int] = {"shard": self.shards[sid]}
         if rnd.key in self.sizes:
             body["numel"] = self.sizes[rnd.key]
-        upward = Message(Kind.INIT, key=rnd.key, part=rnd.part, num_parts=first.num_parts,
+        upward = Message(Kind.INIT, key=rnd.key, slice=rnd.slice, num_slices=first.num_slices,
                          tensor=with_data[0].tensor if with_data else None, dtype=first.dtype, shape=first.shape,
                          body=body)
         host.forward(rnd, upward)

@@ -28,7 +28,7 @@ from ..protocol.wire import Message, MessageKind, SliceId
 from ..transport.van import Van
 from .capabilities import Capabilities, all_answer_plain_sums
 from .clients import Clients
-from .rounds import Round, RoundTable, Slot
+from .rounds import Round, RoundTable, SliceValue
 
 Handler = Callable[[Message], None]
 Completion = Callable[[Round], None]
@@ -41,7 +41,7 @@ class PluginHost(Protocol):
     clients: Clients
     upstream: list[str]  # the servers of the tier above (none on the top tier)
     peers: set[str]  # fellow servers of this tier
-    slots: dict[tuple[int, int], Slot]
+    stored: dict[SliceId, SliceValue]
     table: RoundTable
     wan_codec: Codec | None  # the WAN compression the master set (None: dense)
     van: Van  # the server's transport (a route may send datagrams on its links, or count what it receives)
@@ -63,10 +63,10 @@ class PluginHost(Protocol):
     def forward(self, rnd: Round, message: Message) -> None:
         """Send ``rnd``'s reduction up to the owner of its slice; release ``rnd`` with the answer."""
 
-    def owner(self, key: int, part: int) -> str:
+    def owner(self, key: int, index: int) -> str:
         """The server of the tier above that owns (key, slice)."""
 
-    def tensor_info(self, key: int, part: int, kind: TensorKind, direction: Direction) -> TensorInfo:
+    def tensor_info(self, key: int, index: int, kind: TensorKind, direction: Direction) -> TensorInfo:
         """What a codec is told about (key, slice) (its whole tensor's size included: size gates are per tensor)."""
 
     def call(self, peer: str, message: Message, then: Callable[[Future[Message]], None]) -> None:
@@ -272,7 +272,7 @@ class Aggregation(Capabilities):
         return usual
 
     def held(self, sid: SliceId, value: np.ndarray) -> np.ndarray:
-        """The job's model of (key, slice) as this lower tier holds it (``value``: what its slot holds, the
+        """The job's model of (key, slice) as this lower tier holds it (``value``: what it stores, the
         tier above's last answer unless the tier answers rounds itself)."""
         return value
 

@@ -41,7 +41,7 @@ RoundId = tuple[MessageKind, int, int]
 
 
 @dataclass
-class Slot:
+class SliceValue:
     """The stored value of one (key, slice): weights, or the latest aggregate."""
 
     value: np.ndarray
@@ -56,7 +56,7 @@ class Round:
 
     kind: MessageKind
     key: int
-    part: int
+    slice: int
     number: int = 0
     contributions: dict[str, Message] = field(default_factory=dict)
     accum: np.ndarray | None = None
@@ -67,7 +67,7 @@ class Round:
     early: str | None = None  # the client that got the others' sum early (geomx.core.early): answered without it
 
     def describe(self) -> str:
-        return f"{self.kind.name} round {self.number} of key {self.key} slice {self.part}"
+        return f"{self.kind.name} round {self.number} of key {self.key} slice {self.slice}"
 
 
 class RoundTableHost(Protocol):
@@ -108,16 +108,16 @@ class RoundTable:
         self.leads: dict[str, Counter[int]] = {}  # client -> {rounds ahead an answer let it run: answers}
 
     # -- collect ------------------------------------------------------------------------------------------
-    def get(self, kind: MessageKind, key: int, part: int) -> Round | None:
-        return self.rounds.get((kind, key, part))
+    def get(self, kind: MessageKind, key: int, index: int) -> Round | None:
+        return self.rounds.get((kind, key, index))
 
-    def restore(self, kind: MessageKind, key: int, part: int, number: int) -> None:
+    def restore(self, kind: MessageKind, key: int, index: int, number: int) -> None:
         """Start (key, slice)'s rounds of ``kind`` at ``number`` (a resumed checkpoint's count)."""
-        self.rounds[(kind, key, part)] = Round(kind, key, part, number=number)
+        self.rounds[(kind, key, index)] = Round(kind, key, index, number=number)
 
-    def completed(self, kind: MessageKind, key: int, part: int) -> int:
+    def completed(self, kind: MessageKind, key: int, index: int) -> int:
         """How many rounds of ``kind`` of (key, slice) were released."""
-        rnd = self.rounds.get((kind, key, part))
+        rnd = self.rounds.get((kind, key, index))
         return rnd.number if rnd is not None else 0
 
     def has_kind(self, kind: MessageKind) -> bool:
@@ -129,10 +129,10 @@ class RoundTable:
         The first tensor is kept as the received (read-only) buffer; the second allocates the sum; later ones
         add in place: one pass over memory per contribution, no copy. Half precision is summed in float32.
         """
-        rid: RoundId = (message.kind, message.key, message.part)
+        rid: RoundId = (message.kind, message.key, message.slice)
         rnd = self.rounds.get(rid)
         if rnd is None:
-            rnd = self.rounds[rid] = Round(message.kind, message.key, message.part)
+            rnd = self.rounds[rid] = Round(message.kind, message.key, message.slice)
         sender = message.sender.decode()
         if rnd.forwarding or sender in rnd.contributions:
             rnd.deferred.append(message)  # belongs to a later round: queued in order

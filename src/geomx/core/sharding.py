@@ -1,6 +1,6 @@
 """How a tensor is cut into slices and which global server (shard) holds each slice.
 
-Every slice is an independent (key, part) on the servers: slices pipeline through the tiers and spread
+Every slice is an independent (key, index) on the servers: slices pipeline through the tiers and spread
 over several global servers (MultiGPS). The placement rule:
 
 * a **large** tensor (more than ``slice_elems`` elements) is cut into nearly equal slices, as many as
@@ -17,7 +17,7 @@ shard ids from two independent rank orders that can disagree.)
 Usage::
 
     planner = ShardPlanner(num_servers=2, slice_elems=1 << 20)
-    parts = planner.place(numel=3_000_000, itemsize=4)   # 4 slices of 750000, shards 0, 1, 0, 1
+    slices = planner.place(numel=3_000_000, itemsize=4)  # 4 slices of 750000, shards 0, 1, 0, 1
     small = planner.place(numel=10, itemsize=4)          # one slice on the lighter shard
 """
 
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
-class Part:
+class SliceSpan:
     """Slice ``[start, stop)`` of a flattened tensor, held by global server ``shard``."""
 
     start: int
@@ -47,11 +47,11 @@ def slice_plan(numel: int, slice_elems: int) -> list[tuple[int, int]]:
     return [(start, min(start + slice_elems, numel)) for start in range(0, numel, slice_elems)]
 
 
-def even_split(numel: int, parts: int) -> list[tuple[int, int]]:
-    """``parts`` contiguous [start, stop) ranges whose sizes differ by at most one element."""
-    if parts < 1:
-        raise ValueError(f"parts must be at least 1, got {parts}")
-    bounds = [i * numel // parts for i in range(parts + 1)]
+def even_split(numel: int, num_slices: int) -> list[tuple[int, int]]:
+    """``num_slices`` contiguous [start, stop) ranges whose sizes differ by at most one element."""
+    if num_slices < 1:
+        raise ValueError(f"num_slices must be at least 1, got {num_slices}")
+    bounds = [i * numel // num_slices for i in range(num_slices + 1)]
     return list(itertools.pairwise(bounds))
 
 
@@ -68,18 +68,18 @@ class ShardPlanner:
         self.slice_elems = slice_elems
         self.loads = [0] * num_servers  # bytes placed on each shard so far
 
-    def place(self, numel: int, itemsize: int) -> tuple[Part, ...]:
+    def place(self, numel: int, itemsize: int) -> tuple[SliceSpan, ...]:
         """The slices of a tensor of ``numel`` elements of ``itemsize`` bytes, and their shards."""
         if numel < 0 or itemsize < 1:
             raise ValueError(f"cannot place a tensor of {numel} elements of {itemsize} bytes")
         if numel <= self.slice_elems:
             shard = min(range(self.num_servers), key=lambda s: (self.loads[s], s))
             self.loads[shard] += numel * itemsize
-            return (Part(0, numel, shard),)
+            return (SliceSpan(0, numel, shard),)
         count = -(-numel // self.slice_elems)
         count = -(-count // self.num_servers) * self.num_servers
-        parts = tuple(Part(start, stop, i % self.num_servers)
-                      for i, (start, stop) in enumerate(even_split(numel, count)))
-        for part in parts:
-            self.loads[part.shard] += part.numel * itemsize
-        return parts
+        slices = tuple(SliceSpan(start, stop, i % self.num_servers)
+                       for i, (start, stop) in enumerate(even_split(numel, count)))
+        for span in slices:
+            self.loads[span.shard] += span.numel * itemsize
+        return slices

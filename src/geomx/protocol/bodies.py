@@ -3,8 +3,9 @@
 A body is JSON on the wire (``Message.body``); these classes say which keys each kind carries and of what
 type, so a sender cannot misspell a key and a receiver gets a precise error naming the kind, the key and what
 was wrong, instead of a KeyError deep in a handler. The worker side (``geomx.kv``, ``geomx.worker``) builds
-its requests and reads its answers through them; the servers (``geomx.server``, ``geomx.core.inits``, ESync's
-state rounds) and the schedulers read theirs through them.
+its requests and reads its answers through them; the servers (``geomx.server``, ``geomx.core.inits``) and the
+schedulers read theirs through them. An algorithm declares its own bodies in its folder (ESync's:
+``geomx.algorithms.esync.bodies``) and encodes and checks them with the same two functions.
 
 Usage::
 
@@ -55,21 +56,6 @@ class ConfigureBody:
 
 
 @dataclass(frozen=True)
-class StateReport:
-    """STATE, worker -> servers: seconds per local step by worker name, and the slowest worker's steps."""
-
-    seconds_per_step: dict[str, float]
-    base_steps: int
-
-
-@dataclass(frozen=True)
-class StepAssignment:
-    """STATE's answer: local steps per worker name for the next round."""
-
-    steps: dict[str, int]
-
-
-@dataclass(frozen=True)
 class MembersNotice:
     """MEMBERS, global scheduler -> global servers: a restarted party's local server (its address-book entry,
     ``Member.to_json()``) replaces the dead one with identity ``replaces``."""
@@ -87,7 +73,7 @@ class ShutdownNotice:
 
 
 def encode_body(body: Any) -> dict[str, Any]:
-    """``body`` (one of this module's dataclasses) as a JSON body; fields left None are left out."""
+    """``body`` (a body dataclass: this module's or an algorithm's) as a JSON body; fields left None are left out."""
     if not dataclasses.is_dataclass(body) or isinstance(body, type):
         raise TypeError(f"expected a message body dataclass, got {type(body).__name__}")
     return {f.name: getattr(body, f.name) for f in dataclasses.fields(body) if getattr(body, f.name) is not None}

@@ -3,7 +3,7 @@
 A message travels as ZeroMQ frames ``[header, body, *data]``:
 
 * ``header`` — a packed struct (see ``_HEADER``) with a version byte, one kind, flags, the codec id,
-  the tensor's dtype and shape, the key and its slice (``part`` of ``num_parts``), the request id, the
+  the tensor's dtype and shape, the key and its slice (``slice`` of ``num_slices``), the request id, the
   round number and the priority; followed by ``ndim`` little-endian uint64 dimensions.
 * ``body`` — UTF-8 JSON for control messages (registration, optimizer specs, errors), or empty.
   Never pickle: nothing on the wire is executable.
@@ -39,7 +39,7 @@ PROTOCOL_VERSION = 2  # 2: the algorithms' kinds moved out of Kind into PLUGIN_K
 MAX_NDIM = 8
 MAX_BODY_BYTES = 1 << 20
 
-# A slice of a key's tensor, ``(key, part)``: the unit that travels, is summed and is checkpointed. Every layer
+# A slice of a key's tensor, ``(key, index)``: the unit that travels, is summed and is checkpointed. Every layer
 # names it with this one type.
 SliceId = tuple[int, int]
 
@@ -171,7 +171,7 @@ _DTYPES: dict[int, np.dtype[Any]] = {
 }
 _DTYPE_CODES = {dtype: code for code, dtype in _DTYPES.items()}
 
-# magic, version, kind, flags, codec, dtype, ndim, priority, key, part, num_parts, request_id, round
+# magic, version, kind, flags, codec, dtype, ndim, priority, key, slice, num_slices, request_id, round
 _HEADER = struct.Struct("<2sBBBBBBiqIIQQ")
 _MAGIC = b"GX"
 _CORE_KINDS = frozenset(int(kind) for kind in Kind)
@@ -190,8 +190,8 @@ class Message:
 
     kind: MessageKind
     key: int = 0
-    part: int = 0
-    num_parts: int = 1
+    slice: int = 0
+    num_slices: int = 1
     request_id: int = 0
     round: int = 0
     priority: int = 0
@@ -209,9 +209,9 @@ class Message:
         return bool(self.flags & Flag.REPLY)
 
     def reply(self, kind: MessageKind | None = None, **fields: Any) -> Message:
-        """A reply to this request: same key/part/request id/round, REPLY flag set."""
-        base: dict[str, Any] = {"kind": kind or self.kind, "key": self.key, "part": self.part,
-                                "num_parts": self.num_parts, "request_id": self.request_id,
+        """A reply to this request: same key/slice/request id/round, REPLY flag set."""
+        base: dict[str, Any] = {"kind": kind or self.kind, "key": self.key, "slice": self.slice,
+                                "num_slices": self.num_slices, "request_id": self.request_id,
                                 "round": self.round, "priority": self.priority, "flags": Flag.REPLY}
         base.update(fields)
         return Message(**base)
@@ -256,7 +256,7 @@ def encode(message: Message) -> list[bytes | memoryview]:
         raise WireError(f"tensor has {len(shape)} dimensions; at most {MAX_NDIM} travel")
     code = dtype_code(dtype) if dtype is not None else 0
     header = _HEADER.pack(_MAGIC, PROTOCOL_VERSION, int(message.kind), int(flags), int(message.codec), code,
-                          len(shape), message.priority, message.key, message.part, message.num_parts,
+                          len(shape), message.priority, message.key, message.slice, message.num_slices,
                           message.request_id, message.round)
     header += struct.pack(f"<{len(shape)}Q", *shape)
     body = b"" if message.body is None else json.dumps(message.body, separators=(",", ":")).encode()
@@ -284,7 +284,7 @@ def decode(frames: Sequence[Any], max_message_bytes: int = 1 << 31) -> Message:
     header = _buffer(frames[0])
     if len(header) < _HEADER.size:
         raise WireError(f"header of {len(header)} bytes is shorter than the fixed {_HEADER.size}")
-    (magic, version, kind, flags, codec, code, ndim, priority, key, part, num_parts, request_id,
+    (magic, version, kind, flags, codec, code, ndim, priority, key, index, num_slices, request_id,
      round_) = _HEADER.unpack_from(header, 0)
     if magic != _MAGIC:
         raise WireError(f"bad magic {bytes(magic)!r}; not a geomx message")
@@ -306,8 +306,8 @@ def decode(frames: Sequence[Any], max_message_bytes: int = 1 << 31) -> Message:
     if len(header) != _HEADER.size + 8 * ndim:
         raise WireError(f"header is {len(header)} bytes; ndim={ndim} needs {_HEADER.size + 8 * ndim}")
     shape = struct.unpack_from(f"<{ndim}Q", header, _HEADER.size)
-    if num_parts < 1 or part >= num_parts:
-        raise WireError(f"slice {part} of {num_parts} is impossible")
+    if num_slices < 1 or index >= num_slices:
+        raise WireError(f"slice {index} of {num_slices} is impossible")
     body_frame = _buffer(frames[1])
     if len(body_frame) > MAX_BODY_BYTES:
         raise WireError(f"JSON body of {len(body_frame)} bytes exceeds {MAX_BODY_BYTES}")
@@ -358,7 +358,7 @@ def decode(frames: Sequence[Any], max_message_bytes: int = 1 << 31) -> Message:
                 raise WireError(f"data frame holds {len(buffer)} bytes; shape {tuple(shape)} of {dtype} "
                                 f"needs {nbytes}")
             tensor = np.frombuffer(buffer, dtype=dtype, count=count).reshape(shape)
-    return Message(kind=kind_value, key=key, part=part, num_parts=num_parts, request_id=request_id,
+    return Message(kind=kind_value, key=key, slice=index, num_slices=num_slices, request_id=request_id,
                    round=round_, priority=priority, flags=Flag(flags),
                    codec=CodecId.DENSE if codec == CodecId.DENSE else codec, body=body,
                    tensor=tensor, dtype=dtype, shape=tuple(shape), encoded=encoded)

@@ -2,18 +2,18 @@
 
 Format (no pickle anywhere): ``<dir>/gs<shard>/ckpt-<step>.npz`` holds the arrays (``numpy.savez``, read
 back with ``allow_pickle=False``) and ``ckpt-<step>.json`` describes them: format version, step, shard,
-wall time, the optimizer's spec and state layout, each slot's round number, and the SHA-256 of the
+wall time, the optimizer's spec and state layout, each slice's round number, and the SHA-256 of the
 ``.npz``. Both files are written to a temporary name, flushed to disk and renamed, the manifest last, so a
 crash mid-write leaves either a complete checkpoint or none. Loading verifies the checksum and every array;
 a checkpoint that fails is refused with a log line saying why, and the previous one is used.
 
-``step``: the number of completed rounds of the least advanced (key, slice), i.e. every slot has taken at
+``step``: the number of completed rounds of the least advanced (key, slice), i.e. every slice has taken at
 least that many optimizer steps.
 
 Usage::
 
     writer = CheckpointWriter(spec, shard=0, name="global_server0")
-    writer.maybe_write(step, lambda: Snapshot(step, slots, rounds, optimizer_spec, optimizer_state))
+    writer.maybe_write(step, lambda: Snapshot(step, values, rounds, optimizer_spec, optimizer_state))
     snapshot = load_latest(spec.dir, shard=0)          # None if there is no valid checkpoint
 """
 
@@ -39,7 +39,8 @@ from ..protocol.wire import SliceId
 
 log = logging.getLogger("geomx.runs.checkpoint")
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the manifest lists "slices", each with its "slice" (1: "slots" and "part")
+READABLE_FORMATS = (1, 2)  # an older geomx's checkpoints are read too
 _NAME = re.compile(r"ckpt-(\d+)\.json")
 
 class CheckpointError(ValueError):
@@ -51,7 +52,7 @@ class Snapshot:
     """What a global server needs to go on where it stopped. Arrays are owned copies."""
 
     step: int
-    slots: dict[SliceId, np.ndarray]
+    values: dict[SliceId, np.ndarray]
     rounds: dict[SliceId, int] = field(default_factory=dict)
     optimizer_spec: dict[str, Any] | None = None
     optimizer_state: dict[str, np.ndarray] = field(default_factory=dict)
@@ -89,17 +90,17 @@ def write(folder: Path, shard: int, snapshot: Snapshot, keep: int = 3) -> Path:
     target = shard_dir(folder, shard)
     target.mkdir(parents=True, exist_ok=True)
     arrays: dict[str, np.ndarray] = {}
-    slots = []
-    for index, (sid, value) in enumerate(sorted(snapshot.slots.items())):
-        arrays[f"slot{index}"] = value
-        slots.append({"key": sid[0], "part": sid[1], "array": f"slot{index}",
-                      "round": snapshot.rounds.get(sid, 0)})
+    slices = []
+    for index, (sid, value) in enumerate(sorted(snapshot.values.items())):
+        arrays[f"slice{index}"] = value
+        slices.append({"key": sid[0], "slice": sid[1], "array": f"slice{index}",
+                       "round": snapshot.rounds.get(sid, 0)})
     for name, value in snapshot.optimizer_state.items():
         arrays[f"opt/{name}"] = value
     data = target / f"ckpt-{snapshot.step:09d}.npz"
     _write_atomically(data, lambda handle: np.savez(handle, **arrays))  # type: ignore[arg-type]
     manifest = {"format": FORMAT_VERSION, "step": snapshot.step, "shard": shard, "time": time.time(),
-                "data": data.name, "sha256": _sha256(data), "slots": slots,
+                "data": data.name, "sha256": _sha256(data), "slices": slices,
                 "optimizer": {"spec": snapshot.optimizer_spec, "layout": snapshot.optimizer_layout,
                               "arrays": sorted(snapshot.optimizer_state)}}
     path = target / f"ckpt-{snapshot.step:09d}.json"
@@ -130,8 +131,9 @@ def load(manifest_path: Path) -> Snapshot:
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"{manifest_path}: unreadable manifest ({exc})") from None
     try:
-        if manifest["format"] != FORMAT_VERSION:
-            raise CheckpointError(f"{manifest_path}: format {manifest['format']} (this geomx reads {FORMAT_VERSION})")
+        if manifest["format"] not in READABLE_FORMATS:
+            raise CheckpointError(f"{manifest_path}: format {manifest['format']} (this geomx reads "
+                                  f"{', '.join(map(str, READABLE_FORMATS))})")
         data = manifest_path.with_name(str(manifest["data"]))
         if not data.is_file():
             raise CheckpointError(f"{manifest_path}: its data file {data.name} is missing")
@@ -141,15 +143,16 @@ def load(manifest_path: Path) -> Snapshot:
                                   f"{str(manifest['sha256'])[:12]}…); the file is corrupt")
         with np.load(data, allow_pickle=False) as npz:
             arrays = {name: npz[name] for name in npz.files}
-        slots: dict[SliceId, np.ndarray] = {}
+        values: dict[SliceId, np.ndarray] = {}
         rounds: dict[SliceId, int] = {}
-        for entry in manifest["slots"]:
-            sid = (int(entry["key"]), int(entry["part"]))
-            slots[sid] = arrays[str(entry["array"])]
+        old = manifest["format"] == 1  # written before the slice was one word: "slots", "part"
+        for entry in manifest["slots" if old else "slices"]:
+            sid = (int(entry["key"]), int(entry["part" if old else "slice"]))
+            values[sid] = arrays[str(entry["array"])]
             rounds[sid] = int(entry["round"])
         optimizer = manifest["optimizer"]
         state = {name: arrays[f"opt/{name}"] for name in optimizer["arrays"]}
-        return Snapshot(int(manifest["step"]), slots, rounds, optimizer["spec"], state, optimizer["layout"],
+        return Snapshot(int(manifest["step"]), values, rounds, optimizer["spec"], state, optimizer["layout"],
                         manifest_path)
     except CheckpointError:
         raise

@@ -113,9 +113,9 @@ class Configure:
             log.warning("[%s] replacing optimizer %s (its state is dropped)", host.name, host.optimizer.name)
         host.optimizer = optimizer
         log.info("[%s] optimizer set: %s", host.name, spec)
-        for sid, slot in host.slots.items():
+        for sid, stored in host.stored.items():
             for client in host.clients.remaining():
-                optimizer.received(sid, client, slot.value)
+                optimizer.received(sid, client, stored.value)
         restore_optimizer(host.name, host.resumed, optimizer)
 
     def _ask_and_answer(self, servers: list[str], settings: ConfigureBody, message: Message) -> None:

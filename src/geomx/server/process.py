@@ -35,13 +35,13 @@ from ..codecs import Codec, CodecError, TensorInfo, default_registry
 from ..codecs.base import Direction, TensorKind
 from ..codecs.messages import decode_message, payload_fields
 from ..config import Mode, NodeConfig, Role
-from ..core.checkpoints import restore_optimizer, resume, slots_of
+from ..core.checkpoints import restore_optimizer, resume, values_of
 from ..core.clients import Clients
 from ..core.early import EarlyAnswers
 from ..core.inits import Inits
-from ..core.rounds import Round, RoundTable, Slot
+from ..core.rounds import Round, RoundTable, SliceValue
 from ..protocol.bodies import ShutdownNotice, encode_body
-from ..protocol.wire import Kind, Message, MessageKind
+from ..protocol.wire import Kind, Message, MessageKind, SliceId
 from ..runs.checkpoint import CheckpointWriter, Snapshot
 from ..runs.runlog import write_stats
 from ..transport.rpc import Requests
@@ -70,7 +70,7 @@ class ParameterServer:
         self.name = f"global_server{config.rank or 0}" if self.is_global else f"{config.party}/server"
         self.identity = new_node_id(config.role, config.party)
         self.optimizer: Optimizer | None = None
-        self.slots: dict[tuple[int, int], Slot] = {}
+        self.stored: dict[SliceId, SliceValue] = {}
         self.clients = Clients()
         # The algorithms, chosen once from the config (geomx.server.compose): rounds of pushes follow the sync policy
         # (the master may set another on the global servers; local servers stay synchronous) and INIT, BARRIER
@@ -152,7 +152,7 @@ class ParameterServer:
         self.resumed = resume(self.name, self.config.topology.checkpoint, self.config.rank or 0, self.table)
         if self.resumed is None:
             return False
-        self.slots = slots_of(self.resumed)
+        self.stored = values_of(self.resumed)
         if self.resumed.optimizer_spec is not None:
             # the checkpoint's optimizer answers from the first round on: the master's CONFIGURE may arrive
             # after another party's first push (INIT is answered at once from the checkpoint), and a round
@@ -277,7 +277,7 @@ class ParameterServer:
             try:
                 message.tensor = decode_message(self.codecs, message)
             except CodecError as exc:
-                self.refuse(message, f"undecodable payload for key {message.key} slice {message.part}: {exc}")
+                self.refuse(message, f"undecodable payload for key {message.key} slice {message.slice}: {exc}")
                 return
             message.encoded = None
         if message.kind is Kind.PUSHPULL and self.route.holds(message):
@@ -293,12 +293,12 @@ class ParameterServer:
     def wan_codec(self) -> Codec | None:
         return self.encoding.wan
 
-    def owner(self, key: int, part: int) -> str:
+    def owner(self, key: int, index: int) -> str:
         """The global server that holds (key, slice), by the shard id its INIT declared."""
-        return self.inits.owner(key, part)
+        return self.inits.owner(key, index)
 
-    def tensor_info(self, key: int, part: int, kind: TensorKind, direction: Direction) -> TensorInfo:
-        return self.inits.tensor_info(key, part, kind, direction)
+    def tensor_info(self, key: int, index: int, kind: TensorKind, direction: Direction) -> TensorInfo:
+        return self.inits.tensor_info(key, index, kind, direction)
 
     def display(self, client: str) -> str:
         return self.requests.names.get(client, client)
@@ -371,7 +371,7 @@ class ParameterServer:
         if lan is not None and not error and fields is None:
             assert value is not None
             try:  # a local server answers its workers in the LAN's codec
-                fields = payload_fields(lan, value, self.tensor_info(rnd.key, rnd.part, "weights", "pull"))
+                fields = payload_fields(lan, value, self.tensor_info(rnd.key, rnd.slice, "weights", "pull"))
             except CodecError as exc:
-                error = f"cannot send key {rnd.key} slice {rnd.part} as {lan.name}: {exc}"
+                error = f"cannot send key {rnd.key} slice {rnd.slice} as {lan.name}: {exc}"
         self.table.release(rnd, value, error, body=body, fields=fields)

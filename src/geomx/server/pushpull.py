@@ -27,9 +27,9 @@ from ..config import Mode
 from ..core.capabilities import all_answer_plain_sums
 from ..core.checkpoints import checkpoint_if_due
 from ..core.early import send_early
-from ..core.inits import slot_mismatch
+from ..core.inits import value_mismatch
 from ..core.plugins import Answer, AwaitAnswer, SendUp, SendUpAndAnswer, SliceId
-from ..core.rounds import Round, Slot
+from ..core.rounds import Round, SliceValue
 from ..protocol.wire import Kind, Message
 from .host import PartHost
 
@@ -49,9 +49,9 @@ class PushPulls:
     def on_pushpull(self, message: Message) -> None:
         """A client's push (decoded): checked against its slice, then it joins its round."""
         host = self.host
-        slot = host.slots.get((message.key, message.part))
-        if slot is None:
-            host.refuse(message, f"key {message.key} slice {message.part} was never initialized; call init first")
+        stored = host.stored.get((message.key, message.slice))
+        if stored is None:
+            host.refuse(message, f"key {message.key} slice {message.slice} was never initialized; call init first")
             return
         if message.tensor is None and host.route.accepts_without_tensor(message):
             host.table.contribute(message)  # this party's sum travels inside another party's push
@@ -59,21 +59,21 @@ class PushPulls:
         if message.tensor is None:
             host.refuse(message, f"PUSHPULL of key {message.key} carries no tensor")
             return
-        problem = slot_mismatch(slot.describe(), message)
+        problem = value_mismatch(stored.describe(), message)
         if problem:
             host.refuse(message, problem)
             return
         host.table.contribute(message)
         host.route.pushed(message)
         if self.answers_early():
-            rnd = host.table.get(Kind.PUSHPULL, message.key, message.part)
+            rnd = host.table.get(Kind.PUSHPULL, message.key, message.slice)
             if rnd is not None:
                 send_early(host, rnd, host.table.awaited(rnd))
 
     def on_held_pull(self, message: Message) -> None:
         """A request for the job's model as this party holds it (``PullBody.held``; no WAN): answered once no
         overlapped send of the slice is on its way, so that it holds every delta sent so far."""
-        sid = (message.key, message.part)
+        sid = (message.key, message.slice)
         if not self.host.aggregation.settled(sid):
             self.held_pulls.setdefault(sid, []).append(message)
             return
@@ -85,10 +85,10 @@ class PushPulls:
 
     def _answer_held(self, message: Message) -> None:
         host = self.host
-        sid = (message.key, message.part)
+        sid = (message.key, message.slice)
         failure = self.failed_sends.get(sid)
         reply = (message.error(failure) if failure is not None
-                 else message.reply(tensor=host.aggregation.held(sid, host.slots[sid].value)))
+                 else message.reply(tensor=host.aggregation.held(sid, host.stored[sid].value)))
         host.van.send(message.sender.decode(), reply)
 
     def answers_early(self) -> bool:
@@ -103,7 +103,7 @@ class PushPulls:
         """The policy lets this contributor go on before its round completes: the last applied value, sent as
         a completed round's answer would be."""
         host = self.host
-        value = host.slots[(rnd.key, rnd.part)].value
+        value = host.stored[(rnd.key, rnd.slice)].value
         fields = self._reply_fields(rnd, value)
         host.send(message.sender.decode(), message.reply(**fields) if fields else message.reply(tensor=value))
 
@@ -127,7 +127,7 @@ class PushPulls:
         """A local server's completed round: what the aggregation sends up, encoded, by the route; answered
         here, with the tier above's answer, or later (see ``Upward``)."""
         host = self.host
-        sid = (rnd.key, rnd.part)
+        sid = (rnd.key, rnd.slice)
         failure = self.failed_sends.get(sid)
         if failure is not None:  # the tier above lost an overlapped send of this slice: every round says so
             host.release(rnd, None, failure)
@@ -149,24 +149,24 @@ class PushPulls:
         """Send ``send`` (encoded) up for ``rnd``: through the route, answered with the tier above's answer; or,
         with an ``answer`` now (overlapped), straight to the owner, its answer adopted when it arrives."""
         host = self.host
-        sid = (rnd.key, rnd.part)
-        dtype = host.slots[sid].value.dtype  # what init declared; sums of narrow floats were kept in fp32
+        sid = (rnd.key, rnd.slice)
+        dtype = host.stored[sid].value.dtype  # what init declared; sums of narrow floats were kept in fp32
         upward = send.astype(dtype, copy=False)
         fields: dict[str, Any] = {"tensor": upward}
         codec = host.encoding.wan_for(upward)
         if codec is not None:
             kind = cast(TensorKind, host.aggregation.push_kind)
             try:
-                fields = payload_fields(codec, upward, host.tensor_info(rnd.key, rnd.part, kind, "push"))
+                fields = payload_fields(codec, upward, host.tensor_info(rnd.key, rnd.slice, kind, "push"))
             except CodecError as exc:
-                host.release(rnd, None, f"cannot compress key {rnd.key} slice {rnd.part}: {exc}")
+                host.release(rnd, None, f"cannot compress key {rnd.key} slice {rnd.slice}: {exc}")
                 return
         first = next(iter(rnd.contributions.values()))
-        message = Message(Kind.PUSHPULL, key=rnd.key, part=rnd.part, num_parts=first.num_parts, round=rnd.number,
+        message = Message(Kind.PUSHPULL, key=rnd.key, slice=rnd.slice, num_slices=first.num_slices, round=rnd.number,
                           priority=first.priority, **fields)
         if answer is not None:  # overlapped: the contributors go on now, the answer is adopted later
             self._answer_here(rnd, answer)
-            host.call(host.owner(rnd.key, rnd.part), message, lambda result: self._answer_arrived(sid, result))
+            host.call(host.owner(rnd.key, rnd.slice), message, lambda result: self._answer_arrived(sid, result))
             return
         if host.route.send_up(rnd, fields):
             return
@@ -175,9 +175,9 @@ class PushPulls:
     def _answer_here(self, rnd: Round, value: np.ndarray) -> None:
         """Answer ``rnd``'s contributors with ``value`` (in the declared dtype), which the slice now holds."""
         host = self.host
-        sid = (rnd.key, rnd.part)
-        value = value.astype(host.slots[sid].value.dtype, copy=False)
-        host.slots[sid] = Slot(value)
+        sid = (rnd.key, rnd.slice)
+        value = value.astype(host.stored[sid].value.dtype, copy=False)
+        host.stored[sid] = SliceValue(value)
         host.release(rnd, value)
 
     def _answer_arrived(self, sid: SliceId, result: Future[Message]) -> None:
@@ -216,24 +216,24 @@ class PushPulls:
         """A global server's completed round: the optimizer steps with it (or the aggregation combines it), and
         every contributor gets the answer."""
         host = self.host
-        sid = (rnd.key, rnd.part)
-        slot = host.slots[sid]
-        dtype = slot.value.dtype
-        previous = slot.value
+        sid = (rnd.key, rnd.slice)
+        stored = host.stored[sid]
+        dtype = stored.value.dtype
+        previous = stored.value
         if host.optimizer is not None:
             try:
                 contributor = next(iter(rnd.contributions)) if len(rnd.contributions) == 1 else ""
                 gradient = host.aggregation.gradient(total)
-                slot.value = host.optimizer.step(sid, slot.value, gradient, contributor).astype(dtype, copy=False)
+                stored.value = host.optimizer.step(sid, stored.value, gradient, contributor).astype(dtype, copy=False)
             except Exception as exc:  # a failing optimizer must not take the server down
                 log.exception("[%s] optimizer failed on key %d", host.name, rnd.key)
                 host.release(rnd, None, f"optimizer {host.optimizer.name} failed: {exc}")
                 return
         else:
-            slot.value = host.aggregation.combine(slot.value, total).astype(dtype, copy=False)
-        answer = host.aggregation.answer_fields(rnd, slot.value, previous)
-        host.release(rnd, slot.value, fields=answer or self._reply_fields(rnd, slot.value))
-        checkpoint_if_due(host.checkpoints, host.slots, host.table, host.optimizer)
+            stored.value = host.aggregation.combine(stored.value, total).astype(dtype, copy=False)
+        answer = host.aggregation.answer_fields(rnd, stored.value, previous)
+        host.release(rnd, stored.value, fields=answer or self._reply_fields(rnd, stored.value))
+        checkpoint_if_due(host.checkpoints, host.stored, host.table, host.optimizer)
 
     def _rescaled(self, rnd: Round, total: np.ndarray) -> np.ndarray:
         """After a drop or a departure: the sum as the tier's policy applies it, given the workers behind the
@@ -265,7 +265,7 @@ class PushPulls:
         weights = host.optimizer is not None or host.aggregation.answers_weights
         kind: TensorKind = "weights" if weights else "gradient"
         try:
-            return payload_fields(codec, value, host.tensor_info(rnd.key, rnd.part, kind, "pull"))
+            return payload_fields(codec, value, host.tensor_info(rnd.key, rnd.slice, kind, "pull"))
         except CodecError as exc:
             if kind != "weights":
                 raise

@@ -7,7 +7,7 @@ released with the answer, or earlier with the others' sum plus ours when the glo
 Usage (the server's host methods and handlers)::
 
     upstream = Upstream(server, held=pushpulls.on_held_pull)
-    upstream.forward(rnd, Message(Kind.PUSHPULL, key=rnd.key, part=rnd.part, tensor=total))
+    upstream.forward(rnd, Message(Kind.PUSHPULL, key=rnd.key, slice=rnd.slice, tensor=total))
     handlers[Kind.PULL] = upstream.on_pull
 """
 
@@ -21,7 +21,7 @@ import numpy as np
 
 from ..codecs import CodecError
 from ..codecs.messages import decode_message
-from ..core.rounds import Round, Slot
+from ..core.rounds import Round, SliceValue
 from ..protocol.bodies import BodyError, PullBody, decode_body
 from ..protocol.wire import Kind, Message
 from .host import PartHost
@@ -39,12 +39,12 @@ class Upstream:
     def forward(self, rnd: Round, message: Message) -> None:
         """Send this round's reduction to the owning global server; release the round with its answer."""
         host = self.host
-        owner = host.owner(rnd.key, rnd.part)
+        owner = host.owner(rnd.key, rnd.slice)
         future = host.requests.call(owner, message)
         number = rnd.number
         if message.kind is Kind.PUSHPULL and message.tensor is not None and message.encoded is None:
             # plain sums: if the global server sends the others' sum early, answer with it plus ours at once
-            host.early_answers.forwarded(owner, rnd.key, rnd.part, message.tensor,
+            host.early_answers.forwarded(owner, rnd.key, rnd.slice, message.tensor,
                                          lambda value: self._adopt(rnd, number, value))
 
         def done(result: Future[Message]) -> None:
@@ -75,23 +75,23 @@ class Upstream:
         except CodecError as exc:
             host.release(rnd, None, f"undecodable answer from the global server: {exc}", number)
             return
-        problem = host.aggregation.answered((rnd.key, rnd.part), reply)
+        problem = host.aggregation.answered((rnd.key, rnd.slice), reply)
         if problem:
             host.release(rnd, None, problem, number)
             return
         if reply.tensor is not None and rnd.number == number and rnd.forwarding:
-            host.slots[(rnd.key, rnd.part)] = Slot(reply.tensor)
-            host.aggregation.adopted((rnd.key, rnd.part), reply.tensor)
+            host.stored[(rnd.key, rnd.slice)] = SliceValue(reply.tensor)
+            host.aggregation.adopted((rnd.key, rnd.slice), reply.tensor)
         host.release(rnd, reply.tensor, None, number)
 
     def _adopt(self, rnd: Round, number: int, value: np.ndarray) -> None:
         """Round ``number`` of ``rnd`` is the others' sum plus ours: adopt it and answer the workers now (in the
         declared dtype, as the global server stores it: narrow floats are summed in float32, then cast back)."""
         host = self.host
-        value = value.astype(host.slots[(rnd.key, rnd.part)].value.dtype, copy=False)
+        value = value.astype(host.stored[(rnd.key, rnd.slice)].value.dtype, copy=False)
         if rnd.number == number and rnd.forwarding:
-            host.slots[(rnd.key, rnd.part)] = Slot(value)
-            host.aggregation.adopted((rnd.key, rnd.part), value)
+            host.stored[(rnd.key, rnd.slice)] = SliceValue(value)
+            host.aggregation.adopted((rnd.key, rnd.slice), value)
         host.release(rnd, value, None, number)
 
     def when_all(self, futures: list[Future[Message]], then: Callable[[str | None], None]) -> None:
@@ -117,10 +117,10 @@ class Upstream:
         need not be synchronous); asked for what it holds (``PullBody.held``), it answers the job's model as the
         aggregation says the party holds it."""
         host = self.host
-        slot = host.slots.get((message.key, message.part))
+        stored = host.stored.get((message.key, message.slice))
         sender = message.sender.decode()
-        if slot is None:
-            host.refuse(message, f"key {message.key} slice {message.part} was never initialized; call init first")
+        if stored is None:
+            host.refuse(message, f"key {message.key} slice {message.slice} was never initialized; call init first")
             return
         try:
             held = message.body is not None and decode_body(PullBody, message.body).held
@@ -132,12 +132,12 @@ class Upstream:
             return
         if host.is_global:
             if host.optimizer is not None:  # an optimizer may compensate the puller's next push against these
-                host.optimizer.received((message.key, message.part), sender, slot.value)
-            host.van.send(sender, message.reply(tensor=slot.value))
+                host.optimizer.received((message.key, message.slice), sender, stored.value)
+            host.van.send(sender, message.reply(tensor=stored.value))
             return
-        owner = host.owner(message.key, message.part)
-        future = host.requests.call(owner, Message(Kind.PULL, key=message.key, part=message.part,
-                                                   num_parts=message.num_parts, priority=message.priority))
+        owner = host.owner(message.key, message.slice)
+        future = host.requests.call(owner, Message(Kind.PULL, key=message.key, slice=message.slice,
+                                                   num_slices=message.num_slices, priority=message.priority))
 
         def answer(result: Future[Message]) -> None:
             error = result.exception()

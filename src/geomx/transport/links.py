@@ -51,7 +51,7 @@ class Outgoing:
     ready_at: float = 0.0  # when its last bit left the party's access link (delivery is not earlier + latency)
     udp: tuple[str, int] | None = None  # a DGT datagram (frames == [bytes]) to this UDP address
     lost: bool = False  # the datagram is lost on the way (emulated loss): it takes the link, then vanishes
-    tag: tuple[str, int, int, int, bool] | None = None  # (kind, key, part, round, reply) when tracing
+    tag: tuple[str, int, int, int, bool] | None = None  # (kind, key, slice, round, reply) when tracing
 
 
 class LinkModel:

@@ -9,7 +9,7 @@ when on is a tuple append per event; when off, one ``is None`` test per event.
 Usage::
 
     tracer = Tracer.for_node(config, "dc1/server/0")   # None unless config.trace
-    tracer.event("in", peer, message.kind.name, message.key, message.part, message.round, reply, nbytes)
+    tracer.event("in", peer, message.kind.name, message.key, message.slice, message.round, reply, nbytes)
     tracer.close()                                      # writes the file
 """
 
@@ -24,7 +24,7 @@ from typing import Any
 
 from ..protocol.wire import Message
 
-FIELDS = ("t", "event", "peer", "kind", "key", "part", "round", "reply", "nbytes")
+FIELDS = ("t", "event", "peer", "kind", "key", "slice", "round", "reply", "nbytes")
 
 
 class Tracer:
@@ -44,14 +44,14 @@ class Tracer:
             return None
         return cls(Path(run_dir) / "trace" / f"{node.replace('/', '_')}.jsonl", node)
 
-    def event(self, event: str, peer: str, kind: str, key: int, part: int, rnd: int, reply: bool,
+    def event(self, event: str, peer: str, kind: str, key: int, index: int, rnd: int, reply: bool,
               nbytes: int) -> None:
         """One event now (any thread)."""
-        self._events.append((time.time(), event, peer, kind, key, part, rnd, reply, nbytes))
+        self._events.append((time.time(), event, peer, kind, key, index, rnd, reply, nbytes))
 
     def message(self, event: str, peer: str, message: Message, nbytes: int) -> None:
         """Record ``event`` for ``message`` (its kind, key, slice, round and whether it is an answer)."""
-        self.event(event, peer, message.kind.name, message.key, message.part, message.round, message.is_reply,
+        self.event(event, peer, message.kind.name, message.key, message.slice, message.round, message.is_reply,
                    nbytes)
 
     def handled(self, handler: Callable[[Message], None]) -> Callable[[Message], None]:
@@ -78,5 +78,12 @@ def read_trace(run_dirs: list[Path]) -> list[dict[str, Any]]:
     events = []
     for run_dir in run_dirs:
         for path in sorted(Path(run_dir).glob("trace/*.jsonl")):
-            events += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            events += [_event(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
     return sorted(events, key=lambda e: e["t"])
+
+
+def _event(row: dict[str, Any]) -> dict[str, Any]:
+    """One event as this version writes it (an older geomx's traces name the slice "part")."""
+    if "part" in row and "slice" not in row:
+        row["slice"] = row.pop("part")
+    return row

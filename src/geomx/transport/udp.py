@@ -29,7 +29,7 @@ log = logging.getLogger("geomx.transport.udp")
 
 VERSION = 1
 MAX_DATAGRAM = 65_000
-# magic, version, channel, key, part, round, block index, element offset, sender id length
+# magic, version, channel, key, slice, round, block index, element offset, sender id length
 _HEADER = struct.Struct("<2sBBqIQIQH")
 _MAGIC = b"GD"
 
@@ -44,7 +44,7 @@ class Datagram:
 
     sender: str
     key: int
-    part: int
+    slice: int
     round: int
     block: int
     channel: int
@@ -57,7 +57,7 @@ def encode_datagram(d: Datagram) -> bytes:
     """The datagram's bytes; refuses what would not fit in one UDP datagram."""
     sender = d.sender.encode()
     payload = np.ascontiguousarray(d.values, dtype=np.float32).tobytes()
-    data = _HEADER.pack(_MAGIC, VERSION, d.channel, d.key, d.part, d.round, d.block, d.offset, len(sender))
+    data = _HEADER.pack(_MAGIC, VERSION, d.channel, d.key, d.slice, d.round, d.block, d.offset, len(sender))
     data += sender + payload
     if len(data) > MAX_DATAGRAM:
         raise DatagramError(f"a datagram of {len(data)} bytes exceeds {MAX_DATAGRAM}; use smaller DGT blocks")
@@ -68,7 +68,7 @@ def decode_datagram(data: bytes) -> Datagram:
     """Parse and validate ``data``; raises DatagramError naming what is wrong."""
     if len(data) < _HEADER.size:
         raise DatagramError(f"{len(data)} bytes is shorter than the {_HEADER.size}-byte header")
-    magic, version, channel, key, part, rnd, block, offset, sender_len = _HEADER.unpack_from(data)
+    magic, version, channel, key, index, rnd, block, offset, sender_len = _HEADER.unpack_from(data)
     if magic != _MAGIC:
         raise DatagramError(f"bad magic {magic!r}")
     if version != VERSION:
@@ -83,7 +83,7 @@ def decode_datagram(data: bytes) -> Datagram:
         sender = body[:sender_len].decode()
     except UnicodeDecodeError:
         raise DatagramError("sender id is not UTF-8") from None
-    return Datagram(sender, key, part, rnd, block, channel, offset, np.frombuffer(payload, dtype=np.float32),
+    return Datagram(sender, key, index, rnd, block, channel, offset, np.frombuffer(payload, dtype=np.float32),
                     len(data))
 
 

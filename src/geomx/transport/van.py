@@ -145,7 +145,7 @@ class Van:
         frames = encode(message)
         outgoing = Outgoing(peer, frames, frames_nbytes(frames))
         if self.tracer is not None:
-            outgoing.tag = (message.kind.name, message.key, message.part, message.round, message.is_reply)
+            outgoing.tag = (message.kind.name, message.key, message.slice, message.round, message.is_reply)
             self.tracer.event("queue", peer, *outgoing.tag, outgoing.nbytes)
         self._commands.put(("send", (outgoing, message.priority)))
         self._wake()

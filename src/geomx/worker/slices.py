@@ -5,7 +5,7 @@ Usage::
 
     keys = KeyTable(ShardPlanner(num_global_servers=2, slice_elems=1 << 16), servers)
     info = keys.add(3, tensor)                      # after init: keys.check(3, grad, "push")
-    server = keys.server_for(3, part=0)
+    server = keys.server_for(3, index=0)
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ class KeyInfo:
 
     shape: torch.Size
     dtype: torch.dtype
-    parts: list[tuple[int, int]]
-    shards: list[int]  # the global server (shard id) of each part; see geomx.core.sharding
+    slices: list[tuple[int, int]]
+    shards: list[int]  # the global server (shard id) of each slice; see geomx.core.sharding
 
 
 class KeyTable(dict[int, KeyInfo]):
@@ -76,11 +76,11 @@ class KeyTable(dict[int, KeyInfo]):
                              f"{tuple(info.shape)}")
         return info
 
-    def server_for(self, key: int, part: int) -> str:
+    def server_for(self, key: int, index: int) -> str:
         """Under HiPS the party's local server; in flat mode the global server that owns the slice."""
         if len(self._servers) == 1:
             return self._servers[0]
-        return self._servers[self[key].shards[part]]
+        return self._servers[self[key].shards[index]]
 
 
 def to_numpy(tensor: torch.Tensor, snapshot: bool) -> np.ndarray:
@@ -91,19 +91,19 @@ def to_numpy(tensor: torch.Tensor, snapshot: bool) -> np.ndarray:
     return flat.contiguous().numpy()
 
 
-def payload(codec: Codec | None, key: int, part: int, piece: np.ndarray, tensor_numel: int) -> dict[str, Any]:
+def payload(codec: Codec | None, key: int, index: int, piece: np.ndarray, tensor_numel: int) -> dict[str, Any]:
     """Message fields carrying ``piece`` (a slice of a tensor of ``tensor_numel`` elements): encoded by the LAN
     ``codec`` (float32/64 data only), else as is."""
     if codec is None or piece.dtype not in (np.float32, np.float64):
         return {"tensor": piece}
-    return payload_fields(codec, piece, TensorInfo(key, part, "gradient", "push", tensor_numel))
+    return payload_fields(codec, piece, TensorInfo(key, index, "gradient", "push", tensor_numel))
 
 
 def copy_out(codecs: Registry, replies: list[Message], info: KeyInfo, out: torch.Tensor) -> None:
     """Write the slices' answers into ``out`` (decoding any that a flat PS's global server compressed)."""
     flat = out.view(-1) if out.is_contiguous() else None
     target = flat if flat is not None else torch.empty(out.numel(), dtype=out.dtype)
-    for (start, stop), reply in zip(info.parts, replies, strict=True):
+    for (start, stop), reply in zip(info.slices, replies, strict=True):
         data = decode_message(codecs, reply)
         if data is None:
             raise RuntimeError("server answered without data")

@@ -107,18 +107,18 @@ def bad_requests(kv: Any) -> dict[str, dict[str, str]]:
 
     server = kv._servers[0]
     info = kv._keys[0]
-    parts = len(info.parts)
-    n0 = info.parts[0][1] - info.parts[0][0]
+    num_slices = len(info.slices)
+    n0 = info.slices[0][1] - info.slices[0][0]
     cases = {
-        "wrong_shape": Message(Kind.PUSHPULL, key=0, part=0, num_parts=parts,
+        "wrong_shape": Message(Kind.PUSHPULL, key=0, slice=0, num_slices=num_slices,
                                tensor=np.zeros(n0 + 3, np.float32)),
-        "wrong_dtype": Message(Kind.PUSHPULL, key=0, part=0, num_parts=parts, tensor=np.zeros(n0, np.float64)),
-        "no_tensor": Message(Kind.PUSHPULL, key=0, part=0, num_parts=parts),
+        "wrong_dtype": Message(Kind.PUSHPULL, key=0, slice=0, num_slices=num_slices, tensor=np.zeros(n0, np.float64)),
+        "no_tensor": Message(Kind.PUSHPULL, key=0, slice=0, num_slices=num_slices),
         "unknown_key": Message(Kind.PUSHPULL, key=999, tensor=np.zeros(4, np.float32)),
-        "unknown_slice": Message(Kind.PUSHPULL, key=0, part=parts + 2, num_parts=parts + 3,
+        "unknown_slice": Message(Kind.PUSHPULL, key=0, slice=num_slices + 2, num_slices=num_slices + 3,
                                  tensor=np.zeros(n0, np.float32)),
         "pull_uninitialized": Message(Kind.PULL, key=12345),
-        "init_conflicting_shape": Message(Kind.INIT, key=0, part=0, num_parts=parts, dtype=np.dtype(np.float32),
+        "init_conflicting_shape": Message(Kind.INIT, key=0, slice=0, num_slices=num_slices, dtype=np.dtype(np.float32),
                                           shape=(n0 + 1,)),
         "unsupported_kind": Message(Kind.HEARTBEAT),
     }
@@ -135,10 +135,10 @@ def bad_requests(kv: Any) -> dict[str, dict[str, str]]:
             results[name] = {"outcome": "RemoteError", "text": str(exc)}
         except Exception as exc:
             results[name] = {"outcome": type(exc).__name__, "text": str(exc)}
-    results["expected_sizes"] = {"outcome": "info", "text": json.dumps({"n0": n0, "parts": parts})}
+    results["expected_sizes"] = {"outcome": "info", "text": json.dumps({"n0": n0, "num_slices": num_slices})}
     # The client-side checks of the public API.
     local = {
-        "local_wrong_shape": lambda: kv.push(0, torch.zeros(n0 * parts + 5)),
+        "local_wrong_shape": lambda: kv.push(0, torch.zeros(n0 * num_slices + 5)),
         "local_unknown_key": lambda: kv.pull(999, torch.zeros(3)),
         "local_double_init": lambda: kv.init(0, torch.zeros(info.shape)),
         "local_bool_key": lambda: kv.push(True, torch.zeros(info.shape)),
@@ -216,9 +216,9 @@ def fuzz(kv: Any, count: int, seed: int = 7) -> dict[str, Any]:
     from geomx.protocol.wire import Kind, Message, encode
 
     info = kv._keys[0]
-    n0 = info.parts[0][1] - info.parts[0][0]
+    n0 = info.slices[0][1] - info.slices[0][0]
     templates = [
-        encode(Message(Kind.PUSHPULL, key=0, part=0, num_parts=len(info.parts), request_id=5,
+        encode(Message(Kind.PUSHPULL, key=0, slice=0, num_slices=len(info.slices), request_id=5,
                        tensor=np.ones(n0, np.float32))),
         encode(Message(Kind.PULL, key=0, request_id=6)),
         encode(Message(Kind.INIT, key=77, dtype=np.dtype(np.float32), shape=(4,), request_id=7)),

@@ -53,7 +53,7 @@ def main() -> None:
         per_server = {name: {"recv": gs["lan"]["recv"] + gs["wan"]["recv"]} for name, gs in body["upstream"].items()}
     infos = [kv._keys[i] for i in range(len(params))]
     jobkit.save_worker_output(kv.config.run_dir, rank, {"final": [p.detach().clone() for p in params]},
-                              {"global_servers": per_server, "parts": [len(info.parts) for info in infos],
+                              {"global_servers": per_server, "slices": [len(info.slices) for info in infos],
                                "shards": [info.shards for info in infos]})
     kv.close()
 

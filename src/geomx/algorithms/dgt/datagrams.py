@@ -26,7 +26,7 @@ model has a few large blocks and a long flat tail), and with no reported loss ev
 Usage (what a server does when DGT is on)::
 
     sender = DgtSender(spec, name="dc1/server", path=van)                 # van: geomx.transport.van.Van
-    fields = sender.push(gs_id, ("127.0.0.1", port), key, part, round, values)  # the reliable request's fields
+    fields = sender.push(gs_id, ("127.0.0.1", port), key, slice_index, round, values)  # the reliable request's fields
     sender.on_answer(reply.body)                                          # the receiver's loss report
     assembler = DgtAssembler(deadline_s=spec.deadline_s)
     done = assembler.on_reliable(sender_id, message, time.monotonic())  # a Message with the dense tensor
@@ -114,7 +114,7 @@ class SenderStats:
     reliable_blocks: int = 0
     udp_blocks: int = 0
     udp_bytes: int = 0  # bytes of every datagram handed to the path (the emulated-lost ones too: they take the link)
-    dropped: list[list[int]] = field(default_factory=list)  # [key, part, round, block] dropped by emulation
+    dropped: list[list[int]] = field(default_factory=list)  # [key, slice, round, block] dropped by emulation
     k_history: deque[float] = field(default_factory=lambda: deque(maxlen=2000))  # the latest pushes' K
     bad_feedback: int = 0
 
@@ -158,17 +158,17 @@ class DgtSender:
             self.stats.bad_feedback += 1
             log.warning("[%s] ignored a DGT loss report: %s", self.name, exc)
 
-    def push(self, peer: str, address: tuple[str, int], key: int, part: int, rnd: int,
+    def push(self, peer: str, address: tuple[str, int], key: int, slice_index: int, rnd: int,
              values: np.ndarray) -> dict[str, Any]:
         """Send the unimportant blocks of ``values`` by UDP to ``peer``'s ``address``; the fields of the reliable
         PUSHPULL request."""
         flat = np.ascontiguousarray(values, dtype=np.float32).reshape(-1)
         ranges = block_ranges(flat.size, self.block_elems)
         scores = block_scores(flat, ranges)
-        previous = self._contribution.get((key, part))
+        previous = self._contribution.get((key, slice_index))
         if previous is not None and previous.shape == scores.shape:
             scores = self.spec.alpha * previous + (1.0 - self.spec.alpha) * scores
-        self._contribution[(key, part)] = scores
+        self._contribution[(key, slice_index)] = scores
         if self.spec.random_order:
             order = list(range(len(ranges)))
             self._random.shuffle(order)
@@ -181,13 +181,13 @@ class DgtSender:
         per_channel = [0] * self.spec.channels
         for channel, _, block in udp:
             start, stop = ranges[block]
-            data = encode_datagram(Datagram(self.name, key, part, rnd, block, channel, start, flat[start:stop]))
+            data = encode_datagram(Datagram(self.name, key, slice_index, rnd, block, channel, start, flat[start:stop]))
             lost = self._channels[channel].drop()
             self.path.send_datagram(peer, address, data, channel, lost)
             self.stats.udp_bytes += len(data)
             per_channel[channel - 1] += 1
             if lost and len(self.stats.dropped) < self.MAX_DROP_LOG:
-                self.stats.dropped.append([key, part, rnd, block])
+                self.stats.dropped.append([key, slice_index, rnd, block])
         self.stats.pushes += 1
         self.stats.reliable_blocks += len(reliable)
         self.stats.udp_blocks += len(udp)
@@ -247,7 +247,7 @@ class AssemblerStats:
     lost: int = 0
     late_folded: int = 0
     stray: int = 0  # datagrams for no known stream or too old to keep
-    missing: list[list[Any]] = field(default_factory=list)  # [sender, key, part, round, [blocks]] at deadline
+    missing: list[list[Any]] = field(default_factory=list)  # [sender, key, slice, round, [blocks]] at deadline
 
 
 class DgtAssembler:
@@ -294,7 +294,7 @@ class DgtAssembler:
         for block, size in zip(blocks, sizes, strict=True):
             buffer[block * block_elems:block * block_elems + size] = tensor[at:at + size]
             at += size
-        stream = self._streams.setdefault((sender, message.key, message.part), _Stream())
+        stream = self._streams.setdefault((sender, message.key, message.slice), _Stream())
         for offset, values in stream.late.values():  # blocks that missed earlier rounds
             buffer[offset:offset + values.size] += values
             self.stats.late_folded += 1
@@ -312,16 +312,16 @@ class DgtAssembler:
 
     def on_block(self, datagram: Datagram) -> Message | None:
         """One UDP block; the assembled push if it was the last one outstanding."""
-        stream = self._streams.get((datagram.sender, datagram.key, datagram.part))
+        stream = self._streams.get((datagram.sender, datagram.key, datagram.slice))
         if stream is None:
-            stream = self._streams[(datagram.sender, datagram.key, datagram.part)] = _Stream()
+            stream = self._streams[(datagram.sender, datagram.key, datagram.slice)] = _Stream()
         self.stats.udp_received += 1
         pending = stream.pending.get(datagram.round)
         if pending is not None:
             self._add(pending, datagram)
             return self._finish(stream, datagram.round) if len(pending.received) >= pending.expected_udp else None
         if datagram.round <= stream.assembled:  # late: fold into the next round
-            self.feedback.on_late(datagram.sender, datagram.key, datagram.part, datagram.round, datagram.channel)
+            self.feedback.on_late(datagram.sender, datagram.key, datagram.slice, datagram.round, datagram.channel)
             held = stream.late.get(datagram.block)
             values = datagram.values.astype(np.float32) if held is None else held[1] + datagram.values
             stream.late[datagram.block] = (datagram.offset, values)
@@ -363,7 +363,7 @@ class DgtAssembler:
         stream.assembled = max(stream.assembled, rnd)
         self.stats.assembled += 1
         message = pending.message
-        self.feedback.on_round(pending.sender, message.key, message.part, rnd, pending.per_channel,
+        self.feedback.on_round(pending.sender, message.key, message.slice, rnd, pending.per_channel,
                                pending.received_on)
         message.tensor = pending.buffer.reshape(message.shape)
         message.dtype = message.tensor.dtype

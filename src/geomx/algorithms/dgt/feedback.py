@@ -5,7 +5,7 @@ follows those counts, not its own guess.
 UDP channel), the blocks that arrived in time (``received``), were missing when the round was assembled at
 its deadline (``lost``), and arrived after that (``late``: folded into the next round, counted in ``lost``
 too). The rows a sender has not been told yet ride on the next answer to one of its pushes, in the body under
-``FEEDBACK_KEY``: ``{"rows": [[key, part, round, channel, received, lost, late], ...]}`` (integers only, at
+``FEEDBACK_KEY``: ``{"rows": [[key, slice, round, channel, received, lost, late], ...]}`` (integers only, at
 most ``MAX_ROWS``, the newest; a late block's row may come in a later answer than its round's).
 
 **Sender** (``LossEstimate``, kept by ``geomx.algorithms.dgt.datagrams.DgtSender``): per channel an EWMA over reports of
@@ -15,7 +15,7 @@ reports together covered ``min_samples`` blocks: until then K stays at its confi
 Usage::
 
     ledger = FeedbackLedger()
-    ledger.on_round("dc1/server", key=0, part=0, rnd=3, expected=[10, 10], received={1: 10, 2: 7})
+    ledger.on_round("dc1/server", key=0, slice_index=0, rnd=3, expected=[10, 10], received={1: 10, 2: 7})
     body = {FEEDBACK_KEY: ledger.take("dc1/server")}               # goes with the answer to the push
     estimate = LossEstimate(); estimate.on_report(parse_feedback(body[FEEDBACK_KEY], channels=2))
     estimate.mean_loss()                                           # None until 50 blocks were reported
@@ -29,7 +29,7 @@ from typing import Any
 
 FEEDBACK_KEY = "dgt_feedback"
 MAX_ROWS = 256
-_FIELDS = ("key", "part", "round", "channel", "received", "lost", "late")
+_FIELDS = ("key", "slice", "round", "channel", "received", "lost", "late")
 
 
 class FeedbackError(ValueError):
@@ -41,7 +41,7 @@ class FeedbackRow:
     """What one UDP channel delivered of one round of one slice (increments since the last report)."""
 
     key: int
-    part: int
+    slice: int
     round: int
     channel: int
     received: int
@@ -79,17 +79,17 @@ class FeedbackLedger:
     totals: dict[str, dict[int, list[int]]] = field(default_factory=dict)  # sender -> channel -> [recv, lost, late]
     dropped_rows: int = 0  # rows overwritten before any answer carried them (more than max_rows pending)
 
-    def on_round(self, sender: str, key: int, part: int, rnd: int, expected: Sequence[int],
+    def on_round(self, sender: str, key: int, slice_index: int, rnd: int, expected: Sequence[int],
                  received: Mapping[int, int]) -> None:
         """A round was assembled: ``expected[c - 1]`` blocks were sent on channel c, ``received[c]`` arrived."""
         for channel, count in enumerate(expected, start=1):
             got = min(received.get(channel, 0), count)
             if count:
-                self._add(sender, (key, part, rnd, channel), got, count - got, 0)
+                self._add(sender, (key, slice_index, rnd, channel), got, count - got, 0)
 
-    def on_late(self, sender: str, key: int, part: int, rnd: int, channel: int) -> None:
+    def on_late(self, sender: str, key: int, slice_index: int, rnd: int, channel: int) -> None:
         """A block of an assembled round arrived (it was counted lost then)."""
-        self._add(sender, (key, part, rnd, channel), 0, 0, 1)
+        self._add(sender, (key, slice_index, rnd, channel), 0, 0, 1)
 
     def take(self, sender: str) -> dict[str, Any] | None:
         """The sender's unreported rows as a report (None if there are none); they count as reported."""

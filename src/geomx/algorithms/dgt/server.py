@@ -71,11 +71,11 @@ class DgtRoute(Route):
         upward = fields.get("tensor")
         if self.sender is None or not isinstance(upward, np.ndarray) or upward.dtype != np.float32:
             return False
-        owner = self.host.owner(rnd.key, rnd.part)
+        owner = self.host.owner(rnd.key, rnd.slice)
         first = next(iter(rnd.contributions.values()))
-        fields = self.sender.push(owner, udp_endpoint(self.host.upstream_addresses[owner]), rnd.key, rnd.part,
+        fields = self.sender.push(owner, udp_endpoint(self.host.upstream_addresses[owner]), rnd.key, rnd.slice,
                                   rnd.number, upward)
-        self.host.forward(rnd, Message(Kind.PUSHPULL, key=rnd.key, part=rnd.part, num_parts=first.num_parts,
+        self.host.forward(rnd, Message(Kind.PUSHPULL, key=rnd.key, slice=rnd.slice, num_slices=first.num_slices,
                                        round=rnd.number, priority=first.priority, **fields))
         return True
 
@@ -90,7 +90,7 @@ class DgtRoute(Route):
         try:
             done = self.assembler.on_reliable(message.sender.decode(), message, time.monotonic())
         except DgtError as exc:
-            self.host.refuse(message, f"DGT push of key {message.key} slice {message.part}: {exc}")
+            self.host.refuse(message, f"DGT push of key {message.key} slice {message.slice}: {exc}")
             return True
         if done is not None:
             self.host.push(done)

@@ -11,6 +11,6 @@ from __future__ import annotations
 
 from ...protocol.wire import PluginKind
 
-# worker -> servers: a speed report (JSON ``StateReport``), merged up the tree as a round; reply: each worker's
-# local steps (``StepAssignment``)
+# worker -> servers: a speed report (JSON ``bodies.StateReport``), merged up the tree as a round; reply: each
+# worker's local steps (``bodies.StepAssignment``)
 STATE = PluginKind(32, "esync.state")

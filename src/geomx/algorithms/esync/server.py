@@ -18,8 +18,9 @@ from concurrent.futures import Future
 from ...config import NodeConfig, Role
 from ...core.plugins import Completion, Extension, Handler, PluginHost
 from ...core.rounds import Round
-from ...protocol.bodies import BodyError, StateReport, StepAssignment, decode_body, encode_body
+from ...protocol.bodies import BodyError, decode_body, encode_body
 from ...protocol.wire import Message, MessageKind
+from .bodies import StateReport, StepAssignment
 from .kinds import STATE
 from .rules import assign_steps
 

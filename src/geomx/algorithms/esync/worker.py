@@ -13,8 +13,9 @@ import math
 
 from ...config import NodeConfig
 from ...core.worker_plugins import StepAssigner, WorkerContext
-from ...protocol.bodies import StateReport, StepAssignment, decode_body, encode_body
+from ...protocol.bodies import decode_body, encode_body
 from ...protocol.wire import Message
+from .bodies import StateReport, StepAssignment
 from .kinds import STATE
 
 

@@ -21,8 +21,8 @@ of all of it at once. Every party computes the same split from the same slices (
 Usage (inside the local server)::
 
     hfa = LocalFrequencyAggregation(k2=10, party_weight=2 / 4)
-    hfa.set_global_model(slot, initial_weights)
-    delta = hfa.after_local_round(slot, average)     # None: answer the workers with `average`
+    hfa.set_global_model(sid, initial_weights)
+    delta = hfa.after_local_round(sid, average)     # None: answer the workers with `average`
 """
 
 from __future__ import annotations
@@ -62,38 +62,38 @@ class LocalFrequencyAggregation:
         largest first, each to the smallest group so far (ties: the lower group; equal sizes: the lower key).
         Deterministic, so every party that holds the same slices makes the same split."""
         loads = [0] * self.fragments
-        for slot in sorted(sizes, key=lambda s: (-sizes[s], s)):
+        for sid in sorted(sizes, key=lambda s: (-sizes[s], s)):
             group = min(range(self.fragments), key=lambda g: (loads[g], g))
-            self._fragment[slot] = group
-            loads[group] += sizes[slot]
+            self._fragment[sid] = group
+            loads[group] += sizes[sid]
 
-    def fragment(self, slot: SliceId) -> int:
-        """The group of ``slot`` (a slice the split did not see goes by its key)."""
-        return self._fragment.get(slot, slot[0] % self.fragments)
+    def fragment(self, sid: SliceId) -> int:
+        """The group of ``sid`` (a slice the split did not see goes by its key)."""
+        return self._fragment.get(sid, sid[0] % self.fragments)
 
-    def goes_global(self, slot: SliceId, count: int) -> bool:
-        """Whether local round ``count`` (from 1) of ``slot`` goes global."""
-        return count % self.k2 == (self.fragment(slot) + 1) * self.k2 // self.fragments % self.k2
+    def goes_global(self, sid: SliceId, count: int) -> bool:
+        """Whether local round ``count`` (from 1) of ``sid`` goes global."""
+        return count % self.k2 == (self.fragment(sid) + 1) * self.k2 // self.fragments % self.k2
 
-    def set_global_model(self, slot: SliceId, model: np.ndarray) -> None:
-        """Record the latest global model of ``slot`` (after init and after every global round)."""
-        self._global_model[slot] = model
+    def set_global_model(self, sid: SliceId, model: np.ndarray) -> None:
+        """Record the latest global model of ``sid`` (after init and after every global round)."""
+        self._global_model[sid] = model
 
-    def global_model(self, slot: SliceId) -> np.ndarray | None:
-        """The latest global model of ``slot`` (None before init)."""
-        return self._global_model.get(slot)
+    def global_model(self, sid: SliceId) -> np.ndarray | None:
+        """The latest global model of ``sid`` (None before init)."""
+        return self._global_model.get(sid)
 
-    def after_local_round(self, slot: SliceId, average: np.ndarray) -> np.ndarray | None:
+    def after_local_round(self, sid: SliceId, average: np.ndarray) -> np.ndarray | None:
         """None for a local round; for a global one, the weighted delta to push to the global server."""
-        count = self._rounds[slot] = self._rounds.get(slot, 0) + 1
-        if not self.goes_global(slot, count):
+        count = self._rounds[sid] = self._rounds.get(sid, 0) + 1
+        if not self.goes_global(sid, count):
             return None
-        base = self._global_model.get(slot)
+        base = self._global_model.get(sid)
         if base is None:
-            raise RuntimeError(f"HFA has no global model for key {slot[0]} slice {slot[1]}: was it initialized?")
+            raise RuntimeError(f"HFA has no global model for key {sid[0]} slice {sid[1]}: was it initialized?")
         delta = np.subtract(average, base, dtype=np.float32)
         delta *= np.float32(self.party_weight)
         return delta
 
-    def rounds(self, slot: SliceId) -> int:
-        return self._rounds.get(slot, 0)
+    def rounds(self, sid: SliceId) -> int:
+        return self._rounds.get(sid, 0)

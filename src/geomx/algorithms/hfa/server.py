@@ -113,7 +113,7 @@ class HfaAggregation(Aggregation):
         local = self.local
         assert local is not None
         if local.needs_fragments:  # the first round: every slice is initialized (workers init before they push)
-            local.assign_fragments({slot: held.value.size for slot, held in self.host.slots.items()})
+            local.assign_fragments({sid: held.value.size for sid, held in self.host.stored.items()})
         delta = local.after_local_round(sid, total)
         flight = self.in_flight.get(sid)
         if flight is not None and local.rounds(sid) == flight.due:
@@ -159,7 +159,7 @@ class HfaAggregation(Aggregation):
         every party, HiPS); None (answer as usual) otherwise, or when the tensor's codec keeps no residual.
         """
         codec = self.host.wan_codec
-        info = self.host.tensor_info(rnd.key, rnd.part, "delta", "pull")
+        info = self.host.tensor_info(rnd.key, rnd.slice, "delta", "pull")
         if isinstance(codec, SizeAdaptive):
             codec = codec.choose(value, info)
         if (codec is None or not codec.keeps_residual() or not self.hips
@@ -170,7 +170,7 @@ class HfaAggregation(Aggregation):
             fields = payload_fields(codec, change, info)
         except CodecError as exc:
             log.error("[%s] key %d slice %d: cannot compress the model change (%s); the model goes dense",
-                      self.host.name, rnd.key, rnd.part, exc)
+                      self.host.name, rnd.key, rnd.slice, exc)
             return None
         fields["body"] = {**(fields.get("body") or {}), MODEL_CHANGE: True}
         return fields
@@ -196,7 +196,7 @@ class HfaAggregation(Aggregation):
             flight.arrived = value
 
     def held(self, sid: SliceId, value: np.ndarray) -> np.ndarray:
-        """The job's model is the global one (the slot holds the party's average after a local round); under
+        """The job's model is the global one (the stored value is the party's average after a local round); under
         streaming, each fragment's from its last global round that has arrived."""
         known = self.local.global_model(sid) if self.local is not None else None
         return value if known is None else known

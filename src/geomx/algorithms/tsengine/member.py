@@ -15,7 +15,7 @@ The local server coordinates (see ``rules.py`` and ``ParameterServer._ts_coordin
 Usage::
 
     member = RelayMember(van, requests, server="dc0/server/ab12", peers={"dc0/worker/cd34"}, name="dc0/worker0")
-    future = member.push(key=3, part=0, num_parts=1, data=grad, priority=-3)   # resolves with the value
+    future = member.push(key=3, index=0, num_slices=1, data=grad, priority=-3)   # resolves with the value
     van handler: if member.handles(message): return
 """
 
@@ -28,14 +28,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...protocol.wire import Kind, Message
+from ...protocol.wire import Kind, Message, SliceId
 from ...transport.rpc import RemoteError, Requests
 from ...transport.van import Van
 from .kinds import RELAY
 
 log = logging.getLogger("geomx.algorithms.tsengine.member")
-
-SliceId = tuple[int, int]  # (key, part)
 
 
 @dataclass
@@ -43,7 +41,7 @@ class _Held:
     """A push waiting for its instruction (it may grow: fellow workers' pushes merge into it)."""
 
     total: np.ndarray
-    num_parts: int
+    num_slices: int
     priority: int
 
 
@@ -61,17 +59,17 @@ class RelayMember:
         self._awaiting: dict[SliceId, Future[Message]] = {}
         self._received: dict[SliceId, Message] = {}
 
-    def push(self, key: int, part: int, num_parts: int, data: np.ndarray, priority: int) -> Future[Message]:
+    def push(self, key: int, index: int, num_slices: int, data: np.ndarray, priority: int) -> Future[Message]:
         """Hold ``data`` (copied) and ask where it goes; the future resolves with the round's value."""
-        sid = (key, part)
+        sid = (key, index)
         future: Future[Message] = Future()
         with self._lock:
             if sid in self._awaiting:
-                raise RuntimeError(f"push of key {key} slice {part}: the previous push of this key is still being "
+                raise RuntimeError(f"push of key {key} slice {index}: the previous push of this key is still being "
                                    "aggregated; pull it first")
-            self._held[sid] = _Held(np.array(data, copy=True), num_parts, priority)
+            self._held[sid] = _Held(np.array(data, copy=True), num_slices, priority)
             self._awaiting[sid] = future
-        self._van.send(self._server, Message(RELAY, key=key, part=part, num_parts=num_parts,
+        self._van.send(self._server, Message(RELAY, key=key, slice=index, num_slices=num_slices,
                                              priority=priority, body={"ask": True}))
         return future
 
@@ -80,7 +78,7 @@ class RelayMember:
         sender = message.sender.decode(errors="replace")
         if message.kind is Kind.ERROR and message.is_reply and message.request_id == 0 and sender == self._server:
             text = (message.body or {}).get("error", "unspecified error")
-            self._fail((message.key, message.part), RemoteError(f"the local server refused TSEngine: {text}"))
+            self._fail((message.key, message.slice), RemoteError(f"the local server refused TSEngine: {text}"))
             return True
         if message.kind != RELAY:  # a received kind is a new int: never ``is``
             return False
@@ -95,21 +93,21 @@ class RelayMember:
             self._take_value(message)
         else:
             log.warning("[%s] unexpected RELAY %s from %s for key %d slice %d", self._name, sorted(body), sender,
-                        message.key, message.part)
+                        message.key, message.slice)
         return True
 
     # -- the steps ----------------------------------------------------------------------------------------
     def _send_held(self, instruction: Message, peer: object) -> None:
         """The server's instruction: our held sum to the server (``peer`` None) or into ``peer``'s."""
-        sid = (instruction.key, instruction.part)
+        sid = (instruction.key, instruction.slice)
         with self._lock:
             held = self._held.pop(sid, None)
         if held is None:
             log.error("[%s] told to push key %d slice %d, but no push of it is held", self._name, *sid)
             return
-        push = Message(Kind.PUSHPULL, key=sid[0], part=sid[1], num_parts=held.num_parts, priority=held.priority)
+        push = Message(Kind.PUSHPULL, key=sid[0], slice=sid[1], num_slices=held.num_slices, priority=held.priority)
         if isinstance(peer, str) and peer in self._peers:
-            self._van.send(peer, Message(RELAY, key=sid[0], part=sid[1], num_parts=held.num_parts,
+            self._van.send(peer, Message(RELAY, key=sid[0], slice=sid[1], num_slices=held.num_slices,
                                          priority=held.priority, tensor=held.total, body={"merge": True}))
             push.body = {"ts_merged": peer}
         else:
@@ -119,12 +117,12 @@ class RelayMember:
 
     def _merge(self, message: Message) -> None:
         """A fellow worker's sum: add it to ours and ask again."""
-        sid = (message.key, message.part)
+        sid = (message.key, message.slice)
         with self._lock:
             held = self._held.get(sid)
             if held is not None and message.tensor is not None and message.tensor.size == held.total.size:
                 np.add(held.total, message.tensor.reshape(held.total.shape), out=held.total)
-                ask = Message(RELAY, key=sid[0], part=sid[1], num_parts=held.num_parts, priority=held.priority,
+                ask = Message(RELAY, key=sid[0], slice=sid[1], num_slices=held.num_slices, priority=held.priority,
                               body={"ask": True})
             else:
                 ask = None
@@ -136,11 +134,11 @@ class RelayMember:
 
     def _take_value(self, message: Message) -> None:
         """The round's value: keep it (we may be told to relay it), ack it, answer our pull."""
-        sid = (message.key, message.part)
+        sid = (message.key, message.slice)
         with self._lock:
             self._received[sid] = message
             future = self._awaiting.pop(sid, None)
-        self._van.send(self._server, Message(RELAY, key=sid[0], part=sid[1], num_parts=message.num_parts,
+        self._van.send(self._server, Message(RELAY, key=sid[0], slice=sid[1], num_slices=message.num_slices,
                                              round=message.round, body={"ack": True}))
         if future is None:
             log.warning("[%s] a value of key %d slice %d arrived that no push awaits", self._name, *sid)
@@ -148,13 +146,13 @@ class RelayMember:
             future.set_result(message)
 
     def _pass_on(self, instruction: Message, target: object) -> None:
-        sid = (instruction.key, instruction.part)
+        sid = (instruction.key, instruction.slice)
         with self._lock:
             value = self._received.get(sid)
         if value is None or not isinstance(target, str) or target not in self._peers:
             log.error("[%s] cannot relay key %d slice %d to %r", self._name, *sid, target)
             return
-        self._van.send(target, Message(RELAY, key=sid[0], part=sid[1], num_parts=value.num_parts,
+        self._van.send(target, Message(RELAY, key=sid[0], slice=sid[1], num_slices=value.num_slices,
                                        round=instruction.round, tensor=value.tensor))
 
     def _fail(self, sid: SliceId, error: BaseException | None) -> None:

@@ -22,7 +22,7 @@ import numpy as np
 
 from ...config import NodeConfig, Role
 from ...core.plugins import Handler, PluginHost, Route
-from ...core.rounds import Round, Slot
+from ...core.rounds import Round, SliceValue
 from ...protocol.wire import Kind, Message, MessageKind, SliceId
 from .kinds import RELAY
 from .rules import Coordinator, Dissemination, PushPairing, write_report
@@ -40,7 +40,7 @@ class TsEngineRoute(Route):
         self.ts = coordinator
         self.member = member
         self.rounds: dict[SliceId, Dissemination] = {}
-        self.values: dict[SliceId, tuple[np.ndarray, int]] = {}  # value, num_parts
+        self.values: dict[SliceId, tuple[np.ndarray, int]] = {}  # value, num_slices
         self.pairings: dict[SliceId, PushPairing] = {}  # a coordinator's aggregation overlays
         self.asks: dict[tuple[SliceId, str], Message] = {}  # each client's last ask per slice
         self.pending: dict[SliceId, tuple[Round, np.ndarray]] = {}  # a member's held sums
@@ -53,20 +53,20 @@ class TsEngineRoute(Route):
         """A member holds its party's sum and asks the owning global server where it should go."""
         if not self.member or "tensor" not in fields:
             return False
-        sid = (rnd.key, rnd.part)
+        sid = (rnd.key, rnd.slice)
         first = next(iter(rnd.contributions.values()))
         self.pending[sid] = (rnd, np.array(fields["tensor"], dtype=np.float32))
-        self.host.send(self.host.owner(*sid), Message(RELAY, key=rnd.key, part=rnd.part, round=rnd.number,
-                                                      num_parts=first.num_parts, body={"ask": True}))
+        self.host.send(self.host.owner(*sid), Message(RELAY, key=rnd.key, slice=rnd.slice, round=rnd.number,
+                                                      num_slices=first.num_slices, body={"ask": True}))
         return True
 
     def send_down(self, rnd: Round, value: np.ndarray) -> bool:
         """A coordinator answers every client at once without the value, then hands it on through the overlay."""
         if self.ts is None or rnd.kind is not Kind.PUSHPULL:
             return False
-        sid = (rnd.key, rnd.part)
+        sid = (rnd.key, rnd.slice)
         targets = {sender: message.round for sender, message in rnd.contributions.items()}
-        self.values[sid] = (value, next(iter(rnd.contributions.values())).num_parts)
+        self.values[sid] = (value, next(iter(rnd.contributions.values())).num_slices)
         self.rounds[sid] = self.ts.start(self.host.identity, targets, value.nbytes)
         self.host.table.release(rnd, None, body={"ts": "relayed"})
         self._serve(sid, self.host.identity)
@@ -79,7 +79,7 @@ class TsEngineRoute(Route):
     def pushed(self, message: Message) -> None:
         """The link is free: the next waiting client may push."""
         if self.ts is not None:
-            sid = (message.key, message.part)
+            sid = (message.key, message.slice)
             self._instruct(sid, self.ts.pushed(self.pairings.setdefault(sid, PushPairing())))
 
     def answered_elsewhere(self, reply: Message) -> bool:
@@ -116,18 +116,18 @@ class TsEngineRoute(Route):
                                  f"server's own clients (it is {on}), and relays from other servers need "
                                  "ENABLE_INTER_TS on a local server")
             return
-        sid = (message.key, message.part)
+        sid = (message.key, message.slice)
         body = message.body or {}
         if "push" in body or "merge" in body:
             self._push(message, sender)
             return
         if "to" in body:  # pass our copy on
-            target, slot = body["to"], host.slots.get(sid)
-            if sender not in host.upstream or target not in host.peers or slot is None:
-                host.refuse(message, f"cannot relay key {message.key} slice {message.part} to {target!r}")
+            target, stored = body["to"], host.stored.get(sid)
+            if sender not in host.upstream or target not in host.peers or stored is None:
+                host.refuse(message, f"cannot relay key {message.key} slice {message.slice} to {target!r}")
                 return
-            host.send(target, Message(RELAY, key=message.key, part=message.part, round=message.round,
-                                      num_parts=message.num_parts, tensor=slot.value))
+            host.send(target, Message(RELAY, key=message.key, slice=message.slice, round=message.round,
+                                      num_slices=message.num_slices, tensor=stored.value))
             return
         rnd = host.table.get(Kind.PUSHPULL, *sid)
         if (sender not in host.upstream and sender not in host.peers) or message.tensor is None:
@@ -137,15 +137,15 @@ class TsEngineRoute(Route):
             log.warning("[%s] RELAY of key %d slice %d round %d matches no waiting round", host.name, *sid,
                         message.round)
             return
-        host.slots[sid] = Slot(message.tensor)
+        host.stored[sid] = SliceValue(message.tensor)
         host.release(rnd, message.tensor, None, message.round)
-        host.send(host.owner(*sid), Message(RELAY, key=message.key, part=message.part,
-                                            num_parts=message.num_parts, round=message.round, body={"ack": True}))
+        host.send(host.owner(*sid), Message(RELAY, key=message.key, slice=message.slice,
+                                            num_slices=message.num_slices, round=message.round, body={"ack": True}))
 
     def _coordinate(self, message: Message, sender: str) -> None:
         """A client's ask (it holds a sum: where should it go?) or ack (it has the round's value)."""
         assert self.ts is not None
-        sid = (message.key, message.part)
+        sid = (message.key, message.slice)
         body = message.body or {}
         if body == {"ask": True}:
             self.asks[(sid, sender)] = message
@@ -166,12 +166,12 @@ class TsEngineRoute(Route):
     def _push(self, message: Message, sender: str) -> None:
         """A member: send the held sum as told, or add a fellow local server's sum to it and ask again."""
         host = self.host
-        sid = (message.key, message.part)
+        sid = (message.key, message.slice)
         body = message.body or {}
         pending = self.pending.get(sid)
         if pending is None or pending[0].number != message.round or not pending[0].forwarding:
             log.error("[%s] TSEngine %s for key %d slice %d round %d, but no sum of that round is held",
-                      host.name, sorted(body), message.key, message.part, message.round)
+                      host.name, sorted(body), message.key, message.slice, message.round)
             return
         rnd, total = pending
         if "merge" in body:
@@ -179,21 +179,21 @@ class TsEngineRoute(Route):
                 host.refuse(message, "a TSEngine merge needs a fellow local server's sum of the same slice")
                 return
             np.add(total, message.tensor.reshape(total.shape), out=total)
-            host.send(host.owner(*sid), Message(RELAY, key=rnd.key, part=rnd.part, round=rnd.number,
-                                                num_parts=message.num_parts, body={"ask": True}))
+            host.send(host.owner(*sid), Message(RELAY, key=rnd.key, slice=rnd.slice, round=rnd.number,
+                                                num_slices=message.num_slices, body={"ask": True}))
             return
         if sender not in host.upstream:
             host.refuse(message, "only the global server directs TSEngine pushes")
             return
         del self.pending[sid]
-        push = Message(Kind.PUSHPULL, key=rnd.key, part=rnd.part, num_parts=message.num_parts, round=rnd.number)
+        push = Message(Kind.PUSHPULL, key=rnd.key, slice=rnd.slice, num_slices=message.num_slices, round=rnd.number)
         target = body.get("to")
         if body.get("push") == "peer" and isinstance(target, str) and target in host.peers:
-            host.send(target, Message(RELAY, key=rnd.key, part=rnd.part, round=rnd.number,
-                                      num_parts=message.num_parts, tensor=total, body={"merge": True}))
+            host.send(target, Message(RELAY, key=rnd.key, slice=rnd.slice, round=rnd.number,
+                                      num_slices=message.num_slices, tensor=total, body={"merge": True}))
             push.body = {"ts_merged": target}
         else:
-            push.tensor = total.astype(host.slots[sid].value.dtype, copy=False)
+            push.tensor = total.astype(host.stored[sid].value.dtype, copy=False)
         host.forward(rnd, push)
 
     # -- the overlays -------------------------------------------------------------------------------------
@@ -206,8 +206,8 @@ class TsEngineRoute(Route):
         target = self.ts.next_target(dissemination, holder)
         if target is None:
             return
-        value, num_parts = self.values[sid]
-        message = Message(RELAY, key=sid[0], part=sid[1], num_parts=num_parts,
+        value, num_slices = self.values[sid]
+        message = Message(RELAY, key=sid[0], slice=sid[1], num_slices=num_slices,
                           round=dissemination.targets[target])
         if holder == self.host.identity:
             message.tensor = value
@@ -222,7 +222,7 @@ class TsEngineRoute(Route):
         for node, target in orders:
             ask = self.asks[(sid, node)]
             body: dict[str, Any] = {"push": "server"} if target is None else {"push": "peer", "to": target}
-            self.host.send(node, Message(RELAY, key=sid[0], part=sid[1], num_parts=ask.num_parts,
+            self.host.send(node, Message(RELAY, key=sid[0], slice=sid[1], num_slices=ask.num_slices,
                                          round=ask.round, body=body))
 
     def _end_if_done(self, sid: SliceId, dissemination: Dissemination) -> None:

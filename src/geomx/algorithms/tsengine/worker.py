@@ -31,9 +31,9 @@ class RelayRoute(PushRoute):
 
     def push(self, server: str, message: Message) -> Future[Message]:
         if message.tensor is None:
-            raise ValueError(f"push of key {message.key} slice {message.part}: the relay route carries a tensor")
+            raise ValueError(f"push of key {message.key} slice {message.slice}: the relay route carries a tensor")
         data = np.asarray(message.tensor)
-        return self.member.push(message.key, message.part, message.num_parts, data, message.priority)
+        return self.member.push(message.key, message.slice, message.num_slices, data, message.priority)
 
     def handles(self, message: Message) -> bool:
         return self.member.handles(message)
