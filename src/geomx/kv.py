@@ -41,6 +41,7 @@ from .transport.rpc import Requests
 from .transport.trace import Tracer
 from .transport.van import Van
 from .worker.compose import compose_worker
+from .worker.ranks import PartyRanks, SliceLink
 from .worker.slices import KeyTable, copy_out, payload, to_numpy
 
 log = logging.getLogger("geomx.kv")
@@ -75,10 +76,13 @@ class KVStore:
         self._requests = Requests(self._van)
         self._handles = _takes_nothing  # the push route's message hook, once joined (messages may come before)
         self._van.start()
-        # flat: the global servers under the global scheduler; HiPS: the party's local server under its own
-        flat = config.topology.mode is Mode.FLAT
+        # flat, or a collective party's rank: the global servers under the global scheduler; HiPS: the party's
+        # local server under its own
+        self.collective = config.topology.is_collective(config.party)
+        flat = config.topology.mode is Mode.FLAT or self.collective
         tier = Tier.GLOBAL if flat else Tier.PARTY
-        book, me = join(self._van, self._requests, config, tier, rank=config.rank, connect=is_server,
+        requested = config.torchrun.rank if self.collective and config.torchrun is not None else config.rank
+        book, me = join(self._van, self._requests, config, tier, rank=requested, connect=is_server,
                         master=config.is_master)
         self._servers = [m.id for m in book.of_role(Role.GLOBAL_SERVER if flat else Role.LOCAL_SERVER)]
         self._scheduler = scheduler_id(config, tier)
@@ -105,6 +109,12 @@ class KVStore:
         # of the central party.
         self.is_master_worker = me.master
         self._exit_hook: Callable[[], None] | None = None  # close_at_exit's
+        # a collective party (lan: collective): its ranks' process group, which rank owns each slice, and the
+        # requests that carry them (geomx.worker.ranks)
+        self.ranks: PartyRanks | None = None
+        if self.collective:
+            link = SliceLink(self._requests, self._keys, self._route, self._codecs, self._timeout)
+            self.ranks = PartyRanks.join(config, me.rank, link)
         if self.is_master_worker:  # before any init round completes, so every push meets the right policy
             self._configure(ConfigureBody(sync=kind), f"switch to {kind}")
 
@@ -125,6 +135,9 @@ class KVStore:
         keys, values = _as_list(key), _as_list(value)
         if len(keys) != len(values):
             raise ValueError(f"init got {len(keys)} keys but {len(values)} values")
+        if self.ranks is not None:
+            self.ranks.init(keys, values)
+            return
         pending = []
         for k, v in zip(keys, values, strict=True):
             info = self._keys.add(k, v)
@@ -146,6 +159,7 @@ class KVStore:
 
         The tensor is copied first, so the caller may change it (zero the gradient) right away.
         """
+        _refuse_in_collective(self, "push")
         self._push(key, value, priority, snapshot=True)
 
     def _push(self, key: int | Sequence[int], value: torch.Tensor | Sequence[torch.Tensor], priority: int,
@@ -162,6 +176,7 @@ class KVStore:
 
     def pull(self, key: int | Sequence[int], out: torch.Tensor | Sequence[torch.Tensor], priority: int = 0) -> None:
         """Write the latest value of ``key`` into ``out`` (after a push: that round's result)."""
+        _refuse_in_collective(self, "pull")
         for k, o in zip(_as_list(key), _as_list(out), strict=True):
             futures = self._pending.pop(k, None)
             if futures is not None:
@@ -212,6 +227,7 @@ class KVStore:
 
         No copy of ``value`` is made: the call returns only after the server has received it.
         """
+        _refuse_in_collective(self, "pushpull")
         self._push(key, value, priority, snapshot=False)
         self.pull(key, value if out is None else out, priority)
 
@@ -263,8 +279,15 @@ class KVStore:
 
     def barrier(self) -> None:
         """Wait until every worker of every party reaches this barrier."""
+        if self.ranks is not None:  # a collective party meets inside first; its rank 0 speaks for it
+            self.ranks.group.barrier()
+            if self.ranks.rank != 0:
+                self.ranks.group.barrier()
+                return
         future = self._requests.call(self._servers[0], Message(Kind.BARRIER))
         self._requests.wait(future, self._timeout, "the barrier (all workers of all parties)")
+        if self.ranks is not None:
+            self.ranks.group.barrier()
 
     def stats(self) -> dict[str, Any]:
         """Byte counters of this worker and of the servers it talks to (LAN/WAN, sent/received)."""
@@ -317,8 +340,12 @@ class KVStore:
             self._van.stop(flush_timeout=1.0)
             return
         try:
-            futures = [self._requests.call(s, Message(Kind.SHUTDOWN)) for s in self._servers]
-            for server, future in zip(self._servers, futures, strict=True):
+            if self.ranks is not None:  # every rank is done with its rounds; rank 0 says goodbye for the party
+                self.ranks.group.barrier()
+            speaks = self.ranks is None or self.ranks.rank == 0
+            servers = self._servers if speaks else []
+            futures = [self._requests.call(s, Message(Kind.SHUTDOWN)) for s in servers]
+            for server, future in zip(servers, futures, strict=True):
                 self._requests.wait(future, wait, f"{self._requests.names.get(server)} to acknowledge shutdown")
             self._van.send(self._scheduler, Message(Kind.SHUTDOWN))
         finally:
@@ -326,12 +353,22 @@ class KVStore:
                 write_stats(self.config.run_dir, self.name, {"role": "worker", "party": self.party,
                                                              **self._van.counters.snapshot()})
             self._van.stop(flush_timeout=wait)
+            if self.ranks is not None:
+                self.ranks.group.close()
 
     def __enter__(self) -> KVStore:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _refuse_in_collective(store: KVStore, what: str) -> None:
+    """The per-key API is a party with a local server's: refused, naming the way, in a collective party."""
+    if store.ranks is not None:
+        raise RuntimeError(f"kv.{what} in a lan: collective party: the kvstore API keeps GeoMX's semantics in "
+                           "parties with a local server; a collective party trains through "
+                           "geomx.torch.DistributedOptimizer")
 
 
 def _close_at_exit(store: KVStore) -> None:

@@ -49,7 +49,7 @@ def test_layout_packs_every_element_once_and_unpacks_it_back(world_size: int) ->
     shapes = [(7, 5), (300,), (1,), (64, 9)]
     tensors = [torch.randn(s) for s in shapes]
     layout = OwnerLayout(_owners([t.numel() for t in tensors], world_size, slice_elems=100),
-                         [t.numel() for t in tensors])
+                         dict(enumerate(t.numel() for t in tensors)))
     buffer = layout.empty(torch.float32, "cpu")
     layout.pack(tensors, buffer)
     assert sorted(buffer.tolist()) == sorted([0.0] * (layout.numel - sum(layout.shares))
@@ -63,14 +63,16 @@ def test_layout_packs_every_element_once_and_unpacks_it_back(world_size: int) ->
 
 
 def test_layout_refuses_mismatched_tensors() -> None:
-    layout = OwnerLayout(_owners([10, 20], 2, slice_elems=8), [10, 20])
+    layout = OwnerLayout(_owners([10, 20], 2, slice_elems=8), {0: 10, 1: 20})
     buffer = layout.empty(torch.float32, "cpu")
     with pytest.raises(ValueError, match="key 1 has 21 elements; the layout says 20"):
         layout.pack([torch.zeros(10), torch.zeros(21)], buffer)
     with pytest.raises(ValueError, match="expected 2 tensors"):
         layout.pack([torch.zeros(10)], buffer)
-    with pytest.raises(ValueError, match="covers keys 0..2"):
-        OwnerLayout(_owners([10, 20], 2, slice_elems=8), [10, 20, 5])
+    with pytest.raises(ValueError, match=r"declare no slices of keys \[2\]"):
+        OwnerLayout(_owners([10, 20], 2, slice_elems=8), {0: 10, 1: 20, 2: 5})
+    only = OwnerLayout(_owners([10, 20], 2, slice_elems=8), {1: 20})  # another key of the owners stays out
+    assert only.numel == 2 * max(only.shares) and sum(only.shares) == 20
 
 
 def _rank(rank: int, store: str, shapes: list[tuple[int, ...]], out: multiprocessing.Queue) -> None:
@@ -83,7 +85,8 @@ def _rank(rank: int, store: str, shapes: list[tuple[int, ...]], out: multiproces
         group = PartyGroup.join(None, party="dc1", timeout_s=30, backend="gloo")
         generator = torch.Generator().manual_seed(rank)
         tensors = [torch.randn(s, generator=generator) for s in shapes]
-        layout = OwnerLayout(_owners([t.numel() for t in tensors], 2, slice_elems=50), [t.numel() for t in tensors])
+        layout = OwnerLayout(_owners([t.numel() for t in tensors], 2, slice_elems=50),
+                             dict(enumerate(t.numel() for t in tensors)))
         buffer = layout.empty(torch.float32, "cpu")
         layout.pack(tensors, buffer)
         chunk = torch.empty(layout.chunk_numel)

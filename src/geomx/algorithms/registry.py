@@ -107,6 +107,10 @@ STRATEGIES: dict[str, str] = {
     "LOCAL": "geomx.algorithms.fsa.strategy:LocalOptimizerStep",
     "HFA": "geomx.algorithms.hfa.strategy:PeriodicAverage",
     "ESYNC": "geomx.algorithms.esync.strategy:ESync",
+    # a lan: collective party's ranks (geomx.collective): the same algorithms over torch.distributed collectives
+    "COLLECTIVE_SERVER": "geomx.algorithms.fsa.collective:CollectiveServerStep",
+    "COLLECTIVE_LOCAL": "geomx.algorithms.fsa.collective:CollectiveLocalStep",
+    "COLLECTIVE_HFA": "geomx.algorithms.hfa.collective:CollectivePeriodicAverage",
 }
 
 

@@ -27,6 +27,10 @@ from ..config import TorchRun
 
 log = logging.getLogger("geomx.collective")
 
+# torch renamed the flat-tensor collectives (2.12+: *_single); the older names still work where these do not exist
+_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
 
 class PartyError(RuntimeError):
     """A collective of the party failed: a rank died, hung past the timeout, or disagreed on a shape."""
@@ -73,11 +77,11 @@ class PartyGroup:
 
     def reduce_scatter(self, chunk: torch.Tensor, buffer: torch.Tensor) -> None:
         """``chunk`` = the party's sum of this rank's chunk of ``buffer``."""
-        self._run("reduce-scatter", lambda: dist.reduce_scatter_tensor(chunk, buffer, group=self.group))
+        self._run("reduce-scatter", lambda: _REDUCE_SCATTER(chunk, buffer, group=self.group))
 
     def all_gather(self, buffer: torch.Tensor, chunk: torch.Tensor) -> None:
         """``buffer`` = every rank's ``chunk``, rank by rank."""
-        self._run("all-gather", lambda: dist.all_gather_into_tensor(buffer, chunk, group=self.group))
+        self._run("all-gather", lambda: _ALL_GATHER(buffer, chunk, group=self.group))
 
     def all_reduce(self, tensor: torch.Tensor) -> None:
         """``tensor`` = its sum over the party, in place."""

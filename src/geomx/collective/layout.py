@@ -9,7 +9,7 @@ what it sends over the WAN and what it receives never need another copy.
 
 Usage::
 
-    layout = OwnerLayout(owners, numels=[p.numel() for p in params])
+    layout = OwnerLayout(owners, numels={key: p.numel() for key, p in enumerate(params)})
     buffer = layout.empty(dtype=torch.float32, device="cpu")
     layout.pack([p.grad for p in params], buffer)
     dist.reduce_scatter_tensor(layout.chunk(buffer, rank), buffer)   # the party's sums of rank's slices
@@ -20,7 +20,7 @@ Usage::
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import torch
 
@@ -28,21 +28,24 @@ from .owners import OwnedSlice, SliceOwners
 
 
 class OwnerLayout:
-    """Where each owned slice of the model sits in a flat buffer of ``world_size`` equal chunks."""
+    """Where each owned slice of the keys ``numels`` names (key -> elements; the tensors passed to ``pack`` and
+    ``unpack`` come in that order) sits in a flat buffer of ``world_size`` equal chunks. The owners' other keys
+    (the wrapper's own bookkeeping) stay out."""
 
-    def __init__(self, owners: SliceOwners, numels: Sequence[int]) -> None:
+    def __init__(self, owners: SliceOwners, numels: Mapping[int, int]) -> None:
         self.world_size = owners.world_size
-        self.numels = list(numels)
-        self.owned = [owners.owned(rank) for rank in range(self.world_size)]
-        keys = {s.key for share in self.owned for s in share}
-        if keys != set(range(len(self.numels))):
-            raise ValueError(f"the layout covers keys 0..{len(self.numels) - 1}, but the owners declare "
-                             f"{sorted(keys)[:10]}")
+        self.keys = list(numels)
+        self.position = {key: i for i, key in enumerate(self.keys)}
+        self.numels = [numels[key] for key in self.keys]
+        self.owned = [[s for s in owners.owned(rank) if s.key in self.position] for rank in range(self.world_size)]
+        declared = {s.key for share in self.owned for s in share}
+        if declared != set(self.keys):
+            raise ValueError(f"the owners declare no slices of keys {sorted(set(self.keys) - declared)[:10]}")
         for share in self.owned:
             for s in share:
-                if s.stop > self.numels[s.key]:
+                if s.stop > numels[s.key]:
                     raise ValueError(f"key {s.key} slice {s.index} ends at {s.stop}, past its "
-                                     f"{self.numels[s.key]} elements")
+                                     f"{numels[s.key]} elements")
         self.shares = [sum(s.numel for s in share) for share in self.owned]
         self.chunk_numel = max(self.shares, default=0)
         # (rank, offset in the rank's chunk) of every owned slice
@@ -80,22 +83,22 @@ class OwnerLayout:
         if buffer.numel() != self.numel:
             raise ValueError(f"buffer has {buffer.numel()} elements; the layout needs {self.numel}")
         flats = []
-        for key, tensor in enumerate(tensors):
-            if tensor.numel() != self.numels[key]:
-                raise ValueError(f"key {key} has {tensor.numel()} elements; the layout says {self.numels[key]}")
+        for key, numel, tensor in zip(self.keys, self.numels, tensors, strict=True):
+            if tensor.numel() != numel:
+                raise ValueError(f"key {key} has {tensor.numel()} elements; the layout says {numel}")
             flats.append(tensor.view(-1))
         for rank in range(self.world_size):
             for s, piece in self.pieces(buffer, rank):
-                yield flats[s.key][s.start:s.stop], piece
+                yield flats[self.position[s.key]][s.start:s.stop], piece
 
     def pack(self, tensors: Sequence[torch.Tensor], buffer: torch.Tensor) -> None:
-        """Copy ``tensors`` (indexed by key, contiguous) into ``buffer``, owner by owner."""
+        """Copy ``tensors`` (one per key, in the layout's order, contiguous) into ``buffer``, owner by owner."""
         with torch.no_grad():
             for source, piece in self._walk(tensors, buffer):
                 piece.copy_(source)
 
     def unpack(self, buffer: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
-        """Copy ``buffer`` back into ``tensors`` (indexed by key, contiguous)."""
+        """Copy ``buffer`` back into ``tensors`` (one per key, in the layout's order, contiguous)."""
         with torch.no_grad():
             for target, piece in self._walk(tensors, buffer):
                 target.copy_(piece)

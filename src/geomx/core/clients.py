@@ -4,6 +4,11 @@ A server's rounds wait for its *awaited* clients: present ones that neither left
 nor joined after the round opened, nor are still *joining* (a rejoined client whose requests are held until
 the others finish their current cycle, so that it starts in step with them).
 
+A client is usually one connection (a local server, a flat worker). The ranks of a collective party (``lan:
+collective``) are one client spread over several connections: each slice's push comes from the rank that owns
+it, and the round counts the party once. ``group`` declares such a client; ``client_of`` names the client a
+connection speaks for, and answers still go to the connection that asked.
+
 Usage::
 
     clients = Clients({"a", "b"})
@@ -19,6 +24,11 @@ from collections.abc import Iterable, Iterator
 from ..protocol.wire import Message
 
 
+def collective_client(party: str) -> str:
+    """The client name a collective party's ranks speak as, on a global server."""
+    return f"{party}/ranks"
+
+
 class Clients:
     """The membership of one server's rounds (the caller holds the server lock)."""
 
@@ -27,6 +37,23 @@ class Clients:
         self.departed: set[str] = set()  # clients that left or were dropped (dead); rounds no longer wait for them
         self.dropped: dict[str, str] = {}  # departed clients that were dropped as dead -> why
         self.joining: dict[str, list[Message]] = {}  # rejoined clients -> their held requests
+        self.groups: dict[str, str] = {}  # a collective party's rank (connection id) -> the client it speaks for
+        self.parties: dict[str, str] = {}  # a grouped client -> its party
+
+    def group(self, client: str, party: str, members: Iterable[str]) -> None:
+        """``members`` (connection ids) speak for one client, ``client``, of party ``party``."""
+        self.present.add(client)
+        self.parties[client] = party
+        for member in members:
+            self.groups[member] = client
+
+    def client_of(self, sender: str) -> str:
+        """The client connection ``sender`` speaks for (itself, unless it is a rank of a collective party)."""
+        return self.groups.get(sender, sender)
+
+    def knows(self, sender: str) -> bool:
+        """Whether connection ``sender`` belongs to a client of this server."""
+        return self.client_of(sender) in self.present
 
     def __contains__(self, client: object) -> bool:
         return client in self.present
@@ -65,7 +92,7 @@ class Clients:
 
     def hold(self, message: Message) -> bool:
         """Keep ``message`` if its sender is still joining; True if it was kept."""
-        held = self.joining.get(message.sender.decode())
+        held = self.joining.get(self.client_of(message.sender.decode()))
         if held is None:
             return False
         held.append(message)

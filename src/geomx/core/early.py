@@ -50,13 +50,15 @@ def last_missing(rnd: Round, awaited: set[str]) -> str | None:
     return next(iter(missing)) if len(missing) == 1 and rnd.contributions else None
 
 
-def send_early(host: EarlyHost, rnd: Round, awaited: set[str]) -> None:
+def send_early(host: EarlyHost, rnd: Round, awaited: set[str],
+               reachable: Callable[[str], bool] = lambda client: True) -> None:
     """If every awaited client but one has pushed to the open round ``rnd``, send that one the others' sum now
-    (once per round; ``rnd.early`` remembers to whom)."""
+    (once per round; ``rnd.early`` remembers to whom). A client that is not ``reachable`` as one connection (a
+    collective party, whose slices come from several ranks) gets its answer with the others."""
     if rnd.kind is not Kind.PUSHPULL or rnd.forwarding or rnd.early is not None or rnd.accum is None:
         return
     last = last_missing(rnd, awaited)
-    if last is None:
+    if last is None or not reachable(last):
         return
     first = next(iter(rnd.contributions.values()))
     # a sum the table owns is added to in place when the last push arrives: send a snapshot; a single

@@ -84,7 +84,8 @@ class Inits:
             if problem:
                 host.refuse(message, problem)
                 return
-            self._received(sid, message.sender.decode(), stored.value)  # a rejoiner holds these weights
+            client = host.table.clients.client_of(message.sender.decode())
+            self._received(sid, client, stored.value)  # a rejoiner holds these weights
             host.send(message.sender.decode(), message.reply(tensor=stored.value))
             return
         problem = self.check_shard(message) or self.check_size(message)

@@ -133,14 +133,14 @@ class RoundTable:
         rnd = self.rounds.get(rid)
         if rnd is None:
             rnd = self.rounds[rid] = Round(message.kind, message.key, message.slice)
-        sender = message.sender.decode()
-        if rnd.forwarding or sender in rnd.contributions:
+        client = self.clients.client_of(message.sender.decode())
+        if rnd.forwarding or client in rnd.contributions:
             rnd.deferred.append(message)  # belongs to a later round: queued in order
             self._maybe_answer_early(rnd, message)
             return
         if not rnd.contributions:
             rnd.started_at = self.clock()
-        rnd.contributions[sender] = message
+        rnd.contributions[client] = message
         if message.kind is Kind.PUSHPULL and message.tensor is not None:
             if rnd.accum is None:
                 tensor = message.tensor
@@ -154,21 +154,22 @@ class RoundTable:
         else:
             self._maybe_answer_early(rnd, message)
 
-    def ahead(self, rnd: Round, sender: str) -> int:
-        """How many rounds beyond ``rnd``'s last completed one ``sender``'s pushes collected so far reach."""
-        queued = sum(1 for m in rnd.deferred if m.sender.decode() == sender)
-        return queued + (1 if sender in rnd.contributions else 0)
+    def ahead(self, rnd: Round, client: str) -> int:
+        """How many rounds beyond ``rnd``'s last completed one ``client``'s pushes collected so far reach."""
+        queued = sum(1 for m in rnd.deferred if self.clients.client_of(m.sender.decode()) == client)
+        return queued + (1 if client in rnd.contributions else 0)
 
     def _maybe_answer_early(self, rnd: Round, message: Message) -> None:
         """A push not applied yet: answer it now if the policy lets its sender run that far ahead."""
         sender = message.sender.decode()
-        mark = (sender, message.request_id)
+        mark = (sender, message.request_id)  # request ids are per connection
         if message.kind is not Kind.PUSHPULL or mark in self.answered_early:
             return
-        ahead = self.ahead(rnd, sender)
+        client = self.clients.client_of(sender)
+        ahead = self.ahead(rnd, client)
         if self.policy.may_answer(ahead):
             self.answered_early.add(mark)
-            self._count_lead(sender, ahead)
+            self._count_lead(client, ahead)
             self.host.answer_early(rnd, message)
 
     def _count_lead(self, client: str, ahead: int) -> None:
@@ -230,15 +231,16 @@ class RoundTable:
         open the next round and replay the requests deferred to it."""
         if not self.is_current(rnd, number):
             return
-        for sender, message in rnd.contributions.items():
+        for client, message in rnd.contributions.items():
+            sender = message.sender.decode()  # the connection that asked (a collective party's owning rank)
             if (sender, message.request_id) in self.answered_early:  # it has its answer and went on
                 self.answered_early.discard((sender, message.request_id))
                 continue
             if message.kind is Kind.PUSHPULL and not error:
-                self._count_lead(sender, 0)
+                self._count_lead(client, 0)
             if error:
                 reply = message.error(f"{self.host.name}: {error}")
-            elif sender == rnd.early:  # it has the others' sum already and adds its own (geomx.core.early)
+            elif client == rnd.early:  # it has the others' sum already and adds its own (geomx.core.early)
                 reply = message.reply(body={EARLY: rnd.number})
             else:
                 reply = message.reply(**fields) if fields else message.reply(tensor=value, body=body)

@@ -95,7 +95,8 @@ class Configure:
         if policy is not None:
             host.table.policy = policy
             log.info("[%s] synchronization: %s", host.name, policy.name)
-        others = [c for c in host.clients if c != sender and host.config.topology.mode is Mode.HIPS]
+        others = [c for c in host.clients if c != sender and host.config.topology.mode is Mode.HIPS
+                  and c not in host.clients.parties]  # a collective party's ranks hear of it otherwise
         if codec is None or not others:
             host.van.send(sender, message.reply())
             return

@@ -36,9 +36,10 @@ class Departures:
         """Heartbeats say ``member`` is dead. Where the tier may go on without it (``may_drop``) the client is
         dropped from the rounds and the others go on; elsewhere the rounds need it: stop, naming it."""
         host = self.host
-        name = host.display(member)
         with host.lock:
-            if member in host.clients.remaining():
+            client = host.clients.client_of(member)  # a collective party's rank: its whole party
+            name = host.display(member) if client == member else f"{host.display(member)} of {client}"
+            if client in host.clients.remaining():
                 if self.may_drop():
                     self.drop(member, name, why)
                     return
@@ -62,13 +63,14 @@ class Departures:
     def drop(self, member: str, name: str, why: str) -> None:
         """Go on without ``member`` (under the lock): open rounds that only waited for it complete now."""
         host = self.host
-        remaining = host.clients.drop(member, why)
+        client = host.clients.client_of(member)
+        remaining = host.clients.drop(client, why)
         log.warning("[%s] dropped %s from the rounds (%s); %d of %d clients left", host.name, name, why,
                     len(remaining), len(host.clients))
         if not remaining:
             host.all_done()
             return
-        host.route.forget(member)
+        host.route.forget(client)
         host.table.complete_ready()
         host.van.disconnect(member)  # it is gone for good (a restarted party rejoins with a new identity)
 
@@ -81,9 +83,10 @@ class Departures:
             host.table.contribute(message)
             return
         sender = message.sender.decode()
-        all_gone = host.clients.leave(sender)
+        client = host.clients.client_of(sender)
+        all_gone = host.clients.leave(client)
         host.van.send(sender, message.reply())
-        log.info("[%s] %s left (%d of %d clients gone)", host.name, host.display(sender),
+        log.info("[%s] %s left (%d of %d clients gone)", host.name, host.display(client),
                  len(host.clients.departed), len(host.clients))
         if all_gone:
             host.all_done()

@@ -36,7 +36,7 @@ from ..codecs.base import Direction, TensorKind
 from ..codecs.messages import decode_message, payload_fields
 from ..config import Mode, NodeConfig, Role
 from ..core.checkpoints import restore_optimizer, resume, values_of
-from ..core.clients import Clients
+from ..core.clients import Clients, collective_client
 from ..core.early import EarlyAnswers
 from ..core.inits import Inits
 from ..core.rounds import Round, RoundTable, SliceValue
@@ -136,6 +136,12 @@ class ParameterServer:
             else:
                 self.clients.present = {m.id for m in global_book.of_role(Role.LOCAL_SERVER)}
                 self.configurers = {m.id for m in global_book.of_role(Role.LOCAL_SERVER, cfg.topology.central)}
+                for party in cfg.topology.collective_parties:  # its ranks are one client, each owning slices
+                    ranks = global_book.of_role(Role.WORKER, party)
+                    client = collective_client(party)
+                    self.clients.group(client, party, [m.id for m in ranks])
+                    self.requests.names[client] = client
+                    self.configurers |= {m.id for m in ranks if m.master}
         else:
             self.upstream = [m.id for m in global_book.of_role(Role.GLOBAL_SERVER)]
             self.inits.shard_owner = {m.rank: m.id for m in global_book.of_role(Role.GLOBAL_SERVER)}
@@ -264,12 +270,13 @@ class ParameterServer:
             unchecked(message)
             return
         from_upstream = message.kind is Kind.CONFIGURE and sender in self.upstream
-        if sender not in self.clients and not from_upstream:
+        if not self.clients.knows(sender) and not from_upstream:
             self.refuse(message, f"{sender!r} is not a client of this server")
             return
         if message.kind in self.round_kinds and self.clients.hold(message):
             return  # replayed when the others' cycle ends (RoundTable.admit)
-        refusal = self.clients.refusal(sender, self.display(sender))
+        client = self.clients.client_of(sender)
+        refusal = self.clients.refusal(client, self.display(client))
         if refusal is not None:
             self.refuse(message, refusal)
             return

@@ -68,7 +68,7 @@ class PushPulls:
         if self.answers_early():
             rnd = host.table.get(Kind.PUSHPULL, message.key, message.slice)
             if rnd is not None:
-                send_early(host, rnd, host.table.awaited(rnd))
+                send_early(host, rnd, host.table.awaited(rnd), reachable=lambda c: c not in host.clients.parties)
 
     def on_held_pull(self, message: Message) -> None:
         """A request for the job's model as this party holds it (``PullBody.held``; no WAN): answered once no
@@ -246,7 +246,7 @@ class PushPulls:
     def _workers_behind(self, client: str) -> int:
         """Workers a client speaks for: its party's (a local server's pushes to a global server), else 1."""
         host = self.host
-        party = host.van.peer_party(client)
+        party = host.clients.parties.get(client) or host.van.peer_party(client)
         if host.is_global and host.config.topology.mode is Mode.HIPS and party is not None:
             return host.config.topology.party(party).num_workers
         return 1

@@ -12,6 +12,8 @@ Usage::
 
 from __future__ import annotations
 
+import dataclasses
+
 from collections.abc import Iterator, Sized
 from typing import Any
 
@@ -24,6 +26,8 @@ from ..config import ConfigError, node_config
 def worker_place() -> tuple[int, int]:
     """(global rank, number of workers of all parties) of this process, from the launcher's environment."""
     config = node_config()
+    if config.rank is None and config.torchrun is not None:  # a collective party's rank under its own torchrun
+        config = dataclasses.replace(config, rank=config.torchrun.rank)
     if config.rank is None:
         raise ConfigError("this worker has no rank in its environment (GEOMX_RANK): start it with `geomx "
                           "launch`, or pass rank= and num_workers= explicitly")

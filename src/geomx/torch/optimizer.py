@@ -34,12 +34,12 @@ import torch
 from torch import nn
 
 from ..algorithms.registry import strategy_class
-from ..config import NodeConfig, node_config
+from ..config import ConfigError, NodeConfig, node_config
 from ..core.strategy import SIGNATURE_KEY, WorkerStrategy
 from ..kv import KVStore, create
 from ..runs.runlog import file_name
 from .metrics import StepRecorder, TensorBoardSink
-from .plan import Plan, make_plan
+from .plan import Plan, collective_refusal, make_plan
 from .signature import compare, signature
 
 log = logging.getLogger("geomx.torch")
@@ -152,7 +152,13 @@ class DistributedOptimizer:
         # values while the deepest layer's were still on their way (P3: shallow slices travel first).
         self.overlap = {"forwards": 0, "forwards_before_all_arrived": 0, "first_layer_before_deepest": 0}
         self._forward_started = False
-        self.strategy: WorkerStrategy = strategy_class(self.plan.mode.name)(self)
+        collective = config.topology.is_collective(config.party)
+        if collective:  # the party's ranks are one torch.distributed group (lan: collective)
+            refusal = collective_refusal(self.plan, config.topology.training)
+            if refusal is not None:
+                raise ConfigError(refusal)
+        mode = f"COLLECTIVE_{self.plan.mode.name}" if collective else self.plan.mode.name
+        self.strategy: WorkerStrategy = strategy_class(mode)(self)
         self._configure_servers()
         self._check_and_init()
         run_dir = config.run_dir

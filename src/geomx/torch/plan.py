@@ -128,6 +128,24 @@ def _named_optimizer(spec: TrainingSpec, torch_optimizer: torch.optim.Optimizer)
         raise ConfigError(f"training.server_optimizer: {exc}") from None
 
 
+def collective_refusal(plan: Plan, spec: TrainingSpec) -> str | None:
+    """Why ``plan`` cannot run in a ``lan: collective`` party yet (None: it can). A collective party runs FSA
+    (dist_sync, the optimizer on the servers or on every rank) and HFA with its outer optimizer, blocking or
+    streaming without overlap; the rest is refused at start, naming it."""
+    where = "in a lan: collective party"
+    if plan.mode is Strategy.ESYNC:
+        return f"ESync {where} is not supported yet: use HFA, or lan: server for this party"
+    if spec.sync != "dist_sync":
+        return f"training.sync {spec.sync} {where} is not supported yet (FSA's dist_sync and HFA are)"
+    if plan.compression:
+        return (f"WAN compression ({plan.compression.get('type')}) {where} is not supported yet: its ranks push "
+                "dense; use lan: server for this party to compress")
+    options = dict(spec.plugin_options)
+    if plan.mode is Strategy.HFA and int(options.get("fragment_delay", "0") or 0) > 0:
+        return f"streaming HFA's fragment_delay (overlapped fragments) {where} is not supported yet: use 0"
+    return None
+
+
 def make_plan(spec: TrainingSpec, hfa: HFASpec | None, torch_optimizer: torch.optim.Optimizer) -> Plan:
     """Decide the mode; ConfigError names an unknown name or any combination that cannot work."""
     check_names(spec)

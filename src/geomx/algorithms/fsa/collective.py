@@ -34,7 +34,7 @@ class CollectiveServerStep(WorkerStrategy):
 
     def init_keys(self) -> None:
         loop = self.loop
-        self.bucket = ModelBucket(loop.kv.layout(), loop.kv.party, like=loop.params[0].data)
+        self.bucket = ModelBucket(loop.kv.ranks.layout(), loop.kv.ranks.group, like=loop.params[0].data)
         self.trained = set(loop.trained)
 
     def step(self) -> None:
@@ -45,7 +45,7 @@ class CollectiveServerStep(WorkerStrategy):
         bucket.reduce_scatter(grads)
         sent = [(owned, piece) for owned, piece in bucket.pieces if owned.key in self.trained]
         started = time.monotonic()
-        loop.kv.exchange(sent, loop.priority)
+        loop.kv.ranks.exchange(sent, loop.priority)
         loop.waited(time.monotonic() - started)
         self.land(bucket)
 

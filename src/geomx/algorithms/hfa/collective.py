@@ -35,7 +35,8 @@ class CollectivePeriodicAverage(WorkerStrategy):
         hfa = loop.kv.hfa
         self.k1 = hfa.k1
         self.rules = LocalFrequencyAggregation(k2=hfa.k2, party_weight=loop.kv.num_workers / loop.kv.num_all_workers,
-                                               fragments=loop.kv.fragments)
+                                               fragments=int(dict(loop.kv.config.topology.training.plugin_options)
+                                                             .get("fragments", "1")))
         self.bucket: ModelBucket | None = None
         self.job_model: list[torch.Tensor] = []
         self.local_steps = 0
@@ -44,12 +45,12 @@ class CollectivePeriodicAverage(WorkerStrategy):
     def init_keys(self) -> None:
         loop = self.loop
         kv = loop.kv
-        self.bucket = ModelBucket(kv.layout(), kv.party, like=loop.params[0].data)
+        self.bucket = ModelBucket(kv.ranks.layout(), kv.ranks.group, like=loop.params[0].data)
         # the job's model: the global model of the last global round (all of it, on every rank)
         self.job_model = [p.data.detach().clone() for p in loop.params]
         owned = [owned for owned, _ in self.bucket.pieces]
         if self.rules.needs_fragments:  # every rank and party splits all the slices alike
-            self.rules.assign_fragments(kv.slice_sizes())
+            self.rules.assign_fragments(kv.ranks.slice_sizes())
         for slice_ in owned:
             self.rules.set_global_model(slice_.id, self._global_view(slice_.key, slice_.start, slice_.stop))
 
@@ -87,11 +88,11 @@ class CollectivePeriodicAverage(WorkerStrategy):
                 piece.copy_(torch.from_numpy(delta))
                 due.append((owned, piece))
         went_global = torch.tensor([len(due)], dtype=torch.int64)
-        loop.kv.party.all_reduce(went_global)
+        loop.kv.ranks.group.all_reduce(went_global)
         if not int(went_global.item()):
             return
         started = time.monotonic()
-        loop.kv.exchange(due, loop.priority)  # each piece: the slice's new global model
+        loop.kv.ranks.exchange(due, loop.priority)  # each piece: the slice's new global model
         loop.waited(time.monotonic() - started)
         due_ids = {owned.id for owned, _ in due}
         for owned, piece in bucket.pieces:  # not due: the party's own model, unchanged

@@ -1,0 +1,147 @@
+"""A collective party's rank, as the kvstore sees it: the party's process group, which slices this rank owns,
+and how its slices meet the global servers.
+
+In a ``lan: collective`` party every rank connects to the global servers itself (as a flat worker would) and
+owns some slices (``geomx.collective.owners``): it INITs and pushes only those, and the party's collectives bring
+the others' answers to it. The global servers see the party's ranks as one client (``Clients.group``).
+
+Usage (inside ``KVStore``; the collective strategies reach it as ``kv.ranks``)::
+
+    ranks = PartyRanks.join(node_config, rank, SliceLink(requests, keys, route, codecs, timeout_s))
+    ranks.init([0, 1], [weight, bias])            # every rank ends with the master's values
+    ranks.exchange(pieces, priority)              # this rank's slices: pushed, answers written back in place
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..codecs import Registry
+from ..codecs.messages import decode_message
+from ..collective.group import PartyGroup
+from ..collective.layout import OwnerLayout
+from ..collective.owners import OwnedSlice, SliceOwners
+from ..config import ConfigError, NodeConfig
+from ..core.strategy import WRAPPER_KEYS
+from ..core.worker_plugins import PushRoute
+from ..protocol.bodies import InitBody, encode_body
+from ..protocol.tensors import readonly_tensor
+from ..protocol.wire import Kind, Message
+from ..transport.rpc import Requests
+from .slices import KeyTable, to_numpy
+
+
+@dataclass
+class SliceLink:
+    """What a rank needs of its kvstore to send slices: requests, the keys' slices, the push route, codecs."""
+
+    requests: Requests
+    keys: KeyTable
+    route: PushRoute
+    codecs: Registry
+    timeout_s: float
+
+    def server_name(self, key: int, index: int) -> str:
+        return self.requests.names.get(self.keys.server_for(key, index), "?")
+
+    def answer(self, future: Any, key: int, index: int, what: str) -> torch.Tensor:
+        """The data of a slice's answer (a read-only tensor), waiting at most the request timeout."""
+        reply = self.requests.wait(future, self.timeout_s, f"{self.server_name(key, index)} to answer {what} of "
+                                                           f"key {key} slice {index}")
+        data = decode_message(self.codecs, reply)
+        if data is None:
+            raise RuntimeError(f"{self.server_name(key, index)} answered key {key} slice {index} without data")
+        return readonly_tensor(data)
+
+
+class PartyRanks:
+    """This rank's party group, the owners of every slice the kvstore declared, and their traffic."""
+
+    def __init__(self, group: PartyGroup, central: bool, link: SliceLink) -> None:
+        self.group = group
+        self.link = link
+        self.owners = SliceOwners(group.world_size)
+        # the central party's owners carry the initial values (rank 0's, broadcast first: it is the master)
+        self.carries_values = central
+
+    @classmethod
+    def join(cls, config: NodeConfig, rank: int, link: SliceLink) -> PartyRanks:
+        """Join the party's group: gloo for CPU tensors, NCCL as well where CUDA is there; every collective bounded
+        by the topology's round timeout."""
+        run = config.torchrun
+        if run is not None and run.rank != rank:
+            raise ConfigError(f"{config.party}: torchrun's RANK={run.rank}, but the global scheduler assigned rank "
+                              f"{rank} (another process asked for the same rank)")
+        backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+        group = PartyGroup.join(run, config.party, config.topology.timeouts.round_s, backend)
+        if group.world_size != config.num_workers:
+            raise ConfigError(f"party {config.party} has {config.num_workers} workers in the topology, but its "
+                              f"process group has {group.world_size} ranks")
+        return cls(group, config.party == config.topology.central, link)
+
+    @property
+    def rank(self) -> int:
+        return self.group.rank
+
+    def owns(self, key: int, index: int) -> bool:
+        return self.owners.owner(key, index) == self.group.rank
+
+    def init(self, keys: list[int], values: list[torch.Tensor]) -> None:
+        """Every rank declares every key; each slice's owner INITs it (with rank 0's values in the central party:
+        the master's) and broadcasts the answer to the party."""
+        table = self.link.keys
+        for k, v in zip(keys, values, strict=True):
+            if not v.is_contiguous():
+                raise ValueError(f"init of key {k}: a collective party needs contiguous tensors")
+            info = table.add(k, v)
+            self.owners.add(k, info.slices, v.element_size())
+        if self.carries_values:
+            for v in values:
+                self.group.broadcast(v.data, source=0)
+        pending = []
+        for k, v in zip(keys, values, strict=True):
+            info = table[k]
+            data = to_numpy(v, snapshot=True)
+            for index, (start, stop) in enumerate(info.slices):
+                if not self.owns(k, index):
+                    continue
+                piece = data[start:stop]
+                message = Message(Kind.INIT, key=k, slice=index, num_slices=len(info.slices),
+                                  tensor=piece if self.carries_values else None, dtype=piece.dtype, shape=piece.shape,
+                                  body=encode_body(InitBody(shard=info.shards[index], numel=data.size)))
+                pending.append((v, k, index, start, stop,
+                                self.link.requests.call(table.server_for(k, index), message)))
+        for v, k, index, start, stop, future in pending:
+            v.data.view(-1)[start:stop].copy_(self.link.answer(future, k, index, "INIT"))
+        for k, v in zip(keys, values, strict=True):
+            flat = v.data.view(-1)
+            for index, (start, stop) in enumerate(table[k].slices):
+                self.group.broadcast(flat[start:stop], source=self.owners.owner(k, index))
+
+    def exchange(self, pieces: Sequence[tuple[OwnedSlice, torch.Tensor]], priority: Sequence[int]) -> None:
+        """A rank's round: push each owned slice's ``piece`` (its party's sum, or delta) to the global server
+        holding it, and write each answer into the same ``piece``. Blocks until every answer is in."""
+        futures = []
+        for owned, piece in pieces:
+            data = piece.detach().to("cpu").numpy()  # a view on the CPU: the answer only lands after the send
+            message = Message(Kind.PUSHPULL, key=owned.key, slice=owned.index, num_slices=owned.num_slices,
+                              priority=priority[owned.key] if owned.key < len(priority) else 0, tensor=data)
+            futures.append(self.link.route.push(self.link.keys.server_for(owned.key, owned.index), message))
+        for (owned, piece), future in zip(pieces, futures, strict=True):
+            piece.copy_(self.link.answer(future, owned.key, owned.index, "PUSHPULL"))
+
+    def layout(self, keys: Sequence[int] | None = None) -> OwnerLayout:
+        """The owner-ordered layout of ``keys`` (default: the model's, every key below the wrapper's own)."""
+        table = self.link.keys
+        chosen = list(keys) if keys is not None else sorted(k for k in table if k < WRAPPER_KEYS)
+        return OwnerLayout(self.owners, {k: math.prod(table.info(k).shape) for k in chosen})
+
+    def slice_sizes(self) -> dict[tuple[int, int], int]:
+        """Elements of every declared slice, by (key, slice), as a local server would hold them."""
+        return {(k, index): stop - start for k, info in self.link.keys.items()
+                for index, (start, stop) in enumerate(info.slices)}

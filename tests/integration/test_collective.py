@@ -1,0 +1,104 @@
+"""Parties whose LAN tier is torch.distributed (``lan: collective``): real ranks over gloo inside each party,
+each rank syncing its own slices with the global servers. Every data path against a single-process reference."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jobkit
+import pytest
+import torch
+import torch.nn.functional as F
+import yaml
+from harness import write_topology
+
+SCRIPT = "frontend_train.py"
+
+
+def topology(tmp_path: Path, lan: dict[str, str], training: dict[str, Any] | None = None, **options: Any) -> Path:
+    """harness.write_topology, with each party's ``lan`` tier and a ``training`` block."""
+    path = write_topology(tmp_path / "collective.yaml", **options)
+    raw = yaml.safe_load(path.read_text())
+    for party, tier in lan.items():
+        raw["parties"][party]["lan"] = tier
+    if training is not None:
+        raw["training"] = training
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+@pytest.mark.parametrize(("lan", "server_optimizer", "mode"), [
+    ({"dc0": "collective", "dc1": "collective"}, "auto", "LOCAL"),
+    ({"dc0": "collective", "dc1": "server"}, "translate", "SERVER")],
+    ids=["two-collective-parties-sgd-on-every-rank", "mixed-parties-sgd-on-the-servers"])
+def test_fsa_in_collective_parties_equals_single_process_sgd(geomx_job, tmp_path, lan, server_optimizer, mode):
+    """2 parties x 2 ranks, slices small enough that each rank owns some: every rank ends with the weights of
+    one process training on all four ranks' batches, bit for bit the same on every rank."""
+    path = topology(tmp_path, lan, {"server_optimizer": server_optimizer}, slice_elems=512)
+    job = geomx_job(SCRIPT, topology=path)
+    job.assert_ok()
+    workers = job.workers()
+    assert {report["mode"] for _, report in workers.values()} == {mode}
+    jobkit.assert_fsa_equivalent(workers, num_workers=4)
+    assert "dc0/scheduler" not in job.output and "[dc0/server]" not in job.output  # no local tier for dc0
+
+
+K1, K2, STEPS = 2, 2, 12  # a global round every K1 * K2 = 4 steps
+
+
+def simulate_collective_hfa(initial: list[torch.Tensor], parties: dict[str, int], outer: str
+                            ) -> list[torch.Tensor]:
+    """HFA over collective parties in one process: each party steps SGD on its ranks' mean gradient (DDP), and
+    every K1 * K2 steps the global model moves by the parties' weighted deltas (or an outer Nesterov step)."""
+    total = sum(parties.values())
+    ranks_of, first = {}, 0
+    for party, count in parties.items():
+        ranks_of[party], first = list(range(first, first + count)), first + count
+    models = {party: [w.clone() for w in initial] for party in parties}
+    global_model = [w.clone() for w in initial]
+    velocity: list[torch.Tensor | None] = [None for _ in initial]
+    inputs, targets = jobkit.make_data(STEPS, total)
+    net = jobkit.make_model()
+    for step in range(1, STEPS + 1):
+        for party, ranks in ranks_of.items():
+            grads = [torch.zeros_like(w) for w in initial]
+            for rank in ranks:
+                with torch.no_grad():
+                    for p, w in zip(net.parameters(), models[party], strict=True):
+                        p.copy_(w)
+                net.zero_grad()
+                F.mse_loss(net(inputs[step - 1, rank]), targets[step - 1, rank]).backward()
+                grads = [g + p.grad for g, p in zip(grads, net.parameters(), strict=True)]
+            models[party] = [w - jobkit.LR * g / len(ranks) for w, g in zip(models[party], grads, strict=True)]
+        if step % (K1 * K2):
+            continue
+        for i in range(len(initial)):
+            delta = sum((models[p][i] - global_model[i]) * parties[p] / total for p in parties)
+            if outer == "none":
+                global_model[i] = global_model[i] + delta
+            else:  # Nesterov SGD on the gradient -delta, lr 0.7, momentum 0.9 (torch's formula)
+                grad = -delta
+                velocity[i] = grad.clone() if velocity[i] is None else 0.9 * velocity[i] + grad
+                global_model[i] = global_model[i] - 0.7 * (grad + 0.9 * velocity[i])
+            for party in parties:
+                models[party][i] = global_model[i].clone()
+    return global_model
+
+
+@pytest.mark.parametrize("outer", ["none", "outer_nesterov"])
+def test_hfa_in_collective_parties_matches_the_simulation(geomx_job, tmp_path, outer):
+    """HFA (and DiLoCo's outer Nesterov) with DDP inside each collective party; a server party of one beside
+    two collective parties weighs by its workers."""
+    parties = {"dc0": 2, "dc1": 2, "dc2": 1}
+    path = topology(tmp_path, {"dc0": "collective", "dc1": "collective"}, {"server_optimizer": outer},
+                    parties=parties, hfa={"k1": K1, "k2": K2}, slice_elems=512)
+    job = geomx_job(SCRIPT, "--steps", str(STEPS), "--momentum", "0", topology=path)
+    job.assert_ok()
+    workers = job.workers()
+    assert sorted(workers) == list(range(5)), "every worker reports"
+    expected = simulate_collective_hfa(workers[0][0]["after_init"], parties, outer)
+    for rank, (tensors, report) in workers.items():
+        assert report["mode"] == "HFA"
+        for got, want in zip(tensors["final"], expected, strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=f"worker {rank}")
