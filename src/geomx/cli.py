@@ -24,7 +24,7 @@ def _launch(args: argparse.Namespace) -> int:
     try:
         result = launch(Path(args.topology), command, run_dir=Path(args.run_dir) if args.run_dir else None,
                         host=args.host, party=args.party, global_scheduler=args.global_scheduler,
-                        resume=args.resume)
+                        resume=args.resume, global_only=args.global_only)
     except (ConfigError, ValueError) as exc:
         print(f"geomx launch: {exc}", file=sys.stderr)
         return 2
@@ -71,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("topology", help="YAML topology file")
     launch.add_argument("--party", help="start only this party's processes (for a run across hosts)")
     launch.add_argument("--global-scheduler", help="HOST:PORT of the global scheduler (with --party)")
+    launch.add_argument("--global-only", action="store_true",
+                        help="start the global scheduler and servers only (parties join from their own hosts, "
+                             "a collective party under its own torchrun)")
     launch.add_argument("--host", default="127.0.0.1", help="address this host's processes bind and announce")
     launch.add_argument("--run-dir", help="folder for stats and metrics (default: runs/<time>-<topology>)")
     launch.add_argument("--resume", action="store_true",

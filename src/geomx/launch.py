@@ -141,17 +141,19 @@ def free_port(host: str = "127.0.0.1") -> int:
 def plan_processes(topology: Topology, topology_path: Path, command: list[str], run_dir: Path, *,
                    host: str = "127.0.0.1", global_scheduler: str | None = None,
                    parties: list[str] | None = None, resume: bool = False,
-                   ports: PortReservations | None = None) -> list[ProcessSpec]:
+                   ports: PortReservations | None = None, global_only: bool = False) -> list[ProcessSpec]:
     """Every process of the topology (or of ``parties`` only), with the environment each one needs.
 
     ``resume``: the global servers start from their newest valid checkpoint. ``ports``: where the schedulers'
     ports are picked and held until the caller closes it (default: picked and released at once).
+    ``global_only``: the global scheduler and servers alone (every party, collective ones under their own
+    torchrun, joins them from its hosts).
     """
-    if not command:
+    if not command and not global_only:
         raise ValueError("no worker command given: geomx launch TOPOLOGY.yaml -- python train.py ...")
     if topology.job_start is None:  # the origin of the topology's emulated outages, the same for every process
         topology = dataclasses.replace(topology, job_start=time.time())
-    selected = parties or [p.name for p in topology.parties]
+    selected = [] if global_only else parties or [p.name for p in topology.parties]
     for name in selected:
         topology.party(name)  # raises on unknown party
     pick_port = ports.take if ports is not None else lambda: free_port(host)
@@ -168,7 +170,7 @@ def plan_processes(topology: Topology, topology_path: Path, command: list[str], 
                           scheduler=scheduler, rank=rank, is_master=is_master, bind_host=host, run_dir=run_dir,
                           resume=resume and role is Role.GLOBAL_SERVER, torchrun=torchrun)
 
-    if topology.central in selected:
+    if topology.central in selected or global_only:
         add("global_scheduler", node(Role.GLOBAL_SCHEDULER, topology.central), node_cmd)
         for shard in range(topology.num_global_servers):
             add(f"global_server{shard}", node(Role.GLOBAL_SERVER, topology.central, rank=shard), node_cmd)
@@ -289,7 +291,8 @@ class Launcher:
                     break
                 if all(p.poll() is not None for _, p in self._procs):
                     break
-                if workers_done_at is None and all(p.poll() is not None for s, p in self._procs if s.is_worker):
+                workers = [p for s, p in self._procs if s.is_worker]
+                if workers_done_at is None and workers and all(p.poll() is not None for p in workers):
                     workers_done_at = time.monotonic()
                 if workers_done_at is not None and time.monotonic() - workers_done_at > self.grace:
                     stuck = [s.label for s, p in self._procs if p.poll() is None]
@@ -375,16 +378,22 @@ def default_run_dir(topology_path: Path) -> Path:
 
 def launch(topology_path: Path, command: list[str], *, run_dir: Path | None = None, host: str = "127.0.0.1",
            party: str | None = None, global_scheduler: str | None = None,
-           out: IO[str] | None = None, resume: bool = False) -> LaunchResult:
+           out: IO[str] | None = None, resume: bool = False, global_only: bool = False) -> LaunchResult:
     """Plan, start and watch a job; returns its result (the caller prints the summary)."""
     topology = job_topology(topology_path, os.environ)
     check_plugins(job_training(topology, os.environ), topology)  # a bad sync name or plug-in option: before any process
     run_dir = run_dir or default_run_dir(topology_path)
     if party is not None and party != topology.central and global_scheduler is None:
         raise ValueError(f"party {party!r} is not the central party: give --global-scheduler HOST:PORT")
+    if global_only and party is not None:
+        raise ValueError("--global-only starts the global tier alone: leave out --party")
     grace = topology.timeouts.shutdown_s + 10.0
     with PortReservations(host) as ports:  # held for the whole job: no other job can take a scheduler's port
         specs = plan_processes(topology, topology_path, command, run_dir, host=host, ports=ports,
                                global_scheduler=global_scheduler, parties=[party] if party else None,
-                               resume=resume)
+                               resume=resume, global_only=global_only)
+        if global_only:
+            address = next(s.env["GEOMX_GLOBAL_SCHEDULER"] for s in specs)
+            (out or sys.stdout).write(f"[geomx launch] the global tier listens at {address}: start every party "
+                                      f"with GEOMX_GLOBAL_SCHEDULER={address}\n")
         return Launcher(specs, run_dir, shutdown_grace_s=grace, out=out).run()

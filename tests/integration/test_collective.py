@@ -3,6 +3,7 @@ each rank syncing its own slices with the global servers. Every data path agains
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -102,3 +103,63 @@ def test_hfa_in_collective_parties_matches_the_simulation(geomx_job, tmp_path, o
         assert report["mode"] == "HFA"
         for got, want in zip(tensors["final"], expected, strict=True):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=f"worker {rank}")
+
+
+def run_under_torchrun(tmp_path: Path, path: Path, *args: str) -> tuple[Any, str, list[Any], list[str], Path]:
+    """`geomx launch --global-only` in a thread, and each party as `python -m torch.distributed.run` with
+    GEOMX_TOPOLOGY, GEOMX_PARTY and GEOMX_GLOBAL_SCHEDULER: (the tier's result, its output, the parties'
+    processes, their outputs, the run folder)."""
+    import io
+    import os
+    import subprocess
+    import sys
+    import threading
+
+    from harness import WORKERS_DIR
+
+    from geomx.config import load_topology
+    from geomx.launch import free_port, launch
+
+    address = f"127.0.0.1:{free_port()}"
+    run_dir = tmp_path / "run"
+    out = io.StringIO()
+    results: list[Any] = []
+    tier = threading.Thread(target=lambda: results.append(launch(path, [], run_dir=run_dir, out=out,
+                                                                 global_scheduler=address, global_only=True)))
+    tier.start()
+    env = {**os.environ, "GEOMX_TOPOLOGY": str(path), "GEOMX_GLOBAL_SCHEDULER": address,
+           "GEOMX_RUN_DIR": str(run_dir)}
+    parties = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                 f"--nproc-per-node={party.num_workers}", str(WORKERS_DIR / SCRIPT), *args],
+                                env={**env, "GEOMX_PARTY": party.name}, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT)
+               for party in load_topology(path).parties]
+    outputs = [proc.communicate(timeout=240)[0].decode(errors="replace") for proc in parties]
+    tier.join(timeout=120)
+    assert not tier.is_alive(), "the global tier did not stop"
+    return results[0], out.getvalue(), parties, outputs, run_dir
+
+
+def test_collective_parties_under_their_own_torchrun_join_a_global_only_tier(tmp_path):
+    """The multi-host form on one machine: `geomx launch --global-only` runs the global tier, and each party is a
+    plain `python -m torch.distributed.run` with GEOMX_TOPOLOGY, GEOMX_PARTY and GEOMX_GLOBAL_SCHEDULER set."""
+    path = topology(tmp_path, {"dc0": "collective", "dc1": "collective"}, parties={"dc0": 2, "dc1": 1},
+                    slice_elems=512)
+    result, output, parties, outputs, run_dir = run_under_torchrun(tmp_path, path)
+    assert [proc.returncode for proc in parties] == [0, 0], "\n".join(o[-3000:] for o in outputs)
+    assert result.exit_code == 0, output[-3000:]
+    assert "the global tier listens at 127.0.0.1:" in output
+    jobkit.assert_fsa_equivalent(jobkit.load_worker_outputs(run_dir), num_workers=3)
+
+
+def test_a_dead_rank_stops_the_job_naming_it(tmp_path):
+    """A rank of dc0 dies mid-training (torchrun then stops its party): the global tier notices its heartbeats
+    stop, and FSA, which needs every party, fails the other party's round naming the dead rank, within the
+    heartbeat timeout. No process hangs."""
+    path = topology(tmp_path, {"dc0": "collective", "dc1": "collective"}, parties={"dc0": 2, "dc1": 1},
+                    slice_elems=512, timeouts={"heartbeat": "3s", "heartbeat_interval": "0.5s"})
+    result, output, parties, outputs, _ = run_under_torchrun(tmp_path, path, "--die-rank", "1", "--die-step", "3")
+    assert parties[0].returncode != 0 and parties[1].returncode != 0, "\n".join(o[-2000:] for o in outputs)
+    assert result.exit_code != 0
+    # the dead rank, or its peer torchrun stopped a moment later: whichever's heartbeats the scheduler missed first
+    assert re.search(r"dc0/worker[01] of dc0/ranks is dead", outputs[1]), outputs[1][-3000:]

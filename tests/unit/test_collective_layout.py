@@ -126,3 +126,40 @@ def test_reduce_scatter_then_all_gather_equal_the_single_process_sum() -> None:
             torch.testing.assert_close(piece, reference[key].view(-1)[owned.start:owned.stop])
         for a, b in zip(summed, reference, strict=True):
             torch.testing.assert_close(a, b)
+
+
+def _dying_peer(rank: int, store: str, out: multiprocessing.Queue) -> None:
+    import os
+    import time
+
+    import torch.distributed as dist
+
+    from geomx.collective.group import PartyError, PartyGroup
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2,
+                            timeout=__import__("datetime").timedelta(seconds=5))
+    group = PartyGroup("dc1", rank, 2)
+    group.barrier()
+    if rank == 1:
+        os._exit(3)  # a rank dies between two collectives
+    started = time.monotonic()
+    try:
+        group.all_reduce(torch.ones(4))
+        out.put(("no error", time.monotonic() - started))
+    except PartyError as error:
+        out.put((str(error), time.monotonic() - started))
+
+
+def test_a_dead_rank_fails_the_partys_next_collective_by_name_within_the_timeout() -> None:
+    context = multiprocessing.get_context("spawn")
+    results: multiprocessing.Queue = context.Queue()
+    with tempfile.TemporaryDirectory() as folder:
+        store = str(Path(folder) / "store")
+        procs = [context.Process(target=_dying_peer, args=(r, store, results)) for r in range(2)]
+        for proc in procs:
+            proc.start()
+        text, seconds = results.get(timeout=120)
+        for proc in procs:
+            proc.join(timeout=60)
+    assert text.startswith("party dc1: rank 0's all-reduce failed"), text
+    assert seconds < 30, seconds  # the group's timeout (5 s) bounds it; never a hang

@@ -100,6 +100,8 @@ def _role_from_env(env: Mapping[str, str]) -> Role:
         return mapping[dmlc_role]
     if dmlc_role:
         raise ConfigError(f"DMLC_ROLE={dmlc_role!r}; valid: scheduler, server, worker")
+    if env.get("RANK") and env.get("GEOMX_PARTY"):  # a collective party's rank started by its own torchrun
+        return Role.WORKER
     raise ConfigError("no role: set GEOMX_ROLE (or GeoMX's DMLC_ROLE / DMLC_ROLE_GLOBAL); "
                       "`geomx launch` sets it for you")
 

@@ -8,6 +8,7 @@ to ``$GEOMX_RUN_DIR/out/worker<global rank>.*``.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import jobkit
@@ -53,6 +54,8 @@ def main() -> None:
                         help="emulated device time per step (a sleep after backward: the model itself is tiny)")
     parser.add_argument("--slow-rank", type=int, default=-1, help="this global rank's device is --slowdown x slower")
     parser.add_argument("--slowdown", type=float, default=1.0)
+    parser.add_argument("--die-rank", type=int, default=-1, help="this global rank dies (exit 3) at --die-step")
+    parser.add_argument("--die-step", type=int, default=3)
     args = parser.parse_args()
     rank, num_workers = gx.worker_place()
     torch.manual_seed(jobkit.seed_for(rank))  # deliberately different per worker: the wrapper's init fixes it
@@ -75,6 +78,8 @@ def main() -> None:
     device_s = args.step_s * (args.slowdown if rank == args.slow_rank else 1.0)
     trained = 0  # steps whose opt.step() changed the weights (under ESync the ones after the last round do not)
     for step in range(args.steps):  # the user's loop, unchanged (but for the emulated device time)
+        if rank == args.die_rank and step == args.die_step:
+            os._exit(3)  # a crash: no goodbye to anyone
         opt.zero_grad()
         loss = F.mse_loss(model(inputs[step, rank]), targets[step, rank])
         loss.backward()
