@@ -49,6 +49,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("frontend", "geomx.bench.frontend", True, "the PyTorch wrapper's overlap, P3's priority and slicing"),
     Section("sched", "geomx.bench.sched", True, "MultiGPS, DGT, TSEngine"),
     Section("security", "geomx.bench.security", True, "what a shared secret and CURVE cost in throughput"),
+    Section("lan", "geomx.bench.lan", False, "one party's step: DDP against the collective and server LAN tiers"),
     Section("wan", "geomx.bench.wan", False, "against DDP, local SGD, DiLoCo on a kernel-shaped link (root)"),
 )
 SECTION_NAMES: tuple[str, ...] = tuple(s.name for s in SECTIONS)

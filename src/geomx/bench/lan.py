@@ -1,0 +1,137 @@
+"""``geomx bench --only lan``: one party's training step under each LAN tier, side by side on loopback.
+
+The same model, batch and SGD step on N ranks of one party (no WAN: the party's global server is on the same
+host): ``ddp`` is torch DDP over gloo (started by ``python -m torch.distributed.run``), ``collective`` is geomx's
+wrapper in a ``lan: collective`` party (reduce-scatter, each rank's slices through the global server, all-gather),
+``server`` the wrapper in a ``lan: server`` party (every gradient through the local server process). FSA with the
+optimizer on every rank: all three do DDP's arithmetic. What changes between rows is only the LAN tier.
+
+Reported: the median step time (ms) of rank 0 after warm-up steps, and the ratios collective / ddp and
+server / collective. Never asserts.
+
+Usage::
+
+    geomx bench --only lan --quick
+    python -m geomx.bench.lan --models mlp transformer --ranks 2 4 --out bench-results
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..launch import launch
+from .sections import BenchPlan
+from .tables import fmt, say, table
+
+TIERS = ("ddp", "collective", "server")
+WARMUP = 5
+
+
+def _topology(path: Path, ranks: int, lan: str) -> Path:
+    raw = {"parties": {"dc0": {"workers": ranks, "lan": lan}}, "central": "dc0",
+           "timeouts": {"register": "120s", "request": "300s", "round": "300s", "shutdown": "60s"}}
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def _worker_args(model: str, steps: int, out: Path, tier: str) -> list[str]:
+    return ["-m", "geomx.bench.workers.lan_step", "--tier", tier, "--model", model, "--steps", str(steps),
+            "--out", str(out)]
+
+
+def measure(model: str, ranks: int, tier: str, steps: int, work: Path) -> dict[str, Any]:
+    """One row: rank 0's step times under ``tier``; ``error`` says why there are none."""
+    work.mkdir(parents=True, exist_ok=True)
+    out = work / f"{model}-{ranks}-{tier}.json"
+    out.unlink(missing_ok=True)
+    if tier == "ddp":
+        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                               f"--nproc-per-node={ranks}", *_worker_args(model, steps, out, "ddp")],
+                              capture_output=True, text=True, timeout=1800, env={**os.environ})
+        ok, tail = proc.returncode == 0, (proc.stdout + proc.stderr)[-1500:]
+    else:
+        path = _topology(work / f"{model}-{ranks}-{tier}.yaml", ranks, tier)
+        log = io.StringIO()
+        result = launch(path, [sys.executable, *_worker_args(model, steps, out, "geomx")],
+                        run_dir=work / f"run-{model}-{ranks}-{tier}", out=log)
+        ok, tail = result.exit_code == 0, log.getvalue()[-1500:]
+    if not ok or not out.exists():
+        return {"error": tail}
+    data = json.loads(out.read_text())
+    timed = data["step_s"][WARMUP:] or data["step_s"]
+    return {"median_ms": 1000 * statistics.median(timed), "mean_ms": 1000 * statistics.fmean(timed),
+            "params": data["params"], "steps": len(timed)}
+
+
+def run(plan: BenchPlan, out_dir: Path) -> dict[str, Any]:
+    """The section's entry point: quick, the MLP on 2 ranks; else both models on 2 and 4 ranks."""
+    if plan.quick:
+        return measure_rows(("mlp",), (2,), 15, out_dir)
+    return measure_rows(("mlp", "transformer"), (2, 4), 30, out_dir)
+
+
+def measure_rows(models: tuple[str, ...], ranks: tuple[int, ...], steps: int, out_dir: Path) -> dict[str, Any]:
+    """Every (model, ranks) under every tier, one after the other; the figures for bench.json."""
+    section: dict[str, Any] = {"setup": {"steps": steps, "warmup": WARMUP, "host": "loopback, one party, no WAN",
+                                         "optimizer": "SGD on every rank (FSA, server_optimizer auto)"},
+                               "rows": [], "errors": []}
+    for model in models:
+        for count in ranks:
+            row: dict[str, Any] = {"model": model, "ranks": count}
+            for tier in TIERS:
+                say(f"[lan] {model}, {count} ranks, {tier} ...")
+                measured = measure(model, count, tier, steps, out_dir / "lan")
+                if "error" in measured:
+                    section["errors"].append(f"{model} {count} {tier}: {measured['error']}")
+                row[tier] = measured
+            ms = {tier: row[tier].get("median_ms") for tier in TIERS}
+            if ms["ddp"] and ms["collective"]:
+                row["collective_over_ddp"] = ms["collective"] / ms["ddp"]
+            if ms["server"] and ms["collective"]:
+                row["server_over_collective"] = ms["server"] / ms["collective"]
+            section["rows"].append(row)
+    return section
+
+
+def lines(section: dict[str, Any]) -> list[str]:
+    """The section's table for ``geomx bench``'s report."""
+    setup = section["setup"]
+    out = [f"[lan] {setup['host']}; median step of rank 0 over {setup['steps'] - setup['warmup']} steps after "
+           f"{setup['warmup']} warm-up; {setup['optimizer']}"]
+    rows = []
+    for row in section.get("rows", []):
+        params = next((row[t]["params"] for t in TIERS if "params" in row[t]), None)
+        rows.append([row["model"], fmt(params / 1e6 if params else None, ".1f", "M"), str(row["ranks"]),
+                     *(fmt(row[t].get("median_ms"), ".1f") for t in TIERS),
+                     fmt(row.get("collective_over_ddp"), ".2f", "x"), fmt(row.get("server_over_collective"), ".2f", "x")])
+    out += table(["model", "params", "ranks", "ddp ms", "collective ms", "server ms", "collective/ddp",
+                  "server/collective"], rows)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", choices=["mlp", "transformer"], default=["mlp"])
+    parser.add_argument("--ranks", nargs="+", type=int, default=[2])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--out", default="bench-results")
+    args = parser.parse_args(argv)
+    out_dir = Path(args.out)
+    section = measure_rows(tuple(args.models), tuple(args.ranks), 15 if args.quick else 30, out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "lan.json").write_text(json.dumps(section, indent=2))
+    print("\n".join(lines(section)))
+
+
+if __name__ == "__main__":
+    main()
