@@ -29,14 +29,16 @@ def topology(tmp_path: Path, lan: dict[str, str], training: dict[str, Any] | Non
     return path
 
 
-@pytest.mark.parametrize(("lan", "server_optimizer", "mode"), [
-    ({"dc0": "collective", "dc1": "collective"}, "auto", "LOCAL"),
-    ({"dc0": "collective", "dc1": "server"}, "translate", "SERVER")],
-    ids=["two-collective-parties-sgd-on-every-rank", "mixed-parties-sgd-on-the-servers"])
-def test_fsa_in_collective_parties_equals_single_process_sgd(geomx_job, tmp_path, lan, server_optimizer, mode):
-    """2 parties x 2 ranks, slices small enough that each rank owns some: every rank ends with the weights of
-    one process training on all four ranks' batches, bit for bit the same on every rank."""
-    path = topology(tmp_path, lan, {"server_optimizer": server_optimizer}, slice_elems=512)
+@pytest.mark.parametrize(("lan", "server_optimizer", "mode", "bucket_mb"), [
+    ({"dc0": "collective", "dc1": "collective"}, "auto", "LOCAL", 0.001),
+    ({"dc0": "collective", "dc1": "server"}, "translate", "SERVER", 25)],
+    ids=["two-collective-parties-sgd-on-every-rank-a-bucket-per-tensor", "mixed-parties-sgd-on-the-servers"])
+def test_fsa_in_collective_parties_equals_single_process_sgd(geomx_job, tmp_path, lan, server_optimizer, mode,
+                                                             bucket_mb):
+    """2 parties x 2 ranks, slices small enough that each rank owns some, gradients reduce-scattered as backward
+    makes them (1 KB buckets: each tensor its own) or in one bucket: every rank ends with the weights of one
+    process training on all four ranks' batches, bit for bit the same on every rank."""
+    path = topology(tmp_path, lan, {"server_optimizer": server_optimizer, "bucket_mb": bucket_mb}, slice_elems=512)
     job = geomx_job(SCRIPT, topology=path)
     job.assert_ok()
     workers = job.workers()

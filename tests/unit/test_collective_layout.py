@@ -163,3 +163,23 @@ def test_a_dead_rank_fails_the_partys_next_collective_by_name_within_the_timeout
             proc.join(timeout=60)
     assert text.startswith("party dc1: rank 0's all-reduce failed"), text
     assert seconds < 30, seconds  # the group's timeout (5 s) bounds it; never a hang
+
+
+def test_backward_buckets_go_deepest_first_and_cut_by_bytes() -> None:
+    from geomx.collective.bucket import backward_buckets
+
+    numels = {0: 100, 1: 10, 2: 300, 3: 5}
+    assert backward_buckets(numels, 4, bucket_bytes=1 << 20) == [[3, 2, 1, 0]]
+    assert backward_buckets(numels, 4, bucket_bytes=1300) == [[3, 2, 1], [0]]  # 1260 bytes, then 400
+    assert backward_buckets(numels, 4, bucket_bytes=4) == [[3], [2], [1], [0]]  # a key larger than a bucket alone
+
+
+def test_pack_key_puts_one_tensor_where_pack_puts_it() -> None:
+    tensors = [torch.randn(7, 5), torch.randn(300), torch.randn(3)]
+    layout = OwnerLayout(_owners([t.numel() for t in tensors], 2, slice_elems=100),
+                         dict(enumerate(t.numel() for t in tensors)))
+    whole, one_by_one = layout.empty(torch.float32, "cpu"), layout.empty(torch.float32, "cpu")
+    layout.pack(tensors, whole)
+    for key in (2, 0, 1):  # in any order, as gradients arrive
+        layout.pack_key(key, tensors[key], one_by_one)
+    assert torch.equal(whole, one_by_one)

@@ -50,3 +50,17 @@ class ModelBucket:
         """Every rank's chunk into ``tensors``: each slice as its owner holds it."""
         self.group.all_gather(self.buffer, self.chunk)
         self.layout.unpack(self.buffer, tensors)
+
+
+def backward_buckets(numels: dict[int, int], itemsize: int, bucket_bytes: int) -> list[list[int]]:
+    """The keys, deepest first (backward produces their gradients in about that order), cut into groups of about
+    ``bucket_bytes`` (a key larger than that is a group of its own), as DDP cuts its buckets."""
+    groups: list[list[int]] = [[]]
+    size = 0
+    for key in sorted(numels, reverse=True):
+        if groups[-1] and size + numels[key] * itemsize > bucket_bytes:
+            groups.append([])
+            size = 0
+        groups[-1].append(key)
+        size += numels[key] * itemsize
+    return [group for group in groups if group]

@@ -41,6 +41,16 @@ def backend_for(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
+class Pending:
+    """A collective on its way; ``wait`` lands it, a failure named as ``PartyGroup``'s are."""
+
+    def __init__(self, group: PartyGroup, what: str, work: Any) -> None:
+        self.group, self.what, self.work = group, what, work
+
+    def wait(self) -> None:
+        self.group._run(self.what, self.work.wait)
+
+
 class PartyGroup:
     """The ranks of one party, and the collectives the collective strategies run over them."""
 
@@ -74,6 +84,19 @@ class PartyGroup:
         except (RuntimeError, dist.DistBackendError) as error:
             raise PartyError(f"party {self.party}: rank {self.rank}'s {what} failed (a rank of the party died, "
                              f"hung past the round timeout, or disagrees on the model): {error}") from error
+
+    def reduce_scatter_async(self, chunk: torch.Tensor, buffer: torch.Tensor) -> Pending:
+        """Start a reduce-scatter (``chunk`` = the party's sum of this rank's chunk); ``wait`` the result."""
+        return self._start("reduce-scatter", lambda: _REDUCE_SCATTER(chunk, buffer, group=self.group, async_op=True))
+
+    def all_gather_async(self, buffer: torch.Tensor, chunk: torch.Tensor) -> Pending:
+        """Start an all-gather (``buffer`` = every rank's ``chunk``); ``wait`` the result."""
+        return self._start("all-gather", lambda: _ALL_GATHER(buffer, chunk, group=self.group, async_op=True))
+
+    def _start(self, what: str, op: Callable[[], Any]) -> Pending:
+        work: list[Any] = []
+        self._run(what, lambda: work.append(op()))
+        return Pending(self, what, work[0])
 
     def reduce_scatter(self, chunk: torch.Tensor, buffer: torch.Tensor) -> None:
         """``chunk`` = the party's sum of this rank's chunk of ``buffer``."""

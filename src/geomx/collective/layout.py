@@ -56,6 +56,11 @@ class OwnerLayout:
                 offsets.append(offset)
                 offset += s.numel
             self.offsets.append(offsets)
+        # where each key's slices sit in the buffer: (start, stop) in the key's tensor, offset in the buffer
+        self.places: dict[int, list[tuple[int, int, int]]] = {key: [] for key in self.keys}
+        for rank, (share, offsets) in enumerate(zip(self.owned, self.offsets, strict=True)):
+            for s, offset in zip(share, offsets, strict=True):
+                self.places[s.key].append((s.start, s.stop, rank * self.chunk_numel + offset))
 
     @property
     def numel(self) -> int:
@@ -90,6 +95,13 @@ class OwnerLayout:
         for rank in range(self.world_size):
             for s, piece in self.pieces(buffer, rank):
                 yield flats[self.position[s.key]][s.start:s.stop], piece
+
+    def pack_key(self, key: int, tensor: torch.Tensor, buffer: torch.Tensor) -> None:
+        """Copy one key's tensor into its places in ``buffer`` (as its gradient arrives, say)."""
+        flat = tensor.detach().reshape(-1)
+        with torch.no_grad():
+            for start, stop, at in self.places[key]:
+                buffer[at:at + stop - start].copy_(flat[start:stop])
 
     def pack(self, tensors: Sequence[torch.Tensor], buffer: torch.Tensor) -> None:
         """Copy ``tensors`` (one per key, in the layout's order, contiguous) into ``buffer``, owner by owner."""

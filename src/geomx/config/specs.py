@@ -356,6 +356,9 @@ class TrainingSpec:
                                  doc="a metrics record every this many training steps")
     tensorboard: bool = setting(False, kind=BOOL, expects="bool", env="GEOMX_TENSORBOARD",
                                 doc="also write the metrics as TensorBoard scalars (RUN/tensorboard/<worker>/)")
+    bucket_mb: float = setting(25.0, kind=FLOAT, expects="number", env="GEOMX_BUCKET_MB",
+                               doc="a collective party's gradient buckets, in MB (as DDP's bucket_cap_mb): each "
+                                   "is reduce-scattered as soon as backward has filled it")
     # Plug-in options: keys of the ``training`` block no field above declares and GEOMX_<NAME> variables nothing
     # reads, as (name, text) pairs. The composition root (geomx.server.compose) hands each plug-in the ones it declares
     # and refuses the rest; this model knows none of them.
@@ -364,6 +367,8 @@ class TrainingSpec:
     def __post_init__(self) -> None:
         # one order (a YAML writer sorts keys): equal parameters make equal specs
         object.__setattr__(self, "server_optimizer_params", tuple(sorted(self.server_optimizer_params)))
+        if not self.bucket_mb > 0:
+            raise ConfigError(f"training.bucket_mb must be positive, got {self.bucket_mb}")
         for name in ("sync", "server_optimizer"):
             if not _NAME.fullmatch(getattr(self, name)):
                 raise ConfigError(f"training.{name} must be a name in lower case letters, digits and '_', got "

@@ -126,12 +126,20 @@ class PartyRanks:
     def exchange(self, pieces: Sequence[tuple[OwnedSlice, torch.Tensor]], priority: Sequence[int]) -> None:
         """A rank's round: push each owned slice's ``piece`` (its party's sum, or delta) to the global server
         holding it, and write each answer into the same ``piece``. Blocks until every answer is in."""
+        self.land(pieces, self.send(pieces, priority))
+
+    def send(self, pieces: Sequence[tuple[OwnedSlice, torch.Tensor]], priority: Sequence[int]) -> list[Any]:
+        """Push each ``piece`` (not to be changed until ``land``); returns the answers' futures."""
         futures = []
         for owned, piece in pieces:
             data = piece.detach().to("cpu").numpy()  # a view on the CPU: the answer only lands after the send
             message = Message(Kind.PUSHPULL, key=owned.key, slice=owned.index, num_slices=owned.num_slices,
                               priority=priority[owned.key] if owned.key < len(priority) else 0, tensor=data)
             futures.append(self.link.route.push(self.link.keys.server_for(owned.key, owned.index), message))
+        return futures
+
+    def land(self, pieces: Sequence[tuple[OwnedSlice, torch.Tensor]], futures: Sequence[Any]) -> None:
+        """Write each answer of ``send`` into its ``piece``, waiting at most the request timeout for each."""
         for (owned, piece), future in zip(pieces, futures, strict=True):
             piece.copy_(self.link.answer(future, owned.key, owned.index, "PUSHPULL"))
 

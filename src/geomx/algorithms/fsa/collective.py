@@ -1,15 +1,19 @@
-"""FSA in a ``lan: collective`` party: the party's gradients meet in one reduce-scatter, each rank syncs the slices
-it owns with the global servers over its own connection, one all-gather brings every owner's answers home.
+"""FSA in a ``lan: collective`` party: the party's gradients meet in reduce-scatters that overlap backward, each
+rank syncs the slices it owns with the global servers over its own connection, all-gathers bring every owner's
+answers home.
 
-Per step, as data: every rank's gradients -> (LAN, torch.distributed) reduce-scatter: rank r holds the party's
-sum of the slices it owns -> (WAN) one push per owned slice to the global server holding it, which sums over
-parties (one contributor per party per slice, as a local server would be) -> the answer (new weights, or the
-global sum of gradients when the optimizer runs on the workers) into the same buffer -> (LAN) all-gather ->
-every rank's parameters (or gradients, then the wrapped optimizer steps on their mean).
+Per step, as data: each gradient, as backward makes it -> its bucket (keys deepest first, about 25 MB each, as
+DDP's); a complete bucket -> (LAN, torch.distributed, in the background) reduce-scatter: rank r holds the party's
+sum of the bucket's slices it owns -> (WAN) one push per owned slice to the global server holding it, which sums
+over parties (one contributor per party per slice, as a local server would be) -> the answer (new weights, or the
+global sum of gradients when the optimizer runs on the workers) into the same buffer -> (LAN) all-gather -> every
+rank's parameters (or gradients, then the wrapped optimizer steps on their mean). Buckets start in one order on
+every rank (a bucket waits for the ones before it), so the collectives match.
 
 Usage (chosen by the wrapper for a collective party's plan)::
 
     strategy = CollectiveServerStep(loop)      # or CollectiveLocalStep: the optimizer on every rank
+    strategy.on_gradient(key, grad)            # from backward's hooks
     strategy.step()                            # after backward
 """
 
@@ -19,61 +23,119 @@ import time
 
 import torch
 
-from ...collective.bucket import ModelBucket
+from ...collective.bucket import ModelBucket, backward_buckets
+from ...collective.group import Pending
 from ...core.strategy import Loop, WorkerStrategy
-
 
 class CollectiveServerStep(WorkerStrategy):
     """The global servers run the optimizer and answer with new weights."""
 
-    answers_weights = True
+    pushes_gradients = True
 
-    def __init__(self, loop: Loop) -> None:
+    def __init__(self, loop: Loop, bucket_bytes: int | None = None) -> None:
         super().__init__(loop)
-        self.bucket: ModelBucket | None = None
+        mb = loop.kv.config.topology.training.bucket_mb  # training.bucket_mb / GEOMX_BUCKET_MB
+        self.bucket_bytes = bucket_bytes if bucket_bytes is not None else max(1, int(mb * (1 << 20)))
+        self.buckets: list[ModelBucket] = []
+        self.bucket_of: dict[int, int] = {}
+        self.missing: list[set[int]] = []  # per bucket: trained keys whose gradient has not come this step
+        self.started: list[Pending] = []  # the reduce-scatters started this step, in bucket order
 
     def init_keys(self) -> None:
         loop = self.loop
-        self.bucket = ModelBucket(loop.kv.ranks.layout(), loop.kv.ranks.group, like=loop.params[0].data)
+        ranks = loop.kv.ranks
+        like = loop.params[0].data
+        numels = {key: p.numel() for key, p in enumerate(loop.params)}
+        for keys in backward_buckets(numels, like.element_size(), self.bucket_bytes):
+            for key in keys:
+                self.bucket_of[key] = len(self.buckets)
+            self.buckets.append(ModelBucket(ranks.layout(keys), ranks.group, like=like))
         self.trained = set(loop.trained)
+        self._new_step()
+
+    def _new_step(self) -> None:
+        self.missing = [{k for k in bucket.layout.keys if k in self.trained} for bucket in self.buckets]
+        self.started = []
+
+    def on_gradient(self, key: int, grad: torch.Tensor) -> None:
+        index = self.bucket_of[key]
+        bucket = self.buckets[index]
+        bucket.layout.pack_key(key, grad, bucket.buffer)
+        self.missing[index].discard(key)
+        self.loop.pushed.add(key)
+        self._start_ready()
+
+    def _start_ready(self) -> None:
+        """Start the reduce-scatter of every complete bucket whose predecessors have started."""
+        while len(self.started) < len(self.buckets) and not self.missing[len(self.started)]:
+            bucket = self.buckets[len(self.started)]
+            self.started.append(bucket.group.reduce_scatter_async(bucket.chunk, bucket.buffer))
 
     def step(self) -> None:
         loop = self.loop
-        bucket = self.bucket
-        assert bucket is not None, "init_keys runs first"
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in loop.params]
-        bucket.reduce_scatter(grads)
-        sent = [(owned, piece) for owned, piece in bucket.pieces if owned.key in self.trained]
+        for index, keys in enumerate(self.missing):  # FSA rounds need every key: a missing gradient is zeros
+            for key in sorted(keys):
+                loop.warn_once(f"nograd{key}", f"parameter {loop.names[key]!r} had no gradient in a step: "
+                                                "pushing zeros for it")
+                self.buckets[index].layout.pack_key(key, torch.zeros_like(loop.params[key]),
+                                                    self.buckets[index].buffer)
+            keys.clear()
+        self._start_ready()
         started = time.monotonic()
-        loop.kv.ranks.exchange(sent, loop.priority)
+        ranks = loop.kv.ranks
+        sent = []
+        for bucket, scatter in zip(self.buckets, self.started, strict=True):
+            scatter.wait()  # then its slices leave at once, while later buckets still reduce
+            pieces = [(owned, piece) for owned, piece in bucket.pieces if owned.key in self.trained]
+            sent.append((pieces, ranks.send(pieces, loop.priority)))
+        gathers = []
+        for bucket, (pieces, futures) in zip(self.buckets, sent, strict=True):
+            ranks.land(pieces, futures)
+            self.fill(bucket)
+            gathers.append(bucket.group.all_gather_async(bucket.buffer, bucket.chunk.clone()))
+        for bucket, gather in zip(self.buckets, gathers, strict=True):
+            gather.wait()
+            bucket.layout.unpack(bucket.buffer, self.targets(bucket))
         loop.waited(time.monotonic() - started)
-        self.land(bucket)
+        loop.pushed.clear()
+        self._new_step()
+        self.after_gather()
 
-    def land(self, bucket: ModelBucket) -> None:
-        """The answers in this rank's chunk are new weights: every rank gets every owner's."""
+    def fill(self, bucket: ModelBucket) -> None:
+        """The answers are new weights; keys nobody trains keep their values."""
         loop = self.loop
-        for owned, piece in bucket.pieces:  # keys nobody trains keep their values
+        for owned, piece in bucket.pieces:
             if owned.key not in self.trained:
                 piece.copy_(loop.params[owned.key].data.reshape(-1)[owned.start:owned.stop])
-        bucket.all_gather_into([p.data for p in loop.params])
+
+    def targets(self, bucket: ModelBucket) -> list[torch.Tensor]:
+        """Where a bucket's gathered answers go: the parameters."""
+        return [self.loop.params[key].data for key in bucket.layout.keys]
+
+    def after_gather(self) -> None:
+        """Every answer is in place."""
 
 
 class CollectiveLocalStep(CollectiveServerStep):
     """The global servers answer with the sum of every worker's gradients; every rank steps the wrapped
     optimizer on their mean (DDP's arithmetic, across data centers)."""
 
-    answers_weights = False
-
-    def land(self, bucket: ModelBucket) -> None:
-        loop = self.loop
+    def fill(self, bucket: ModelBucket) -> None:
         for owned, piece in bucket.pieces:
             if owned.key not in self.trained:
                 piece.zero_()
-        for param in loop.params:
-            if param.grad is None:
-                param.grad = torch.zeros_like(param)
-        bucket.all_gather_into([p.grad for p in loop.params])
+
+    def targets(self, bucket: ModelBucket) -> list[torch.Tensor]:
+        params = self.loop.params
+        for key in bucket.layout.keys:
+            if params[key].grad is None:
+                params[key].grad = torch.zeros_like(params[key])
+        return [params[key].grad for key in bucket.layout.keys]
+
+    def after_gather(self) -> None:
+        loop = self.loop
         scale = 1.0 / loop.kv.num_all_workers
         for param in loop.params:
-            param.grad.mul_(scale)
+            if param.grad is not None:
+                param.grad.mul_(scale)
         loop.optimizer.step()
