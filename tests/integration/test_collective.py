@@ -165,3 +165,24 @@ def test_a_dead_rank_stops_the_job_naming_it(tmp_path):
     assert result.exit_code != 0
     # the dead rank, or its peer torchrun stopped a moment later: whichever's heartbeats the scheduler missed first
     assert re.search(r"dc0/worker[01] of dc0/ranks is dead", outputs[1]), outputs[1][-3000:]
+
+
+@pytest.mark.parametrize(("codec", "max_fraction"), [
+    ({"type": "error_feedback", "inner": {"type": "int8"}}, 0.45), ({"type": "fp16"}, 0.7)],
+    ids=["int8-error-feedback", "fp16"])
+def test_a_wan_codec_in_collective_parties_encodes_each_owned_slice(geomx_job, tmp_path, codec, max_fraction):
+    """Each rank encodes the slices it owns (int8's residuals stay with their owner): FSA still ends near the
+    dense reference, every rank holds the same bits, and the WAN carries a fraction of the dense bytes."""
+    path = topology(tmp_path, {"dc0": "collective", "dc1": "collective"}, {"compression": codec}, slice_elems=512)
+    job = geomx_job(SCRIPT, topology=path)
+    job.assert_ok()
+    workers = job.workers()
+    assert sorted(workers) == [0, 1, 2, 3]
+    _, reference = jobkit.reference_run(4, jobkit.STEPS)
+    for rank, (tensors, _) in workers.items():
+        for got, want, same in zip(tensors["final"], reference, workers[0][0]["final"], strict=True):
+            assert torch.equal(got, same), f"rank {rank} differs from rank 0"
+            torch.testing.assert_close(got, want, rtol=0.05, atol=0.02)
+    # dense: dc1's model up and the answer down each step, plus init (dc0 shares its host with the global server)
+    dense = (jobkit.STEPS + 1) * 2 * jobkit.param_bytes()
+    assert job.summary["wan_bytes"] <= max_fraction * dense, (job.summary["wan_bytes"], dense)

@@ -80,3 +80,24 @@ def _write(folder: Path, topology: object) -> Path:
     path = folder / "t.yaml"
     path.write_text(yaml.safe_dump(topology_to_dict(topology)))  # type: ignore[arg-type]
     return path
+
+
+def test_the_plans_a_collective_party_cannot_run_yet_are_refused_by_name() -> None:
+    import torch
+
+    from geomx.config import HFASpec, TrainingSpec
+    from geomx.torch.plan import collective_refusal, make_plan
+
+    sgd = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
+
+    def refusal(hfa: HFASpec | None = None, **training: object) -> str | None:
+        spec = TrainingSpec(**training)  # type: ignore[arg-type]
+        return collective_refusal(make_plan(spec, hfa, sgd), spec)
+
+    assert refusal() is None
+    assert refusal(compression={"type": "bsc", "threshold": 0.01}) is None  # FSA: residuals stay with the owner
+    assert refusal(HFASpec(2, 2), compression={"type": "int8"}) is None
+    assert "a residual WAN codec (bsc) under HFA" in refusal(HFASpec(2, 2), compression={"type": "bsc"})
+    assert "training.sync dist_async" in refusal(sync="dist_async", server_optimizer="sgd")
+    assert "ESync" in refusal(HFASpec(2, 1), esync=True)
+    assert "fragment_delay" in refusal(HFASpec(2, 4), plugin_options=(("fragment_delay", "1"), ("fragments", "2")))

@@ -157,6 +157,8 @@ class DistributedOptimizer:
             refusal = collective_refusal(self.plan, config.topology.training)
             if refusal is not None:
                 raise ConfigError(refusal)
+            if self.plan.compression:  # each rank encodes the slices it owns, residuals included
+                self.kv.ranks.use_compression(self.plan.compression)
         mode = f"COLLECTIVE_{self.plan.mode.name}" if collective else self.plan.mode.name
         self.strategy: WorkerStrategy = strategy_class(mode)(self)
         self._configure_servers()

@@ -19,10 +19,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
-from ..codecs import Registry
-from ..codecs.messages import decode_message
+from ..codecs import Codec, Registry, TensorInfo
+from ..codecs.base import TensorKind
+from ..codecs.messages import decode_message, payload_fields
 from ..collective.group import PartyGroup
 from ..collective.layout import OwnerLayout
 from ..collective.owners import OwnedSlice, SliceOwners
@@ -62,12 +64,21 @@ class SliceLink:
 class PartyRanks:
     """This rank's party group, the owners of every slice the kvstore declared, and their traffic."""
 
-    def __init__(self, group: PartyGroup, central: bool, link: SliceLink) -> None:
+    def __init__(self, group: PartyGroup, central: bool, link: SliceLink, size_lower_bound: int = 200_000) -> None:
         self.group = group
         self.link = link
         self.owners = SliceOwners(group.world_size)
         # the central party's owners carry the initial values (rank 0's, broadcast first: it is the master)
         self.carries_values = central
+        self.size_lower_bound = size_lower_bound  # the topology's, for Bi-Sparse and MPQ as the master sets them
+        self.codec: Codec | None = None  # the job's WAN codec: each rank encodes the slices it owns (residuals too)
+
+    def use_compression(self, spec: dict[str, Any]) -> None:
+        """Encode this rank's pushes with the job's WAN codec ``spec`` (as a local server encodes its party's)."""
+        spec = dict(spec)
+        if spec.get("type") in ("bsc", "mpq") and "size_lower_bound" not in spec:
+            spec["size_lower_bound"] = self.size_lower_bound
+        self.codec = self.link.codecs.make_codec(spec)
 
     @classmethod
     def join(cls, config: NodeConfig, rank: int, link: SliceLink) -> PartyRanks:
@@ -82,7 +93,7 @@ class PartyRanks:
         if group.world_size != config.num_workers:
             raise ConfigError(f"party {config.party} has {config.num_workers} workers in the topology, but its "
                               f"process group has {group.world_size} ranks")
-        return cls(group, config.party == config.topology.central, link)
+        return cls(group, config.party == config.topology.central, link, config.topology.size_lower_bound)
 
     @property
     def rank(self) -> int:
@@ -123,18 +134,26 @@ class PartyRanks:
             for index, (start, stop) in enumerate(table[k].slices):
                 self.group.broadcast(flat[start:stop], source=self.owners.owner(k, index))
 
-    def exchange(self, pieces: Sequence[tuple[OwnedSlice, torch.Tensor]], priority: Sequence[int]) -> None:
+    def exchange(self, pieces: Sequence[tuple[OwnedSlice, torch.Tensor]], priority: Sequence[int],
+                 kind: TensorKind = "gradient") -> None:
         """A rank's round: push each owned slice's ``piece`` (its party's sum, or delta) to the global server
         holding it, and write each answer into the same ``piece``. Blocks until every answer is in."""
-        self.land(pieces, self.send(pieces, priority))
+        self.land(pieces, self.send(pieces, priority, kind))
 
-    def send(self, pieces: Sequence[tuple[OwnedSlice, torch.Tensor]], priority: Sequence[int]) -> list[Any]:
-        """Push each ``piece`` (not to be changed until ``land``); returns the answers' futures."""
+    def send(self, pieces: Sequence[tuple[OwnedSlice, torch.Tensor]], priority: Sequence[int],
+             kind: TensorKind = "gradient") -> list[Any]:
+        """Push each ``piece`` (not to be changed until ``land``), encoded by the job's WAN codec if one is set
+        (``kind``: what the piece holds, for the codec); returns the answers' futures."""
         futures = []
         for owned, piece in pieces:
             data = piece.detach().to("cpu").numpy()  # a view on the CPU: the answer only lands after the send
+            if self.codec is not None and data.dtype in (np.float32, np.float64):
+                numel = math.prod(self.link.keys.info(owned.key).shape)
+                fields = payload_fields(self.codec, data, TensorInfo(owned.key, owned.index, kind, "push", numel))
+            else:
+                fields = {"tensor": data}
             message = Message(Kind.PUSHPULL, key=owned.key, slice=owned.index, num_slices=owned.num_slices,
-                              priority=priority[owned.key] if owned.key < len(priority) else 0, tensor=data)
+                              priority=priority[owned.key] if owned.key < len(priority) else 0, **fields)
             futures.append(self.link.route.push(self.link.keys.server_for(owned.key, owned.index), message))
         return futures
 

@@ -92,7 +92,7 @@ class CollectivePeriodicAverage(WorkerStrategy):
         if not int(went_global.item()):
             return
         started = time.monotonic()
-        loop.kv.ranks.exchange(due, loop.priority)  # each piece: the slice's new global model
+        loop.kv.ranks.exchange(due, loop.priority, kind="delta")  # each piece: the slice's new global model
         loop.waited(time.monotonic() - started)
         due_ids = {owned.id for owned, _ in due}
         for owned, piece in bucket.pieces:  # not due: the party's own model, unchanged
