@@ -23,13 +23,22 @@ def _owners(numels: list[int], world_size: int, slice_elems: int) -> SliceOwners
 
 
 def test_owners_balance_bytes_greedily_in_declaration_order() -> None:
-    owners = _owners([1000, 1000, 10, 2000], world_size=2, slice_elems=1000)
+    owners = _owners([1000, 1000, 10, 2000], world_size=2, slice_elems=1000)  # one key at a time
     # slices: k0 [0,1000) -> r0; k1 [0,1000) -> r1; k2 -> r0 (1000 vs 1000 ties low); k3 s0 -> r1, k3 s1 -> r0
     assert [owners.owner(0, 0), owners.owner(1, 0), owners.owner(2, 0), owners.owner(3, 0), owners.owner(3, 1)] \
         == [0, 1, 0, 1, 0]
     assert [s.id for s in owners.owned(0)] == [(0, 0), (2, 0), (3, 1)]
     assert owners.loads == [4 * 2010, 4 * 2000]
     assert owners.imbalance() < 1.01
+
+
+def test_keys_declared_together_go_largest_first_and_a_weightless_key_only_gets_owners() -> None:
+    owners = SliceOwners(2)
+    owners.add_many([(9, [(0, 50)], 0), (0, [(0, 10)], 4), (1, [(0, 300), (300, 400)], 4), (2, [(0, 200)], 4)])
+    # largest first: (1,0) 1200 B -> r0, (2,0) 800 -> r1, (1,1) 400 -> r1, (0,0) 40 -> r0 (a tie), (9,0) 0 -> r1
+    assert owners.loads == [1240, 1200]
+    assert [s.id for s in owners.owned(0)] == [(0, 0), (1, 0)]  # each rank's in declaration order
+    assert [s.id for s in owners.owned(1)] == [(9, 0), (1, 1), (2, 0)]
 
 
 def test_owners_refuse_what_they_do_not_know() -> None:
@@ -97,7 +106,7 @@ def _rank(rank: int, store: str, shapes: list[tuple[int, ...]], out: multiproces
         layout.unpack(buffer, summed)
         out.put((rank, mine, summed))
     finally:
-        dist.destroy_process_group()
+        dist.barrier()  # then exit: destroy_process_group can hang in gloo after the last collective
 
 
 def test_reduce_scatter_then_all_gather_equal_the_single_process_sum() -> None:

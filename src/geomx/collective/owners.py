@@ -3,8 +3,10 @@ WAN on its own connection and brings its answer back for the others.
 
 Every rank of a ``lan: collective`` party holds the whole model, but each slice crosses the WAN from one rank
 only, so a party of N ranks has N WAN streams, each carrying about 1/N of the bytes. The plan is greedy by bytes
-in the order the slices are declared (each to the rank holding the fewest bytes so far, ties to the lowest rank):
-deterministic, so every rank computes the same plan without talking, and within one slice of perfect balance.
+(each slice to the rank holding the fewest bytes so far, ties to the lowest rank), the largest slices first among
+the keys declared together: deterministic, so every rank computes the same plan without talking, and within one
+slice of perfect balance. A key that never travels per step (the wrapper's model signature) gets owners but no
+weight.
 
 Usage::
 
@@ -52,19 +54,30 @@ class SliceOwners:
         self.loads = [0] * world_size  # bytes owned by each rank so far
         self._owner: dict[SliceId, int] = {}
         self._owned: list[list[OwnedSlice]] = [[] for _ in range(world_size)]
+        self._keys: dict[int, int] = {}  # key -> its declaration order
 
     def add(self, key: int, slices: Sequence[tuple[int, int]], itemsize: int) -> list[int]:
         """Declare ``key``'s slices (``[start, stop)`` each, in order); returns the owner of each."""
-        if any(sid[0] == key for sid in self._owner):
-            raise ValueError(f"key {key} is already declared")
-        owners = []
-        for index, (start, stop) in enumerate(slices):
+        self.add_many([(key, slices, itemsize)])
+        return [self._owner[(key, index)] for index in range(len(slices))]
+
+    def add_many(self, keys: Sequence[tuple[int, Sequence[tuple[int, int]], int]]) -> None:
+        """Declare keys together, ``(key, slices, itemsize)`` each (itemsize 0: a key that never travels per
+        step): their slices are placed largest first, so the shares come out even."""
+        entries = []
+        for key, slices, itemsize in keys:
+            if key in self._keys:
+                raise ValueError(f"key {key} is already declared")
+            self._keys[key] = len(self._keys)
+            entries += [((stop - start) * itemsize, key, index, len(slices), start, stop)
+                        for index, (start, stop) in enumerate(slices)]
+        for nbytes, key, index, count, start, stop in sorted(entries, key=lambda e: (-e[0], self._keys[e[1]], e[2])):
             rank = min(range(self.world_size), key=lambda r: (self.loads[r], r))
-            self.loads[rank] += (stop - start) * itemsize
+            self.loads[rank] += nbytes
             self._owner[(key, index)] = rank
-            self._owned[rank].append(OwnedSlice(key, index, len(slices), start, stop))
-            owners.append(rank)
-        return owners
+            self._owned[rank].append(OwnedSlice(key, index, count, start, stop))
+        for share in self._owned:  # a rank's slices in declaration order: the order of its chunk in a layout
+            share.sort(key=lambda s: (self._keys[s.key], s.index))
 
     def owner(self, key: int, index: int) -> int:
         """The rank owning slice ``index`` of ``key``."""

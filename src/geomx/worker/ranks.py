@@ -106,11 +106,13 @@ class PartyRanks:
         """Every rank declares every key; each slice's owner INITs it (with rank 0's values in the central party:
         the master's) and broadcasts the answer to the party."""
         table = self.link.keys
+        declared = []
         for k, v in zip(keys, values, strict=True):
             if not v.is_contiguous():
                 raise ValueError(f"init of key {k}: a collective party needs contiguous tensors")
             info = table.add(k, v)
-            self.owners.add(k, info.slices, v.element_size())
+            declared.append((k, info.slices, v.element_size() if k < WRAPPER_KEYS else 0))
+        self.owners.add_many(declared)  # the wrapper's own keys (its model signature) weigh nothing
         if self.carries_values:
             for v in values:
                 self.group.broadcast(v.data, source=0)
