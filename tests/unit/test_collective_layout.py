@@ -100,11 +100,12 @@ def _rank(rank: int, store: str, shapes: list[tuple[int, ...]], out: multiproces
         layout.pack(tensors, buffer)
         chunk = torch.empty(layout.chunk_numel)
         group.reduce_scatter(chunk, buffer)
-        mine = {owned.id: piece.clone() for owned, piece in layout.pieces(chunk, rank)}
+        mine = {owned.id: piece.numpy().copy() for owned, piece in layout.pieces(chunk, rank)}
         group.all_gather(buffer, chunk)
         summed = [torch.empty(s) for s in shapes]
         layout.unpack(buffer, summed)
-        out.put((rank, mine, summed))
+        # numpy travels by value: a tensor through a queue is a shared-memory handle, gone once this process exits
+        out.put((rank, mine, [t.numpy().copy() for t in summed]))
     finally:
         dist.barrier()  # then exit: destroy_process_group can hang in gloo after the last collective
 
@@ -118,7 +119,8 @@ def test_reduce_scatter_then_all_gather_equal_the_single_process_sum() -> None:
         procs = [context.Process(target=_rank, args=(r, store, shapes, results)) for r in range(2)]
         for proc in procs:
             proc.start()
-        got = {rank: (mine, summed) for rank, mine, summed in (results.get(timeout=120) for _ in procs)}
+        got = {rank: ({sid: torch.from_numpy(a) for sid, a in mine.items()}, [torch.from_numpy(a) for a in summed])
+           for rank, mine, summed in (results.get(timeout=120) for _ in procs)}
         for proc in procs:
             proc.join(timeout=60)
             assert proc.exitcode == 0
