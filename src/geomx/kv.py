@@ -41,6 +41,7 @@ from .transport.rpc import Requests
 from .transport.trace import Tracer
 from .transport.van import Van
 from .worker.compose import compose_worker
+from .core.early import EarlyAnswers
 from .worker.ranks import PartyRanks, SliceLink
 from .worker.slices import KeyTable, copy_out, payload, to_numpy
 
@@ -75,6 +76,7 @@ class KVStore:
                         name=f"{config.party}/worker")
         self._requests = Requests(self._van)
         self._handles = _takes_nothing  # the push route's message hook, once joined (messages may come before)
+        self.ranks: PartyRanks | None = None  # a collective party's rank, once joined (geomx.worker.ranks)
         self._van.start()
         # flat, or a collective party's rank: the global servers under the global scheduler; HiPS: the party's
         # local server under its own
@@ -111,7 +113,6 @@ class KVStore:
         self._exit_hook: Callable[[], None] | None = None  # close_at_exit's
         # a collective party (lan: collective): its ranks' process group, which rank owns each slice, and the
         # requests that carry them (geomx.worker.ranks)
-        self.ranks: PartyRanks | None = None
         if self.collective:
             link = SliceLink(self._requests, self._keys, self._route, self._codecs, self._timeout)
             self.ranks = PartyRanks.join(config, me.rank, link)
@@ -119,6 +120,9 @@ class KVStore:
             self._configure(ConfigureBody(sync=kind), f"switch to {kind}")
 
     def _on_message(self, message: Message) -> None:
+        if self.ranks is not None and EarlyAnswers.is_early(message):  # a collective rank's early sum
+            self.ranks.on_early(message)
+            return
         if self._handles(message):
             return
         if not self._requests.resolve(message):

@@ -34,14 +34,25 @@ def topology(tmp_path: Path, lan: dict[str, str], training: dict[str, Any] | Non
     ({"dc0": "collective", "dc1": "collective"}, "auto", "LOCAL", 0.001),
     ({"dc0": "collective", "dc1": "server"}, "translate", "SERVER", 25)],
     ids=["two-collective-parties-sgd-on-every-rank-a-bucket-per-tensor", "mixed-parties-sgd-on-the-servers"])
-def test_fsa_in_collective_parties_equals_single_process_sgd(geomx_job, tmp_path, lan, server_optimizer, mode,
-                                                             bucket_mb):
+def test_fsa_in_collective_parties_equals_single_process_sgd(geomx_job, tmp_path, monkeypatch, lan,
+                                                             server_optimizer, mode, bucket_mb):
     """2 parties x 2 ranks, slices small enough that each rank owns some, gradients reduce-scattered as backward
     makes them (1 KB buckets: each tensor its own) or in one bucket: every rank ends with the weights of one
-    process training on all four ranks' batches, bit for bit the same on every rank."""
+    process training on all four ranks' batches, bit for bit the same on every rank. Where the servers only sum,
+    the last party's owning rank gets the others' sum early (the trace shows them) and adds its own."""
+    from geomx.transport.trace import read_trace
+
+    monkeypatch.setenv("GEOMX_TRACE", "1")
     path = topology(tmp_path, lan, {"server_optimizer": server_optimizer, "bucket_mb": bucket_mb}, slice_elems=512)
     job = geomx_job(SCRIPT, topology=path)
     job.assert_ok()
+    early = [e for e in read_trace([job.run_dir]) if e["node"].startswith("global_server")
+             and e["event"] == "queue" and e["kind"] == "PUSHPULL" and not e["reply"]]
+    if mode == "LOCAL":  # a plain sum: one early answer per slice and step, each to a collective party's rank
+        assert len(early) >= jobkit.STEPS * 5, len(early)
+        assert all("/worker/" in e["peer"] for e in early), {e["peer"] for e in early}
+    else:  # the servers answer with weights: none goes early
+        assert early == []
     workers = job.workers()
     assert {report["mode"] for _, report in workers.values()} == {mode}
     jobkit.assert_fsa_equivalent(workers, num_workers=4)

@@ -183,7 +183,8 @@ def start_geomx(system: System, a: Place, b: Place, logs: Path, procs: ProcessSe
     for party, place in (("dc0", a), ("dc1", b)):
         procs.start(party, _in(place, [sys.executable, "-m", "geomx.cli", "launch", str(topology), "--party", party,
                                        "--host", place.host, "--global-scheduler", scheduler,
-                                       "--run-dir", str(logs / f"run-{party}"), "--", *worker]))
+                                       "--run-dir", str(logs / f"run-{party}"), "--", *worker]),
+                    env={"GLOO_SOCKET_IFNAME": "lo"})  # a collective party's group: inside its own host
 
 
 STARTERS = {"ddp": start_ddp, "local_sgd": start_ddp, "diloco": start_diloco, "geomx": start_geomx}

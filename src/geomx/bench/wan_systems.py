@@ -61,6 +61,13 @@ EXTRA_SYSTEMS = (
            topology_extra={"training": {"server_optimizer": "auto"}}),
     System("geomx_fsa_wrapper_translate", "geomx FSA, PyTorch wrapper, optimizer on the server", "geomx",
            worker="wan_torch", topology_extra={"training": {"server_optimizer": "translate"}}),
+    # the wrapper in lan: collective parties: each party's two ranks a gloo group on its own host (no local server),
+    # each rank syncing the slices it owns with the global server over its own connection
+    System("geomx_fsa_collective", "geomx FSA, collective parties (wrapper)", "geomx", worker="wan_torch",
+           topology_extra={"links": {"lan": "collective"}, "training": {"server_optimizer": "auto"}}),
+    System("geomx_hfa_outer_collective", f"geomx HFA {H}x1 + outer, collective parties (wrapper)", "geomx",
+           period=H, hfa=(H, 1), outer=True, worker="wan_torch",
+           topology_extra={"links": {"lan": "collective"}, "training": {"server_optimizer": "outer_nesterov"}}),
     # torchft's own streaming DiLoCo at the same H: 2 fragments (modules), its longest overlap (H / 2 - 1 steps)
     System("diloco_stream", f"torchft streaming DiLoCo H={H} (2 fragments, overlap 4 steps, mix 0.5)", "diloco",
            period=H, worker_args=("--fragments", "2", "--fragment-sync-delay", "4", "--fragment-alpha", "0.5")),

@@ -39,6 +39,7 @@ class Clients:
         self.joining: dict[str, list[Message]] = {}  # rejoined clients -> their held requests
         self.groups: dict[str, str] = {}  # a collective party's rank (connection id) -> the client it speaks for
         self.parties: dict[str, str] = {}  # a grouped client -> its party
+        self.owners: dict[tuple[str, tuple[int, int]], str] = {}  # (grouped client, slice) -> the rank that owns it
 
     def group(self, client: str, party: str, members: Iterable[str]) -> None:
         """``members`` (connection ids) speak for one client, ``client``, of party ``party``."""
@@ -50,6 +51,16 @@ class Clients:
     def client_of(self, sender: str) -> str:
         """The client connection ``sender`` speaks for (itself, unless it is a rank of a collective party)."""
         return self.groups.get(sender, sender)
+
+    def learn_owner(self, sender: str, sid: tuple[int, int]) -> None:
+        """``sender`` declared slice ``sid`` (its INIT): a collective party's rank owns it."""
+        client = self.groups.get(sender)
+        if client is not None:
+            self.owners[(client, sid)] = sender
+
+    def address(self, client: str, sid: tuple[int, int]) -> str | None:
+        """The connection that speaks for ``client`` about slice ``sid`` (None: not known yet)."""
+        return self.owners.get((client, sid)) if client in self.parties else client
 
     def knows(self, sender: str) -> bool:
         """Whether connection ``sender`` belongs to a client of this server."""

@@ -51,21 +51,22 @@ def last_missing(rnd: Round, awaited: set[str]) -> str | None:
 
 
 def send_early(host: EarlyHost, rnd: Round, awaited: set[str],
-               reachable: Callable[[str], bool] = lambda client: True) -> None:
+               address: Callable[[str], str | None] = lambda client: client) -> None:
     """If every awaited client but one has pushed to the open round ``rnd``, send that one the others' sum now
-    (once per round; ``rnd.early`` remembers to whom). A client that is not ``reachable`` as one connection (a
-    collective party, whose slices come from several ranks) gets its answer with the others."""
+    (once per round; ``rnd.early`` remembers to whom), at its ``address``: the client itself, or the rank of a
+    collective party that owns the slice (None: not known, so it gets its answer with the others)."""
     if rnd.kind is not Kind.PUSHPULL or rnd.forwarding or rnd.early is not None or rnd.accum is None:
         return
     last = last_missing(rnd, awaited)
-    if last is None or not reachable(last):
+    to = address(last) if last is not None else None
+    if last is None or to is None:
         return
     first = next(iter(rnd.contributions.values()))
     # a sum the table owns is added to in place when the last push arrives: send a snapshot; a single
     # contribution is the received (read-only) buffer and stays as it is
     others = rnd.accum.copy() if rnd.accum.flags.writeable else rnd.accum
     rnd.early = last
-    host.send(last, Message(Kind.PUSHPULL, key=rnd.key, slice=rnd.slice, num_slices=first.num_slices, round=rnd.number,
+    host.send(to, Message(Kind.PUSHPULL, key=rnd.key, slice=rnd.slice, num_slices=first.num_slices, round=rnd.number,
                             priority=first.priority, tensor=others, body={EARLY: rnd.number}))
 
 

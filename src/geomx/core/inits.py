@@ -78,6 +78,7 @@ class Inits:
             host.refuse(message, f"INIT of key {message.key} carries no dtype and shape")
             return
         sid = (message.key, message.slice)
+        host.table.clients.learn_owner(message.sender.decode(), sid)
         stored = host.stored.get(sid)
         if stored is not None:  # already initialized: answer with the current value (a late joiner)
             problem = value_mismatch(stored.describe(), message) or self.check_size(message)

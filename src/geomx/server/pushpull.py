@@ -68,7 +68,8 @@ class PushPulls:
         if self.answers_early():
             rnd = host.table.get(Kind.PUSHPULL, message.key, message.slice)
             if rnd is not None:
-                send_early(host, rnd, host.table.awaited(rnd), reachable=lambda c: c not in host.clients.parties)
+                send_early(host, rnd, host.table.awaited(rnd),
+                           address=lambda client: host.clients.address(client, (rnd.key, rnd.slice)))
 
     def on_held_pull(self, message: Message) -> None:
         """A request for the job's model as this party holds it (``PullBody.held``; no WAN): answered once no

@@ -15,6 +15,7 @@ Usage (inside ``KVStore``; the collective strategies reach it as ``kv.ranks``)::
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +30,7 @@ from ..collective.group import PartyGroup
 from ..collective.layout import OwnerLayout
 from ..collective.owners import OwnedSlice, SliceOwners
 from ..config import ConfigError, NodeConfig
+from ..core.rounds import EARLY
 from ..core.strategy import WRAPPER_KEYS
 from ..core.worker_plugins import PushRoute
 from ..protocol.bodies import InitBody, encode_body
@@ -51,10 +53,17 @@ class SliceLink:
     def server_name(self, key: int, index: int) -> str:
         return self.requests.names.get(self.keys.server_for(key, index), "?")
 
+    def reply(self, future: Any, key: int, index: int, what: str) -> Message:
+        """A slice's answer, waiting at most the request timeout."""
+        return self.requests.wait(future, self.timeout_s, f"{self.server_name(key, index)} to answer {what} of "
+                                                          f"key {key} slice {index}")
+
     def answer(self, future: Any, key: int, index: int, what: str) -> torch.Tensor:
         """The data of a slice's answer (a read-only tensor), waiting at most the request timeout."""
-        reply = self.requests.wait(future, self.timeout_s, f"{self.server_name(key, index)} to answer {what} of "
-                                                           f"key {key} slice {index}")
+        return self.data(self.reply(future, key, index, what), key, index)
+
+    def data(self, reply: Message, key: int, index: int) -> torch.Tensor:
+        """The decoded data of ``reply`` (a read-only tensor)."""
         data = decode_message(self.codecs, reply)
         if data is None:
             raise RuntimeError(f"{self.server_name(key, index)} answered key {key} slice {index} without data")
@@ -72,6 +81,11 @@ class PartyRanks:
         self.carries_values = central
         self.size_lower_bound = size_lower_bound  # the topology's, for Bi-Sparse and MPQ as the master sets them
         self.codec: Codec | None = None  # the job's WAN codec: each rank encodes the slices it owns (residuals too)
+        # FSA's early answers (geomx.core.early): the other parties' sum of a slice, ahead of the round's answer;
+        # stored by the van's thread, taken by the training thread once the round's tensor-less answer arrives (by
+        # round: the next round's early sum may come before this thread has taken this round's)
+        self._early: dict[tuple[int, int, int], np.ndarray] = {}
+        self._early_lock = threading.Lock()
 
     def use_compression(self, spec: dict[str, Any]) -> None:
         """Encode this rank's pushes with the job's WAN codec ``spec`` (as a local server encodes its party's)."""
@@ -159,10 +173,28 @@ class PartyRanks:
             futures.append(self.link.route.push(self.link.keys.server_for(owned.key, owned.index), message))
         return futures
 
+    def on_early(self, message: Message) -> None:
+        """The other parties' sum of a slice this rank owns, sent ahead (the van's thread)."""
+        assert message.tensor is not None and message.body is not None
+        with self._early_lock:
+            self._early[(message.key, message.slice, int(message.body[EARLY]))] = message.tensor
+
     def land(self, pieces: Sequence[tuple[OwnedSlice, torch.Tensor]], futures: Sequence[Any]) -> None:
-        """Write each answer of ``send`` into its ``piece``, waiting at most the request timeout for each."""
+        """Write each answer of ``send`` into its ``piece``, waiting at most the request timeout for each. An
+        answer without a tensor closes a round answered early: the answer is the others' sum plus this party's
+        (the piece as pushed); the early sum came first, on the same connection."""
         for (owned, piece), future in zip(pieces, futures, strict=True):
-            piece.copy_(self.link.answer(future, owned.key, owned.index, "PUSHPULL"))
+            reply = self.link.reply(future, owned.key, owned.index, "PUSHPULL")
+            body = reply.body or {}
+            if reply.tensor is None and reply.encoded is None and EARLY in body:
+                with self._early_lock:
+                    others = self._early.pop((owned.key, owned.index, int(body[EARLY])), None)
+                if others is None:
+                    raise RuntimeError(f"{self.link.server_name(owned.key, owned.index)} closed round {body[EARLY]} "
+                                       f"of key {owned.key} slice {owned.index} early, but its early sum never came")
+                piece.add_(torch.from_numpy(np.asarray(others, dtype=np.float32)).to(piece.device))
+            else:
+                piece.copy_(self.link.data(reply, owned.key, owned.index))
 
     def layout(self, keys: Sequence[int] | None = None) -> OwnerLayout:
         """The owner-ordered layout of ``keys`` (default: the model's, every key below the wrapper's own)."""
