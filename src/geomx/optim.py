@@ -22,10 +22,30 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
-import torch
 
-from .protocol.tensors import readonly_tensor
 from .protocol.wire import SliceId
+
+# The arithmetic is NumPy float32, in torch.optim's operation order (its single-tensor path), so a global server
+# never imports torch (~1.6 CPU-s per process) and still matches torch.optim to float32 rounding.
+
+
+def _scaled(array: np.ndarray, factor: float) -> np.ndarray:
+    """A new float32 array ``factor * array`` (``factor`` rounded to float32, as torch does with a Python scalar)."""
+    return np.multiply(array, np.float32(factor), dtype=np.float32)
+
+
+def _lerp_(start: np.ndarray, end: np.ndarray, weight: float) -> None:
+    """``torch.Tensor.lerp_(end, weight)`` in place on ``start``: torch's two formulas, picked by ``|weight| < 0.5``.
+
+    Usage: ``_lerp_(exp_avg, grad, 1 - beta1)``.
+    """
+    step = np.subtract(end, start, dtype=np.float32)
+    if abs(weight) < 0.5:
+        step *= np.float32(weight)
+        start += step
+    else:
+        step *= np.float32(1.0 - weight)
+        np.subtract(end, step, out=start)
 
 
 @dataclass
@@ -43,26 +63,30 @@ class Optimizer:
         """Return new weights for ``sid`` (a new array: the old one may still be on the wire).
 
         ``contributor``: who pushed ``grad_sum`` (one party under MixedSync; "" for a synchronous round).
+        ``grad_sum`` may be a read-only view of a received frame: ``_update`` never writes to it.
         """
         scale = 1.0 if self.rescale_grad is None else self.rescale_grad
-        w = torch.from_numpy(np.array(weight, dtype=np.float32, copy=True))
-        g = readonly_tensor(np.asarray(grad_sum, dtype=np.float32))  # only read; scaling makes a new tensor
+        w = np.array(weight, dtype=np.float32, copy=True)
+        g = np.asarray(grad_sum, dtype=np.float32)
         if scale != 1.0:
-            g = g * scale
+            g = _scaled(g, scale)
         self._update(sid, w, g, contributor)
-        return w.numpy()
+        return w
 
     def received(self, sid: SliceId, contributor: str, weight: np.ndarray) -> None:
         """``contributor`` now holds ``weight`` for ``sid`` (INIT, a rejoin, a pull). Only DCASGD cares."""
 
-    def _update(self, sid: SliceId, weight: torch.Tensor, grad: torch.Tensor, contributor: str) -> None:
+    def _update(self, sid: SliceId, weight: np.ndarray, grad: np.ndarray, contributor: str) -> None:
+        """Update ``weight`` (float32, ours) in place from ``grad`` (float32, read only)."""
         raise NotImplementedError
 
     def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         """The per-slice state as (JSON layout, named arrays), for checkpoints (no pickle).
 
         Every subclass keeps its state in private dicts (``_momentum``, ``_state`` ...) whose values are
-        tensors, lists of ints, or tuples of those; this walks them all. Usage: ``layout, arrays = opt.state()``.
+        float32 arrays, lists of ints, or tuples of those; this walks them all. An array is recorded as kind
+        "tensor", the name checkpoints of the torch-based optimizers used, so both read each other's files.
+        Usage: ``layout, arrays = opt.state()``.
         """
         layout: dict[str, Any] = {}
         arrays: dict[str, np.ndarray] = {}
@@ -75,8 +99,8 @@ class Optimizer:
                 kinds = []
                 for position, leaf in enumerate(leaves):
                     name = f"{attr}/{index}/{position}"
-                    if isinstance(leaf, torch.Tensor):
-                        arrays[name], kind = leaf.detach().cpu().numpy().copy(), "tensor"
+                    if isinstance(leaf, np.ndarray):
+                        arrays[name], kind = leaf.copy(), "tensor"
                     elif isinstance(leaf, list):
                         arrays[name], kind = np.asarray(leaf, dtype=np.int64), "ints"
                     else:
@@ -100,7 +124,7 @@ class Optimizer:
                 leaves: list[Any] = []
                 for position, kind in enumerate(entry["leaves"]):
                     array = arrays[f"{attr}/{index}/{position}"]
-                    leaves.append(torch.from_numpy(np.array(array)) if kind == "tensor" else [int(x) for x in array])
+                    leaves.append(np.array(array, dtype=np.float32) if kind == "tensor" else [int(x) for x in array])
                 held_for = entry["slice"] if "slice" in entry else entry["slot"]  # "slot": an older geomx's checkpoint
                 table[as_tuple(held_for)] = tuple(leaves) if entry["tuple"] else leaves[0]
 
@@ -116,20 +140,27 @@ class SGD(Optimizer):
     nesterov: bool = False
 
     def __post_init__(self) -> None:
-        self._momentum: dict[SliceId, torch.Tensor] = {}
+        self._momentum: dict[SliceId, np.ndarray] = {}
 
-    def _update(self, sid: SliceId, weight: torch.Tensor, grad: torch.Tensor, contributor: str) -> None:
-        if self.weight_decay:
-            grad = grad.add(weight, alpha=self.weight_decay)
+    def _update(self, sid: SliceId, weight: np.ndarray, grad: np.ndarray, contributor: str) -> None:
+        if self.weight_decay:  # grad.add(weight, alpha=wd)
+            decayed = _scaled(weight, self.weight_decay)
+            decayed += grad
+            grad = decayed
         if self.momentum:
             buf = self._momentum.get(sid)
             if buf is None:
-                buf = grad.clone()
-                self._momentum[sid] = buf
+                buf = self._momentum[sid] = np.array(grad, dtype=np.float32, copy=True)
+            else:  # buf.mul_(momentum).add_(grad)
+                buf *= np.float32(self.momentum)
+                buf += grad
+            if self.nesterov:  # grad.add(buf, alpha=momentum)
+                ahead = _scaled(buf, self.momentum)
+                ahead += grad
+                grad = ahead
             else:
-                buf.mul_(self.momentum).add_(grad)
-            grad = grad.add(buf, alpha=self.momentum) if self.nesterov else buf
-        weight.add_(grad, alpha=-self.lr)
+                grad = buf
+        weight += _scaled(grad, -self.lr)  # weight.add_(grad, alpha=-lr)
 
 
 @dataclass
@@ -144,23 +175,32 @@ class Adam(Optimizer):
     weight_decay: float = 0.0
 
     def __post_init__(self) -> None:
-        self._state: dict[SliceId, tuple[torch.Tensor, torch.Tensor, list[int]]] = {}
+        self._state: dict[SliceId, tuple[np.ndarray, np.ndarray, list[int]]] = {}
 
-    def _update(self, sid: SliceId, weight: torch.Tensor, grad: torch.Tensor, contributor: str) -> None:
-        if self.weight_decay:
-            grad = grad.add(weight, alpha=self.weight_decay)
+    def _update(self, sid: SliceId, weight: np.ndarray, grad: np.ndarray, contributor: str) -> None:
+        if self.weight_decay:  # grad.add(weight, alpha=wd)
+            decayed = _scaled(weight, self.weight_decay)
+            decayed += grad
+            grad = decayed
         state = self._state.get(sid)
         if state is None:
-            state = (torch.zeros_like(weight), torch.zeros_like(weight), [0])
+            state = (np.zeros_like(weight), np.zeros_like(weight), [0])
             self._state[sid] = state
         exp_avg, exp_avg_sq, step = state
         step[0] += 1
-        exp_avg.lerp_(grad, 1 - self.beta1)
-        exp_avg_sq.mul_(self.beta2).addcmul_(grad, grad, value=1 - self.beta2)
+        _lerp_(exp_avg, grad, 1 - self.beta1)
+        exp_avg_sq *= np.float32(self.beta2)  # exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        scratch = _scaled(grad, 1 - self.beta2)
+        scratch *= grad
+        exp_avg_sq += scratch
         bias1 = 1 - self.beta1 ** step[0]
         bias2 = 1 - self.beta2 ** step[0]
-        denom = (exp_avg_sq.sqrt() / math.sqrt(bias2)).add_(self.epsilon)
-        weight.addcdiv_(exp_avg, denom, value=-self.lr / bias1)
+        denom = np.sqrt(exp_avg_sq)  # (exp_avg_sq.sqrt() / sqrt(bias2)).add_(eps)
+        denom /= np.float32(math.sqrt(bias2))
+        denom += np.float32(self.epsilon)
+        np.multiply(exp_avg, np.float32(-self.lr / bias1), out=scratch)  # addcdiv_: value * exp_avg / denom
+        scratch /= denom
+        weight += scratch
 
 
 @dataclass
@@ -204,28 +244,36 @@ class DCASGD(Optimizer):
     weight_decay: float = 0.0
 
     def __post_init__(self) -> None:
-        self._velocity: dict[SliceId, torch.Tensor] = {}
-        self._backup: dict[tuple[SliceId, str], torch.Tensor] = {}
+        self._velocity: dict[SliceId, np.ndarray] = {}
+        self._backup: dict[tuple[SliceId, str], np.ndarray] = {}
 
     def received(self, sid: SliceId, contributor: str, weight: np.ndarray) -> None:
         """``contributor`` now holds ``weight`` for ``sid``: its next push is compensated against it."""
-        self._backup[(sid, contributor)] = torch.from_numpy(np.array(weight, dtype=np.float32, copy=True))
+        self._backup[(sid, contributor)] = np.array(weight, dtype=np.float32, copy=True)
 
-    def _update(self, sid: SliceId, weight: torch.Tensor, grad: torch.Tensor, contributor: str) -> None:
+    def _update(self, sid: SliceId, weight: np.ndarray, grad: np.ndarray, contributor: str) -> None:
         backup = self._backup.get((sid, contributor))
-        direction = grad if backup is None else grad + self.lamda * grad * grad * (weight - backup)
-        if self.weight_decay:
-            direction = direction.add(weight, alpha=self.weight_decay)
-        step = direction.mul(-self.lr)
+        direction = grad
+        if backup is not None:  # grad + lamda * grad * grad * (weight - backup)
+            direction = _scaled(grad, self.lamda)
+            direction *= grad
+            direction *= np.subtract(weight, backup, dtype=np.float32)
+            direction += grad
+        if self.weight_decay:  # direction.add(weight, alpha=wd)
+            decayed = _scaled(weight, self.weight_decay)
+            decayed += direction
+            direction = decayed
+        step = _scaled(direction, -self.lr)
         if self.momentum:
             velocity = self._velocity.get(sid)
             if velocity is None:
                 velocity = self._velocity[sid] = step
-            else:
-                velocity.mul_(self.momentum).add_(step)
+            else:  # velocity.mul_(momentum).add_(step)
+                velocity *= np.float32(self.momentum)
+                velocity += step
             step = velocity
-        weight.add_(step)
-        self._backup[(sid, contributor)] = weight.clone()
+        weight += step
+        self._backup[(sid, contributor)] = weight.copy()
 
 
 OPTIMIZERS: dict[str, type[Optimizer]] = {cls.name: cls for cls in (SGD, Adam, DCASGD, OuterNesterov)}

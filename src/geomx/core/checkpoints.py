@@ -13,17 +13,14 @@ Usage (inside a global server)::
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..config import CheckpointSpec
+from ..optim import Optimizer
 from ..protocol.wire import Kind, SliceId
 from ..runs.checkpoint import CheckpointWriter, Snapshot, load_latest, shard_dir
 from .rounds import RoundTable, SliceValue
-
-if TYPE_CHECKING:  # geomx.optim imports torch: only a server that gets an optimizer loads it
-    from ..optim import Optimizer
 
 log = logging.getLogger("geomx.server")
 

@@ -22,6 +22,7 @@ from ..core.encoding import Encoding
 from ..core.options import parse_options, undeclared
 from ..core.plugins import Aggregation, Completion, Extension, Handler, PluginHost, Route, RouteChain
 from ..core.policy import SyncPolicy
+from ..optim import OPTIMIZERS
 from ..protocol.wire import Kind, MessageKind
 
 # Until the master's CONFIGURE names another, rounds of pushes wait for every client (and a local tier's
@@ -189,8 +190,6 @@ def check_names(spec: TrainingSpec) -> None:
         raise ConfigError(f"training.sync {spec.sync!r} is unknown; valid: {sorted(SYNC_POLICIES)}")
     if spec.server_optimizer in ("auto", "none", "translate"):
         return
-    from ..optim import OPTIMIZERS  # imports torch (~1 s): only where a topology names a server optimizer
-
     choices = ["auto", "none", "translate", *sorted(OPTIMIZERS)]
     if spec.server_optimizer not in choices:
         raise ConfigError(f"training.server_optimizer {spec.server_optimizer!r} is unknown; valid: {choices}")

@@ -15,26 +15,26 @@ Usage (the server's handler for the kind)::
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..config import Mode
 from ..config.combinations import configure_facts, refusal
 from ..core.checkpoints import restore_optimizer
+from ..optim import Optimizer, optimizer_from_spec
 from ..protocol.bodies import BodyError, ConfigureBody, decode_body, encode_body
 from ..protocol.wire import Kind, Message
 from .compose import DEFAULT_SYNC, configured_policy
 from .host import PartHost
 
-if TYPE_CHECKING:  # geomx.optim imports torch (~1 s per process): only a global server that gets one loads it
-    from ..optim import Optimizer
 
 log = logging.getLogger("geomx.server")
 
 
 def build_optimizer(spec: Any) -> Optimizer:
-    """The server optimizer ``spec`` names (imports torch: only global servers that get one pay for it)."""
-    from ..optim import optimizer_from_spec
+    """The server optimizer ``spec`` names (NumPy only: a global server never imports torch for it).
 
+    Usage: ``optimizer = build_optimizer({"name": "sgd", "params": {"lr": 0.1}})``.
+    """
     return optimizer_from_spec(spec)
 
 

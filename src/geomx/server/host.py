@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from ..codecs import Registry
 from ..config import NodeConfig, Timeouts
@@ -24,12 +24,11 @@ from ..core.early import EarlyAnswers
 from ..core.encoding import Encoding
 from ..core.inits import Inits
 from ..core.plugins import Aggregation, Extension, PluginHost, Route
+from ..optim import Optimizer
 from ..protocol.wire import Message
 from ..runs.checkpoint import CheckpointWriter, Snapshot
 from ..transport.rpc import Requests
 
-if TYPE_CHECKING:  # geomx.optim imports torch (~1 s per process): only a global server that gets one loads it
-    from ..optim import Optimizer
 
 
 class PartHost(PluginHost, Protocol):

@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -40,6 +40,7 @@ from ..core.clients import Clients, collective_client
 from ..core.early import EarlyAnswers
 from ..core.inits import Inits
 from ..core.rounds import Round, RoundTable, SliceValue
+from ..optim import Optimizer
 from ..protocol.bodies import ShutdownNotice, encode_body
 from ..protocol.wire import Kind, Message, MessageKind, SliceId
 from ..runs.checkpoint import CheckpointWriter, Snapshot
@@ -53,8 +54,6 @@ from .departures import Departures
 from .pushpull import PushPulls
 from .upstream import Upstream
 
-if TYPE_CHECKING:  # geomx.optim imports torch (~1 s per process): only a global server that gets one loads it
-    from ..optim import Optimizer
 
 log = logging.getLogger("geomx.server")
 
