@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from .config import Mode, NodeConfig, Role, Topology, TorchRun, job_topology, job_training, node_env
-from .runs.runlog import read_metrics, read_stats
+from .runs.summary import summarize
 from .server.compose import check_plugins
 
 # Environment defaults for every launched process (the user's environment wins):
@@ -313,22 +313,6 @@ class Launcher:
         return LaunchResult(code, wall, failed, summarize(self.run_dir, wall))
 
 
-def summarize(run_dir: Path, wall_s: float) -> dict[str, Any]:
-    """Totals from the run folder: bytes sent per link class (each byte counted once, by its sender)."""
-    stats = read_stats(run_dir)
-    totals = {"lan": 0, "wan": 0}
-    wan_by_party: dict[str, int] = {}
-    for entry in stats:
-        for link in ("lan", "wan"):
-            totals[link] += int(entry.get(link, {}).get("sent", 0))
-        party = str(entry.get("party", "?"))
-        wan_by_party[party] = wan_by_party.get(party, 0) + int(entry.get("wan", {}).get("sent", 0))
-    metrics = read_metrics(run_dir)
-    last = {name: records[-1] for name, records in metrics.items() if records}
-    return {"wall_s": wall_s, "lan_bytes": totals["lan"], "wan_bytes": totals["wan"],
-            "wan_bytes_sent_by_party": wan_by_party, "processes_reporting": len(stats), "last_metrics": last}
-
-
 def _status(result: LaunchResult) -> str:
     if result.exit_code == 0:
         return "ok"
@@ -345,6 +329,12 @@ def format_summary(result: LaunchResult) -> str:
              f"wall time     : {result.wall_s:.1f} s",
              f"LAN traffic   : {s.get('lan_bytes', 0) / 1e6:.2f} MB",
              f"WAN traffic   : {s.get('wan_bytes', 0) / 1e6:.2f} MB  (sent per party: {per_party})"]
+    for party in s.get("wan_bytes_sent_by_party", {}):  # a collective party: one WAN stream per rank
+        streams = {name.split("/", 1)[1]: sent for name, sent in s.get("wan_bytes_sent_by_process", {}).items()
+                   if name.startswith(f"{party}/")}
+        if len(streams) > 1:
+            shown = ", ".join(f"{name} {sent / 1e6:.2f} MB" for name, sent in sorted(streams.items()))
+            lines.append(f"WAN streams   : {party} {len(streams)} ({shown})")
     for name, record in s.get("last_metrics", {}).items():
         shown = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items()
                           if k != "time")

@@ -218,3 +218,8 @@ def test_a_collective_party_sends_the_wan_bytes_of_a_server_party_spread_over_it
     ranks = {entry["name"]: entry["wan"]["sent"] for entry in read_stats(jobs["collective"].run_dir)
              if entry.get("party") == "dc1" and entry.get("role") == "worker"}
     assert len(ranks) == 2 and min(ranks.values()) > 0.9 * max(ranks.values()), ranks  # balanced within 10%
+    from geomx.launch import format_summary
+
+    assert {name: sent for name, sent in jobs["collective"].summary["wan_bytes_sent_by_process"].items()
+            if name.startswith("dc1/")} == ranks
+    assert "WAN streams   : dc1 2 (worker0 " in format_summary(jobs["collective"].result)
