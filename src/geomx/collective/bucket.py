@@ -4,7 +4,8 @@ chunk of it, and the slices it owns with their views, allocated once.
 Usage (inside a collective strategy)::
 
     bucket = ModelBucket(layout, group, like=params[0])
-    bucket.reduce_scatter([p.grad for p in params])       # bucket.chunk: the party's sums of this rank's slices
+    bucket.layout.pack_key(key, grad, bucket.buffer)       # each gradient as backward makes it, then
+    bucket.group.reduce_scatter_async(bucket.chunk, bucket.buffer).wait()   # chunk: this rank's slices' sums
     for owned, piece in bucket.pieces: ...                 # send piece, write the answer into it
     bucket.all_gather_into([p.data for p in params])       # every rank: every owner's answers
 """
@@ -29,11 +30,6 @@ class ModelBucket:
         self.buffer = layout.empty(like.dtype, like.device)
         self.chunk = torch.zeros(layout.chunk_numel, dtype=like.dtype, device=like.device)
         self.pieces: list[tuple[OwnedSlice, torch.Tensor]] = list(layout.pieces(self.chunk, group.rank))
-
-    def reduce_scatter(self, tensors: Sequence[torch.Tensor]) -> None:
-        """``chunk`` = the party's sum of this rank's slices of ``tensors``."""
-        self.layout.pack(tensors, self.buffer)
-        self.group.reduce_scatter(self.chunk, self.buffer)
 
     def all_reduce(self, tensors: Sequence[torch.Tensor]) -> None:
         """``tensors`` = their sum over the party, in place (one all-reduce of the whole buffer)."""

@@ -87,9 +87,8 @@ class CollectivePeriodicAverage(WorkerStrategy):
             if delta is not None:
                 piece.copy_(torch.from_numpy(delta))
                 due.append((owned, piece))
-        went_global = torch.tensor([len(due)], dtype=torch.int64)
-        loop.kv.ranks.group.all_reduce(went_global)
-        if not int(went_global.item()):
+        if not any(self.rules.goes_global(owned.id, self.local_rounds)  # the same answer on every rank: no
+                   for share in bucket.layout.owned for owned in share):     # collective needed to agree on it
             return
         started = time.monotonic()
         loop.kv.ranks.exchange(due, loop.priority, kind="delta")  # each piece: the slice's new global model
