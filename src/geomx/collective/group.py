@@ -50,6 +50,10 @@ class Pending:
     def wait(self) -> None:
         self.group._run(self.what, self.work.wait)
 
+    def done(self) -> bool:
+        """Whether the collective has finished (successfully or not: ``wait`` says which), without blocking."""
+        return bool(self.work.is_completed())
+
 
 class PartyGroup:
     """The ranks of one party, and the collectives the collective strategies run over them."""

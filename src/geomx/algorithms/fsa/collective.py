@@ -20,11 +20,13 @@ Usage (chosen by the wrapper for a collective party's plan)::
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import torch
 
 from ...collective.bucket import ModelBucket, backward_buckets
 from ...collective.group import Pending
+from ...collective.owners import OwnedSlice
 from ...core.strategy import Loop, WorkerStrategy
 
 class CollectiveServerStep(WorkerStrategy):
@@ -40,6 +42,7 @@ class CollectiveServerStep(WorkerStrategy):
         self.bucket_of: dict[int, int] = {}
         self.missing: list[set[int]] = []  # per bucket: trained keys whose gradient has not come this step
         self.started: list[Pending] = []  # the reduce-scatters started this step, in bucket order
+        self.sent: list[tuple[list[tuple[OwnedSlice, torch.Tensor]], list[Any]]] = []  # pushed: pieces, futures
 
     def init_keys(self) -> None:
         loop = self.loop
@@ -56,6 +59,7 @@ class CollectiveServerStep(WorkerStrategy):
     def _new_step(self) -> None:
         self.missing = [{k for k in bucket.layout.keys if k in self.trained} for bucket in self.buckets]
         self.started = []
+        self.sent = []
 
     def on_gradient(self, key: int, grad: torch.Tensor) -> None:
         index = self.bucket_of[key]
@@ -64,12 +68,27 @@ class CollectiveServerStep(WorkerStrategy):
         self.missing[index].discard(key)
         self.loop.pushed.add(key)
         self._start_ready()
+        self._send_ready(block=False)
 
     def _start_ready(self) -> None:
         """Start the reduce-scatter of every complete bucket whose predecessors have started."""
         while len(self.started) < len(self.buckets) and not self.missing[len(self.started)]:
             bucket = self.buckets[len(self.started)]
             self.started.append(bucket.group.reduce_scatter_async(bucket.chunk, bucket.buffer))
+
+    def _send_ready(self, block: bool) -> None:
+        """Push the owned slices of every bucket whose reduce-scatter is done, in bucket order (``block``: wait
+        for each started one): from backward's hooks, a bucket's WAN round starts while later buckets still
+        compute."""
+        ranks = self.loop.kv.ranks
+        while len(self.sent) < len(self.started):
+            scatter = self.started[len(self.sent)]
+            if not block and not scatter.done():
+                return
+            scatter.wait()  # raises, naming the party, if the reduce-scatter failed
+            bucket = self.buckets[len(self.sent)]
+            pieces = [(owned, piece) for owned, piece in bucket.pieces if owned.key in self.trained]
+            self.sent.append((pieces, ranks.send(pieces, self.loop.priority)))
 
     def step(self) -> None:
         loop = self.loop
@@ -83,13 +102,9 @@ class CollectiveServerStep(WorkerStrategy):
         self._start_ready()
         started = time.monotonic()
         ranks = loop.kv.ranks
-        sent = []
-        for bucket, scatter in zip(self.buckets, self.started, strict=True):
-            scatter.wait()  # then its slices leave at once, while later buckets still reduce
-            pieces = [(owned, piece) for owned, piece in bucket.pieces if owned.key in self.trained]
-            sent.append((pieces, ranks.send(pieces, loop.priority)))
+        self._send_ready(block=True)  # each bucket's slices leave as its reduce-scatter lands
         gathers = []
-        for bucket, (pieces, futures) in zip(self.buckets, sent, strict=True):
+        for bucket, (pieces, futures) in zip(self.buckets, self.sent, strict=True):
             ranks.land(pieces, futures)
             self.fill(bucket)
             gathers.append(bucket.group.all_gather_async(bucket.buffer, bucket.chunk.clone()))
