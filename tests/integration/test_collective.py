@@ -59,64 +59,106 @@ def test_fsa_in_collective_parties_equals_single_process_sgd(geomx_job, tmp_path
     assert "dc0/scheduler" not in job.output and "[dc0/server]" not in job.output  # no local tier for dc0
 
 
-K1, K2, STEPS = 2, 2, 12  # a global round every K1 * K2 = 4 steps
+K1, K2 = 2, 2  # blocking: a global round every K1 * K2 = 4 steps
+SLICE_ELEMS = 512
 
 
-def simulate_collective_hfa(initial: list[torch.Tensor], parties: dict[str, int], outer: str
-                            ) -> list[torch.Tensor]:
+def simulate_collective_hfa(initial: list[torch.Tensor], parties: dict[str, int], outer: str, k2: int = K2,
+                            steps: int = 12, fragments: int = 1, delay: int = 0, alpha: float = 0.0
+                            ) -> dict[str, list[torch.Tensor]]:
     """HFA over collective parties in one process: each party steps SGD on its ranks' mean gradient (DDP), and
-    every K1 * K2 steps the global model moves by the parties' weighted deltas (or an outer Nesterov step)."""
+    every K1 steps is a local round; a slice goes global on its fragment's rounds (every K2), where the global
+    model moves by the parties' weighted deltas (or an outer Nesterov step); overlapped (``delay``), every party
+    goes on and ``delay`` rounds later takes ``(1 - alpha) * global + alpha * its own``. Returns each party's
+    model."""
+    from geomx.algorithms.hfa.rules import LocalFrequencyAggregation
+    from geomx.core.sharding import slice_plan
+
     total = sum(parties.values())
     ranks_of, first = {}, 0
     for party, count in parties.items():
         ranks_of[party], first = list(range(first, first + count)), first + count
-    models = {party: [w.clone() for w in initial] for party in parties}
-    global_model = [w.clone() for w in initial]
-    velocity: list[torch.Tensor | None] = [None for _ in initial]
-    inputs, targets = jobkit.make_data(STEPS, total)
+    models = {party: [w.clone().reshape(-1) for w in initial] for party in parties}
+    global_model = [w.clone().reshape(-1) for w in initial]
+    velocity = [torch.zeros_like(w) for w in global_model]
+    slices = {(key, index): span for key, w in enumerate(initial)
+              for index, span in enumerate(slice_plan(w.numel(), SLICE_ELEMS))}
+    schedule = LocalFrequencyAggregation(k2=k2, party_weight=1.0, fragments=fragments)  # only which rounds
+    if fragments > 1:
+        schedule.assign_fragments({sid: stop - start for sid, (start, stop) in slices.items()})
+    in_flight: dict[tuple[int, int], tuple[int, torch.Tensor]] = {}
+    inputs, targets = jobkit.make_data(steps, total)
     net = jobkit.make_model()
-    for step in range(1, STEPS + 1):
+    for step in range(1, steps + 1):
         for party, ranks in ranks_of.items():
-            grads = [torch.zeros_like(w) for w in initial]
+            grads = [torch.zeros_like(w) for w in global_model]
             for rank in ranks:
                 with torch.no_grad():
                     for p, w in zip(net.parameters(), models[party], strict=True):
-                        p.copy_(w)
+                        p.copy_(w.reshape(p.shape))
                 net.zero_grad()
                 F.mse_loss(net(inputs[step - 1, rank]), targets[step - 1, rank]).backward()
-                grads = [g + p.grad for g, p in zip(grads, net.parameters(), strict=True)]
+                grads = [g + p.grad.reshape(-1) for g, p in zip(grads, net.parameters(), strict=True)]
             models[party] = [w - jobkit.LR * g / len(ranks) for w, g in zip(models[party], grads, strict=True)]
-        if step % (K1 * K2):
+        if step % K1:
             continue
-        for i in range(len(initial)):
-            delta = sum((models[p][i] - global_model[i]) * parties[p] / total for p in parties)
+        count = step // K1
+        for (key, index), (a, b) in slices.items():
+            flight = in_flight.get((key, index))
+            if flight is not None and flight[0] == count:  # an overlapped round lands: the mix
+                del in_flight[(key, index)]
+                global_model[key][a:b] = flight[1]
+                for party in parties:
+                    models[party][key][a:b] = (1 - alpha) * flight[1] + alpha * models[party][key][a:b]
+            if not schedule.goes_global((key, index), count):
+                continue
+            delta = sum((models[p][key][a:b] - global_model[key][a:b]) * parties[p] / total for p in parties)
             if outer == "none":
-                global_model[i] = global_model[i] + delta
+                new = global_model[key][a:b] + delta
             else:  # Nesterov SGD on the gradient -delta, lr 0.7, momentum 0.9 (torch's formula)
                 grad = -delta
-                velocity[i] = grad.clone() if velocity[i] is None else 0.9 * velocity[i] + grad
-                global_model[i] = global_model[i] - 0.7 * (grad + 0.9 * velocity[i])
-            for party in parties:
-                models[party][i] = global_model[i].clone()
-    return global_model
+                velocity[key][a:b] = 0.9 * velocity[key][a:b] + grad
+                new = global_model[key][a:b] - 0.7 * (grad + 0.9 * velocity[key][a:b])
+            if delay:
+                in_flight[(key, index)] = (count + delay, new.clone())
+            else:
+                global_model[key][a:b] = new
+                for party in parties:
+                    models[party][key][a:b] = new
+    assert not in_flight, "the simulation ends with every overlapped round landed"
+    return {party: [w.reshape(w0.shape) for w, w0 in zip(models[party], initial, strict=True)] for party in parties}
 
 
-@pytest.mark.parametrize("outer", ["none", "outer_nesterov"])
-def test_hfa_in_collective_parties_matches_the_simulation(geomx_job, tmp_path, outer):
+@pytest.mark.parametrize(("outer", "streaming"), [
+    ("outer_nesterov", None),
+    # 2 fragments of K2=4, each overlapping the next local round: fragment 0 leaves at rounds 2 and 6 and lands at
+    # 3 and 7, fragment 1 leaves at 4, lands at 5; alpha 0.25, not 0.5: the mix swapped must not pass
+    ("none", {"fragments": 2, "fragment_delay": 1, "fragment_alpha": 0.25})],
+    ids=["outer_nesterov", "streaming_overlapped"])
+def test_hfa_in_collective_parties_matches_the_simulation(geomx_job, tmp_path, outer, streaming):
     """HFA (and DiLoCo's outer Nesterov) with DDP inside each collective party; a server party of one beside
-    two collective parties weighs by its workers."""
+    two collective parties weighs by its workers. Streaming: fragments on staggered rounds, their global rounds
+    overlapping the next local round on every rank, then mixed with the party's model."""
     parties = {"dc0": 2, "dc1": 2, "dc2": 1}
-    path = topology(tmp_path, {"dc0": "collective", "dc1": "collective"}, {"server_optimizer": outer},
-                    parties=parties, hfa={"k1": K1, "k2": K2}, slice_elems=512)
-    job = geomx_job(SCRIPT, "--steps", str(STEPS), "--momentum", "0", topology=path)
+    k2, steps = (4, 14) if streaming else (K2, 12)
+    path = topology(tmp_path, {"dc0": "collective", "dc1": "collective"},
+                    {"server_optimizer": outer, **(streaming or {})},
+                    parties=parties, hfa={"k1": K1, "k2": k2}, slice_elems=SLICE_ELEMS)
+    job = geomx_job(SCRIPT, "--steps", str(steps), "--momentum", "0", topology=path)
     job.assert_ok()
     workers = job.workers()
     assert sorted(workers) == list(range(5)), "every worker reports"
-    expected = simulate_collective_hfa(workers[0][0]["after_init"], parties, outer)
+    options = streaming or {}
+    expected = simulate_collective_hfa(workers[0][0]["after_init"], parties, outer, k2, steps,
+                                       fragments=options.get("fragments", 1), delay=options.get("fragment_delay", 0),
+                                       alpha=options.get("fragment_alpha", 0.0))
+    party_of = [party for party, count in parties.items() for _ in range(count)]
     for rank, (tensors, report) in workers.items():
         assert report["mode"] == "HFA"
-        for got, want in zip(tensors["final"], expected, strict=True):
+        for got, want in zip(tensors["final"], expected[party_of[rank]], strict=True):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=f"worker {rank}")
+    if streaming:  # the last round mixed: the parties' models differ
+        assert not torch.equal(workers[0][0]["final"][0], workers[4][0]["final"][0])
 
 
 def run_under_torchrun(tmp_path: Path, path: Path, *args: str) -> tuple[Any, str, list[Any], list[str], Path]:

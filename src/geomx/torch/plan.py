@@ -131,7 +131,7 @@ def _named_optimizer(spec: TrainingSpec, torch_optimizer: torch.optim.Optimizer)
 def collective_refusal(plan: Plan, spec: TrainingSpec) -> str | None:
     """Why ``plan`` cannot run in a ``lan: collective`` party yet (None: it can). A collective party runs FSA
     (dist_sync, the optimizer on the servers or on every rank, any WAN codec) and HFA with its outer optimizer,
-    blocking or streaming without overlap, with a stateless codec; the rest is refused at start, naming it."""
+    blocking or streaming (overlapped too), with a stateless codec; the rest is refused at start, naming it."""
     where = "in a lan: collective party"
     if plan.mode is Strategy.ESYNC:
         return f"ESync {where} is not supported yet: use HFA, or lan: server for this party"
@@ -140,9 +140,6 @@ def collective_refusal(plan: Plan, spec: TrainingSpec) -> str | None:
     if plan.mode is Strategy.HFA and keeps_residuals(plan.compression):
         return (f"a residual WAN codec ({(plan.compression or {}).get('type')}) under HFA {where} is not supported "
                 "yet (the global model's changes would come back compressed): use fp16 or int8, or lan: server")
-    options = dict(spec.plugin_options)
-    if plan.mode is Strategy.HFA and int(options.get("fragment_delay", "0") or 0) > 0:
-        return f"streaming HFA's fragment_delay (overlapped fragments) {where} is not supported yet: use 0"
     return None
 
 

@@ -8,6 +8,11 @@ a collective party counts K1 steps per local round without a LAN round, and ever
 for a slice is what a local server would send, ``(model - global model) * n_p / N``, and the global servers (their
 outer optimizer included) do not know the difference.
 
+Overlapped (``fragment_delay`` tau, Streaming DiLoCo): a fragment's deltas leave and every rank trains on; tau
+local rounds later the owners land the answers, one all-gather brings every rank the fragment's new global model
+(the job's model), and each rank mixes it with its own, ``(1 - fragment_alpha) * global + fragment_alpha * own``,
+as a local server answers its workers.
+
 Usage (chosen by the wrapper for a collective party under HFA)::
 
     strategy = CollectivePeriodicAverage(loop)
@@ -18,11 +23,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
 from ...collective.bucket import ModelBucket
+from ...collective.owners import OwnedSlice
 from ...core.strategy import Loop, WorkerStrategy
 from .rules import LocalFrequencyAggregation
 
@@ -41,6 +48,12 @@ class CollectivePeriodicAverage(WorkerStrategy):
         self.job_model: list[torch.Tensor] = []
         self.local_steps = 0
         self.local_rounds = 0
+        options = dict(loop.kv.config.topology.training.plugin_options)
+        self.delay = int(options.get("fragment_delay", "0") or 0)  # local rounds a fragment's global round overlaps
+        self.alpha = float(options.get("fragment_alpha", "0") or 0)  # the new global model's share is 1 - alpha
+        # overlapped global rounds: the local round that lands them -> the pieces sent and their answers' futures
+        self.in_flight: dict[int, tuple[list[tuple[OwnedSlice, torch.Tensor]], list[Any]]] = {}
+        self.piece_of: dict[tuple[int, int], int] = {}  # an owned slice's index in the bucket's pieces
 
     def init_keys(self) -> None:
         loop = self.loop
@@ -49,6 +62,7 @@ class CollectivePeriodicAverage(WorkerStrategy):
         # the job's model: the global model of the last global round (all of it, on every rank)
         self.job_model = [p.data.detach().clone() for p in loop.params]
         owned = [owned for owned, _ in self.bucket.pieces]
+        self.piece_of = {slice_.id: index for index, slice_ in enumerate(owned)}
         if self.rules.needs_fragments:  # every rank and party splits all the slices alike
             self.rules.assign_fragments(kv.ranks.slice_sizes())
         for slice_ in owned:
@@ -74,35 +88,66 @@ class CollectivePeriodicAverage(WorkerStrategy):
             self.sync()
 
     def sync(self) -> None:
-        """A local round: the owned slices due for a global round send their deltas; if any slice of the party
-        went global, every rank gathers the new global values."""
+        """A local round: the fragments whose overlapped global round ends now take the new global model (mixed
+        with the party's, ``fragment_alpha``); the owned slices due for a global round send their deltas (and,
+        without overlap, wait for the answers). Whether any slice lands this round is the same answer on every
+        rank (the rules know every rank's slices), so every rank joins the same all-gather."""
         loop = self.loop
         bucket = self.bucket
         assert bucket is not None
         bucket.own([p.data for p in loop.params])
         self.local_rounds += 1
+        count = self.local_rounds
         due = []
         for owned, piece in bucket.pieces:
             delta = self.rules.after_local_round(owned.id, piece.numpy())
             if delta is not None:
-                piece.copy_(torch.from_numpy(delta))
-                due.append((owned, piece))
-        if not any(self.rules.goes_global(owned.id, self.local_rounds)  # the same answer on every rank: no
-                   for share in bucket.layout.owned for owned in share):     # collective needed to agree on it
-            return
+                sent = piece if not self.delay else torch.empty_like(piece)  # overlapped: the chunk moves on
+                sent.copy_(torch.from_numpy(delta))
+                due.append((owned, sent))
         started = time.monotonic()
-        loop.kv.ranks.exchange(due, loop.priority, kind="delta")  # each piece: the slice's new global model
+        if due and not self.delay:
+            loop.kv.ranks.exchange(due, loop.priority, kind="delta")  # each piece: the slice's new global model
+        elif due:
+            self.in_flight[count + self.delay] = (due, loop.kv.ranks.send(due, loop.priority, kind="delta"))
+        landing = due if not self.delay else self._land(count)
         loop.waited(time.monotonic() - started)
-        due_ids = {owned.id for owned, _ in due}
-        for owned, piece in bucket.pieces:  # not due: the party's own model, unchanged
-            if owned.id not in due_ids:
-                piece.copy_(loop.params[owned.key].data.reshape(-1)[owned.start:owned.stop])
-        bucket.all_gather_into([p.data for p in loop.params])
-        for rank_share in bucket.layout.owned:  # the job's model: every slice that went global, on every rank
-            for owned in rank_share:
-                if self.rules.goes_global(owned.id, self.local_rounds):
-                    source = loop.params[owned.key].data.reshape(-1)[owned.start:owned.stop]
-                    self.job_model[owned.key].reshape(-1)[owned.start:owned.stop].copy_(source)
+        if not any(self._lands(owned.id, count) for share in bucket.layout.owned for owned in share):
+            return
+        # the job's model, every rank alike: each landed slice's new global model from its owner
+        landed = {owned.id for owned, _ in landing}
+        for owned, answer in landing:  # (without overlap, the answers are in the chunk already)
+            piece = bucket.pieces[self.piece_of[owned.id]][1]
+            if answer.data_ptr() != piece.data_ptr():
+                piece.copy_(answer)
+        for owned, piece in bucket.pieces:
+            if owned.id not in landed:
+                piece.copy_(self.job_model[owned.key].reshape(-1)[owned.start:owned.stop])
+        bucket.all_gather_into(self.job_model)
+        mine = self.alpha if self.delay else 0.0  # the party's model's share in the mix (torchft's fragment_alpha)
+        for share in bucket.layout.owned:
+            for owned in share:
+                if self._lands(owned.id, count):
+                    model = loop.params[owned.key].data.reshape(-1)[owned.start:owned.stop]
+                    new = self.job_model[owned.key].reshape(-1)[owned.start:owned.stop]
+                    if mine:
+                        model.mul_(mine).add_(new, alpha=1.0 - mine)
+                    else:
+                        model.copy_(new)
+
+    def _lands(self, slice_id: tuple[int, int], count: int) -> bool:
+        """Whether local round ``count`` brings ``slice_id`` its new global model (``delay`` rounds after it left)."""
+        sent = count - self.delay
+        return sent >= 1 and self.rules.goes_global(slice_id, sent)
+
+    def _land(self, count: int) -> list[tuple[OwnedSlice, torch.Tensor]]:
+        """The answers of the overlapped rounds due at local round ``count`` (waiting for any not in yet)."""
+        flight = self.in_flight.pop(count, None)
+        if flight is None:
+            return []
+        pieces, futures = flight
+        self.loop.kv.ranks.land(pieces, futures)
+        return pieces
 
     def load_job_model(self, into: Sequence[torch.Tensor]) -> None:
         """The global model of the last global round, as every rank of the party holds it (no traffic)."""
