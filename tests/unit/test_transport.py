@@ -256,7 +256,10 @@ def test_a_party_override_sets_its_wan_link(make_van):
     arrivals = sorted(t for t, _ in inbox_b.get_many(count))
     assert arrivals[0] - start >= slow.latency_s
     measured_bps = count * message_nbytes * 8 / (arrivals[-1] - start - slow.latency_s)
-    assert measured_bps == pytest.approx(slow.bandwidth_bps, rel=0.10)
+    # the cap is exact whatever the load (the default link is unlimited: without the override this is far above);
+    # the floor is loose: on a loaded 2-core machine the emulator's threads fell to 0.85 of the rate
+    assert measured_bps <= slow.bandwidth_bps * 1.10
+    assert measured_bps >= slow.bandwidth_bps * 0.6
 
 
 def test_lan_is_not_limited_by_the_wan_setting(make_van):
