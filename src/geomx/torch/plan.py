@@ -130,13 +130,15 @@ def _named_optimizer(spec: TrainingSpec, torch_optimizer: torch.optim.Optimizer)
 
 def collective_refusal(plan: Plan, spec: TrainingSpec) -> str | None:
     """Why ``plan`` cannot run in a ``lan: collective`` party yet (None: it can). A collective party runs FSA
-    (dist_sync, the optimizer on the servers or on every rank, any WAN codec) and HFA with its outer optimizer,
+    (dist_sync, the optimizer on the servers or on every rank, any WAN codec), MixedSync (dist_async) and HFA with its outer optimizer,
     blocking or streaming (overlapped too), with a stateless codec; the rest is refused at start, naming it."""
     where = "in a lan: collective party"
     if plan.mode is Strategy.ESYNC:
         return f"ESync {where} is not supported yet: use HFA, or lan: server for this party"
-    if spec.sync != "dist_sync":
-        return f"training.sync {spec.sync} {where} is not supported yet (FSA's dist_sync and HFA are)"
+    if spec.sync not in ("dist_sync", "dist_async"):
+        return f"training.sync {spec.sync} {where} is not supported yet (FSA's dist_sync, MixedSync and HFA are)"
+    if spec.server_optimizer == "dcasgd":
+        return f"DCASGD {where} is not supported yet (MixedSync with another server optimizer is)"
     if plan.mode is Strategy.HFA and keeps_residuals(plan.compression):
         return (f"a residual WAN codec ({(plan.compression or {}).get('type')}) under HFA {where} is not supported "
                 "yet (the global model's changes would come back compressed): use fp16 or int8, or lan: server")

@@ -76,6 +76,7 @@ def main() -> None:
     slices = [opt.kv.slices(key) for key in range(len(after))]  # how each parameter travels (P3: cut small)
     inputs, targets = jobkit.make_data(args.steps, num_workers)
     device_s = args.step_s * (args.slowdown if rank == args.slow_rank else 1.0)
+    pushed = [torch.zeros_like(p) for p in model.parameters()]  # this worker's own gradients, summed over steps
     trained = 0  # steps whose opt.step() changed the weights (under ESync the ones after the last round do not)
     for step in range(args.steps):  # the user's loop, unchanged (but for the emulated device time)
         if rank == args.die_rank and step == args.die_step:
@@ -85,13 +86,17 @@ def main() -> None:
         loss.backward()
         if device_s:
             time.sleep(device_s)
+        for total, p in zip(pushed, model.parameters(), strict=True):
+            if p.grad is not None:
+                total.add_(p.grad)
         before_step = [p.detach().clone() for p in model.parameters()]
         opt.step()
         trained += any(not torch.equal(p, b) for p, b in zip(model.parameters(), before_step, strict=True))
         opt.log(loss=loss)
     opt.close()  # the last updates land (under ESync: the last round runs here)
     final = [p.detach().clone() for p in model.parameters()]
-    jobkit.save_worker_output(opt.kv.config.run_dir, rank, {"before_init": before, "after_init": after, "final": final},
+    jobkit.save_worker_output(opt.kv.config.run_dir, rank, {"before_init": before, "after_init": after, "final": final,
+                                                       "pushed": pushed},
                               {"name": opt.kv.name, "global_rank": rank, "is_master_worker": opt.is_master_worker,
                                "mode": opt.plan.mode.name, "overlap": opt.overlap, "trained_steps": trained,
                                "slices": slices})
