@@ -128,11 +128,15 @@ def _named_optimizer(spec: TrainingSpec, torch_optimizer: torch.optim.Optimizer)
         raise ConfigError(f"training.server_optimizer: {exc}") from None
 
 
-def collective_refusal(plan: Plan, spec: TrainingSpec) -> str | None:
+def collective_refusal(plan: Plan, spec: TrainingSpec, sharded: bool = False) -> str | None:
     """Why ``plan`` cannot run in a ``lan: collective`` party yet (None: it can). A collective party runs FSA
     (dist_sync, the optimizer on the servers or on every rank, any WAN codec) and HFA with its outer optimizer,
-    blocking or streaming without overlap, with a stateless codec; the rest is refused at start, naming it."""
+    blocking or streaming without overlap, with a stateless codec; a model sharded by FSDP2 (``sharded``) under
+    HFA only. The rest is refused at start, naming it."""
     where = "in a lan: collective party"
+    if sharded and plan.mode is not Strategy.HFA:
+        return (f"{plan.mode.value} with a model sharded by FSDP2 (fully_shard) {where} is not supported yet: "
+                "use HFA or DiLoCo (an hfa: block), or DDP for FSA")
     if plan.mode is Strategy.ESYNC:
         return f"ESync {where} is not supported yet: use HFA, or lan: server for this party"
     if spec.sync != "dist_sync":

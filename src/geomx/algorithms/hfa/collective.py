@@ -2,6 +2,11 @@
 every step, as DDP), and every ``K1 * K2`` steps a global round in which each rank sends the weighted delta of the
 slices it owns and brings back their new global model, then one all-gather.
 
+With a model sharded by FSDP2 the same strategy runs over the shards (``kv.ranks.model_bucket`` gives it a
+``ShardedBucket`` instead of a ``ModelBucket``): FSDP2 already averaged the gradients, each rank's job model is
+its shards, and a global round moves the owned slices from the shards to their owners and the answers back (an
+all-to-all each way) instead of an all-gather: nobody holds the whole model.
+
 The party's ranks hold one model (DDP keeps them equal), so the local average of HiPS HFA has nothing to average:
 a collective party counts K1 steps per local round without a LAN round, and every K2-th local round goes global
 (with ``fragments``, each fragment on its own round, as ``LocalFrequencyAggregation`` decides). What a rank sends
@@ -22,7 +27,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from ...collective.bucket import ModelBucket
+from ...collective.bucket import PartyModel
 from ...core.strategy import Loop, WorkerStrategy
 from .rules import LocalFrequencyAggregation
 
@@ -37,37 +42,31 @@ class CollectivePeriodicAverage(WorkerStrategy):
         self.rules = LocalFrequencyAggregation(k2=hfa.k2, party_weight=loop.kv.num_workers / loop.kv.num_all_workers,
                                                fragments=int(dict(loop.kv.config.topology.training.plugin_options)
                                                              .get("fragments", "1")))
-        self.bucket: ModelBucket | None = None
+        self.bucket: PartyModel | None = None
         self.job_model: list[torch.Tensor] = []
+        self.global_slices: list[torch.Tensor] = []  # each owned slice's global model, as ``bucket.pieces``
         self.local_steps = 0
         self.local_rounds = 0
 
     def init_keys(self) -> None:
         loop = self.loop
         kv = loop.kv
-        self.bucket = ModelBucket(kv.ranks.layout(), kv.ranks.group, like=loop.params[0].data)
-        # the job's model: the global model of the last global round (all of it, on every rank)
-        self.job_model = [p.data.detach().clone() for p in loop.params]
-        owned = [owned for owned, _ in self.bucket.pieces]
+        self.bucket = bucket = kv.ranks.model_bucket(loop.params)
+        views = bucket.views(loop.params)
+        # the job's model: the global model of the last global round, as this rank holds the model (all of it, or
+        # its FSDP2 shards); and the global model of the slices it owns, which their deltas start from
+        self.job_model = [view.clone() for view in views]
+        bucket.own(views)
+        self.global_slices = [piece.clone() for _, piece in bucket.pieces]
         if self.rules.needs_fragments:  # every rank and party splits all the slices alike
             self.rules.assign_fragments(kv.ranks.slice_sizes())
-        for slice_ in owned:
-            self.rules.set_global_model(slice_.id, self._global_view(slice_.key, slice_.start, slice_.stop))
-
-    def _global_view(self, key: int, start: int, stop: int) -> np.ndarray:
-        return self.job_model[key].reshape(-1)[start:stop].numpy()
+        for (owned, _), model in zip(bucket.pieces, self.global_slices, strict=True):
+            self.rules.set_global_model(owned.id, model.numpy())  # a view: updated in place after each round
 
     def step(self) -> None:
         loop = self.loop
-        bucket = self.bucket
-        assert bucket is not None, "init_keys runs first"
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in loop.params]
-        bucket.all_reduce(grads)
-        scale = 1.0 / loop.kv.num_workers
-        for param, grad in zip(loop.params, grads, strict=True):
-            if param.grad is None:
-                param.grad = grad
-            param.grad.mul_(scale)
+        assert self.bucket is not None, "init_keys runs first"
+        self.bucket.average_gradients(loop.params)
         loop.optimizer.step()
         self.local_steps += 1
         if self.local_steps % self.k1 == 0:
@@ -75,11 +74,12 @@ class CollectivePeriodicAverage(WorkerStrategy):
 
     def sync(self) -> None:
         """A local round: the owned slices due for a global round send their deltas; if any slice of the party
-        went global, every rank gathers the new global values."""
+        went global, every rank takes the owners' new global values."""
         loop = self.loop
         bucket = self.bucket
         assert bucket is not None
-        bucket.own([p.data for p in loop.params])
+        views = bucket.views(loop.params)
+        bucket.own(views)
         self.local_rounds += 1
         due = []
         for owned, piece in bucket.pieces:
@@ -94,17 +94,20 @@ class CollectivePeriodicAverage(WorkerStrategy):
         loop.kv.ranks.exchange(due, loop.priority, kind="delta")  # each piece: the slice's new global model
         loop.waited(time.monotonic() - started)
         due_ids = {owned.id for owned, _ in due}
-        for owned, piece in bucket.pieces:  # not due: the party's own model, unchanged
-            if owned.id not in due_ids:
-                piece.copy_(loop.params[owned.key].data.reshape(-1)[owned.start:owned.stop])
-        bucket.all_gather_into([p.data for p in loop.params])
-        for rank_share in bucket.layout.owned:  # the job's model: every slice that went global, on every rank
-            for owned in rank_share:
+        for (owned, piece), model in zip(bucket.pieces, self.global_slices, strict=True):
+            if owned.id in due_ids:
+                model.copy_(piece)
+        bucket.spread(views)  # not due: the party's own model, as own() took it
+        for share in bucket.layout.owned:  # the job's model: every slice that went global, where this rank holds it
+            for owned in share:
                 if self.rules.goes_global(owned.id, self.local_rounds):
-                    source = loop.params[owned.key].data.reshape(-1)[owned.start:owned.stop]
-                    self.job_model[owned.key].reshape(-1)[owned.start:owned.stop].copy_(source)
+                    low, high = bucket.held(owned.key)
+                    start, stop = max(low, owned.start) - low, min(high, owned.stop) - low
+                    if start < stop:
+                        self.job_model[owned.key][start:stop].copy_(views[owned.key][start:stop])
 
     def load_job_model(self, into: Sequence[torch.Tensor]) -> None:
         """The global model of the last global round, as every rank of the party holds it (no traffic)."""
-        for out, model in zip(into, self.job_model, strict=True):
+        assert self.bucket is not None, "init_keys runs first"
+        for out, model in zip(self.bucket.views(into), self.job_model, strict=True):
             out.copy_(model)
