@@ -223,3 +223,30 @@ def test_a_collective_party_sends_the_wan_bytes_of_a_server_party_spread_over_it
     assert {name: sent for name, sent in jobs["collective"].summary["wan_bytes_sent_by_process"].items()
             if name.startswith("dc1/")} == ranks
     assert "WAN streams   : dc1 2 (worker0 " in format_summary(jobs["collective"].result)
+
+
+def test_fsdp_in_collective_parties_trains_as_the_same_job_without_it(geomx_job, tmp_path):
+    """DiLoCo (HFA, outer Nesterov) over 2 collective parties x 2 ranks, the model sharded by FSDP2 (fully_shard per
+    layer and on the root; uneven rows, 384-element slices across the shards' boundaries) or not: the same final
+    weights on every rank, and the simulation's. Under FSDP2 each rank syncs the slices it owns from the shards."""
+    parties = {"dc0": 2, "dc1": 2}
+    workers = {}
+    for fsdp in (False, True):
+        name = "fsdp" if fsdp else "ddp"
+        path = topology(tmp_path / name, {"dc0": "collective", "dc1": "collective"},
+                        {"server_optimizer": "outer_nesterov"}, parties=parties, hfa={"k1": K1, "k2": K2},
+                        slice_elems=384)
+        job = geomx_job("fsdp_train.py", "--steps", str(STEPS), *(["--fsdp"] if fsdp else []), topology=path,
+                        name=name)
+        job.assert_ok()
+        workers[fsdp] = job.workers()
+        assert sorted(workers[fsdp]) == list(range(4)), "every worker reports"
+    expected = simulate_collective_hfa(workers[False][0][0]["after_init"], parties, "outer_nesterov")
+    for rank, (tensors, report) in workers[True].items():
+        assert report["mode"] == "HFA" and report["fsdp"]
+        plain = workers[False][rank][0]
+        for name in ("after_init", "final"):
+            for got, want in zip(tensors[name], plain[name], strict=True):
+                torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=f"worker {rank} {name}")
+        for got, want in zip(tensors["final"], expected, strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=f"worker {rank}")

@@ -1,0 +1,59 @@
+"""Integration worker: jobkit's model trained by a plain loop in a collective party, sharded by FSDP2 (``--fsdp``:
+``fully_shard`` on each layer, then on the root, before the optimizer and the wrapper are built) or not.
+
+Every rank seeds alike (FSDP2 shards the one model every rank builds; it broadcasts nothing) and trains on its
+batches of ``jobkit.make_data``, as ``frontend_train.py`` does. Saves the whole weights after the wrapper's init
+and at the end (gathered with ``full_tensor`` under FSDP2: the test's doing, not geomx's) to
+``$GEOMX_RUN_DIR/out/worker<global rank>.*``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+
+import jobkit
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+import geomx.torch as gx
+
+
+def whole(model: torch.nn.Module) -> list[torch.Tensor]:
+    return [(p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone() for p in model.parameters()]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=jobkit.STEPS)
+    parser.add_argument("--fsdp", action="store_true", help="shard the model with FSDP2's fully_shard")
+    args = parser.parse_args()
+    rank, num_workers = gx.worker_place()
+    torch.manual_seed(jobkit.seed_for(0))
+    model = jobkit.make_model()
+    if args.fsdp:
+        from torch.distributed.fsdp import fully_shard
+
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))  # torchrun's variables
+        for layer in (model[0], model[2]):
+            fully_shard(layer)
+        fully_shard(model)
+    opt = gx.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=jobkit.LR), model)
+    after = whole(model)
+    inputs, targets = jobkit.make_data(args.steps, num_workers)
+    for step in range(args.steps):
+        opt.zero_grad()
+        loss = F.mse_loss(model(inputs[step, rank]), targets[step, rank])
+        loss.backward()
+        opt.step()
+    opt.close()
+    final = whole(model)
+    jobkit.save_worker_output(opt.kv.config.run_dir, rank, {"after_init": after, "final": final},
+                              {"global_rank": rank, "mode": opt.plan.mode.name, "fsdp": args.fsdp})
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
