@@ -1,8 +1,9 @@
 """Integration worker: jobkit's model trained by a plain loop in a collective party, sharded by FSDP2 (``--fsdp``:
 ``fully_shard`` on each layer, then on the root, before the optimizer and the wrapper are built) or not.
 
-Every rank seeds alike (FSDP2 shards the one model every rank builds; it broadcasts nothing) and trains on its
-batches of ``jobkit.make_data``, as ``frontend_train.py`` does. Saves the whole weights after the wrapper's init
+The ranks of a party seed alike (FSDP2 shards the one model every rank builds; it broadcasts nothing), each
+party differently (the central party's model is the job's: only the wrapper's init makes the others' equal to
+it), and every rank trains on its batches of ``jobkit.make_data``, as ``frontend_train.py`` does. Saves the whole weights after the wrapper's init
 and at the end (gathered with ``full_tensor`` under FSDP2: the test's doing, not geomx's) to
 ``$GEOMX_RUN_DIR/out/worker<global rank>.*``.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
 
 import jobkit
 import torch
@@ -30,7 +32,7 @@ def main() -> None:
     parser.add_argument("--fsdp", action="store_true", help="shard the model with FSDP2's fully_shard")
     args = parser.parse_args()
     rank, num_workers = gx.worker_place()
-    torch.manual_seed(jobkit.seed_for(0))
+    torch.manual_seed(jobkit.seed_for(rank - int(os.environ["RANK"])))  # the party's first rank's seed
     model = jobkit.make_model()
     if args.fsdp:
         from torch.distributed.fsdp import fully_shard
