@@ -8,10 +8,10 @@ import pytest
 import torch
 from torch.distributed.tensor import Replicate, Shard
 
+from geomx.collective.fsdp import LocalShards, dim0_rows, sharding_refusal
 from geomx.collective.layout import OwnerLayout
 from geomx.collective.owners import SliceOwners
 from geomx.collective.reshard import Reshard
-from geomx.collective.shards import ShardMap, dim0_rows, sharding_refusal
 from geomx.core.sharding import slice_plan
 
 SHAPES = {0: (7, 5), 1: (7,), 2: (3, 64), 3: (1,), 4: (64, 9)}  # uneven rows; slices across shard boundaries
@@ -26,8 +26,8 @@ def test_dim0_rows_are_torch_chunks(world_size: int, rows: int) -> None:
     assert [low for low, high in held if high > low] == [int(c[0]) for c in chunks]
 
 
-def _plan(world_size: int, slice_elems: int, prefer: bool = True) -> tuple[ShardMap, OwnerLayout]:
-    shards = ShardMap.of_shapes(SHAPES, world_size)
+def _plan(world_size: int, slice_elems: int, prefer: bool = True) -> tuple[LocalShards, OwnerLayout]:
+    shards = LocalShards.of_shapes(SHAPES, world_size)
     owners = SliceOwners(world_size)
     numels = {key: torch.Size(shape).numel() for key, shape in SHAPES.items()}
     owners.add_many([(key, slice_plan(numel, slice_elems), 4) for key, numel in numels.items()],

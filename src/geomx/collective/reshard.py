@@ -1,7 +1,7 @@
 """Between FSDP2's shards and the slices' owners: which elements each rank sends to each other rank so that every
 owner holds its slices (``to owners``), and back (``to shards``), each way in one ``all_to_all_single``.
 
-Under FSDP2 rank ``r`` holds one flat range of every parameter (``geomx.collective.shards``), and the slices it
+Under FSDP2 rank ``r`` holds one flat range of every parameter (``geomx.collective.fsdp``), and the slices it
 owns (``geomx.collective.owners``) need not lie in it. A ``Move`` is one intersection of a source rank's range
 with a slice its target rank owns. Every rank computes every move from the shapes and the owners alone, and
 orders them alike: a rank's outbox holds its moves to rank 0, then to rank 1, ..., each group in key order, then
@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .fsdp import LocalShards
 from .layout import OwnerLayout
-from .shards import ShardMap
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class Move:
         return self.stop - self.start
 
 
-def moves(shards: ShardMap, layout: OwnerLayout) -> list[Move]:
+def moves(shards: LocalShards, layout: OwnerLayout) -> list[Move]:
     """Every move of the party, in key order (the layout's), then by position."""
     found = []
     for target, (share, offsets) in enumerate(zip(layout.owned, layout.offsets, strict=True)):
@@ -67,7 +67,7 @@ class Reshard:
     all-to-all each way (``out_splits``: elements to each rank on the way to the owners; ``in_splits``: from
     each rank; the way back swaps them)."""
 
-    def __init__(self, shards: ShardMap, layout: OwnerLayout, rank: int) -> None:
+    def __init__(self, shards: LocalShards, layout: OwnerLayout, rank: int) -> None:
         if shards.world_size != layout.world_size:
             raise ValueError(f"shards of {shards.world_size} ranks, owners of {layout.world_size}")
         missing = set(layout.keys) - set(shards.ranges)

@@ -21,18 +21,18 @@ from collections.abc import Sequence
 
 import torch
 
+from .fsdp import LocalShards, is_sharded, local_flat
 from .group import PartyGroup
 from .layout import OwnerLayout
 from .owners import OwnedSlice
 from .reshard import Reshard
-from .shards import ShardMap, is_sharded, local_flat
 
 
 class ShardedBucket:
     """This rank's owned slices and the all-to-all buffers between them and its FSDP2 shards."""
 
-    def __init__(self, shards: ShardMap, layout: OwnerLayout, group: PartyGroup, like: torch.Tensor) -> None:
-        self.shards = shards
+    def __init__(self, shards: LocalShards, layout: OwnerLayout, group: PartyGroup, like: torch.Tensor) -> None:
+        self.local_shards = shards
         self.layout = layout
         self.group = group
         self.plan = Reshard(shards, layout, group.rank)
@@ -58,7 +58,7 @@ class ShardedBucket:
 
     def held(self, key: int) -> tuple[int, int]:
         """This rank's shard of ``key``."""
-        return self.shards.held(key, self.group.rank)
+        return self.local_shards.held(key, self.group.rank)
 
     def average_gradients(self, params: Sequence[torch.Tensor]) -> None:
         """Nothing: FSDP2's backward reduce-scattered the gradients and averaged them over the party."""

@@ -24,7 +24,6 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-import numpy as np
 import torch
 
 from ...collective.bucket import PartyModel

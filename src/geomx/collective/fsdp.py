@@ -1,5 +1,5 @@
 """Which part of each parameter a rank of a collective party holds when the script sharded its model with FSDP2
-(``torch.distributed.fsdp.fully_shard``): a ``ShardMap``, and the check that the sharding is one geomx can sync.
+(``torch.distributed.fsdp.fully_shard``): a ``LocalShards``, and the check that the sharding is one geomx can sync.
 
 FSDP2 shards every parameter on dim 0 over the party's ranks, as ``torch.chunk`` cuts it: with ``rows`` rows and
 ``n`` ranks, each rank holds ``ceil(rows / n)`` rows but the last ones (some may hold none). A parameter's rows
@@ -12,7 +12,7 @@ of other ranks, some parameters sharded and others not) is refused at start, nam
 Usage::
 
     shards = fsdp_shards(list(model.parameters()), world_size=2, names=names)   # None: not sharded
-    shards.ranges[0]                     # key 0's [start, stop) on every rank, e.g. [(0, 16), (16, 28)]
+    shards.ranges[0]                     # key 0's [start, stop) on each rank, e.g. [(0, 16), (16, 28)]
     shards.holder(0, 0, 8)               # 0: rank 0's shard holds all of [0, 8)
     local_flat(param)                    # this rank's shard, flat (a view: writes reach the model)
 """
@@ -20,7 +20,7 @@ Usage::
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,14 +37,14 @@ def dim0_rows(rows: int, world_size: int, rank: int) -> tuple[int, int]:
 
 
 @dataclass(frozen=True)
-class ShardMap:
+class LocalShards:
     """Each key's flat range on every rank (``ranges[key][rank]``), for a party of ``world_size`` ranks."""
 
     world_size: int
     ranges: dict[int, list[tuple[int, int]]]
 
     @classmethod
-    def of_shapes(cls, shapes: dict[int, Sequence[int]], world_size: int) -> ShardMap:
+    def of_shapes(cls, shapes: Mapping[int, Sequence[int]], world_size: int) -> LocalShards:
         """The map of keys with these global shapes, sharded on dim 0 (a 0-d tensor counts as one row)."""
         ranges = {}
         for key, shape in shapes.items():
@@ -65,9 +65,9 @@ class ShardMap:
                 return rank
         return None
 
-    def merged(self, other: ShardMap) -> ShardMap:
+    def merged(self, other: LocalShards) -> LocalShards:
         """This map and ``other``'s keys together (keys declared by two ``init`` calls)."""
-        return ShardMap(self.world_size, {**self.ranges, **other.ranges})
+        return LocalShards(self.world_size, {**self.ranges, **other.ranges})
 
 
 def is_sharded(tensor: Any) -> bool:
@@ -91,9 +91,11 @@ def sharding_refusal(name: str, placements: Sequence[Any], mesh_ranks: Sequence[
 
 
 def fsdp_shards(tensors: Sequence[torch.Tensor], world_size: int, names: Sequence[str] | None = None,
-                party: str = "?") -> ShardMap | None:
-    """The ``ShardMap`` of ``tensors`` (keys 0, 1, ... in order) if they are FSDP2 parameters, None if none is a
-    DTensor; ConfigError naming the first parameter whose sharding geomx cannot sync, or a mix of both kinds."""
+                party: str = "?", keys: Sequence[int] | None = None) -> LocalShards | None:
+    """The ``LocalShards`` of ``tensors`` (as ``keys``; default 0, 1, ... in order) if they are FSDP2 parameters,
+    None if none is a DTensor; ConfigError naming the first parameter whose sharding geomx cannot sync, or a mix of
+    both kinds."""
+    keys = list(keys) if keys is not None else list(range(len(tensors)))
     labels = list(names) if names is not None else [f"key {key}" for key in range(len(tensors))]
     sharded = [is_sharded(t) for t in tensors]
     if not any(sharded):
@@ -103,15 +105,17 @@ def fsdp_shards(tensors: Sequence[torch.Tensor], world_size: int, names: Sequenc
         raise ConfigError(f"party {party}: parameters {plain} are plain tensors beside FSDP2-sharded ones: call "
                           "fully_shard on the root module too, so that every parameter is sharded")
     shapes = {}
-    for key, (label, tensor) in enumerate(zip(labels, tensors, strict=True)):
+    for key, label, tensor in zip(keys, labels, tensors, strict=True):
         assert isinstance(tensor, DTensor)
         refusal = sharding_refusal(label, tensor.placements, tensor.device_mesh.mesh.tolist(), world_size)
         if refusal is not None:
             raise ConfigError(f"party {party}: {refusal}")
         shapes[key] = tuple(tensor.shape)
-    shards = ShardMap.of_shapes(shapes, world_size)
-    rank = tensors[0].device_mesh.get_local_rank()  # type: ignore[attr-defined]
-    for key, (label, tensor) in enumerate(zip(labels, tensors, strict=True)):
+    shards = LocalShards.of_shapes(shapes, world_size)
+    first = tensors[0]
+    assert isinstance(first, DTensor)
+    rank = first.device_mesh.get_local_rank()
+    for key, label, tensor in zip(keys, labels, tensors, strict=True):
         low, high = shards.held(key, rank)
         if local_flat(tensor).numel() != high - low:
             raise ConfigError(f"party {party}: rank {rank} holds {local_flat(tensor).numel()} elements of "
