@@ -62,7 +62,7 @@ def test_fsa_in_collective_parties_equals_single_process_sgd(geomx_job, tmp_path
 K1, K2, STEPS = 2, 2, 12  # a global round every K1 * K2 = 4 steps
 
 
-def simulate_collective_hfa(initial: list[torch.Tensor], parties: dict[str, int], outer: str
+def simulate_collective_hfa(initial: list[torch.Tensor], parties: dict[str, int], outer: str, steps: int = STEPS
                             ) -> list[torch.Tensor]:
     """HFA over collective parties in one process: each party steps SGD on its ranks' mean gradient (DDP), and
     every K1 * K2 steps the global model moves by the parties' weighted deltas (or an outer Nesterov step)."""
@@ -73,9 +73,9 @@ def simulate_collective_hfa(initial: list[torch.Tensor], parties: dict[str, int]
     models = {party: [w.clone() for w in initial] for party in parties}
     global_model = [w.clone() for w in initial]
     velocity: list[torch.Tensor | None] = [None for _ in initial]
-    inputs, targets = jobkit.make_data(STEPS, total)
+    inputs, targets = jobkit.make_data(steps, total)
     net = jobkit.make_model()
-    for step in range(1, STEPS + 1):
+    for step in range(1, steps + 1):
         for party, ranks in ranks_of.items():
             grads = [torch.zeros_like(w) for w in initial]
             for rank in ranks:
@@ -227,26 +227,30 @@ def test_a_collective_party_sends_the_wan_bytes_of_a_server_party_spread_over_it
 
 def test_fsdp_in_collective_parties_trains_as_the_same_job_without_it(geomx_job, tmp_path):
     """DiLoCo (HFA, outer Nesterov) over 2 collective parties x 2 ranks, the model sharded by FSDP2 (fully_shard per
-    layer and on the root; uneven rows, 384-element slices across the shards' boundaries) or not: the same final
-    weights on every rank, and the simulation's. Under FSDP2 each rank syncs the slices it owns from the shards."""
-    parties = {"dc0": 2, "dc1": 2}
-    workers = {}
+    layer and on the root; uneven rows, 384-element slices across the shards' boundaries) or not: the same weights
+    on every rank after init and after 14 steps, the job's model (``load_job_model``, into a model sharded alike) is
+    the simulation's global model of step 12, and the WAN carries the same bytes. Under FSDP2 each rank syncs the
+    slices it owns from the shards; nobody gathers the model (the script does, to save it)."""
+    parties, steps = {"dc0": 2, "dc1": 2}, 14
+    workers, wan = {}, {}
     for fsdp in (False, True):
         name = "fsdp" if fsdp else "ddp"
         path = topology(tmp_path / name, {"dc0": "collective", "dc1": "collective"},
                         {"server_optimizer": "outer_nesterov"}, parties=parties, hfa={"k1": K1, "k2": K2},
                         slice_elems=384)
-        job = geomx_job("fsdp_train.py", "--steps", str(STEPS), *(["--fsdp"] if fsdp else []), topology=path,
+        job = geomx_job("fsdp_train.py", "--steps", str(steps), *(["--fsdp"] if fsdp else []), topology=path,
                         name=name)
         job.assert_ok()
-        workers[fsdp] = job.workers()
+        workers[fsdp], wan[fsdp] = job.workers(), job.summary["wan_bytes"]
         assert sorted(workers[fsdp]) == list(range(4)), "every worker reports"
-    expected = simulate_collective_hfa(workers[False][0][0]["after_init"], parties, "outer_nesterov")
+    assert abs(wan[True] - wan[False]) <= 0.02 * wan[False], wan
+    expected = simulate_collective_hfa(workers[False][0][0]["after_init"], parties, "outer_nesterov", steps)
     for rank, (tensors, report) in workers[True].items():
         assert report["mode"] == "HFA" and report["fsdp"]
         plain = workers[False][rank][0]
-        for name in ("after_init", "final"):
+        for name in ("after_init", "final", "job"):
             for got, want in zip(tensors[name], plain[name], strict=True):
                 torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=f"worker {rank} {name}")
-        for got, want in zip(tensors["final"], expected, strict=True):
+        for got, want, final in zip(tensors["job"], expected, tensors["final"], strict=True):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=f"worker {rank}")
+            assert not torch.allclose(got, final), "two local steps after the last global round"
