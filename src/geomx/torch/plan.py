@@ -134,11 +134,11 @@ def collective_refusal(plan: Plan, spec: TrainingSpec, sharded: bool = False) ->
     blocking or streaming without overlap, with a stateless codec; a model sharded by FSDP2 (``sharded``) under
     HFA only. The rest is refused at start, naming it."""
     where = "in a lan: collective party"
-    if sharded and plan.mode is not Strategy.HFA:
-        return (f"{plan.mode.value} with a model sharded by FSDP2 (fully_shard) {where} is not supported yet: "
-                "use HFA or DiLoCo (an hfa: block), or DDP for FSA")
     if plan.mode is Strategy.ESYNC:
         return f"ESync {where} is not supported yet: use HFA, or lan: server for this party"
+    if sharded and plan.mode is not Strategy.HFA:
+        return (f"FSA ({plan.mode.value}) with a model sharded by FSDP2 (fully_shard) {where} is not supported yet: "
+                "use HFA or DiLoCo (an hfa: block), or DDP for FSA")
     if spec.sync != "dist_sync":
         return f"training.sync {spec.sync} {where} is not supported yet (FSA's dist_sync and HFA are)"
     if plan.mode is Strategy.HFA and keeps_residuals(plan.compression):
