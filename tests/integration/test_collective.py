@@ -65,12 +65,12 @@ SLICE_ELEMS = 512
 
 def simulate_collective_hfa(initial: list[torch.Tensor], parties: dict[str, int], outer: str, k2: int = K2,
                             steps: int = 12, fragments: int = 1, delay: int = 0, alpha: float = 0.0
-                            ) -> dict[str, list[torch.Tensor]]:
+                            ) -> tuple[dict[str, list[torch.Tensor]], list[torch.Tensor]]:
     """HFA over collective parties in one process: each party steps SGD on its ranks' mean gradient (DDP), and
     every K1 steps is a local round; a slice goes global on its fragment's rounds (every K2), where the global
     model moves by the parties' weighted deltas (or an outer Nesterov step); overlapped (``delay``), every party
     goes on and ``delay`` rounds later takes ``(1 - alpha) * global + alpha * its own``. Returns each party's
-    model."""
+    model and the global model."""
     from geomx.algorithms.hfa.rules import LocalFrequencyAggregation
     from geomx.core.sharding import slice_plan
 
@@ -126,7 +126,8 @@ def simulate_collective_hfa(initial: list[torch.Tensor], parties: dict[str, int]
                 for party in parties:
                     models[party][key][a:b] = new
     assert not in_flight, "the simulation ends with every overlapped round landed"
-    return {party: [w.reshape(w0.shape) for w, w0 in zip(models[party], initial, strict=True)] for party in parties}
+    return ({party: [w.reshape(w0.shape) for w, w0 in zip(models[party], initial, strict=True)] for party in parties},
+            [w.reshape(w0.shape) for w, w0 in zip(global_model, initial, strict=True)])
 
 
 @pytest.mark.parametrize(("outer", "streaming"), [
@@ -149,7 +150,7 @@ def test_hfa_in_collective_parties_matches_the_simulation(geomx_job, tmp_path, o
     workers = job.workers()
     assert sorted(workers) == list(range(5)), "every worker reports"
     options = streaming or {}
-    expected = simulate_collective_hfa(workers[0][0]["after_init"], parties, outer, k2, steps,
+    expected, _ = simulate_collective_hfa(workers[0][0]["after_init"], parties, outer, k2, steps,
                                        fragments=options.get("fragments", 1), delay=options.get("fragment_delay", 0),
                                        alpha=options.get("fragment_alpha", 0.0))
     party_of = [party for party, count in parties.items() for _ in range(count)]
@@ -290,3 +291,34 @@ def test_mixed_sync_in_collective_parties_applies_every_push_once(geomx_job, tmp
                    for got, want in zip(workers[rank][0]["final"], expected, strict=True))
 
     assert holds_everything(0) or holds_everything(2), "no party ends with every push applied once"
+
+
+def test_fsdp_in_collective_parties_trains_as_the_same_job_without_it(geomx_job, tmp_path):
+    """DiLoCo (HFA, outer Nesterov) over 2 collective parties x 2 ranks, the model sharded by FSDP2 (fully_shard per
+    layer and on the root; uneven rows, 384-element slices across the shards' boundaries) or not: the same weights
+    on every rank after init and after 14 steps, the job's model (``load_job_model``, into a model sharded alike) is
+    the simulation's global model of step 12, and the WAN carries the same bytes. Under FSDP2 each rank syncs the
+    slices it owns from the shards; nobody gathers the model (the script does, to save it)."""
+    parties, steps = {"dc0": 2, "dc1": 2}, 14
+    workers, wan = {}, {}
+    for fsdp in (False, True):
+        name = "fsdp" if fsdp else "ddp"
+        path = topology(tmp_path / name, {"dc0": "collective", "dc1": "collective"},
+                        {"server_optimizer": "outer_nesterov"}, parties=parties, hfa={"k1": K1, "k2": K2},
+                        slice_elems=384)
+        job = geomx_job("fsdp_train.py", "--steps", str(steps), *(["--fsdp"] if fsdp else []), topology=path,
+                        name=name)
+        job.assert_ok()
+        workers[fsdp], wan[fsdp] = job.workers(), job.summary["wan_bytes"]
+        assert sorted(workers[fsdp]) == list(range(4)), "every worker reports"
+    assert abs(wan[True] - wan[False]) <= 0.02 * wan[False], wan
+    _, expected = simulate_collective_hfa(workers[False][0][0]["after_init"], parties, "outer_nesterov", steps=steps)
+    for rank, (tensors, report) in workers[True].items():
+        assert report["mode"] == "HFA" and report["fsdp"]
+        plain = workers[False][rank][0]
+        for name in ("after_init", "final", "job"):
+            for got, want in zip(tensors[name], plain[name], strict=True):
+                torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=f"worker {rank} {name}")
+        for got, want, final in zip(tensors["job"], expected, tensors["final"], strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=f"worker {rank}")
+            assert not torch.allclose(got, final), "two local steps after the last global round"

@@ -1,18 +1,24 @@
 """A collective rank's view of the model: the owner-ordered buffer of ``geomx.collective.layout``, this rank's
 chunk of it, and the slices it owns with their views, allocated once.
 
+``PartyModel`` is what a strategy asks of it, whether every rank holds the whole model (``ModelBucket``: DDP's
+form) or its FSDP2 shard (``geomx.collective.sharded.ShardedBucket``): the tensors this rank holds (``views``),
+its owned slices gathered into ``chunk`` from them (``own``), and the owners' chunks written back into them
+(``spread``).
+
 Usage (inside a collective strategy)::
 
     bucket = ModelBucket(layout, group, like=params[0])
     bucket.layout.pack_key(key, grad, bucket.buffer)       # each gradient as backward makes it, then
     bucket.group.reduce_scatter_async(bucket.chunk, bucket.buffer).wait()   # chunk: this rank's slices' sums
     for owned, piece in bucket.pieces: ...                 # send piece, write the answer into it
-    bucket.all_gather_into([p.data for p in params])       # every rank: every owner's answers
+    bucket.spread([p.data for p in params])                # every rank: every owner's answers (all-gather)
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 import torch
 
@@ -21,8 +27,40 @@ from .layout import OwnerLayout
 from .owners import OwnedSlice
 
 
+class PartyModel(Protocol):
+    """A party's model as one rank holds it, and the moves between it and the slices this rank owns.
+
+    Usage: ``views = model.views(params); model.own(views); ...the pieces travel...; model.spread(views)``
+    """
+
+    layout: OwnerLayout
+    chunk: torch.Tensor  # this rank's owned slices, back to back (``layout``'s chunk)
+    pieces: list[tuple[OwnedSlice, torch.Tensor]]  # each owned slice with its view into ``chunk``
+
+    def views(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """What this rank holds of each of ``tensors`` (the model's, or a copy's), flat; writes reach them."""
+        ...
+
+    def held(self, key: int) -> tuple[int, int]:
+        """The flat range ``[start, stop)`` of ``key`` that ``views`` holds."""
+        ...
+
+    def average_gradients(self, params: Sequence[torch.Tensor]) -> None:
+        """Every ``param.grad`` = the party's mean gradient (of what this rank holds)."""
+        ...
+
+    def own(self, views: Sequence[torch.Tensor]) -> None:
+        """``chunk`` = this rank's owned slices of the party's model (``views``: every rank's, alike)."""
+        ...
+
+    def spread(self, views: Sequence[torch.Tensor]) -> None:
+        """Every rank's ``views`` = the owners' chunks (what they hold of them)."""
+        ...
+
+
 class ModelBucket:
-    """One flat buffer for the whole model and this rank's chunk, on the model's device."""
+    """One flat buffer for the whole model and this rank's chunk, on the model's device: the ``PartyModel`` of a
+    party whose ranks each hold the whole model."""
 
     def __init__(self, layout: OwnerLayout, group: PartyGroup, like: torch.Tensor) -> None:
         self.layout = layout
@@ -42,10 +80,28 @@ class ModelBucket:
         for owned, piece in self.pieces:
             piece.copy_(tensors[owned.key].detach().reshape(-1)[owned.start:owned.stop])
 
-    def all_gather_into(self, tensors: Sequence[torch.Tensor]) -> None:
-        """Every rank's chunk into ``tensors``: each slice as its owner holds it."""
+    def spread(self, tensors: Sequence[torch.Tensor]) -> None:
+        """Every rank's chunk into ``tensors`` (one all-gather): each slice as its owner holds it."""
         self.group.all_gather(self.buffer, self.chunk)
         self.layout.unpack(self.buffer, tensors)
+
+    def views(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Each whole tensor, flat (a view)."""
+        return [t.detach().view(-1) for t in tensors]
+
+    def held(self, key: int) -> tuple[int, int]:
+        """All of ``key``."""
+        return 0, self.layout.numels[self.layout.position[key]]
+
+    def average_gradients(self, params: Sequence[torch.Tensor]) -> None:
+        """Every rank's gradients = their mean over the party (one all-reduce; a missing gradient counts as 0)."""
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        self.all_reduce(grads)
+        scale = 1.0 / self.group.world_size
+        for param, grad in zip(params, grads, strict=True):
+            if param.grad is None:
+                param.grad = grad
+            param.grad.mul_(scale)
 
 
 def backward_buckets(numels: dict[int, int], itemsize: int, bucket_bytes: int) -> list[list[int]]:

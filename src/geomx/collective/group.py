@@ -114,6 +114,13 @@ class PartyGroup:
         """``tensor`` = its sum over the party, in place."""
         self._run("all-reduce", lambda: dist.all_reduce(tensor, group=self.group))
 
+    def all_to_all(self, output: torch.Tensor, input: torch.Tensor, output_splits: list[int],
+                   input_splits: list[int]) -> None:
+        """``output`` = what every rank sent this one (``output_splits[r]`` elements from rank ``r``, rank by rank);
+        ``input`` holds ``input_splits[r]`` elements for rank ``r``, rank by rank."""
+        self._run("all-to-all", lambda: dist.all_to_all_single(output, input, output_splits, input_splits,
+                                                               group=self.group))
+
     def broadcast(self, tensor: torch.Tensor, source: int = 0) -> None:
         """``tensor`` = rank ``source``'s, in place."""
         self._run("broadcast", lambda: dist.broadcast(tensor, src=source, group=self.group))

@@ -6,7 +6,9 @@ only, so a party of N ranks has N WAN streams, each carrying about 1/N of the by
 (each slice to the rank holding the fewest bytes so far, ties to the lowest rank), the largest slices first among
 the keys declared together: deterministic, so every rank computes the same plan without talking, and within one
 slice of perfect balance. A key that never travels per step (the wrapper's model signature) gets owners but no
-weight.
+weight. Under FSDP2 a ``prefer`` rule places each slice that lies inside one rank's local shard on that rank first
+(its values are already there: nothing moves to reach its owner); the slices across a shard boundary then even
+out the loads.
 
 Usage::
 
@@ -18,7 +20,7 @@ Usage::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..protocol.wire import SliceId
@@ -61,9 +63,11 @@ class SliceOwners:
         self.add_many([(key, slices, itemsize)])
         return [self._owner[(key, index)] for index in range(len(slices))]
 
-    def add_many(self, keys: Sequence[tuple[int, Sequence[tuple[int, int]], int]]) -> None:
+    def add_many(self, keys: Sequence[tuple[int, Sequence[tuple[int, int]], int]],
+                 prefer: Callable[[int, int, int], int | None] | None = None) -> None:
         """Declare keys together, ``(key, slices, itemsize)`` each (itemsize 0: a key that never travels per
-        step): their slices are placed largest first, so the shares come out even."""
+        step): their slices are placed largest first, so the shares come out even. ``prefer(key, start, stop)``,
+        if given, names the rank a slice should go to (None: no preference); those slices are placed first."""
         entries = []
         for key, slices, itemsize in keys:
             if key in self._keys:
@@ -71,8 +75,14 @@ class SliceOwners:
             self._keys[key] = len(self._keys)
             entries += [((stop - start) * itemsize, key, index, len(slices), start, stop)
                         for index, (start, stop) in enumerate(slices)]
-        for nbytes, key, index, count, start, stop in sorted(entries, key=lambda e: (-e[0], self._keys[e[1]], e[2])):
-            rank = min(range(self.world_size), key=lambda r: (self.loads[r], r))
+        wished = {(e[1], e[2]): prefer(e[1], e[4], e[5]) for e in entries} if prefer is not None else {}
+        placed_first = sorted(entries, key=lambda e: (wished.get((e[1], e[2])) is None, -e[0], self._keys[e[1]], e[2]))
+        for nbytes, key, index, count, start, stop in placed_first:
+            rank = wished.get((key, index))
+            if rank is None:
+                rank = min(range(self.world_size), key=lambda r: (self.loads[r], r))
+            elif not 0 <= rank < self.world_size:
+                raise ValueError(f"key {key} slice {index} preferred rank {rank}, not in a party of {self.world_size}")
             self.loads[rank] += nbytes
             self._owner[(key, index)] = rank
             self._owned[rank].append(OwnedSlice(key, index, count, start, stop))

@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from ..algorithms.registry import strategy_class
+from ..collective.fsdp import fsdp_shards, is_sharded
 from ..config import ConfigError, NodeConfig, node_config
 from ..core.strategy import SIGNATURE_KEY, WorkerStrategy
 from ..kv import KVStore, create
@@ -154,11 +155,17 @@ class DistributedOptimizer:
         self._forward_started = False
         collective = config.topology.is_collective(config.party)
         if collective:  # the party's ranks are one torch.distributed group (lan: collective)
-            refusal = collective_refusal(self.plan, config.topology.training)
+            ranks = self.kv.ranks
+            assert ranks is not None, "a collective party's kvstore joined its group"
+            shards = fsdp_shards(self.params, ranks.group.world_size, self.names, config.party)
+            refusal = collective_refusal(self.plan, config.topology.training, sharded=shards is not None)
             if refusal is not None:
                 raise ConfigError(refusal)
             if self.plan.compression:  # each rank encodes the slices it owns, residuals included
-                self.kv.ranks.use_compression(self.plan.compression)
+                ranks.use_compression(self.plan.compression)
+        elif any(is_sharded(p) for p in self.params):
+            raise ConfigError(f"party {config.party}: the model is sharded by FSDP2 (fully_shard), which needs the "
+                              "party's ranks to be one torch.distributed group: set lan: collective for it")
         mode = f"COLLECTIVE_{self.plan.mode.name}" if collective else self.plan.mode.name
         self.strategy: WorkerStrategy = strategy_class(mode)(self)
         self._configure_servers()

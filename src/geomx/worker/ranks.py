@@ -10,6 +10,12 @@ Usage (inside ``KVStore``; the collective strategies reach it as ``kv.ranks``)::
     ranks = PartyRanks.join(node_config, rank, SliceLink(requests, keys, route, codecs, timeout_s))
     ranks.init([0, 1], [weight, bias])            # every rank ends with the master's values
     ranks.exchange(pieces, priority)              # this rank's slices: pushed, answers written back in place
+    bucket = ranks.model_bucket(params)           # the model as this rank holds it (whole, or FSDP2 shards)
+
+Under FSDP2 (``geomx.collective.fsdp``) the parameters are DTensors and a rank holds its shard of each: ``init``
+prefers as owner of each slice the rank whose shard holds it, moves the central party's initial values from the
+shards to the owners (``geomx.collective.sharded``), and the answers back into the shards; nobody gathers the
+whole model, and no rank's values are broadcast (FSDP2 sharded one model: every rank holds its part of it).
 """
 
 from __future__ import annotations
@@ -26,9 +32,12 @@ import torch
 from ..codecs import Codec, Registry, TensorInfo
 from ..codecs.base import TensorKind
 from ..codecs.messages import decode_message, payload_fields
+from ..collective.bucket import ModelBucket, PartyModel
+from ..collective.fsdp import LocalShards, fsdp_shards, local_flat
 from ..collective.group import PartyGroup
 from ..collective.layout import OwnerLayout
 from ..collective.owners import OwnedSlice, SliceOwners
+from ..collective.sharded import ShardedBucket
 from ..config import ConfigError, NodeConfig
 from ..core.rounds import EARLY
 from ..core.strategy import WRAPPER_KEYS
@@ -77,6 +86,7 @@ class PartyRanks:
         self.group = group
         self.link = link
         self.owners = SliceOwners(group.world_size)
+        self.local_shards: LocalShards | None = None  # the keys an FSDP2 script sharded, once init has seen them
         # the central party's owners carry the initial values (rank 0's, broadcast first: it is the master)
         self.carries_values = central
         self.size_lower_bound = size_lower_bound  # the topology's, for Bi-Sparse and MPQ as the master sets them
@@ -118,37 +128,65 @@ class PartyRanks:
 
     def init(self, keys: list[int], values: list[torch.Tensor]) -> None:
         """Every rank declares every key; each slice's owner INITs it (with rank 0's values in the central party:
-        the master's) and broadcasts the answer to the party."""
+        the master's) and broadcasts the answer to the party. FSDP2 local shards (DTensors) go to their owners and back
+        instead (``_init_sharded``)."""
         table = self.link.keys
+        local_shards = fsdp_shards(values, self.group.world_size, [f"key {k}" for k in keys], self.group.party, keys)
         declared = []
         for k, v in zip(keys, values, strict=True):
             if not v.is_contiguous():
                 raise ValueError(f"init of key {k}: a collective party needs contiguous tensors")
             info = table.add(k, v)
             declared.append((k, info.slices, v.element_size() if k < WRAPPER_KEYS else 0))
-        self.owners.add_many(declared)  # the wrapper's own keys (its model signature) weigh nothing
+        # the wrapper's own keys (its model signature) weigh nothing; a slice inside one rank's shard is its own
+        self.owners.add_many(declared, prefer=local_shards.holder if local_shards is not None else None)
+        if local_shards is not None:
+            self._init_sharded(keys, values, local_shards)
+            return
         if self.carries_values:
             for v in values:
                 self.group.broadcast(v.data, source=0)
         pending = []
         for k, v in zip(keys, values, strict=True):
-            info = table[k]
             data = to_numpy(v, snapshot=True)
-            for index, (start, stop) in enumerate(info.slices):
-                if not self.owns(k, index):
-                    continue
-                piece = data[start:stop]
-                message = Message(Kind.INIT, key=k, slice=index, num_slices=len(info.slices),
-                                  tensor=piece if self.carries_values else None, dtype=piece.dtype, shape=piece.shape,
-                                  body=encode_body(InitBody(shard=info.shards[index], numel=data.size)))
-                pending.append((v, k, index, start, stop,
-                                self.link.requests.call(table.server_for(k, index), message)))
+            for index, (start, stop) in enumerate(table[k].slices):
+                if self.owns(k, index):
+                    pending.append((v, k, index, start, stop, self._send_init(k, index, data[start:stop])))
         for v, k, index, start, stop, future in pending:
             v.data.view(-1)[start:stop].copy_(self.link.answer(future, k, index, "INIT"))
         for k, v in zip(keys, values, strict=True):
             flat = v.data.view(-1)
             for index, (start, stop) in enumerate(table[k].slices):
                 self.group.broadcast(flat[start:stop], source=self.owners.owner(k, index))
+
+    def _init_sharded(self, keys: list[int], values: list[torch.Tensor], local_shards: LocalShards) -> None:
+        """INIT of FSDP2-sharded keys: the central party's owners get their slices' values from the local shards
+        holding them, each owner INITs its slices, and the answers go back into the local shards (two all-to-alls
+        at most)."""
+        self.local_shards = local_shards if self.local_shards is None else self.local_shards.merged(local_shards)
+        bucket = ShardedBucket(local_shards, self.layout(keys), self.group, like=local_flat(values[0]))
+        views = bucket.views(values)
+        if self.carries_values:
+            bucket.own(views)
+        futures = [self._send_init(owned.key, owned.index, piece.detach().to("cpu").numpy())
+                   for owned, piece in bucket.pieces]
+        for (owned, piece), future in zip(bucket.pieces, futures, strict=True):
+            piece.copy_(self.link.answer(future, owned.key, owned.index, "INIT"))
+        bucket.spread(views)
+
+    def _send_init(self, key: int, index: int, piece: np.ndarray) -> Any:
+        """INIT one slice this rank owns (with ``piece``'s values in the central party); the answer's future."""
+        info = self.link.keys[key]
+        message = Message(Kind.INIT, key=key, slice=index, num_slices=len(info.slices),
+                          tensor=piece if self.carries_values else None, dtype=piece.dtype, shape=piece.shape,
+                          body=encode_body(InitBody(shard=info.shards[index], numel=math.prod(info.shape))))
+        return self.link.requests.call(self.link.keys.server_for(key, index), message)
+
+    def model_bucket(self, params: Sequence[torch.Tensor]) -> PartyModel:
+        """The model as this rank holds it, with its owned slices: whole on every rank, or FSDP2's local shards."""
+        if self.local_shards is not None:
+            return ShardedBucket(self.local_shards, self.layout(), self.group, like=local_flat(params[0]))
+        return ModelBucket(self.layout(), self.group, like=params[0].data)
 
     def exchange(self, pieces: Sequence[tuple[OwnedSlice, torch.Tensor]], priority: Sequence[int],
                  kind: TensorKind = "gradient") -> None:

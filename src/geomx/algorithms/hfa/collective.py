@@ -2,16 +2,21 @@
 every step, as DDP), and every ``K1 * K2`` steps a global round in which each rank sends the weighted delta of the
 slices it owns and brings back their new global model, then one all-gather.
 
+With a model sharded by FSDP2 the same strategy runs over the shards (``kv.ranks.model_bucket`` gives it a
+``ShardedBucket`` instead of a ``ModelBucket``): FSDP2 already averaged the gradients, each rank's job model is
+its shards, and a global round moves the owned slices from the shards to their owners and the answers back (an
+all-to-all each way) instead of an all-gather: nobody holds the whole model.
+
 The party's ranks hold one model (DDP keeps them equal), so the local average of HiPS HFA has nothing to average:
 a collective party counts K1 steps per local round without a LAN round, and every K2-th local round goes global
 (with ``fragments``, each fragment on its own round, as ``LocalFrequencyAggregation`` decides). What a rank sends
 for a slice is what a local server would send, ``(model - global model) * n_p / N``, and the global servers (their
 outer optimizer included) do not know the difference.
 
-Overlapped (``fragment_delay`` tau, Streaming DiLoCo): a fragment's deltas leave and every rank trains on; tau
-local rounds later the owners land the answers, one all-gather brings every rank the fragment's new global model
-(the job's model), and each rank mixes it with its own, ``(1 - fragment_alpha) * global + fragment_alpha * own``,
-as a local server answers its workers.
+Overlapped (``fragment_delay`` tau, Streaming DiLoCo): a fragment's deltas leave from buffers of their own and
+every rank trains on; tau local rounds later the owners land the answers, one spread brings every rank the
+fragment's new global model (the job's model), and each rank mixes it with its own,
+``(1 - fragment_alpha) * global + fragment_alpha * own``, as a local server answers its workers.
 
 Usage (chosen by the wrapper for a collective party under HFA)::
 
@@ -25,10 +30,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import torch
 
-from ...collective.bucket import ModelBucket
+from ...collective.bucket import PartyModel
 from ...collective.owners import OwnedSlice
 from ...core.strategy import Loop, WorkerStrategy
 from .rules import LocalFrequencyAggregation
@@ -44,13 +48,14 @@ class CollectivePeriodicAverage(WorkerStrategy):
         self.rules = LocalFrequencyAggregation(k2=hfa.k2, party_weight=loop.kv.num_workers / loop.kv.num_all_workers,
                                                fragments=int(dict(loop.kv.config.topology.training.plugin_options)
                                                              .get("fragments", "1")))
-        self.bucket: ModelBucket | None = None
+        self.bucket: PartyModel | None = None
         self.job_model: list[torch.Tensor] = []
+        self.global_slices: list[torch.Tensor] = []  # each owned slice's global model, as ``bucket.pieces``
         self.local_steps = 0
         self.local_rounds = 0
         options = dict(loop.kv.config.topology.training.plugin_options)
         self.delay = int(options.get("fragment_delay", "0") or 0)  # local rounds a fragment's global round overlaps
-        self.alpha = float(options.get("fragment_alpha", "0") or 0)  # the new global model's share is 1 - alpha
+        self.alpha = float(options.get("fragment_alpha", "0") or 0)  # the party's model's share in the mix
         # overlapped global rounds: the local round that lands them -> the pieces sent and their answers' futures
         self.in_flight: dict[int, tuple[list[tuple[OwnedSlice, torch.Tensor]], list[Any]]] = {}
         self.piece_of: dict[tuple[int, int], int] = {}  # an owned slice's index in the bucket's pieces
@@ -58,44 +63,38 @@ class CollectivePeriodicAverage(WorkerStrategy):
     def init_keys(self) -> None:
         loop = self.loop
         kv = loop.kv
-        self.bucket = ModelBucket(kv.ranks.layout(), kv.ranks.group, like=loop.params[0].data)
-        # the job's model: the global model of the last global round (all of it, on every rank)
-        self.job_model = [p.data.detach().clone() for p in loop.params]
-        owned = [owned for owned, _ in self.bucket.pieces]
-        self.piece_of = {slice_.id: index for index, slice_ in enumerate(owned)}
+        self.bucket = bucket = kv.ranks.model_bucket(loop.params)
+        views = bucket.views(loop.params)
+        # the job's model: the global model of the last global round, as this rank holds the model (all of it, or
+        # its FSDP2 shards); and the global model of the slices it owns, which their deltas start from
+        self.job_model = [view.clone() for view in views]
+        bucket.own(views)
+        self.global_slices = [piece.clone() for _, piece in bucket.pieces]
+        self.piece_of = {owned.id: index for index, (owned, _) in enumerate(bucket.pieces)}
         if self.rules.needs_fragments:  # every rank and party splits all the slices alike
             self.rules.assign_fragments(kv.ranks.slice_sizes())
-        for slice_ in owned:
-            self.rules.set_global_model(slice_.id, self._global_view(slice_.key, slice_.start, slice_.stop))
-
-    def _global_view(self, key: int, start: int, stop: int) -> np.ndarray:
-        return self.job_model[key].reshape(-1)[start:stop].numpy()
+        for (owned, _), model in zip(bucket.pieces, self.global_slices, strict=True):
+            self.rules.set_global_model(owned.id, model.numpy())  # a view: updated in place after each round
 
     def step(self) -> None:
         loop = self.loop
-        bucket = self.bucket
-        assert bucket is not None, "init_keys runs first"
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in loop.params]
-        bucket.all_reduce(grads)
-        scale = 1.0 / loop.kv.num_workers
-        for param, grad in zip(loop.params, grads, strict=True):
-            if param.grad is None:
-                param.grad = grad
-            param.grad.mul_(scale)
+        assert self.bucket is not None, "init_keys runs first"
+        self.bucket.average_gradients(loop.params)
         loop.optimizer.step()
         self.local_steps += 1
         if self.local_steps % self.k1 == 0:
             self.sync()
 
     def sync(self) -> None:
-        """A local round: the fragments whose overlapped global round ends now take the new global model (mixed
-        with the party's, ``fragment_alpha``); the owned slices due for a global round send their deltas (and,
-        without overlap, wait for the answers). Whether any slice lands this round is the same answer on every
-        rank (the rules know every rank's slices), so every rank joins the same all-gather."""
+        """A local round: the owned slices due for a global round send their deltas (and, without overlap, wait
+        for the answers); the slices whose global round lands now take the new global model, mixed with the
+        party's own under overlap. Whether any slice lands is the same answer on every rank (the rules know every
+        rank's slices), so every rank joins the same spread."""
         loop = self.loop
         bucket = self.bucket
         assert bucket is not None
-        bucket.own([p.data for p in loop.params])
+        views = bucket.views(loop.params)
+        bucket.own(views)
         self.local_rounds += 1
         count = self.local_rounds
         due = []
@@ -114,22 +113,20 @@ class CollectivePeriodicAverage(WorkerStrategy):
         loop.waited(time.monotonic() - started)
         if not any(self._lands(owned.id, count) for share in bucket.layout.owned for owned in share):
             return
-        # the job's model, every rank alike: each landed slice's new global model from its owner
-        landed = {owned.id for owned, _ in landing}
-        for owned, answer in landing:  # (without overlap, the answers are in the chunk already)
-            piece = bucket.pieces[self.piece_of[owned.id]][1]
-            if answer.data_ptr() != piece.data_ptr():
-                piece.copy_(answer)
-        for owned, piece in bucket.pieces:
-            if owned.id not in landed:
-                piece.copy_(self.job_model[owned.key].reshape(-1)[owned.start:owned.stop])
-        bucket.all_gather_into(self.job_model)
-        mine = self.alpha if self.delay else 0.0  # the party's model's share in the mix (torchft's fragment_alpha)
-        for share in bucket.layout.owned:
+        for owned, answer in landing:  # each owned slice's global model; without overlap already in the chunk
+            self.global_slices[self.piece_of[owned.id]].copy_(answer)
+        for (owned, piece), model in zip(bucket.pieces, self.global_slices, strict=True):
+            piece.copy_(model)
+        bucket.spread(self.job_model)  # the job's model, where this rank holds it
+        mine = self.alpha if self.delay else 0.0
+        for share in bucket.layout.owned:  # the party's model: every slice that landed, mixed under overlap
             for owned in share:
                 if self._lands(owned.id, count):
-                    model = loop.params[owned.key].data.reshape(-1)[owned.start:owned.stop]
-                    new = self.job_model[owned.key].reshape(-1)[owned.start:owned.stop]
+                    low, high = bucket.held(owned.key)
+                    start, stop = max(low, owned.start) - low, min(high, owned.stop) - low
+                    if start >= stop:
+                        continue
+                    model, new = views[owned.key][start:stop], self.job_model[owned.key][start:stop]
                     if mine:
                         model.mul_(mine).add_(new, alpha=1.0 - mine)
                     else:
@@ -151,5 +148,6 @@ class CollectivePeriodicAverage(WorkerStrategy):
 
     def load_job_model(self, into: Sequence[torch.Tensor]) -> None:
         """The global model of the last global round, as every rank of the party holds it (no traffic)."""
-        for out, model in zip(into, self.job_model, strict=True):
+        assert self.bucket is not None, "init_keys runs first"
+        for out, model in zip(self.bucket.views(into), self.job_model, strict=True):
             out.copy_(model)

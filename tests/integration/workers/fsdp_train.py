@@ -1,0 +1,70 @@
+"""Integration worker: jobkit's model trained by a plain loop in a collective party, sharded by FSDP2 (``--fsdp``:
+``fully_shard`` on each layer, then on the root, before the optimizer and the wrapper are built) or not.
+
+The ranks of a party seed alike (FSDP2 shards the one model every rank builds; it broadcasts nothing), each
+party differently (the central party's model is the job's: only the wrapper's init makes the others' equal to
+it), and every rank trains on its batches of ``jobkit.make_data``, as ``frontend_train.py`` does. Saves the
+whole weights after the wrapper's init, at the end, and the job's model (``load_job_model``) (gathered with ``full_tensor`` under FSDP2: the test's
+doing, not geomx's) to ``$GEOMX_RUN_DIR/out/worker<global rank>.*``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+
+import jobkit
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+import geomx.torch as gx
+
+
+def whole(model: torch.nn.Module) -> list[torch.Tensor]:
+    return [(p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone() for p in model.parameters()]
+
+
+def build(fsdp: bool) -> torch.nn.Module:
+    """jobkit's model, sharded by FSDP2 (each layer, then the root) if ``fsdp``."""
+    model = jobkit.make_model()
+    if fsdp:
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in (model[0], model[2]):
+            fully_shard(layer)
+        fully_shard(model)
+    return model
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=jobkit.STEPS)
+    parser.add_argument("--fsdp", action="store_true", help="shard the model with FSDP2's fully_shard")
+    args = parser.parse_args()
+    rank, num_workers = gx.worker_place()
+    torch.manual_seed(jobkit.seed_for(rank - int(os.environ["RANK"])))  # the party's first rank's seed
+    if args.fsdp:
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))  # torchrun's variables
+    model = build(args.fsdp)
+    opt = gx.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=jobkit.LR), model)
+    after = whole(model)
+    inputs, targets = jobkit.make_data(args.steps, num_workers)
+    for step in range(args.steps):
+        opt.zero_grad()
+        loss = F.mse_loss(model(inputs[step, rank]), targets[step, rank])
+        loss.backward()
+        opt.step()
+    held = build(args.fsdp)  # FSDP2 refuses deepcopy: a model sharded alike, for the job's model
+    opt.load_job_model(held)
+    opt.close()
+    final = whole(model)
+    jobkit.save_worker_output(opt.kv.config.run_dir, rank, {"after_init": after, "final": final, "job": whole(held)},
+                              {"global_rank": rank, "mode": opt.plan.mode.name, "fsdp": args.fsdp})
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
