@@ -137,3 +137,15 @@ def test_the_group_peer_goals_are_said_from_the_runs_figures() -> None:
     slower = {**runs, "geomx_hfa_outer_collective_int8": row(None, 0.95, 15.0, 15.0, INT8)}
     assert "3x sooner than diloco_groups, final value no worse (0.950 vs 0.965; - vs 8.0 s): - -> not measured" \
         in "\n".join(wan_goals.group_peer_lines("100", slower, "mlp", True))
+
+
+def test_a_peer_short_of_the_target_is_compared_at_its_own_final_value() -> None:
+    def run(times: list[float], values: list[float], codec: dict | None = None) -> dict:
+        return {**row(None, values[-1], 50.0, 50.0, codec),
+                "evaluations": [(10 * (i + 1), t, v) for i, (t, v) in enumerate(zip(times, values, strict=True))]}
+    runs = {"diloco_groups": run([2.0, 4.0, 8.0], [0.90, 0.95, 0.958]),
+            "geomx_hfa_outer_collective": run([1.0, 2.0, 4.0], [0.90, 0.958, 0.958]),
+            "geomx_hfa_outer_collective_int8": run([1.0, 2.0, 3.0], [0.90, 0.95, 0.96], INT8)}
+    text = "\n".join(wan_goals.group_peer_lines("100", runs, "mlp", True))
+    assert ("info (mlp): 100 Mbit/s, diloco_groups did not reach the target; to its final value 0.9580 it took "
+            "8.0 s: geomx_hfa_outer_collective 2.0 s (4.00x), geomx_hfa_outer_collective_int8 3.0 s (2.67x)") in text

@@ -136,4 +136,29 @@ def group_peer_lines(rate: str, runs: dict[str, dict[str, Any]], job_name: str, 
         f"{GROUPS_PEER}, final value no worse ({fmt(mine, '.3f')} vs {fmt(theirs, '.3f')}; "
         f"{fmt(coded.get('time_to_target_s'), '.1f', ' s')} vs {fmt(peer.get('time_to_target_s'), '.1f', ' s')})",
         faster, faster is not None and faster >= 3.0 and no_worse)
+    lines += same_value_lines(rate, peer, {COLLECTIVE: dense, name: coded}, job_name, higher)
     return lines
+
+
+def first_time_at(figures: dict[str, Any], value: float, higher: bool) -> float | None:
+    """Training seconds of ``figures``' first evaluation at ``value`` or better (None: never)."""
+    for _, seconds, got in figures.get("evaluations", []):
+        if (got >= value) if higher else (got <= value):
+            return float(seconds)
+    return None
+
+
+def same_value_lines(rate: str, peer: dict[str, Any], rows: dict[str, dict[str, Any]], job_name: str,
+                     higher: bool) -> list[str]:
+    """Not a goal: the time each of ``rows`` takes to the peer's own final value against the peer's, where the
+    peer does not reach the job's target (a row that ends a hair short of it says no time to target at all)."""
+    evaluations = peer.get("evaluations") or []
+    if not evaluations or peer.get("time_to_target_s") is not None:
+        return []
+    final = evaluations[-1][2]  # as every row's evaluations are kept: rounded to 4 digits
+    theirs = first_time_at(peer, final, higher)
+    said = [f"{name} {fmt(first_time_at(f, final, higher), '.1f', ' s')} "
+            f"({fmt(ratio(theirs, first_time_at(f, final, higher)), '.2f', 'x')})"
+            for name, f in rows.items() if name and f]
+    return [f"info ({job_name}): {rate} Mbit/s, {GROUPS_PEER} did not reach the target; to its final value "
+            f"{final:.4f} it took {fmt(theirs, '.1f', ' s')}: " + ", ".join(said)]
