@@ -42,6 +42,9 @@ from typing import Any
 
 from .netns import NetnsError, unavailable_reason, wan_link
 from .sections import BenchPlan
+from .wan_goals import fmt as _fmt
+from .wan_goals import goal_lines
+from .wan_goals import ratio as _ratio
 from .wan_job import MLP, Job
 from .wan_jobs import JOBS, job
 from .wan_runs import System, run_system
@@ -102,10 +105,6 @@ def summarize(raw: dict[str, Any], target: float | None, spec: Job = MLP) -> dic
         figures["mb_a_to_b"] = raw["bytes"]["a_to_b"] / 1e6
         figures["mb_b_to_a"] = raw["bytes"]["b_to_a"] / 1e6
     return figures
-
-
-def _ratio(numerator: float | None, denominator: float | None) -> float | None:
-    return numerator / denominator if numerator and denominator else None
 
 
 def add_ratios(rows: dict[str, dict[str, Any]], loopback: dict[str, Any]) -> None:
@@ -222,10 +221,6 @@ def _rows(spec: Job, link: Any, out_dir: Path, plan: WanPlan, block: dict[str, A
     return rows
 
 
-def _fmt(value: Any, spec: str, suffix: str = "") -> str:
-    return "-" if value is None else f"{value:{spec}}{suffix}"
-
-
 def wan_lines(result: dict[str, Any]) -> list[str]:
     """The section's table (per job, one block per rate), for the terminal and the README."""
     if "skipped" in result:
@@ -268,67 +263,6 @@ def job_lines(block: dict[str, Any], result: dict[str, Any]) -> list[str]:
         widths = [max(len(str(c)) for c in col) for col in zip(header, *rows, strict=False)]
         lines += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=False)) for r in [header, *rows]]
     lines += goal_lines(block)
-    return lines
-
-
-def goal_lines(block: dict[str, Any]) -> list[str]:
-    """The issue's goals for one job, each with the ratio measured in this run (met / NOT met / not measured)."""
-    rates = block.get("rates", {})
-    job_name = block.get("job", "mlp")
-    higher = block.get("higher_is_better", True)
-    lines = []
-
-    def row(rate: str, name: str) -> dict[str, Any]:
-        return rates.get(rate, {}).get("rows", {}).get(name, {})
-
-    def say(text: str, value: float | None, ok: bool | None) -> None:
-        verdict = "not measured" if value is None else "met" if ok else "NOT met"
-        lines.append(f"goal ({job_name}): {text}: {_fmt(value, '.2f', 'x')} -> {verdict}")
-
-    def soonest(runs: dict[str, dict[str, Any]]) -> tuple[str, dict[str, Any]]:
-        """The row of ``runs`` that reached the target first (name, figures); ("", {}) if there is none."""
-        return min(runs.items(), key=lambda nf: nf[1].get("time_to_target_s") or float("inf"), default=("", {}))
-
-    def best(rate: str) -> tuple[str, dict[str, Any]]:
-        """geomx's best configuration on this job: the geomx row that reached the target soonest (the row
-        named geomx_best is the one designed for the MLP; on another job another row may do better)."""
-        runs = rates.get(rate, {}).get("rows", {})
-        reached = {n: f for n, f in runs.items() if n.startswith("geomx") and f.get("time_to_target_s") is not None}
-        return soonest(reached) if reached else ("geomx_best", row(rate, "geomx_best"))
-
-    for rate, goal in (("100", 8.0), ("20", 30.0)):
-        name, found = best(rate)
-        value = found.get("vs_ddp_link")
-        say(f"{rate} Mbit/s, geomx best ({name}) reaches the target >= {goal:g}x sooner than DDP on the link", value,
-            value is not None and value >= goal)
-    name, found = best("100")
-    loop = found.get("vs_loopback")
-    say(f"100 Mbit/s, geomx best ({name}) within 1.4x of DDP on loopback", loop, loop is not None and loop <= 1.4)
-
-    def sooner(rate: str, mine: dict[str, Any], what: str, peer: str) -> None:
-        other = row(rate, peer)
-        value = _ratio(other.get("time_to_target_s"), mine.get("time_to_target_s"))
-        no_worse = (mine.get("final_accuracy") is not None and other.get("final_accuracy") is not None
-                    and (mine["final_accuracy"] - other["final_accuracy"]) * (1 if higher else -1) >= 0)
-        say(f"{rate} Mbit/s, geomx {what} >= 1.3x sooner than {peer} at the same H, final value no worse "
-            f"({_fmt(mine.get('final_accuracy'), '.3f')} vs {_fmt(other.get('final_accuracy'), '.3f')})",
-            value, value is not None and value >= 1.3 and no_worse)
-
-    for rate in rates:
-        # HFA + outer as it runs dense (HiPS's one copy per party alone) and with a WAN codec (the best row)
-        runs = rates[rate].get("rows", {})
-        outer = {n: f for n, f in runs.items() if f.get("settings", {}).get("outer")} or \
-            {n: runs[n] for n in ("geomx_hfa_outer", "geomx_hfa_outer_h", "geomx_hfa_outer_h_p3") if n in runs}
-        _, dense = soonest({n: f for n, f in outer.items() if not f.get("settings", {}).get("compression")})
-        _, coded = soonest({n: f for n, f in outer.items() if f.get("settings", {}).get("compression")})
-        for peer in ("diloco", "local_sgd"):
-            sooner(rate, dense, "HFA + outer, dense (the soonest such row)", peer)
-            if coded:
-                sooner(rate, coded, "HFA + outer with its WAN codec (the soonest such row)", peer)
-        # the same arithmetic on both sides: HFA's plain model average against PostLocalSGD's
-        sooner(rate, row(rate, "geomx_hfa_h"), f"HFA 1x{H} (model average, PostLocalSGD's schedule)", "local_sgd")
-        fsa = row(rate, "geomx_fsa").get("step_speedup_vs_ddp")
-        say(f"{rate} Mbit/s, geomx FSA >= 1.3x faster per step than DDP", fsa, fsa is not None and fsa >= 1.3)
     return lines
 
 

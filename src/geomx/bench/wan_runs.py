@@ -49,6 +49,7 @@ class System:
     topology_extra: dict[str, Any] = field(default_factory=dict)  # geomx: e.g. {"training": {"p3": True}}
     worker_args: tuple[str, ...] = ()  # more arguments of its bench worker (torchft's streaming: --fragments 2)
     worker: str = "wan_geomx"  # geomx: its bench worker (geomx.bench.workers.X): the kvstore loop or the wrapper
+    group_size: int = 1  # diloco: ranks per replica group (2: one group per data center, FSDP2 inside)
 
 
 @dataclass
@@ -140,17 +141,36 @@ def start_ddp(system: System, a: Place, b: Place, logs: Path, procs: ProcessSet,
 
 def start_diloco(system: System, a: Place, b: Place, logs: Path, procs: ProcessSet, epochs: int,
                  job: str) -> None:
+    """A lighthouse in A and one worker per rank; in replica groups of several ranks each group's ranks are
+    started as torchrun starts them (``diloco_group_env``), its store on a free port of its namespace."""
     lighthouse = shutil.which("torchft_lighthouse") or str(Path(sys.executable).with_name("torchft_lighthouse"))
     port = free_port(a)
-    procs.start("lighthouse", _in(a, [lighthouse, "--min_replicas", "4", "--bind", f"{a.host}:{port}",
+    size = system.group_size
+    procs.start("lighthouse", _in(a, [lighthouse, "--min_replicas", str(4 // size), "--bind", f"{a.host}:{port}",
                                       "--join_timeout_ms", "60000"]), waited=False)
+    stores = {replica: free_port(a if replica * size < 2 else b) for replica in range(4 // size)}
     for rank in range(4):
         place = a if rank < 2 else b
+        replica = rank // size
+        who = ("--rank", str(rank)) if size == 1 else ("--group-size", str(size), "--replica-group", str(replica))
+        env = {"GLOO_SOCKET_IFNAME": place.ifname}
+        if size > 1:
+            env.update(diloco_group_env(rank, size, place.host, stores[replica]))
         procs.start(f"rank{rank}", _in(place, _worker(
-            "diloco", "--rank", str(rank), "--host", place.host, "--lighthouse", f"http://{a.host}:{port}",
+            "diloco", *who, "--host", place.host, "--lighthouse", f"http://{a.host}:{port}",
             "--sync-every", str(system.period), "--log", str(logs / f"rank{rank}.jsonl"), "--epochs", str(epochs),
-            "--job", job, *system.worker_args)),
-            env={"GLOO_SOCKET_IFNAME": place.ifname})
+            "--job", job, *system.worker_args)), env=env)
+
+
+def diloco_group_env(rank: int, group_size: int, host: str, port: int) -> dict[str, str]:
+    """What torchrun sets for the job's rank ``rank`` in its replica group of ``group_size`` ranks (one torchrun
+    per group, on the group's host: its ranks are local ranks too).
+
+    Usage: ``diloco_group_env(3, 2, "10.250.1.2", 29511)["RANK"]`` -> ``"1"``
+    """
+    group_rank = rank % group_size
+    return {"RANK": str(group_rank), "LOCAL_RANK": str(group_rank), "WORLD_SIZE": str(group_size),
+            "LOCAL_WORLD_SIZE": str(group_size), "GROUP_RANK": "0", "MASTER_ADDR": host, "MASTER_PORT": str(port)}
 
 
 def geomx_topology(system: System) -> dict[str, Any]:

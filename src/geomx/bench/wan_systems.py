@@ -18,6 +18,8 @@ H = 10  # the sync period of local SGD, DiLoCo and HFA (K1 * K2)
 # DGC momentum correction asked for explicitly (the codec's default became 0 for Adam loops): the FSA row's
 # local SGD has no momentum of its own, and the table was measured with the correction on
 BSC = {"type": "bsc", "threshold": 0.01, "momentum": 0.9}
+# the WAN codec of collective HFA's best row: stateless (collective HFA refuses residual codecs), 8 bits a value
+INT8 = {"type": "int8", "block": 256}
 
 DDP = System("ddp", "DDP (gloo)", "ddp")
 SYSTEMS = (
@@ -68,6 +70,16 @@ EXTRA_SYSTEMS = (
     System("geomx_hfa_outer_collective", f"geomx HFA {H}x1 + outer, collective parties (wrapper)", "geomx",
            period=H, hfa=(H, 1), outer=True, worker="wan_torch",
            topology_extra={"links": {"lan": "collective"}, "training": {"server_optimizer": "outer_nesterov"}}),
+    # the same collective parties with the best WAN codec collective HFA takes: residual codecs (Bi-Sparse, error
+    # feedback) are refused there, so int8 (one scale per 256 values) both ways, a quarter of the dense bytes
+    System("geomx_hfa_outer_collective_int8", f"geomx HFA {H}x1 + outer + int8, collective parties (wrapper)",
+           "geomx", period=H, hfa=(H, 1), outer=True, worker="wan_torch", compression=INT8,
+           topology_extra={"links": {"lan": "collective"},
+                           "training": {"server_optimizer": "outer_nesterov", "compression": INT8}}),
+    # torchft DiLoCo as torchtitan runs it: one replica group per data center (two ranks, FSDP2 over gloo inside,
+    # a Manager per rank), the groups' Managers across the WAN; same inner and outer optimizers and H as diloco
+    System("diloco_groups", f"torchft DiLoCo H={H}, 2 replica groups x 2 ranks (FSDP2)", "diloco", period=H,
+           group_size=2),
     # torchft's own streaming DiLoCo at the same H: 2 fragments (modules), its longest overlap (H / 2 - 1 steps)
     System("diloco_stream", f"torchft streaming DiLoCo H={H} (2 fragments, overlap 4 steps, mix 0.5)", "diloco",
            period=H, worker_args=("--fragments", "2", "--fragment-sync-delay", "4", "--fragment-alpha", "0.5")),
@@ -76,8 +88,8 @@ EXTRA_SYSTEMS = (
 
 def systems_for(spec: Job, only: list[str] | None = None) -> tuple[System, ...]:
     """The rows for ``spec`` (``only``: just these, in that order, extra rows included): Bi-Sparse's momentum
-    correction is the job's (0 where Adam keeps its own)."""
+    correction is the job's (0 where Adam keeps its own); other codecs have none."""
     by_name = {s.name: s for s in (*SYSTEMS, *EXTRA_SYSTEMS)}
     chosen = [by_name[name] for name in dict.fromkeys(only)] if only else list(SYSTEMS)
-    return tuple(replace(s, compression={**s.compression, "momentum": spec.codec_momentum}) if s.compression else s
-                 for s in chosen)
+    return tuple(replace(s, compression={**s.compression, "momentum": spec.codec_momentum})
+                 if s.compression and s.compression.get("type") == BSC["type"] else s for s in chosen)
