@@ -104,6 +104,9 @@ def summarize(raw: dict[str, Any], target: float | None, spec: Job = MLP) -> dic
     if "bytes" in raw:
         figures["mb_a_to_b"] = raw["bytes"]["a_to_b"] / 1e6
         figures["mb_b_to_a"] = raw["bytes"]["b_to_a"] / 1e6
+    if "bytes_training" in raw:  # from the moment rank 0's clock started: set-up left out
+        figures["mb_train_a_to_b"] = raw["bytes_training"]["a_to_b"] / 1e6
+        figures["mb_train_b_to_a"] = raw["bytes_training"]["b_to_a"] / 1e6
     return figures
 
 

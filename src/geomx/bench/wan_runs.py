@@ -92,14 +92,17 @@ class ProcessSet:
                                     start_new_session=True)
         self.procs.append((label, proc, waited))
 
-    def wait(self, cap_s: float, started: Callable[[], bool], startup_s: float = STARTUP_S) -> tuple[bool, list[str]]:
-        """Wait for the waited processes: at most ``startup_s`` until ``started()`` (training began), then at
-        most ``cap_s`` more. Returns (cut at a limit, labels of processes that failed)."""
+    def wait(self, cap_s: float, started: Callable[[], bool], startup_s: float = STARTUP_S,
+             on_start: Callable[[], None] | None = None) -> tuple[bool, list[str]]:
+        """Wait for the waited processes: at most ``startup_s`` until ``started()`` (training began: then
+        ``on_start()``), then at most ``cap_s`` more. Returns (cut at a limit, labels of processes that failed)."""
         deadline = time.monotonic() + startup_s
         training = False
         while time.monotonic() < deadline:
             if not training and started():
                 training, deadline = True, time.monotonic() + cap_s
+                if on_start is not None:
+                    on_start()
             codes = {label: proc.poll() for label, proc, waited in self.procs if waited}
             failed = [label for label, code in codes.items() if code not in (None, 0)]
             if failed:
@@ -223,7 +226,11 @@ def run_system(system: System, link: Link | None, out: Path, epochs: int, cap_s:
     started = time.monotonic()
     try:
         STARTERS[system.kind](system, a, b, out, procs, epochs, job)
-        cut, failed = procs.wait(cap_s, started=(out / "rank0.jsonl").exists)
+        # the link's counters when training began (rank 0's clock started): what set-up sent is not training's
+        # (geomx's INIT sends the master's model to the other party; torchft's peer skips its start-up sync)
+        at_start: dict[str, int] = {}
+        cut, failed = procs.wait(cap_s, started=(out / "rank0.jsonl").exists,
+                                 on_start=(lambda: at_start.update(link.counters())) if link else None)
     finally:
         procs.stop()
     wall = time.monotonic() - started
@@ -238,4 +245,6 @@ def run_system(system: System, link: Link | None, out: Path, epochs: int, cap_s:
                                         "outer": system.outer, "compression": system.compression}}
     if before is not None and after is not None:
         raw["bytes"] = {key: after[key] - before[key] for key in after}
+        if at_start:
+            raw["bytes_training"] = {key: after[key] - at_start[key] for key in after}
     return raw
