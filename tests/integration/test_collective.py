@@ -322,3 +322,21 @@ def test_fsdp_in_collective_parties_trains_as_the_same_job_without_it(geomx_job,
         for got, want, final in zip(tensors["job"], expected, tensors["final"], strict=True):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=f"worker {rank}")
             assert not torch.allclose(got, final), "two local steps after the last global round"
+
+
+def test_collective_parties_with_two_global_servers_p3_a_secret_and_checkpoints(geomx_job, tmp_path):
+    """The operations a server party has, in collective parties, on one job: slices spread over two global
+    servers (each rank's owned slices go to whichever holds them), P3 (small slices, shallow layers first; the
+    optimizer on the servers), a shared secret on every connection, and checkpoints every 2 steps. Still
+    single-process SGD's weights; every global server writes its checkpoints."""
+    path = topology(tmp_path, {"dc0": "collective", "dc1": "collective"}, {"p3": True},
+                    top={"security": {"secret": "collective-secret"},
+                         "checkpoint": {"dir": str(tmp_path / "ckpt"), "every_steps": 2}},
+                    slice_elems=512, global_servers=2)
+    job = geomx_job(SCRIPT, topology=path)
+    job.assert_ok()
+    workers = job.workers()
+    assert {report["mode"] for _, report in workers.values()} == {"SERVER"}
+    jobkit.assert_fsa_equivalent(workers, num_workers=4)
+    for shard in ("gs0", "gs1"):
+        assert sorted((tmp_path / "ckpt" / shard).glob("*.json")), f"{shard} wrote no checkpoint"

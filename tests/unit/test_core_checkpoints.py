@@ -58,3 +58,18 @@ def test_the_optimizer_state_is_restored_only_into_the_same_optimizer(tmp_path: 
     restore_optimizer("gs", snapshot, same)  # type: ignore[arg-type]
     restore_optimizer("gs", snapshot, other)  # type: ignore[arg-type]
     assert same.loaded == [({"m": [0]}, {"m": 1})] and other.loaded == []
+
+
+def test_a_slice_nobody_pushes_is_saved_but_holds_no_step_back(tmp_path: Path, make_server: Any) -> None:
+    """The PyTorch wrapper's model signature (a key only INIT-ed) or a frozen parameter never has a round: with
+    it counted, its server would never checkpoint."""
+    spec = CheckpointSpec(dir=tmp_path, every_steps=2)
+    server = make_server("gs", ["ls0"])
+    stored = {(0, 0): SliceValue(np.ones(3, dtype=np.float32)), (1 << 30, 0): SliceValue(np.zeros(4, np.float32))}
+    server.table.restore(Kind.PUSHPULL, 0, 0, 2)
+    writer = CheckpointWriter(spec, 0, "gs")
+    checkpoint_if_due(writer, stored, server.table, None)
+    assert writer.wait_idle(30)
+    snapshot = resume("gs", spec, 0, make_server("gs", ["ls0"]).table)
+    assert snapshot is not None and snapshot.step == 2
+    np.testing.assert_array_equal(values_of(snapshot)[(1 << 30, 0)].value, np.zeros(4))

@@ -64,11 +64,13 @@ def restore_optimizer(name: str, snapshot: Snapshot | None, optimizer: Optimizer
 
 def checkpoint_if_due(writer: CheckpointWriter | None, stored: dict[SliceId, SliceValue], table: RoundTable,
                       optimizer: Optimizer | None) -> None:
-    """Checkpoint when due; the step is the completed rounds of the least advanced slice."""
+    """Checkpoint when due; the step is the completed rounds of the least advanced slice that the workers push (a
+    slice without a round, such as the PyTorch wrapper's model signature or a frozen parameter, is saved but
+    holds no step back: with it, its server would never checkpoint)."""
     if writer is None or not stored:
         return
     rounds = {sid: table.completed(Kind.PUSHPULL, *sid) for sid in stored}
-    step = min(rounds.values())
+    step = min((count for count in rounds.values() if count), default=0)
 
     def take() -> Snapshot:
         layout, state = optimizer.state() if optimizer is not None else ({}, {})

@@ -7,8 +7,8 @@ wall time, the optimizer's spec and state layout, each slice's round number, and
 crash mid-write leaves either a complete checkpoint or none. Loading verifies the checksum and every array;
 a checkpoint that fails is refused with a log line saying why, and the previous one is used.
 
-``step``: the number of completed rounds of the least advanced (key, slice), i.e. every slice has taken at
-least that many optimizer steps.
+``step``: the number of completed rounds of the least advanced (key, slice) that has any, i.e. every slice the
+workers push has taken at least that many optimizer steps (``geomx.core.checkpoints``).
 
 Usage::
 
