@@ -265,8 +265,22 @@ def job_lines(block: dict[str, Any], result: dict[str, Any]) -> list[str]:
                          bound + _fmt(f.get("vs_ddp_link"), ".2f", "x"), _fmt(f.get("vs_loopback"), ".2f", "x")])
         widths = [max(len(str(c)) for c in col) for col in zip(header, *rows, strict=False)]
         lines += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=False)) for r in [header, *rows]]
+        lines += [f"   {result.get('labels', {}).get(name, name)}: {stream_line(f['wan_streams'])}"
+                  for name, f in rate_block["rows"].items()
+                  if any(len(sent) > 1 for sent in f.get("wan_streams", {}).values())]  # collective parties
     lines += goal_lines(block)
     return lines
+
+
+def stream_line(streams: dict[str, dict[str, int]]) -> str:
+    """WAN streams per party with each one's MB, and their balance (the largest over the smallest)."""
+    parts = []
+    for party, sent in streams.items():
+        each = ", ".join(f"{name} {value / 1e6:.1f} MB" for name, value in sent.items())
+        balance = max(sent.values()) / max(1, min(sent.values()))
+        parts.append(f"{party} {len(sent)} stream{'s' if len(sent) > 1 else ''} ({each}; largest / smallest "
+                     f"{balance:.2f})")
+    return "WAN streams: " + "; ".join(parts)
 
 
 def jobs_from(choice: str | None) -> tuple[str, ...] | None:

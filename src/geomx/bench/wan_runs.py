@@ -210,6 +210,21 @@ def start_geomx(system: System, a: Place, b: Place, logs: Path, procs: ProcessSe
                     env={"GLOO_SOCKET_IFNAME": "lo"})  # a collective party's group: inside its own host
 
 
+def wan_streams(out: Path) -> dict[str, dict[str, int]]:
+    """geomx's WAN bytes sent by each process of each party (``run-<party>`` folders; a collective party's ranks
+    each have a stream of their own): {party: {process: bytes}}; empty for the peers."""
+    from ..runs.runlog import read_stats
+
+    streams: dict[str, dict[str, int]] = {}
+    for run_dir in sorted(out.glob("run-*")):
+        for entry in read_stats(run_dir):
+            sent = int(entry.get("wan", {}).get("sent", 0))
+            if sent:
+                party = str(entry.get("party", "?"))
+                streams.setdefault(party, {})[str(entry.get("name", party)).removeprefix(f"{party}/")] = sent
+    return streams
+
+
 STARTERS = {"ddp": start_ddp, "local_sgd": start_ddp, "diloco": start_diloco, "geomx": start_geomx}
 
 
@@ -243,6 +258,9 @@ def run_system(system: System, link: Link | None, out: Path, epochs: int, cap_s:
                            "wall_s": wall, "logs": str(out / "logs"),
                            "settings": {"kind": system.kind, "period": system.period, "hfa": system.hfa,
                                         "outer": system.outer, "compression": system.compression}}
+    streams = wan_streams(out)
+    if streams:
+        raw["wan_streams"] = streams
     if before is not None and after is not None:
         raw["bytes"] = {key: after[key] - before[key] for key in after}
         if at_start:
