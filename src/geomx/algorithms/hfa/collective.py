@@ -69,7 +69,8 @@ class CollectivePeriodicAverage(WorkerStrategy):
         # its FSDP2 shards); and the global model of the slices it owns, which their deltas start from
         self.job_model = [view.clone() for view in views]
         bucket.own(views)
-        self.global_slices = [piece.clone() for _, piece in bucket.pieces]
+        # on the host, where the rules' numpy arithmetic reads them (the model itself may be on a GPU)
+        self.global_slices = [piece.detach().to("cpu", copy=True) for _, piece in bucket.pieces]
         self.piece_of = {owned.id: index for index, (owned, _) in enumerate(bucket.pieces)}
         if self.rules.needs_fragments:  # every rank and party splits all the slices alike
             self.rules.assign_fragments(kv.ranks.slice_sizes())
@@ -99,7 +100,7 @@ class CollectivePeriodicAverage(WorkerStrategy):
         count = self.local_rounds
         due = []
         for owned, piece in bucket.pieces:
-            delta = self.rules.after_local_round(owned.id, piece.numpy())
+            delta = self.rules.after_local_round(owned.id, piece.detach().cpu().numpy())  # CPU: no copy
             if delta is not None:
                 sent = piece if not self.delay else torch.empty_like(piece)  # overlapped: the chunk moves on
                 sent.copy_(torch.from_numpy(delta))
