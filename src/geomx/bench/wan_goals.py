@@ -140,7 +140,9 @@ def group_peer_lines(rate: str, runs: dict[str, dict[str, Any]], job_name: str, 
         f"{GROUPS_PEER}, final value no worse ({fmt(mine, '.3f')} vs {fmt(theirs, '.3f')}; "
         f"{fmt(coded.get('time_to_target_s'), '.1f', ' s')} vs {fmt(peer.get('time_to_target_s'), '.1f', ' s')})",
         faster, faster is not None and faster >= 3.0 and no_worse)
-    lines += same_value_lines(rate, peer, {COLLECTIVE: dense, name: coded}, job_name, higher)
+    codecs = {n: f for n, f in runs.items() if n.startswith(COLLECTIVE + "_") and f.get("settings", {}).get(
+        "compression")}
+    lines += same_value_lines(rate, peer, {COLLECTIVE: dense, **codecs}, job_name, higher)
     return lines
 
 
