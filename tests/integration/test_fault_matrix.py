@@ -2,8 +2,8 @@
 
 Each case is a real job of two per-party launches (as on two hosts: one launcher cannot stop the other's
 processes, only heartbeats tell). A worker kills, with SIGKILL, one of: itself (a dc1 worker), dc1's local server,
-all of dc1, or the global server (killed by dc0's worker). What must follow, and within the heartbeat timeout
-plus a margin, never after a round or request timeout:
+or the global server (killed by dc0's worker). What must follow, and within the heartbeat timeout plus a margin,
+never after a round or request timeout:
 
 * dc1 lost under FSA: dc0 stops, naming dc1/server and saying the tier cannot go on without it.
 * dc1 lost under MixedSync or HFA: dc0 trains to its last step; the global scheduler reports the lost member
@@ -32,7 +32,11 @@ LONG_S = 90.0  # round and request timeouts: nothing may wait this long
 TIMEOUTS = {"heartbeat": f"{HEARTBEAT_S:g}s", "heartbeat_interval": "0.25s", "round": f"{LONG_S:g}s",
             "request": f"{LONG_S:g}s", "shutdown": "10s"}
 ALGORITHMS = ("fsa", "mixed", "hfa")
-TARGETS = ("worker", "local_server", "party", "global_server")
+# Killing all of dc1 at once ("party", rejoin_train.py's default) is not a column here: under HFA and ESync it is
+# test_rejoin.py's kill cases (the same worker script and per-party launches, asserting that dc0 drops dc1/server
+# and trains on); under FSA and MixedSync what dc0 sees, dc1/server gone without a goodbye and only heartbeats to
+# tell, is the "local_server" column's (dc1's launcher then stops the rest of dc1).
+TARGETS = ("worker", "local_server", "global_server")
 SEED = 7
 STEPS = 40
 

@@ -64,7 +64,10 @@ def test_p3_and_dgt_over_two_global_servers_equal_single_process_sgd(geomx_job, 
 
 @pytest.mark.slow
 def test_cnn_learns_digits_over_two_global_servers(geomx_job):
-    job = geomx_job(EXAMPLES_DIR / "cnn.py", "--epochs", "8", global_servers=2, slice_elems=2048, name="multigps")
+    # one worker per party at batch 64: the global batch and the steps of two workers per party at 32, half the
+    # CPU (several workers per party over two global servers: test_multigps's equivalence tests above)
+    job = geomx_job(EXAMPLES_DIR / "cnn.py", "--epochs", "8", "--batch-size", "64", global_servers=2,
+                    slice_elems=2048, name="multigps", parties={"dc0": 1, "dc1": 1})
     job.assert_ok()
     record = job.summary["last_metrics"]["dc0_worker0"]
-    assert record["test_accuracy"] >= 0.94, record  # 0.961 (FSA: deterministic), minus 7 of 360 digits
+    assert record["test_accuracy"] >= 0.94, record  # 0.967 (FSA: deterministic; 2 x 2 at 32: 0.961), minus 7 of 360

@@ -61,13 +61,15 @@ def test_a_3x_slower_party_is_never_more_than_s_rounds_behind(geomx_job, stalene
 
 @pytest.mark.slow
 def test_the_wrapper_learns_digits_under_ssp(geomx_job):
-    job = geomx_job(EXAMPLES_DIR / "cnn_torch.py", "--epochs", "8",
-                    training={"sync": "dist_ssp", "staleness": 2}, name="ssp-digits")
+    # one worker per party at batch 64: the global batch and the steps of two workers per party at 32, half the CPU
+    job = geomx_job(EXAMPLES_DIR / "cnn_torch.py", "--epochs", "8", "--batch-size", "64",
+                    training={"sync": "dist_ssp", "staleness": 2}, name="ssp-digits", parties={"dc0": 1, "dc1": 1})
     job.assert_ok()
     assert "synchronization: dist_ssp" in job.output  # the wrapper had the master name it on the servers
     accuracy = [r["accuracy"] for r in read_metrics(job.run_dir)["dc0_worker0"] if "accuracy" in r]
     assert len(accuracy) == 8, accuracy
-    # 0.922 after 8 epochs seen on 2026-11-24 (2 cores, load average 7-8), minus a margin for the order in which
-    # the parties' answers come (asynchronous within the bound)
+    # 0.922 after 8 epochs seen on 2026-11-24 (2 x 2 workers, 2 cores, load average 7-8; 1 x 2 at batch 64:
+    # 0.947 at load 13), minus a margin for the order in which the parties' answers come (asynchronous within
+    # the bound)
     assert accuracy[-1] >= 0.88, accuracy
     assert all(max(int(lead) for lead in n) <= 2 for n in _global_leads(job).values())

@@ -70,11 +70,12 @@ def test_wrapped_loop_equals_the_kvstore_loop_under_fsa(geomx_job, standard_hips
 
 
 @pytest.mark.parametrize(("optimizer", "server_optimizer", "mode"), [
-    ("adam", "translate", "SERVER"), ("adam", "auto", "LOCAL"), ("adamw", "auto", "LOCAL")],
-    ids=["adam-translated-to-the-server", "adam-stepped-locally", "adamw-stepped-locally"])
+    ("adam", "translate", "SERVER"), ("adam", "auto", "LOCAL")],
+    ids=["adam-translated-to-the-server", "adam-stepped-locally"])
 def test_one_worker_equals_single_process_training(geomx_job, optimizer, server_optimizer, mode):
-    """Adam runs on the global server when translated; by default (and AdamW always: no server twin) the
-    optimizer steps on the worker on the averaged gradient."""
+    """Adam runs on the global server when translated; by default the optimizer steps on the worker on the
+    averaged gradient. (AdamW always steps locally, having no server twin: that choice is
+    tests/unit/test_torch_frontend_parts.py's; its local step is the same path as Adam's here.)"""
     job = geomx_job(SCRIPT, "--optimizer", optimizer, parties={"dc0": 1},
                     training={"server_optimizer": server_optimizer})
     job.assert_ok()
@@ -129,11 +130,13 @@ def test_mixed_sync_with_dcasgd_from_the_topology(geomx_job, tmp_path):
         assert len(events) == 1 and events[0].stat().st_size > 200, (worker, events)
 
 
-@pytest.mark.parametrize(("outer", "streaming"), [("none", False), ("outer_nesterov", False),
-                                                  ("outer_nesterov", True)],
-                         ids=["none", "outer_nesterov", "outer_nesterov_streaming"])
+@pytest.mark.parametrize(("outer", "streaming"), [("none", False), ("outer_nesterov", True)],
+                         ids=["none", "outer_nesterov_streaming"])
 def test_hfa_through_the_wrapper_matches_the_simulation(geomx_job, tmp_path, outer, streaming):
-    """HFA under the wrapper, as in test_hfa; streaming (2 fragments, overlap 1, mix 0.25) from the training block."""
+    """HFA under the wrapper, as in test_hfa; streaming (2 fragments, overlap 1, mix 0.25) from the training block.
+    The outer optimizer without streaming is test_hfa's [outer_nesterov] (the same servers, the same
+    simulation); the wrapper's part, naming the outer optimizer from the training block, is checked here by
+    [outer_nesterov_streaming]."""
     from test_hfa import K1, K2, PARTIES, STEPS, STREAMING_SPLIT, Streaming
 
     k2, steps = (4, 22) if streaming else (K2, STEPS)
@@ -153,9 +156,9 @@ def test_hfa_through_the_wrapper_matches_the_simulation(geomx_job, tmp_path, out
 
 
 def test_a_worker_with_a_different_model_fails_at_start(geomx_job):
-    job = geomx_job(SCRIPT, "--mismatch-rank", "3")
+    job = geomx_job(SCRIPT, "--mismatch-rank", "1", parties={"dc0": 1, "dc1": 1})
     assert job.result.exit_code != 0
-    assert job.result.failed == "dc1/worker1", job.tail()
+    assert job.result.failed == "dc1/worker0", job.tail()
     assert "ModelMismatchError" in job.output
     assert "the first difference is parameter 0 ('0.weight', shape (65, 32)): 2,080 elements here, 2,048" \
            in job.output, job.tail()
@@ -164,10 +167,12 @@ def test_a_worker_with_a_different_model_fails_at_start(geomx_job):
 
 def test_fp16_wan_codec_from_the_topology_stays_close_to_fsa(geomx_job, tmp_path):
     """The master sets the topology's codec; fp16 on the WAN rounds the gradient sums, nothing more."""
-    job = geomx_job(SCRIPT, topology=topology(tmp_path, {"compression": {"type": "fp16"}}))
+    job = geomx_job(SCRIPT, topology=topology(tmp_path, {"compression": {"type": "fp16"}},
+                                              parties={"dc0": 1, "dc1": 1}))
     job.assert_ok()
-    _, final = jobkit.reference_run(4)
+    _, final = jobkit.reference_run(2)
     workers = job.workers()
+    assert sorted(workers) == [0, 1]
     for tensors, report in workers.values():
         assert report["mode"] == "LOCAL"
         for got, want in zip(tensors["final"], final, strict=True):
@@ -177,19 +182,19 @@ def test_fp16_wan_codec_from_the_topology_stays_close_to_fsa(geomx_job, tmp_path
 
 
 def test_esync_through_the_wrapper_ends_together(geomx_job, tmp_path):
-    """ESync's local step counts differ per worker: worker 3's device is 4x slower, so the state server gives
-    the others more local steps per round (K1 = 2 is the slowest's). Their data (7 steps) ends first, that
-    round is the last, and worker 3 trains fewer steps; every worker ends with the same (global) model. With
-    K1 steps for everyone, every worker would train all 7."""
-    path = topology(tmp_path, {"esync": True}, hfa={"k1": 2, "k2": 1})
-    job = geomx_job(SCRIPT, "--steps", "7", "--momentum", "0", "--step-s", "0.05", "--slow-rank", "3",
+    """ESync's local step counts differ per worker: worker 1's device (dc1's) is 4x slower, so the state server
+    gives worker 0 more local steps per round (K1 = 2 is the slowest's). Its data (7 steps) ends first, that
+    round is the last, and worker 1 trains fewer steps; both end with the same (global) model. With K1 steps
+    for everyone, both would train all 7."""
+    path = topology(tmp_path, {"esync": True}, hfa={"k1": 2, "k2": 1}, parties={"dc0": 1, "dc1": 1})
+    job = geomx_job(SCRIPT, "--steps", "7", "--momentum", "0", "--step-s", "0.05", "--slow-rank", "1",
                     "--slowdown", "4", topology=path)
     job.assert_ok()
     workers = job.workers()
-    assert sorted(workers) == [0, 1, 2, 3]
+    assert sorted(workers) == [0, 1]
     trained = {rank: report["trained_steps"] for rank, (_, report) in workers.items()}
-    # the fast ones' assignments follow measured step times (noisy under load): checked loosely
-    assert max(trained.values()) == 7 and trained[3] < 7 and trained[3] == min(trained.values()), trained
+    # the fast one's assignment follows measured step times (noisy under load): checked loosely
+    assert trained[0] == 7 and trained[1] < 7, trained
     master = workers[0][0]
     for rank, (tensors, report) in workers.items():
         assert report["mode"] == "ESYNC"
@@ -203,14 +208,17 @@ def test_under_contention_shallow_layers_arrive_first_with_p3(geomx_job, tmp_pat
     then computes a while before the first layer's gradient. With P3 the deepest travels as 50K-element
     slices and the first layer's overtakes the queued ones, so the next forward gets its first layer while
     the deepest is still on its way. Without P3 the deepest is already on the wire, whole, ahead of it (1M-element
-    slices, GeoMX's bound, asked for: a multi-party job's default 256K would cut the 480K one in two)."""
+    slices, GeoMX's bound, asked for: a multi-party job's default 256K would cut the 480K one in two). One
+    worker per party: the contention is on each local server's WAN link, which a second worker per party only
+    makes busier (2 x 2 was measured alike, at twice the CPU)."""
     counts = {}
     for p3 in (True, False):
         path = topology(tmp_path / f"p3-{p3}", {"p3": p3}, links={"wan": {"bandwidth": "20Mbit", "latency": "5ms"}},
-                        slice_elems=1 << 20)
+                        slice_elems=1 << 20, parties={"dc0": 1, "dc1": 1})
         job = geomx_job(SCRIPT, "--deep-head", "20000", "--steps", "4", topology=path, name=f"p3-{p3}")
         job.assert_ok()
         counts[p3] = [report["overlap"]["first_layer_before_deepest"] for _, report in job.workers().values()]
-    # 4 workers x 3 forwards that follow a step; loose bounds: the order comes from timing under load
-    assert sum(counts[True]) >= 6, counts
+    # 2 workers x 3 forwards that follow a step (seen: [3, 3] with P3, [0, 0] without); loose bounds: the order
+    # comes from timing under load
+    assert len(counts[True]) == 2 and sum(counts[True]) >= 3, counts
     assert sum(counts[False]) < sum(counts[True]), counts
