@@ -24,8 +24,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import sys
+
 import torch
-from torch.distributed.tensor import DTensor, Shard
 
 from ..config import ConfigError
 
@@ -71,13 +72,18 @@ class LocalShards:
 
 
 def is_sharded(tensor: Any) -> bool:
-    """Whether ``tensor`` is a DTensor (an FSDP2 parameter, say)."""
-    return isinstance(tensor, DTensor)
+    """Whether ``tensor`` is a DTensor (an FSDP2 parameter, say). torch.distributed.tensor is looked up, not
+    imported: importing it costs every worker ~0.5 CPU-s (sympy), and no DTensor exists unless something (FSDP2)
+    imported it."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(tensor, module.DTensor)
 
 
 def sharding_refusal(name: str, placements: Sequence[Any], mesh_ranks: Sequence[int], world_size: int) -> str | None:
     """Why a DTensor ``name`` with ``placements`` on a mesh of ``mesh_ranks`` (nested lists for a mesh of more
     than one dimension) is not a sharding geomx syncs in a party of ``world_size`` ranks (None: it is)."""
+    from torch.distributed.tensor import Shard  # only for DTensors: already imported (see is_sharded)
+
     if any(isinstance(row, (list, tuple)) for row in mesh_ranks):
         return (f"parameter {name!r} lives on a {len(mesh_ranks)}-D device mesh (HSDP, or FSDP with tensor "
                 "parallelism): a collective party syncs FSDP2 on a 1-D mesh of its ranks only")
@@ -106,14 +112,13 @@ def fsdp_shards(tensors: Sequence[torch.Tensor], world_size: int, names: Sequenc
                           "fully_shard on the root module too, so that every parameter is sharded")
     shapes = {}
     for key, label, tensor in zip(keys, labels, tensors, strict=True):
-        assert isinstance(tensor, DTensor)
+        assert is_sharded(tensor)
         refusal = sharding_refusal(label, tensor.placements, tensor.device_mesh.mesh.tolist(), world_size)
         if refusal is not None:
             raise ConfigError(f"party {party}: {refusal}")
         shapes[key] = tuple(tensor.shape)
     shards = LocalShards.of_shapes(shapes, world_size)
-    first = tensors[0]
-    assert isinstance(first, DTensor)
+    first: Any = tensors[0]
     rank = first.device_mesh.get_local_rank()
     for key, label, tensor in zip(keys, labels, tensors, strict=True):
         low, high = shards.held(key, rank)
@@ -126,5 +131,5 @@ def fsdp_shards(tensors: Sequence[torch.Tensor], world_size: int, names: Sequenc
 def local_flat(tensor: torch.Tensor) -> torch.Tensor:
     """This rank's shard of ``tensor`` (a DTensor), flat: a view, so writes into it reach the model."""
     with torch.no_grad():
-        local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+        local = tensor.to_local() if is_sharded(tensor) else tensor  # type: ignore[attr-defined]
         return local.detach().view(-1)
