@@ -44,16 +44,15 @@ class CollectivePeriodicAverage(WorkerStrategy):
     def __init__(self, loop: Loop) -> None:
         super().__init__(loop)
         hfa = loop.kv.hfa
+        options = dict(loop.kv.config.topology.training.plugin_options)
         self.k1 = hfa.k1
         self.rules = LocalFrequencyAggregation(k2=hfa.k2, party_weight=loop.kv.num_workers / loop.kv.num_all_workers,
-                                               fragments=int(dict(loop.kv.config.topology.training.plugin_options)
-                                                             .get("fragments", "1")))
+                                               fragments=int(options.get("fragments", "1")))
         self.bucket: PartyModel | None = None
         self.job_model: list[torch.Tensor] = []
         self.global_slices: list[torch.Tensor] = []  # each owned slice's global model, as ``bucket.pieces``
         self.local_steps = 0
         self.local_rounds = 0
-        options = dict(loop.kv.config.topology.training.plugin_options)
         self.delay = int(options.get("fragment_delay", "0") or 0)  # local rounds a fragment's global round overlaps
         self.alpha = float(options.get("fragment_alpha", "0") or 0)  # the party's model's share in the mix
         # overlapped global rounds: the local round that lands them -> the pieces sent and their answers' futures
