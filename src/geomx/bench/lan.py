@@ -4,7 +4,12 @@ The same model, batch and SGD step on N ranks of one party (no WAN: the party's 
 host): ``ddp`` is torch DDP over gloo (started by ``python -m torch.distributed.run``), ``collective`` is geomx's
 wrapper in a ``lan: collective`` party (reduce-scatter, each rank's slices through the global server, all-gather),
 ``server`` the wrapper in a ``lan: server`` party (every gradient through the local server process). FSA with the
-optimizer on every rank: all three do DDP's arithmetic. What changes between rows is only the LAN tier.
+optimizer on every rank: all three do DDP's arithmetic. What changes between rows is only the LAN tier. ``plain``
+(``--tiers``) runs the same ranks side by side with no sync at all: the compute every tier adds to, so
+plain / tier is the share of the step the device computes.
+
+With ``--device cuda`` the models and batches live on the GPU, DDP and the collective tier run over NCCL, and ranks
+that outnumber the GPUs share them (``geomx.bench.workers.lan_step``).
 
 Reported: the median step time (ms) of rank 0 after warm-up steps, and the ratios collective / ddp and
 server / collective. Never asserts.
@@ -13,6 +18,7 @@ Usage::
 
     geomx bench --only lan --quick
     python -m geomx.bench.lan --models mlp transformer --ranks 2 4 --out bench-results
+    python -m geomx.bench.lan --device cuda --models gpt57m --optimizer adamw --tiers plain ddp collective server
 """
 
 from __future__ import annotations
@@ -31,9 +37,11 @@ import yaml
 
 from ..launch import launch
 from .sections import BenchPlan
+from .workers.lan_step import MODELS
 from .tables import fmt, say, table
 
 TIERS = ("ddp", "collective", "server")
+ALL_TIERS = ("plain", *TIERS)
 WARMUP = 5
 
 
@@ -44,25 +52,27 @@ def _topology(path: Path, ranks: int, lan: str) -> Path:
     return path
 
 
-def _worker_args(model: str, steps: int, out: Path, tier: str) -> list[str]:
+def _worker_args(model: str, steps: int, out: Path, tier: str, device: str, optimizer: str) -> list[str]:
     return ["-m", "geomx.bench.workers.lan_step", "--tier", tier, "--model", model, "--steps", str(steps),
-            "--out", str(out)]
+            "--out", str(out), "--device", device, "--optimizer", optimizer]
 
 
-def measure(model: str, ranks: int, tier: str, steps: int, work: Path) -> dict[str, Any]:
+def measure(model: str, ranks: int, tier: str, steps: int, work: Path, device: str = "cpu",
+            optimizer: str = "sgd") -> dict[str, Any]:
     """One row: rank 0's step times under ``tier``; ``error`` says why there are none."""
     work.mkdir(parents=True, exist_ok=True)
     out = work / f"{model}-{ranks}-{tier}.json"
     out.unlink(missing_ok=True)
-    if tier == "ddp":
+    if tier in ("ddp", "plain"):
         proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                               f"--nproc-per-node={ranks}", *_worker_args(model, steps, out, "ddp")],
+                               f"--nproc-per-node={ranks}",
+                               *_worker_args(model, steps, out, tier, device, optimizer)],
                               capture_output=True, text=True, timeout=1800, env={**os.environ})
         ok, tail = proc.returncode == 0, (proc.stdout + proc.stderr)[-1500:]
     else:
         path = _topology(work / f"{model}-{ranks}-{tier}.yaml", ranks, tier)
         log = io.StringIO()
-        result = launch(path, [sys.executable, *_worker_args(model, steps, out, "geomx")],
+        result = launch(path, [sys.executable, *_worker_args(model, steps, out, "geomx", device, optimizer)],
                         run_dir=work / f"run-{model}-{ranks}-{tier}", out=log)
         ok, tail = result.exit_code == 0, log.getvalue()[-1500:]
     if not ok or not out.exists():
@@ -70,7 +80,7 @@ def measure(model: str, ranks: int, tier: str, steps: int, work: Path) -> dict[s
     data = json.loads(out.read_text())
     timed = data["step_s"][WARMUP:] or data["step_s"]
     return {"median_ms": 1000 * statistics.median(timed), "mean_ms": 1000 * statistics.fmean(timed),
-            "params": data["params"], "steps": len(timed)}
+            "params": data["params"], "steps": len(timed), "device": data.get("device_name", "cpu")}
 
 
 def run(plan: BenchPlan, out_dir: Path) -> dict[str, Any]:
@@ -80,25 +90,30 @@ def run(plan: BenchPlan, out_dir: Path) -> dict[str, Any]:
     return measure_rows(("mlp", "transformer"), (2, 4), 30, out_dir)
 
 
-def measure_rows(models: tuple[str, ...], ranks: tuple[int, ...], steps: int, out_dir: Path) -> dict[str, Any]:
+def measure_rows(models: tuple[str, ...], ranks: tuple[int, ...], steps: int, out_dir: Path,
+                 tiers: tuple[str, ...] = TIERS, device: str = "cpu", optimizer: str = "sgd") -> dict[str, Any]:
     """Every (model, ranks) under every tier, one after the other; the figures for bench.json."""
-    section: dict[str, Any] = {"setup": {"steps": steps, "warmup": WARMUP, "host": "loopback, one party, no WAN",
-                                         "optimizer": "SGD on every rank (FSA, server_optimizer auto)"},
+    name = "AdamW" if optimizer == "adamw" else "SGD"
+    section: dict[str, Any] = {"setup": {"steps": steps, "warmup": WARMUP, "device": device,
+                                         "host": "loopback, one party, no WAN",
+                                         "optimizer": f"{name} on every rank (FSA, server_optimizer auto)"},
                                "rows": [], "errors": []}
     for model in models:
         for count in ranks:
             row: dict[str, Any] = {"model": model, "ranks": count}
-            for tier in TIERS:
+            for tier in tiers:
                 say(f"[lan] {model}, {count} ranks, {tier} ...")
-                measured = measure(model, count, tier, steps, out_dir / "lan")
+                measured = measure(model, count, tier, steps, out_dir / "lan", device, optimizer)
                 if "error" in measured:
                     section["errors"].append(f"{model} {count} {tier}: {measured['error']}")
                 row[tier] = measured
-            ms = {tier: row[tier].get("median_ms") for tier in TIERS}
+            ms = {tier: row.get(tier, {}).get("median_ms") for tier in ALL_TIERS}
             if ms["ddp"] and ms["collective"]:
                 row["collective_over_ddp"] = ms["collective"] / ms["ddp"]
             if ms["server"] and ms["collective"]:
                 row["server_over_collective"] = ms["server"] / ms["collective"]
+            if ms["plain"]:  # the share of each tier's step that the device computes
+                row["compute_share"] = {t: ms["plain"] / ms[t] for t in TIERS if ms[t]}
             section["rows"].append(row)
     return section
 
@@ -110,27 +125,37 @@ def lines(section: dict[str, Any]) -> list[str]:
            f"{setup['warmup']} warm-up; {setup['optimizer']}"]
     rows = []
     for row in section.get("rows", []):
-        params = next((row[t]["params"] for t in TIERS if "params" in row[t]), None)
+        params = next((row[t]["params"] for t in ALL_TIERS if "params" in row.get(t, {})), None)
+        share = row.get("compute_share", {})
         rows.append([row["model"], fmt(params / 1e6 if params else None, ".1f", "M"), str(row["ranks"]),
-                     *(fmt(row[t].get("median_ms"), ".1f") for t in TIERS),
-                     fmt(row.get("collective_over_ddp"), ".2f", "x"), fmt(row.get("server_over_collective"), ".2f", "x")])
-    out += table(["model", "params", "ranks", "ddp ms", "collective ms", "server ms", "collective/ddp",
-                  "server/collective"], rows)
+                     *(fmt(row.get(t, {}).get("median_ms"), ".1f") for t in ALL_TIERS),
+                     fmt(row.get("collective_over_ddp"), ".2f", "x"), fmt(row.get("server_over_collective"), ".2f", "x"),
+                     " / ".join(f"{share[t]:.0%}" for t in TIERS if t in share) or "-"])
+    out += table(["model", "params", "ranks", "plain ms", "ddp ms", "collective ms", "server ms", "collective/ddp",
+                  "server/collective", "compute share ddp / coll. / server"], rows)
     return out
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", nargs="+", choices=["mlp", "transformer"], default=["mlp"])
+    parser.add_argument("--models", nargs="+", choices=list(MODELS), default=["mlp"])
     parser.add_argument("--ranks", nargs="+", type=int, default=[2])
+    parser.add_argument("--tiers", nargs="+", choices=list(ALL_TIERS), default=list(TIERS))
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--optimizer", choices=["sgd", "adamw"], default="sgd")
+    parser.add_argument("--steps", type=int, default=None, help="per run (default 30; --quick 15)")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", default="bench-results")
     args = parser.parse_args(argv)
     out_dir = Path(args.out)
-    section = measure_rows(tuple(args.models), tuple(args.ranks), 15 if args.quick else 30, out_dir)
+    steps = args.steps or (15 if args.quick else 30)
+    section = measure_rows(tuple(args.models), tuple(args.ranks), steps, out_dir, tuple(args.tiers), args.device,
+                           args.optimizer)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "lan.json").write_text(json.dumps(section, indent=2))
     print("\n".join(lines(section)))
+    for error in section["errors"]:
+        print(f"[lan] failed: {error}")
 
 
 if __name__ == "__main__":

@@ -40,6 +40,15 @@ class DeepHead(nn.Module):
         return out.reshape(x.shape[0], -1, jobkit.OUT_FEATURES).mean(dim=1)
 
 
+def share_gpu() -> None:
+    """Ranks that share one GPU (a test machine's): NCCL refuses two ranks on one device of one host, unless
+    each rank names a host of its own, as torchft does to share a GPU."""
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if torch.cuda.device_count() < local_ranks:
+        os.environ.setdefault("NCCL_HOSTID", f"geomx-test-rank{os.environ.get('RANK', '0')}")
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=jobkit.STEPS)
@@ -56,8 +65,12 @@ def main() -> None:
     parser.add_argument("--slowdown", type=float, default=1.0)
     parser.add_argument("--die-rank", type=int, default=-1, help="this global rank dies (exit 3) at --die-step")
     parser.add_argument("--die-step", type=int, default=3)
+    parser.add_argument("--device", default="cpu", help="cuda: the model and batches on the GPU (NCCL in the party)")
     args = parser.parse_args()
     rank, num_workers = gx.worker_place()
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        share_gpu()
     torch.manual_seed(jobkit.seed_for(rank))  # deliberately different per worker: the wrapper's init fixes it
     hidden = args.hidden + (1 if rank == args.mismatch_rank else 0)
     model: nn.Module = nn.Sequential(nn.Linear(jobkit.IN_FEATURES, hidden), nn.ReLU(),
@@ -65,6 +78,7 @@ def main() -> None:
     if args.deep_head:
         model = DeepHead(args.deep_head)
     before = [p.detach().clone() for p in model.parameters()]
+    model.to(device)
     if args.optimizer == "sgd":
         inner: torch.optim.Optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     elif args.optimizer == "adam":
@@ -72,9 +86,9 @@ def main() -> None:
     else:
         inner = torch.optim.AdamW(model.parameters(), lr=args.lr)
     opt = gx.DistributedOptimizer(inner, model)
-    after = [p.detach().clone() for p in model.parameters()]
+    after = [p.detach().to("cpu", copy=True) for p in model.parameters()]
     slices = [opt.kv.slices(key) for key in range(len(after))]  # how each parameter travels (P3: cut small)
-    inputs, targets = jobkit.make_data(args.steps, num_workers)
+    inputs, targets = (t.to(device) for t in jobkit.make_data(args.steps, num_workers))
     device_s = args.step_s * (args.slowdown if rank == args.slow_rank else 1.0)
     pushed = [torch.zeros_like(p) for p in model.parameters()]  # this worker's own gradients, summed over steps
     trained = 0  # steps whose opt.step() changed the weights (under ESync the ones after the last round do not)
@@ -94,10 +108,11 @@ def main() -> None:
         trained += any(not torch.equal(p, b) for p, b in zip(model.parameters(), before_step, strict=True))
         opt.log(loss=loss)
     opt.close()  # the last updates land (under ESync: the last round runs here)
-    final = [p.detach().clone() for p in model.parameters()]
+    final = [p.detach().to("cpu", copy=True) for p in model.parameters()]
     jobkit.save_worker_output(opt.kv.config.run_dir, rank, {"before_init": before, "after_init": after, "final": final,
-                                                       "pushed": pushed},
-                              {"name": opt.kv.name, "global_rank": rank, "is_master_worker": opt.is_master_worker,
+                                                       "pushed": [t.cpu() for t in pushed]},
+                              {"device": str(next(model.parameters()).device), "name": opt.kv.name,
+                               "global_rank": rank, "is_master_worker": opt.is_master_worker,
                                "mode": opt.plan.mode.name, "overlap": opt.overlap, "trained_steps": trained,
                                "slices": slices})
 

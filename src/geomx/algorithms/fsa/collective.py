@@ -26,6 +26,7 @@ import torch
 
 from ...collective.bucket import ModelBucket, backward_buckets
 from ...collective.group import Pending
+from ...collective.host import HostChunk
 from ...collective.owners import OwnedSlice
 from ...core.strategy import Loop, WorkerStrategy
 
@@ -39,6 +40,7 @@ class CollectiveServerStep(WorkerStrategy):
         mb = loop.kv.config.topology.training.bucket_mb  # training.bucket_mb / GEOMX_BUCKET_MB
         self.bucket_bytes = bucket_bytes if bucket_bytes is not None else max(1, int(mb * (1 << 20)))
         self.buckets: list[ModelBucket] = []
+        self.stages: list[HostChunk] = []  # each bucket's owned chunk on the host (itself on the CPU; pinned on CUDA)
         self.bucket_of: dict[int, int] = {}
         self.missing: list[set[int]] = []  # per bucket: trained keys whose gradient has not come this step
         self.started: list[Pending] = []  # the reduce-scatters started this step, in bucket order
@@ -53,6 +55,7 @@ class CollectiveServerStep(WorkerStrategy):
             for key in keys:
                 self.bucket_of[key] = len(self.buckets)
             self.buckets.append(ModelBucket(ranks.layout(keys), ranks.group, like=like))
+            self.stages.append(HostChunk(self.buckets[-1].chunk, self.buckets[-1].pieces))
         self.trained = set(loop.trained)
         self._new_step()
 
@@ -86,8 +89,9 @@ class CollectiveServerStep(WorkerStrategy):
             if not block and not scatter.done():
                 return
             scatter.wait()  # raises, naming the party, if the reduce-scatter failed
-            bucket = self.buckets[len(self.sent)]
-            pieces = [(owned, piece) for owned, piece in bucket.pieces if owned.key in self.trained]
+            stage = self.stages[len(self.sent)]
+            stage.down()  # the owned sums to the host, in one copy
+            pieces = [(owned, piece) for owned, piece in stage.pieces if owned.key in self.trained]
             self.sent.append((pieces, ranks.send(pieces, self.loop.priority)))
 
     def step(self) -> None:
@@ -104,8 +108,9 @@ class CollectiveServerStep(WorkerStrategy):
         ranks = loop.kv.ranks
         self._send_ready(block=True)  # each bucket's slices leave as its reduce-scatter lands
         gathers = []
-        for bucket, (pieces, futures) in zip(self.buckets, self.sent, strict=True):
+        for bucket, stage, (pieces, futures) in zip(self.buckets, self.stages, self.sent, strict=True):
             ranks.land(pieces, futures)
+            stage.up()  # the answers to the device, in one copy, before the all-gather reads them
             self.fill(bucket)
             gathers.append(bucket.group.all_gather_async(bucket.buffer, bucket.chunk.clone()))
         for bucket, gather in zip(self.buckets, gathers, strict=True):

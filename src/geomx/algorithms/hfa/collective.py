@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from ...collective.bucket import PartyModel
+from ...collective.host import HostChunk
 from ...collective.owners import OwnedSlice
 from ...core.strategy import Loop, WorkerStrategy
 from .rules import LocalFrequencyAggregation
@@ -49,6 +50,7 @@ class CollectivePeriodicAverage(WorkerStrategy):
         self.rules = LocalFrequencyAggregation(k2=hfa.k2, party_weight=loop.kv.num_workers / loop.kv.num_all_workers,
                                                fragments=int(options.get("fragments", "1")))
         self.bucket: PartyModel | None = None
+        self.stage: HostChunk | None = None  # the owned chunk on the host, where the rules' numpy arithmetic reads it
         self.job_model: list[torch.Tensor] = []
         self.global_slices: list[torch.Tensor] = []  # each owned slice's global model, as ``bucket.pieces``
         self.local_steps = 0
@@ -69,7 +71,9 @@ class CollectivePeriodicAverage(WorkerStrategy):
         self.job_model = [view.clone() for view in views]
         bucket.own(views)
         # on the host, where the rules' numpy arithmetic reads them (the model itself may be on a GPU)
-        self.global_slices = [piece.detach().to("cpu", copy=True) for _, piece in bucket.pieces]
+        self.stage = HostChunk(bucket.chunk, bucket.pieces)
+        self.stage.down()
+        self.global_slices = [piece.clone() for _, piece in self.stage.pieces]
         self.piece_of = {owned.id: index for index, (owned, _) in enumerate(bucket.pieces)}
         if self.rules.needs_fragments:  # every rank and party splits all the slices alike
             self.rules.assign_fragments(kv.ranks.slice_sizes())
@@ -95,14 +99,16 @@ class CollectivePeriodicAverage(WorkerStrategy):
         assert bucket is not None
         views = bucket.views(loop.params)
         bucket.own(views)
+        stage = self.stage
+        assert stage is not None
+        stage.down()  # the owned slices to the host, in one copy (none on the CPU)
         self.local_rounds += 1
         count = self.local_rounds
         due = []
-        for owned, piece in bucket.pieces:
-            delta = self.rules.after_local_round(owned.id, piece.detach().cpu().numpy())  # CPU: no copy
-            if delta is not None:
-                sent = piece if not self.delay else torch.empty_like(piece)  # overlapped: the chunk moves on
-                sent.copy_(torch.from_numpy(delta))
+        for owned, piece in stage.pieces:
+            delta = self.rules.after_local_round(owned.id, piece.numpy())
+            if delta is not None:  # overlapped: the delta leaves from its own array, the chunk moves on
+                sent = torch.from_numpy(delta) if self.delay else piece.copy_(torch.from_numpy(delta))
                 due.append((owned, sent))
         started = time.monotonic()
         if due and not self.delay:
@@ -115,8 +121,9 @@ class CollectivePeriodicAverage(WorkerStrategy):
             return
         for owned, answer in landing:  # each owned slice's global model; without overlap already in the chunk
             self.global_slices[self.piece_of[owned.id]].copy_(answer)
-        for (owned, piece), model in zip(bucket.pieces, self.global_slices, strict=True):
+        for (owned, piece), model in zip(stage.pieces, self.global_slices, strict=True):
             piece.copy_(model)
+        stage.up()  # the owned slices' global models to the device, in one copy
         bucket.spread(self.job_model)  # the job's model, where this rank holds it
         mine = self.alpha if self.delay else 0.0
         for share in bucket.layout.owned:  # the party's model: every slice that landed, mixed under overlap

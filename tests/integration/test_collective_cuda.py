@@ -1,0 +1,41 @@
+"""Collective parties with the model on a GPU: NCCL inside each party, only each rank's owned slices on the host
+(one pinned chunk per bucket, ``geomx.collective.host``). The same references as the CPU tests
+(``test_collective``); skipped without CUDA. Two ranks of a party share one GPU here, as on a test machine."""
+
+from __future__ import annotations
+
+import jobkit
+import pytest
+import torch
+from test_collective import K1, SCRIPT, SLICE_ELEMS, simulate_collective_hfa, topology
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def test_fsa_in_collective_parties_on_cuda_equals_single_process_sgd(geomx_job, tmp_path):
+    """2 parties x 2 ranks over NCCL, a bucket per tensor: every rank ends with the single-process reference's
+    weights (to float tolerance: the GPU sums in its own order), bit for bit the same on every rank."""
+    path = topology(tmp_path, {"dc0": "collective", "dc1": "collective"},
+                    {"server_optimizer": "auto", "bucket_mb": 0.001}, slice_elems=SLICE_ELEMS)
+    job = geomx_job(SCRIPT, "--device", "cuda", topology=path)
+    job.assert_ok()
+    workers = job.workers()
+    assert {report["device"].split(":")[0] for _, report in workers.values()} == {"cuda"}
+    jobkit.assert_fsa_equivalent(workers, num_workers=4)
+
+
+def test_hfa_outer_nesterov_in_collective_parties_on_cuda_matches_the_simulation(geomx_job, tmp_path):
+    """HFA with DiLoCo's outer Nesterov: two collective parties on the GPU and a server party of one beside them."""
+    parties = {"dc0": 2, "dc1": 2, "dc2": 1}
+    path = topology(tmp_path, {"dc0": "collective", "dc1": "collective"}, {"server_optimizer": "outer_nesterov"},
+                    parties=parties, hfa={"k1": K1, "k2": 2}, slice_elems=SLICE_ELEMS)
+    job = geomx_job(SCRIPT, "--device", "cuda", "--steps", "12", "--momentum", "0", topology=path)
+    job.assert_ok()
+    workers = job.workers()
+    assert sorted(workers) == list(range(5)), "every worker reports"
+    expected, _ = simulate_collective_hfa(workers[0][0]["after_init"], parties, "outer_nesterov", 2, 12)
+    party_of = [party for party, count in parties.items() for _ in range(count)]
+    for rank, (tensors, report) in workers.items():
+        assert report["device"].startswith("cuda") and report["mode"] == "HFA"
+        for got, want in zip(tensors["final"], expected[party_of[rank]], strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=f"worker {rank}")
