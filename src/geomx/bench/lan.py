@@ -41,13 +41,21 @@ from .workers.lan_step import MODELS
 from .tables import fmt, say, table
 
 TIERS = ("ddp", "collective", "server")
-ALL_TIERS = ("plain", *TIERS)
+# DiLoCo's shape inside the party (HFA, H = K1 * K2 = 10 steps per global round, outer Nesterov on the global
+# server): collective all-reduces every step (DDP inside the party); server averages through the local server every
+# K1 steps (local SGD inside the party). Their figure is the mean step, global rounds included.
+HFA_TIERS = ("collective_hfa", "server_hfa")
+ALL_TIERS = ("plain", *TIERS, *HFA_TIERS)
+HFA = {"k1": 5, "k2": 2}
 WARMUP = 5
 
 
-def _topology(path: Path, ranks: int, lan: str) -> Path:
-    raw = {"parties": {"dc0": {"workers": ranks, "lan": lan}}, "central": "dc0",
-           "timeouts": {"register": "120s", "request": "300s", "round": "300s", "shutdown": "60s"}}
+def _topology(path: Path, ranks: int, tier: str) -> Path:
+    lan, _, sync = tier.partition("_")
+    raw: dict[str, Any] = {"parties": {"dc0": {"workers": ranks, "lan": lan}}, "central": "dc0",
+                           "timeouts": {"register": "120s", "request": "300s", "round": "300s", "shutdown": "60s"}}
+    if sync == "hfa":
+        raw.update(hfa=HFA, training={"server_optimizer": "outer_nesterov"})
     path.write_text(yaml.safe_dump(raw))
     return path
 
@@ -107,15 +115,20 @@ def measure_rows(models: tuple[str, ...], ranks: tuple[int, ...], steps: int, ou
                 if "error" in measured:
                     section["errors"].append(f"{model} {count} {tier}: {measured['error']}")
                 row[tier] = measured
-            ms = {tier: row.get(tier, {}).get("median_ms") for tier in ALL_TIERS}
+            ms = {tier: step_ms(row.get(tier, {}), tier) for tier in ALL_TIERS}
             if ms["ddp"] and ms["collective"]:
                 row["collective_over_ddp"] = ms["collective"] / ms["ddp"]
             if ms["server"] and ms["collective"]:
                 row["server_over_collective"] = ms["server"] / ms["collective"]
             if ms["plain"]:  # the share of each tier's step that the device computes
-                row["compute_share"] = {t: ms["plain"] / ms[t] for t in TIERS if ms[t]}
+                row["compute_share"] = {t: ms["plain"] / ms[t] for t in ALL_TIERS[1:] if ms[t]}
             section["rows"].append(row)
     return section
+
+
+def step_ms(measured: dict[str, Any], tier: str) -> float | None:
+    """A tier's step: the median, or the mean where global rounds come only every H steps (HFA)."""
+    return measured.get("mean_ms" if tier in HFA_TIERS else "median_ms")
 
 
 def lines(section: dict[str, Any]) -> list[str]:
@@ -123,16 +136,19 @@ def lines(section: dict[str, Any]) -> list[str]:
     setup = section["setup"]
     out = [f"[lan] {setup['host']}; median step of rank 0 over {setup['steps'] - setup['warmup']} steps after "
            f"{setup['warmup']} warm-up; {setup['optimizer']}"]
+    shown = [t for t in ALL_TIERS if any(t in row for row in section.get("rows", []))]
     rows = []
     for row in section.get("rows", []):
         params = next((row[t]["params"] for t in ALL_TIERS if "params" in row.get(t, {})), None)
         share = row.get("compute_share", {})
         rows.append([row["model"], fmt(params / 1e6 if params else None, ".1f", "M"), str(row["ranks"]),
-                     *(fmt(row.get(t, {}).get("median_ms"), ".1f") for t in ALL_TIERS),
+                     *(fmt(step_ms(row.get(t, {}), t), ".1f") for t in shown),
                      fmt(row.get("collective_over_ddp"), ".2f", "x"), fmt(row.get("server_over_collective"), ".2f", "x"),
-                     " / ".join(f"{share[t]:.0%}" for t in TIERS if t in share) or "-"])
-    out += table(["model", "params", "ranks", "plain ms", "ddp ms", "collective ms", "server ms", "collective/ddp",
-                  "server/collective", "compute share ddp / coll. / server"], rows)
+                     " / ".join(f"{share[t]:.0%}" for t in shown if t in share) or "-"])
+    out += table(["model", "params", "ranks", *(f"{t} ms" for t in shown), "collective/ddp", "server/collective",
+                  "compute share " + " / ".join(t for t in shown if t != "plain")], rows)
+    if any(t in shown for t in HFA_TIERS):
+        out.append(f"[lan] *_hfa: HFA with K1={HFA['k1']}, K2={HFA['k2']}, outer Nesterov; the mean step")
     return out
 
 

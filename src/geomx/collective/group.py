@@ -110,6 +110,10 @@ class PartyGroup:
         """``buffer`` = every rank's ``chunk``, rank by rank."""
         self._run("all-gather", lambda: _ALL_GATHER(buffer, chunk, group=self.group))
 
+    def all_reduce_async(self, tensor: torch.Tensor) -> Pending:
+        """Start an all-reduce (``tensor`` = its sum over the party, in place); ``wait`` the result."""
+        return self._start("all-reduce", lambda: dist.all_reduce(tensor, group=self.group, async_op=True))
+
     def all_reduce(self, tensor: torch.Tensor) -> None:
         """``tensor`` = its sum over the party, in place."""
         self._run("all-reduce", lambda: dist.all_reduce(tensor, group=self.group))

@@ -32,8 +32,9 @@ from typing import Any
 
 import torch
 
-from ...collective.bucket import PartyModel
+from ...collective.bucket import ModelBucket, PartyModel
 from ...collective.host import HostChunk
+from ...collective.overlap import OverlappedMean
 from ...collective.owners import OwnedSlice
 from ...core.strategy import Loop, WorkerStrategy
 from .rules import LocalFrequencyAggregation
@@ -50,6 +51,7 @@ class CollectivePeriodicAverage(WorkerStrategy):
         self.rules = LocalFrequencyAggregation(k2=hfa.k2, party_weight=loop.kv.num_workers / loop.kv.num_all_workers,
                                                fragments=int(options.get("fragments", "1")))
         self.bucket: PartyModel | None = None
+        self.mean: OverlappedMean | None = None  # whole-model ranks: gradients all-reduced as backward makes them
         self.stage: HostChunk | None = None  # the owned chunk on the host, where the rules' numpy arithmetic reads it
         self.job_model: list[torch.Tensor] = []
         self.global_slices: list[torch.Tensor] = []  # each owned slice's global model, as ``bucket.pieces``
@@ -65,6 +67,11 @@ class CollectivePeriodicAverage(WorkerStrategy):
         loop = self.loop
         kv = loop.kv
         self.bucket = bucket = kv.ranks.model_bucket(loop.params)
+        if isinstance(bucket, ModelBucket):  # under FSDP2 the shards' gradients come averaged already
+            mb = kv.config.topology.training.bucket_mb  # training.bucket_mb / GEOMX_BUCKET_MB, as DDP's buckets
+            self.mean = OverlappedMean(kv.ranks.group, loop.params, kv.ranks.layout, max(1, int(mb * (1 << 20))),
+                                       trained=loop.trained)
+            self.pushes_gradients = True  # read by the wrapper after init_keys: backward's hooks call on_gradient
         views = bucket.views(loop.params)
         # the job's model: the global model of the last global round, as this rank holds the model (all of it, or
         # its FSDP2 shards); and the global model of the slices it owns, which their deltas start from
@@ -80,10 +87,17 @@ class CollectivePeriodicAverage(WorkerStrategy):
         for (owned, _), model in zip(bucket.pieces, self.global_slices, strict=True):
             self.rules.set_global_model(owned.id, model.numpy())  # a view: updated in place after each round
 
+    def on_gradient(self, key: int, grad: torch.Tensor) -> None:
+        assert self.mean is not None, "only whole-model ranks hook the gradients"
+        self.mean.on_gradient(key, grad)
+
     def step(self) -> None:
         loop = self.loop
         assert self.bucket is not None, "init_keys runs first"
-        self.bucket.average_gradients(loop.params)
+        if self.mean is not None:
+            self.mean.finish()
+        else:
+            self.bucket.average_gradients(loop.params)
         loop.optimizer.step()
         self.local_steps += 1
         if self.local_steps % self.k1 == 0:
