@@ -174,3 +174,53 @@ def test_esync_over_two_global_servers_refuses_a_rejoin_and_goes_on(tmp_path, re
         rejoining.tail()
     assert dc0.workers(), dc0.tail()  # dc0's worker finished its training
     assert "dropped dc1/server from the rounds" in dc0.output, dc0.tail()
+
+
+@pytest.mark.slow
+def test_a_collective_party_killed_restarts_and_its_ranks_rejoin_with_the_current_model(tmp_path, reserved_port):
+    """HFA (K1=2, K2=1): dc0 a server party of one worker, dc1 a collective party of two ranks. dc1's rank 1 dies;
+    its rank 0 fails at its next collective, naming the party; the global tier drops dc1 and dc0 trains on. dc1 is
+    started again: each rank rejoins in place of the dead rank of its RANK, the party speaks as a new client, its
+    init brings the *current* global model (one dc0 held after dc1 was lost), and later global rounds include it."""
+    path = write_topology(tmp_path / "rejoin.yaml", parties={"dc0": 1, "dc1": 2}, timeouts=TIMEOUTS,
+                          hfa={"k1": 2, "k2": 1})
+    raw = yaml.safe_load(path.read_text())
+    raw["parties"]["dc1"]["lan"] = "collective"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    rejoined = tmp_path / "rejoined"
+    global_scheduler = f"127.0.0.1:{reserved_port()}"
+    jobs: dict[str, Job] = {}
+
+    def launch(label: str, party: str, *args: str) -> None:
+        jobs[label] = run_job(tmp_path, "collective_rejoin_train.py", *args, name=label, party=party,
+                              global_scheduler=global_scheduler, topology=path)
+
+    survivor = threading.Thread(target=launch, args=("survivor", "dc0", "--until-file", str(rejoined),
+                                                     "--after", "10"))
+    survivor.start()
+    launch("lost", "dc1", "--steps", "1000", "--die-rank", "2", "--die-step", "6")  # global rank 2: dc1's rank 1
+    launch("rejoining", "dc1", "--steps", "12", "--rejoined-file", str(rejoined))
+    survivor.join(timeout=180)
+    assert not survivor.is_alive(), "dc0's launcher did not return"
+
+    lost, rejoining, dc0 = jobs["lost"], jobs["rejoining"], jobs["survivor"]
+    assert lost.result.exit_code != 0 and not lost.workers(), lost.tail()
+    assert "party dc1: rank 0's" in lost.output, lost.tail()  # the surviving rank's collective failed, named
+    rejoining.assert_ok()
+    dc0.assert_ok()  # the global scheduler exits 0: the members it lost were replaced
+    assert dc0.output.count("rejoins in place of the one declared dead") == 2, dc0.tail()
+    assert "dropped dc1/worker" in dc0.output, dc0.tail()
+
+    (dc0_tensors, _), = dc0.workers().values()
+    new = rejoining.workers()
+    assert sorted(new) == [1, 2], sorted(new)
+    per = len(dc0_tensors["final"])
+    dc0_models = syncs(dc0_tensors["job_models"], per)
+    for tensors, _ in new.values():
+        assert same(tensors["after_init"], new[1][0]["after_init"]) and same(tensors["final"], new[1][0]["final"])
+    start = new[1][0]["after_init"]
+    assert not same(start, new[1][0]["before_init"]) and not same(start, dc0_tensors["after_init"])
+    matches = [i for i, model in enumerate(dc0_models) if same(model, start)]
+    assert matches and matches[0] >= 3, (matches, len(dc0_models))  # a global model from after dc1 was lost
+    common = [m for m in syncs(new[1][0]["job_models"], per) if any(same(m, d) for d in dc0_models)]
+    assert len(common) >= 3, (len(common), len(dc0_models))  # global rounds with both parties in them

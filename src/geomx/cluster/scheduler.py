@@ -2,9 +2,10 @@
 
 The global scheduler's tier holds the global servers and the local servers (under a flat parameter
 server: the global servers and every worker). A party's local scheduler holds its local server and
-workers. Once the job is complete, the global scheduler still takes one kind of registration: a restarted
-party's local server, in place of its local server declared dead (a rejoin; the global servers are told with
-a MEMBERS notice before the newcomer gets the address book).
+workers (and a collective party's ranks, which talk to the global tier themselves). Once the job is complete,
+the global scheduler still takes one kind of registration: a restarted party's local server in place of its local
+server declared dead, or a restarted collective party's rank in place of its dead rank of the same RANK (a rejoin;
+the global servers are told with a MEMBERS notice before the newcomer gets the address book).
 
 Usage (what ``python -m geomx.node`` does for a scheduler role)::
 
@@ -174,11 +175,12 @@ class Scheduler:
         with self._lock:
             if self._complete.is_set():
                 registration = _Registration(message, role, party, address, requested_rank, False)
-                replaced = self._replaceable(role, party, dead_only=False)
+                replaced = self._replaceable(role, party, requested_rank, dead_only=False)
                 if replaced is None:
                     self._refuse(sender, address, party, message,
                                  f"registration is closed; the job already has all its {sum(self.expected.values())}"
-                                 " members (only a restarted party's local server may join later)")
+                                 " members (only a restarted party's local server, or a collective party's ranks, "
+                                 "may join later)")
                 elif replaced.id in self._dead_ids():
                     self._rejoin(sender, replaced, registration)
                 else:  # restarted at once: its old self is not declared dead yet
@@ -223,12 +225,15 @@ class Scheduler:
     def _dead_ids(self) -> set[str]:
         return set(self._watch.snapshot()) if self._watch is not None else set()
 
-    def _replaceable(self, role: Role, party: str, dead_only: bool = True) -> Member | None:
-        """The (dead) local server of ``party`` that a restarted one may replace (global scheduler only)."""
-        if not self.is_global or role is not Role.LOCAL_SERVER or self._finished.is_set():
+    def _replaceable(self, role: Role, party: str, rank: int | None, dead_only: bool = True) -> Member | None:
+        """The (dead) member a restarted one may replace (global scheduler only): ``party``'s local server, or the
+        rank ``rank`` of a collective party (its ranks talk to the global tier themselves)."""
+        collective = role is Role.WORKER and party in self.config.topology.collective_parties
+        if not self.is_global or not (role is Role.LOCAL_SERVER or collective) or self._finished.is_set():
             return None
         dead = self._dead_ids()
         return next((m for m in self._members if m.role is role and m.party == party
+                     and (not collective or m.rank == rank)
                      and (m.id in dead or (not dead_only and m.id not in self._goodbyes))), None)
 
     def _admit_waiting(self) -> None:
@@ -236,15 +241,15 @@ class Scheduler:
         twice the heartbeat timeout (the old one is alive: a second server for the same party). Under the lock."""
         waiting, self._waiting = self._waiting, []
         for give_up, sender, registration in waiting:
-            old = self._replaceable(registration.role, registration.party)
+            old = self._replaceable(registration.role, registration.party, registration.requested_rank)
             if old is not None:
                 self._rejoin(sender, old, registration)
             elif time.monotonic() < give_up and not self._finished.is_set():
                 self._waiting.append((give_up, sender, registration))
             else:
                 self._refuse(sender, registration.address, registration.party, registration.message,
-                             f"party {registration.party!r} already has a live local server; a restarted one "
-                             "rejoins only in place of one declared dead")
+                             f"party {registration.party!r} already has a live {registration.role.value} of that rank; "
+                             "a restarted one rejoins only in place of one declared dead")
 
     def _rejoin(self, sender: str, old: Member, reg: _Registration) -> None:
         """A restarted party's local server takes the dead one's place (under the lock): the global servers are

@@ -48,6 +48,25 @@ class Clients:
         for member in members:
             self.groups[member] = client
 
+    def regroup(self, member: str, replaces: str) -> tuple[str, bool]:
+        """A restarted collective rank ``member`` in place of the dead ``replaces``: it speaks for its party's
+        client of this restart, a new name (the dead one stays departed, its rounds and owners with it), made by
+        the first of the party's ranks to come back. Returns the client and whether this rank made it."""
+        old = self.groups[replaces]
+        party = self.parties[old]
+        base = old.split("#")[0]
+        current = max((c for c, p in self.parties.items() if p == party), key=self._generation)
+        new = current in self.departed
+        if new:
+            current = f"{base}#{self._generation(current) + 1}"
+            self.parties[current] = party
+        self.groups[member] = current
+        return current, new
+
+    @staticmethod
+    def _generation(client: str) -> int:
+        return int(client.split("#")[1]) if "#" in client else 0
+
     def client_of(self, sender: str) -> str:
         """The client connection ``sender`` speaks for (itself, unless it is a rank of a collective party)."""
         return self.groups.get(sender, sender)

@@ -108,25 +108,31 @@ class Departures:
         except (KeyError, TypeError, ValueError) as exc:  # BodyError is a ValueError
             host.refuse(message, f"malformed MEMBERS notice: {exc}")
             return
-        if old not in host.clients or member.role is not Role.LOCAL_SERVER:
-            host.refuse(message, f"{member.name} replaces {old!r}, which is not a local server of this job")
+        rank = member.role is Role.WORKER and old in host.clients.groups  # a collective party's rank
+        if not rank and (old not in host.clients or member.role is not Role.LOCAL_SERVER):
+            host.refuse(message, f"{member.name} replaces {old!r}, which is neither a local server nor a collective "
+                                 "party's rank of this job")
             return
         refusal = self.rejoin_refusal()
         if refusal is not None:
             host.refuse(message, refusal)
             return
-        if old not in host.clients.departed:  # its death reached the scheduler before our heartbeat told us
+        if host.clients.client_of(old) not in host.clients.departed:  # its death reached the scheduler first
             self.drop(old, host.display(old), f"replaced by a restarted {member.name}")
         host.van.add_peer(member.id, member.address, member.party)
         host.requests.names[member.id] = member.name
-        host.table.exempt_open(member.id)
-        # an algorithm may hold a rejoiner's rounds until the others end their current cycle
-        host.clients.add(member.id, hold=any(extension.holds_rejoiners() for extension in host.extensions))
-        if member.party == host.config.topology.central:
+        client, new = host.clients.regroup(member.id, old) if rank else (member.id, True)
+        if new:  # the party's first rank back: its client joins (its other ranks speak for the same one)
+            host.requests.names[client] = client
+            host.table.exempt_open(client)
+            # an algorithm may hold a rejoiner's rounds until the others end their current cycle
+            host.clients.add(client, hold=any(extension.holds_rejoiners() for extension in host.extensions))
+        if member.party == host.config.topology.central and not rank:
             host.configurers.add(member.id)
         log.warning("[%s] %s rejoined (replacing the one dropped); %d of %d clients present", host.name,
                     member.name, len(host.clients.remaining()), len(host.clients))
-        self._send_compression(member)
+        if not rank:  # a collective rank takes the job's codec from the wrapper's plan, as at a first start
+            self._send_compression(member)
         host.van.send(sender, message.reply())
 
     def rejoin_refusal(self) -> str | None:

@@ -1,0 +1,79 @@
+"""Integration worker of the collective rejoin test: a plain PyTorch loop under ``gx.DistributedOptimizer`` (HFA
+from the topology) that a collective party's rank leaves by dying, and a restarted party's ranks rejoin.
+
+Roles, by flags:
+  --die-rank R --die-step N   global rank R exits at step N without a goodbye (its party's other ranks then fail
+                              at their next collective)
+  --until-file PATH           train until PATH exists (at most --max-steps), then --after more steps: the survivor
+  --rejoined-file PATH        after the wrapper's init, create PATH: a restarted party's rank 0
+
+Every worker that ends writes ``out/worker<rank>.pt/.json`` (jobkit): its weights before and after init, the
+job's model after every step that changed it (``job_models``), and its final weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+import jobkit
+import torch
+import torch.nn.functional as F
+
+import geomx.torch as gx
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--die-rank", type=int, default=-1)
+    parser.add_argument("--die-step", type=int, default=6)
+    parser.add_argument("--until-file")
+    parser.add_argument("--max-steps", type=int, default=2000)
+    parser.add_argument("--after", type=int, default=10)
+    parser.add_argument("--rejoined-file")
+    parser.add_argument("--step-seconds", type=float, default=0.02, help="emulated compute time per step")
+    args = parser.parse_args()
+    rank, num_workers = gx.worker_place()
+    torch.manual_seed(jobkit.seed_for(rank) + (1000 if args.rejoined_file else 0))
+    model = jobkit.make_model()
+    before = [p.detach().clone() for p in model.parameters()]
+    opt = gx.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=jobkit.LR), model)
+    after = [p.detach().clone() for p in model.parameters()]
+    if args.rejoined_file and int(os.environ.get("RANK", "0")) == 0:
+        Path(args.rejoined_file).write_text(str(time.time()))
+    steps = args.steps if not args.until_file else args.max_steps + args.after
+    inputs, targets = jobkit.make_data(steps, num_workers)
+    job = jobkit.make_model()
+    job_models: list[list[torch.Tensor]] = []
+    stop_at, done = steps, 0
+    for step in range(steps):
+        if step >= stop_at:
+            break
+        if args.until_file and stop_at == steps and Path(args.until_file).exists():
+            stop_at = step + args.after
+        if rank == args.die_rank and step == args.die_step:
+            os._exit(3)  # a crash: no goodbye to anyone
+        time.sleep(args.step_seconds)
+        opt.zero_grad()
+        F.mse_loss(model(inputs[step, rank]), targets[step, rank]).backward()
+        opt.step()
+        done += 1
+        opt.load_job_model(job)
+        current = [p.detach().clone() for p in job.parameters()]
+        if not job_models or any(not torch.equal(a, b) for a, b in zip(current, job_models[-1], strict=True)):
+            job_models.append(current)
+    if args.until_file and stop_at == steps:
+        raise RuntimeError(f"{args.until_file} did not appear within {args.max_steps} steps")
+    opt.close()
+    jobkit.save_worker_output(opt.kv.config.run_dir, rank,
+                              {"before_init": before, "after_init": after, "final": [p.detach().clone()
+                                                                                     for p in model.parameters()],
+                               "job_models": [t for m in job_models for t in m]},
+                              {"name": opt.kv.name, "steps": done, "job_models": len(job_models)})
+
+
+if __name__ == "__main__":
+    main()
