@@ -96,8 +96,10 @@ def worker_command(script: str | Path, *args: str) -> list[str]:
 
 
 def run_job(workdir: Path, script: str | Path, *args: str, name: str = "job", party: str | None = None,
-            global_scheduler: str | None = None, topology: Path | None = None, **topology_options: Any) -> Job:
-    """Write ``workdir/<name>.yaml`` (unless ``topology`` is given) and run a whole job (or one party's).
+            global_scheduler: str | None = None, topology: Path | None = None, resume: bool = False,
+            **topology_options: Any) -> Job:
+    """Write ``workdir/<name>.yaml`` (unless ``topology`` is given) and run a whole job (or one party's; with
+    ``resume``, as ``geomx launch --resume``).
 
     Runs ``launch(topology, [python, script, *args], run_dir=..., out=StringIO())``. The processes' output
     is captured and also printed, so pytest shows it when a test fails.
@@ -110,7 +112,7 @@ def run_job(workdir: Path, script: str | Path, *args: str, name: str = "job", pa
     run_dir = workdir / (f"run-{name}" if party is None else f"run-{name}-{party}")
     out = io.StringIO()
     result = launch(topology, worker_command(script, *args), run_dir=run_dir, out=out, party=party,
-                    global_scheduler=global_scheduler)
+                    global_scheduler=global_scheduler, resume=resume)
     returned_at = time.time()
     output = out.getvalue()
     label = name if party is None else f"{name}/{party}"

@@ -8,11 +8,14 @@ from pathlib import Path
 from typing import Any
 
 import jobkit
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 import yaml
 from harness import write_topology
+
+from geomx.runs.checkpoint import load_latest
 
 SCRIPT = "frontend_train.py"
 
@@ -328,7 +331,8 @@ def test_collective_parties_with_two_global_servers_p3_a_secret_and_checkpoints(
     """The operations a server party has, in collective parties, on one job: slices spread over two global
     servers (each rank's owned slices go to whichever holds them), P3 (small slices, shallow layers first; the
     optimizer on the servers), a shared secret on every connection, and checkpoints every 2 steps. Still
-    single-process SGD's weights; every global server writes its checkpoints."""
+    single-process SGD's weights; every global server writes its checkpoints, and ``--resume`` starts every rank
+    from the newest."""
     path = topology(tmp_path, {"dc0": "collective", "dc1": "collective"}, {"p3": True},
                     top={"security": {"secret": "collective-secret"},
                          "checkpoint": {"dir": str(tmp_path / "ckpt"), "every_steps": 2}},
@@ -340,3 +344,15 @@ def test_collective_parties_with_two_global_servers_p3_a_secret_and_checkpoints(
     jobkit.assert_fsa_equivalent(workers, num_workers=4)
     for shard in ("gs0", "gs1"):
         assert sorted((tmp_path / "ckpt" / shard).glob("*.json")), f"{shard} wrote no checkpoint"
+    # geomx launch --resume: every rank of both collective parties starts from the newest checkpoint's model
+    latest = [load_latest(tmp_path / "ckpt", shard) for shard in (0, 1)]
+    assert all(snapshot is not None and snapshot.step == 4 for snapshot in latest), latest
+    resumed = geomx_job(SCRIPT, "--steps", "2", name="resumed", topology=path, resume=True)
+    resumed.assert_ok()
+    assert "resumed from" in resumed.output, resumed.tail()
+    checkpointed = {sid: values for snapshot in latest for sid, values in snapshot.values.items()}
+    for rank, (tensors, _) in resumed.workers().items():
+        for key, got in enumerate(tensors["after_init"]):
+            parts = sorted((index, values) for (k, index), values in checkpointed.items() if k == key)
+            want = torch.from_numpy(np.concatenate([values for _, values in parts])).reshape(got.shape)
+            assert torch.equal(got, want), f"rank {rank} key {key} did not start from the checkpoint"
