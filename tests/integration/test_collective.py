@@ -225,12 +225,11 @@ def test_a_dead_rank_stops_the_job_naming_it(tmp_path):
     assert re.search(r"dc0/worker[01] of dc0/ranks is dead", outputs[1]), outputs[1][-3000:]
 
 
-@pytest.mark.parametrize(("codec", "max_fraction"), [
-    ({"type": "error_feedback", "inner": {"type": "int8"}}, 0.45), ({"type": "fp16"}, 0.7)],
-    ids=["int8-error-feedback", "fp16"])
-def test_a_wan_codec_in_collective_parties_encodes_each_owned_slice(geomx_job, tmp_path, codec, max_fraction):
+def test_a_wan_codec_in_collective_parties_encodes_each_owned_slice(geomx_job, tmp_path):
     """Each rank encodes the slices it owns (int8's residuals stay with their owner): FSA still ends near the
-    dense reference, every rank holds the same bits, and the WAN carries a fraction of the dense bytes."""
+    dense reference, every rank holds the same bits, and the WAN carries a fraction of the dense bytes. (fp16, a
+    stateless codec, takes the same path without residuals.)"""
+    codec, max_fraction = {"type": "error_feedback", "inner": {"type": "int8"}}, 0.45
     path = topology(tmp_path, {"dc0": "collective", "dc1": "collective"}, {"compression": codec}, slice_elems=512)
     job = geomx_job(SCRIPT, topology=path)
     job.assert_ok()
@@ -244,6 +243,34 @@ def test_a_wan_codec_in_collective_parties_encodes_each_owned_slice(geomx_job, t
     # dense: dc1's model up and the answer down each step, plus init (dc0 shares its host with the global server)
     dense = (jobkit.STEPS + 1) * 2 * jobkit.param_bytes()
     assert job.summary["wan_bytes"] <= max_fraction * dense, (job.summary["wan_bytes"], dense)
+
+
+def test_bisparse_under_hfa_in_collective_parties_answers_with_compressed_model_changes(geomx_job, tmp_path):
+    """HFA with Bi-Sparse (keeping 25%) in two collective parties: each owner pushes its slices' sparse deltas and
+    the global servers answer with the global model's change, compressed; the owner adds it to the slice's last
+    global model. Every rank of the job ends with the same global model (what the answers built), near the dense
+    simulation's, and the WAN carries a fraction of the dense bytes. Read as the model itself, a change would
+    leave the ranks near zero, far from the simulation."""
+    parties = {"dc0": 2, "dc1": 2}
+    path = topology(tmp_path, {"dc0": "collective", "dc1": "collective"},
+                    {"server_optimizer": "none", "compression": {"type": "bsc", "threshold": 0.25,
+                                                                 "size_lower_bound": 0}},
+                    parties=parties, hfa={"k1": K1, "k2": K2}, slice_elems=SLICE_ELEMS)
+    job = geomx_job(SCRIPT, "--steps", "12", "--momentum", "0", topology=path)
+    job.assert_ok()
+    workers = job.workers()
+    assert sorted(workers) == [0, 1, 2, 3]
+    for rank in (1, 3):  # a party's ranks: one model
+        assert all(torch.equal(a, b) for a, b in zip(workers[rank][0]["final"], workers[rank - 1][0]["final"],
+                                                     strict=True)), rank
+    _, dense_global = simulate_collective_hfa(workers[0][0]["after_init"], parties, "none", K2, 12)
+    for index, want in enumerate(dense_global):  # the last step is a global round: every party holds its model
+        assert torch.equal(workers[0][0]["final"][index], workers[2][0]["final"][index]), index
+    got, want = (torch.cat([t.reshape(-1) for t in model]) for model in (workers[0][0]["final"], dense_global))
+    error = torch.linalg.norm(got - want) / torch.linalg.norm(want)
+    assert error < 0.1, float(error)  # seen: 0.03 (the change taken for the model: 1.0)
+    dense = (12 // (K1 * K2) + 1) * 2 * jobkit.param_bytes()  # dc1's model up and down each round, plus init
+    assert job.summary["wan_bytes"] <= 0.8 * dense, (job.summary["wan_bytes"], dense)
 
 
 def test_a_collective_party_sends_the_wan_bytes_of_a_server_party_spread_over_its_ranks(geomx_job, tmp_path):

@@ -131,7 +131,7 @@ def _named_optimizer(spec: TrainingSpec, torch_optimizer: torch.optim.Optimizer)
 def collective_refusal(plan: Plan, spec: TrainingSpec, sharded: bool = False) -> str | None:
     """Why ``plan`` cannot run in a ``lan: collective`` party yet (None: it can). A collective party runs FSA
     (dist_sync, the optimizer on the servers or on every rank, any WAN codec), MixedSync (dist_async) and HFA with
-    its outer optimizer, blocking or streaming (overlapped too), with a stateless codec; a model sharded by FSDP2
+    its outer optimizer, blocking or streaming (overlapped too), with any WAN codec; a model sharded by FSDP2
     (``sharded``) under HFA only. The rest is refused at start, naming it."""
     where = "in a lan: collective party"
     if plan.mode is Strategy.ESYNC:
@@ -143,9 +143,6 @@ def collective_refusal(plan: Plan, spec: TrainingSpec, sharded: bool = False) ->
         return f"training.sync {spec.sync} {where} is not supported yet (FSA's dist_sync, MixedSync and HFA are)"
     if spec.server_optimizer == "dcasgd":
         return f"DCASGD {where} is not supported yet (MixedSync with another server optimizer is)"
-    if plan.mode is Strategy.HFA and keeps_residuals(plan.compression):
-        return (f"a residual WAN codec ({(plan.compression or {}).get('type')}) under HFA {where} is not supported "
-                "yet (the global model's changes would come back compressed): use fp16 or int8, or lan: server")
     return None
 
 

@@ -32,6 +32,7 @@ import torch
 from ..codecs import Codec, Registry, TensorInfo
 from ..codecs.base import TensorKind
 from ..codecs.messages import decode_message, payload_fields
+from ..algorithms.hfa.server import MODEL_CHANGE
 from ..collective.bucket import ModelBucket, PartyModel
 from ..collective.fsdp import LocalShards, fsdp_shards, local_flat
 from ..collective.group import PartyGroup
@@ -189,10 +190,11 @@ class PartyRanks:
         return ModelBucket(self.layout(), self.group, like=params[0].data)
 
     def exchange(self, pieces: Sequence[tuple[OwnedSlice, torch.Tensor]], priority: Sequence[int],
-                 kind: TensorKind = "gradient") -> None:
+                 kind: TensorKind = "gradient", bases: Sequence[torch.Tensor] | None = None) -> None:
         """A rank's round: push each owned slice's ``piece`` (its party's sum, or delta) to the global server
-        holding it, and write each answer into the same ``piece``. Blocks until every answer is in."""
-        self.land(pieces, self.send(pieces, priority, kind))
+        holding it, and write each answer into the same ``piece``. Blocks until every answer is in. ``bases``:
+        see ``land``."""
+        self.land(pieces, self.send(pieces, priority, kind), bases)
 
     def send(self, pieces: Sequence[tuple[OwnedSlice, torch.Tensor]], priority: Sequence[int],
              kind: TensorKind = "gradient") -> list[Any]:
@@ -217,11 +219,14 @@ class PartyRanks:
         with self._early_lock:
             self._early[(message.key, message.slice, int(message.body[EARLY]))] = message.tensor
 
-    def land(self, pieces: Sequence[tuple[OwnedSlice, torch.Tensor]], futures: Sequence[Any]) -> None:
+    def land(self, pieces: Sequence[tuple[OwnedSlice, torch.Tensor]], futures: Sequence[Any],
+             bases: Sequence[torch.Tensor] | None = None) -> None:
         """Write each answer of ``send`` into its ``piece``, waiting at most the request timeout for each. An
         answer without a tensor closes a round answered early: the answer is the others' sum plus this party's
-        (the piece as pushed); the early sum came first, on the same connection."""
-        for (owned, piece), future in zip(pieces, futures, strict=True):
+        (the piece as pushed); the early sum came first, on the same connection. An answer flagged as a model
+        change (HFA with a residual codec: the global model's change since the last answer, compressed) is added
+        to the slice's last global model, ``bases`` (one per piece)."""
+        for index, ((owned, piece), future) in enumerate(zip(pieces, futures, strict=True)):
             reply = self.link.reply(future, owned.key, owned.index, "PUSHPULL")
             body = reply.body or {}
             if reply.tensor is None and reply.encoded is None and EARLY in body:
@@ -231,6 +236,12 @@ class PartyRanks:
                     raise RuntimeError(f"{self.link.server_name(owned.key, owned.index)} closed round {body[EARLY]} "
                                        f"of key {owned.key} slice {owned.index} early, but its early sum never came")
                 piece.add_(torch.from_numpy(np.asarray(others, dtype=np.float32)).to(piece.device))
+            elif body.get(MODEL_CHANGE):
+                if bases is None:
+                    raise RuntimeError(f"{self.link.server_name(owned.key, owned.index)} sent a model change of key "
+                                       f"{owned.key} slice {owned.index}, but this rank holds no global model of it")
+                change = self.link.data(reply, owned.key, owned.index)
+                piece.copy_(bases[index].to(piece.device) + change.to(piece.device))
             else:
                 piece.copy_(self.link.data(reply, owned.key, owned.index))
 

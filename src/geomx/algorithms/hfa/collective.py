@@ -125,8 +125,8 @@ class CollectivePeriodicAverage(WorkerStrategy):
                 sent = torch.from_numpy(delta) if self.delay else piece.copy_(torch.from_numpy(delta))
                 due.append((owned, sent))
         started = time.monotonic()
-        if due and not self.delay:
-            loop.kv.ranks.exchange(due, loop.priority, kind="delta")  # each piece: the slice's new global model
+        if due and not self.delay:  # each piece: the slice's new global model (a residual codec's change of it, added)
+            loop.kv.ranks.exchange(due, loop.priority, kind="delta", bases=self._bases(due))
         elif due:
             self.in_flight[count + self.delay] = (due, loop.kv.ranks.send(due, loop.priority, kind="delta"))
         landing = due if not self.delay else self._land(count)
@@ -164,8 +164,12 @@ class CollectivePeriodicAverage(WorkerStrategy):
         if flight is None:
             return []
         pieces, futures = flight
-        self.loop.kv.ranks.land(pieces, futures)
+        self.loop.kv.ranks.land(pieces, futures, self._bases(pieces))
         return pieces
+
+    def _bases(self, pieces: Sequence[tuple[OwnedSlice, torch.Tensor]]) -> list[torch.Tensor]:
+        """Each piece's slice's last global model (a residual codec's answers are changes of it)."""
+        return [self.global_slices[self.piece_of[owned.id]] for owned, _ in pieces]
 
     def load_job_model(self, into: Sequence[torch.Tensor]) -> None:
         """The global model of the last global round, as every rank of the party holds it (no traffic)."""
