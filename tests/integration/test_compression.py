@@ -173,8 +173,13 @@ DIGITS_CODECS = {  # name: (spec, extra FSA flags, the most WAN bytes under FSA 
 DIGITS_MODEL_BYTES = 38_282 * 4  # DigitsCNN(16, 64) in float32
 
 
-DIGITS_RUNS = [(codec, sync) for codec in sorted(DIGITS_CODECS) for sync in ("fsa", "hfa")] + [
-    ("bsc", "mixed"), ("mpq", "mixed"), ("bsc", "fsa_intra_ts")]  # + TSEngine inside the parties
+# Each codec's path once per algorithm where it differs. Left out, each covered elsewhere: fp16 and int8 + EF under
+# FSA (the examples cnn_fp16.py and cnn_bsc.py --type int8 learn digits in test_digits; test_dense_fp16_and_bisparse
+# holds fp16 to the reference), the fp16 switch under FSA (test_fp16_switch_halves_lan_and_wan_bytes holds it to the
+# reference), MPQ under HFA and MixedSync (its large tensors take Bi-Sparse's path, run under both here; its small
+# ones fp16's; which is which is MPQ-FSA's run).
+DIGITS_RUNS = [("bsc", "fsa"), ("bsc", "hfa"), ("bsc", "mixed"), ("bsc", "fsa_intra_ts"),  # + TSEngine in parties
+               ("fp16", "hfa"), ("fp16_switch", "hfa"), ("int8_ef", "hfa"), ("mpq", "fsa")]
 
 
 @pytest.mark.slow

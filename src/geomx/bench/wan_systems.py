@@ -18,7 +18,7 @@ H = 10  # the sync period of local SGD, DiLoCo and HFA (K1 * K2)
 # DGC momentum correction asked for explicitly (the codec's default became 0 for Adam loops): the FSA row's
 # local SGD has no momentum of its own, and the table was measured with the correction on
 BSC = {"type": "bsc", "threshold": 0.01, "momentum": 0.9}
-# the WAN codec of collective HFA's best row: stateless (collective HFA refuses residual codecs), 8 bits a value
+# a stateless WAN codec for collective HFA: 8 bits a value, one scale per 256
 INT8 = {"type": "int8", "block": 256}
 
 DDP = System("ddp", "DDP (gloo)", "ddp")
@@ -70,12 +70,16 @@ EXTRA_SYSTEMS = (
     System("geomx_hfa_outer_collective", f"geomx HFA {H}x1 + outer, collective parties (wrapper)", "geomx",
            period=H, hfa=(H, 1), outer=True, worker="wan_torch",
            topology_extra={"links": {"lan": "collective"}, "training": {"server_optimizer": "outer_nesterov"}}),
-    # the same collective parties with the best WAN codec collective HFA takes: residual codecs (Bi-Sparse, error
-    # feedback) are refused there, so int8 (one scale per 256 values) both ways, a quarter of the dense bytes
+    # the same collective parties with a WAN codec: int8 (one scale per 256 values) both ways, a quarter of the
+    # dense bytes; and Bi-Sparse 1% (each owner's deltas up with their residuals, the global model's changes down)
     System("geomx_hfa_outer_collective_int8", f"geomx HFA {H}x1 + outer + int8, collective parties (wrapper)",
            "geomx", period=H, hfa=(H, 1), outer=True, worker="wan_torch", compression=INT8,
            topology_extra={"links": {"lan": "collective"},
                            "training": {"server_optimizer": "outer_nesterov", "compression": INT8}}),
+    System("geomx_hfa_outer_collective_bsc", f"geomx HFA {H}x1 + outer + Bi-Sparse 1%, collective parties (wrapper)",
+           "geomx", period=H, hfa=(H, 1), outer=True, worker="wan_torch", compression=BSC,
+           topology_extra={"links": {"lan": "collective"},
+                           "training": {"server_optimizer": "outer_nesterov", "compression": BSC}}),
     # the same with its WAN rounds hidden: streaming in collective parties (each fragment global every 10 steps,
     # its round overlapping the next local round of 5 steps on every rank), int8 both ways
     System("geomx_hfa_outer_collective_stream_int8", "geomx HFA 5x2 + outer, streaming (2 fragments, overlap 1) + "
