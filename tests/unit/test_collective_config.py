@@ -103,3 +103,20 @@ def test_the_plans_a_collective_party_cannot_run_yet_are_refused_by_name() -> No
     assert "DCASGD" in refusal(sync="dist_async", server_optimizer="dcasgd")
     assert "ESync" in refusal(HFASpec(2, 1), esync=True)
     assert refusal(HFASpec(2, 4), plugin_options=(("fragment_delay", "1"), ("fragments", "2"))) is None
+
+
+def test_local_rank_picks_a_ranks_gpu_from_torchrun_or_its_party_rank(monkeypatch) -> None:
+    import geomx.torch as gx
+
+    topologies = Path(__file__).resolve().parents[2] / "topologies"
+    base = {"GEOMX_TOPOLOGY": str(topologies / "collective.yaml"), "GEOMX_GLOBAL_SCHEDULER": "127.0.0.1:9000"}
+    for name, value in {**base, "GEOMX_PARTY": "dc1", "RANK": "1", "LOCAL_RANK": "0", "WORLD_SIZE": "2",
+                        "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}.items():
+        monkeypatch.setenv(name, value)
+    assert gx.local_rank() == 0  # torchrun's, not the party rank: one rank per host here
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name)
+    for name, value in {"GEOMX_TOPOLOGY": str(topologies / "demo.yaml"), "GEOMX_ROLE": "worker", "GEOMX_RANK": "1",
+                        "GEOMX_SCHEDULER": "127.0.0.1:9001"}.items():  # a server party's worker
+        monkeypatch.setenv(name, value)
+    assert gx.local_rank() == 1

@@ -36,6 +36,9 @@ from .policy import SyncPolicy
 log = logging.getLogger("geomx.server")
 
 EARLY = "early"  # body key of an early answer and of the answer after it: the round's number (geomx.core.early)
+# body key of an answer that carries the change of the global model since the last answer, not the model (an
+# aggregation that answers with weights, under a residual codec); a client adds it to the last global model it holds
+MODEL_CHANGE = "model_change"
 
 RoundId = tuple[MessageKind, int, int]
 

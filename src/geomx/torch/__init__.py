@@ -14,7 +14,7 @@ Usage::
 
 from __future__ import annotations
 
-from .data import ShardSampler, shard, worker_place
+from .data import ShardSampler, local_rank, shard, worker_place
 from .optimizer import DistributedOptimizer, ModelMismatchError
 from .plan import Plan, Strategy, make_plan, translate
 from .progress import progress
@@ -24,6 +24,7 @@ __all__ = [
            "ModelMismatchError",
            "Plan",
            "ShardSampler",
+           "local_rank",
            "Strategy",
            "make_plan",
            "progress",

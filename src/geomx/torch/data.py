@@ -37,6 +37,20 @@ def worker_place() -> tuple[int, int]:
     return offset + config.rank, config.topology.num_all_workers
 
 
+def local_rank() -> int:
+    """This worker's place on its host, to pick its GPU: torchrun's ``LOCAL_RANK`` in a collective party, else its
+    rank within its party (a party's workers are started together on one host by ``geomx launch``).
+
+    Usage: ``torch.cuda.set_device(gx.local_rank() % torch.cuda.device_count())``
+    """
+    config = node_config()
+    if config.torchrun is not None:
+        return config.torchrun.local_rank
+    if config.rank is None:
+        raise ConfigError("this worker has no rank in its environment (GEOMX_RANK): start it with `geomx launch`")
+    return config.rank
+
+
 def shard_indices(length: int, rank: int, num_workers: int, seed: int | None = None) -> list[int]:
     """This worker's sample indices: every ``num_workers``-th of a (seeded, shuffled) padded order."""
     if num_workers < 1 or not 0 <= rank < num_workers:

@@ -32,7 +32,6 @@ import torch
 from ..codecs import Codec, Registry, TensorInfo
 from ..codecs.base import TensorKind
 from ..codecs.messages import decode_message, payload_fields
-from ..algorithms.hfa.server import MODEL_CHANGE
 from ..collective.bucket import ModelBucket, PartyModel
 from ..collective.fsdp import LocalShards, fsdp_shards, local_flat
 from ..collective.group import PartyGroup
@@ -40,7 +39,7 @@ from ..collective.layout import OwnerLayout
 from ..collective.owners import OwnedSlice, SliceOwners
 from ..collective.sharded import ShardedBucket
 from ..config import ConfigError, NodeConfig
-from ..core.rounds import EARLY
+from ..core.rounds import EARLY, MODEL_CHANGE
 from ..core.strategy import WRAPPER_KEYS
 from ..core.worker_plugins import PushRoute
 from ..protocol.bodies import InitBody, encode_body
@@ -224,8 +223,8 @@ class PartyRanks:
         """Write each answer of ``send`` into its ``piece``, waiting at most the request timeout for each. An
         answer without a tensor closes a round answered early: the answer is the others' sum plus this party's
         (the piece as pushed); the early sum came first, on the same connection. An answer flagged as a model
-        change (HFA with a residual codec: the global model's change since the last answer, compressed) is added
-        to the slice's last global model, ``bases`` (one per piece)."""
+        change (weights under a residual codec: the global model's change since the last answer, compressed) is
+        added to the slice's last global model, ``bases`` (one per piece)."""
         for index, ((owned, piece), future) in enumerate(zip(pieces, futures, strict=True)):
             reply = self.link.reply(future, owned.key, owned.index, "PUSHPULL")
             body = reply.body or {}

@@ -95,11 +95,13 @@ def next_char_loss(model: nn.Module, ids: torch.Tensor, targets: torch.Tensor) -
 
 def evaluate(model: nn.Module, val: Dataset[tuple[torch.Tensor, torch.Tensor]], batches: int,
              batch_size: int) -> tuple[float, float]:
-    """Mean loss and next-character accuracy on the first ``batches`` validation batches."""
+    """Mean loss and next-character accuracy on the first ``batches`` validation batches (on the model's device)."""
     model.eval()
+    device = next(model.parameters()).device
     losses, correct, count = [], 0, 0
     with torch.no_grad():
         for _, (x, y) in zip(range(batches), DataLoader(val, batch_size=batch_size), strict=False):
+            x, y = x.to(device), y.to(device)
             logits = model(x).reshape(-1, VOCAB)
             losses.append(float(F.cross_entropy(logits, y.reshape(-1))))
             correct += int((logits.argmax(dim=1) == y.reshape(-1)).sum())

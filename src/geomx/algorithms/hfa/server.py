@@ -34,15 +34,12 @@ from ...codecs import CodecError, SizeAdaptive
 from ...codecs.messages import payload_fields
 from ...config import Mode, NodeConfig, Role, Topology
 from ...core.plugins import Aggregation, Answer, AwaitAnswer, PluginHost, SendUp, SendUpAndAnswer, SliceId, Upward
-from ...core.rounds import Round
+from ...core.rounds import MODEL_CHANGE, Round
 from ...protocol.wire import Message
 from .rules import LocalFrequencyAggregation
 
 log = logging.getLogger("geomx.server")
 
-# A global server's answer under HFA with a residual codec carries the change of the global model since the
-# last answer (compressed with the codec's own residual), not the model: flagged in the body by this key.
-MODEL_CHANGE = "model_change"
 
 
 @dataclass
