@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 
+import jobkit
 import torch
 
 import geomx
@@ -33,4 +34,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    jobkit.run_and_exit(main)

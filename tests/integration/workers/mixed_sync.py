@@ -100,4 +100,4 @@ def _party_ranks(kv: geomx.kv.KVStore, party: str) -> range:
 
 
 if __name__ == "__main__":
-    main()
+    jobkit.run_and_exit(main)
