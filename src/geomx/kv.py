@@ -88,7 +88,10 @@ class KVStore:
                         master=config.is_master)
         self._servers = [m.id for m in book.of_role(Role.GLOBAL_SERVER if flat else Role.LOCAL_SERVER)]
         self._scheduler = scheduler_id(config, tier)
-        self._keys = KeyTable(ShardPlanner(config.topology.num_global_servers, config.topology.slice_elems),
+        # every worker of the job plans alike: collective parties spread a large tensor over their ranks
+        collective = config.topology.collective_parties
+        spread = max((p.num_workers for p in config.topology.parties if p.name in collective), default=1)
+        self._keys = KeyTable(ShardPlanner(config.topology.num_global_servers, config.topology.slice_elems, spread),
                               self._servers)
         plugins = compose_worker(config, WorkerContext(self._van, self._requests, self._servers, book, me,
                                                        self._timeout))

@@ -216,3 +216,18 @@ def test_batches_shuffle_per_epoch_and_drop_the_partial_batch():
     assert len(set(seen)) == len(seen) == 48  # no sample twice within an epoch
     assert len(list(data.batches(8, epoch=0, steps=2))) == 2
     assert len(list(data.batches(8, epoch=0, steps=100))) == 6
+
+
+def test_collective_parties_spread_a_large_tensor_over_their_ranks() -> None:
+    """With collective parties of up to R ranks, a tensor of at least R x 8192 elements gets at least R slices
+    (one per rank to own), even under slice_elems; smaller tensors and jobs without such parties are as before."""
+    from geomx.core.sharding import SPREAD_MIN_ELEMS, ShardPlanner
+
+    spread = ShardPlanner(1, 1 << 18, spread=4)
+    assert [s.numel for s in spread.place(65_536, 4)] == [16_384] * 4
+    assert len(spread.place(4 * SPREAD_MIN_ELEMS - 1, 4)) == 1  # too small to be worth four messages
+    assert len(spread.place(1 << 20, 4)) == 4  # already cut by slice_elems
+    assert [s.shard for s in ShardPlanner(2, 1 << 18, spread=3).place(65_536, 4)] == [0, 1, 0, 1]
+    assert len(ShardPlanner(1, 1 << 18).place(65_536, 4)) == 1
+    with pytest.raises(ValueError, match="spread"):
+        ShardPlanner(1, 1 << 18, spread=0)

@@ -7,7 +7,10 @@ over several global servers (MultiGPS). The placement rule:
   needed to stay under ``slice_elems`` and rounded up to a multiple of the number of global servers, and
   slice ``i`` goes to shard ``i % G``: every global server holds the same number of its bytes;
 * a **small** tensor stays whole and goes to the shard holding the fewest bytes so far (ties: the lowest
-  shard id), which balances the bytes of many small tensors.
+  shard id), which balances the bytes of many small tensors;
+* with ``spread`` R > 1 (a job with collective parties of up to R ranks, each rank sending the slices it owns), a
+  tensor of at least R x ``SPREAD_MIN_ELEMS`` elements is cut into at least R slices, so one dominant tensor is
+  not one rank's WAN stream alone.
 
 The placement depends on the order in which keys are declared, so the worker that decides it (the client
 calling ``init``) sends the **explicit shard id** with every slice's INIT; the local server remembers it
@@ -19,6 +22,7 @@ Usage::
     planner = ShardPlanner(num_servers=2, slice_elems=1 << 20)
     slices = planner.place(numel=3_000_000, itemsize=4)  # 4 slices of 750000, shards 0, 1, 0, 1
     small = planner.place(numel=10, itemsize=4)          # one slice on the lighter shard
+    ShardPlanner(1, 1 << 18, spread=4).place(65_536, 4)  # 4 slices of 16384: one per rank of a party of 4
 """
 
 from __future__ import annotations
@@ -55,28 +59,35 @@ def even_split(numel: int, num_slices: int) -> list[tuple[int, int]]:
     return list(itertools.pairwise(bounds))
 
 
+SPREAD_MIN_ELEMS = 1 << 13  # a slice cut for spread holds at least this many elements (32 KB of float32)
+
+
 class ShardPlanner:
     """Places tensors on ``num_servers`` global servers, balancing bytes. Deterministic: every client that
     declares the same tensors in the same order computes the same plan."""
 
-    def __init__(self, num_servers: int, slice_elems: int) -> None:
+    def __init__(self, num_servers: int, slice_elems: int, spread: int = 1) -> None:
         if num_servers < 1:
             raise ValueError(f"num_servers must be at least 1, got {num_servers}")
         if slice_elems < 1:
             raise ValueError(f"slice_elems must be positive, got {slice_elems}")
+        if spread < 1:
+            raise ValueError(f"spread must be at least 1, got {spread}")
         self.num_servers = num_servers
         self.slice_elems = slice_elems
+        self.spread = spread  # the most ranks of a collective party: a large tensor gets at least as many slices
         self.loads = [0] * num_servers  # bytes placed on each shard so far
 
     def place(self, numel: int, itemsize: int) -> tuple[SliceSpan, ...]:
         """The slices of a tensor of ``numel`` elements of ``itemsize`` bytes, and their shards."""
         if numel < 0 or itemsize < 1:
             raise ValueError(f"cannot place a tensor of {numel} elements of {itemsize} bytes")
-        if numel <= self.slice_elems:
+        spread = self.spread if numel >= self.spread * SPREAD_MIN_ELEMS else 1
+        if numel <= self.slice_elems and spread == 1:
             shard = min(range(self.num_servers), key=lambda s: (self.loads[s], s))
             self.loads[shard] += numel * itemsize
             return (SliceSpan(0, numel, shard),)
-        count = -(-numel // self.slice_elems)
+        count = max(-(-numel // self.slice_elems), spread)
         count = -(-count // self.num_servers) * self.num_servers
         slices = tuple(SliceSpan(start, stop, i % self.num_servers)
                        for i, (start, stop) in enumerate(even_split(numel, count)))
