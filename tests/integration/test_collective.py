@@ -137,7 +137,7 @@ def simulate_collective_hfa(initial: list[torch.Tensor], parties: dict[str, int]
     ("outer_nesterov", None),
     # 2 fragments of K2=4, each overlapping the next local round: fragment 0 leaves at rounds 2 and 6 and lands at
     # 3 and 7, fragment 1 leaves at 4, lands at 5; alpha 0.25, not 0.5: the mix swapped must not pass
-    ("none", {"fragments": 2, "fragment_delay": 1, "fragment_alpha": 0.25})],
+    ("outer_nesterov", {"fragments": 2, "fragment_delay": 1, "fragment_alpha": 0.25})],
     ids=["outer_nesterov", "streaming_overlapped"])
 def test_hfa_in_collective_parties_matches_the_simulation(geomx_job, tmp_path, outer, streaming):
     """HFA (and DiLoCo's outer Nesterov) with DDP inside each collective party; a server party of one beside
@@ -324,34 +324,33 @@ def test_mixed_sync_in_collective_parties_applies_every_push_once(geomx_job, tmp
 
 
 def test_fsdp_in_collective_parties_trains_as_the_same_job_without_it(geomx_job, tmp_path):
-    """DiLoCo (HFA, outer Nesterov) over 2 collective parties x 2 ranks, the model sharded by FSDP2 (fully_shard per
-    layer and on the root; uneven rows, 384-element slices across the shards' boundaries) or not: the same weights
-    on every rank after init and after 14 steps, the job's model (``load_job_model``, into a model sharded alike) is
-    the simulation's global model of step 12, and the WAN carries the same bytes. Under FSDP2 each rank syncs the
+    """Streaming DiLoCo (HFA K1=2 K2=4, outer Nesterov, 2 fragments, each global round overlapping the next local
+    round, alpha 0.25) over 2 collective parties x 2 ranks, the model sharded by FSDP2 (fully_shard per layer and
+    on the root; uneven rows, 384-element slices across the shards' boundaries) or not: the same weights on every
+    rank after init and after 14 steps, the same job's model (``load_job_model``, into a model sharded alike), and
+    the same WAN bytes. Under FSDP2 each rank syncs the
     slices it owns from the shards; nobody gathers the model (the script does, to save it)."""
-    parties, steps = {"dc0": 2, "dc1": 2}, 14
+    parties, steps, k2 = {"dc0": 2, "dc1": 2}, 14, 4
+    streaming = {"fragments": 2, "fragment_delay": 1, "fragment_alpha": 0.25}
     workers, wan = {}, {}
     for fsdp in (False, True):
         name = "fsdp" if fsdp else "ddp"
         path = topology(tmp_path / name, {"dc0": "collective", "dc1": "collective"},
-                        {"server_optimizer": "outer_nesterov"}, parties=parties, hfa={"k1": K1, "k2": K2},
-                        slice_elems=384)
+                        {"server_optimizer": "outer_nesterov", **streaming}, parties=parties,
+                        hfa={"k1": K1, "k2": k2}, slice_elems=384)
         job = geomx_job("fsdp_train.py", "--steps", str(steps), *(["--fsdp"] if fsdp else []), topology=path,
                         name=name)
         job.assert_ok()
         workers[fsdp], wan[fsdp] = job.workers(), job.summary["wan_bytes"]
         assert sorted(workers[fsdp]) == list(range(4)), "every worker reports"
     assert abs(wan[True] - wan[False]) <= 0.02 * wan[False], wan
-    _, expected = simulate_collective_hfa(workers[False][0][0]["after_init"], parties, "outer_nesterov", steps=steps)
-    for rank, (tensors, report) in workers[True].items():
+    for rank, (tensors, report) in workers[True].items():  # the DDP form itself: the simulation's, tested above
         assert report["mode"] == "HFA" and report["fsdp"]
         plain = workers[False][rank][0]
         for name in ("after_init", "final", "job"):
             for got, want in zip(tensors[name], plain[name], strict=True):
                 torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=f"worker {rank} {name}")
-        for got, want, final in zip(tensors["job"], expected, tensors["final"], strict=True):
-            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=f"worker {rank}")
-            assert not torch.allclose(got, final), "two local steps after the last global round"
+        assert not all(torch.equal(a, b) for a, b in zip(tensors["job"], tensors["final"], strict=True))
 
 
 def test_collective_parties_with_two_global_servers_p3_a_secret_and_checkpoints(geomx_job, tmp_path):
