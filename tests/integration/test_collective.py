@@ -251,12 +251,17 @@ def test_bisparse_under_hfa_in_collective_parties_answers_with_compressed_model_
     global model. Every rank of the job ends with the same global model (what the answers built), near the dense
     simulation's, and the WAN carries a fraction of the dense bytes. Read as the model itself, a change would
     leave the ranks near zero, far from the simulation."""
+    bisparse_hfa_job(geomx_job, tmp_path)
+
+
+def bisparse_hfa_job(geomx_job: Any, tmp_path: Path, *args: str) -> None:
+    """The Bi-Sparse HFA job and its checks (``args``: more of the worker's, e.g. ``--device cuda``)."""
     parties = {"dc0": 2, "dc1": 2}
     path = topology(tmp_path, {"dc0": "collective", "dc1": "collective"},
                     {"server_optimizer": "none", "compression": {"type": "bsc", "threshold": 0.25,
                                                                  "size_lower_bound": 0}},
                     parties=parties, hfa={"k1": K1, "k2": K2}, slice_elems=SLICE_ELEMS)
-    job = geomx_job(SCRIPT, "--steps", "12", "--momentum", "0", topology=path)
+    job = geomx_job(SCRIPT, "--steps", "12", "--momentum", "0", *args, topology=path)
     job.assert_ok()
     workers = job.workers()
     assert sorted(workers) == [0, 1, 2, 3]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import jobkit
 import pytest
 import torch
-from test_collective import K1, SCRIPT, SLICE_ELEMS, simulate_collective_hfa, topology
+from test_collective import K1, SCRIPT, SLICE_ELEMS, bisparse_hfa_job, simulate_collective_hfa, topology
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -39,3 +39,8 @@ def test_hfa_outer_nesterov_in_collective_parties_on_cuda_matches_the_simulation
         assert report["device"].startswith("cuda") and report["mode"] == "HFA"
         for got, want in zip(tensors["final"], expected[party_of[rank]], strict=True):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=f"worker {rank}")
+
+
+def test_bisparse_under_hfa_in_collective_parties_on_cuda(geomx_job, tmp_path):
+    """Bi-Sparse under HFA with the model on the GPU: the compressed model changes are added on the host chunk."""
+    bisparse_hfa_job(geomx_job, tmp_path, "--device", "cuda")
