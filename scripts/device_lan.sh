@@ -4,16 +4,7 @@
 # plain (no sync) vs DDP vs lan: collective vs lan: server. Writes its logs and JSON under OUT (default ./device-out).
 # Needs torch with CUDA; pyzmq from a wheel in .whl/ when the machine has none:
 #   bash scripts/device_lan.sh
-set -uo pipefail
-OUT=${OUT:-device-out}
-mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  export PYTHONPATH=/tmp/site:$PWD/src
-else
-  export PYTHONPATH=$PWD/src
-fi
-export PYTHONUNBUFFERED=1
+source "$(dirname "$0")/device_env.sh"
 nvidia-smi -L; python3 -c 'import torch, zmq; print("torch", torch.__version__, "nccl", torch.cuda.nccl.version(), "zmq", zmq.__version__)'
 start=$SECONDS
 timeout 170 python3 -m geomx.bench.lan --device cuda --models gpt57m --ranks 2 --optimizer adamw --steps 20 \

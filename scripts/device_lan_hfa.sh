@@ -3,16 +3,7 @@
 # 57M and 85M transformers, 2 ranks of one party sharing the GPU: plain vs DDP vs lan: collective (DDP inside,
 # NCCL) vs lan: server (local SGD through the local server). Same set-up as scripts/device_lan.sh:
 #   bash scripts/device_lan_hfa.sh
-set -uo pipefail
-OUT=${OUT:-device-out}
-mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  export PYTHONPATH=/tmp/site:$PWD/src
-else
-  export PYTHONPATH=$PWD/src
-fi
-export PYTHONUNBUFFERED=1
+source "$(dirname "$0")/device_env.sh"
 for model in gpt57m gpt85m; do
   start=$SECONDS
   timeout 150 python3 -m geomx.bench.lan --device cuda --models $model --ranks 2 --optimizer adamw --steps 25 \

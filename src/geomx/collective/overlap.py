@@ -82,16 +82,14 @@ class OverlappedMean:
             pending.wait()  # raises, naming the party, if a rank failed
         scale = 1.0 / self.group.world_size
         for bucket in self.buckets:
-            grads = []
-            for key in bucket.layout.keys:
-                param = self.params[key]
+            params = [self.params[key] for key in bucket.layout.keys]
+            if self.accumulating:  # the overlap was abandoned: one all-reduce of what .grad holds now
+                bucket.average_gradients(params)
+                continue
+            for param in params:
                 if param.grad is None:
                     param.grad = torch.zeros_like(param)
-                grads.append(param.grad)
-            if self.accumulating:  # the overlap was abandoned: one all-reduce of what .grad holds now
-                bucket.all_reduce(grads)
-            else:
-                bucket.layout.unpack(bucket.buffer, grads)
-            for grad in grads:
-                grad.mul_(scale)
+            bucket.layout.unpack(bucket.buffer, [param.grad for param in params])
+            for param in params:
+                param.grad.mul_(scale)
         self._new_step()

@@ -364,6 +364,11 @@ class TrainingSpec:
     # and refuses the rest; this model knows none of them.
     plugin_options: tuple[tuple[str, str], ...] = extras()
 
+    @property
+    def bucket_bytes(self) -> int:
+        """``bucket_mb`` in bytes (at least 1): the size the collective strategies cut their gradient buckets to."""
+        return max(1, int(self.bucket_mb * (1 << 20)))
+
     def __post_init__(self) -> None:
         # one order (a YAML writer sorts keys): equal parameters make equal specs
         object.__setattr__(self, "server_optimizer_params", tuple(sorted(self.server_optimizer_params)))

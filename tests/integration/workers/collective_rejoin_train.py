@@ -44,16 +44,12 @@ def main() -> None:
     after = [p.detach().clone() for p in model.parameters()]
     if args.rejoined_file and int(os.environ.get("RANK", "0")) == 0:
         Path(args.rejoined_file).write_text(str(time.time()))
-    steps = args.steps if not args.until_file else args.max_steps + args.after
-    inputs, targets = jobkit.make_data(steps, num_workers)
+    steps = jobkit.SurvivorSteps(args.steps, args.until_file, args.max_steps, args.after)
+    inputs, targets = jobkit.make_data(steps.total, num_workers)
     job = jobkit.make_model()
     job_models: list[list[torch.Tensor]] = []
-    stop_at, done = steps, 0
-    for step in range(steps):
-        if step >= stop_at:
-            break
-        if args.until_file and stop_at == steps and Path(args.until_file).exists():
-            stop_at = step + args.after
+    done = 0
+    for step in steps:
         if rank == args.die_rank and step == args.die_step:
             os._exit(3)  # a crash: no goodbye to anyone
         time.sleep(args.step_seconds)
@@ -65,8 +61,6 @@ def main() -> None:
         current = [p.detach().clone() for p in job.parameters()]
         if not job_models or any(not torch.equal(a, b) for a, b in zip(current, job_models[-1], strict=True)):
             job_models.append(current)
-    if args.until_file and stop_at == steps:
-        raise RuntimeError(f"{args.until_file} did not appear within {args.max_steps} steps")
     opt.close()
     jobkit.save_worker_output(opt.kv.config.run_dir, rank,
                               {"before_init": before, "after_init": after, "final": [p.detach().clone()

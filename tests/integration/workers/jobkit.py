@@ -13,7 +13,7 @@ import os
 import random
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -344,6 +344,31 @@ def assert_every_push_applied_once(workers: dict[int, tuple[dict[str, list[torch
     for rank, (tensors, _) in workers.items():
         for got, want in zip(tensors["final"], expected, strict=True):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, msg=f"worker {rank}")
+
+
+class SurvivorSteps:
+    """A worker's steps: ``steps`` of them, or, with ``until_file``, steps until that file exists (at most
+    ``max_steps``) and ``after`` more: a survivor trains on until a restarted party says it rejoined. Iterating
+    raises if the file never appeared. ``total`` is the most steps it can take (for ``make_data``).
+
+    Usage: ``for step in SurvivorSteps(args.steps, args.until_file, args.max_steps, args.after): ...``
+    """
+
+    def __init__(self, steps: int, until_file: str | None, max_steps: int, after: int) -> None:
+        self.until_file = until_file
+        self.after = after
+        self.total = steps if not until_file else max_steps + after
+
+    def __iter__(self) -> Iterator[int]:
+        stop_at = self.total
+        for step in range(self.total):
+            if step >= stop_at:
+                return
+            if self.until_file and stop_at == self.total and Path(self.until_file).exists():
+                stop_at = step + self.after
+            yield step
+        if self.until_file and stop_at == self.total:
+            raise RuntimeError(f"{self.until_file} did not appear within {self.total - self.after} steps")
 
 
 def run_and_exit(main: Callable[[], None]) -> None:

@@ -74,22 +74,17 @@ def main() -> None:
     if args.rejoined_file:
         Path(args.rejoined_file).write_text(str(time.time()))
     local = torch.optim.SGD(params, lr=jobkit.LR)
-    steps = args.steps if not args.until_file else args.max_steps + args.after
-    inputs, targets = jobkit.make_data(steps, kv.num_all_workers)
+    steps = jobkit.SurvivorSteps(args.steps, args.until_file, args.max_steps, args.after)
+    inputs, targets = jobkit.make_data(steps.total, kv.num_all_workers)
     pulled: list[torch.Tensor] = []
     pushed: list[torch.Tensor] = []
     sync_ends: list[float] = []
     first_push: float | None = None  # time.time() of this worker's first push (a ``from: training`` outage's origin)
-    stop_at = steps
     done = 0
     local_steps = hfa.k1 if hfa is not None else 1  # local steps before the next average
     since_sync, round_started = 0, time.monotonic()
-    for step in range(steps):
-        if step >= stop_at:
-            break
+    for step in steps:
         done += 1
-        if args.until_file and stop_at == steps and Path(args.until_file).exists():
-            stop_at = step + args.after
         if step == args.die_step and args.die_rank in (None, rank):
             if args.fault_file:
                 Path(args.fault_file).write_text(repr(time.time()))
@@ -119,8 +114,6 @@ def main() -> None:
         if hfa is not None and args.esync:
             local_steps = kv.assign_local_steps(per_step, base_steps=hfa.k1)
         since_sync, round_started = 0, time.monotonic()
-    if args.until_file and stop_at == steps:
-        raise RuntimeError(f"{args.until_file} did not appear within {args.max_steps} steps")
     report = {"name": kv.name, "syncs": len(pulled) // len(params), "steps": done, "sync_ends": sync_ends,
               "job_start": kv.config.topology.job_start, "first_push": first_push}
     tensors = {"before_init": before, "after_init": after, "pulled": pulled, "pushed": pushed,

@@ -37,8 +37,8 @@ class CollectiveServerStep(WorkerStrategy):
 
     def __init__(self, loop: Loop, bucket_bytes: int | None = None) -> None:
         super().__init__(loop)
-        mb = loop.kv.config.topology.training.bucket_mb  # training.bucket_mb / GEOMX_BUCKET_MB
-        self.bucket_bytes = bucket_bytes if bucket_bytes is not None else max(1, int(mb * (1 << 20)))
+        # training.bucket_mb / GEOMX_BUCKET_MB
+        self.bucket_bytes = bucket_bytes if bucket_bytes is not None else loop.kv.config.topology.training.bucket_bytes
         self.buckets: list[ModelBucket] = []
         self.stages: list[HostChunk] = []  # each bucket's owned chunk on the host (itself on the CPU; pinned on CUDA)
         self.bucket_of: dict[int, int] = {}

@@ -68,9 +68,8 @@ class CollectivePeriodicAverage(WorkerStrategy):
         kv = loop.kv
         self.bucket = bucket = kv.ranks.model_bucket(loop.params)
         if isinstance(bucket, ModelBucket):  # under FSDP2 the shards' gradients come averaged already
-            mb = kv.config.topology.training.bucket_mb  # training.bucket_mb / GEOMX_BUCKET_MB, as DDP's buckets
-            self.mean = OverlappedMean(kv.ranks.group, loop.params, kv.ranks.layout, max(1, int(mb * (1 << 20))),
-                                       trained=loop.trained)
+            self.mean = OverlappedMean(kv.ranks.group, loop.params, kv.ranks.layout,  # DDP's buckets, bucket_mb each
+                                       kv.config.topology.training.bucket_bytes, trained=loop.trained)
             self.pushes_gradients = True  # read by the wrapper after init_keys: backward's hooks call on_gradient
         views = bucket.views(loop.params)
         # the job's model: the global model of the last global round, as this rank holds the model (all of it, or
