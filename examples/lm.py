@@ -7,8 +7,11 @@ The algorithm comes from the topology (or GEOMX_* variables), not from this file
     geomx launch topologies/demo.yaml --run-dir runs/lm-fsa -- python examples/lm.py          # FSA
     geomx launch topologies/lm_hfa.yaml --run-dir runs/lm-hfa -- python examples/lm.py        # HFA + outer
     geomx report runs/lm-fsa runs/lm-hfa --out report/lm
-    # on GPUs, a GPT-shaped 85M-parameter model (each rank on the GPU of its LOCAL_RANK):
-    geomx launch job.yaml -- python examples/lm.py --device cuda --dim 768 --layers 18 --heads 12 --context 256
+    # on GPUs, GPT-2 small's blocks, 85M parameters (each rank on the GPU of its LOCAL_RANK):
+    geomx launch job.yaml -- python examples/lm.py --device cuda --preset gpt85m
+
+``--preset`` names a shape of ``geomx.zoo.charlm.PRESETS`` (tiny, gpt57m, gpt85m) and sets --context, --dim,
+--layers, --heads and --ff; without it those flags keep their defaults (tiny's shape) and can be set one by one.
 
 The master worker evaluates the job's model on held-out text every ``--eval-every`` steps and logs
 ``val_loss`` and the next-character ``accuracy``; every worker logs its training loss. Under FSA every worker
@@ -27,24 +30,33 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 import geomx.torch as gx
-from geomx.zoo.charlm import VOCAB, CharTransformer, Windows, encode, evaluate, stdlib_text  # the model and its text
+# the model, its named shapes and its text
+from geomx.zoo.charlm import PRESETS, VOCAB, CharTransformer, Windows, encode, evaluate, stdlib_text
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--preset", choices=list(PRESETS),
+                        help="a named model shape: sets --context, --dim, --layers, --heads and --ff")
     parser.add_argument("--context", type=int, default=64)
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--ff", type=int, default=2, help="feed-forward width as a multiple of --dim")
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--max-chars", type=int, default=1_000_000)
     parser.add_argument("--eval-every", type=int, default=50)
     parser.add_argument("--eval-batches", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu", help="cuda: each rank on the GPU of its LOCAL_RANK")
-    return parser.parse_args()
+    args = parser.parse_args()
+    if args.preset is not None:
+        shape = PRESETS[args.preset]
+        args.context, args.dim, args.layers, args.heads, args.ff = (shape.context, shape.dim, shape.layers,
+                                                                    shape.heads, shape.ff)
+    return args
 
 
 def pick_device(name: str) -> torch.device:
@@ -63,7 +75,7 @@ def main() -> None:
     train_windows, val = Windows(ids[:cut], args.context), Windows(ids[cut:], args.context)
     torch.manual_seed(args.seed)
     device = pick_device(args.device)
-    model = CharTransformer(args.context, args.dim, args.layers, args.heads).to(device)
+    model = CharTransformer(args.context, args.dim, args.layers, args.heads, ff=args.ff).to(device)
 
     train = gx.shard(train_windows, seed=args.seed)  # geomx: this worker's part of the text
     opt = gx.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=args.lr), model)  # geomx

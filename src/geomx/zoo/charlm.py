@@ -11,11 +11,13 @@ Usage::
     train, val = Windows(ids[:900_000], 64), Windows(ids[900_000:], 64)
     model = CharTransformer(context=64, dim=64, layers=2, heads=4)
     val_loss, accuracy = evaluate(model, val, batches=8, batch_size=32)
+    big = build("gpt85m")  # a named shape of ``PRESETS``: GPT-2 small's blocks, about 85M parameters
 """
 
 from __future__ import annotations
 
 import sysconfig
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -68,13 +70,18 @@ class Windows(Dataset[tuple[torch.Tensor, torch.Tensor]]):
 
 
 class CharTransformer(nn.Module):
-    """Token and position embeddings, ``layers`` pre-norm causal transformer blocks, a linear head."""
+    """Token and position embeddings, ``layers`` pre-norm causal transformer blocks, a linear head.
 
-    def __init__(self, context: int, dim: int, layers: int, heads: int) -> None:
+    ``ff`` is the blocks' feed-forward width as a multiple of ``dim``: 2 (the default, the examples' and the earlier
+    GPU runs' models), or 4 for GPT-2's blocks. ``CharTransformer(context=256, dim=768, layers=12, heads=12, ff=4)``
+    is ``build("gpt85m")``.
+    """
+
+    def __init__(self, context: int, dim: int, layers: int, heads: int, ff: int = 2) -> None:
         super().__init__()
         self.embed = nn.Embedding(VOCAB, dim)
         self.position = nn.Embedding(context, dim)
-        self.blocks = nn.ModuleList(nn.TransformerEncoderLayer(dim, heads, 2 * dim, dropout=0.0, batch_first=True,
+        self.blocks = nn.ModuleList(nn.TransformerEncoderLayer(dim, heads, ff * dim, dropout=0.0, batch_first=True,
                                                                norm_first=True) for _ in range(layers))
         self.norm = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, VOCAB)
@@ -86,6 +93,39 @@ class CharTransformer(nn.Module):
         for block in self.blocks:
             x = block(x, src_mask=self.mask[:length, :length], is_causal=True)
         return self.head(self.norm(x))
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A character transformer's shape, named in ``PRESETS`` so that a job, a bench and a test mean the same model
+    by the same word (``build(PRESETS["gpt85m"])`` or ``build("gpt85m")``)."""
+
+    dim: int
+    layers: int
+    heads: int
+    context: int
+    ff: int = 2  # the feed-forward width as a multiple of dim
+    summary: str = ""  # one line: what the shape is for
+
+
+PRESETS: dict[str, Shape] = {
+    "tiny": Shape(64, 2, 4, 64, 2, "examples/lm.py's default shape: 87.7K parameters, for the CPU"),
+    "gpt57m": Shape(768, 12, 12, 256, 2, "57.1M parameters: the 12-block, ff-2x model of the earlier GPU runs"),
+    "gpt85m": Shape(768, 12, 12, 256, 4, "85.4M parameters: GPT-2 small's blocks (12 x width 768, ff 4x)"),
+}
+
+
+def build(preset: str | Shape) -> CharTransformer:
+    """A ``CharTransformer`` of a named preset (a key of ``PRESETS``) or of a ``Shape``, on the CPU.
+
+    Usage: ``model = build("gpt85m").to("cuda")``. An unknown name raises ``ValueError`` naming the valid ones.
+    """
+    if isinstance(preset, str):
+        if preset not in PRESETS:
+            raise ValueError(f"unknown CharTransformer preset {preset!r}: valid presets are {', '.join(PRESETS)}")
+        preset = PRESETS[preset]
+    return CharTransformer(context=preset.context, dim=preset.dim, layers=preset.layers, heads=preset.heads,
+                           ff=preset.ff)
 
 
 def next_char_loss(model: nn.Module, ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -27,10 +27,14 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-# the GPT-shaped character transformers: width, blocks, heads, context, batch
-TRANSFORMERS = {"transformer": (512, 10, 8, 64, 8),  # ~21M parameters, for the CPU
-                "gpt57m": (768, 12, 12, 256, 16),  # ~57M: issue 22's GPU run
-                "gpt85m": (768, 18, 12, 256, 16)}  # ~85M
+from geomx.zoo.charlm import PRESETS, VOCAB, Shape, build
+
+# the GPT-shaped character transformers and their batch; gpt57m and gpt85m are the zoo's presets (57.1M: issue 22's
+# GPU run, 12 blocks, ff 2x; 85.4M: GPT-2 small's 12 blocks, ff 4x; issue 22's 85.5M figures were 18 blocks, ff 2x)
+TRANSFORMERS: dict[str, tuple[Shape, int]] = {
+    "transformer": (Shape(dim=512, layers=10, heads=8, context=64), 8),  # ~21M parameters, for the CPU
+    "gpt57m": (PRESETS["gpt57m"], 16),
+    "gpt85m": (PRESETS["gpt85m"], 16)}
 MODELS = ("mlp", *TRANSFORMERS)
 
 
@@ -42,11 +46,9 @@ def make_model(name: str) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
         model: nn.Module = nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
                                          nn.Linear(512, 10))
         return model, torch.randn(32, 64, generator=generator), torch.randint(0, 10, (32,), generator=generator)
-    from geomx.zoo.charlm import VOCAB, CharTransformer
-
-    dim, layers, heads, context, batch = TRANSFORMERS[name]
-    model = CharTransformer(context=context, dim=dim, layers=layers, heads=heads)
-    ids = torch.randint(0, VOCAB, (batch, context), generator=generator)
+    shape, batch = TRANSFORMERS[name]
+    model = build(shape)
+    ids = torch.randint(0, VOCAB, (batch, shape.context), generator=generator)
     return model, ids, torch.roll(ids, -1, dims=1)
 
 
