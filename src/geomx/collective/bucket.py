@@ -17,7 +17,7 @@ Usage (inside a collective strategy)::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import torch
@@ -49,12 +49,14 @@ class PartyModel(Protocol):
         """Every ``param.grad`` = the party's mean gradient (of what this rank holds)."""
         ...
 
-    def own(self, views: Sequence[torch.Tensor]) -> None:
-        """``chunk`` = this rank's owned slices of the party's model (``views``: every rank's, alike)."""
+    def own(self, views: Sequence[torch.Tensor], only: Callable[[OwnedSlice], bool] | None = None) -> None:
+        """``chunk`` = this rank's owned slices of the party's model (``views``: every rank's, alike); ``only``: at
+        least the slices it accepts (a form may copy more)."""
         ...
 
-    def spread(self, views: Sequence[torch.Tensor]) -> None:
-        """Every rank's ``views`` = the owners' chunks (what they hold of them)."""
+    def spread(self, views: Sequence[torch.Tensor], only: Callable[[OwnedSlice], bool] | None = None) -> None:
+        """Every rank's ``views`` = the owners' chunks (what they hold of them); ``only``: at least the slices it
+        accepts (a form may move more)."""
         ...
 
 
@@ -68,6 +70,8 @@ class ModelBucket:
         self.buffer = layout.empty(like.dtype, like.device)
         self.chunk = torch.zeros(layout.chunk_numel, dtype=like.dtype, device=like.device)
         self.pieces: list[tuple[OwnedSlice, torch.Tensor]] = list(layout.pieces(self.chunk, group.rank))
+        self._offset = {owned.id: offset for (owned, _), offset in zip(self.pieces, layout.offsets[group.rank],
+                                                                        strict=True)}
 
     def all_reduce(self, tensors: Sequence[torch.Tensor]) -> None:
         """``tensors`` = their sum over the party, in place (one all-reduce of the whole buffer)."""
@@ -75,15 +79,39 @@ class ModelBucket:
         self.group.all_reduce(self.buffer)
         self.layout.unpack(self.buffer, tensors)
 
-    def own(self, tensors: Sequence[torch.Tensor]) -> None:
-        """``chunk`` = this rank's slices of ``tensors`` (no collective)."""
+    def own(self, tensors: Sequence[torch.Tensor], only: Callable[[OwnedSlice], bool] | None = None) -> None:
+        """``chunk`` = this rank's slices of ``tensors`` (no collective); ``only``: just the slices it accepts."""
         for owned, piece in self.pieces:
+            if only is not None and not only(owned):
+                continue
             piece.copy_(tensors[owned.key].detach().reshape(-1)[owned.start:owned.stop])
 
-    def spread(self, tensors: Sequence[torch.Tensor]) -> None:
-        """Every rank's chunk into ``tensors`` (one all-gather): each slice as its owner holds it."""
-        self.group.all_gather(self.buffer, self.chunk)
-        self.layout.unpack(self.buffer, tensors)
+    def spread(self, tensors: Sequence[torch.Tensor], only: Callable[[OwnedSlice], bool] | None = None) -> None:
+        """Every rank's chunk into ``tensors`` (one all-gather): each slice as its owner holds it. ``only``: just
+        the slices it accepts (a streaming fragment), gathered back to back, each rank's padded to the longest,
+        so a round that lands a quarter of the model moves a quarter of it. Every rank passes the same ``only``."""
+        if only is None:
+            self.group.all_gather(self.buffer, self.chunk)
+            self.layout.unpack(self.buffer, tensors)
+            return
+        chosen = [[owned for owned in self.layout.owned[rank] if only(owned)] for rank in range(self.group.world_size)]
+        width = max(sum(owned.numel for owned in share) for share in chosen)
+        if width == 0:
+            return
+        gathered = self.buffer[:width * self.group.world_size]  # the buffer is scratch between spreads
+        mine = torch.empty(width, dtype=self.chunk.dtype, device=self.chunk.device)
+        at = 0
+        for owned in chosen[self.group.rank]:
+            mine[at:at + owned.numel].copy_(self.chunk[self._offset[owned.id]:self._offset[owned.id] + owned.numel])
+            at += owned.numel
+        self.group.all_gather(gathered, mine)
+        flats = {key: tensor.detach().view(-1) for key, tensor in zip(self.layout.keys, tensors, strict=True)}
+        with torch.no_grad():
+            for rank, share in enumerate(chosen):
+                at = rank * width
+                for owned in share:
+                    flats[owned.key][owned.start:owned.stop].copy_(gathered[at:at + owned.numel])
+                    at += owned.numel
 
     def views(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """Each whole tensor, flat (a view)."""

@@ -17,7 +17,7 @@ Usage (inside a collective strategy; ``kv.ranks.model_bucket`` picks this form f
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -63,16 +63,18 @@ class ShardedBucket:
     def average_gradients(self, params: Sequence[torch.Tensor]) -> None:
         """Nothing: FSDP2's backward reduce-scattered the gradients and averaged them over the party."""
 
-    def own(self, views: Sequence[torch.Tensor]) -> None:
-        """``chunk`` = this rank's owned slices, from the shards that hold them."""
+    def own(self, views: Sequence[torch.Tensor], only: Callable[[OwnedSlice], bool] | None = None) -> None:
+        """``chunk`` = this rank's owned slices, from the shards that hold them (all of them, whatever ``only``
+        accepts: one all-to-all moves them either way)."""
         plan = self.plan
         plan.pack_for_owners(views, self._sending)
         if plan.crosses:
             self.group.all_to_all(self._receiving, self._sending, plan.in_splits, plan.out_splits)
         plan.land_at_owners(self._receiving, views, self.chunk)
 
-    def spread(self, views: Sequence[torch.Tensor]) -> None:
-        """Every rank's shards ``views`` = the owners' values of their elements."""
+    def spread(self, views: Sequence[torch.Tensor], only: Callable[[OwnedSlice], bool] | None = None) -> None:
+        """Every rank's shards ``views`` = the owners' values of their elements (all of them, whatever ``only``
+        accepts: one all-to-all moves every owner's slices either way)."""
         plan = self.plan
         plan.pack_for_shards(self.chunk, self._receiving)
         if plan.crosses:

@@ -79,6 +79,13 @@ class WorkerStrategy:
     def step(self) -> None:
         """One training step, after backward."""
 
+    def inner_step(self) -> None:
+        """The step's own math once backward is done: the wrapped optimizer (a strategy that averages the party's
+        gradients every step does that here too). Periodic strategies call it from ``step``, so an accelerator
+        stand-in (``geomx.bench.standin``: a wait, where a GPU would compute) can take its place without
+        touching the sync around it."""
+        self.loop.optimizer.step()
+
     def finish(self) -> None:
         """The loop ends (``close``): what the algorithm owes the job before the worker leaves."""
 

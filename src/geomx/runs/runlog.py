@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import time
 from pathlib import Path
 from typing import Any
@@ -23,13 +24,18 @@ def file_name(name: str) -> str:
     return name.replace("/", "_")
 
 
+def peak_rss_bytes() -> int:
+    """This process's peak resident set size (Linux reports it in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def write_stats(run_dir: Path, name: str, stats: dict[str, Any]) -> Path:
-    """Atomically write one process's counters."""
+    """Atomically write one process's counters, with its peak resident memory so far (``peak_rss_bytes``)."""
     folder = run_dir / "stats"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{file_name(name)}.json"
     tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps({"name": name, **stats}))
+    tmp.write_text(json.dumps({"name": name, "peak_rss_bytes": peak_rss_bytes(), **stats}))
     tmp.replace(path)
     return path
 

@@ -216,6 +216,18 @@ class DistributedOptimizer:
         assert param.grad is not None
         self.strategy.on_gradient(key, param.grad)
 
+    def push_gradients(self) -> None:
+        """Push every trained parameter's ``.grad`` now, deepest layer first, as backward's hooks would: for a loop
+        whose gradients come from elsewhere than autograd (the bench's accelerator stand-in). Then ``step()``.
+        Usage: ``opt.push_gradients(); opt.step()``"""
+        if not self.strategy.pushes_gradients:
+            return  # this algorithm sends the model (or its change) from step(), not gradients
+        for key in reversed(self.trained):
+            param = self.params[key]
+            if param.grad is None:
+                raise ValueError(f"parameter {self.names[key]!r} has no gradient to push")
+            self._on_gradient(key, param)
+
     def _before_forward(self, keys: list[int], module: nn.Module, args: Any) -> None:
         first = not self._forward_started
         if first:

@@ -158,4 +158,4 @@ class CollectiveLocalStep(CollectiveServerStep):
         for param in loop.params:
             if param.grad is not None:
                 param.grad.mul_(scale)
-        loop.optimizer.step()
+        self.inner_step()

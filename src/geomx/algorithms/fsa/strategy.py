@@ -61,4 +61,4 @@ class LocalOptimizerStep(ServerOptimizerStep):
             loop.kv.pull(key, param.grad, priority=loop.priority[key])
             param.grad.mul_(scale)
         loop.waited(time.monotonic() - started)
-        loop.optimizer.step()
+        self.inner_step()

@@ -90,14 +90,17 @@ class CollectivePeriodicAverage(WorkerStrategy):
         assert self.mean is not None, "only whole-model ranks hook the gradients"
         self.mean.on_gradient(key, grad)
 
-    def step(self) -> None:
-        loop = self.loop
+    def inner_step(self) -> None:
+        """The party's mean gradient (DDP's all-reduce; FSDP2's own under a sharded model), then the optimizer."""
         assert self.bucket is not None, "init_keys runs first"
         if self.mean is not None:
             self.mean.finish()
         else:
-            self.bucket.average_gradients(loop.params)
-        loop.optimizer.step()
+            self.bucket.average_gradients(self.loop.params)
+        self.loop.optimizer.step()
+
+    def step(self) -> None:
+        self.inner_step()
         self.local_steps += 1
         if self.local_steps % self.k1 == 0:
             self.sync()
@@ -111,14 +114,19 @@ class CollectivePeriodicAverage(WorkerStrategy):
         bucket = self.bucket
         assert bucket is not None
         views = bucket.views(loop.params)
-        bucket.own(views)
+        self.local_rounds += 1
+        count = self.local_rounds
+        streaming = self.rules.fragments > 1  # a fragment at a time: copy and spread only its slices
+        leaving = (lambda owned: self.rules.goes_global(owned.id, count)) if streaming else None
+        bucket.own(views, only=leaving)
         stage = self.stage
         assert stage is not None
         stage.down()  # the owned slices to the host, in one copy (none on the CPU)
-        self.local_rounds += 1
-        count = self.local_rounds
         due = []
         for owned, piece in stage.pieces:
+            if leaving is not None and not leaving(owned):
+                self.rules.after_local_round(owned.id, None)  # counts the round; nothing leaves
+                continue
             delta = self.rules.after_local_round(owned.id, piece.numpy())
             if delta is not None:  # overlapped: the delta leaves from its own array, the chunk moves on
                 sent = torch.from_numpy(delta) if self.delay else piece.copy_(torch.from_numpy(delta))
@@ -134,10 +142,14 @@ class CollectivePeriodicAverage(WorkerStrategy):
             return
         for owned, answer in landing:  # each owned slice's global model; without overlap already in the chunk
             self.global_slices[self.piece_of[owned.id]].copy_(answer)
+        # a fragment's slices only where the bucket moves just those (FSDP2's all-to-all moves every piece)
+        lands = (lambda owned: self._lands(owned.id, count)) if streaming and self.mean is not None else None
         for (owned, piece), model in zip(stage.pieces, self.global_slices, strict=True):
-            piece.copy_(model)
+            if lands is None or lands(owned):
+                piece.copy_(model)
         stage.up()  # the owned slices' global models to the device, in one copy
-        bucket.spread(self.job_model)  # the job's model, where this rank holds it
+        # the job's model, where this rank holds it: the slices that landed (a fragment's, under streaming)
+        bucket.spread(self.job_model, only=lands)
         mine = self.alpha if self.delay else 0.0
         for share in bucket.layout.owned:  # the party's model: every slice that landed, mixed under overlap
             for owned in share:

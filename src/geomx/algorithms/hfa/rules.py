@@ -83,11 +83,14 @@ class LocalFrequencyAggregation:
         """The latest global model of ``sid`` (None before init)."""
         return self._global_model.get(sid)
 
-    def after_local_round(self, sid: SliceId, average: np.ndarray) -> np.ndarray | None:
-        """None for a local round; for a global one, the weighted delta to push to the global server."""
+    def after_local_round(self, sid: SliceId, average: np.ndarray | None) -> np.ndarray | None:
+        """None for a local round; for a global one, the weighted delta to push to the global server.
+        ``average`` may be None on a round the caller knows is local (``goes_global``): it is only counted."""
         count = self._rounds[sid] = self._rounds.get(sid, 0) + 1
         if not self.goes_global(sid, count):
             return None
+        if average is None:
+            raise ValueError(f"key {sid[0]} slice {sid[1]} goes global at local round {count}: its average is needed")
         base = self._global_model.get(sid)
         if base is None:
             raise RuntimeError(f"HFA has no global model for key {sid[0]} slice {sid[1]}: was it initialized?")

@@ -37,7 +37,7 @@ class PeriodicAverage(WorkerStrategy):
     def step(self) -> None:
         loop = self.loop
         loop.synchronize()
-        loop.optimizer.step()
+        self.inner_step()
         self.local_steps += 1
         if self.local_steps % self.round_steps == 0:
             self.sync(finishing=False)

@@ -1,0 +1,239 @@
+"""``geomx bench --only scale``: the 85M-parameter job across two data centers, its accelerators' utilization
+against the WAN's bandwidth, with the accelerator stand-in (``geomx.bench.standin``) on machines without a GPU.
+
+2 parties x 2 ranks, ``lan: collective`` (each party's ranks one gloo group, each rank syncing the slices it owns
+over its own connection), the emulated WAN at 100 Mbit/s, 1 Gbit/s and 10 Gbit/s with 25 ms one way, H = 100 and
+500 inner steps per outer round. Configurations (``CONFIGS``), all DiLoCo-shaped (outer Nesterov on the global
+server): ``blocking`` (every outer round waits for the whole model's round trip), ``streaming`` (4 fragments, each
+global once every H steps, one every H/4, its round overlapping the next H/4 steps; the new global model mixed
+half and half), ``streaming_int8`` and ``streaming_fp16`` (the same with that WAN codec both ways). ``plain`` runs
+the same ranks with no sync at all: the control (utilization 1 by construction) and plain PyTorch's memory.
+
+Per run: utilization (the stand-in's steps x step time / the loop's wall time, the mean over ranks), seconds
+blocked per outer round, the far party's WAN MB each way (dc0 holds the global tier), and each process's peak resident memory over the model's fp32 bytes.
+A PNG of utilization against bandwidth (one line per configuration and H) and the JSON land in ``--out``.
+
+Usage::
+
+    geomx bench --only scale                                           # the whole grid (~40 minutes)
+    python -m geomx.bench.scale --configs blocking streaming_int8 --rates 1Gbit --h 100 --out bench-results
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..launch import launch
+from ..runs.runlog import read_stats
+from .sections import BenchPlan
+from .tables import fmt, say, table
+
+LATENCY = "25ms"
+RATES = ("100Mbit", "1Gbit", "10Gbit")
+H_VALUES = (100, 500)
+FRAGMENTS = 4
+OUTER = {"server_optimizer": "outer_nesterov"}
+STREAMING = {"fragments": FRAGMENTS, "fragment_delay": 1, "fragment_alpha": 0.5}
+CONFIGS: dict[str, dict[str, Any]] = {
+    "blocking": {"fragments": 1, "training": OUTER},
+    "streaming": {"fragments": FRAGMENTS, "training": {**OUTER, **STREAMING}},
+    "streaming_int8": {"fragments": FRAGMENTS,
+                       "training": {**OUTER, **STREAMING, "compression": {"type": "int8", "block": 256}}},
+    "streaming_fp16": {"fragments": FRAGMENTS, "training": {**OUTER, **STREAMING, "compression": {"type": "fp16"}}},
+}
+PARTIES, RANKS = 2, 2
+
+
+def topology(path: Path, config: str, rate: str, h: int) -> Path:
+    """The job's topology: 2 collective parties of 2 ranks, the WAN at ``rate`` and 25 ms, HFA with K1 * K2 = H."""
+    spec = CONFIGS[config]
+    k2 = spec["fragments"]
+    raw: dict[str, Any] = {
+        "parties": {f"dc{p}": {"workers": RANKS, "lan": "collective"} for p in range(PARTIES)}, "central": "dc0",
+        "links": {"wan": {"bandwidth": rate, "latency": LATENCY}},
+        "hfa": {"k1": h // k2, "k2": k2}, "training": spec["training"],
+        "timeouts": {"register": "300s", "request": "600s", "round": "600s", "shutdown": "120s"}}
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def _worker(preset: str, steps: int, step_ms: float, out: Path, sync: str, apply_every: int = 0) -> list[str]:
+    return [sys.executable, "-m", "geomx.bench.workers.scale_step", "--preset", preset, "--steps", str(steps),
+            "--step-ms", str(step_ms), "--sync", sync, "--apply-every", str(apply_every), "--out", str(out)]
+
+
+def summarize(ranks: list[dict[str, Any]], rounds: int) -> dict[str, Any]:
+    """The ranks' files -> utilization (mean and least), seconds blocked per outer round, memory."""
+    from .standin import utilization
+
+    shares = [utilization(r["steps"], r["step_s"], r["wall_s"], r["overrun_s"]) for r in ranks]
+    blocked = [(r["wall_s"] - r["overrun_s"] - r["steps"] * r["step_s"]) / rounds for r in ranks]
+    model = ranks[0]["model_bytes"]
+    return {"utilization": statistics.fmean(shares), "utilization_min": min(shares),
+            "blocked_s_per_round": statistics.fmean(blocked), "wall_s": max(r["wall_s"] for r in ranks),
+            "params": ranks[0]["params"], "model_bytes": model,
+            "rank_rss_over_model": max(r["peak_rss_bytes"] for r in ranks) / model,
+            "slowest_step_s": max(max(r["durations_s"]) for r in ranks),
+            "overrun_s": statistics.fmean(r["overrun_s"] for r in ranks)}
+
+
+def measure(config: str, rate: str, h: int, rounds: int, work: Path, preset: str, step_ms: float) -> dict[str, Any]:
+    """One run of the grid; ``error`` says why it has no figures."""
+    name = f"{config}-{rate}-h{h}"
+    out = work / name
+    path = topology(work / f"{name}.yaml", config, rate, h)
+    log = io.StringIO()
+    result = launch(path, _worker(preset, h * rounds, step_ms, out, "geomx"), run_dir=work / f"run-{name}", out=log)
+    files = sorted(out.glob("rank*.json"))
+    if result.exit_code != 0 or len(files) != PARTIES * RANKS:
+        return {"error": log.getvalue()[-2000:]}
+    figures = summarize([json.loads(f.read_text()) for f in files], rounds)
+    stats = read_stats(work / f"run-{name}")
+    model = figures["model_bytes"]
+    figures["rss_over_model"] = {s["name"]: s["peak_rss_bytes"] / model for s in stats if "peak_rss_bytes" in s}
+    far = [s for s in stats if s.get("role") == "worker" and s.get("party") != "dc0"]  # dc0 holds the global tier
+    figures["far_party_wan_mb"] = {way: sum(s.get("wan", {}).get(way, 0) for s in far) / 1e6 for way in ("sent", "recv")}
+    return {**figures, "rounds": rounds, "h": h, "rate": rate, "config": config}
+
+
+def measure_plain(steps: int, work: Path, preset: str, step_ms: float) -> dict[str, Any]:
+    """The control: the same ranks side by side with no sync (one process per rank)."""
+    import subprocess
+
+    out = work / "plain"
+    procs = [subprocess.Popen(_worker(preset, steps, step_ms, out, "none", apply_every=25),
+                              env={**__import__("os").environ, "RANK": str(rank)},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for rank in range(PARTIES * RANKS)]
+    tails = [p.communicate(timeout=1800)[0][-1500:] for p in procs]
+    files = sorted(out.glob("rank*.json"))
+    if any(p.returncode for p in procs) or len(files) != len(procs):
+        return {"error": "\n".join(tails)}
+    return {**summarize([json.loads(f.read_text()) for f in files], 1), "config": "plain"}
+
+
+def measure_grid(configs: tuple[str, ...], rates: tuple[str, ...], hs: tuple[int, ...], rounds: int, out_dir: Path,
+                 preset: str = "gpt85m", step_ms: float = 40.0) -> dict[str, Any]:
+    """Every (config, rate, H), one after the other, then the plot."""
+    work = out_dir / "scale"
+    work.mkdir(parents=True, exist_ok=True)
+    section: dict[str, Any] = {"setup": {"preset": preset, "step_ms": step_ms, "rounds": rounds, "latency": LATENCY,
+                                         "parties": PARTIES, "ranks": RANKS, "lan": "collective",
+                                         "inner_step": "stand-in (a wait)"}, "rows": [], "errors": []}
+    say(f"[scale] plain: {PARTIES * RANKS} ranks, no sync ...")
+    plain = measure_plain(50, work, preset, step_ms)
+    if "error" in plain:
+        section["errors"].append(f"plain: {plain['error']}")
+    section["plain"] = plain
+    for h in hs:
+        for rate in rates:
+            for config in configs:
+                say(f"[scale] {config}, WAN {rate} {LATENCY}, H={h}, {rounds} outer rounds ...")
+                row = measure(config, rate, h, rounds, work, preset, step_ms)
+                if "error" in row:
+                    section["errors"].append(f"{config} {rate} H={h}: {row['error']}")
+                    row.update(config=config, rate=rate, h=h)
+                else:
+                    say(f"[scale]   utilization {row['utilization']:.1%}, blocked {row['blocked_s_per_round']:.2f} s "
+                        "per outer round")
+                section["rows"].append(row)
+    section["plot"] = plot(section, out_dir / "scale_utilization.png")
+    return section
+
+
+def plot(section: dict[str, Any], path: Path) -> str | None:
+    """Utilization against bandwidth, one line per configuration and H; None when nothing was measured."""
+    from ..config.units import parse_bandwidth
+
+    lines: dict[str, list[tuple[float, float]]] = {}
+    for row in section["rows"]:
+        if "utilization" in row:
+            lines.setdefault(f"{row['config']}, H={row['h']}", []).append(
+                (parse_bandwidth(row["rate"]) / 1e9, row["utilization"] * 100))
+    if not lines:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    for label, points in sorted(lines.items()):
+        points.sort()
+        axes.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
+    axes.set_xscale("log")
+    axes.set_xlabel("WAN bandwidth per party (Gbit/s), 25 ms one way")
+    axes.set_ylabel("accelerator utilization (%)")
+    setup = section["setup"]
+    axes.set_title(f"{setup['preset']}, {setup['parties']} parties x {setup['ranks']} ranks, "
+                   f"stand-in {setup['step_ms']:.0f} ms/step")
+    axes.set_ylim(0, 101)
+    axes.grid(True, alpha=0.3)
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return str(path)
+
+
+def run(plan: BenchPlan, out_dir: Path) -> dict[str, Any]:
+    """The section's entry point: quick, the two goal rows at 1 Gbit/s and H=100; else the whole grid."""
+    if plan.quick:
+        return measure_grid(("blocking", "streaming_int8"), ("1Gbit",), (100,), 2, out_dir)
+    return measure_grid(tuple(CONFIGS), RATES, H_VALUES, 3, out_dir)
+
+
+def lines(section: dict[str, Any]) -> list[str]:
+    """The section's table for ``geomx bench``'s report."""
+    setup = section["setup"]
+    plain = section.get("plain", {})
+    out = [f"[scale] {setup['preset']} ({fmt(plain.get('params', 0) / 1e6 or None, '.1f', 'M')} parameters), "
+           f"{setup['parties']} parties x {setup['ranks']} ranks ({setup['lan']}), inner step: "
+           f"{setup['inner_step']} of {setup['step_ms']:.0f} ms, WAN latency {setup['latency']} one way, "
+           f"{setup['rounds']} outer rounds per run",
+           f"[scale] plain (no sync): utilization {fmt(plain.get('utilization'), '.1%')}, rank memory "
+           f"{fmt(plain.get('rank_rss_over_model'), '.2f', 'x')} the model"]
+    rows = []
+    for row in section.get("rows", []):
+        rss = row.get("rss_over_model", {})
+        servers = [v for k, v in rss.items() if "server" in k]
+        rows.append([row["config"], row["rate"], str(row["h"]), fmt(row.get("utilization"), ".1%"),
+                     fmt(row.get("blocked_s_per_round"), ".2f"),
+                     " / ".join(f"{v:.0f}" for v in row.get("far_party_wan_mb", {}).values()) or "-",
+                     fmt(row.get("rank_rss_over_model"), ".2f", "x"), fmt(max(servers, default=None), ".2f", "x")])
+    out += table(["config", "WAN", "H", "utilization", "blocked s/round", "dc1 WAN MB up / down", "rank RSS",
+                  "global server RSS"], rows)
+    if section.get("plot"):
+        out.append(f"[scale] plot: {section['plot']}")
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS))
+    parser.add_argument("--rates", nargs="+", default=list(RATES))
+    parser.add_argument("--h", nargs="+", type=int, default=list(H_VALUES))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--preset", default="gpt85m")
+    parser.add_argument("--step-ms", type=float, default=40.0)
+    parser.add_argument("--out", default="bench-results")
+    args = parser.parse_args(argv)
+    out_dir = Path(args.out)
+    section = measure_grid(tuple(args.configs), tuple(args.rates), tuple(args.h), args.rounds, out_dir, args.preset,
+                           args.step_ms)
+    (out_dir / "scale.json").write_text(json.dumps(section, indent=2))
+    print("\n".join(lines(section)))
+    for error in section["errors"]:
+        print(f"[scale] failed: {error}")
+
+
+if __name__ == "__main__":
+    main()

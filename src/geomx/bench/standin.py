@@ -1,0 +1,85 @@
+"""The accelerator stand-in: an inner step that waits where a GPU would compute, so that a machine without a GPU
+measures what the sync around it costs a real job.
+
+On a GPU an inner step (forward, backward, the party's per-step gradient all-reduce over NVLink, the inner
+optimizer) keeps the device busy and leaves the host's CPU free; a wait of the same length does the same to the
+host. What leaves the rank must still look like training: the parameters change by a realistic delta (a gradient
+computed once from a real batch, times the learning rate and the steps since the last change) before every round
+that leaves the rank, so the codecs, servers and links see a real model drifting. Everything after the wait is
+real: the LAN tier, the codecs, the servers, the emulated links.
+
+Utilization, the share of the wall time the device computes: ``steps * step_s / wall_s``, where ``wall_s``
+leaves out the stand-in's own overrun (a delta of 85M parameters takes the CPU longer than a step; a GPU applies
+it inside one).
+
+Usage::
+
+    deltas = realistic_deltas(model, loss_fn, lr=1e-4)        # one real forward and backward
+    stand_in = StandIn(list(model.parameters()), deltas, step_s=0.040, apply_every=k1)
+    opt.strategy.inner_step = stand_in.step                  # the wrapper's seam for the step's own math
+    for _ in range(steps): opt.step()                        # no forward, no backward: a wait each
+    print(utilization(steps, 0.040, wall_s))
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+
+
+def realistic_deltas(params: Sequence[torch.Tensor], loss: Callable[[], torch.Tensor], lr: float) -> list[torch.Tensor]:
+    """``-lr * gradient`` of each parameter, from one real backward of ``loss()`` (SGD's step on that batch).
+    The gradients stay in ``.grad``, as in a training loop between backward and the next ``zero_grad``."""
+    for param in params:
+        param.grad = None
+    loss().backward()
+    return [torch.zeros_like(p) if p.grad is None else p.grad.detach().mul(-lr) for p in params]
+
+
+def utilization(steps: int, step_s: float, wall_s: float, overrun_s: float = 0.0) -> float:
+    """The share of ``wall_s`` the device computed: ``steps`` inner steps of ``step_s`` each (at most 1).
+    ``overrun_s``: the stand-in's own work past its steps' time (``StandIn.overrun_s``: a delta applied on the
+    host's CPU, which a GPU does inside its step), left out of the wall time."""
+    if wall_s - overrun_s <= 0:
+        raise ValueError(f"wall time must be positive, got {wall_s} ({overrun_s} of it the stand-in's overrun)")
+    return min(1.0, steps * step_s / (wall_s - overrun_s))
+
+
+class StandIn:
+    """An inner step that takes ``step_s`` of wall time, as the device would; every ``apply_every`` steps (the
+    steps of a local round, after which something may leave the rank) the parameters move by ``deltas`` times
+    the steps since the last move, inside that step's time."""
+
+    def __init__(self, params: Sequence[torch.Tensor], deltas: Sequence[torch.Tensor], step_s: float,
+                 apply_every: int, clock: Callable[[], float] = time.perf_counter,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        if len(params) != len(deltas):
+            raise ValueError(f"{len(params)} parameters but {len(deltas)} deltas")
+        if step_s < 0 or apply_every < 1:
+            raise ValueError(f"step_s must be >= 0 and apply_every >= 1, got {step_s} and {apply_every}")
+        self.params = list(params)
+        self.deltas = list(deltas)
+        self.step_s = step_s
+        self.apply_every = apply_every
+        self.clock = clock
+        self.sleep = sleep
+        self.steps = 0
+        self.overrun_s = 0.0  # steps whose own work (a delta applied) took longer than step_s: the excess
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """One inner step: the delta when due, then the wait up to ``step_s`` after the step began."""
+        started = self.clock()
+        self.steps += 1
+        if self.steps % self.apply_every == 0:
+            for param, delta in zip(self.params, self.deltas, strict=True):
+                param.data.add_(delta, alpha=float(self.apply_every))
+        end = started + self.step_s
+        left = end - self.clock()
+        if left < 0:
+            self.overrun_s -= left
+        while left > 0:
+            self.sleep(left)
+            left = end - self.clock()

@@ -1,0 +1,128 @@
+"""Bench worker of ``geomx bench --only scale``: the scale job's training loop on one rank, its inner steps either
+the accelerator stand-in (a wait of ``--step-ms``; ``geomx.bench.standin``) or, with ``--real``, the real model's
+forward, backward and AdamW step (on CUDA when ``--device cuda``).
+
+``--sync geomx``: through ``gx.DistributedOptimizer`` (the algorithm, codec and links come from the topology);
+``--sync none``: the same loop with no sync at all (the control: utilization 1 with the stand-in, and the memory
+of plain PyTorch). Each rank writes ``--out/rank<R>.json``: every step's wall time, the loop's wall time, its
+peak resident memory and the model's bytes.
+
+Usage::
+
+    geomx launch scale.yaml -- python -m geomx.bench.workers.scale_step --preset gpt85m --steps 300 --out DIR
+    python -m geomx.bench.workers.scale_step --sync none --preset gpt85m --steps 50 --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+import zlib
+from pathlib import Path
+
+import torch
+
+from geomx.config import node_config
+from geomx.bench.standin import StandIn, realistic_deltas
+from geomx.runs.runlog import peak_rss_bytes
+from geomx.zoo.charlm import Windows, build, encode, next_char_loss, stdlib_text
+
+BATCH = 16
+
+
+def rss_bytes() -> int:
+    """This process's resident memory now (Linux)."""
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")  # the real step's batch (the stand-in's one gradient uses one window: its size is what counts)
+
+
+def _batch(preset_context: int, rank: int, size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``size`` windows of real text, different for each rank."""
+    windows = Windows(encode(stdlib_text(200_000)), preset_context)
+    inputs, targets = windows.tensors()
+    start = (rank * size) % max(1, len(windows) - size)
+    return inputs[start:start + size].to(device), targets[start:start + size].to(device)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="gpt85m")
+    parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--step-ms", type=float, default=40.0, help="the stand-in's inner step")
+    parser.add_argument("--sync", choices=["geomx", "none"], default="geomx")
+    parser.add_argument("--apply-every", type=int, default=0, help="steps between deltas (0: the job's K1)")
+    parser.add_argument("--real", action="store_true", help="real forward, backward and AdamW instead of the wait")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--out", required=True, help="folder of the ranks' JSON files")
+    args = parser.parse_args(argv)
+    device = torch.device("cpu")
+    if args.device == "cuda":
+        from geomx.bench.workers.lan_step import share_gpu
+
+        device = share_gpu()
+    else:
+        torch.set_num_threads(1)
+    rank = int(os.environ.get("RANK", "0"))
+    # the gradient's batch: one per party (a party's ranks hold one model, as DDP keeps them), one per rank alone
+    source = zlib.crc32(node_config().party.encode()) if args.sync == "geomx" else rank
+    torch.manual_seed(0)  # every rank the same model (the wrapper's init checks it)
+    model = build(args.preset).to(device)
+    stages = {"model": rss_bytes()}
+    params = list(model.parameters())
+    context = model.position.num_embeddings
+    inputs, targets = _batch(context, source, BATCH if args.real else 1, device)
+    inner = torch.optim.AdamW(params, lr=args.lr)
+    deltas = realistic_deltas(params, lambda: next_char_loss(model, inputs, targets), args.lr)
+    inner.step()  # the optimizer's state exists, as in a job past its first step (the memory a real job holds)
+    stages["training_state"] = rss_bytes()
+    opt: torch.optim.Optimizer = inner
+    k1 = 1
+    if args.sync == "geomx":
+        import geomx.torch as gx
+
+        opt = gx.DistributedOptimizer(inner, model)
+        rank = opt.global_rank
+        k1 = opt.kv.hfa.k1
+        stages["wrapper"] = rss_bytes()
+    stand_in = StandIn(params, deltas, args.step_ms / 1000, args.apply_every or k1)
+    # gradients every step (FSA): the wait, then the one real gradient pushed as backward's hooks would
+    per_step = args.sync == "geomx" and opt.plan.mode.name != "HFA"  # type: ignore[attr-defined]
+    if args.sync == "geomx" and not args.real:  # the wait takes the step's own math's place
+        opt.strategy.inner_step = (lambda: None) if per_step else stand_in.step  # type: ignore[attr-defined]
+    durations = []
+    started = time.perf_counter()
+    for _ in range(args.steps):
+        begun = time.perf_counter()
+        if args.real:
+            opt.zero_grad()
+            next_char_loss(model, inputs, targets).backward()
+            opt.step()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+        elif per_step:
+            stand_in.step()
+            opt.push_gradients()  # type: ignore[attr-defined]
+            opt.step()
+        elif args.sync == "geomx":
+            opt.step()
+        else:
+            stand_in.step()
+        durations.append(time.perf_counter() - begun)
+    wall = time.perf_counter() - started
+    stages["loop"] = rss_bytes()
+    result = {"rank": rank, "steps": args.steps, "step_s": args.step_ms / 1000, "wall_s": wall,
+              "durations_s": durations, "overrun_s": stand_in.overrun_s, "k1": k1, "real": args.real,
+              "params": sum(p.numel() for p in params), "model_bytes": sum(p.numel() * p.element_size() for p in params),
+              "peak_rss_bytes": peak_rss_bytes(), "rss_bytes_after": stages, "device": str(device)}
+    if args.sync == "geomx":
+        opt.close()  # type: ignore[attr-defined]
+        result["peak_rss_bytes"] = peak_rss_bytes()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"rank{rank}.json").write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

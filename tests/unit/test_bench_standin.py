@@ -1,0 +1,106 @@
+"""The accelerator stand-in (``geomx.bench.standin``): its wait, its deltas and the utilization formula, on a fake
+clock; and the seam it replaces (``WorkerStrategy.inner_step``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from geomx.bench.standin import StandIn, realistic_deltas, utilization
+from geomx.runs.runlog import peak_rss_bytes
+
+
+class FakeClock:
+    """A clock that moves only when slept on, or by ``work`` seconds when the stand-in applies a delta."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.slept: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+def test_no_sync_is_full_utilization() -> None:
+    """A job with no sync at all: the loop's wall time is the steps' own, so utilization is exactly 1."""
+    clock = FakeClock()
+    param = torch.zeros(3)
+    stand_in = StandIn([param], [torch.ones(3)], step_s=0.04, apply_every=5, clock=clock, sleep=clock.sleep)
+    for _ in range(20):
+        stand_in.step()
+    assert clock.now == pytest.approx(20 * 0.04)
+    assert utilization(20, 0.04, clock.now) == pytest.approx(1.0)
+
+
+def test_blocked_time_lowers_utilization() -> None:
+    assert utilization(100, 0.04, 8.0) == pytest.approx(0.5)
+    assert utilization(100, 0.04, 4.0) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="positive"):
+        utilization(1, 0.04, 0.0)
+
+
+def test_deltas_land_every_local_round_times_its_steps() -> None:
+    """The parameters move by delta x the steps since the last move, only on every ``apply_every``-th step."""
+    clock = FakeClock()
+    param = torch.zeros(2)
+    stand_in = StandIn([param], [torch.tensor([1.0, -2.0])], step_s=0.01, apply_every=4, clock=clock,
+                       sleep=clock.sleep)
+    for _ in range(3):
+        stand_in.step()
+    assert param.tolist() == [0.0, 0.0]
+    stand_in.step()
+    assert param.tolist() == [4.0, -8.0]
+    for _ in range(4):
+        stand_in.step()
+    assert param.tolist() == [8.0, -16.0]
+
+
+def test_a_step_that_overruns_counts_its_excess() -> None:
+    """Work longer than the step (a delta on a loaded machine) is not hidden: the excess is counted, no sleep."""
+    readings = iter([0.0, 0.025])  # the step begins; the delta took 25 ms of a 10 ms step
+    slept: list[float] = []
+    stand_in = StandIn([torch.zeros(1)], [torch.ones(1)], step_s=0.01, apply_every=1,
+                       clock=lambda: next(readings), sleep=slept.append)
+    stand_in.step()
+    assert stand_in.overrun_s == pytest.approx(0.015)
+    assert slept == []
+
+
+def test_realistic_deltas_are_sgd_steps_of_one_real_gradient() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    x, y = torch.randn(8, 4), torch.randn(8, 2)
+    deltas = realistic_deltas(list(model.parameters()), lambda: ((model(x) - y) ** 2).mean(), lr=0.1)
+    for param, delta in zip(model.parameters(), deltas, strict=True):
+        assert param.grad is not None
+        assert torch.allclose(delta, -0.1 * param.grad)
+        assert delta.abs().sum() > 0
+
+
+def test_periodic_strategies_step_through_the_seam() -> None:
+    """HFA's worker step calls ``inner_step``: replaced, the wrapped optimizer is never stepped."""
+    from types import SimpleNamespace
+
+    from geomx.algorithms.hfa.strategy import PeriodicAverage
+
+    calls: list[str] = []
+    loop = SimpleNamespace(synchronize=lambda: calls.append("sync"),
+                           optimizer=SimpleNamespace(step=lambda: calls.append("optimizer")))
+    strategy = PeriodicAverage(loop, k1=3)  # type: ignore[arg-type]
+    strategy.step()
+    assert calls == ["sync", "optimizer"]
+    strategy.inner_step = lambda: calls.append("stand-in")  # type: ignore[method-assign]
+    strategy.step()
+    assert calls[-1] == "stand-in" and calls.count("optimizer") == 1
+
+
+def test_peak_rss_is_this_process() -> None:
+    before = peak_rss_bytes()
+    block = bytearray(64 << 20)  # touched: resident
+    block[::4096] = b"x" * len(block[::4096])
+    assert peak_rss_bytes() >= before
+    assert peak_rss_bytes() > 64 << 20
