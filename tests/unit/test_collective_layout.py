@@ -200,3 +200,44 @@ def test_pack_key_puts_one_tensor_where_pack_puts_it() -> None:
     for key in (2, 0, 1):  # in any order, as gradients arrive
         layout.pack_key(key, tensors[key], one_by_one)
     assert torch.equal(whole, one_by_one)
+
+
+class _LockstepGroup:
+    """An in-process stand-in for a party's group: ``all_gather`` sees what every rank gave so far (zeros for a rank
+    that has not called yet), so the last rank to call gets the real result."""
+
+    def __init__(self, rank: int, world_size: int, given: dict[int, torch.Tensor]) -> None:
+        self.rank, self.world_size, self.given = rank, world_size, given
+
+    def all_gather(self, out: torch.Tensor, mine: torch.Tensor) -> None:
+        self.given[self.rank] = mine.clone()
+        out.copy_(torch.cat([self.given.get(r, torch.zeros_like(mine)) for r in range(self.world_size)]))
+
+
+def test_a_partial_spread_moves_the_chosen_slices_and_only_those() -> None:
+    """``ModelBucket.spread(only=)`` (a streaming fragment): the chosen slices of every owner land, the others stay."""
+    from geomx.collective.bucket import ModelBucket
+
+    numels = [300, 50, 420]
+    layout = OwnerLayout(_owners(numels, 2, slice_elems=100), dict(enumerate(numels)))
+    given: dict[int, torch.Tensor] = {}
+    buckets = [ModelBucket(layout, _LockstepGroup(r, 2, given), like=torch.zeros(1)) for r in (1, 0)]
+    for bucket in buckets:  # each owner's chunk: its slices' values, 1000 * rank + position
+        bucket.own([torch.arange(n, dtype=torch.float32) + 1000 * bucket.group.rank for n in numels])
+
+    def only(owned) -> bool:  # type: ignore[no-untyped-def]
+        return owned.index % 2 == 0  # every other slice of each key
+
+    targets = [torch.full((n,), -1.0) for n in numels]
+    for bucket in buckets:  # rank 1 first, then rank 0 (which then sees both)
+        out = [t.clone() for t in targets]
+        bucket.spread(out, only=only)
+    for key, numel in enumerate(numels):
+        for rank in (0, 1):
+            for owned in layout.owned[rank]:
+                if owned.key != key:
+                    continue
+                got = out[key][owned.start:owned.stop]
+                want = (torch.arange(owned.start, owned.stop, dtype=torch.float32) + 1000 * rank if only(owned)
+                        else torch.full((owned.numel,), -1.0))
+                assert torch.equal(got, want), (key, owned)

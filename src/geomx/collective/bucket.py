@@ -99,7 +99,7 @@ class ModelBucket:
         if width == 0:
             return
         gathered = self.buffer[:width * self.group.world_size]  # the buffer is scratch between spreads
-        mine = torch.empty(width, dtype=self.chunk.dtype, device=self.chunk.device)
+        mine = gathered[self.group.rank * width:(self.group.rank + 1) * width]  # in place: no allocation
         at = 0
         for owned in chosen[self.group.rank]:
             mine[at:at + owned.numel].copy_(self.chunk[self._offset[owned.id]:self._offset[owned.id] + owned.numel])

@@ -27,8 +27,8 @@ Usage (chosen by the wrapper for a collective party under HFA)::
 from __future__ import annotations
 
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 
@@ -59,8 +59,10 @@ class CollectivePeriodicAverage(WorkerStrategy):
         self.local_rounds = 0
         self.delay = int(options.get("fragment_delay", "0") or 0)  # local rounds a fragment's global round overlaps
         self.alpha = float(options.get("fragment_alpha", "0") or 0)  # the party's model's share in the mix
-        # overlapped global rounds: the local round that lands them -> the pieces sent and their answers' futures
-        self.in_flight: dict[int, tuple[list[tuple[OwnedSlice, torch.Tensor]], list[Any]]] = {}
+        # overlapped global rounds: the local round that lands them -> the pieces sent and their round trip (sent,
+        # answered and decoded into the pieces on the ``trips`` thread)
+        self.in_flight: dict[int, tuple[list[tuple[OwnedSlice, torch.Tensor]], Future[None]]] = {}
+        self.trips: ThreadPoolExecutor | None = None
         self.piece_of: dict[tuple[int, int], int] = {}  # an owned slice's index in the bucket's pieces
 
     def init_keys(self) -> None:
@@ -134,8 +136,10 @@ class CollectivePeriodicAverage(WorkerStrategy):
         started = time.monotonic()
         if due and not self.delay:  # each piece: the slice's new global model (a residual codec's change of it, added)
             loop.kv.ranks.exchange(due, loop.priority, kind="delta", bases=self._bases(due))
-        elif due:
-            self.in_flight[count + self.delay] = (due, loop.kv.ranks.send(due, loop.priority, kind="delta"))
+        elif due:  # encoded, sent and its answers decoded on a thread of its own, while the rank trains on
+            ranks, priority, bases = loop.kv.ranks, loop.priority, self._bases(due)
+            self.in_flight[count + self.delay] = (due, self._round_trips().submit(
+                lambda: ranks.land(due, ranks.send(due, priority, kind="delta"), bases)))
         landing = due if not self.delay else self._land(count)
         loop.waited(time.monotonic() - started)
         if not any(self._lands(owned.id, count) for share in bucket.layout.owned for owned in share):
@@ -160,7 +164,7 @@ class CollectivePeriodicAverage(WorkerStrategy):
                         continue
                     model, new = views[owned.key][start:stop], self.job_model[owned.key][start:stop]
                     if mine:
-                        model.mul_(mine).add_(new, alpha=1.0 - mine)
+                        model.lerp_(new, 1.0 - mine)  # mine * model + (1 - mine) * new, in one pass
                     else:
                         model.copy_(new)
 
@@ -174,9 +178,24 @@ class CollectivePeriodicAverage(WorkerStrategy):
         flight = self.in_flight.pop(count, None)
         if flight is None:
             return []
-        pieces, futures = flight
-        self.loop.kv.ranks.land(pieces, futures, self._bases(pieces))
+        pieces, trip = flight
+        trip.result()  # raises what the round trip raised (a timeout naming the slice, say)
         return pieces
+
+    def _round_trips(self) -> ThreadPoolExecutor:
+        """The thread of the overlapped rounds: one at a time, in the order they left (a codec's residuals too)."""
+        if self.trips is None:
+            self.trips = ThreadPoolExecutor(max_workers=1, thread_name_prefix="geomx-fragments")
+        return self.trips
+
+    def finish(self) -> None:
+        """Rounds still overlapping when the loop ends complete on their thread (not into the model) before the
+        worker leaves, so none is cut off mid-message."""
+        if self.trips is not None:
+            for _, trip in self.in_flight.values():
+                trip.exception()  # waits; a failure here only means the round's answer is not needed
+            self.trips.shutdown(wait=True)
+            self.trips = None
 
     def _bases(self, pieces: Sequence[tuple[OwnedSlice, torch.Tensor]]) -> list[torch.Tensor]:
         """Each piece's slice's last global model (a residual codec's answers are changes of it)."""
