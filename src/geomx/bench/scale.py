@@ -71,13 +71,17 @@ def _worker(preset: str, steps: int, step_ms: float, out: Path, sync: str, apply
 
 
 def summarize(ranks: list[dict[str, Any]], rounds: int) -> dict[str, Any]:
-    """The ranks' files -> utilization (mean and least), seconds blocked per outer round, memory."""
+    """The ranks' files -> utilization (mean and least; and after the first outer round, whose first touches of
+    memory and first outer step are the job's start-up), seconds blocked per outer round, memory."""
     from .standin import utilization
 
     shares = [utilization(r["steps"], r["step_s"], r["wall_s"], r["overrun_s"]) for r in ranks]
+    later = [r["durations_s"][r["steps"] // rounds:] for r in ranks] if rounds > 1 else []
+    steady = [utilization(len(d), r["step_s"], sum(d)) for r, d in zip(ranks, later, strict=False) if d]
     blocked = [(r["wall_s"] - r["overrun_s"] - r["steps"] * r["step_s"]) / rounds for r in ranks]
     model = ranks[0]["model_bytes"]
     return {"utilization": statistics.fmean(shares), "utilization_min": min(shares),
+            "utilization_after_first_round": statistics.fmean(steady) if steady else None,
             "blocked_s_per_round": statistics.fmean(blocked), "wall_s": max(r["wall_s"] for r in ranks),
             "params": ranks[0]["params"], "model_bytes": model,
             "rank_rss_over_model": max(r["peak_rss_bytes"] for r in ranks) / model,
@@ -206,10 +210,11 @@ def lines(section: dict[str, Any]) -> list[str]:
         rss = row.get("rss_over_model", {})
         servers = [v for k, v in rss.items() if "server" in k]
         rows.append([row["config"], row["rate"], str(row["h"]), fmt(row.get("utilization"), ".1%"),
+                     fmt(row.get("utilization_after_first_round"), ".1%"),
                      fmt(row.get("blocked_s_per_round"), ".2f"),
                      " / ".join(f"{v:.0f}" for v in row.get("far_party_wan_mb", {}).values()) or "-",
                      fmt(row.get("rank_rss_over_model"), ".2f", "x"), fmt(max(servers, default=None), ".2f", "x")])
-    out += table(["config", "WAN", "H", "utilization", "blocked s/round", "dc1 WAN MB up / down", "rank RSS",
+    out += table(["config", "WAN", "H", "utilization", "after round 1", "blocked s/round", "dc1 WAN MB up / down", "rank RSS",
                   "global server RSS"], rows)
     if section.get("plot"):
         out.append(f"[scale] plot: {section['plot']}")
