@@ -31,6 +31,7 @@ from typing import Any
 
 import yaml
 
+from ..config.units import parse_bandwidth
 from ..launch import launch
 from ..runs.runlog import read_stats
 from .sections import BenchPlan
@@ -50,17 +51,21 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "streaming_fp16": {"fragments": FRAGMENTS, "training": {**OUTER, **STREAMING, "compression": {"type": "fp16"}}},
 }
 PARTIES, RANKS = 2, 2
+# FSA: a round every step (the gradients' sum each way), the optimizer (AdamW) on the ranks; at 10 Gbit/s only
+FSA = {"training": {"server_optimizer": "auto"}}
+FSA_STEPS = 12
+FSA_RATES = ("10Gbit",)
 
 
 def topology(path: Path, config: str, rate: str, h: int) -> Path:
     """The job's topology: 2 collective parties of 2 ranks, the WAN at ``rate`` and 25 ms, HFA with K1 * K2 = H."""
-    spec = CONFIGS[config]
-    k2 = spec["fragments"]
+    spec = FSA if config == "fsa" else CONFIGS[config]
     raw: dict[str, Any] = {
         "parties": {f"dc{p}": {"workers": RANKS, "lan": "collective"} for p in range(PARTIES)}, "central": "dc0",
-        "links": {"wan": {"bandwidth": rate, "latency": LATENCY}},
-        "hfa": {"k1": h // k2, "k2": k2}, "training": spec["training"],
+        "links": {"wan": {"bandwidth": rate, "latency": LATENCY}}, "training": spec["training"],
         "timeouts": {"register": "300s", "request": "600s", "round": "600s", "shutdown": "120s"}}
+    if config != "fsa":
+        raw["hfa"] = {"k1": h // spec["fragments"], "k2": spec["fragments"]}
     path.write_text(yaml.safe_dump(raw))
     return path
 
@@ -105,6 +110,9 @@ def measure(config: str, rate: str, h: int, rounds: int, work: Path, preset: str
     figures["rss_over_model"] = {s["name"]: s["peak_rss_bytes"] / model for s in stats if "peak_rss_bytes" in s}
     far = [s for s in stats if s.get("role") == "worker" and s.get("party") != "dc0"]  # dc0 holds the global tier
     figures["far_party_wan_mb"] = {way: sum(s.get("wan", {}).get(way, 0) for s in far) / 1e6 for way in ("sent", "recv")}
+    if config == "fsa":  # the sync's rate: the far party's gradients up per step (INIT's model left out) / its time
+        up_bits = 8 * (figures["far_party_wan_mb"]["sent"] * 1e6 - model) / rounds
+        figures["sync_over_link"] = up_bits / figures["blocked_s_per_round"] / parse_bandwidth(rate)
     return {**figures, "rounds": rounds, "h": h, "rate": rate, "config": config}
 
 
@@ -125,8 +133,8 @@ def measure_plain(steps: int, work: Path, preset: str, step_ms: float) -> dict[s
 
 
 def measure_grid(configs: tuple[str, ...], rates: tuple[str, ...], hs: tuple[int, ...], rounds: int, out_dir: Path,
-                 preset: str = "gpt85m", step_ms: float = 40.0) -> dict[str, Any]:
-    """Every (config, rate, H), one after the other, then the plot."""
+                 preset: str = "gpt85m", step_ms: float = 40.0, fsa_rates: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Every (config, rate, H), one after the other, then FSA at each of ``fsa_rates``, then the plot."""
     work = out_dir / "scale"
     work.mkdir(parents=True, exist_ok=True)
     section: dict[str, Any] = {"setup": {"preset": preset, "step_ms": step_ms, "rounds": rounds, "latency": LATENCY,
@@ -149,17 +157,25 @@ def measure_grid(configs: tuple[str, ...], rates: tuple[str, ...], hs: tuple[int
                     say(f"[scale]   utilization {row['utilization']:.1%}, blocked {row['blocked_s_per_round']:.2f} s "
                         "per outer round")
                 section["rows"].append(row)
+    for rate in fsa_rates:
+        say(f"[scale] fsa, WAN {rate} {LATENCY}, {FSA_STEPS} steps ...")
+        row = measure("fsa", rate, 1, FSA_STEPS, work, preset, step_ms)
+        if "error" in row:
+            section["errors"].append(f"fsa {rate}: {row['error']}")
+            row.update(config="fsa", rate=rate, h=1)
+        else:
+            say(f"[scale]   utilization {row['utilization']:.1%}, {row['blocked_s_per_round']:.2f} s of sync per "
+                f"step, {row['sync_over_link']:.0%} of the link's rate")
+        section["rows"].append(row)
     section["plot"] = plot(section, out_dir / "scale_utilization.png")
     return section
 
 
 def plot(section: dict[str, Any], path: Path) -> str | None:
     """Utilization against bandwidth, one line per configuration and H; None when nothing was measured."""
-    from ..config.units import parse_bandwidth
-
     lines: dict[str, list[tuple[float, float]]] = {}
     for row in section["rows"]:
-        if "utilization" in row:
+        if "utilization" in row and row["config"] != "fsa":
             lines.setdefault(f"{row['config']}, H={row['h']}", []).append(
                 (parse_bandwidth(row["rate"]) / 1e9, row["utilization"] * 100))
     if not lines:
@@ -192,7 +208,7 @@ def run(plan: BenchPlan, out_dir: Path) -> dict[str, Any]:
     """The section's entry point: quick, the two goal rows at 1 Gbit/s and H=100; else the whole grid."""
     if plan.quick:
         return measure_grid(("blocking", "streaming_int8"), ("1Gbit",), (100,), 2, out_dir)
-    return measure_grid(tuple(CONFIGS), RATES, H_VALUES, 3, out_dir)
+    return measure_grid(tuple(CONFIGS), RATES, H_VALUES, 3, out_dir, fsa_rates=FSA_RATES)
 
 
 def lines(section: dict[str, Any]) -> list[str]:
@@ -216,6 +232,10 @@ def lines(section: dict[str, Any]) -> list[str]:
                      fmt(row.get("rank_rss_over_model"), ".2f", "x"), fmt(max(servers, default=None), ".2f", "x")])
     out += table(["config", "WAN", "H", "utilization", "after round 1", "blocked s/round", "dc1 WAN MB up / down", "rank RSS",
                   "global server RSS"], rows)
+    for row in section.get("rows", []):
+        if row["config"] == "fsa" and "sync_over_link" in row:
+            out.append(f"[scale] fsa at {row['rate']}: {row['blocked_s_per_round']:.2f} s of sync per step, the far "
+                       f"party's gradients up at {row['sync_over_link']:.0%} of the link's rate")
     if section.get("plot"):
         out.append(f"[scale] plot: {section['plot']}")
     return out
@@ -223,17 +243,18 @@ def lines(section: dict[str, Any]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS))
+    parser.add_argument("--configs", nargs="*", choices=list(CONFIGS), default=list(CONFIGS))
     parser.add_argument("--rates", nargs="+", default=list(RATES))
     parser.add_argument("--h", nargs="+", type=int, default=list(H_VALUES))
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--fsa-rates", nargs="*", default=list(FSA_RATES), help="FSA rows (none: --fsa-rates)")
     parser.add_argument("--preset", default="gpt85m")
     parser.add_argument("--step-ms", type=float, default=40.0)
     parser.add_argument("--out", default="bench-results")
     args = parser.parse_args(argv)
     out_dir = Path(args.out)
     section = measure_grid(tuple(args.configs), tuple(args.rates), tuple(args.h), args.rounds, out_dir, args.preset,
-                           args.step_ms)
+                           args.step_ms, tuple(args.fsa_rates))
     (out_dir / "scale.json").write_text(json.dumps(section, indent=2))
     print("\n".join(lines(section)))
     for error in section["errors"]:

@@ -86,25 +86,28 @@ class ModelBucket:
                 continue
             piece.copy_(tensors[owned.key].detach().reshape(-1)[owned.start:owned.stop])
 
-    def spread(self, tensors: Sequence[torch.Tensor], only: Callable[[OwnedSlice], bool] | None = None) -> None:
+    def spread(self, tensors: Sequence[torch.Tensor], only: Callable[[OwnedSlice], bool] | None = None,
+               group: PartyGroup | None = None) -> None:
         """Every rank's chunk into ``tensors`` (one all-gather): each slice as its owner holds it. ``only``: just
         the slices it accepts (a streaming fragment), gathered back to back, each rank's padded to the longest,
-        so a round that lands a quarter of the model moves a quarter of it. Every rank passes the same ``only``."""
+        so a round that lands a quarter of the model moves a quarter of it. Every rank passes the same ``only``.
+        ``group``: the party's group to gather over (a ``sibling`` when called from another thread)."""
+        group = group or self.group
         if only is None:
-            self.group.all_gather(self.buffer, self.chunk)
+            group.all_gather(self.buffer, self.chunk)
             self.layout.unpack(self.buffer, tensors)
             return
-        chosen = [[owned for owned in self.layout.owned[rank] if only(owned)] for rank in range(self.group.world_size)]
+        chosen = [[owned for owned in self.layout.owned[rank] if only(owned)] for rank in range(group.world_size)]
         width = max(sum(owned.numel for owned in share) for share in chosen)
         if width == 0:
             return
-        gathered = self.buffer[:width * self.group.world_size]  # the buffer is scratch between spreads
-        mine = gathered[self.group.rank * width:(self.group.rank + 1) * width]  # in place: no allocation
+        gathered = self.buffer[:width * group.world_size]  # the buffer is scratch between spreads
+        mine = gathered[group.rank * width:(group.rank + 1) * width]  # in place: no allocation
         at = 0
-        for owned in chosen[self.group.rank]:
+        for owned in chosen[group.rank]:
             mine[at:at + owned.numel].copy_(self.chunk[self._offset[owned.id]:self._offset[owned.id] + owned.numel])
             at += owned.numel
-        self.group.all_gather(gathered, mine)
+        group.all_gather(gathered, mine)
         flats = {key: tensor.detach().view(-1) for key, tensor in zip(self.layout.keys, tensors, strict=True)}
         with torch.no_grad():
             for rank, share in enumerate(chosen):

@@ -82,6 +82,13 @@ class PartyGroup:
         group.owns_group = True
         return group
 
+    def sibling(self, timeout_s: float) -> PartyGroup:
+        """A second group over the same ranks, for collectives issued from another thread (each group keeps its own
+        order; two threads must not share one). Every rank calls this at the same point."""
+        ranks = list(range(self.world_size))
+        group = dist.new_group(ranks=ranks, timeout=datetime.timedelta(seconds=timeout_s))
+        return PartyGroup(self.party, self.rank, self.world_size, group)
+
     def _run(self, what: str, op: Callable[[], Any]) -> None:
         try:
             op()

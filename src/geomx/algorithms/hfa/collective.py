@@ -33,6 +33,7 @@ from collections.abc import Sequence
 import torch
 
 from ...collective.bucket import ModelBucket, PartyModel
+from ...collective.group import PartyGroup
 from ...collective.host import HostChunk
 from ...collective.overlap import OverlappedMean
 from ...collective.owners import OwnedSlice
@@ -63,6 +64,9 @@ class CollectivePeriodicAverage(WorkerStrategy):
         # answered and decoded into the pieces on the ``trips`` thread)
         self.in_flight: dict[int, tuple[list[tuple[OwnedSlice, torch.Tensor]], Future[None]]] = {}
         self.trips: ThreadPoolExecutor | None = None
+        # whole-model ranks on the CPU, overlapped: a round trip also lands its answers in the chunk and spreads
+        # them to the party (over a group of its own) on its thread, so the rank only mixes at landing
+        self.trip_group: PartyGroup | None = None
         self.piece_of: dict[tuple[int, int], int] = {}  # an owned slice's index in the bucket's pieces
 
     def init_keys(self) -> None:
@@ -81,12 +85,18 @@ class CollectivePeriodicAverage(WorkerStrategy):
         # on the host, where the rules' numpy arithmetic reads them (the model itself may be on a GPU)
         self.stage = HostChunk(bucket.chunk, bucket.pieces)
         self.stage.down()
-        self.global_slices = [piece.clone() for _, piece in self.stage.pieces]
+        if isinstance(bucket, ModelBucket) and not self.stage.copies:  # whole tensors on the CPU: the owned slices'
+            # global models are the job model's own ranges (they hold the same values), not a copy of them
+            self.global_slices = [self.job_model[owned.key][owned.start:owned.stop] for owned, _ in bucket.pieces]
+        else:
+            self.global_slices = [piece.clone() for _, piece in self.stage.pieces]
         self.piece_of = {owned.id: index for index, (owned, _) in enumerate(bucket.pieces)}
         if self.rules.needs_fragments:  # every rank and party splits all the slices alike
             self.rules.assign_fragments(kv.ranks.slice_sizes())
         for (owned, _), model in zip(bucket.pieces, self.global_slices, strict=True):
             self.rules.set_global_model(owned.id, model.numpy())  # a view: updated in place after each round
+        if self.delay and self.rules.fragments > 1 and self.mean is not None and not self.stage.copies:
+            self.trip_group = kv.ranks.group.sibling(kv.config.topology.timeouts.round_s)
 
     def on_gradient(self, key: int, grad: torch.Tensor) -> None:
         assert self.mean is not None, "only whole-model ranks hook the gradients"
@@ -136,24 +146,25 @@ class CollectivePeriodicAverage(WorkerStrategy):
         started = time.monotonic()
         if due and not self.delay:  # each piece: the slice's new global model (a residual codec's change of it, added)
             loop.kv.ranks.exchange(due, loop.priority, kind="delta", bases=self._bases(due))
-        elif due:  # encoded, sent and its answers decoded on a thread of its own, while the rank trains on
-            ranks, priority, bases = loop.kv.ranks, loop.priority, self._bases(due)
-            self.in_flight[count + self.delay] = (due, self._round_trips().submit(
-                lambda: ranks.land(due, ranks.send(due, priority, kind="delta"), bases)))
+        elif due or (self.trip_group is not None and self._leaves_anywhere(count)):
+            # encoded, sent and its answers decoded on a thread of its own, while the rank trains on (with
+            # trip_group, every rank joins the spread there, even one that owns none of the fragment)
+            self.in_flight[count + self.delay] = (due, self._round_trips().submit(self._round_trip, due, count))
         landing = due if not self.delay else self._land(count)
         loop.waited(time.monotonic() - started)
         if not any(self._lands(owned.id, count) for share in bucket.layout.owned for owned in share):
             return
-        for owned, answer in landing:  # each owned slice's global model; without overlap already in the chunk
+        for owned, answer in landing if self.trip_group is None else ():  # each owned slice's global model
             self.global_slices[self.piece_of[owned.id]].copy_(answer)
         # a fragment's slices only where the bucket moves just those (FSDP2's all-to-all moves every piece)
-        lands = (lambda owned: self._lands(owned.id, count)) if streaming and self.mean is not None else None
-        for (owned, piece), model in zip(stage.pieces, self.global_slices, strict=True):
-            if lands is None or lands(owned):
-                piece.copy_(model)
-        stage.up()  # the owned slices' global models to the device, in one copy
-        # the job's model, where this rank holds it: the slices that landed (a fragment's, under streaming)
-        bucket.spread(self.job_model, only=lands)
+        if self.trip_group is None:  # else the round trip's thread did all this
+            lands = (lambda owned: self._lands(owned.id, count)) if streaming and self.mean is not None else None
+            for (owned, piece), model in zip(stage.pieces, self.global_slices, strict=True):
+                if lands is None or lands(owned):
+                    piece.copy_(model)
+            stage.up()  # the owned slices' global models to the device, in one copy
+            # the job's model, where this rank holds it: the slices that landed (a fragment's, under streaming)
+            bucket.spread(self.job_model, only=lands)
         mine = self.alpha if self.delay else 0.0
         for share in bucket.layout.owned:  # the party's model: every slice that landed, mixed under overlap
             for owned in share:
@@ -168,6 +179,11 @@ class CollectivePeriodicAverage(WorkerStrategy):
                     else:
                         model.copy_(new)
 
+    def _leaves_anywhere(self, count: int) -> bool:
+        """Whether any rank of the party sends a slice at local round ``count`` (the same answer on every rank)."""
+        assert self.bucket is not None
+        return any(self.rules.goes_global(owned.id, count) for share in self.bucket.layout.owned for owned in share)
+
     def _lands(self, slice_id: tuple[int, int], count: int) -> bool:
         """Whether local round ``count`` brings ``slice_id`` its new global model (``delay`` rounds after it left)."""
         sent = count - self.delay
@@ -181,6 +197,23 @@ class CollectivePeriodicAverage(WorkerStrategy):
         pieces, trip = flight
         trip.result()  # raises what the round trip raised (a timeout naming the slice, say)
         return pieces
+
+    def _round_trip(self, due: list[tuple[OwnedSlice, torch.Tensor]], sent: int) -> None:
+        """An overlapped round on the ``trips`` thread: the deltas out, the slices' new global models back into
+        ``due``; with ``trip_group``, also into the slices' global models and the chunk, then every owner's to the
+        job's model (the slices that left at local round ``sent``, on every rank)."""
+        ranks = self.loop.kv.ranks
+        ranks.land(due, ranks.send(due, self.loop.priority, kind="delta"), self._bases(due))
+        if self.trip_group is None:
+            return
+        bucket, stage = self.bucket, self.stage
+        assert bucket is not None and stage is not None
+        for owned, answer in due:
+            index = self.piece_of[owned.id]
+            self.global_slices[index].copy_(answer)
+            stage.pieces[index][1].copy_(answer)
+        bucket.spread(self.job_model, only=lambda owned: self.rules.goes_global(owned.id, sent),
+                      group=self.trip_group)
 
     def _round_trips(self) -> ThreadPoolExecutor:
         """The thread of the overlapped rounds: one at a time, in the order they left (a codec's residuals too)."""

@@ -84,11 +84,13 @@ def main(argv: list[str] | None = None) -> None:
 
         opt = gx.DistributedOptimizer(inner, model)
         rank = opt.global_rank
-        k1 = opt.kv.hfa.k1
+        k1 = opt.kv.hfa.k1 if opt.kv.hfa is not None else 1  # FSA: no local rounds
         stages["wrapper"] = rss_bytes()
-    stand_in = StandIn(params, deltas, args.step_ms / 1000, args.apply_every or k1)
-    # gradients every step (FSA): the wait, then the one real gradient pushed as backward's hooks would
+    # gradients every step (FSA): the wait, then the one real gradient pushed as backward's hooks would; what
+    # leaves is the gradient, so the parameters need no delta (the optimizer's step is the device's, skipped)
     per_step = args.sync == "geomx" and opt.plan.mode.name != "HFA"  # type: ignore[attr-defined]
+    stand_in = StandIn(params, deltas, args.step_ms / 1000,
+                       args.apply_every or (args.steps + 1 if per_step else k1))
     if args.sync == "geomx" and not args.real:  # the wait takes the step's own math's place
         opt.strategy.inner_step = (lambda: None) if per_step else stand_in.step  # type: ignore[attr-defined]
     durations = []
