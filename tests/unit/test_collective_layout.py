@@ -203,41 +203,42 @@ def test_pack_key_puts_one_tensor_where_pack_puts_it() -> None:
 
 
 class _LockstepGroup:
-    """An in-process stand-in for a party's group: ``all_gather`` sees what every rank gave so far (zeros for a rank
-    that has not called yet), so the last rank to call gets the real result."""
+    """An in-process stand-in for a party's group: the n-th ``all_gather`` sees what every rank gave to its n-th so
+    far (zeros for a rank that has not called yet), so the last rank to call gets the real result."""
 
-    def __init__(self, rank: int, world_size: int, given: dict[int, torch.Tensor]) -> None:
-        self.rank, self.world_size, self.given = rank, world_size, given
+    def __init__(self, rank: int, world_size: int, given: dict[tuple[int, int], torch.Tensor]) -> None:
+        self.rank, self.world_size, self.given, self.calls = rank, world_size, given, 0
 
     def all_gather(self, out: torch.Tensor, mine: torch.Tensor) -> None:
-        self.given[self.rank] = mine.clone()
-        out.copy_(torch.cat([self.given.get(r, torch.zeros_like(mine)) for r in range(self.world_size)]))
+        self.given[(self.rank, self.calls)] = mine.clone()
+        out.copy_(torch.cat([self.given.get((r, self.calls), torch.zeros_like(mine)) for r in range(self.world_size)]))
+        self.calls += 1
 
 
-def test_a_partial_spread_moves_the_chosen_slices_and_only_those() -> None:
-    """``ModelBucket.spread(only=)`` (a streaming fragment): the chosen slices of every owner land, the others stay."""
-    from geomx.collective.bucket import ModelBucket
+@pytest.mark.parametrize("window", [1 << 23, 37])  # one all-gather, or many that cut slices
+@pytest.mark.parametrize("partial", [False, True])
+def test_a_spread_moves_every_owners_chosen_slices_and_only_those(monkeypatch, window: int, partial: bool) -> None:
+    """``ModelBucket.spread`` (``only=``: a streaming fragment): the chosen slices of every owner land, the others
+    stay; in windows of any size."""
+    from geomx.collective import bucket as bucket_module
 
+    monkeypatch.setattr(bucket_module, "SPREAD_WINDOW", window)
     numels = [300, 50, 420]
     layout = OwnerLayout(_owners(numels, 2, slice_elems=100), dict(enumerate(numels)))
-    given: dict[int, torch.Tensor] = {}
-    buckets = [ModelBucket(layout, _LockstepGroup(r, 2, given), like=torch.zeros(1)) for r in (1, 0)]
+    given: dict[tuple[int, int], torch.Tensor] = {}
+    buckets = [bucket_module.ModelBucket(layout, _LockstepGroup(r, 2, given), like=torch.zeros(1)) for r in (1, 0)]
     for bucket in buckets:  # each owner's chunk: its slices' values, 1000 * rank + position
         bucket.own([torch.arange(n, dtype=torch.float32) + 1000 * bucket.group.rank for n in numels])
 
     def only(owned) -> bool:  # type: ignore[no-untyped-def]
-        return owned.index % 2 == 0  # every other slice of each key
+        return not partial or owned.index % 2 == 0  # every other slice of each key
 
-    targets = [torch.full((n,), -1.0) for n in numels]
     for bucket in buckets:  # rank 1 first, then rank 0 (which then sees both)
-        out = [t.clone() for t in targets]
-        bucket.spread(out, only=only)
-    for key, numel in enumerate(numels):
-        for rank in (0, 1):
-            for owned in layout.owned[rank]:
-                if owned.key != key:
-                    continue
-                got = out[key][owned.start:owned.stop]
-                want = (torch.arange(owned.start, owned.stop, dtype=torch.float32) + 1000 * rank if only(owned)
-                        else torch.full((owned.numel,), -1.0))
-                assert torch.equal(got, want), (key, owned)
+        out = [torch.full((n,), -1.0) for n in numels]
+        bucket.spread(out, only=only if partial else None)
+    for rank in (0, 1):
+        for owned in layout.owned[rank]:
+            got = out[owned.key][owned.start:owned.stop]
+            want = (torch.arange(owned.start, owned.stop, dtype=torch.float32) + 1000 * rank if only(owned)
+                    else torch.full((owned.numel,), -1.0))
+            assert torch.equal(got, want), (owned, rank)

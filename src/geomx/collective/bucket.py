@@ -17,7 +17,8 @@ Usage (inside a collective strategy)::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import functools
+from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
 import torch
@@ -25,6 +26,9 @@ import torch
 from .group import PartyGroup
 from .layout import OwnerLayout
 from .owners import OwnedSlice
+
+
+SPREAD_WINDOW = 1 << 23  # elements per rank in one of a spread's all-gathers (32 MB of fp32)
 
 
 class PartyModel(Protocol):
@@ -62,16 +66,34 @@ class PartyModel(Protocol):
 
 class ModelBucket:
     """One flat buffer for the whole model and this rank's chunk, on the model's device: the ``PartyModel`` of a
-    party whose ranks each hold the whole model."""
+    party whose ranks each hold the whole model.
+
+    Each is allocated when first used, so a bucket holds only what its user needs: a gradient all-reduce
+    (``OverlappedMean``) never makes the chunk, HFA's spreads never make the whole buffer (they gather in windows
+    of a scratch of their own)."""
 
     def __init__(self, layout: OwnerLayout, group: PartyGroup, like: torch.Tensor) -> None:
         self.layout = layout
         self.group = group
-        self.buffer = layout.empty(like.dtype, like.device)
-        self.chunk = torch.zeros(layout.chunk_numel, dtype=like.dtype, device=like.device)
-        self.pieces: list[tuple[OwnedSlice, torch.Tensor]] = list(layout.pieces(self.chunk, group.rank))
-        self._offset = {owned.id: offset for (owned, _), offset in zip(self.pieces, layout.offsets[group.rank],
-                                                                        strict=True)}
+        self._dtype, self._device = like.dtype, like.device
+        self._offset = {owned.id: offset for owned, offset in zip(layout.owned[group.rank], layout.offsets[group.rank],
+                                                                   strict=True)}
+        self._scratch: torch.Tensor | None = None
+
+    @functools.cached_property
+    def buffer(self) -> torch.Tensor:
+        """The whole model, owner by owner (the padding zero)."""
+        return self.layout.empty(self._dtype, self._device)
+
+    @functools.cached_property
+    def chunk(self) -> torch.Tensor:
+        """This rank's owned slices, back to back."""
+        return torch.zeros(self.layout.chunk_numel, dtype=self._dtype, device=self._device)
+
+    @functools.cached_property
+    def pieces(self) -> list[tuple[OwnedSlice, torch.Tensor]]:
+        """Each owned slice with its view into ``chunk``."""
+        return list(self.layout.pieces(self.chunk, self.group.rank))
 
     def all_reduce(self, tensors: Sequence[torch.Tensor]) -> None:
         """``tensors`` = their sum over the party, in place (one all-reduce of the whole buffer)."""
@@ -88,33 +110,38 @@ class ModelBucket:
 
     def spread(self, tensors: Sequence[torch.Tensor], only: Callable[[OwnedSlice], bool] | None = None,
                group: PartyGroup | None = None) -> None:
-        """Every rank's chunk into ``tensors`` (one all-gather): each slice as its owner holds it. ``only``: just
-        the slices it accepts (a streaming fragment), gathered back to back, each rank's padded to the longest,
-        so a round that lands a quarter of the model moves a quarter of it. Every rank passes the same ``only``.
-        ``group``: the party's group to gather over (a ``sibling`` when called from another thread)."""
+        """Every rank's chunk into ``tensors``: each slice as its owner holds it. ``only``: just the slices it
+        accepts (a streaming fragment), so a round that lands a quarter of the model moves a quarter of it; every
+        rank passes the same ``only``. ``group``: the party's group to gather over (a ``sibling`` when called from
+        another thread). Each rank's slices travel back to back in all-gathers of at most ``SPREAD_WINDOW``
+        elements per rank (the shorter ranks padded), so the scratch that stays resident is ``world x window``,
+        not the model."""
         group = group or self.group
-        if only is None:
-            group.all_gather(self.buffer, self.chunk)
-            self.layout.unpack(self.buffer, tensors)
-            return
-        chosen = [[owned for owned in self.layout.owned[rank] if only(owned)] for rank in range(group.world_size)]
+        world = group.world_size
+        chosen = [[owned for owned in self.layout.owned[rank] if only is None or only(owned)] for rank in range(world)]
         width = max(sum(owned.numel for owned in share) for share in chosen)
-        if width == 0:
-            return
-        gathered = self.buffer[:width * group.world_size]  # the buffer is scratch between spreads
-        mine = gathered[group.rank * width:(group.rank + 1) * width]  # in place: no allocation
-        at = 0
-        for owned in chosen[group.rank]:
-            mine[at:at + owned.numel].copy_(self.chunk[self._offset[owned.id]:self._offset[owned.id] + owned.numel])
-            at += owned.numel
-        group.all_gather(gathered, mine)
         flats = {key: tensor.detach().view(-1) for key, tensor in zip(self.layout.keys, tensors, strict=True)}
         with torch.no_grad():
-            for rank, share in enumerate(chosen):
-                at = rank * width
-                for owned in share:
-                    flats[owned.key][owned.start:owned.stop].copy_(gathered[at:at + owned.numel])
-                    at += owned.numel
+            for begin in range(0, width, SPREAD_WINDOW):
+                size = min(SPREAD_WINDOW, width - begin)
+                gathered = self._gathered(size * world)
+                mine = gathered[group.rank * size:(group.rank + 1) * size]  # in place: no allocation
+                for owned, low, high, at in _segments(chosen[group.rank], begin, begin + size):
+                    offset = self._offset[owned.id]
+                    mine[at:at + high - low].copy_(self.chunk[offset + low:offset + high])
+                group.all_gather(gathered, mine)
+                for rank, share in enumerate(chosen):
+                    window = gathered[rank * size:(rank + 1) * size]
+                    for owned, low, high, at in _segments(share, begin, begin + size):
+                        flats[owned.key][owned.start + low:owned.start + high].copy_(window[at:at + high - low])
+
+    def _gathered(self, numel: int) -> torch.Tensor:
+        """The spreads' scratch, ``numel`` elements of it (at most the party's ranks x ``SPREAD_WINDOW``)."""
+        if self._scratch is None or self._scratch.numel() < numel:
+            limit = self.group.world_size * min(SPREAD_WINDOW, self.layout.chunk_numel)
+            self._scratch = torch.empty(max(numel, min(limit, self.layout.numel)), dtype=self._dtype,
+                                        device=self._device)
+        return self._scratch[:numel]
 
     def views(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """Each whole tensor, flat (a view)."""
@@ -133,6 +160,19 @@ class ModelBucket:
             if param.grad is None:
                 param.grad = grad
             param.grad.mul_(scale)
+
+
+def _segments(share: Sequence[OwnedSlice], begin: int, end: int) -> Iterator[tuple[OwnedSlice, int, int, int]]:
+    """The parts of ``share``'s slices, laid back to back, that fall in ``[begin, end)``: each slice with the
+    range ``[low, high)`` of its elements there and where that range starts in the window."""
+    at = 0
+    for owned in share:
+        low, high = max(at, begin), min(at + owned.numel, end)
+        if low < high:
+            yield owned, low - at, high - at, low - begin
+        at += owned.numel
+        if at >= end:
+            return
 
 
 def backward_buckets(numels: dict[int, int], itemsize: int, bucket_bytes: int) -> list[list[int]]:

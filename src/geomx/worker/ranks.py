@@ -148,7 +148,9 @@ class PartyRanks:
                 self.group.broadcast(v.data, source=0)
         pending = []
         for k, v in zip(keys, values, strict=True):
-            data = to_numpy(v, snapshot=True)
+            # no copy: a slice's range of ``v`` changes only once its own answer is in (its frames are sent), and
+            # the broadcasts below only after every answer; a copy would cost the whole model once more at init
+            data = to_numpy(v, snapshot=False)
             for index, (start, stop) in enumerate(table[k].slices):
                 if self.owns(k, index):
                     pending.append((v, k, index, start, stop, self._send_init(k, index, data[start:stop])))

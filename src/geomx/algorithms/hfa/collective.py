@@ -139,10 +139,10 @@ class CollectivePeriodicAverage(WorkerStrategy):
             if leaving is not None and not leaving(owned):
                 self.rules.after_local_round(owned.id, None)  # counts the round; nothing leaves
                 continue
-            delta = self.rules.after_local_round(owned.id, piece.numpy())
-            if delta is not None:  # overlapped: the delta leaves from its own array, the chunk moves on
-                sent = torch.from_numpy(delta) if self.delay else piece.copy_(torch.from_numpy(delta))
-                due.append((owned, sent))
+            # overlapped: the delta leaves from its own array, the chunk moves on; else it replaces the piece
+            delta = self.rules.after_local_round(owned.id, piece.numpy(), out=None if self.delay else piece.numpy())
+            if delta is not None:
+                due.append((owned, torch.from_numpy(delta) if self.delay else piece))
         started = time.monotonic()
         if due and not self.delay:  # each piece: the slice's new global model (a residual codec's change of it, added)
             loop.kv.ranks.exchange(due, loop.priority, kind="delta", bases=self._bases(due))

@@ -83,8 +83,10 @@ class LocalFrequencyAggregation:
         """The latest global model of ``sid`` (None before init)."""
         return self._global_model.get(sid)
 
-    def after_local_round(self, sid: SliceId, average: np.ndarray | None) -> np.ndarray | None:
-        """None for a local round; for a global one, the weighted delta to push to the global server.
+    def after_local_round(self, sid: SliceId, average: np.ndarray | None,
+                          out: np.ndarray | None = None) -> np.ndarray | None:
+        """None for a local round; for a global one, the weighted delta to push to the global server (written
+        into ``out`` when given: ``average`` itself, say, where the caller no longer needs it).
         ``average`` may be None on a round the caller knows is local (``goes_global``): it is only counted."""
         count = self._rounds[sid] = self._rounds.get(sid, 0) + 1
         if not self.goes_global(sid, count):
@@ -94,7 +96,7 @@ class LocalFrequencyAggregation:
         base = self._global_model.get(sid)
         if base is None:
             raise RuntimeError(f"HFA has no global model for key {sid[0]} slice {sid[1]}: was it initialized?")
-        delta = np.subtract(average, base, dtype=np.float32)
+        delta = np.subtract(average, base, dtype=np.float32, out=out)
         delta *= np.float32(self.party_weight)
         return delta
 
