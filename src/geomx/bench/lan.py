@@ -38,7 +38,7 @@ import yaml
 from ..launch import launch
 from .sections import BenchPlan
 from .workers.lan_step import MODELS
-from .tables import fmt, say, table
+from .tables import fmt, say, table, write_and_print
 
 TIERS = ("ddp", "collective", "server")
 # DiLoCo's shape inside the party (HFA, H = K1 * K2 = 10 steps per global round, outer Nesterov on the global
@@ -167,11 +167,7 @@ def main(argv: list[str] | None = None) -> None:
     steps = args.steps or (15 if args.quick else 30)
     section = measure_rows(tuple(args.models), tuple(args.ranks), steps, out_dir, tuple(args.tiers), args.device,
                            args.optimizer)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "lan.json").write_text(json.dumps(section, indent=2))
-    print("\n".join(lines(section)))
-    for error in section["errors"]:
-        print(f"[lan] failed: {error}")
+    write_and_print("lan", section, out_dir, lines)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ from ..config.units import parse_bandwidth
 from ..launch import launch
 from ..runs.runlog import read_stats
 from .sections import BenchPlan
-from .tables import fmt, say, table
+from .tables import fmt, say, table, write_and_print
 
 LATENCY = "25ms"
 RATES = ("100Mbit", "1Gbit", "10Gbit")
@@ -255,10 +255,7 @@ def main(argv: list[str] | None = None) -> None:
     out_dir = Path(args.out)
     section = measure_grid(tuple(args.configs), tuple(args.rates), tuple(args.h), args.rounds, out_dir, args.preset,
                            args.step_ms, tuple(args.fsa_rates))
-    (out_dir / "scale.json").write_text(json.dumps(section, indent=2))
-    print("\n".join(lines(section)))
-    for error in section["errors"]:
-        print(f"[scale] failed: {error}")
+    write_and_print("scale", section, out_dir, lines)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,9 @@ Usage::
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 
@@ -38,3 +41,16 @@ def table(headers: list[str], rows: list[list[str]], left: int = 1) -> list[str]
                          for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
 
     return [line(headers), line(["-" * w for w in widths]), *(line(r) for r in rows)]
+
+
+def write_and_print(name: str, section: dict[str, Any], out_dir: Path,
+                    lines: Callable[[dict[str, Any]], list[str]]) -> None:
+    """A section run on its own (``python -m geomx.bench.NAME``): ``OUT/NAME.json``, its table, then each error.
+
+    Usage: ``write_and_print("lan", section, Path("bench-results"), lines)``
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{name}.json").write_text(json.dumps(section, indent=2))
+    print("\n".join(lines(section)))
+    for error in section["errors"]:
+        print(f"[{name}] failed: {error}")

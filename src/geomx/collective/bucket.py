@@ -78,7 +78,6 @@ class ModelBucket:
         self._dtype, self._device = like.dtype, like.device
         self._offset = {owned.id: offset for owned, offset in zip(layout.owned[group.rank], layout.offsets[group.rank],
                                                                    strict=True)}
-        self._scratch: torch.Tensor | None = None
 
     @functools.cached_property
     def buffer(self) -> torch.Tensor:
@@ -124,7 +123,7 @@ class ModelBucket:
         with torch.no_grad():
             for begin in range(0, width, SPREAD_WINDOW):
                 size = min(SPREAD_WINDOW, width - begin)
-                gathered = self._gathered(size * world)
+                gathered = self._scratch[:size * world]
                 mine = gathered[group.rank * size:(group.rank + 1) * size]  # in place: no allocation
                 for owned, low, high, at in _segments(chosen[group.rank], begin, begin + size):
                     offset = self._offset[owned.id]
@@ -135,13 +134,12 @@ class ModelBucket:
                     for owned, low, high, at in _segments(share, begin, begin + size):
                         flats[owned.key][owned.start + low:owned.start + high].copy_(window[at:at + high - low])
 
-    def _gathered(self, numel: int) -> torch.Tensor:
-        """The spreads' scratch, ``numel`` elements of it (at most the party's ranks x ``SPREAD_WINDOW``)."""
-        if self._scratch is None or self._scratch.numel() < numel:
-            limit = self.group.world_size * min(SPREAD_WINDOW, self.layout.chunk_numel)
-            self._scratch = torch.empty(max(numel, min(limit, self.layout.numel)), dtype=self._dtype,
-                                        device=self._device)
-        return self._scratch[:numel]
+    @functools.cached_property
+    def _scratch(self) -> torch.Tensor:
+        """The spreads' all-gather target: the party's ranks x one window (never more than a chunk each); only the
+        part a spread writes becomes resident."""
+        return torch.empty(self.layout.world_size * min(SPREAD_WINDOW, self.layout.chunk_numel), dtype=self._dtype,
+                           device=self._device)
 
     def views(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """Each whole tensor, flat (a view)."""
