@@ -24,7 +24,9 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -118,11 +120,9 @@ def measure(config: str, rate: str, h: int, rounds: int, work: Path, preset: str
 
 def measure_plain(steps: int, work: Path, preset: str, step_ms: float) -> dict[str, Any]:
     """The control: the same ranks side by side with no sync (one process per rank)."""
-    import subprocess
-
     out = work / "plain"
     procs = [subprocess.Popen(_worker(preset, steps, step_ms, out, "none", apply_every=25),
-                              env={**__import__("os").environ, "RANK": str(rank)},
+                              env={**os.environ, "RANK": str(rank)},
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for rank in range(PARTIES * RANKS)]
     tails = [p.communicate(timeout=1800)[0][-1500:] for p in procs]
