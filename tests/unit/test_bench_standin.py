@@ -44,19 +44,32 @@ def test_blocked_time_lowers_utilization() -> None:
 
 
 def test_deltas_land_every_local_round_times_its_steps() -> None:
-    """The parameters move by delta x the steps since the last move, only on every ``apply_every``-th step."""
+    """At every round's end the parameters have moved by delta x the round's steps, exactly as moving all of them
+    at the last step would; in between, each step moves its own part, once."""
     clock = FakeClock()
-    param = torch.zeros(2)
-    stand_in = StandIn([param], [torch.tensor([1.0, -2.0])], step_s=0.01, apply_every=4, clock=clock,
-                       sleep=clock.sleep)
-    for _ in range(3):
+    params = [torch.zeros(3, 2), torch.zeros(5)]
+    deltas = [torch.arange(6.0).view(3, 2), torch.full((5,), -1.0)]
+    stand_in = StandIn(params, deltas, step_s=0.01, apply_every=4, clock=clock, sleep=clock.sleep)
+    moved = []
+    for _ in range(4):
+        before = torch.cat([p.view(-1) for p in params])
         stand_in.step()
-    assert param.tolist() == [0.0, 0.0]
-    stand_in.step()
-    assert param.tolist() == [4.0, -8.0]
+        moved.append(int((torch.cat([p.view(-1) for p in params]) != before).sum()))
+    assert params[0].tolist() == (4 * deltas[0]).tolist() and params[1].tolist() == [-4.0] * 5
+    # 11 elements in parts of ceil(11 / 4) = 3 (the first tensor's element 0 has a delta of 0: it stays)
+    assert moved == [2, 3, 3, 2]
     for _ in range(4):
         stand_in.step()
-    assert param.tolist() == [8.0, -16.0]
+    assert params[0].tolist() == (8 * deltas[0]).tolist() and params[1].tolist() == [-8.0] * 5
+
+
+def test_without_apply_every_nothing_moves() -> None:
+    clock = FakeClock()
+    param = torch.zeros(4)
+    stand_in = StandIn([param], [torch.ones(4)], step_s=0.01, apply_every=None, clock=clock, sleep=clock.sleep)
+    for _ in range(10):
+        stand_in.step()
+    assert param.tolist() == [0.0] * 4 and clock.now == pytest.approx(0.1)
 
 
 def test_a_step_that_overruns_counts_its_excess() -> None:

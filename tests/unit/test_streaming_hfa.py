@@ -35,6 +35,28 @@ def test_fragments_split_the_slices_by_size_and_go_global_at_staggered_rounds() 
     assert hfa.fragment((9, 0)) == 1  # a slice the split did not see goes by its key
 
 
+def test_fragments_of_many_slices_are_runs_that_ranks_dealt_in_turn_share_evenly() -> None:
+    """The scale job's case: many equal slices, dealt to a party's 2 ranks in turn. Each of 4 fragments is made of
+    runs of consecutive slices, about a quarter of a fragment each, strided over the model's depth; each rank owns
+    about half of every fragment (groups dealt slice by slice gave every fragment to one rank)."""
+    from geomx.collective.owners import SliceOwners
+
+    sizes = {(key, index): 1000 for key in range(10) for index in range(33)}
+    hfa = LocalFrequencyAggregation(k2=8, party_weight=0.5, fragments=4)
+    hfa.assign_fragments(sizes)
+    owners = SliceOwners(world_size=2)
+    owners.add_many([(key, [(i * 1000, (i + 1) * 1000) for i in range(33)], 4) for key in range(10)])
+    order = sorted(sizes)
+    groups = [hfa.fragment(sid) for sid in order]
+    runs = 1 + sum(a != b for a, b in zip(groups, groups[1:]))
+    assert 16 <= runs <= 17  # runs of at most 330000 / 16 elements (20 slices), not 330 alternations
+    assert groups[:4 * 20:20] == [0, 1, 2, 3]  # dealt in turn: each fragment's runs spread over the depth
+    for fragment in range(4):
+        ranks = [owners.owner(*sid) for sid in order if hfa.fragment(sid) == fragment]
+        assert abs(len(ranks) - len(order) / 4) <= 20
+        assert abs(ranks.count(0) - ranks.count(1)) <= 4, (fragment, ranks.count(0), ranks.count(1))
+
+
 def test_one_fragment_is_plain_hfa() -> None:
     hfa = LocalFrequencyAggregation(k2=3, party_weight=1.0)
     assert not hfa.needs_fragments

@@ -8,6 +8,12 @@ computed once from a real batch, times the learning rate and the steps since the
 that leaves the rank, so the codecs, servers and links see a real model drifting. Everything after the wait is
 real: the LAN tier, the codecs, the servers, the emulated links.
 
+The delta's arithmetic runs on the host's CPU, which a GPU would leave free, so it is spread over the round's
+steps: step ``s`` of a round moves the ``s``-th of ``apply_every`` equal parts of the model by ``delta x
+apply_every``. At every round's end each part has moved once, and the model is exactly what moving all of it at
+the last step would make (nothing reads it in between); no step does more than its share, so on a busy machine
+the stand-in takes no burst of CPU from the sync it measures.
+
 Utilization, the share of the wall time the device computes: ``steps * step_s / wall_s``, where ``wall_s``
 leaves out the stand-in's own overrun (a delta of 85M parameters takes the CPU longer than a step; a GPU applies
 it inside one).
@@ -48,34 +54,33 @@ def utilization(steps: int, step_s: float, wall_s: float, overrun_s: float = 0.0
 
 
 class StandIn:
-    """An inner step that takes ``step_s`` of wall time, as the device would; every ``apply_every`` steps (the
-    steps of a local round, after which something may leave the rank) the parameters move by ``deltas`` times
-    the steps since the last move, inside that step's time."""
+    """An inner step that takes ``step_s`` of wall time, as the device would. By the end of every ``apply_every``
+    steps (a local round, after which something may leave the rank) the parameters have moved by ``deltas`` times
+    the round's steps, a part at each of its steps; ``apply_every=None``: they never move."""
 
     def __init__(self, params: Sequence[torch.Tensor], deltas: Sequence[torch.Tensor], step_s: float,
-                 apply_every: int, clock: Callable[[], float] = time.perf_counter,
+                 apply_every: int | None, clock: Callable[[], float] = time.perf_counter,
                  sleep: Callable[[float], None] = time.sleep) -> None:
         if len(params) != len(deltas):
             raise ValueError(f"{len(params)} parameters but {len(deltas)} deltas")
-        if step_s < 0 or apply_every < 1:
-            raise ValueError(f"step_s must be >= 0 and apply_every >= 1, got {step_s} and {apply_every}")
-        self.params = list(params)
-        self.deltas = list(deltas)
+        if step_s < 0 or (apply_every is not None and apply_every < 1):
+            raise ValueError(f"step_s must be >= 0 and apply_every >= 1 (or None), got {step_s} and {apply_every}")
         self.step_s = step_s
         self.apply_every = apply_every
         self.clock = clock
         self.sleep = sleep
         self.steps = 0
         self.overrun_s = 0.0  # steps whose own work (a delta applied) took longer than step_s: the excess
+        self.parts = _parts(list(params), list(deltas), apply_every) if apply_every else []
 
     @torch.no_grad()
     def step(self) -> None:
-        """One inner step: the delta when due, then the wait up to ``step_s`` after the step began."""
+        """One inner step: its part of the round's delta, then the wait up to ``step_s`` after the step began."""
         started = self.clock()
+        if self.apply_every:
+            for param, delta in self.parts[self.steps % self.apply_every]:
+                param.add_(delta, alpha=float(self.apply_every))
         self.steps += 1
-        if self.steps % self.apply_every == 0:
-            for param, delta in zip(self.params, self.deltas, strict=True):
-                param.data.add_(delta, alpha=float(self.apply_every))
         end = started + self.step_s
         left = end - self.clock()
         if left < 0:
@@ -83,3 +88,23 @@ class StandIn:
         while left > 0:
             self.sleep(left)
             left = end - self.clock()
+
+
+def _parts(params: list[torch.Tensor], deltas: list[torch.Tensor],
+           count: int) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
+    """The model cut into ``count`` parts of about equal size (the parameters back to back, flat): each a list of
+    (a parameter's range, the same range of its delta), views that write through."""
+    flats = [(p.data.view(-1), d.view(-1)) for p, d in zip(params, deltas, strict=True)]
+    total = sum(flat.numel() for flat, _ in flats)
+    size = -(-total // count)
+    parts: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in range(count)]
+    at = 0  # where the current parameter starts, in the model's elements
+    for flat, delta in flats:
+        start = 0
+        while start < flat.numel():
+            part = (at + start) // size
+            stop = min(flat.numel(), (part + 1) * size - at)
+            parts[part].append((flat[start:stop], delta[start:stop]))
+            start = stop
+        at += flat.numel()
+    return parts

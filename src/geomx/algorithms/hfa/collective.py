@@ -97,6 +97,7 @@ class CollectivePeriodicAverage(WorkerStrategy):
             self.rules.set_global_model(owned.id, model.numpy())  # a view: updated in place after each round
         if self.delay and self.rules.fragments > 1 and self.mean is not None and not self.stage.copies:
             self.trip_group = kv.ranks.group.sibling(kv.config.topology.timeouts.round_s)
+            bucket.ready_spread(self.trip_group)
 
     def on_gradient(self, key: int, grad: torch.Tensor) -> None:
         assert self.mean is not None, "only whole-model ranks hook the gradients"
@@ -130,19 +131,25 @@ class CollectivePeriodicAverage(WorkerStrategy):
         count = self.local_rounds
         streaming = self.rules.fragments > 1  # a fragment at a time: copy and spread only its slices
         leaving = (lambda owned: self.rules.goes_global(owned.id, count)) if streaming else None
-        bucket.own(views, only=leaving)
         stage = self.stage
         assert stage is not None
-        stage.down()  # the owned slices to the host, in one copy (none on the CPU)
+        # the delta replaces the piece (no allocation), unless overlapped rounds read the chunk before they land
+        # (the host stage copies it whole, or the spread moves every piece): then it leaves from its own array
+        in_place = not self.delay or self.trip_group is not None
+        # whole tensors on the CPU: each delta is computed from the model's own range into its piece, in one pass
+        fused = in_place and not stage.copies and isinstance(bucket, ModelBucket)
+        if not fused:
+            bucket.own(views, only=leaving)
+            stage.down()  # the owned slices to the host, in one copy (none on the CPU)
         due = []
         for owned, piece in stage.pieces:
             if leaving is not None and not leaving(owned):
                 self.rules.after_local_round(owned.id, None)  # counts the round; nothing leaves
                 continue
-            # overlapped: the delta leaves from its own array, the chunk moves on; else it replaces the piece
-            delta = self.rules.after_local_round(owned.id, piece.numpy(), out=None if self.delay else piece.numpy())
+            model = views[owned.key][owned.start:owned.stop] if fused else piece
+            delta = self.rules.after_local_round(owned.id, model.numpy(), out=piece.numpy() if in_place else None)
             if delta is not None:
-                due.append((owned, torch.from_numpy(delta) if self.delay else piece))
+                due.append((owned, piece if in_place else torch.from_numpy(delta)))
         started = time.monotonic()
         if due and not self.delay:  # each piece: the slice's new global model (a residual codec's change of it, added)
             loop.kv.ranks.exchange(due, loop.priority, kind="delta", bases=self._bases(due))
@@ -208,10 +215,8 @@ class CollectivePeriodicAverage(WorkerStrategy):
             return
         bucket, stage = self.bucket, self.stage
         assert bucket is not None and stage is not None
-        for owned, answer in due:
-            index = self.piece_of[owned.id]
-            self.global_slices[index].copy_(answer)
-            stage.pieces[index][1].copy_(answer)
+        for owned, answer in due:  # the answers landed in the chunk's pieces (the deltas left from them)
+            self.global_slices[self.piece_of[owned.id]].copy_(answer)
         bucket.spread(self.job_model, only=lambda owned: self.rules.goes_global(owned.id, sent),
                       group=self.trip_group)
 

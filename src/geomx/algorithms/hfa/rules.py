@@ -14,7 +14,7 @@ counted per (key, slice), not by key 0 alone, and the global model every party s
 worker's, sent explicitly.
 
 Streaming (Streaming DiLoCo's fragments): with ``fragments`` F > 1 the slices are split into F groups of about
-equal size, and group f goes global at the local rounds r with ``r % K2 == ((f + 1) * K2 // F) % K2``: each
+equal size (``assign_fragments``), and group f goes global at the local rounds r with ``r % K2 == ((f + 1) * K2 // F) % K2``: each
 slice still goes global once every K2 rounds, but the WAN carries 1/F of the model every K2/F rounds instead
 of all of it at once. Every party computes the same split from the same slices (``assign_fragments``).
 
@@ -32,6 +32,9 @@ from collections.abc import Mapping
 import numpy as np
 
 from ...protocol.wire import SliceId
+
+
+RUNS_PER_FRAGMENT = 4  # streaming: the model is cut into about this many runs of consecutive slices per fragment
 
 
 class LocalFrequencyAggregation:
@@ -58,14 +61,30 @@ class LocalFrequencyAggregation:
         return self.fragments > 1 and not self._fragment
 
     def assign_fragments(self, sizes: Mapping[SliceId, int]) -> None:
-        """Split the slices (``sizes``: elements of each) into ``fragments`` groups of about equal size: the
-        largest first, each to the smallest group so far (ties: the lower group; equal sizes: the lower key).
+        """Split the slices (``sizes``: elements of each) into ``fragments`` groups of about equal size. The
+        slices, in (key, index) order (the model's layers in order), are cut into runs of consecutive slices of
+        at most ``total / (RUNS_PER_FRAGMENT * fragments)`` elements (a larger slice is a run alone); then the
+        runs go largest first, each to the smallest group so far (ties: the lower group; equal sizes: the earlier
+        run). Equal runs are dealt in turn, so a group spans the model's depth (Streaming DiLoCo's strided
+        pattern), and a run is long enough that a collective party, which deals its slices to its ranks in turn,
+        gives every rank an even share of every group (groups dealt slice by slice gave each group to one rank:
+        one WAN stream of the party's several). A model of few large slices gets the slice-by-slice split.
         Deterministic, so every party that holds the same slices makes the same split."""
+        limit = sum(sizes.values()) / (RUNS_PER_FRAGMENT * self.fragments)
+        runs: list[list[SliceId]] = []
+        size = 0
+        for sid in sorted(sizes):
+            if not runs or size + sizes[sid] > limit:
+                runs.append([])
+                size = 0
+            runs[-1].append(sid)
+            size += sizes[sid]
         loads = [0] * self.fragments
-        for sid in sorted(sizes, key=lambda s: (-sizes[s], s)):
+        for run in sorted(runs, key=lambda r: (-sum(sizes[sid] for sid in r), r[0])):
             group = min(range(self.fragments), key=lambda g: (loads[g], g))
-            self._fragment[sid] = group
-            loads[group] += sizes[sid]
+            for sid in run:
+                self._fragment[sid] = group
+            loads[group] += sum(sizes[sid] for sid in run)
 
     def fragment(self, sid: SliceId) -> int:
         """The group of ``sid`` (a slice the split did not see goes by its key)."""

@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> None:
     # leaves is the gradient, so the parameters need no delta (the optimizer's step is the device's, skipped)
     per_step = args.sync == "geomx" and opt.plan.mode.name != "HFA"  # type: ignore[attr-defined]
     stand_in = StandIn(params, deltas, args.step_ms / 1000,
-                       args.apply_every or (args.steps + 1 if per_step else k1))
+                       args.apply_every or (None if per_step else k1))
     if args.sync == "geomx" and not args.real:  # the wait takes the step's own math's place
         opt.strategy.inner_step = (lambda: None) if per_step else stand_in.step  # type: ignore[attr-defined]
     durations = []

@@ -1,0 +1,194 @@
+"""``PartyGroup``'s direct path on gloo (all-gathers and reduce-scatters rank to rank, ``isend`` / ``irecv``, one
+tag per call) between real processes: a reduce-scatter is exactly the rank-order sum, an all-gather exactly every
+rank's chunk, calls in flight together stay apart, the results match gloo's own collectives, and a dead peer or a
+wrong size fails by the party's name. The direct path replaces gloo's collectives for speed, so it must give the
+same answers, and fail the same way, on sizes that no vector width divides."""
+
+from __future__ import annotations
+
+import datetime
+import multiprocessing
+import os
+import queue
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+N = 1001  # elements per rank's part
+REDUCED = ("reduce-scatter", "reduce-scatter async")
+
+
+def _inputs(rank: int, world: int) -> list[torch.Tensor]:
+    """Rank ``rank``'s two reduce-scatter buffers, then its two all-gather chunks."""
+    generator = torch.Generator().manual_seed(100 + rank)
+    return [torch.randn(world * N, generator=generator) for _ in range(2)] + \
+        [torch.randn(N, generator=generator) for _ in range(2)]
+
+
+def _collectives(group: Any, rank: int, world: int) -> dict[str, list[torch.Tensor]]:
+    """Every collective under test, once, on this rank; results keyed as ``_expected``'s."""
+    a, b, c, d = _inputs(rank, world)
+    chunks = [torch.full((N,), float("nan")) for _ in range(2)]
+    buffers = [torch.full((world * N,), float("nan")) for _ in range(2)]
+    group.reduce_scatter(chunks[0], a.clone())
+    got = {"reduce-scatter": [chunks[0].clone()]}
+    sent = [a.clone(), b.clone()]  # both in flight before either is waited; waited last first
+    pending = [group.reduce_scatter_async(chunks[0], sent[0]), group.reduce_scatter_async(chunks[1], sent[1])]
+    for work in reversed(pending):
+        work.wait()
+    got["reduce-scatter async"] = [chunk.clone() for chunk in chunks]
+    group.all_gather(buffers[0], c)
+    got["all-gather"] = [buffers[0].clone()]
+    inplace = torch.full((world * N,), float("nan"))
+    inplace[rank * N:(rank + 1) * N] = c
+    group.all_gather(inplace, inplace[rank * N:(rank + 1) * N])  # the chunk already in its part
+    got["all-gather in place"] = [inplace]
+    buffers = [torch.full((world * N,), float("nan")) for _ in range(2)]
+    pending = [group.all_gather_async(buffers[0], c), group.all_gather_async(buffers[1], d)]
+    for work in reversed(pending):
+        work.wait()
+    got["all-gather async"] = buffers
+    return got
+
+
+def _expected(rank: int, world: int) -> dict[str, list[torch.Tensor]]:
+    """What ``_collectives`` must give rank ``rank``, from every rank's inputs drawn again here."""
+    inputs = [_inputs(r, world) for r in range(world)]
+
+    def summed(which: int) -> torch.Tensor:  # rank 0's part + rank 1's + ..., as the direct path adds
+        terms = [mine[which][rank * N:(rank + 1) * N] for mine in inputs]
+        total = terms[0] + terms[1]
+        for term in terms[2:]:
+            total += term
+        return total
+
+    def gathered(which: int) -> torch.Tensor:
+        return torch.cat([mine[which] for mine in inputs])
+
+    return {"reduce-scatter": [summed(0)], "reduce-scatter async": [summed(0), summed(1)],
+            "all-gather": [gathered(2)], "all-gather in place": [gathered(2)],
+            "all-gather async": [gathered(2), gathered(3)]}
+
+
+def _join(rank: int, world: int, store: str, timeout_s: float) -> Any:
+    import torch.distributed as dist
+
+    from geomx.collective.group import PartyGroup
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+    group = PartyGroup("dc1", rank, world)
+    assert group.direct, "gloo's group should take the direct path"
+    return group
+
+
+def _exit(out: multiprocessing.Queue) -> None:
+    out.close()
+    out.join_thread()  # what was put is in the pipe
+    os._exit(0)  # no interpreter teardown: gloo's threads can abort it (see test_collective_layout)
+
+
+def _exchanging_rank(rank: int, world: int, store: str, out: multiprocessing.Queue) -> None:
+    group = _join(rank, world, store, timeout_s=30)
+    try:
+        got: dict[bool, Any] = {}
+        for direct in (True, False):  # the direct path, then gloo's own collectives
+            group.direct = direct
+            got[direct] = {k: [t.numpy().copy() for t in v] for k, v in _collectives(group, rank, world).items()}
+        out.put((rank, got))  # numpy travels by value (a tensor would be a handle into this process's memory)
+    except Exception:
+        out.put((rank, traceback.format_exc()))
+    group.barrier()
+    _exit(out)
+
+
+def _dying_peer(rank: int, world: int, store: str, out: multiprocessing.Queue) -> None:
+    from geomx.collective.group import PartyError
+
+    group = _join(rank, world, store, timeout_s=5)
+    group.barrier()
+    if rank == 1:
+        os._exit(3)  # a rank dies between two collectives
+    started = time.monotonic()
+    try:
+        group.all_gather(torch.empty(world * N), torch.ones(N))
+        out.put(("no error", time.monotonic() - started))
+    except PartyError as error:
+        out.put((str(error), time.monotonic() - started))
+    _exit(out)
+
+
+def _wrong_sizes(rank: int, world: int, store: str, out: multiprocessing.Queue) -> None:
+    from geomx.collective.group import PartyError
+
+    group = _join(rank, world, store, timeout_s=30)
+    texts = []
+    for call in (lambda: group.all_gather(torch.zeros(10), torch.zeros(3)),
+                 lambda: group.reduce_scatter(torch.zeros(3), torch.zeros(10))):
+        try:
+            call()
+            texts.append("no error")
+        except PartyError as error:
+            texts.append(str(error))
+    chunk, buffer = torch.zeros(N), torch.randn(N)
+    group.reduce_scatter(chunk, buffer)  # a party of one: its own part, on the same path
+    gathered = torch.zeros(N)
+    group.all_gather(gathered, chunk)
+    out.put((texts, torch.equal(chunk, buffer) and torch.equal(gathered, buffer)))
+    _exit(out)
+
+
+def _spawn(target: Callable[..., None], world: int, answers: int) -> list[Any]:
+    context = multiprocessing.get_context("spawn")
+    results: multiprocessing.Queue = context.Queue()
+    with tempfile.TemporaryDirectory() as folder:
+        store = str(Path(folder) / "store")
+        procs = [context.Process(target=target, args=(r, world, store, results), daemon=True) for r in range(world)]
+        for proc in procs:
+            proc.start()
+        try:
+            return [results.get(timeout=120) for _ in range(answers)]
+        except queue.Empty:
+            pytest.fail(f"no answer within 120 s from {target.__name__}")
+        finally:
+            for proc in procs:
+                proc.join(timeout=60)
+                if proc.is_alive():
+                    proc.kill()
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_direct_collectives_are_exact_keep_concurrent_calls_apart_and_match_gloos_own(world: int) -> None:
+    answers = dict(_spawn(_exchanging_rank, world, answers=world))
+    for rank in range(world):
+        got = answers[rank]
+        assert not isinstance(got, str), f"rank {rank} failed:\n{got}"
+        direct, native = got[True], got[False]
+        for name, want in _expected(rank, world).items():
+            assert len(direct[name]) == len(want), name
+            for index, (a, b, w) in enumerate(zip(direct[name], native[name], want, strict=True)):
+                a, b = torch.from_numpy(a), torch.from_numpy(b)
+                assert torch.equal(a, w), f"rank {rank}'s direct {name} #{index} is not the rank-order result"
+                if name in REDUCED:  # gloo sums in an order of its own
+                    torch.testing.assert_close(b, a, msg=lambda m, r=rank, n=name: f"rank {r}'s gloo {n}: {m}")
+                else:
+                    assert torch.equal(b, a), f"rank {rank}'s gloo {name} #{index} differs from the direct one"
+
+
+def test_a_dead_peer_fails_the_direct_all_gather_by_name_within_the_timeout() -> None:
+    [(text, seconds)] = _spawn(_dying_peer, 2, answers=1)
+    assert text.startswith("party dc1: rank 0's all-gather failed"), text
+    assert seconds < 30, seconds  # the group's timeout (5 s) bounds it; never a hang
+
+
+def test_a_wrong_size_is_refused_naming_the_sizes() -> None:
+    [(texts, alone_ok)] = _spawn(_wrong_sizes, 1, answers=1)
+    assert texts == ["party dc1: rank 0's all-gather needs 1 x 3 elements, got 10",
+                     "party dc1: rank 0's reduce-scatter needs 1 x 3 elements, got 10"]
+    assert alone_ok  # and the right sizes pass, a party of one
