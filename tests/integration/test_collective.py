@@ -165,6 +165,33 @@ def test_hfa_in_collective_parties_matches_the_simulation(geomx_job, tmp_path, o
         assert not torch.equal(workers[0][0]["final"][0], workers[4][0]["final"][0])
 
 
+def test_a_party_that_starts_from_the_masters_weights_is_not_sent_them(geomx_job, tmp_path):
+    """Every worker seeded alike (as a script seeded once is): the far party's INITs carry the digest of what its
+    ranks hold, the global server answers them without the values, and the job is the one it was (the simulation
+    of blocking HFA); seeded apart, the values come as before. The far party's WAN bytes received differ by the
+    model's bytes (about: INIT answers' headers stay)."""
+    from geomx.runs.runlog import read_stats
+
+    parties = {"dc0": 2, "dc1": 2}
+    received = {}
+    for same in (True, False):
+        path = topology(tmp_path / str(same), {"dc0": "collective", "dc1": "collective"}, {}, parties=parties,
+                        hfa={"k1": K1, "k2": K2}, slice_elems=SLICE_ELEMS)
+        job = geomx_job(SCRIPT, "--steps", "8", "--momentum", "0", *(["--same-seed"] if same else []),
+                        topology=path, name=f"same{same}")
+        job.assert_ok()
+        workers = job.workers()
+        expected, _ = simulate_collective_hfa(workers[0][0]["after_init"], parties, "none", K2, 8)
+        party_of = [party for party, count in parties.items() for _ in range(count)]
+        for rank, (tensors, _) in workers.items():
+            for got, want in zip(tensors["final"], expected[party_of[rank]], strict=True):
+                torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=f"worker {rank}, same seed {same}")
+        received[same] = sum(entry["wan"]["recv"] for entry in read_stats(job.run_dir)
+                             if entry.get("party") == "dc1" and entry.get("role") == "worker")
+        model_bytes = sum(t.numel() * 4 for t in workers[0][0]["after_init"])
+    assert received[False] - received[True] > 0.9 * model_bytes, (received, model_bytes)
+
+
 def run_under_torchrun(tmp_path: Path, path: Path, *args: str) -> tuple[Any, str, list[Any], list[str], Path]:
     """`geomx launch --global-only` in a thread, and each party as `python -m torch.distributed.run` with
     GEOMX_TOPOLOGY, GEOMX_PARTY and GEOMX_GLOBAL_SCHEDULER: (the tier's result, its output, the parties'

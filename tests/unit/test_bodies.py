@@ -29,7 +29,7 @@ def test_unset_fields_stay_off_the_wire_and_ints_pass_as_seconds() -> None:
     (InitBody, {}, "InitBody: missing key 'shard'"),
     (InitBody, {"shard": "0"}, "InitBody.shard: expected int, got str '0'"),
     (InitBody, {"shard": True}, "InitBody.shard: expected int, got a bool"),
-    (InitBody, {"shard": 0, "shrad": 1}, r"InitBody: unknown key\(s\) \['shrad'\]; valid: \['numel', 'shard'\]"),
+    (InitBody, {"shard": 0, "shrad": 1}, r"InitBody: unknown key\(s\) \['shrad'\]; valid: \['digest', 'numel', 'shard'\]"),
     (InitBody, {"shard": 0, "numel": 2.5}, "InitBody.numel: expected int"),
     (StateReport, {"seconds_per_step": [0.1], "base_steps": 1}, "StateReport.seconds_per_step: expected an object"),
     (StateReport, {"seconds_per_step": {"w": "fast"}, "base_steps": 1},

@@ -111,3 +111,35 @@ def test_init_says_the_whole_tensors_size_codecs_gate_on_it_and_the_local_server
         "INIT of key 0 slice 0 says its tensor has 8 elements, but another client declared 6 (every worker must "
         "init the same shapes)",
         "INIT of key 2 slice 0 says its tensor has 1 elements, fewer than the slice's 2"]
+
+
+def test_a_client_that_holds_the_value_already_is_answered_without_it() -> None:
+    """An INIT without the value but with the digest of what its client holds: the same bytes are not sent back
+    (the body says so); another digest, or none, gets the value; so does a late joiner holding other bytes."""
+    from geomx.core.inits import value_digest
+    from geomx.core.rounds import SAME
+
+    same = value_digest(np.array([1.0, 2.0], dtype=np.float32))
+    other = value_digest(np.array([1.0, 2.5], dtype=np.float32))
+    server = FakeServer(["a", "b", "c"], is_global=True)
+    server.inits.request(init("a", [1.0, 2.0]))
+    held = init("b", None)
+    held.body = {"shard": 0, "digest": same}
+    different = init("c", None)
+    different.body = {"shard": 0, "digest": other}
+    server.inits.request(held)
+    server.inits.request(different)
+    replies = dict(server.sent)
+    assert replies["b"].tensor is None and replies["b"].body == {SAME: True}
+    np.testing.assert_array_equal(replies["a"].tensor, [1.0, 2.0])  # the master's own INIT, as before
+    np.testing.assert_array_equal(replies["c"].tensor, [1.0, 2.0])
+    late = init("d", None)
+    late.body = {"shard": 0, "digest": same}
+    server.inits.request(late)
+    assert server.sent[-1][0] == "d" and server.sent[-1][1].tensor is None and server.sent[-1][1].body == {SAME: True}
+    stale = init("e", None)
+    stale.body = {"shard": 0, "digest": other}
+    server.inits.request(stale)
+    np.testing.assert_array_equal(server.sent[-1][1].tensor, [1.0, 2.0])
+    # the next INIT round of the slice starts with no one marked as holding it
+    assert all(not rnd.same for rnd in server.table.rounds.values())

@@ -17,6 +17,7 @@ Usage (inside a server, under its lock)::
 
 from __future__ import annotations
 
+import hashlib
 import math
 from typing import Any, Protocol
 
@@ -25,7 +26,21 @@ import numpy as np
 from ..codecs.base import Direction, TensorInfo, TensorKind
 from ..protocol.bodies import BodyError, InitBody, decode_body
 from ..protocol.wire import Kind, Message, SliceId
-from .rounds import Round, RoundTable, SliceValue
+from .rounds import SAME, Round, RoundTable, SliceValue
+
+
+def value_digest(value: np.ndarray) -> str:
+    """The digest of a value's bytes (BLAKE2b, 128 bits): what an INIT without the value says it holds, so a
+    party that starts from the master's weights (the same seed) is not sent them over the WAN again."""
+    return hashlib.blake2b(np.ascontiguousarray(value).data, digest_size=16).hexdigest()
+
+
+def init_digest(message: Message) -> str | None:
+    """The digest an INIT carries (None: the client holds nothing to compare, or says nothing)."""
+    try:
+        return decode_body(InitBody, message.body).digest
+    except BodyError:
+        return None
 
 
 def value_mismatch(stored: str, message: Message) -> str | None:
@@ -87,6 +102,10 @@ class Inits:
                 return
             client = host.table.clients.client_of(message.sender.decode())
             self._received(sid, client, stored.value)  # a rejoiner holds these weights
+            digest = init_digest(message)
+            if digest is not None and digest == value_digest(stored.value):  # it holds them already
+                host.send(message.sender.decode(), message.reply(body={SAME: True}))
+                return
             host.send(message.sender.decode(), message.reply(tensor=stored.value))
             return
         problem = self.check_shard(message) or self.check_size(message)
@@ -152,6 +171,10 @@ class Inits:
             host.stored[sid] = SliceValue(np.array(with_data[0].tensor, copy=True))
             for client in rnd.contributions:  # every party starts from these weights
                 self._received(sid, client, host.stored[sid].value)
+            digests = {client: init_digest(m) for client, m in rnd.contributions.items() if m.tensor is None}
+            if any(digests.values()):  # the parties that hold these bytes already get no copy of them
+                mine = value_digest(host.stored[sid].value)
+                rnd.same = {client for client, digest in digests.items() if digest == mine}
             host.release(rnd, host.stored[sid].value)
             return
         if len(with_data) > 1:

@@ -39,6 +39,8 @@ EARLY = "early"  # body key of an early answer and of the answer after it: the r
 # body key of an answer that carries the change of the global model since the last answer, not the model (an
 # aggregation that answers with weights, under a residual codec); a client adds it to the last global model it holds
 MODEL_CHANGE = "model_change"
+# body key of an INIT answer without the value: the client holds the same bytes already (its INIT's digest matched)
+SAME = "same"
 
 RoundId = tuple[MessageKind, int, int]
 
@@ -68,6 +70,7 @@ class Round:
     started_at: float = 0.0
     exempt: set[str] = field(default_factory=set)  # clients that joined after this round opened: not awaited
     early: str | None = None  # the client that got the others' sum early (geomx.core.early): answered without it
+    same: set[str] = field(default_factory=set)  # INIT: clients that hold the value already (answered without it)
 
     def describe(self) -> str:
         return f"{self.kind.name} round {self.number} of key {self.key} slice {self.slice}"
@@ -245,6 +248,8 @@ class RoundTable:
                 reply = message.error(f"{self.host.name}: {error}")
             elif client == rnd.early:  # it has the others' sum already and adds its own (geomx.core.early)
                 reply = message.reply(body={EARLY: rnd.number})
+            elif client in rnd.same:  # INIT: it holds these bytes already
+                reply = message.reply(body={SAME: True})
             else:
                 reply = message.reply(**fields) if fields else message.reply(tensor=value, body=body)
             self.host.send(sender, reply)
@@ -256,6 +261,7 @@ class RoundTable:
         rnd.forwarding = False
         rnd.exempt = set()
         rnd.early = None
+        rnd.same = set()
         rnd.number += 1
         deferred, rnd.deferred = rnd.deferred, []
         for message in deferred:

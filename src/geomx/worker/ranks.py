@@ -39,7 +39,8 @@ from ..collective.layout import OwnerLayout
 from ..collective.owners import OwnedSlice, SliceOwners
 from ..collective.sharded import ShardedBucket
 from ..config import ConfigError, NodeConfig
-from ..core.rounds import EARLY, MODEL_CHANGE
+from ..core.inits import value_digest
+from ..core.rounds import EARLY, MODEL_CHANGE, SAME
 from ..core.strategy import WRAPPER_KEYS
 from ..core.worker_plugins import PushRoute
 from ..protocol.bodies import InitBody, encode_body
@@ -155,7 +156,10 @@ class PartyRanks:
                 if self.owns(k, index):
                     pending.append((v, k, index, start, stop, self._send_init(k, index, data[start:stop])))
         for v, k, index, start, stop, future in pending:
-            v.data.view(-1)[start:stop].copy_(self.link.answer(future, k, index, "INIT"))
+            reply = self.link.reply(future, k, index, "INIT")
+            if (reply.body or {}).get(SAME) and reply.tensor is None and reply.encoded is None:
+                continue  # it holds the global value already (its digest matched): nothing came, nothing moves
+            v.data.view(-1)[start:stop].copy_(self.link.data(reply, k, index))
         for k, v in zip(keys, values, strict=True):
             flat = v.data.view(-1)
             for index, (start, stop) in enumerate(table[k].slices):
@@ -179,9 +183,12 @@ class PartyRanks:
     def _send_init(self, key: int, index: int, piece: np.ndarray) -> Any:
         """INIT one slice this rank owns (with ``piece``'s values in the central party); the answer's future."""
         info = self.link.keys[key]
+        # without the value: the digest of what this rank holds, so the same weights do not cross the WAN again
+        digest = None if self.carries_values else value_digest(piece)
         message = Message(Kind.INIT, key=key, slice=index, num_slices=len(info.slices),
                           tensor=piece if self.carries_values else None, dtype=piece.dtype, shape=piece.shape,
-                          body=encode_body(InitBody(shard=info.shards[index], numel=math.prod(info.shape))))
+                          body=encode_body(InitBody(shard=info.shards[index], numel=math.prod(info.shape),
+                                                    digest=digest)))
         return self.link.requests.call(self.link.keys.server_for(key, index), message)
 
     def model_bucket(self, params: Sequence[torch.Tensor]) -> PartyModel:

@@ -66,12 +66,15 @@ def main() -> None:
     parser.add_argument("--die-rank", type=int, default=-1, help="this global rank dies (exit 3) at --die-step")
     parser.add_argument("--die-step", type=int, default=3)
     parser.add_argument("--device", default="cpu", help="cuda: the model and batches on the GPU (NCCL in the party)")
+    parser.add_argument("--same-seed", action="store_true", help="every worker builds the same model (as a script "
+                        "seeded once would): the far parties' INITs carry its digest, not the values")
     args = parser.parse_args()
     rank, num_workers = gx.worker_place()
     device = torch.device(args.device)
     if device.type == "cuda":
         share_gpu()
-    torch.manual_seed(jobkit.seed_for(rank))  # deliberately different per worker: the wrapper's init fixes it
+    # deliberately different per worker (the wrapper's init fixes it), unless --same-seed
+    torch.manual_seed(jobkit.seed_for(0 if args.same_seed else rank))
     hidden = args.hidden + (1 if rank == args.mismatch_rank else 0)
     model: nn.Module = nn.Sequential(nn.Linear(jobkit.IN_FEATURES, hidden), nn.ReLU(),
                                      nn.Linear(hidden, jobkit.OUT_FEATURES))
