@@ -75,7 +75,14 @@ def main(argv: list[str] | None = None) -> None:
     inputs, targets = _batch(context, source, BATCH if args.real else 1, device)
     inner = torch.optim.AdamW(params, lr=args.lr)
     deltas = realistic_deltas(params, lambda: next_char_loss(model, inputs, targets), args.lr)
-    inner.step()  # the optimizer's state exists, as in a job past its first step (the memory a real job holds)
+    # the optimizer's state exists, as in a job past its first step (the memory a real job holds); at lr 0 the
+    # weights stay the seed's, so every party still holds the master's model when the wrapper INITs it
+    rates = [group["lr"] for group in inner.param_groups]
+    for group in inner.param_groups:
+        group["lr"] = 0.0
+    inner.step()
+    for group, rate in zip(inner.param_groups, rates, strict=True):
+        group["lr"] = rate
     stages["training_state"] = rss_bytes()
     opt: torch.optim.Optimizer = inner
     k1 = 1
