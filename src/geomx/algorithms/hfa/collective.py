@@ -146,6 +146,11 @@ class CollectivePeriodicAverage(WorkerStrategy):
             if leaving is not None and not leaving(owned):
                 self.rules.after_local_round(owned.id, None)  # counts the round; nothing leaves
                 continue
+            if self.trip_group is not None:  # a copy now; the delta on the round trip's thread
+                if self.rules.count_round(owned.id):
+                    piece.copy_(views[owned.key][owned.start:owned.stop])
+                    due.append((owned, piece))
+                continue
             model = views[owned.key][owned.start:owned.stop] if fused else piece
             delta = self.rules.after_local_round(owned.id, model.numpy(), out=piece.numpy() if in_place else None)
             if delta is not None:
@@ -210,6 +215,9 @@ class CollectivePeriodicAverage(WorkerStrategy):
         ``due``; with ``trip_group``, also into the slices' global models and the chunk, then every owner's to the
         job's model (the slices that left at local round ``sent``, on every rank)."""
         ranks = self.loop.kv.ranks
+        if self.trip_group is not None:  # the pieces hold copies of the model: their deltas, in place
+            for owned, piece in due:
+                self.rules.delta(owned.id, piece.numpy(), out=piece.numpy())
         ranks.land(due, ranks.send(due, self.loop.priority, kind="delta"), self._bases(due))
         if self.trip_group is None:
             return

@@ -107,11 +107,22 @@ class LocalFrequencyAggregation:
         """None for a local round; for a global one, the weighted delta to push to the global server (written
         into ``out`` when given: ``average`` itself, say, where the caller no longer needs it).
         ``average`` may be None on a round the caller knows is local (``goes_global``): it is only counted."""
-        count = self._rounds[sid] = self._rounds.get(sid, 0) + 1
-        if not self.goes_global(sid, count):
+        if not self.count_round(sid):
             return None
         if average is None:
-            raise ValueError(f"key {sid[0]} slice {sid[1]} goes global at local round {count}: its average is needed")
+            raise ValueError(f"key {sid[0]} slice {sid[1]} goes global at local round {self.rounds(sid)}: its "
+                             "average is needed")
+        return self.delta(sid, average, out)
+
+    def count_round(self, sid: SliceId) -> bool:
+        """Count a local round of ``sid``; whether it goes global (its delta then comes from ``delta``, which a
+        caller may compute later, from a copy of the average, before the slice's global model changes)."""
+        count = self._rounds[sid] = self._rounds.get(sid, 0) + 1
+        return self.goes_global(sid, count)
+
+    def delta(self, sid: SliceId, average: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """The weighted delta of ``sid``'s global round, ``(average - global model) * party weight`` (into
+        ``out`` when given)."""
         base = self._global_model.get(sid)
         if base is None:
             raise RuntimeError(f"HFA has no global model for key {sid[0]} slice {sid[1]}: was it initialized?")
