@@ -146,8 +146,8 @@ class ModelBucket:
 
     @functools.cached_property
     def _scratch(self) -> torch.Tensor:
-        """The spreads' all-gather target: the party's ranks x one window (never more than a chunk each); only the
-        part a spread writes becomes resident."""
+        """The spreads' all-gather target: the party's ranks x one window (never more than a chunk each); resident
+        once ``ready_spread`` or a spread has written it."""
         return torch.empty(self.layout.world_size * min(SPREAD_WINDOW, self.layout.chunk_numel), dtype=self._dtype,
                            device=self._device)
 

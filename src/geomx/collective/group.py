@@ -177,17 +177,11 @@ class PartyGroup:
 
     def reduce_scatter(self, chunk: torch.Tensor, buffer: torch.Tensor) -> None:
         """``chunk`` = the party's sum of this rank's chunk of ``buffer``."""
-        if self.direct and not _overlaps(chunk, buffer):
-            self.reduce_scatter_async(chunk, buffer).wait()
-            return
-        self._run("reduce-scatter", lambda: _REDUCE_SCATTER(chunk, buffer, group=self.group))
+        self.reduce_scatter_async(chunk, buffer).wait()
 
     def all_gather(self, buffer: torch.Tensor, chunk: torch.Tensor) -> None:
         """``buffer`` = every rank's ``chunk``, rank by rank."""
-        if self.direct:
-            self.all_gather_async(buffer, chunk).wait()
-            return
-        self._run("all-gather", lambda: _ALL_GATHER(buffer, chunk, group=self.group))
+        self.all_gather_async(buffer, chunk).wait()
 
     def all_reduce_async(self, tensor: torch.Tensor) -> Pending:
         """Start an all-reduce (``tensor`` = its sum over the party, in place); ``wait`` the result."""

@@ -14,7 +14,7 @@ counted per (key, slice), not by key 0 alone, and the global model every party s
 worker's, sent explicitly.
 
 Streaming (Streaming DiLoCo's fragments): with ``fragments`` F > 1 the slices are split into F groups of about
-equal size (``assign_fragments``), and group f goes global at the local rounds r with ``r % K2 == ((f + 1) * K2 // F) % K2``: each
+equal size, and group f goes global at the local rounds r with ``r % K2 == ((f + 1) * K2 // F) % K2``: each
 slice still goes global once every K2 rounds, but the WAN carries 1/F of the model every K2/F rounds instead
 of all of it at once. Every party computes the same split from the same slices (``assign_fragments``).
 
@@ -72,19 +72,19 @@ class LocalFrequencyAggregation:
         Deterministic, so every party that holds the same slices makes the same split."""
         limit = sum(sizes.values()) / (RUNS_PER_FRAGMENT * self.fragments)
         runs: list[list[SliceId]] = []
-        size = 0
+        totals: list[int] = []  # each run's elements
         for sid in sorted(sizes):
-            if not runs or size + sizes[sid] > limit:
+            if not runs or totals[-1] + sizes[sid] > limit:
                 runs.append([])
-                size = 0
+                totals.append(0)
             runs[-1].append(sid)
-            size += sizes[sid]
+            totals[-1] += sizes[sid]
         loads = [0] * self.fragments
-        for run in sorted(runs, key=lambda r: (-sum(sizes[sid] for sid in r), r[0])):
+        for size, run in sorted(zip(totals, runs), key=lambda r: (-r[0], r[1][0])):
             group = min(range(self.fragments), key=lambda g: (loads[g], g))
             for sid in run:
                 self._fragment[sid] = group
-            loads[group] += sum(sizes[sid] for sid in run)
+            loads[group] += size
 
     def fragment(self, sid: SliceId) -> int:
         """The group of ``sid`` (a slice the split did not see goes by its key)."""
