@@ -10,7 +10,7 @@ The algorithm comes from the topology (or GEOMX_* variables), not from this file
     # on GPUs, GPT-2 small's blocks, 85M parameters (each rank on the GPU of its LOCAL_RANK):
     geomx launch job.yaml -- python examples/lm.py --device cuda --preset gpt85m
 
-``--preset`` names a shape of ``geomx.zoo.charlm.PRESETS`` (tiny, gpt57m, gpt85m) and sets --context, --dim,
+``--preset`` names a shape of ``geomx.zoo.charlm.PRESETS`` (tiny, gpt57m, gpt85m, gpt43m) and sets --context, --dim,
 --layers, --heads and --ff; without it those flags keep their defaults (tiny's shape) and can be set one by one.
 
 The master worker evaluates the job's model on held-out text every ``--eval-every`` steps and logs

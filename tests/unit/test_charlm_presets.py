@@ -34,6 +34,12 @@ def test_gpt57m_is_the_earlier_gpu_runs_model() -> None:
     assert count(build("gpt57m")) == expected_params(768, 12, 256, 2) == 57_119_360
 
 
+def test_gpt43m_is_gpt85m_at_half_its_depth_and_about_half_its_size() -> None:
+    """The bench's memory scaling compares the 85M job with a model half its size."""
+    assert count(build("gpt43m")) == expected_params(768, 6, 256, 4) == 42_922_112
+    assert abs(2 * 42_922_112 - 85_449_344) < 0.01 * 85_449_344
+
+
 def test_the_default_feed_forward_width_is_unchanged() -> None:
     """``ff`` defaults to 2: the examples' model (tiny) has the parameter count it had before presets."""
     tiny = PRESETS["tiny"]
@@ -52,7 +58,7 @@ def test_build_takes_a_shape_and_its_feed_forward_width() -> None:
 def test_an_unknown_preset_names_the_valid_ones() -> None:
     with pytest.raises(ValueError, match="nope") as raised:
         build("nope")
-    for name in ("tiny", "gpt57m", "gpt85m"):
+    for name in ("tiny", "gpt57m", "gpt85m", "gpt43m"):
         assert name in str(raised.value)
 
 

@@ -192,3 +192,74 @@ def test_a_wrong_size_is_refused_naming_the_sizes() -> None:
     assert texts == ["party dc1: rank 0's all-gather needs 1 x 3 elements, got 10",
                      "party dc1: rank 0's reduce-scatter needs 1 x 3 elements, got 10"]
     assert alone_ok  # and the right sizes pass, a party of one
+
+
+SHARE_KEYS = {0: 900, 1: 37, 2: 2500}  # elements of each key: a slice per 300, the last short ones odd
+
+
+def _share_layout(world: int) -> Any:
+    from geomx.collective.layout import OwnerLayout
+    from geomx.collective.owners import SliceOwners
+
+    owners = SliceOwners(world)
+    # key 2's slices go in runs of adjacent slices to each rank (as FSDP2's shards place them): one message a run
+    prefer = lambda key, start, stop: start * world // SHARE_KEYS[key] if key == 2 else None  # noqa: E731
+    owners.add_many([(key, [(s, min(s + 300, n)) for s in range(0, n, 300)], 4) for key, n in SHARE_KEYS.items()],
+                    prefer=prefer)
+    return OwnerLayout(owners, SHARE_KEYS)
+
+
+def _owner_values(key: int, start: int, stop: int) -> torch.Tensor:
+    return torch.arange(start, stop, dtype=torch.float32) + 10_000 * key
+
+
+def _sharing_rank(rank: int, world: int, store: str, out: multiprocessing.Queue) -> None:
+    from geomx.collective.bucket import ModelBucket
+
+    group = _join(rank, world, store, timeout_s=30)
+    try:
+        layout = _share_layout(world)
+        chosen = lambda owned: owned.key != 1 and owned.index != 1  # noqa: E731 (a streaming fragment, say)
+        got = {}
+        for direct in (True, False):  # rank to rank, then through the chunk and gloo's all-gather
+            group.direct = direct
+            tensors = [torch.full((n,), float("nan")) for n in SHARE_KEYS.values()]
+            for owned in layout.owned[rank]:  # the owner's values, where it wrote its answers
+                tensors[owned.key][owned.start:owned.stop] = _owner_values(owned.key, owned.start, owned.stop)
+            ModelBucket(layout, group, like=tensors[0]).share(tensors, only=chosen)
+            got[direct] = [t.numpy().copy() for t in tensors]
+        group.direct = True  # two exchanges in flight at once, waited last first, stay apart
+        a, b = torch.full((5,), float(rank)), torch.full((7,), float(rank) + 0.5)
+        peer = (rank + 1) % world
+        into = [torch.zeros(5), torch.zeros(7)]
+        first = group.send_recv_async("first", 1, [(peer, 0, a)], [((rank - 1) % world, 0, into[0])])
+        second = group.send_recv_async("second", 1, [(peer, 0, b)], [((rank - 1) % world, 0, into[1])])
+        second.wait()
+        first.wait()
+        out.put((rank, got, [t.numpy().copy() for t in into]))
+    except Exception:
+        out.put((rank, traceback.format_exc(), None))
+    group.barrier()
+    _exit(out)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_share_brings_every_rank_each_owners_chosen_slices_and_nothing_else(world: int) -> None:
+    """``ModelBucket.share``, rank to rank: each chosen slice equals its owner's on every rank; a slice not
+    chosen keeps what the rank held (its own, or NaN); the same as through the chunk and an all-gather."""
+    layout = _share_layout(world)
+    answers = {rank: (got, ring) for rank, got, ring in _spawn(_sharing_rank, world, answers=world)}
+    for rank in range(world):
+        got, ring = answers[rank]
+        assert not isinstance(got, str), f"rank {rank} failed:\n{got}"
+        for share in layout.owned:
+            for owned in share:
+                for direct in (True, False):
+                    held = torch.from_numpy(got[direct][owned.key][owned.start:owned.stop])
+                    if (owned.key != 1 and owned.index != 1) or owned in layout.owned[rank]:
+                        want = _owner_values(owned.key, owned.start, owned.stop)
+                        assert torch.equal(held, want), f"rank {rank} key {owned.key} slice {owned.index} {direct}"
+                    elif direct:  # the chunk's path may move more than it is asked to (its windows)
+                        assert torch.isnan(held).all(), f"rank {rank} got key {owned.key} slice {owned.index}"
+        left = (rank - 1) % world
+        assert ring[0].tolist() == [float(left)] * 5 and ring[1].tolist() == [left + 0.5] * 7, ring

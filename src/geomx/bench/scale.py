@@ -57,6 +57,7 @@ PARTIES, RANKS = 2, 2
 FSA = {"training": {"server_optimizer": "auto"}}
 FSA_STEPS = 12
 FSA_RATES = ("10Gbit",)
+HALF = "gpt43m"  # gpt85m at half its depth: the memory's scaling
 
 
 def topology(path: Path, config: str, rate: str, h: int) -> Path:
@@ -133,8 +134,10 @@ def measure_plain(steps: int, work: Path, preset: str, step_ms: float) -> dict[s
 
 
 def measure_grid(configs: tuple[str, ...], rates: tuple[str, ...], hs: tuple[int, ...], rounds: int, out_dir: Path,
-                 preset: str = "gpt85m", step_ms: float = 40.0, fsa_rates: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Every (config, rate, H), one after the other, then FSA at each of ``fsa_rates``, then the plot."""
+                 preset: str = "gpt85m", step_ms: float = 40.0, fsa_rates: tuple[str, ...] = (),
+                 half: str | None = None) -> dict[str, Any]:
+    """Every (config, rate, H), one after the other, then FSA at each of ``fsa_rates``, then the plot; with
+    ``half`` (a preset half the model's size), the memory's scaling (``measure_scaling``)."""
     work = out_dir / "scale"
     work.mkdir(parents=True, exist_ok=True)
     section: dict[str, Any] = {"setup": {"preset": preset, "step_ms": step_ms, "rounds": rounds, "latency": LATENCY,
@@ -168,7 +171,37 @@ def measure_grid(configs: tuple[str, ...], rates: tuple[str, ...], hs: tuple[int
                 f"step, {row['sync_over_link']:.0%} of the link's rate")
         section["rows"].append(row)
     section["plot"] = plot(section, out_dir / "scale_utilization.png")
+    if half is not None and configs:
+        section["scaling"] = measure_scaling(section, half, configs[-1], rates[0], hs[0], rounds, work, step_ms)
     return section
+
+
+def measure_scaling(section: dict[str, Any], half: str, config: str, rate: str, h: int, rounds: int, work: Path,
+                    step_ms: float) -> dict[str, Any]:
+    """The memory of a model half the size, for the goal "a model twice the size needs at most twice the memory":
+    plain and ``config`` again with preset ``half``; each size's rank peak over plain PyTorch's (the extra the sync
+    costs) and the ratios of the two sizes."""
+    say(f"[scale] memory's scaling: plain and {config} with {half} ...")
+    (work / half).mkdir(parents=True, exist_ok=True)
+    small = {"plain": measure_plain(50, work / half, half, step_ms),
+             config: measure(config, rate, h, rounds, work / half, half, step_ms)}
+    large = {"plain": section.get("plain", {}),
+             config: next((r for r in section["rows"] if (r["config"], r["rate"], r["h"]) == (config, rate, h)), {})}
+    figures: dict[str, Any] = {"config": config, "rate": rate, "h": h, "half": half, "errors": [
+        f"{name} {half}: {row['error']}" for name, row in small.items() if "error" in row]}
+    sizes = {}
+    for name, rows in (("half", small), ("whole", large)):
+        if any("rank_rss_over_model" not in row for row in rows.values()):
+            return figures
+        model = rows["plain"]["model_bytes"]
+        peak, plain = (rows[k]["rank_rss_over_model"] * model for k in (config, "plain"))
+        sizes[name] = {"model_bytes": model, "rank_peak_bytes": peak, "plain_peak_bytes": plain,
+                       "extra_bytes": peak - plain, "extra_over_model": (peak - plain) / model}
+    figures.update(sizes)
+    figures["model_ratio"] = sizes["whole"]["model_bytes"] / sizes["half"]["model_bytes"]
+    figures["rank_peak_ratio"] = sizes["whole"]["rank_peak_bytes"] / sizes["half"]["rank_peak_bytes"]
+    figures["extra_ratio"] = sizes["whole"]["extra_bytes"] / max(1.0, sizes["half"]["extra_bytes"])
+    return figures
 
 
 def plot(section: dict[str, Any], path: Path) -> str | None:
@@ -207,8 +240,8 @@ def plot(section: dict[str, Any], path: Path) -> str | None:
 def run(plan: BenchPlan, out_dir: Path) -> dict[str, Any]:
     """The section's entry point: quick, the two goal rows at 1 Gbit/s and H=100; else the whole grid."""
     if plan.quick:
-        return measure_grid(("blocking", "streaming_int8"), ("1Gbit",), (100,), 2, out_dir)
-    return measure_grid(tuple(CONFIGS), RATES, H_VALUES, 3, out_dir, fsa_rates=FSA_RATES)
+        return measure_grid(("blocking", "streaming_int8"), ("1Gbit",), (100,), 2, out_dir, half=HALF)
+    return measure_grid(tuple(CONFIGS), RATES, H_VALUES, 3, out_dir, fsa_rates=FSA_RATES, half=HALF)
 
 
 def lines(section: dict[str, Any]) -> list[str]:
@@ -236,6 +269,16 @@ def lines(section: dict[str, Any]) -> list[str]:
         if row["config"] == "fsa" and "sync_over_link" in row:
             out.append(f"[scale] fsa at {row['rate']}: {row['blocked_s_per_round']:.2f} s of sync per step, the far "
                        f"party's gradients up at {row['sync_over_link']:.0%} of the link's rate")
+    scaling = section.get("scaling", {})
+    if "model_ratio" in scaling:
+        half, whole = scaling["half"], scaling["whole"]
+        out.append(f"[scale] memory's scaling ({scaling['config']}, {scaling['rate']}, H={scaling['h']}): a rank's "
+                   f"extra over plain PyTorch {half['extra_bytes'] / 1e6:.0f} MB ({half['extra_over_model']:.2f}x) "
+                   f"with {scaling['half']}, {whole['extra_bytes'] / 1e6:.0f} MB ({whole['extra_over_model']:.2f}x) "
+                   f"with the model {scaling['model_ratio']:.2f}x its size: {scaling['extra_ratio']:.2f}x the extra,"
+                   f" {scaling['rank_peak_ratio']:.2f}x the rank's peak")
+    for error in scaling.get("errors", []):
+        out.append(f"[scale] memory's scaling failed: {error[-300:]}")
     if section.get("plot"):
         out.append(f"[scale] plot: {section['plot']}")
     return out
@@ -250,11 +293,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fsa-rates", nargs="*", default=list(FSA_RATES), help="FSA rows (none: --fsa-rates)")
     parser.add_argument("--preset", default="gpt85m")
     parser.add_argument("--step-ms", type=float, default=40.0)
+    parser.add_argument("--half", default=None, help=f"a preset half the model's size: the memory's scaling ({HALF})")
     parser.add_argument("--out", default="bench-results")
     args = parser.parse_args(argv)
     out_dir = Path(args.out)
     section = measure_grid(tuple(args.configs), tuple(args.rates), tuple(args.h), args.rounds, out_dir, args.preset,
-                           args.step_ms, tuple(args.fsa_rates))
+                           args.step_ms, tuple(args.fsa_rates), args.half)
     write_and_print("scale", section, out_dir, lines)
 
 

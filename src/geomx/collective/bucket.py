@@ -18,7 +18,7 @@ Usage (inside a collective strategy)::
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Protocol
 
 import torch
@@ -134,20 +134,32 @@ class ModelBucket:
                     for owned, low, high, at in _segments(share, begin, begin + size):
                         flats[owned.key][owned.start + low:owned.start + high].copy_(window[at:at + high - low])
 
-    def ready_spread(self, group: PartyGroup | None = None) -> None:
-        """Make the spreads' scratch resident and run one window-sized exchange over ``group`` (every rank calls
-        this at the same point), so the first spread of a training run pays no page faults and no cold socket
-        buffers in the middle of a round (on the 2-core machine the first fragment's spread took 0.4 s longer)."""
+    def share(self, tensors: Sequence[torch.Tensor], only: Callable[[OwnedSlice], bool] | None = None,
+              group: PartyGroup | None = None) -> None:
+        """Every rank's ``tensors`` = each slice as its owner's ``tensors`` hold it (the owners wrote their slices
+        there; ``only``, ``group``: as for ``spread``). On gloo each owner's ranges go straight from its tensors to
+        the other ranks' (rank-to-rank messages, one per run of adjacent slices): no chunk, no scratch, no copy.
+        Elsewhere: ``own`` then ``spread``."""
         group = group or self.group
-        scratch = self._scratch
-        scratch.zero_()
-        size = scratch.numel() // self.layout.world_size
-        group.all_gather(scratch[:size * group.world_size], scratch[group.rank * size:(group.rank + 1) * size])
+        if not group.direct:
+            self.own(tensors, only)
+            self.spread(tensors, only, group)
+            return
+        flats = {key: tensor.detach().view(-1) for key, tensor in zip(self.layout.keys, tensors, strict=True)}
+        sends, recvs, number = [], [], 0
+        for rank in range(group.world_size):
+            for key, start, stop in _runs(owned for owned in self.layout.owned[rank] if only is None or only(owned)):
+                piece = flats[key][start:stop]
+                if rank == group.rank:
+                    sends += [(peer, number, piece) for peer in range(group.world_size) if peer != rank]
+                else:
+                    recvs.append((rank, number, piece))
+                number += 1
+        group.send_recv_async("share", number, sends, recvs).wait()
 
     @functools.cached_property
     def _scratch(self) -> torch.Tensor:
-        """The spreads' all-gather target: the party's ranks x one window (never more than a chunk each); resident
-        once ``ready_spread`` or a spread has written it."""
+        """The spreads' all-gather target: the party's ranks x one window (never more than a chunk each)."""
         return torch.empty(self.layout.world_size * min(SPREAD_WINDOW, self.layout.chunk_numel), dtype=self._dtype,
                            device=self._device)
 
@@ -168,6 +180,20 @@ class ModelBucket:
             if param.grad is None:
                 param.grad = grad
             param.grad.mul_(scale)
+
+
+def _runs(share: Iterable[OwnedSlice]) -> Iterator[tuple[int, int, int]]:
+    """``(key, start, stop)`` of each run of adjacent slices in ``share`` (a rank's, in declaration order)."""
+    run: list[int] | None = None
+    for owned in share:
+        if run is not None and run[0] == owned.key and run[2] == owned.start:
+            run[2] = owned.stop
+            continue
+        if run is not None:
+            yield run[0], run[1], run[2]
+        run = [owned.key, owned.start, owned.stop]
+    if run is not None:
+        yield run[0], run[1], run[2]
 
 
 def _segments(share: Sequence[OwnedSlice], begin: int, end: int) -> Iterator[tuple[OwnedSlice, int, int, int]]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import datetime
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -147,7 +147,7 @@ class PartyGroup:
                              f"{buffer.numel()}")
         part = lambda r: buffer[r * size:(r + 1) * size]  # noqa: E731
         peers = [r for r in range(world) if r != rank]
-        self._tag = tag = (self._tag + 1) % (1 << 24)
+        self._tag = tag = (self._tag + 1) % (1 << 24)  # numbers below 2**24: gloo's tags
         incoming = torch.empty((len(peers), size), dtype=chunk.dtype, device=chunk.device) if reduce else None
         works: list[Any] = []
 
@@ -174,6 +174,31 @@ class PartyGroup:
                 chunk.add_(term)
 
         return Pending(self, what, works, then=total)
+
+    def send_recv_async(self, what: str, messages: int, sends: Sequence[tuple[int, int, torch.Tensor]],
+                        recvs: Sequence[tuple[int, int, torch.Tensor]]) -> Pending:
+        """Rank-to-rank messages of one exchange over gloo: each of ``sends`` is ``(peer, number, tensor)``, each
+        of ``recvs`` ``(peer, number, into)``; a message's ``number`` (below ``messages``, the same count on every
+        rank) matches a send to its receive, so every rank of the exchange passes the same ``messages`` and
+        numbers its messages alike. Nothing is copied: tensors leave from and land in the caller's buffers (which
+        must stay untouched until ``wait``)."""
+        if not self.direct:
+            raise PartyError(f"party {self.party}: rank {self.rank}'s {what} needs gloo's rank-to-rank messages")
+        if messages >= 1 << 24:
+            raise PartyError(f"party {self.party}: rank {self.rank}'s {what} has {messages} messages, more than the "
+                             "tags can number")
+        base = self._tag + 1 if self._tag + 1 + messages <= 1 << 24 else 0  # tags base .. base + messages - 1
+        self._tag = base + messages - 1
+        works: list[Any] = []
+
+        def post() -> None:
+            for peer, number, tensor in sends:
+                works.append(dist.isend(tensor, group=self.group, group_dst=peer, tag=base + number))
+            for peer, number, tensor in recvs:
+                works.append(dist.irecv(tensor, group=self.group, group_src=peer, tag=base + number))
+
+        self._run(what, post)
+        return Pending(self, what, works)
 
     def reduce_scatter(self, chunk: torch.Tensor, buffer: torch.Tensor) -> None:
         """``chunk`` = the party's sum of this rank's chunk of ``buffer``."""

@@ -112,6 +112,7 @@ PRESETS: dict[str, Shape] = {
     "tiny": Shape(64, 2, 4, 64, 2, "examples/lm.py's default shape: 87.7K parameters, for the CPU"),
     "gpt57m": Shape(768, 12, 12, 256, 2, "57.1M parameters: the 12-block, ff-2x model of the earlier GPU runs"),
     "gpt85m": Shape(768, 12, 12, 256, 4, "85.4M parameters: GPT-2 small's blocks (12 x width 768, ff 4x)"),
+    "gpt43m": Shape(768, 6, 12, 256, 4, "42.9M parameters: gpt85m at half its depth (6 blocks), half its size"),
 }
 
 

@@ -16,7 +16,9 @@ outer optimizer included) do not know the difference.
 Overlapped (``fragment_delay`` tau, Streaming DiLoCo): a fragment's deltas leave from buffers of their own and
 every rank trains on; tau local rounds later the owners land the answers, one spread brings every rank the
 fragment's new global model (the job's model), and each rank mixes it with its own,
-``(1 - fragment_alpha) * global + fragment_alpha * own``, as a local server answers its workers.
+``(1 - fragment_alpha) * global + fragment_alpha * own``, as a local server answers its workers. Whole-model
+ranks on the CPU over gloo do all of a fragment's round trip on its thread, from a buffer the size of one fragment
+(``trips.FragmentTrips``); elsewhere (CUDA, FSDP2) it goes through the owned chunk.
 
 Usage (chosen by the wrapper for a collective party under HFA)::
 
@@ -33,12 +35,12 @@ from collections.abc import Sequence
 import torch
 
 from ...collective.bucket import ModelBucket, PartyModel
-from ...collective.group import PartyGroup
 from ...collective.host import HostChunk
 from ...collective.overlap import OverlappedMean
 from ...collective.owners import OwnedSlice
 from ...core.strategy import Loop, WorkerStrategy
 from .rules import LocalFrequencyAggregation
+from .trips import FragmentTrips
 
 
 class CollectivePeriodicAverage(WorkerStrategy):
@@ -64,9 +66,9 @@ class CollectivePeriodicAverage(WorkerStrategy):
         # answered and decoded into the pieces on the ``trips`` thread)
         self.in_flight: dict[int, tuple[list[tuple[OwnedSlice, torch.Tensor]], Future[None]]] = {}
         self.trips: ThreadPoolExecutor | None = None
-        # whole-model ranks on the CPU, overlapped: a round trip also lands its answers in the chunk and spreads
-        # them to the party (over a group of its own) on its thread, so the rank only mixes at landing
-        self.trip_group: PartyGroup | None = None
+        # whole-model ranks on the CPU (gloo), streaming and overlapped: each fragment from a buffer of its own,
+        # landed into the job's model and shared on the round trip's thread; no chunk (see ``trips``)
+        self.fragment_trips: FragmentTrips | None = None
         self.piece_of: dict[tuple[int, int], int] = {}  # an owned slice's index in the bucket's pieces
 
     def init_keys(self) -> None:
@@ -81,6 +83,15 @@ class CollectivePeriodicAverage(WorkerStrategy):
         # the job's model: the global model of the last global round, as this rank holds the model (all of it, or
         # its FSDP2 shards); and the global model of the slices it owns, which their deltas start from
         self.job_model = [view.clone() for view in views]
+        if self.rules.needs_fragments:  # every rank and party splits all the slices alike
+            self.rules.assign_fragments(kv.ranks.slice_sizes())
+        if (self.delay and self.rules.fragments > 1 and isinstance(bucket, ModelBucket)
+                and loop.params[0].device.type == "cpu" and kv.ranks.group.direct):
+            for owned in bucket.layout.owned[kv.ranks.group.rank]:  # its global model: the job model's range
+                self.rules.set_global_model(owned.id, self.job_model[owned.key][owned.start:owned.stop].numpy())
+            self.fragment_trips = FragmentTrips(self.rules, kv.ranks, bucket, self.job_model, self.delay,
+                                                kv.ranks.group.sibling(kv.config.topology.timeouts.round_s))
+            return
         bucket.own(views)
         # on the host, where the rules' numpy arithmetic reads them (the model itself may be on a GPU)
         self.stage = HostChunk(bucket.chunk, bucket.pieces)
@@ -91,13 +102,8 @@ class CollectivePeriodicAverage(WorkerStrategy):
         else:
             self.global_slices = [piece.clone() for _, piece in self.stage.pieces]
         self.piece_of = {owned.id: index for index, (owned, _) in enumerate(bucket.pieces)}
-        if self.rules.needs_fragments:  # every rank and party splits all the slices alike
-            self.rules.assign_fragments(kv.ranks.slice_sizes())
         for (owned, _), model in zip(bucket.pieces, self.global_slices, strict=True):
             self.rules.set_global_model(owned.id, model.numpy())  # a view: updated in place after each round
-        if self.delay and self.rules.fragments > 1 and self.mean is not None and not self.stage.copies:
-            self.trip_group = kv.ranks.group.sibling(kv.config.topology.timeouts.round_s)
-            bucket.ready_spread(self.trip_group)
 
     def on_gradient(self, key: int, grad: torch.Tensor) -> None:
         assert self.mean is not None, "only whole-model ranks hook the gradients"
@@ -123,60 +129,18 @@ class CollectivePeriodicAverage(WorkerStrategy):
         for the answers); the slices whose global round lands now take the new global model, mixed with the
         party's own under overlap. Whether any slice lands is the same answer on every rank (the rules know every
         rank's slices), so every rank joins the same spread."""
-        loop = self.loop
         bucket = self.bucket
         assert bucket is not None
-        views = bucket.views(loop.params)
+        views = bucket.views(self.loop.params)
         self.local_rounds += 1
         count = self.local_rounds
-        streaming = self.rules.fragments > 1  # a fragment at a time: copy and spread only its slices
-        leaving = (lambda owned: self.rules.goes_global(owned.id, count)) if streaming else None
-        stage = self.stage
-        assert stage is not None
-        # the delta replaces the piece (no allocation), unless overlapped rounds read the chunk before they land
-        # (the host stage copies it whole, or the spread moves every piece): then it leaves from its own array
-        in_place = not self.delay or self.trip_group is not None
-        # whole tensors on the CPU: each delta is computed from the model's own range into its piece, in one pass
-        fused = in_place and not stage.copies and isinstance(bucket, ModelBucket)
-        if not fused:
-            bucket.own(views, only=leaving)
-            stage.down()  # the owned slices to the host, in one copy (none on the CPU)
-        due = []
-        for owned, piece in stage.pieces:
-            if leaving is not None and not leaving(owned):
-                self.rules.after_local_round(owned.id, None)  # counts the round; nothing leaves
-                continue
-            if self.trip_group is not None:  # a copy now; the delta on the round trip's thread
-                if self.rules.count_round(owned.id):
-                    piece.copy_(views[owned.key][owned.start:owned.stop])
-                    due.append((owned, piece))
-                continue
-            model = views[owned.key][owned.start:owned.stop] if fused else piece
-            delta = self.rules.after_local_round(owned.id, model.numpy(), out=piece.numpy() if in_place else None)
-            if delta is not None:
-                due.append((owned, piece if in_place else torch.from_numpy(delta)))
-        started = time.monotonic()
-        if due and not self.delay:  # each piece: the slice's new global model (a residual codec's change of it, added)
-            loop.kv.ranks.exchange(due, loop.priority, kind="delta", bases=self._bases(due))
-        elif due or (self.trip_group is not None and self._leaves_anywhere(count)):
-            # encoded, sent and its answers decoded on a thread of its own, while the rank trains on (with
-            # trip_group, every rank joins the spread there, even one that owns none of the fragment)
-            self.in_flight[count + self.delay] = (due, self._round_trips().submit(self._round_trip, due, count))
-        landing = due if not self.delay else self._land(count)
-        loop.waited(time.monotonic() - started)
-        if not any(self._lands(owned.id, count) for share in bucket.layout.owned for owned in share):
+        if self.fragment_trips is not None:  # the fragment landing now (its trip did the rest), then the leaving one
+            started = time.monotonic()
+            self.fragment_trips.land(count)
+            self.loop.waited(time.monotonic() - started)
+            self.fragment_trips.leave(views, count, self.loop.priority)
+        elif not self._round(views, count):
             return
-        for owned, answer in landing if self.trip_group is None else ():  # each owned slice's global model
-            self.global_slices[self.piece_of[owned.id]].copy_(answer)
-        # a fragment's slices only where the bucket moves just those (FSDP2's all-to-all moves every piece)
-        if self.trip_group is None:  # else the round trip's thread did all this
-            lands = (lambda owned: self._lands(owned.id, count)) if streaming and self.mean is not None else None
-            for (owned, piece), model in zip(stage.pieces, self.global_slices, strict=True):
-                if lands is None or lands(owned):
-                    piece.copy_(model)
-            stage.up()  # the owned slices' global models to the device, in one copy
-            # the job's model, where this rank holds it: the slices that landed (a fragment's, under streaming)
-            bucket.spread(self.job_model, only=lands)
         mine = self.alpha if self.delay else 0.0
         for share in bucket.layout.owned:  # the party's model: every slice that landed, mixed under overlap
             for owned in share:
@@ -191,10 +155,51 @@ class CollectivePeriodicAverage(WorkerStrategy):
                     else:
                         model.copy_(new)
 
-    def _leaves_anywhere(self, count: int) -> bool:
-        """Whether any rank of the party sends a slice at local round ``count`` (the same answer on every rank)."""
-        assert self.bucket is not None
-        return any(self.rules.goes_global(owned.id, count) for share in self.bucket.layout.owned for owned in share)
+    def _round(self, views: list[torch.Tensor], count: int) -> bool:
+        """Local round ``count`` through the owned chunk: the deltas due from it (sent, and waited for unless
+        overlapped), the answers landing now into the job's model; whether any slice lands."""
+        loop = self.loop
+        bucket, stage = self.bucket, self.stage
+        assert bucket is not None and stage is not None
+        streaming = self.rules.fragments > 1  # a fragment at a time: copy and spread only its slices
+        leaving = (lambda owned: self.rules.goes_global(owned.id, count)) if streaming else None
+        # the delta replaces the piece (no allocation), unless overlapped rounds read the chunk before they land
+        # (the host stage copies it whole, or the spread moves every piece): then it leaves from its own array
+        in_place = not self.delay
+        # whole tensors on the CPU: each delta is computed from the model's own range into its piece, in one pass
+        fused = in_place and not stage.copies and isinstance(bucket, ModelBucket)
+        if not fused:
+            bucket.own(views, only=leaving)
+            stage.down()  # the owned slices to the host, in one copy (none on the CPU)
+        due = []
+        for owned, piece in stage.pieces:
+            if leaving is not None and not leaving(owned):
+                self.rules.after_local_round(owned.id, None)  # counts the round; nothing leaves
+                continue
+            model = views[owned.key][owned.start:owned.stop] if fused else piece
+            delta = self.rules.after_local_round(owned.id, model.numpy(), out=piece.numpy() if in_place else None)
+            if delta is not None:
+                due.append((owned, piece if in_place else torch.from_numpy(delta)))
+        started = time.monotonic()
+        if due and not self.delay:  # each piece: the slice's new global model (a residual codec's change of it, added)
+            loop.kv.ranks.exchange(due, loop.priority, kind="delta", bases=self._bases(due))
+        elif due:  # encoded, sent and its answers decoded on a thread of its own, while the rank trains on
+            self.in_flight[count + self.delay] = (due, self._round_trips().submit(self._round_trip, due))
+        landing = due if not self.delay else self._land(count)
+        loop.waited(time.monotonic() - started)
+        if not any(self._lands(owned.id, count) for share in bucket.layout.owned for owned in share):
+            return False
+        for owned, answer in landing:  # each owned slice's global model
+            self.global_slices[self.piece_of[owned.id]].copy_(answer)
+        # a fragment's slices only where the bucket moves just those (FSDP2's all-to-all moves every piece)
+        lands = (lambda owned: self._lands(owned.id, count)) if streaming and self.mean is not None else None
+        for (owned, piece), model in zip(stage.pieces, self.global_slices, strict=True):
+            if lands is None or lands(owned):
+                piece.copy_(model)
+        stage.up()  # the owned slices' global models to the device, in one copy
+        # the job's model, where this rank holds it: the slices that landed (a fragment's, under streaming)
+        bucket.spread(self.job_model, only=lands)
+        return True
 
     def _lands(self, slice_id: tuple[int, int], count: int) -> bool:
         """Whether local round ``count`` brings ``slice_id`` its new global model (``delay`` rounds after it left)."""
@@ -210,23 +215,11 @@ class CollectivePeriodicAverage(WorkerStrategy):
         trip.result()  # raises what the round trip raised (a timeout naming the slice, say)
         return pieces
 
-    def _round_trip(self, due: list[tuple[OwnedSlice, torch.Tensor]], sent: int) -> None:
+    def _round_trip(self, due: list[tuple[OwnedSlice, torch.Tensor]]) -> None:
         """An overlapped round on the ``trips`` thread: the deltas out, the slices' new global models back into
-        ``due``; with ``trip_group``, also into the slices' global models and the chunk, then every owner's to the
-        job's model (the slices that left at local round ``sent``, on every rank)."""
+        ``due``."""
         ranks = self.loop.kv.ranks
-        if self.trip_group is not None:  # the pieces hold copies of the model: their deltas, in place
-            for owned, piece in due:
-                self.rules.delta(owned.id, piece.numpy(), out=piece.numpy())
         ranks.land(due, ranks.send(due, self.loop.priority, kind="delta"), self._bases(due))
-        if self.trip_group is None:
-            return
-        bucket, stage = self.bucket, self.stage
-        assert bucket is not None and stage is not None
-        for owned, answer in due:  # the answers landed in the chunk's pieces (the deltas left from them)
-            self.global_slices[self.piece_of[owned.id]].copy_(answer)
-        bucket.spread(self.job_model, only=lambda owned: self.rules.goes_global(owned.id, sent),
-                      group=self.trip_group)
 
     def _round_trips(self) -> ThreadPoolExecutor:
         """The thread of the overlapped rounds: one at a time, in the order they left (a codec's residuals too)."""
@@ -237,6 +230,8 @@ class CollectivePeriodicAverage(WorkerStrategy):
     def finish(self) -> None:
         """Rounds still overlapping when the loop ends complete on their thread (not into the model) before the
         worker leaves, so none is cut off mid-message."""
+        if self.fragment_trips is not None:
+            self.fragment_trips.finish()
         if self.trips is not None:
             for _, trip in self.in_flight.values():
                 trip.exception()  # waits; a failure here only means the round's answer is not needed

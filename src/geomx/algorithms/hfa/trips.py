@@ -1,0 +1,106 @@
+"""Streaming HFA's overlapped global rounds on a whole-model CPU rank: each fragment's round trip on a thread of
+the rank's own, from a buffer the size of one fragment, into the job's model.
+
+At the local round a fragment leaves, the rank copies the slices of it that it owns into a buffer (one pass over
+about 1 / (fragments x ranks) of the model) and trains on. On the trip's thread: their deltas, in place; sent,
+encoded by the job's codec; the answers decoded into the same buffer and written into the job's model (the
+slices' global models are its ranges); then every owner's new slices go from its job model to the other ranks'
+(``ModelBucket.share``, over a group of the trips' own). When the fragment lands, the rank only mixes it into its
+model. A rank holds, beyond plain training, the job's model (DiLoCo's copy of the global model) and one buffer per
+fragment in flight: with ``fragments`` 4 and 2 ranks, one eighth of the model each, where a chunk of every owned
+slice (half the model) and a spread's scratch stood before.
+
+Usage (by ``CollectivePeriodicAverage`` when it applies: CPU tensors, gloo, fragments > 1, an overlap)::
+
+    trips = FragmentTrips(rules, kv.ranks, bucket, job_model, delay=1, group=kv.ranks.group.sibling(timeout_s))
+    trips.land(count)                        # at a local round: waits for the fragment that lands now, if any
+    trips.leave(views, count, priority)      # its leaving slices copied, their round trip started
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Protocol
+
+import torch
+
+from ...collective.bucket import ModelBucket
+from ...collective.group import PartyGroup
+from ...collective.owners import OwnedSlice
+from .rules import LocalFrequencyAggregation
+
+
+Pieces = Sequence[tuple[OwnedSlice, torch.Tensor]]
+
+
+class SliceRounds(Protocol):
+    """What the trips ask of the rank's kvstore (``geomx.worker.ranks.PartyRanks``): its owned slices out, and
+    their answers back into the same pieces."""
+
+    def send(self, pieces: Pieces, priority: Sequence[int], kind: Any = "gradient") -> list[Any]: ...
+
+    def land(self, pieces: Pieces, futures: Sequence[Any], bases: Sequence[torch.Tensor] | None = None) -> None: ...
+
+
+class FragmentTrips:
+    """The overlapped global rounds of one rank, ``delay`` local rounds each, one at a time in the order they left."""
+
+    def __init__(self, rules: LocalFrequencyAggregation, ranks: SliceRounds, bucket: ModelBucket,
+                 job_model: Sequence[torch.Tensor], delay: int, group: PartyGroup) -> None:
+        self.rules, self.ranks, self.bucket, self.delay, self.group = rules, ranks, bucket, delay, group
+        self.job_model = list(job_model)
+        self.owned = bucket.layout.owned[group.rank]
+        per_fragment = [0] * rules.fragments
+        for owned in self.owned:
+            per_fragment[rules.fragment(owned.id)] += owned.numel
+        self.size = max(per_fragment, default=0)  # the most elements this rank sends in one fragment's round
+        self.free: list[torch.Tensor] = []  # buffers of fragments landed, for the next to leave
+        self.in_flight: dict[int, tuple[torch.Tensor, Future[None]]] = {}  # landing round -> buffer, round trip
+        self.thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="geomx-fragments")
+        bucket.share(self.job_model, group=group)  # the trips' group and its sockets warm before the first round
+
+    def leave(self, views: Sequence[torch.Tensor], count: int, priority: Sequence[int]) -> None:
+        """Local round ``count``: count it for every owned slice, copy those going global into a buffer, and start
+        their round trip. Every rank starts one when any rank of the party sends (they all join the share)."""
+        leaving = [owned for owned in self.owned if self.rules.count_round(owned.id)]
+        anywhere = any(self.rules.goes_global(owned.id, count) for share in self.bucket.layout.owned
+                       for owned in share)
+        if not anywhere:
+            return
+        buffer = self.free.pop() if self.free else torch.empty(self.size, dtype=self.job_model[0].dtype)
+        due, at = [], 0
+        for owned in leaving:
+            piece = buffer[at:at + owned.numel]
+            piece.copy_(views[owned.key][owned.start:owned.stop])
+            due.append((owned, piece))
+            at += owned.numel
+        self.in_flight[count + self.delay] = (buffer, self.thread.submit(self._trip, due, count, priority))
+
+    def land(self, count: int) -> None:
+        """Wait for the round trip landing at local round ``count`` (raising what it raised), if one does."""
+        flight = self.in_flight.pop(count, None)
+        if flight is None:
+            return
+        buffer, trip = flight
+        trip.result()
+        self.free.append(buffer)
+
+    def _trip(self, due: list[tuple[OwnedSlice, torch.Tensor]], sent: int, priority: Sequence[int]) -> None:
+        """On the trips' thread: the deltas, in place; out and back; the answers into the job's model; shared."""
+        bases = [self.job_model[owned.key][owned.start:owned.stop] for owned, _ in due]
+        for owned, piece in due:
+            self.rules.delta(owned.id, piece.numpy(), out=piece.numpy())
+        self.ranks.land(due, self.ranks.send(due, priority, kind="delta"), bases)
+        for (_, answer), base in zip(due, bases, strict=True):
+            base.copy_(answer)
+        self.bucket.share(self.job_model, only=lambda owned: self.rules.goes_global(owned.id, sent),
+                          group=self.group)
+
+    def finish(self) -> None:
+        """Round trips still out complete on their thread (their answers are not needed) before the rank leaves,
+        so none is cut off mid-message."""
+        for _, trip in self.in_flight.values():
+            trip.exception()  # waits; a failure here only means the round's answer is not needed
+        self.in_flight.clear()
+        self.thread.shutdown(wait=True)
