@@ -37,7 +37,8 @@ def test_the_scaling_compares_the_extra_over_plain_of_both_sizes(monkeypatch: py
     text = "\n".join(scale.lines({"setup": {"preset": "gpt85m", "parties": 2, "ranks": 2, "lan": "collective",
                                             "inner_step": "stand-in", "step_ms": 40, "latency": "25ms", "rounds": 2},
                                   **section, "scaling": figures}))
-    assert "230 MB (1.15x) with the model 2.00x its size: 1.92x the extra" in text, text
+    assert ("a rank's extra over plain PyTorch 120 MB (1.20x) with gpt43m, 230 MB (1.15x) with the model 2.00x its "
+            "size: 1.92x the extra, 1.87x the rank's peak") in text, text
 
 
 def test_a_failed_half_run_is_reported_not_divided(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -187,10 +187,10 @@ def measure_scaling(section: dict[str, Any], half: str, config: str, rate: str, 
              config: measure(config, rate, h, rounds, work / half, half, step_ms)}
     large = {"plain": section.get("plain", {}),
              config: next((r for r in section["rows"] if (r["config"], r["rate"], r["h"]) == (config, rate, h)), {})}
-    figures: dict[str, Any] = {"config": config, "rate": rate, "h": h, "half": half, "errors": [
+    figures: dict[str, Any] = {"config": config, "rate": rate, "h": h, "half_preset": half, "errors": [
         f"{name} {half}: {row['error']}" for name, row in small.items() if "error" in row]}
     sizes = {}
-    for name, rows in (("half", small), ("whole", large)):
+    for name, rows in (("half", small), ("whole", large)):  # each size's figures
         if any("rank_rss_over_model" not in row for row in rows.values()):
             return figures
         model = rows["plain"]["model_bytes"]
@@ -274,7 +274,7 @@ def lines(section: dict[str, Any]) -> list[str]:
         half, whole = scaling["half"], scaling["whole"]
         out.append(f"[scale] memory's scaling ({scaling['config']}, {scaling['rate']}, H={scaling['h']}): a rank's "
                    f"extra over plain PyTorch {half['extra_bytes'] / 1e6:.0f} MB ({half['extra_over_model']:.2f}x) "
-                   f"with {scaling['half']}, {whole['extra_bytes'] / 1e6:.0f} MB ({whole['extra_over_model']:.2f}x) "
+                   f"with {scaling['half_preset']}, {whole['extra_bytes'] / 1e6:.0f} MB ({whole['extra_over_model']:.2f}x) "
                    f"with the model {scaling['model_ratio']:.2f}x its size: {scaling['extra_ratio']:.2f}x the extra,"
                    f" {scaling['rank_peak_ratio']:.2f}x the rank's peak")
     for error in scaling.get("errors", []):

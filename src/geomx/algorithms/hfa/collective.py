@@ -193,6 +193,9 @@ class CollectivePeriodicAverage(WorkerStrategy):
             self.global_slices[self.piece_of[owned.id]].copy_(answer)
         # a fragment's slices only where the bucket moves just those (FSDP2's all-to-all moves every piece)
         lands = (lambda owned: self._lands(owned.id, count)) if streaming and self.mean is not None else None
+        if isinstance(bucket, ModelBucket) and not stage.copies:  # each owner's answers are its job model's ranges:
+            bucket.share(self.job_model, only=lands)  # from there to the other ranks' (over gloo, rank to rank)
+            return True
         for (owned, piece), model in zip(stage.pieces, self.global_slices, strict=True):
             if lands is None or lands(owned):
                 piece.copy_(model)
