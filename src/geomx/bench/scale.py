@@ -171,8 +171,9 @@ def measure_grid(configs: tuple[str, ...], rates: tuple[str, ...], hs: tuple[int
                 f"step, {row['sync_over_link']:.0%} of the link's rate")
         section["rows"].append(row)
     section["plot"] = plot(section, out_dir / "scale_utilization.png")
-    if half is not None and configs:
-        section["scaling"] = measure_scaling(section, half, configs[-1], rates[0], hs[0], rounds, work, step_ms)
+    if half is not None and configs:  # the best configuration measured (streaming + int8 when it ran)
+        best = "streaming_int8" if "streaming_int8" in configs else configs[-1]
+        section["scaling"] = measure_scaling(section, half, best, rates[0], hs[0], rounds, work, step_ms)
     return section
 
 
