@@ -1,8 +1,10 @@
 """``PartyGroup``'s direct path on gloo (all-gathers and reduce-scatters rank to rank, ``isend`` / ``irecv``, one
 tag per call) between real processes: a reduce-scatter is exactly the rank-order sum, an all-gather exactly every
 rank's chunk, calls in flight together stay apart, the results match gloo's own collectives, and a dead peer or a
-wrong size fails by the party's name. The direct path replaces gloo's collectives for speed, so it must give the
-same answers, and fail the same way, on sizes that no vector width divides."""
+wrong size fails by the party's name. ``ModelBucket.share`` (each owner's slices straight from its tensors to the
+other ranks') brings exactly the chosen slices, as the chunk and an all-gather would. The direct path replaces
+gloo's collectives for speed, so it must give the same answers, and fail the same way, on sizes that no vector
+width divides."""
 
 from __future__ import annotations
 
@@ -101,7 +103,7 @@ def _exchanging_rank(rank: int, world: int, store: str, out: multiprocessing.Que
         for direct in (True, False):  # the direct path, then gloo's own collectives
             group.direct = direct
             got[direct] = {k: [t.numpy().copy() for t in v] for k, v in _collectives(group, rank, world).items()}
-        out.put((rank, got))  # numpy travels by value (a tensor would be a handle into this process's memory)
+        out.put((rank, (got, _shares(group, rank, world))))  # numpy travels by value (a tensor would be a handle)
     except Exception:
         out.put((rank, traceback.format_exc()))
     group.barrier()
@@ -163,12 +165,19 @@ def _spawn(target: Callable[..., None], world: int, answers: int) -> list[Any]:
                     proc.kill()
 
 
-@pytest.mark.parametrize("world", [2, 3])
-def test_direct_collectives_are_exact_keep_concurrent_calls_apart_and_match_gloos_own(world: int) -> None:
-    answers = dict(_spawn(_exchanging_rank, world, answers=world))
+@pytest.fixture(scope="module", params=[2, 3], ids=["world2", "world3"])
+def exchanged(request: pytest.FixtureRequest) -> tuple[int, dict[int, Any]]:
+    """One party of ``world`` ranks running every exchange under test once (spawned once for the module's tests):
+    the world size and each rank's answers (or its traceback)."""
+    return request.param, dict(_spawn(_exchanging_rank, request.param, answers=request.param))
+
+
+def test_direct_collectives_are_exact_keep_concurrent_calls_apart_and_match_gloos_own(
+        exchanged: tuple[int, dict[int, Any]]) -> None:
+    world, answers = exchanged
     for rank in range(world):
-        got = answers[rank]
-        assert not isinstance(got, str), f"rank {rank} failed:\n{got}"
+        assert not isinstance(answers[rank], str), f"rank {rank} failed:\n{answers[rank]}"
+        got = answers[rank][0]
         direct, native = got[True], got[False]
         for name, want in _expected(rank, world).items():
             assert len(direct[name]) == len(want), name
@@ -213,45 +222,41 @@ def _owner_values(key: int, start: int, stop: int) -> torch.Tensor:
     return torch.arange(start, stop, dtype=torch.float32) + 10_000 * key
 
 
-def _sharing_rank(rank: int, world: int, store: str, out: multiprocessing.Queue) -> None:
+def _shares(group: Any, rank: int, world: int) -> tuple[dict[bool, list[Any]], list[Any]]:
+    """``ModelBucket.share`` rank to rank and through the chunk; then two ``send_recv_async`` in flight at once
+    around a ring, waited last first: (each path's tensors, the ring's two receipts)."""
     from geomx.collective.bucket import ModelBucket
 
-    group = _join(rank, world, store, timeout_s=30)
-    try:
-        layout = _share_layout(world)
-        chosen = lambda owned: owned.key != 1 and owned.index != 1  # noqa: E731 (a streaming fragment, say)
-        got = {}
-        for direct in (True, False):  # rank to rank, then through the chunk and gloo's all-gather
-            group.direct = direct
-            tensors = [torch.full((n,), float("nan")) for n in SHARE_KEYS.values()]
-            for owned in layout.owned[rank]:  # the owner's values, where it wrote its answers
-                tensors[owned.key][owned.start:owned.stop] = _owner_values(owned.key, owned.start, owned.stop)
-            ModelBucket(layout, group, like=tensors[0]).share(tensors, only=chosen)
-            got[direct] = [t.numpy().copy() for t in tensors]
-        group.direct = True  # two exchanges in flight at once, waited last first, stay apart
-        a, b = torch.full((5,), float(rank)), torch.full((7,), float(rank) + 0.5)
-        peer = (rank + 1) % world
-        into = [torch.zeros(5), torch.zeros(7)]
-        first = group.send_recv_async("first", 1, [(peer, 0, a)], [((rank - 1) % world, 0, into[0])])
-        second = group.send_recv_async("second", 1, [(peer, 0, b)], [((rank - 1) % world, 0, into[1])])
-        second.wait()
-        first.wait()
-        out.put((rank, got, [t.numpy().copy() for t in into]))
-    except Exception:
-        out.put((rank, traceback.format_exc(), None))
-    group.barrier()
-    _exit(out)
+    layout = _share_layout(world)
+    chosen = lambda owned: owned.key != 1 and owned.index != 1  # noqa: E731 (a streaming fragment, say)
+    got = {}
+    for direct in (True, False):  # rank to rank, then through the chunk and gloo's all-gather
+        group.direct = direct
+        tensors = [torch.full((n,), float("nan")) for n in SHARE_KEYS.values()]
+        for owned in layout.owned[rank]:  # the owner's values, where it wrote its answers
+            tensors[owned.key][owned.start:owned.stop] = _owner_values(owned.key, owned.start, owned.stop)
+        ModelBucket(layout, group, like=tensors[0]).share(tensors, only=chosen)
+        got[direct] = [t.numpy().copy() for t in tensors]
+    group.direct = True
+    a, b = torch.full((5,), float(rank)), torch.full((7,), float(rank) + 0.5)
+    peer, source = (rank + 1) % world, (rank - 1) % world
+    into = [torch.zeros(5), torch.zeros(7)]
+    first = group.send_recv_async("first", 1, [(peer, 0, a)], [(source, 0, into[0])])
+    second = group.send_recv_async("second", 1, [(peer, 0, b)], [(source, 0, into[1])])
+    second.wait()
+    first.wait()
+    return got, [t.numpy().copy() for t in into]
 
 
-@pytest.mark.parametrize("world", [2, 3])
-def test_share_brings_every_rank_each_owners_chosen_slices_and_nothing_else(world: int) -> None:
+def test_share_brings_every_rank_each_owners_chosen_slices_and_nothing_else(
+        exchanged: tuple[int, dict[int, Any]]) -> None:
     """``ModelBucket.share``, rank to rank: each chosen slice equals its owner's on every rank; a slice not
     chosen keeps what the rank held (its own, or NaN); the same as through the chunk and an all-gather."""
+    world, answers = exchanged
     layout = _share_layout(world)
-    answers = {rank: (got, ring) for rank, got, ring in _spawn(_sharing_rank, world, answers=world)}
     for rank in range(world):
-        got, ring = answers[rank]
-        assert not isinstance(got, str), f"rank {rank} failed:\n{got}"
+        assert not isinstance(answers[rank], str), f"rank {rank} failed:\n{answers[rank]}"
+        got, ring = answers[rank][1]
         for share in layout.owned:
             for owned in share:
                 for direct in (True, False):

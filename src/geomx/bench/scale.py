@@ -10,7 +10,9 @@ half and half), ``streaming_int8`` and ``streaming_fp16`` (the same with that WA
 the same ranks with no sync at all: the control (utilization 1 by construction) and plain PyTorch's memory.
 
 Per run: utilization (the stand-in's steps x step time / the loop's wall time, the mean over ranks), seconds
-blocked per outer round, the far party's WAN MB each way (dc0 holds the global tier), and each process's peak resident memory over the model's fp32 bytes.
+blocked per outer round, the far party's WAN MB each way (dc0 holds the global tier), and each process's peak
+resident memory over the model's fp32 bytes; with ``--half``, the same for a model half the size (the memory's
+scaling).
 A PNG of utilization against bandwidth (one line per configuration and H) and the JSON land in ``--out``.
 
 Usage::
@@ -112,7 +114,8 @@ def measure(config: str, rate: str, h: int, rounds: int, work: Path, preset: str
     model = figures["model_bytes"]
     figures["rss_over_model"] = {s["name"]: s["peak_rss_bytes"] / model for s in stats if "peak_rss_bytes" in s}
     far = [s for s in stats if s.get("role") == "worker" and s.get("party") != "dc0"]  # dc0 holds the global tier
-    figures["far_party_wan_mb"] = {way: sum(s.get("wan", {}).get(way, 0) for s in far) / 1e6 for way in ("sent", "recv")}
+    figures["far_party_wan_mb"] = {way: sum(s.get("wan", {}).get(way, 0) for s in far) / 1e6
+                                   for way in ("sent", "recv")}
     if config == "fsa":  # the sync's rate: the far party's gradients up per step (INIT's model left out) / its time
         up_bits = 8 * (figures["far_party_wan_mb"]["sent"] * 1e6 - model) / rounds
         figures["sync_over_link"] = up_bits / figures["blocked_s_per_round"] / parse_bandwidth(rate)
@@ -264,8 +267,8 @@ def lines(section: dict[str, Any]) -> list[str]:
                      fmt(row.get("blocked_s_per_round"), ".2f"),
                      " / ".join(f"{v:.0f}" for v in row.get("far_party_wan_mb", {}).values()) or "-",
                      fmt(row.get("rank_rss_over_model"), ".2f", "x"), fmt(max(servers, default=None), ".2f", "x")])
-    out += table(["config", "WAN", "H", "utilization", "after round 1", "blocked s/round", "dc1 WAN MB up / down", "rank RSS",
-                  "global server RSS"], rows)
+    out += table(["config", "WAN", "H", "utilization", "after round 1", "blocked s/round", "dc1 WAN MB up / down",
+                  "rank RSS", "global server RSS"], rows)
     for row in section.get("rows", []):
         if row["config"] == "fsa" and "sync_over_link" in row:
             out.append(f"[scale] fsa at {row['rate']}: {row['blocked_s_per_round']:.2f} s of sync per step, the far "
@@ -275,7 +278,8 @@ def lines(section: dict[str, Any]) -> list[str]:
         half, whole = scaling["half"], scaling["whole"]
         out.append(f"[scale] memory's scaling ({scaling['config']}, {scaling['rate']}, H={scaling['h']}): a rank's "
                    f"extra over plain PyTorch {half['extra_bytes'] / 1e6:.0f} MB ({half['extra_over_model']:.2f}x) "
-                   f"with {scaling['half_preset']}, {whole['extra_bytes'] / 1e6:.0f} MB ({whole['extra_over_model']:.2f}x) "
+                   f"with {scaling['half_preset']}, {whole['extra_bytes'] / 1e6:.0f} MB "
+                   f"({whole['extra_over_model']:.2f}x) "
                    f"with the model {scaling['model_ratio']:.2f}x its size: {scaling['extra_ratio']:.2f}x the extra,"
                    f" {scaling['rank_peak_ratio']:.2f}x the rank's peak")
     for error in scaling.get("errors", []):
