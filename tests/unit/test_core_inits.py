@@ -143,3 +143,24 @@ def test_a_client_that_holds_the_value_already_is_answered_without_it() -> None:
     np.testing.assert_array_equal(server.sent[-1][1].tensor, [1.0, 2.0])
     # the next INIT round of the slice starts with no one marked as holding it
     assert all(not rnd.same for rnd in server.table.rounds.values())
+
+
+def test_the_client_that_sent_the_value_with_its_digest_is_answered_without_it() -> None:
+    """A collective rank of the central party sends the master's values and their digest: it is not sent them
+    back (half the model in flight at once, for nothing); without a digest it gets them, as before."""
+    from geomx.core.inits import value_digest
+    from geomx.core.rounds import SAME
+
+    for with_digest in (True, False):
+        server = FakeServer(["a", "b"], is_global=True)
+        master = init("a", [1.0, 2.0])
+        if with_digest:
+            master.body = {"shard": 0, "digest": value_digest(np.array([1.0, 2.0], dtype=np.float32))}
+        server.inits.request(master)
+        server.inits.request(init("b", None))
+        replies = dict(server.sent)
+        if with_digest:
+            assert replies["a"].tensor is None and replies["a"].body == {SAME: True}
+        else:
+            np.testing.assert_array_equal(replies["a"].tensor, [1.0, 2.0])
+        np.testing.assert_array_equal(replies["b"].tensor, [1.0, 2.0])  # no digest: the value

@@ -171,8 +171,10 @@ class Inits:
             host.stored[sid] = SliceValue(np.array(with_data[0].tensor, copy=True))
             for client in rnd.contributions:  # every party starts from these weights
                 self._received(sid, client, host.stored[sid].value)
-            digests = {client: init_digest(m) for client, m in rnd.contributions.items() if m.tensor is None}
-            if any(digests.values()):  # the parties that hold these bytes already get no copy of them
+            # the parties that hold these bytes already get no copy of them (the one that sent them too, when its
+            # INIT carried their digest: a collective rank of the central party, say)
+            digests = {client: init_digest(m) for client, m in rnd.contributions.items()}
+            if any(digests.values()):
                 mine = value_digest(host.stored[sid].value)
                 rnd.same = {client for client, digest in digests.items() if digest == mine}
             host.release(rnd, host.stored[sid].value)

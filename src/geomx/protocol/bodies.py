@@ -33,8 +33,8 @@ class BodyError(ValueError):
 class InitBody:
     """INIT, worker -> server: the global server (shard id) that owns this slice, and the elements of the whole
     tensor it is a slice of (codecs' size gates decide per tensor; None from a client that does not say).
-    ``digest``: a client without the initial value says what it holds (``geomx.core.inits.value_digest``); a
-    global server whose value has the same digest answers without the value (the body ``{"same": true}``)."""
+    ``digest``: what the client holds (``geomx.core.inits.value_digest``), whether it sends the initial value or
+    not; a global server whose value has the same digest answers without the value (the body ``{"same": true}``)."""
 
     shard: int
     numel: int | None = None

@@ -157,7 +157,7 @@ class PartyRanks:
                     pending.append((v, k, index, start, stop, self._send_init(k, index, data[start:stop])))
         for v, k, index, start, stop, future in pending:
             reply = self.link.reply(future, k, index, "INIT")
-            if (reply.body or {}).get(SAME) and reply.tensor is None and reply.encoded is None:
+            if _same(reply):
                 continue  # it holds the global value already (its digest matched): nothing came, nothing moves
             v.data.view(-1)[start:stop].copy_(self.link.data(reply, k, index))
         for k, v in zip(keys, values, strict=True):
@@ -172,19 +172,21 @@ class PartyRanks:
         self.local_shards = local_shards if self.local_shards is None else self.local_shards.merged(local_shards)
         bucket = ShardedBucket(local_shards, self.layout(keys), self.group, like=local_flat(values[0]))
         views = bucket.views(values)
-        if self.carries_values:
-            bucket.own(views)
+        bucket.own(views)  # every party: the values to send (central) or the bytes its digests describe
         futures = [self._send_init(owned.key, owned.index, piece.detach().to("cpu").numpy())
                    for owned, piece in bucket.pieces]
         for (owned, piece), future in zip(bucket.pieces, futures, strict=True):
-            piece.copy_(self.link.answer(future, owned.key, owned.index, "INIT"))
+            reply = self.link.reply(future, owned.key, owned.index, "INIT")
+            if not _same(reply):  # else the piece holds the global value already
+                piece.copy_(self.link.data(reply, owned.key, owned.index))
         bucket.spread(views)
 
     def _send_init(self, key: int, index: int, piece: np.ndarray) -> Any:
         """INIT one slice this rank owns (with ``piece``'s values in the central party); the answer's future."""
         info = self.link.keys[key]
-        # without the value: the digest of what this rank holds, so the same weights do not cross the WAN again
-        digest = None if self.carries_values else value_digest(piece)
+        # the digest of what this rank holds, so the same weights do not cross the WAN again (nor come back to the
+        # central party, whose values they are: an answer of half the model in flight at once on each of its ranks)
+        digest = value_digest(piece)
         message = Message(Kind.INIT, key=key, slice=index, num_slices=len(info.slices),
                           tensor=piece if self.carries_values else None, dtype=piece.dtype, shape=piece.shape,
                           body=encode_body(InitBody(shard=info.shards[index], numel=math.prod(info.shape),
@@ -263,3 +265,8 @@ class PartyRanks:
         """Elements of every declared slice, by (key, slice), as a local server would hold them."""
         return {(k, index): stop - start for k, info in self.link.keys.items()
                 for index, (start, stop) in enumerate(info.slices)}
+
+
+def _same(reply: Message) -> bool:
+    """Whether an INIT's answer says the rank holds the global value already (its digest matched; no value came)."""
+    return bool((reply.body or {}).get(SAME)) and reply.tensor is None and reply.encoded is None
