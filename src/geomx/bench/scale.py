@@ -59,6 +59,7 @@ PARTIES, RANKS = 2, 2
 FSA = {"training": {"server_optimizer": "auto"}}
 FSA_STEPS = 12
 FSA_RATES = ("10Gbit",)
+PLAIN_STEPS = 50  # the control's steps (no sync: a few seconds give its memory and its jitter)
 HALF = "gpt43m"  # gpt85m at half its depth: the memory's scaling
 
 
@@ -147,7 +148,7 @@ def measure_grid(configs: tuple[str, ...], rates: tuple[str, ...], hs: tuple[int
                                          "parties": PARTIES, "ranks": RANKS, "lan": "collective",
                                          "inner_step": "stand-in (a wait)"}, "rows": [], "errors": []}
     say(f"[scale] plain: {PARTIES * RANKS} ranks, no sync ...")
-    plain = measure_plain(50, work, preset, step_ms)
+    plain = measure_plain(PLAIN_STEPS, work, preset, step_ms)
     if "error" in plain:
         section["errors"].append(f"plain: {plain['error']}")
     section["plain"] = plain
@@ -187,7 +188,7 @@ def measure_scaling(section: dict[str, Any], half: str, config: str, rate: str, 
     costs) and the ratios of the two sizes."""
     say(f"[scale] memory's scaling: plain and {config} with {half} ...")
     (work / half).mkdir(parents=True, exist_ok=True)
-    small = {"plain": measure_plain(50, work / half, half, step_ms),
+    small = {"plain": measure_plain(PLAIN_STEPS, work / half, half, step_ms),
              config: measure(config, rate, h, rounds, work / half, half, step_ms)}
     large = {"plain": section.get("plain", {}),
              config: next((r for r in section["rows"] if (r["config"], r["rate"], r["h"]) == (config, rate, h)), {})}

@@ -87,8 +87,6 @@ class CollectivePeriodicAverage(WorkerStrategy):
             self.rules.assign_fragments(kv.ranks.slice_sizes())
         if (self.delay and self.rules.fragments > 1 and isinstance(bucket, ModelBucket)
                 and loop.params[0].device.type == "cpu" and kv.ranks.group.direct):
-            for owned in bucket.layout.owned[kv.ranks.group.rank]:  # its global model: the job model's range
-                self.rules.set_global_model(owned.id, self.job_model[owned.key][owned.start:owned.stop].numpy())
             self.fragment_trips = FragmentTrips(self.rules, kv.ranks, bucket, self.job_model, self.delay,
                                                 kv.ranks.group.sibling(kv.config.topology.timeouts.round_s))
             return
@@ -128,7 +126,7 @@ class CollectivePeriodicAverage(WorkerStrategy):
         """A local round: the owned slices due for a global round send their deltas (and, without overlap, wait
         for the answers); the slices whose global round lands now take the new global model, mixed with the
         party's own under overlap. Whether any slice lands is the same answer on every rank (the rules know every
-        rank's slices), so every rank joins the same spread."""
+        rank's slices), so every rank joins the same share or spread."""
         bucket = self.bucket
         assert bucket is not None
         views = bucket.views(self.loop.params)

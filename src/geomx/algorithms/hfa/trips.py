@@ -55,9 +55,11 @@ class FragmentTrips:
         for owned in self.owned:
             per_fragment[rules.fragment(owned.id)] += owned.numel
         self.size = max(per_fragment, default=0)  # the most elements this rank sends in one fragment's round
+        for owned in self.owned:  # each owned slice's global model (its deltas start there): the job model's range
+            rules.set_global_model(owned.id, self.job_model[owned.key][owned.start:owned.stop].numpy())
         # buffers of fragments landed, for the next to leave; the first made resident now (touched), so the first
         # round does not page-fault a fresh buffer in (on the 2-core machine that cost the first round 0.2-0.35 s)
-        self.free: list[torch.Tensor] = [torch.empty(self.size, dtype=self.job_model[0].dtype).zero_()]
+        self.free: list[torch.Tensor] = [self._buffer().zero_()]
         self.in_flight: dict[int, tuple[torch.Tensor, Future[None]]] = {}  # landing round -> buffer, round trip
         self.thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="geomx-fragments")
         bucket.share(self.job_model, group=group)  # the trips' group and its sockets warm before the first round
@@ -70,7 +72,7 @@ class FragmentTrips:
                        for owned in share)
         if not anywhere:
             return
-        buffer = self.free.pop() if self.free else torch.empty(self.size, dtype=self.job_model[0].dtype)
+        buffer = self.free.pop() if self.free else self._buffer()
         due, at = [], 0
         for owned in leaving:
             piece = buffer[at:at + owned.numel]
@@ -78,6 +80,10 @@ class FragmentTrips:
             due.append((owned, piece))
             at += owned.numel
         self.in_flight[count + self.delay] = (buffer, self.thread.submit(self._trip, due, count, priority))
+
+    def _buffer(self) -> torch.Tensor:
+        """A fragment's buffer: room for this rank's owned slices of the largest fragment."""
+        return torch.empty(self.size, dtype=self.job_model[0].dtype)
 
     def land(self, count: int) -> None:
         """Wait for the round trip landing at local round ``count`` (raising what it raised), if one does."""
