@@ -83,6 +83,21 @@ def test_a_step_that_overruns_counts_its_excess() -> None:
     assert slept == []
 
 
+def test_compute_then_move_is_a_step_whose_move_is_all_overrun() -> None:
+    """A loop shaped as training (compute, then the optimizer's step): ``compute`` waits a whole step, ``move``
+    changes the parameters as ``step`` would and counts all of its time as overrun."""
+    readings = iter([0.0, 0.0, 0.04, 0.04, 0.043])  # compute: start, sleep, end; move: 3 ms of delta
+    slept: list[float] = []
+    param = torch.zeros(2)
+    stand_in = StandIn([param], [torch.ones(2)], step_s=0.04, apply_every=1, clock=lambda: next(readings),
+                       sleep=slept.append)
+    stand_in.compute()
+    assert slept == [pytest.approx(0.04)] and param.tolist() == [0.0, 0.0]
+    stand_in.move()
+    assert param.tolist() == [1.0, 1.0] and stand_in.steps == 1
+    assert stand_in.overrun_s == pytest.approx(0.003)
+
+
 def test_realistic_deltas_are_sgd_steps_of_one_real_gradient() -> None:
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 2)

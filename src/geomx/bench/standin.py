@@ -18,6 +18,11 @@ Utilization, the share of the wall time the device computes: ``steps * step_s / 
 leaves out the stand-in's own overrun (a delta of 85M parameters takes the CPU longer than a step; a GPU applies
 it inside one).
 
+A training loop computes (forward, backward) before it calls the optimizer's step, and the sync runs in that
+call: ``compute`` (the wait) and ``move`` (the delta's part, where the optimizer would change the parameters) are
+the two halves of ``step`` for a loop shaped that way (``compute`` in the loop, ``move`` as the wrapper's
+``inner_step``); ``move``'s CPU time is all overrun, as the device would do it inside its step.
+
 Usage::
 
     deltas = realistic_deltas(model, loss_fn, lr=1e-4)        # one real forward and backward
@@ -77,11 +82,27 @@ class StandIn:
     def step(self) -> None:
         """One inner step: its part of the round's delta, then the wait up to ``step_s`` after the step began."""
         started = self.clock()
+        self._move()
+        self._wait_until(started + self.step_s)
+
+    def compute(self) -> None:
+        """The step's forward and backward, as a loop runs them before the optimizer's step: a wait of ``step_s``."""
+        self._wait_until(self.clock() + self.step_s)
+
+    @torch.no_grad()
+    def move(self) -> None:
+        """The step's change of the parameters (its part of the round's delta), all of its time overrun."""
+        started = self.clock()
+        self._move()
+        self.overrun_s += self.clock() - started
+
+    def _move(self) -> None:
         if self.apply_every:
             for param, delta in self.parts[self.steps % self.apply_every]:
                 param.add_(delta, alpha=float(self.apply_every))
         self.steps += 1
-        end = started + self.step_s
+
+    def _wait_until(self, end: float) -> None:
         left = end - self.clock()
         if left < 0:
             self.overrun_s -= left

@@ -18,7 +18,8 @@ every rank trains on; tau local rounds later the owners land the answers, one sp
 fragment's new global model (the job's model), and each rank mixes it with its own,
 ``(1 - fragment_alpha) * global + fragment_alpha * own``, as a local server answers its workers. Whole-model
 ranks on the CPU over gloo do all of a fragment's round trip on its thread, from a buffer the size of one fragment
-(``trips.FragmentTrips``); elsewhere (CUDA, FSDP2) it goes through the owned chunk.
+(``trips.FragmentTrips``), and their blocking global rounds go out a few windows of the owned slices at a time
+(``windows.WindowedRounds``); elsewhere (CUDA, FSDP2) both go through the owned chunk.
 
 Usage (chosen by the wrapper for a collective party under HFA)::
 
@@ -41,6 +42,7 @@ from ...collective.owners import OwnedSlice
 from ...core.strategy import Loop, WorkerStrategy
 from .rules import LocalFrequencyAggregation
 from .trips import FragmentTrips
+from .windows import WindowedRounds
 
 
 class CollectivePeriodicAverage(WorkerStrategy):
@@ -69,6 +71,8 @@ class CollectivePeriodicAverage(WorkerStrategy):
         # whole-model ranks on the CPU (gloo), streaming and overlapped: each fragment from a buffer of its own,
         # landed into the job's model and shared on the round trip's thread; no chunk (see ``trips``)
         self.fragment_trips: FragmentTrips | None = None
+        # the same ranks, blocking: a global round a few windows of the owned slices at a time (see ``windows``)
+        self.windows: WindowedRounds | None = None
         self.piece_of: dict[tuple[int, int], int] = {}  # an owned slice's index in the bucket's pieces
 
     def init_keys(self) -> None:
@@ -85,11 +89,14 @@ class CollectivePeriodicAverage(WorkerStrategy):
         self.job_model = [view.clone() for view in views]
         if self.rules.needs_fragments:  # every rank and party splits all the slices alike
             self.rules.assign_fragments(kv.ranks.slice_sizes())
-        if (self.delay and self.rules.fragments > 1 and isinstance(bucket, ModelBucket)
-                and loop.params[0].device.type == "cpu" and kv.ranks.group.direct):
-            self.fragment_trips = FragmentTrips(self.rules, kv.ranks, bucket, self.job_model, self.delay,
-                                                kv.ranks.group.sibling(kv.config.topology.timeouts.round_s))
-            return
+        if isinstance(bucket, ModelBucket) and loop.params[0].device.type == "cpu" and kv.ranks.group.direct:
+            if not self.delay:
+                self.windows = WindowedRounds(self.rules, kv.ranks, bucket, self.job_model)
+                return
+            if self.rules.fragments > 1:
+                self.fragment_trips = FragmentTrips(self.rules, kv.ranks, bucket, self.job_model, self.delay,
+                                                    kv.ranks.group.sibling(kv.config.topology.timeouts.round_s))
+                return
         bucket.own(views)
         # on the host, where the rules' numpy arithmetic reads them (the model itself may be on a GPU)
         self.stage = HostChunk(bucket.chunk, bucket.pieces)
@@ -117,6 +124,8 @@ class CollectivePeriodicAverage(WorkerStrategy):
         self.loop.optimizer.step()
 
     def step(self) -> None:
+        if self.fragment_trips is not None:  # the leaving fragment's copy, made while the step computed
+            self.fragment_trips.copied()
         self.inner_step()
         self.local_steps += 1
         if self.local_steps % self.k1 == 0:
@@ -137,6 +146,12 @@ class CollectivePeriodicAverage(WorkerStrategy):
             self.fragment_trips.land(count)
             self.loop.waited(time.monotonic() - started)
             self.fragment_trips.leave(views, count, self.loop.priority)
+        elif self.windows is not None:
+            started = time.monotonic()
+            landed = self.windows.run(views, count, self.loop.priority)
+            self.loop.waited(time.monotonic() - started)
+            if not landed:
+                return
         elif not self._round(views, count):
             return
         mine = self.alpha if self.delay else 0.0

@@ -1,8 +1,10 @@
 """Streaming HFA's overlapped global rounds on a whole-model CPU rank: each fragment's round trip on a thread of
 the rank's own, from a buffer the size of one fragment, into the job's model.
 
-At the local round a fragment leaves, the rank copies the slices of it that it owns into a buffer (one pass over
-about 1 / (fragments x ranks) of the model) and trains on. On the trip's thread: their deltas, in place; sent,
+At the local round a fragment leaves, a thread of the trips' copies the slices of it that the rank owns into a
+buffer (one pass over about 1 / (fragments x ranks) of the model) while the rank mixes the fragment that landed
+and computes its next step: the rank waits for the copy only before its parameters change again (``copied``, before
+the optimizer's step). On the trip's thread: their deltas, in place; sent,
 encoded by the job's codec; the answers decoded into the same buffer and written into the job's model (the
 slices' global models are its ranges); then every owner's new slices go from its job model to the other ranks'
 (``ModelBucket.share``, over a group of the trips' own). When the fragment lands, the rank only mixes it into its
@@ -14,7 +16,8 @@ Usage (by ``CollectivePeriodicAverage`` when it applies: CPU tensors, gloo, frag
 
     trips = FragmentTrips(rules, kv.ranks, bucket, job_model, delay=1, group=kv.ranks.group.sibling(timeout_s))
     trips.land(count)                        # at a local round: waits for the fragment that lands now, if any
-    trips.leave(views, count, priority)      # its leaving slices copied, their round trip started
+    trips.leave(views, count, priority)      # its leaving slices' copy and round trip started
+    trips.copied()                           # before the next optimizer step: the copy is done
 """
 
 from __future__ import annotations
@@ -62,6 +65,9 @@ class FragmentTrips:
         self.free: list[torch.Tensor] = [self._buffer().zero_()]
         self.in_flight: dict[int, tuple[torch.Tensor, Future[None]]] = {}  # landing round -> buffer, round trip
         self.thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="geomx-fragments")
+        # the leaving slices' copies, on a thread of their own: a round trip still out (delay > 1) does not hold one
+        self.copier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="geomx-fragment-copies")
+        self.copy: Future[None] | None = None  # the last leaving fragment's copy
         bucket.share(self.job_model, group=group)  # the trips' group and its sockets warm before the first round
 
     def leave(self, views: Sequence[torch.Tensor], count: int, priority: Sequence[int]) -> None:
@@ -75,11 +81,20 @@ class FragmentTrips:
         buffer = self.free.pop() if self.free else self._buffer()
         due, at = [], 0
         for owned in leaving:
-            piece = buffer[at:at + owned.numel]
-            piece.copy_(views[owned.key][owned.start:owned.stop])
-            due.append((owned, piece))
+            due.append((owned, buffer[at:at + owned.numel]))
             at += owned.numel
-        self.in_flight[count + self.delay] = (buffer, self.thread.submit(self._trip, due, count, priority))
+        sources = [views[owned.key][owned.start:owned.stop] for owned in leaving]
+        self.copy = copy = self.copier.submit(_copy, sources, [piece for _, piece in due])
+        self.in_flight[count + self.delay] = (buffer, self.thread.submit(self._trip, copy, due, count, priority))
+        if count > self.delay and any(self.rules.goes_global(owned.id, count - self.delay) for owned in leaving):
+            self.copied()  # a slice landing now leaves again (delay a multiple of K2): copied before the mix
+
+    def copied(self) -> None:
+        """Wait for the last leaving fragment's copy (raising what it raised): call before the parameters change
+        again, as the optimizer's step changes them."""
+        if self.copy is not None:
+            copy, self.copy = self.copy, None
+            copy.result()
 
     def _buffer(self) -> torch.Tensor:
         """A fragment's buffer: room for this rank's owned slices of the largest fragment."""
@@ -94,8 +109,11 @@ class FragmentTrips:
         trip.result()
         self.free.append(buffer)
 
-    def _trip(self, due: list[tuple[OwnedSlice, torch.Tensor]], sent: int, priority: Sequence[int]) -> None:
-        """On the trips' thread: the deltas, in place; out and back; the answers into the job's model; shared."""
+    def _trip(self, copy: Future[None], due: list[tuple[OwnedSlice, torch.Tensor]], sent: int,
+              priority: Sequence[int]) -> None:
+        """On the trips' thread, once ``copy`` filled ``due``: the deltas, in place; out and back; the answers into
+        the job's model; shared."""
+        copy.result()
         bases = [self.job_model[owned.key][owned.start:owned.stop] for owned, _ in due]
         for owned, piece in due:
             self.rules.delta(owned.id, piece.numpy(), out=piece.numpy())
@@ -111,4 +129,12 @@ class FragmentTrips:
         for _, trip in self.in_flight.values():
             trip.exception()  # waits; a failure here only means the round's answer is not needed
         self.in_flight.clear()
+        self.copy = None
         self.thread.shutdown(wait=True)
+        self.copier.shutdown(wait=True)
+
+
+def _copy(sources: Sequence[torch.Tensor], pieces: Sequence[torch.Tensor]) -> None:
+    """Each source range into its piece of a fragment's buffer."""
+    for source, piece in zip(sources, pieces, strict=True):
+        piece.copy_(source)

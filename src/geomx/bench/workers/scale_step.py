@@ -98,8 +98,8 @@ def main(argv: list[str] | None = None) -> None:
     per_step = args.sync == "geomx" and opt.plan.mode.name != "HFA"  # type: ignore[attr-defined]
     stand_in = StandIn(params, deltas, args.step_ms / 1000,
                        args.apply_every or (None if per_step else k1))
-    if args.sync == "geomx" and not args.real:  # the wait takes the step's own math's place
-        opt.strategy.inner_step = (lambda: None) if per_step else stand_in.step  # type: ignore[attr-defined]
+    if args.sync == "geomx" and not args.real:  # the stand-in's change of the parameters takes the step's math's place
+        opt.strategy.inner_step = (lambda: None) if per_step else stand_in.move  # type: ignore[attr-defined]
     durations = []
     started = time.perf_counter()
     for _ in range(args.steps):
@@ -114,7 +114,8 @@ def main(argv: list[str] | None = None) -> None:
             stand_in.step()
             opt.push_gradients()  # type: ignore[attr-defined]
             opt.step()
-        elif args.sync == "geomx":
+        elif args.sync == "geomx":  # forward and backward (the wait), then the optimizer's step (its sync included)
+            stand_in.compute()
             opt.step()
         else:
             stand_in.step()
