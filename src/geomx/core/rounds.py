@@ -29,6 +29,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ..codecs.half import from_half
 from ..protocol.wire import Kind, Message, MessageKind
 from .clients import Clients
 from .policy import SyncPolicy
@@ -150,7 +151,7 @@ class RoundTable:
         if message.kind is Kind.PUSHPULL and message.tensor is not None:
             if rnd.accum is None:
                 tensor = message.tensor
-                rnd.accum = tensor.astype(np.float32) if tensor.dtype == np.float16 else tensor
+                rnd.accum = from_half(tensor) if tensor.dtype == np.float16 else tensor
             elif not rnd.accum.flags.writeable:
                 rnd.accum = np.add(rnd.accum, message.tensor)
             else:
