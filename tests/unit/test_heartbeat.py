@@ -25,6 +25,9 @@ from geomx.transport.rpc import RemoteError, Requests
 from geomx.transport.van import Van
 
 FAST = Timeouts(heartbeat_s=0.5, heartbeat_interval_s=0.05)
+# where the test waits for the scheduler's answers, not for a silence: a node gives its scheduler this long before
+# it stops, so a first heartbeat slow to connect on a loaded machine does not end the test (0.5 s once did, in CI)
+ANSWERED = Timeouts(heartbeat_s=10.0, heartbeat_interval_s=0.05)
 
 
 def test_watch_declares_only_silent_members_that_did_not_leave() -> None:
@@ -45,7 +48,7 @@ def test_watch_declares_only_silent_members_that_did_not_leave() -> None:
 
 
 def test_pulse_learns_the_dead_from_the_scheduler_and_fails_requests_to_them() -> None:
-    topology = Topology(parties=(PartySpec("a", 1),), central="a", timeouts=FAST)
+    topology = Topology(parties=(PartySpec("a", 1),), central="a", timeouts=ANSWERED)
     dead_now = {"peer-x": "no heartbeat for 9 s"}
     beats = threading.Event()
 
@@ -65,8 +68,8 @@ def test_pulse_learns_the_dead_from_the_scheduler_and_fails_requests_to_them() -
         node.add_peer("peer-x", scheduler.address, "a")  # any address: the request never gets an answer
         requests = Requests(node, names={"peer-x": "dc9/server"})
         pending = requests.call("peer-x", Message(Kind.PULL))
-        pulse = pulse_for(node, requests, FAST)
-        assert pulse_for(node, requests, FAST) is pulse  # one per van
+        pulse = pulse_for(node, requests, ANSWERED)
+        assert pulse_for(node, requests, ANSWERED) is pulse  # one per van
         told: list[tuple[str, str]] = []
         pulse.on_dead(lambda member, why: told.append((member, why)))
         pulse.watch("sched")
@@ -85,7 +88,7 @@ def test_pulse_learns_the_dead_from_the_scheduler_and_fails_requests_to_them() -
 def test_a_node_declared_dead_itself_fails_every_request_and_tells_its_listeners() -> None:
     """Cut off longer than the heartbeat timeout, a node hears (once the WAN is back) that its scheduler declared
     it dead: every request, pending or later, fails naming that, and its server stops (the listener)."""
-    topology = Topology(parties=(PartySpec("a", 1),), central="a", timeouts=FAST)
+    topology = Topology(parties=(PartySpec("a", 1),), central="a", timeouts=ANSWERED)
     scheduler = Van("sched", "a", topology, handler=lambda m: None)
     scheduler.heartbeat_hook = lambda message: scheduler.send(
         message.sender.decode(), message.reply(body={"dead": {"node": "no heartbeat for 4.0 s"}})) is None
@@ -97,7 +100,7 @@ def test_a_node_declared_dead_itself_fails_every_request_and_tells_its_listeners
         node.add_peer("sched", scheduler.address, "a")
         requests = Requests(node)
         pending = requests.call("sched", Message(Kind.PULL))  # the scheduler never answers it
-        pulse = pulse_for(node, requests, FAST)
+        pulse = pulse_for(node, requests, ANSWERED)
         told: list[str] = []
         stopped = threading.Event()
         pulse.on_self_dead(lambda text: (told.append(text), stopped.set()))
