@@ -57,17 +57,21 @@ class StubBucket:
         self.group = SimpleNamespace(rank=rank)
         self.shared: list[list[tuple[int, int]]] = []
 
-    def share(self, tensors: Sequence[torch.Tensor], only: Any = None) -> None:
+    def share(self, tensors: Sequence[torch.Tensor], only: Any = None, group: Any = None) -> None:
         self.shared.append([owned.id for share in self.layout.owned for owned in share if only is None or only(owned)])
 
 
-def _setup(rank: int, k2: int = 1, window: int | None = 250, depth: int = 2):
+def _layout_and_models() -> tuple[OwnerLayout, list[torch.Tensor], list[torch.Tensor]]:
+    """NUMELS's slices dealt to 2 ranks; a model and a job's model, random."""
     owners = SliceOwners(2)
     for key, numel in NUMELS.items():
         owners.add(key, slice_plan(numel, 100), itemsize=4)
-    layout = OwnerLayout(owners, NUMELS)
-    model = [torch.randn(numel) for numel in NUMELS.values()]
-    job_model = [torch.randn(numel) for numel in NUMELS.values()]
+    return (OwnerLayout(owners, NUMELS), [torch.randn(numel) for numel in NUMELS.values()],
+            [torch.randn(numel) for numel in NUMELS.values()])
+
+
+def _setup(rank: int, k2: int = 1, window: int | None = 250, depth: int = 2):
+    layout, model, job_model = _layout_and_models()
     rules = LocalFrequencyAggregation(k2=k2, party_weight=WEIGHT)
     bucket, stub = StubBucket(layout, rank), StubRounds()
     rounds = WindowedRounds(rules, stub, bucket, job_model, window=window, depth=depth)  # type: ignore[arg-type]
@@ -126,24 +130,14 @@ def test_depth_must_be_positive() -> None:
         _setup(0, depth=0)
 
 
-class StubShare(StubBucket):
-    def share(self, tensors: Sequence[torch.Tensor], only: Any = None, group: Any = None) -> None:
-        super().share(tensors, only)
-
-
 def _trips(delay: int):
     from geomx.algorithms.hfa.trips import FragmentTrips
 
-    owners = SliceOwners(2)
-    for key, numel in NUMELS.items():
-        owners.add(key, slice_plan(numel, 100), itemsize=4)
-    layout = OwnerLayout(owners, NUMELS)
-    model = [torch.randn(numel) for numel in NUMELS.values()]
-    job_model = [torch.randn(numel) for numel in NUMELS.values()]
+    layout, model, job_model = _layout_and_models()
     rules = LocalFrequencyAggregation(k2=2, party_weight=WEIGHT, fragments=2)  # fragment 0 at odd rounds, 1 at even
     rules.assign_fragments({owned.id: owned.numel for share in layout.owned for owned in share})
     stub = StubRounds()
-    trips = FragmentTrips(rules, stub, StubShare(layout, 0), job_model, delay=delay,  # type: ignore[arg-type]
+    trips = FragmentTrips(rules, stub, StubBucket(layout, 0), job_model, delay=delay,  # type: ignore[arg-type]
                           group=SimpleNamespace(rank=0))  # type: ignore[arg-type]
     first = [owned for owned in trips.owned if rules.goes_global(owned.id, 1)]
     assert first and len(first) < len(trips.owned), "fragment 0 leaves at round 1, alone"
