@@ -157,9 +157,10 @@ class SGD(Optimizer):
             if self.nesterov:  # grad.add(buf, alpha=momentum)
                 ahead = _scaled(buf, self.momentum)
                 ahead += grad
-                grad = ahead
-            else:
-                grad = buf
+                ahead *= np.float32(-self.lr)  # ours: scaled in place (the same float32 product as _scaled's)
+                weight += ahead  # weight.add_(grad, alpha=-lr)
+                return
+            grad = buf
         weight += _scaled(grad, -self.lr)  # weight.add_(grad, alpha=-lr)
 
 

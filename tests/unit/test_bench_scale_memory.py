@@ -1,4 +1,4 @@
-"""The scale bench's memory figures (issue 23): a rank's extra over plain PyTorch is its peak less plain's, per
+"""The scale bench's memory and CPU figures (issue 23): a rank's extra over plain PyTorch is its peak less plain's, per
 model size, and "a model twice the size needs at most twice the memory" compares those extras (the runs are
 stubbed: the arithmetic and the report are what is tested)."""
 
@@ -47,3 +47,25 @@ def test_a_failed_half_run_is_reported_not_divided(monkeypatch: pytest.MonkeyPat
     section = {"plain": _row("plain", 200 * MB, 1300 * MB), "rows": [_row("streaming_int8", 200 * MB, 1530 * MB)]}
     figures = scale.measure_scaling(section, "gpt43m", "streaming_int8", "1Gbit", 100, 2, tmp_path, 40.0)
     assert "extra_ratio" not in figures and figures["errors"] == ["plain gpt43m: rank 1 died"]
+
+
+def test_cpu_time_per_process_is_in_the_stats_and_the_table(tmp_path: Path) -> None:
+    from geomx.runs.runlog import cpu_seconds, read_stats, write_stats
+
+    before = cpu_seconds()
+    sum(i * i for i in range(300_000))  # some user time of this process
+    after = cpu_seconds()
+    assert after["user"] > before["user"] and after["sys"] >= before["sys"] >= 0
+    write_stats(tmp_path, "global_server0", {"role": "global_server"})
+    stats, = read_stats(tmp_path)
+    assert stats["cpu_s"] >= after["user"] + after["sys"] and 0 <= stats["cpu_sys_s"] <= stats["cpu_s"]
+    ranks = [{"steps": 10, "step_s": 0.04, "wall_s": 0.5, "overrun_s": 0.0, "durations_s": [0.05] * 10,
+              "model_bytes": MB, "params": MB // 4, "peak_rss_bytes": 2 * MB, "loop_cpu_s": {"user": u, "sys": 0.5}}
+             for u in (1.0, 2.0)]
+    row = {**scale.summarize(ranks, 1), "config": "streaming_int8", "rate": "1Gbit", "h": 100,
+           "server_cpu_s": {"global_server0": {"user": 4.25, "sys": 1.0}}}
+    assert row["rank_loop_cpu_s"] == {"user": 1.5, "sys": 0.5}  # the mean over ranks
+    text = "\n".join(scale.lines({"setup": {"preset": "gpt85m", "parties": 2, "ranks": 2, "lan": "collective",
+                                            "inner_step": "stand-in", "step_ms": 40, "latency": "25ms", "rounds": 1},
+                                  "rows": [row]}))
+    assert "rank loop CPU s" in text and "1.5 + 0.5" in text and "4.2 + 1.0" in text

@@ -31,6 +31,7 @@ from geomx.codecs import (
 )
 from geomx.codecs.base import MAX_DECODE_BYTES
 from geomx.codecs.bsc import index_dtype, top_k_sampled
+from geomx.codecs.int8 import MAX_SCALE
 
 F32 = np.dtype(np.float32)
 FP16_STEP = 2.0**-11  # relative half-spacing of float16 (10 mantissa bits)
@@ -230,6 +231,30 @@ def test_int8_error_bound_ratio_and_edge_blocks() -> None:
     assert_int8_close(decoded, x, block=256)
     assert encoded.nbytes == 10_000 + 4 * 40
     assert codec.estimate_ratio(10_000, np.float32) == pytest.approx((10_000 + 4 * 40) / 40_000)
+
+
+@pytest.mark.parametrize("where", [0, 5, 9])  # in the first full block, the second, the partial last one
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_int8_finds_a_non_finite_value_in_any_block(where: int, bad: float) -> None:
+    x = np.linspace(-1, 1, 10, dtype=np.float32)
+    x[where] = bad
+    with pytest.raises(CodecError, match="NaN or inf"):
+        Int8(block=4).encode(x, info())
+
+
+def test_int8_of_the_largest_float32_values_decodes_finite_and_a_larger_scale_is_refused() -> None:
+    big = float(np.finfo(np.float32).max)
+    x = np.array([big, -big, 1.0, big / 3, 0.5, -big], np.float32)
+    codec = Int8(block=4)
+    encoded = codec.encode(x, info())
+    assert float(encoded.frames[1].max()) == MAX_SCALE  # clamped: 127 * scale is float32's largest, not inf
+    decoded = codec.decode(encoded, x.shape, F32)
+    assert np.all(np.isfinite(decoded)) and decoded[0] == np.float32(127) * np.float32(MAX_SCALE)
+    np.testing.assert_allclose(decoded[[0, 1, 3, 5]], x[[0, 1, 3, 5]], rtol=0, atol=big / 254 * 1.001)  # half a step
+    beyond = np.nextafter(np.float32(MAX_SCALE), np.float32(np.inf))
+    forged = Encoded(Int8.codec_id, [np.full(4, 127, np.int8), np.array([beyond], np.float32)], {"n": 4, "block": 4})
+    with pytest.raises(CodecError, match="scales must lie"):
+        codec.decode(forged, (4,), F32)
 
 
 # ---- Bi-Sparse: selection -----------------------------------------------------------------------------

@@ -97,7 +97,10 @@ def summarize(ranks: list[dict[str, Any]], rounds: int) -> dict[str, Any]:
             "params": ranks[0]["params"], "model_bytes": model,
             "rank_rss_over_model": max(r["peak_rss_bytes"] for r in ranks) / model,
             "slowest_step_s": max(max(r["durations_s"]) for r in ranks),
-            "overrun_s": statistics.fmean(r["overrun_s"] for r in ranks)}
+            "overrun_s": statistics.fmean(r["overrun_s"] for r in ranks),
+            # a rank's CPU time in the loop (every thread's: the sync's work, the stand-in's delta, the waits' wake-ups)
+            "rank_loop_cpu_s": {part: statistics.fmean(r["loop_cpu_s"][part] for r in ranks) for part in ("user", "sys")}
+            if all("loop_cpu_s" in r for r in ranks) else None}
 
 
 def measure(config: str, rate: str, h: int, rounds: int, work: Path, preset: str, step_ms: float) -> dict[str, Any]:
@@ -114,6 +117,8 @@ def measure(config: str, rate: str, h: int, rounds: int, work: Path, preset: str
     stats = read_stats(work / f"run-{name}")
     model = figures["model_bytes"]
     figures["rss_over_model"] = {s["name"]: s["peak_rss_bytes"] / model for s in stats if "peak_rss_bytes" in s}
+    figures["server_cpu_s"] = {s["name"]: {"user": s["cpu_s"] - s["cpu_sys_s"], "sys": s["cpu_sys_s"]}
+                               for s in stats if "server" in s["name"] and "cpu_sys_s" in s}
     far = [s for s in stats if s.get("role") == "worker" and s.get("party") != "dc0"]  # dc0 holds the global tier
     figures["far_party_wan_mb"] = {way: sum(s.get("wan", {}).get(way, 0) for s in far) / 1e6
                                    for way in ("sent", "recv")}
@@ -249,6 +254,11 @@ def run(plan: BenchPlan, out_dir: Path) -> dict[str, Any]:
     return measure_grid(tuple(CONFIGS), RATES, H_VALUES, 3, out_dir, fsa_rates=FSA_RATES, half=HALF)
 
 
+def _cpu(spent: dict[str, float] | None) -> str:
+    """CPU seconds as ``user + sys``."""
+    return "-" if spent is None else f"{spent['user']:.1f} + {spent['sys']:.1f}"
+
+
 def lines(section: dict[str, Any]) -> list[str]:
     """The section's table for ``geomx bench``'s report."""
     setup = section["setup"]
@@ -267,9 +277,11 @@ def lines(section: dict[str, Any]) -> list[str]:
                      fmt(row.get("utilization_after_first_round"), ".1%"),
                      fmt(row.get("blocked_s_per_round"), ".2f"),
                      " / ".join(f"{v:.0f}" for v in row.get("far_party_wan_mb", {}).values()) or "-",
-                     fmt(row.get("rank_rss_over_model"), ".2f", "x"), fmt(max(servers, default=None), ".2f", "x")])
+                     fmt(row.get("rank_rss_over_model"), ".2f", "x"), fmt(max(servers, default=None), ".2f", "x"),
+                     _cpu(row.get("rank_loop_cpu_s")), _cpu(max(row.get("server_cpu_s", {}).values(), default=None,
+                                                               key=lambda cpu: cpu["user"] + cpu["sys"]))])
     out += table(["config", "WAN", "H", "utilization", "after round 1", "blocked s/round", "dc1 WAN MB up / down",
-                  "rank RSS", "global server RSS"], rows)
+                  "rank RSS", "global server RSS", "rank loop CPU s", "global server CPU s"], rows)
     for row in section.get("rows", []):
         if row["config"] == "fsa" and "sync_over_link" in row:
             out.append(f"[scale] fsa at {row['rate']}: {row['blocked_s_per_round']:.2f} s of sync per step, the far "

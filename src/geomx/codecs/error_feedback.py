@@ -56,8 +56,9 @@ class ErrorFeedback(Codec):
                                  f"{x.size}; call reset() after re-initialising a key")
             x = x + residual  # a new array: the caller's tensor is never modified
         encoded = self.inner.encode(x.reshape(shape), info)  # raises (state untouched) on NaN or inf
-        decoded = self.inner.decode(encoded, shape, np.dtype(np.float32))
-        self._residuals[info.state_key] = x - decoded.reshape(-1)
+        decoded = self.inner.decode(encoded, shape, np.dtype(np.float32)).reshape(-1)
+        # the residual: into ``x`` where it is ours (the sum above), a new array where it is the caller's
+        self._residuals[info.state_key] = np.subtract(x, decoded, out=x if residual is not None else None)
         return encoded
 
     def decode(self, encoded: Encoded, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:

@@ -37,7 +37,19 @@ from .base import (
 )
 
 MAX_BLOCK = 1 << 24
-MAX_SCALE = float(np.finfo(np.float32).max) / 127  # what max|x| / 127 can be for finite float32 x
+
+
+def _max_scale() -> float:
+    """The largest float32 scale whose 127 multiple is still finite in float32: a decoded value ``q * scale`` never
+    overflows, so decoding needs no pass over its output to check it."""
+    scale = np.float32(float(np.finfo(np.float32).max) / 127)
+    with np.errstate(over="ignore"):
+        while not np.isfinite(np.float32(127) * scale):
+            scale = np.nextafter(scale, np.float32(0))
+    return float(scale)
+
+
+MAX_SCALE = _max_scale()
 
 
 def _blocks(x: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
@@ -58,25 +70,32 @@ class Int8(Codec):
         self.block = block
 
     def encode(self, array: np.ndarray, info: TensorInfo) -> Encoded:
+        """One float32 buffer besides the int8 output: each block's absolute values go into it (their maxima are
+        the scales, and check the values for NaN and inf: a maximum propagates NaN), then the quotients."""
         x = float_vector(array, f"key {info.key} slice {info.slice}")  # may view the caller's array: read only
-        check_finite(x, f"key {info.key} slice {info.slice}")
         rows, tail = _blocks(x, self.block)
-        absmax = np.abs(rows).max(axis=1) if rows.size else np.zeros(len(rows), np.float32)
+        y = np.empty_like(x)
+        y_rows, y_tail = _blocks(y, self.block)
+        absmax = np.empty(len(rows) + (1 if tail.size else 0), np.float32)
+        if rows.size:
+            np.abs(rows, out=y_rows).max(axis=1, out=absmax[:len(rows)])
         if tail.size:
-            absmax = np.append(absmax, np.abs(tail).max())
-        scales = (absmax / np.float32(127)).astype(np.float32)
+            absmax[len(rows)] = np.abs(tail, out=y_tail).max()
+        check_finite(absmax, f"key {info.key} slice {info.slice}")
+        scales = absmax / np.float32(127)
+        np.minimum(scales, np.float32(MAX_SCALE), out=scales)  # 127 * scale stays finite (values clip to 127)
         # Divide (not multiply by 1/scale): 1/scale overflows to inf for subnormal scales. All-zero
         # blocks divide by 1 instead of 0.
         divisors = np.where(scales > 0, scales, np.float32(1))
-        y = np.empty_like(x)
-        y_rows, y_tail = _blocks(y, self.block)
         np.divide(rows, divisors[: len(rows), None], out=y_rows)
         np.divide(tail, divisors[len(rows):], out=y_tail)
         np.rint(y, out=y)
-        np.clip(y, -127, 127, out=y)  # rounding of max|x| / scale may give 127.00001
+        np.clip(y, -127, 127, out=y)  # by rounding (or a clamped or subnormal scale) |y| may pass 127
         return Encoded(self.codec_id, [y.astype(np.int8), scales], {"n": x.size, "block": self.block})
 
     def decode(self, encoded: Encoded, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
+        """Two passes (to float32, times each block's scale); the output is finite by the scales' bound, so it is
+        never checked again."""
         check_id(encoded, self)
         numel, dtype = output_size(shape, dtype)
         check_frame_count(encoded, 2, self.name)
@@ -91,10 +110,8 @@ class Int8(Codec):
             raise CodecError("int8 values must be in [-127, 127]; -128 is never produced")
         out = q.astype(np.float32)  # no padding: a huge block in the meta must not make us allocate
         rows, tail = _blocks(out, block)
-        with np.errstate(over="ignore"):  # 127 * a scale just below MAX_SCALE may still round to inf
-            rows *= scales[: len(rows), None]
-            tail *= scales[len(rows):]
-        check_finite(out, "decoded int8 values")
+        rows *= scales[: len(rows), None]
+        tail *= scales[len(rows):]
         return to_dtype(out, dtype, owned=True).reshape(shape)
 
     def estimate_ratio(self, numel: int, dtype: Any) -> float:

@@ -29,13 +29,23 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def cpu_seconds() -> dict[str, float]:
+    """This process's CPU time so far, every thread's: ``{"user": s, "sys": s}`` (sys: the kernel's work for it,
+    page faults of fresh buffers and socket copies among it)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return {"user": usage.ru_utime, "sys": usage.ru_stime}
+
+
 def write_stats(run_dir: Path, name: str, stats: dict[str, Any]) -> Path:
-    """Atomically write one process's counters, with its peak resident memory so far (``peak_rss_bytes``)."""
+    """Atomically write one process's counters, with its peak resident memory (``peak_rss_bytes``) and CPU time
+    so far (``cpu_s``: user and sys, every thread's; ``cpu_sys_s``: the sys part, see ``cpu_seconds``)."""
+    cpu = cpu_seconds()
     folder = run_dir / "stats"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{file_name(name)}.json"
     tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps({"name": name, "peak_rss_bytes": peak_rss_bytes(), **stats}))
+    tmp.write_text(json.dumps({"name": name, "peak_rss_bytes": peak_rss_bytes(), "cpu_s": cpu["user"] + cpu["sys"],
+                               "cpu_sys_s": cpu["sys"], **stats}))
     tmp.replace(path)
     return path
 

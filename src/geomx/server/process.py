@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
@@ -211,7 +210,6 @@ class ParameterServer:
                 leads = self.table.leads_report()
             write_stats(self.config.run_dir, self.name, {"role": self.config.role.value,
                                                          "party": self.config.party,
-                                                         "cpu_s": time.process_time(),
                                                          "answer_leads": leads,
                                                          **self.van.counters.snapshot()})
         self.van.stop()

@@ -250,8 +250,8 @@ class PartyRanks:
                 if bases is None:
                     raise RuntimeError(f"{self.link.server_name(owned.key, owned.index)} sent a model change of key "
                                        f"{owned.key} slice {owned.index}, but this rank holds no global model of it")
-                change = self.link.data(reply, owned.key, owned.index)
-                piece.copy_(bases[index].to(piece.device) + change.to(piece.device))
+                change = self.link.data(reply, owned.key, owned.index).to(piece.device)
+                torch.add(bases[index].to(piece.device), change, out=piece)  # no sum allocated, then copied
             else:
                 piece.copy_(self.link.data(reply, owned.key, owned.index))
 

@@ -26,7 +26,7 @@ import torch
 
 from geomx.config import node_config
 from geomx.bench.standin import StandIn, realistic_deltas
-from geomx.runs.runlog import peak_rss_bytes
+from geomx.runs.runlog import cpu_seconds, peak_rss_bytes
 from geomx.zoo.charlm import Windows, build, encode, next_char_loss, stdlib_text
 
 BATCH = 16
@@ -101,6 +101,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.sync == "geomx" and not args.real:  # the stand-in's change of the parameters takes the step's math's place
         opt.strategy.inner_step = (lambda: None) if per_step else stand_in.move  # type: ignore[attr-defined]
     durations = []
+    cpu_before = cpu_seconds()
     started = time.perf_counter()
     for _ in range(args.steps):
         begun, overrun = time.perf_counter(), stand_in.overrun_s
@@ -121,11 +122,13 @@ def main(argv: list[str] | None = None) -> None:
             stand_in.step()
         durations.append(time.perf_counter() - begun - (stand_in.overrun_s - overrun))  # the stand-in's own, out
     wall = time.perf_counter() - started
+    loop_cpu = {part: spent - cpu_before[part] for part, spent in cpu_seconds().items()}  # every thread's
     stages["loop"] = rss_bytes()
     result = {"rank": rank, "steps": args.steps, "step_s": args.step_ms / 1000, "wall_s": wall,
               "durations_s": durations, "overrun_s": stand_in.overrun_s, "k1": k1, "real": args.real,
               "params": sum(p.numel() for p in params), "model_bytes": sum(p.numel() * p.element_size() for p in params),
-              "peak_rss_bytes": peak_rss_bytes(), "rss_bytes_after": stages, "device": str(device)}
+              "peak_rss_bytes": peak_rss_bytes(), "rss_bytes_after": stages,
+              "loop_cpu_s": loop_cpu, "device": str(device)}
     if args.sync == "geomx":
         opt.close()  # type: ignore[attr-defined]
         result["peak_rss_bytes"] = peak_rss_bytes()
