@@ -191,3 +191,35 @@ def test_a_fragment_that_lands_and_leaves_at_one_round_leaves_before_the_mix() -
     trips.land(5)
     _check(stub, first, at_round, base, job_model)
     trips.finish()
+
+
+def test_the_job_model_is_read_between_a_trips_writes() -> None:
+    """``FragmentTrips.reading``: while a trip writes the job model (its answers, then the share with the party)
+    a reader waits, so it never sees a slice half written; it goes on once the share is done."""
+    import threading
+
+    model, job_model, stub, trips, first = _trips(delay=1)
+    in_share, release, read = threading.Event(), threading.Event(), threading.Event()
+
+    def share(tensors: Sequence[torch.Tensor], only: Any = None, group: Any = None) -> None:
+        in_share.set()
+        assert release.wait(30), "the test never released the share"
+
+    trips.bucket.share = share  # type: ignore[method-assign]
+    trips.land(1)
+    trips.leave(model, 1, priority=[0, 0, 0])
+    assert in_share.wait(30), "the trip never reached its share"
+
+    def reader() -> None:
+        with trips.reading() as held:
+            assert held is trips.job_model
+            read.set()
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    assert not read.wait(0.3), "the job model was read while the trip was writing it"
+    release.set()
+    assert read.wait(30), "the reader never got the job model after the share"
+    thread.join(30)
+    trips.land(2)
+    trips.finish()

@@ -32,6 +32,7 @@ from __future__ import annotations
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from collections.abc import Sequence
+from contextlib import nullcontext
 
 import torch
 
@@ -261,5 +262,7 @@ class CollectivePeriodicAverage(WorkerStrategy):
     def load_job_model(self, into: Sequence[torch.Tensor]) -> None:
         """The global model of the last global round, as every rank of the party holds it (no traffic)."""
         assert self.bucket is not None, "init_keys runs first"
-        for out, model in zip(self.bucket.views(into), self.job_model, strict=True):
-            out.copy_(model)
+        trips = self.fragment_trips  # a trip may be writing the job model on its thread: read it between writes
+        with trips.reading() if trips is not None else nullcontext(self.job_model) as job_model:
+            for out, model in zip(self.bucket.views(into), job_model, strict=True):
+                out.copy_(model)

@@ -22,8 +22,10 @@ Usage (by ``CollectivePeriodicAverage`` when it applies: CPU tensors, gloo, frag
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any, Protocol
 
 import torch
@@ -68,6 +70,8 @@ class FragmentTrips:
         # the leaving slices' copies, on a thread of their own: a round trip still out (delay > 1) does not hold one
         self.copier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="geomx-fragment-copies")
         self.copy: Future[None] | None = None  # the last leaving fragment's copy
+        # held while a trip writes the job model (its answers, then the share): a reader sees every slice whole
+        self.writing = threading.Lock()
         bucket.share(self.job_model, group=group)  # the trips' group and its sockets warm before the first round
 
     def leave(self, views: Sequence[torch.Tensor], count: int, priority: Sequence[int]) -> None:
@@ -118,10 +122,19 @@ class FragmentTrips:
         for owned, piece in due:
             self.rules.delta(owned.id, piece.numpy(), out=piece.numpy())
         self.ranks.land(due, self.ranks.send(due, priority, kind="delta"), bases)
-        for (_, answer), base in zip(due, bases, strict=True):
-            base.copy_(answer)
-        self.bucket.share(self.job_model, only=lambda owned: self.rules.goes_global(owned.id, sent),
-                          group=self.group)
+        with self.writing:
+            for (_, answer), base in zip(due, bases, strict=True):
+                base.copy_(answer)
+            self.bucket.share(self.job_model, only=lambda owned: self.rules.goes_global(owned.id, sent),
+                              group=self.group)
+
+    @contextmanager
+    def reading(self) -> Iterator[list[torch.Tensor]]:
+        """The job model, while no trip writes it: every slice as one global round left it, never half of one
+        round's values and half of the next's (a fragment whose answers arrived counts from then, before it lands,
+        as a server party's job model does). Usage: ``with trips.reading() as model: out.copy_(model[0])``."""
+        with self.writing:
+            yield self.job_model
 
     def finish(self) -> None:
         """Round trips still out complete on their thread (their answers are not needed) before the rank leaves,
