@@ -142,12 +142,21 @@ class CollectivePeriodicAverage(WorkerStrategy):
         views = bucket.views(self.loop.params)
         self.local_rounds += 1
         count = self.local_rounds
-        if self.fragment_trips is not None:  # the fragment landing now (its trip did the rest), then the leaving one
+        trips = self.fragment_trips
+        if trips is not None:  # the fragment landing now (its trip did the rest) is mixed, then the leaving one leaves
             started = time.monotonic()
-            self.fragment_trips.land(count)
+            trips.land(count)
             self.loop.waited(time.monotonic() - started)
-            self.fragment_trips.leave(views, count, self.loop.priority)
-        elif self.windows is not None:
+            # the leaving fragment's copy starts after the mix, so the two do not share the cores; where a slice that
+            # lands now leaves again (delay a multiple of K2), before it: what leaves is the round's model, not the mix
+            before = trips.lands_and_leaves(count)
+            if before:
+                trips.leave(views, count, self.loop.priority)
+            self._mix(views, count)
+            if not before:
+                trips.leave(views, count, self.loop.priority)
+            return
+        if self.windows is not None:
             started = time.monotonic()
             landed = self.windows.run(views, count, self.loop.priority)
             self.loop.waited(time.monotonic() - started)
@@ -155,6 +164,13 @@ class CollectivePeriodicAverage(WorkerStrategy):
                 return
         elif not self._round(views, count):
             return
+        self._mix(views, count)
+
+    def _mix(self, views: list[torch.Tensor], count: int) -> None:
+        """The party's model takes every slice that landed at local round ``count``: the new global model, mixed
+        with the party's own under overlap."""
+        bucket = self.bucket
+        assert bucket is not None
         mine = self.alpha if self.delay else 0.0
         for share in bucket.layout.owned:  # the party's model: every slice that landed, mixed under overlap
             for owned in share:

@@ -1,10 +1,10 @@
 """Streaming HFA's overlapped global rounds on a whole-model CPU rank: each fragment's round trip on a thread of
 the rank's own, from a buffer the size of one fragment, into the job's model.
 
-At the local round a fragment leaves, a thread of the trips' copies the slices of it that the rank owns into a
-buffer (one pass over about 1 / (fragments x ranks) of the model) while the rank mixes the fragment that landed
-and computes its next step: the rank waits for the copy only before its parameters change again (``copied``, before
-the optimizer's step). On the trip's thread: their deltas, in place; sent,
+At the local round a fragment leaves, once the rank has mixed the fragment that landed (before, where one fragment
+lands and leaves at once), a thread of the trips' copies the slices of it that the rank owns into a buffer (one pass
+over about 1 / (fragments x ranks) of the model) while the rank computes its next step: the rank waits for the copy
+only before its parameters change again (``copied``, before the optimizer's step). On the trip's thread: their deltas, in place; sent,
 encoded by the job's codec; the answers decoded into the same buffer and written into the job's model (the
 slices' global models are its ranges); then every owner's new slices go from its job model to the other ranks'
 (``ModelBucket.share``, over a group of the trips' own). When the fragment lands, the rank only mixes it into its
@@ -90,8 +90,14 @@ class FragmentTrips:
         sources = [views[owned.key][owned.start:owned.stop] for owned in leaving]
         self.copy = copy = self.copier.submit(_copy, sources, [piece for _, piece in due])
         self.in_flight[count + self.delay] = (buffer, self.thread.submit(self._trip, copy, due, count, priority))
-        if count > self.delay and any(self.rules.goes_global(owned.id, count - self.delay) for owned in leaving):
+        if self.lands_and_leaves(count):
             self.copied()  # a slice landing now leaves again (delay a multiple of K2): copied before the mix
+
+    def lands_and_leaves(self, count: int) -> bool:
+        """Whether a slice this rank owns lands at local round ``count`` and leaves at it again (``delay`` a multiple
+        of K2): its copy must then be made before the mix."""
+        return count > self.delay and any(self.rules.goes_global(owned.id, count - self.delay)
+                                          and self.rules.goes_global(owned.id, count) for owned in self.owned)
 
     def copied(self) -> None:
         """Wait for the last leaving fragment's copy (raising what it raised): call before the parameters change
