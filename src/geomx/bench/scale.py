@@ -10,9 +10,9 @@ half and half), ``streaming_int8`` and ``streaming_fp16`` (the same with that WA
 the same ranks with no sync at all: the control (utilization 1 by construction) and plain PyTorch's memory.
 
 Per run: utilization (the stand-in's steps x step time / the loop's wall time, the mean over ranks), seconds
-blocked per outer round, the far party's WAN MB each way (dc0 holds the global tier), and each process's peak
-resident memory over the model's fp32 bytes; with ``--half``, the same for a model half the size (the memory's
-scaling).
+blocked per outer round, the far party's WAN MB each way (dc0 holds the global tier), each process's peak
+resident memory over the model's fp32 bytes, and CPU seconds (user + sys: a rank's in its loop, the global
+server's over its life); with ``--half``, the same for a model half the size (the memory's scaling).
 A PNG of utilization against bandwidth (one line per configuration and H) and the JSON land in ``--out``.
 
 Usage::
