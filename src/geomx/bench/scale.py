@@ -99,8 +99,8 @@ def summarize(ranks: list[dict[str, Any]], rounds: int) -> dict[str, Any]:
             "slowest_step_s": max(max(r["durations_s"]) for r in ranks),
             "overrun_s": statistics.fmean(r["overrun_s"] for r in ranks),
             # a rank's CPU time in the loop (every thread's: the sync's work, the stand-in's delta, the waits' wake-ups)
-            "rank_loop_cpu_s": {part: statistics.fmean(r["loop_cpu_s"][part] for r in ranks) for part in ("user", "sys")}
-            if all("loop_cpu_s" in r for r in ranks) else None}
+            "rank_loop_cpu_s": {part: statistics.fmean(r["loop_cpu_s"][part] for r in ranks)
+                                for part in ("user", "sys")} if all("loop_cpu_s" in r for r in ranks) else None}
 
 
 def measure(config: str, rate: str, h: int, rounds: int, work: Path, preset: str, step_ms: float) -> dict[str, Any]:

@@ -4,13 +4,13 @@ the rank's own, from a buffer the size of one fragment, into the job's model.
 At the local round a fragment leaves, once the rank has mixed the fragment that landed (before, where one fragment
 lands and leaves at once), a thread of the trips' copies the slices of it that the rank owns into a buffer (one pass
 over about 1 / (fragments x ranks) of the model) while the rank computes its next step: the rank waits for the copy
-only before its parameters change again (``copied``, before the optimizer's step). On the trip's thread: their deltas, in place; sent,
-encoded by the job's codec; the answers decoded into the same buffer and written into the job's model (the
-slices' global models are its ranges); then every owner's new slices go from its job model to the other ranks'
-(``ModelBucket.share``, over a group of the trips' own). When the fragment lands, the rank only mixes it into its
-model. A rank holds, beyond plain training, the job's model (DiLoCo's copy of the global model) and one buffer per
-fragment in flight: with ``fragments`` 4 and 2 ranks, one eighth of the model each, where a chunk of every owned
-slice (half the model) and a spread's scratch stood before.
+only before its parameters change again (``copied``, before the optimizer's step). On the trip's thread: their
+deltas, in place; sent, encoded by the job's codec; the answers decoded into the same buffer and written into the
+job's model (the slices' global models are its ranges); then every owner's new slices go from its job model to the
+other ranks' (``ModelBucket.share``, over a group of the trips' own). When the fragment lands, the rank only mixes
+it into its model. A rank holds, beyond plain training, the job's model (DiLoCo's copy of the global model) and one
+buffer per fragment in flight: with ``fragments`` 4 and 2 ranks, one eighth of the model each, where a chunk of
+every owned slice (half the model) and a spread's scratch stood before.
 
 Usage (by ``CollectivePeriodicAverage`` when it applies: CPU tensors, gloo, fragments > 1, an overlap)::
 
@@ -96,8 +96,10 @@ class FragmentTrips:
     def lands_and_leaves(self, count: int) -> bool:
         """Whether a slice this rank owns lands at local round ``count`` and leaves at it again (``delay`` a multiple
         of K2): its copy must then be made before the mix."""
-        return count > self.delay and any(self.rules.goes_global(owned.id, count - self.delay)
-                                          and self.rules.goes_global(owned.id, count) for owned in self.owned)
+        # a slice goes global once every K2 rounds, so it lands as it leaves only where delay is a multiple of K2
+        # (which a job's topology refuses): no loop over the slices at every local round
+        return (count > self.delay and self.delay % self.rules.k2 == 0
+                and any(self.rules.goes_global(owned.id, count) for owned in self.owned))
 
     def copied(self) -> None:
         """Wait for the last leaving fragment's copy (raising what it raised): call before the parameters change
