@@ -68,10 +68,13 @@ class LinkModel:
         self.outages = OutageSchedule(topology.outages, party, topology.job_start)
         # The party's own connection to the WAN (topology ``access``), shared by all WAN traffic per direction:
         # sends pass it on their way into their destination's pipe, receipts before they are handled.
+        # Made here, not with the first WAN peer: a receipt the I/O thread reads before it has run that peer's connect
+        # must queue at the access link too (one that passed it arrived at once in a loaded run of the in-cast test).
         self._access_bps = topology.access_bps(party)
         self._access_share = 1
-        self._access_out: ShapedLink[tuple[Outgoing, int]] | None = None
-        self._access_in: ShapedLink[Message | Delivery] | None = None
+        access = None if self._access_bps is None else LinkSpec(self._access_bps)
+        self._access_out: ShapedLink[tuple[Outgoing, int]] | None = None if access is None else ShapedLink(access)
+        self._access_in: ShapedLink[Message | Delivery] | None = None if access is None else ShapedLink(access)
         # The node's inbound LAN side (``links.lan.ingress``): LAN receipts queue there like WAN ones at the access
         # link, so workers sending to their local server at once share its rate.
         lan = topology.lan
@@ -92,15 +95,14 @@ class LinkModel:
         return peer
 
     def add_peer(self, peer: Peer, share: int) -> None:
-        """Open ``peer``'s pipe (if its party has none yet) and, over the WAN, the party's access link."""
+        """Open ``peer``'s pipe (if its party has none yet); over the WAN, the access link's share of the party's
+        processes that use it."""
         if peer.link_key not in self._links:
             self._links[peer.link_key] = ShapedLink(self.link_spec(peer), share if peer.link_class == WAN else 1)
         if peer.link_class == WAN and self._access_bps is not None:
             self._access_share = max(self._access_share, share)
-            if self._access_out is None or self._access_in is None:
-                self._access_out = ShapedLink(LinkSpec(self._access_bps))
-                self._access_in = ShapedLink(LinkSpec(self._access_bps))
             for access in (self._access_out, self._access_in):
+                assert access is not None  # made with the access rate, in __init__
                 access.rate_bps = self._access_bps / self._access_share
 
     def link_spec(self, peer: Peer) -> LinkSpec:
