@@ -23,7 +23,7 @@ import pytest
 import torch
 
 N = 1001  # elements per rank's part
-REDUCED = ("reduce-scatter", "reduce-scatter async")
+REDUCED = ("reduce-scatter", "reduce-scatter async", "reduce-scatter in place")
 
 
 def _inputs(rank: int, world: int) -> list[torch.Tensor]:
@@ -45,6 +45,9 @@ def _collectives(group: Any, rank: int, world: int) -> dict[str, list[torch.Tens
     for work in reversed(pending):
         work.wait()
     got["reduce-scatter async"] = [chunk.clone() for chunk in chunks]
+    inplace = a.clone()  # the sums land in this rank's own part of the buffer (FSA's per-step path)
+    group.reduce_scatter(inplace[rank * N:(rank + 1) * N], inplace)
+    got["reduce-scatter in place"] = [inplace[rank * N:(rank + 1) * N].clone()]
     group.all_gather(buffers[0], c)
     got["all-gather"] = [buffers[0].clone()]
     inplace = torch.full((world * N,), float("nan"))
@@ -74,6 +77,7 @@ def _expected(rank: int, world: int) -> dict[str, list[torch.Tensor]]:
         return torch.cat([mine[which] for mine in inputs])
 
     return {"reduce-scatter": [summed(0)], "reduce-scatter async": [summed(0), summed(1)],
+            "reduce-scatter in place": [summed(0)],
             "all-gather": [gathered(2)], "all-gather in place": [gathered(2)],
             "all-gather async": [gathered(2), gathered(3)]}
 

@@ -99,31 +99,60 @@ def run(plan: BenchPlan, out_dir: Path) -> dict[str, Any]:
 
 
 def measure_rows(models: tuple[str, ...], ranks: tuple[int, ...], steps: int, out_dir: Path,
-                 tiers: tuple[str, ...] = TIERS, device: str = "cpu", optimizer: str = "sgd") -> dict[str, Any]:
-    """Every (model, ranks) under every tier, one after the other; the figures for bench.json."""
+                 tiers: tuple[str, ...] = TIERS, device: str = "cpu", optimizer: str = "sgd",
+                 repeats: int = 1) -> dict[str, Any]:
+    """Every (model, ranks) under every tier; the figures for bench.json. ``repeats``: the tiers run in turn that
+    many times (ddp, collective, server, ddp, ...), so a drift of the machine's speed (a shared host's neighbours
+    move a 2-core VM's step by 10-30% over minutes) reaches every tier alike; each ratio is the median of the
+    rounds' own ratios, each tier's figure the median of its rounds'."""
     name = "AdamW" if optimizer == "adamw" else "SGD"
-    section: dict[str, Any] = {"setup": {"steps": steps, "warmup": WARMUP, "device": device,
+    section: dict[str, Any] = {"setup": {"steps": steps, "warmup": WARMUP, "device": device, "repeats": repeats,
                                          "host": "loopback, one party, no WAN",
                                          "optimizer": f"{name} on every rank (FSA, server_optimizer auto)"},
                                "rows": [], "errors": []}
     for model in models:
         for count in ranks:
-            row: dict[str, Any] = {"model": model, "ranks": count}
-            for tier in tiers:
-                say(f"[lan] {model}, {count} ranks, {tier} ...")
-                measured = measure(model, count, tier, steps, out_dir / "lan", device, optimizer)
-                if "error" in measured:
-                    section["errors"].append(f"{model} {count} {tier}: {measured['error']}")
-                row[tier] = measured
-            ms = {tier: step_ms(row.get(tier, {}), tier) for tier in ALL_TIERS}
-            if ms["ddp"] and ms["collective"]:
-                row["collective_over_ddp"] = ms["collective"] / ms["ddp"]
-            if ms["server"] and ms["collective"]:
-                row["server_over_collective"] = ms["server"] / ms["collective"]
-            if ms["plain"]:  # the share of each tier's step that the device computes
-                row["compute_share"] = {t: ms["plain"] / ms[t] for t in ALL_TIERS[1:] if ms[t]}
-            section["rows"].append(row)
+            runs: dict[str, list[dict[str, Any]]] = {tier: [] for tier in tiers}
+            for turn in range(repeats):
+                for tier in tiers:
+                    say(f"[lan] {model}, {count} ranks, {tier}" + (f" (turn {turn + 1})" if repeats > 1 else "") +
+                        " ...")
+                    measured = measure(model, count, tier, steps, out_dir / "lan", device, optimizer)
+                    if "error" in measured:
+                        section["errors"].append(f"{model} {count} {tier}: {measured['error']}")
+                    runs[tier].append(measured)
+            section["rows"].append(combine(model, count, runs))
     return section
+
+
+def combine(model: str, count: int, runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """One row from each tier's turns: the tier's figures (medians over turns, ``turns_ms`` each turn's), and the
+    ratios as the median of each turn's ratio (tiers measured in the same turn, minutes apart, not tens)."""
+    row: dict[str, Any] = {"model": model, "ranks": count}
+    for tier, measured in runs.items():
+        good = [m for m in measured if "error" not in m]
+        if not good:
+            row[tier] = measured[-1] if measured else {}
+            continue
+        row[tier] = {**good[0], "turns_ms": [step_ms(m, tier) for m in good],
+                     **{k: statistics.median(m[k] for m in good) for k in ("median_ms", "mean_ms")}}
+    turns = max((len(m) for m in runs.values()), default=0)
+
+    def ratio(top: str, bottom: str) -> tuple[float | None, list[float]]:
+        each = [step_ms(runs[top][t], top) / step_ms(runs[bottom][t], bottom)  # type: ignore[operator]
+                for t in range(turns) if top in runs and bottom in runs and t < len(runs[top]) and
+                t < len(runs[bottom]) and step_ms(runs[top][t], top) and step_ms(runs[bottom][t], bottom)]
+        return (statistics.median(each) if each else None), each
+
+    for key, top, bottom in (("collective_over_ddp", "collective", "ddp"),
+                             ("server_over_collective", "server", "collective")):
+        value, each = ratio(top, bottom)
+        if value is not None:
+            row[key], row[f"{key}_turns"] = value, each
+    ms = {tier: step_ms(row.get(tier, {}), tier) for tier in ALL_TIERS}
+    if ms["plain"]:  # the share of each tier's step that the device computes
+        row["compute_share"] = {t: ms["plain"] / ms[t] for t in ALL_TIERS[1:] if ms[t]}
+    return row
 
 
 def step_ms(measured: dict[str, Any], tier: str) -> float | None:
@@ -134,8 +163,11 @@ def step_ms(measured: dict[str, Any], tier: str) -> float | None:
 def lines(section: dict[str, Any]) -> list[str]:
     """The section's table for ``geomx bench``'s report."""
     setup = section["setup"]
+    turns = setup.get("repeats", 1)
     out = [f"[lan] {setup['host']}; median step of rank 0 over {setup['steps'] - setup['warmup']} steps after "
-           f"{setup['warmup']} warm-up; {setup['optimizer']}"]
+           f"{setup['warmup']} warm-up; {setup['optimizer']}" +
+           (f"; tiers in {turns} turns, each figure the median of its turns', each ratio of the turns' ratios"
+            if turns > 1 else "")]
     shown = [t for t in ALL_TIERS if any(t in row for row in section.get("rows", []))]
     rows = []
     for row in section.get("rows", []):
@@ -160,13 +192,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--optimizer", choices=["sgd", "adamw"], default="sgd")
     parser.add_argument("--steps", type=int, default=None, help="per run (default 30; --quick 15)")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="run the tiers in turn this many times; ratios are the median of each turn's")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", default="bench-results")
     args = parser.parse_args(argv)
     out_dir = Path(args.out)
     steps = args.steps or (15 if args.quick else 30)
     section = measure_rows(tuple(args.models), tuple(args.ranks), steps, out_dir, tuple(args.tiers), args.device,
-                           args.optimizer)
+                           args.optimizer, max(1, args.repeats))
     write_and_print("lan", section, out_dir, lines)
 
 

@@ -70,11 +70,14 @@ class ModelBucket:
 
     Each is allocated when first used, so a bucket holds only what its user needs: a gradient all-reduce
     (``OverlappedMean``) never makes the chunk, HFA's spreads never make the whole buffer (they gather in windows
-    of a scratch of their own)."""
+    of a scratch of their own). ``in_place``: the chunk is this rank's own part of the buffer (a view), so a
+    reduce-scatter leaves the sums where the all-gather sends them from: no chunk of its own, no copy into the
+    buffer before the all-gather (FSA's per-step path, on a group whose collectives go rank to rank)."""
 
-    def __init__(self, layout: OwnerLayout, group: PartyGroup, like: torch.Tensor) -> None:
+    def __init__(self, layout: OwnerLayout, group: PartyGroup, like: torch.Tensor, in_place: bool = False) -> None:
         self.layout = layout
         self.group = group
+        self.in_place = in_place
         self._dtype, self._device = like.dtype, like.device
         self._offset = {owned.id: offset for owned, offset in zip(layout.owned[group.rank], layout.offsets[group.rank],
                                                                    strict=True)}
@@ -86,7 +89,9 @@ class ModelBucket:
 
     @functools.cached_property
     def chunk(self) -> torch.Tensor:
-        """This rank's owned slices, back to back."""
+        """This rank's owned slices, back to back (``in_place``: its part of ``buffer``)."""
+        if self.in_place:
+            return self.layout.chunk(self.buffer, self.group.rank)
         return torch.zeros(self.layout.chunk_numel, dtype=self._dtype, device=self._device)
 
     @functools.cached_property

@@ -42,6 +42,14 @@ def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
+def _is_part(chunk: torch.Tensor, buffer: torch.Tensor, rank: int) -> bool:
+    """Whether ``chunk`` is exactly ``rank``'s part of ``buffer`` (a reduce-scatter in place: the rank-to-rank one
+    sums into it, as it never sends that part)."""
+    size = chunk.numel()
+    return (chunk.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr() and chunk.is_contiguous()
+            and chunk.data_ptr() == buffer.data_ptr() + rank * size * buffer.element_size())
+
+
 class PartyError(RuntimeError):
     """A collective of the party failed: a rank died, hung past the timeout, or disagreed on a shape."""
 
@@ -121,7 +129,7 @@ class PartyGroup:
 
     def reduce_scatter_async(self, chunk: torch.Tensor, buffer: torch.Tensor) -> Pending:
         """Start a reduce-scatter (``chunk`` = the party's sum of this rank's chunk); ``wait`` the result."""
-        if self.direct and not _overlaps(chunk, buffer):
+        if self.direct and (not _overlaps(chunk, buffer) or _is_part(chunk, buffer, self.rank)):
             return self._exchange("reduce-scatter", buffer, chunk, reduce=True)
         return self._start("reduce-scatter", lambda: _REDUCE_SCATTER(chunk, buffer, group=self.group, async_op=True))
 
@@ -169,8 +177,16 @@ class PartyGroup:
             if len(terms) == 1:
                 chunk.copy_(terms[0])
                 return
-            torch.add(terms[0], terms[1], out=chunk)
-            for term in terms[2:]:
+            if rank >= 2 and chunk.data_ptr() == part(rank).data_ptr():  # in place: the sum before this rank's
+                before = terms[0]  # part is made in a received row, then added to it (a + b is b + a, exactly)
+                for term in terms[1:rank]:
+                    before.add_(term)
+                chunk.add_(before)
+                later = terms[rank + 1:]
+            else:
+                torch.add(terms[0], terms[1], out=chunk)
+                later = terms[2:]
+            for term in later:
                 chunk.add_(term)
 
         return Pending(self, what, works, then=total)

@@ -54,7 +54,9 @@ class CollectiveServerStep(WorkerStrategy):
         for keys in backward_buckets(numels, like.element_size(), self.bucket_bytes):
             for key in keys:
                 self.bucket_of[key] = len(self.buckets)
-            self.buckets.append(ModelBucket(ranks.layout(keys), ranks.group, like=like))
+            # rank to rank (gloo), the reduce-scatter sums into this rank's part of the bucket and the all-gather
+            # sends from there: no chunk of its own, no copy of it per step
+            self.buckets.append(ModelBucket(ranks.layout(keys), ranks.group, like=like, in_place=ranks.group.direct))
             self.stages.append(HostChunk(self.buckets[-1].chunk, self.buckets[-1].pieces))
         self.trained = set(loop.trained)
         self._new_step()
@@ -112,7 +114,8 @@ class CollectiveServerStep(WorkerStrategy):
             ranks.land(pieces, futures)
             stage.up()  # the answers to the device, in one copy, before the all-gather reads them
             self.fill(bucket)
-            gathers.append(bucket.group.all_gather_async(bucket.buffer, bucket.chunk.clone()))
+            gathers.append(bucket.group.all_gather_async(bucket.buffer, bucket.chunk if bucket.in_place
+                                                         else bucket.chunk.clone()))
         for bucket, gather in zip(self.buckets, gathers, strict=True):
             gather.wait()
             bucket.layout.unpack(bucket.buffer, self.targets(bucket))

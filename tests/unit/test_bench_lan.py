@@ -1,0 +1,35 @@
+"""The lan section's rows from tiers run in turns: each ratio is the median of the turns' own ratios (tiers measured
+side by side), each tier's figure the median of its turns; a failed turn drops out of both."""
+
+from __future__ import annotations
+
+from geomx.bench import lan
+
+
+def _ms(median: float) -> dict[str, float]:
+    return {"median_ms": median, "mean_ms": median + 1, "params": 5, "steps": 25}
+
+
+def test_ratios_are_the_median_of_each_turns_ratio_not_a_ratio_of_medians() -> None:
+    # the machine slows between turns: ddp 100 -> 130 -> 110, collective 104 -> 137 -> 112
+    runs = {"ddp": [_ms(100), _ms(130), _ms(110)], "collective": [_ms(104), _ms(137), _ms(112)],
+            "server": [_ms(200), _ms(210), _ms(205)]}
+    row = lan.combine("mlp", 2, runs)
+    assert row["collective"]["median_ms"] == 112 and row["ddp"]["median_ms"] == 110
+    assert row["collective"]["turns_ms"] == [104, 137, 112]
+    turns = [104 / 100, 137 / 130, 112 / 110]
+    assert row["collective_over_ddp_turns"] == turns
+    assert row["collective_over_ddp"] == sorted(turns)[1]  # 1.04, not 112 / 110 = 1.018
+    assert row["server_over_collective"] == sorted([200 / 104, 210 / 137, 205 / 112])[1]
+    text = "\n".join(lan.lines({"setup": {"steps": 30, "warmup": 5, "host": "loopback", "optimizer": "SGD",
+                                          "repeats": 3}, "rows": [row]}))
+    assert "1.04x" in text and "3 turns" in text
+
+
+def test_a_failed_turn_drops_out_of_the_figures_and_the_ratios() -> None:
+    runs = {"ddp": [_ms(100), {"error": "rank 1 died"}], "collective": [_ms(120), _ms(90)]}
+    row = lan.combine("mlp", 2, runs)
+    assert row["ddp"]["turns_ms"] == [100] and row["collective"]["median_ms"] == 105
+    assert row["collective_over_ddp_turns"] == [1.2]
+    failed = lan.combine("mlp", 2, {"ddp": [{"error": "x"}], "collective": [_ms(1)]})
+    assert failed["ddp"] == {"error": "x"} and "collective_over_ddp" not in failed
