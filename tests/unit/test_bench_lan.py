@@ -7,7 +7,7 @@ from geomx.bench import lan
 
 
 def _ms(median: float) -> dict[str, float]:
-    return {"median_ms": median, "mean_ms": median + 1, "params": 5, "steps": 25}
+    return {"median_ms": median, "mean_ms": median + 1, "params": 5, "steps": 25, "cpu_ms": median * 2}
 
 
 def test_ratios_are_the_median_of_each_turns_ratio_not_a_ratio_of_medians() -> None:
@@ -24,6 +24,7 @@ def test_ratios_are_the_median_of_each_turns_ratio_not_a_ratio_of_medians() -> N
     text = "\n".join(lan.lines({"setup": {"steps": 30, "warmup": 5, "host": "loopback", "optimizer": "SGD",
                                           "repeats": 3}, "rows": [row]}))
     assert "1.04x" in text and "3 turns" in text
+    assert row["collective"]["cpu_ms"] == 224 and "220 / 224 / 410" in text  # each tier's CPU per step
 
 
 def test_a_failed_turn_drops_out_of_the_figures_and_the_ratios() -> None:

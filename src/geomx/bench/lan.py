@@ -11,13 +11,16 @@ plain / tier is the share of the step the device computes.
 With ``--device cuda`` the models and batches live on the GPU, DDP and the collective tier run over NCCL, and ranks
 that outnumber the GPUs share them (``geomx.bench.workers.lan_step``).
 
-Reported: the median step time (ms) of rank 0 after warm-up steps, and the ratios collective / ddp and
-server / collective. Never asserts.
+Reported: the median step time (ms) of rank 0 after warm-up steps (the MLP runs 10x the steps), the CPU its process
+used per step, and the ratios collective / ddp and server / collective. ``--repeats N`` runs the tiers in turns
+(ddp, collective, server, ddp, ...) and takes each ratio as the median of the turns' own: on a shared 2-core VM a
+step's time drifts by 10-30% over minutes, which back-to-back rows would read as a difference of tiers. Never
+asserts.
 
 Usage::
 
     geomx bench --only lan --quick
-    python -m geomx.bench.lan --models mlp transformer --ranks 2 4 --out bench-results
+    python -m geomx.bench.lan --models mlp transformer --ranks 2 4 --repeats 2 --out bench-results
     python -m geomx.bench.lan --device cuda --models gpt57m --optimizer adamw --tiers plain ddp collective server
 """
 
@@ -48,6 +51,9 @@ HFA_TIERS = ("collective_hfa", "server_hfa")
 ALL_TIERS = ("plain", *TIERS, *HFA_TIERS)
 HFA = {"k1": 5, "k2": 2}
 WARMUP = 5
+# models whose step takes milliseconds run this many times the steps and warm-up steps: 25 steps of a few ms are
+# over before a shared machine's drift averages out (the MLP's DDP step read 4.7 ms in one turn, 8.0 in the next)
+STEP_FACTOR = {"mlp": 10}
 
 
 def _topology(path: Path, ranks: int, tier: str) -> Path:
@@ -69,6 +75,8 @@ def measure(model: str, ranks: int, tier: str, steps: int, work: Path, device: s
             optimizer: str = "sgd") -> dict[str, Any]:
     """One row: rank 0's step times under ``tier``; ``error`` says why there are none."""
     work.mkdir(parents=True, exist_ok=True)
+    factor = STEP_FACTOR.get(model, 1)
+    steps, warmup = steps * factor, WARMUP * factor
     out = work / f"{model}-{ranks}-{tier}.json"
     out.unlink(missing_ok=True)
     if tier in ("ddp", "plain"):
@@ -86,16 +94,19 @@ def measure(model: str, ranks: int, tier: str, steps: int, work: Path, device: s
     if not ok or not out.exists():
         return {"error": tail}
     data = json.loads(out.read_text())
-    timed = data["step_s"][WARMUP:] or data["step_s"]
+    timed = data["step_s"][warmup:] or data["step_s"]
+    cpu = data.get("cpu_s", [])[warmup:] or data.get("cpu_s", [])
     return {"median_ms": 1000 * statistics.median(timed), "mean_ms": 1000 * statistics.fmean(timed),
-            "params": data["params"], "steps": len(timed), "device": data.get("device_name", "cpu")}
+            "params": data["params"], "steps": len(timed), "device": data.get("device_name", "cpu"),
+            **({"cpu_ms": 1000 * statistics.median(cpu)} if cpu else {})}
 
 
 def run(plan: BenchPlan, out_dir: Path) -> dict[str, Any]:
-    """The section's entry point: quick, the MLP on 2 ranks; else both models on 2 and 4 ranks."""
+    """The section's entry point: quick, the MLP on 2 ranks; else both models on 2 and 4 ranks, the tiers in two
+    turns."""
     if plan.quick:
         return measure_rows(("mlp",), (2,), 15, out_dir)
-    return measure_rows(("mlp", "transformer"), (2, 4), 30, out_dir)
+    return measure_rows(("mlp", "transformer"), (2, 4), 30, out_dir, repeats=2)
 
 
 def measure_rows(models: tuple[str, ...], ranks: tuple[int, ...], steps: int, out_dir: Path,
@@ -135,7 +146,8 @@ def combine(model: str, count: int, runs: dict[str, list[dict[str, Any]]]) -> di
             row[tier] = measured[-1] if measured else {}
             continue
         row[tier] = {**good[0], "turns_ms": [step_ms(m, tier) for m in good],
-                     **{k: statistics.median(m[k] for m in good) for k in ("median_ms", "mean_ms")}}
+                     **{k: statistics.median(m[k] for m in good) for k in ("median_ms", "mean_ms", "cpu_ms")
+                        if all(k in m for m in good)}}
     turns = max((len(m) for m in runs.values()), default=0)
 
     def ratio(top: str, bottom: str) -> tuple[float | None, list[float]]:
@@ -165,7 +177,8 @@ def lines(section: dict[str, Any]) -> list[str]:
     setup = section["setup"]
     turns = setup.get("repeats", 1)
     out = [f"[lan] {setup['host']}; median step of rank 0 over {setup['steps'] - setup['warmup']} steps after "
-           f"{setup['warmup']} warm-up; {setup['optimizer']}" +
+           f"{setup['warmup']} warm-up (" + ", ".join(f"{m}: {f}x" for m, f in STEP_FACTOR.items()) +
+           f"); {setup['optimizer']}" +
            (f"; tiers in {turns} turns, each figure the median of its turns', each ratio of the turns' ratios"
             if turns > 1 else "")]
     shown = [t for t in ALL_TIERS if any(t in row for row in section.get("rows", []))]
@@ -176,9 +189,11 @@ def lines(section: dict[str, Any]) -> list[str]:
         rows.append([row["model"], fmt(params / 1e6 if params else None, ".1f", "M"), str(row["ranks"]),
                      *(fmt(step_ms(row.get(t, {}), t), ".1f") for t in shown),
                      fmt(row.get("collective_over_ddp"), ".2f", "x"), fmt(row.get("server_over_collective"), ".2f", "x"),
-                     " / ".join(f"{share[t]:.0%}" for t in shown if t in share) or "-"])
+                     " / ".join(f"{share[t]:.0%}" for t in shown if t in share) or "-",
+                     " / ".join(fmt(row.get(t, {}).get("cpu_ms"), ".0f") for t in shown)])
     out += table(["model", "params", "ranks", *(f"{t} ms" for t in shown), "collective/ddp", "server/collective",
-                  "compute share " + " / ".join(t for t in shown if t != "plain")], rows)
+                  "compute share " + " / ".join(t for t in shown if t != "plain"),
+                  "rank 0 CPU ms " + " / ".join(shown)], rows)
     if any(t in shown for t in HFA_TIERS):
         out.append(f"[lan] *_hfa: HFA with K1={HFA['k1']}, K2={HFA['k2']}, outer Nesterov; the mean step")
     return out

@@ -2,7 +2,8 @@
 (the party's LAN tier, ``lan: server`` or ``lan: collective``, comes from the topology).
 
 Synthetic batches, FSA with the optimizer on every rank (DDP's arithmetic). Rank 0 writes the wall time of every
-step (forward, backward, the sync, the optimizer; on a GPU up to the device's end of it) to ``--out`` as JSON.
+step (forward, backward, the sync, the optimizer; on a GPU up to the device's end of it) and the CPU time its
+process used in it (all threads) to ``--out`` as JSON.
 ``plain`` is the same loop with no sync at all (the ranks train side by side): the compute a tier adds to.
 
 With ``--device cuda`` the model and batches live on the GPU and DDP runs over NCCL. Ranks that outnumber the GPUs
@@ -94,18 +95,19 @@ def main(argv: list[str] | None = None) -> None:
 
         opt = gx.DistributedOptimizer(inner, model)
     rank = int(os.environ.get("RANK", "0")) if args.tier != "geomx" else opt.global_rank  # type: ignore[attr-defined]
-    times = []
+    times, cpu = [], []
     for _ in range(args.steps):
-        started = time.perf_counter()
+        started, used = time.perf_counter(), time.process_time()
         opt.zero_grad()
         loss_of(args.model, step_model, inputs, targets).backward()
         opt.step()
         if device.type == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - started)
+        cpu.append(time.process_time() - used)  # every thread of the rank: gloo's, the sockets', the wrapper's
     params = sum(p.numel() for p in model.parameters())
     if rank == 0:
-        Path(args.out).write_text(json.dumps({"step_s": times, "params": params, "device": str(device),
+        Path(args.out).write_text(json.dumps({"step_s": times, "cpu_s": cpu, "params": params, "device": str(device),
                                               "device_name": torch.cuda.get_device_name(device)
                                               if device.type == "cuda" else "cpu"}))
     if args.tier == "ddp":
