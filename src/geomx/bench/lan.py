@@ -188,7 +188,8 @@ def lines(section: dict[str, Any]) -> list[str]:
         share = row.get("compute_share", {})
         rows.append([row["model"], fmt(params / 1e6 if params else None, ".1f", "M"), str(row["ranks"]),
                      *(fmt(step_ms(row.get(t, {}), t), ".1f") for t in shown),
-                     fmt(row.get("collective_over_ddp"), ".2f", "x"), fmt(row.get("server_over_collective"), ".2f", "x"),
+                     fmt(row.get("collective_over_ddp"), ".2f", "x"),
+                     fmt(row.get("server_over_collective"), ".2f", "x"),
                      " / ".join(f"{share[t]:.0%}" for t in shown if t in share) or "-",
                      " / ".join(fmt(row.get(t, {}).get("cpu_ms"), ".0f") for t in shown)])
     out += table(["model", "params", "ranks", *(f"{t} ms" for t in shown), "collective/ddp", "server/collective",
