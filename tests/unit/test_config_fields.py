@@ -250,3 +250,13 @@ def test_durations_read_as_written(value, unit):
     suffix, scale = unit
     assert kinds.DURATION.from_yaml(f"{value!r}{suffix}", "timeouts.round", None) == pytest.approx(value * scale)
     assert kinds.DURATION.from_text(kinds.DURATION.to_text(value), "GEOMX_TIMEOUT") == value
+
+
+def test_a_parameter_called_type_is_refused_where_it_would_take_the_names_place():
+    # written back, a spec is {type: name, **params}: a parameter "type" would overwrite the name (hypothesis found
+    # server_optimizer '0' with a parameter type=1.0, which read back as a spec with no name)
+    with pytest.raises(ConfigError, match="no parameter may be called that"):
+        TrainingSpec(server_optimizer="dcasgd", server_optimizer_params=(("type", 1.0),))
+    with pytest.raises(ConfigError, match="no parameter may be called that"):
+        kinds.named_spec("dcasgd:lamda=0.04,type=1", "training.server_optimizer")
+    assert kinds.named_spec("dcasgd:lamda=0.04", "x") == ("dcasgd", {"lamda": 0.04})

@@ -133,6 +133,8 @@ def named_spec(raw: Any, where: str) -> tuple[str, dict[str, Any]]:
         key, sep, value = item.partition("=")
         if not sep:
             raise ConfigError(f"{where}: {item!r} is not key=value")
+        if key.strip() == "type":  # {type: name, ...} is how the spec is written back: the name's place
+            raise ConfigError(f"{where}: 'type' names the spec ({name.strip()!r}); no parameter may be called that")
         params[key.strip()] = yaml.safe_load(value)
     return name.strip().lower(), params
 

@@ -378,6 +378,9 @@ class TrainingSpec:
             if not _NAME.fullmatch(getattr(self, name)):
                 raise ConfigError(f"training.{name} must be a name in lower case letters, digits and '_', got "
                                   f"{getattr(self, name)!r}")
+        if any(key == "type" for key, _ in self.server_optimizer_params):
+            raise ConfigError("training.server_optimizer_params: 'type' names the optimizer "
+                              f"({self.server_optimizer!r}); no parameter may be called that")
         if self.compression is not None and not isinstance(self.compression.get("type"), str):
             raise ConfigError(f"training.compression needs a 'type', got {self.compression!r}")
         if self.p3_slice_elems < 1:
