@@ -325,8 +325,9 @@ class TrainingSpec:
     gradient under FSA (as DDP), and translates it onto the global servers (SGD, Adam) where the sync policy
     needs a server optimizer (MixedSync, SSP) or P3 is on (its overlap lands new weights lazily); ``none``
     always steps on the workers; ``translate`` always runs the translated optimizer on the global servers; a
-    name (``dcasgd``, ``outer_nesterov`` ...) installs that server optimizer with ``server_optimizer_params``.
-    ``compression``: a codec spec for the WAN.
+    name (``dcasgd``, ``outer_nesterov`` ...) installs that server optimizer with ``server_optimizer_params``
+    (written ``name:key=value,...`` or ``{type: name, key: value}``; ``type`` is the name's place, so no parameter
+    may be called that). ``compression``: a codec spec for the WAN.
     ``esync``: ESync's balanced local steps (needs HFA with K2 = 1). ``p3``: Priority-based Parameter
     Propagation: tensors cut into ``p3_slice_elems`` slices, shallow layers first. ``priorities``: the wrapper
     tags each tensor with ``-layer index`` (shallow layers overtake deep ones in every send queue); ``false``
