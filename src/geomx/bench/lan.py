@@ -148,12 +148,10 @@ def combine(model: str, count: int, runs: dict[str, list[dict[str, Any]]]) -> di
         row[tier] = {**good[0], "turns_ms": [step_ms(m, tier) for m in good],
                      **{k: statistics.median(m[k] for m in good) for k in ("median_ms", "mean_ms", "cpu_ms")
                         if all(k in m for m in good)}}
-    turns = max((len(m) for m in runs.values()), default=0)
 
     def ratio(top: str, bottom: str) -> tuple[float | None, list[float]]:
-        each = [step_ms(runs[top][t], top) / step_ms(runs[bottom][t], bottom)  # type: ignore[operator]
-                for t in range(turns) if top in runs and bottom in runs and t < len(runs[top]) and
-                t < len(runs[bottom]) and step_ms(runs[top][t], top) and step_ms(runs[bottom][t], bottom)]
+        pairs = [(step_ms(a, top), step_ms(b, bottom)) for a, b in zip(runs.get(top, []), runs.get(bottom, []))]
+        each = [a / b for a, b in pairs if a and b]
         return (statistics.median(each) if each else None), each
 
     for key, top, bottom in (("collective_over_ddp", "collective", "ddp"),

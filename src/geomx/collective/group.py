@@ -45,9 +45,8 @@ def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
 def _is_part(chunk: torch.Tensor, buffer: torch.Tensor, rank: int) -> bool:
     """Whether ``chunk`` is exactly ``rank``'s part of ``buffer`` (a reduce-scatter in place: the rank-to-rank one
     sums into it, as it never sends that part)."""
-    size = chunk.numel()
-    return (chunk.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr() and chunk.is_contiguous()
-            and chunk.data_ptr() == buffer.data_ptr() + rank * size * buffer.element_size())
+    return (_overlaps(chunk, buffer) and chunk.is_contiguous()
+            and chunk.data_ptr() == buffer.data_ptr() + rank * chunk.numel() * buffer.element_size())
 
 
 class PartyError(RuntimeError):
