@@ -154,3 +154,9 @@ def test_a_peer_short_of_the_target_is_compared_at_its_own_final_value() -> None
     text = "\n".join(wan_goals.group_peer_lines("100", runs, "mlp", True))
     assert ("info (mlp): 100 Mbit/s, diloco_groups did not reach the target; to its final value 0.9580 it took "
             "8.0 s: geomx_hfa_outer_collective 2.0 s (4.00x), geomx_hfa_outer_collective_int8 3.0 s (2.67x)") in text
+    # the goals on time count to the same value, and say so
+    assert ("(collective) reaches the peer's final value 0.9580 (the peer never reached the target) no later than "
+            "diloco_groups (2.0 s vs 8.0 s; >= 1.0x): 4.00x -> met") in text
+    assert ("(geomx_hfa_outer_collective_int8, int8) reaches the peer's final value 0.9580 (the peer never reached "
+            "the target) >= 3x sooner than diloco_groups, final value no worse (0.960 vs 0.958; 3.0 s vs 8.0 s): "
+            "2.67x -> NOT met") in text

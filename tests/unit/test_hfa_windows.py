@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from geomx.algorithms.hfa.rules import LocalFrequencyAggregation
-from geomx.algorithms.hfa.windows import WindowedRounds
+from geomx.algorithms.hfa.windows import MIN_WINDOW, WindowedRounds
 from geomx.collective.layout import OwnerLayout
 from geomx.collective.owners import SliceOwners
 from geomx.core.sharding import slice_plan
@@ -114,6 +114,16 @@ def test_a_slice_larger_than_the_window_is_a_window_alone() -> None:
     _, _, _, _, _, tiny = _setup(0, window=1)
     assert [len(window) for window in tiny.windows(tiny.owned)] == [1] * len(tiny.owned)
     assert tiny.size == max(slice_.numel for slice_ in tiny.owned), "a buffer holds the largest slice"
+
+
+def test_a_small_models_round_goes_out_in_one_window_and_its_buffer_holds_only_what_the_rank_owns() -> None:
+    """The default window is 1/32 of the model but at least MIN_WINDOW elements: a small model's owned slices are
+    not held back behind answers (one window, one buffer the size of the rank's share)."""
+    layout, model, _, bucket, stub, rounds = _setup(1, window=None, depth=1)
+    owned = layout.owned[1]
+    assert rounds.window == MIN_WINDOW and rounds.size == sum(slice_.numel for slice_ in owned)
+    assert rounds.run(model, 1, priority=[0, 0, 0])
+    assert stub.windows == [[slice_.id for slice_ in owned]]
 
 
 def test_a_local_round_sends_nothing_and_shares_nothing() -> None:

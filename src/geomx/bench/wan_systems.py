@@ -81,11 +81,13 @@ EXTRA_SYSTEMS = (
            topology_extra={"links": {"lan": "collective"},
                            "training": {"server_optimizer": "outer_nesterov", "compression": BSC}}),
     # the same with its WAN rounds hidden: streaming in collective parties (each fragment global every 10 steps,
-    # its round overlapping the next local round of 5 steps on every rank), int8 both ways
-    System("geomx_hfa_outer_collective_stream_int8", "geomx HFA 5x2 + outer, streaming (2 fragments, overlap 1) + "
-           "int8, collective parties (wrapper)", "geomx", period=H, hfa=(5, 2), outer=True, worker="wan_torch",
-           compression=INT8, topology_extra={"links": {"lan": "collective"}, "training": {
-               "server_optimizer": "outer_nesterov", "compression": INT8, "fragments": 2, "fragment_delay": 1}}),
+    # its round overlapping the next local round of 5 steps on every rank; the landing global model mixed half and
+    # half with the party's, as geomx_hfa_outer_5x2_stream and torchft's diloco_stream mix), int8 both ways
+    System("geomx_hfa_outer_collective_stream_int8", "geomx HFA 5x2 + outer, streaming (2 fragments, overlap 1, "
+           "mix 0.5) + int8, collective parties (wrapper)", "geomx", period=H, hfa=(5, 2), outer=True,
+           worker="wan_torch", compression=INT8, topology_extra={"links": {"lan": "collective"}, "training": {
+               "server_optimizer": "outer_nesterov", "compression": INT8, "fragments": 2, "fragment_delay": 1,
+               "fragment_alpha": 0.5}}),
     # torchft DiLoCo as torchtitan runs it: one replica group per data center (two ranks, FSDP2 over gloo inside,
     # a Manager per rank), the groups' Managers across the WAN; same inner and outer optimizers and H as diloco
     System("diloco_groups", f"torchft DiLoCo H={H}, 2 replica groups x 2 ranks (FSDP2)", "diloco", period=H,

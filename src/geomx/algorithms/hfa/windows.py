@@ -31,6 +31,10 @@ from .trips import Pieces, SliceRounds
 
 WINDOWS = 32  # a window is about 1/WINDOWS of the model (a larger slice is a window alone)
 DEPTH = 4  # windows out at once: 1/8 of the model per rank, enough to keep a 10 Gbit/s, 50 ms link busy at 85M
+# but never less than this many elements (4 MiB of float32): a window of a small model, 1/32 of it, would keep
+# too little on the wire (the digits MLP's 35K-element windows of 64K-element slices left 4 slices out per rank,
+# each new one waiting for an answer: its 100 Mbit/s round took 30 ms longer); the memory it costs is small
+MIN_WINDOW = 1 << 20
 
 
 class WindowedRounds:
@@ -44,8 +48,10 @@ class WindowedRounds:
         self.job_model = list(job_model)
         self.owned = bucket.layout.owned[bucket.group.rank]
         total = sum(owned.numel for share in bucket.layout.owned for owned in share)
-        self.window = window if window is not None else max(1, -(-total // WINDOWS))
-        self.size = max([self.window, *(owned.numel for owned in self.owned)])  # a buffer: a window or one slice
+        self.window = window if window is not None else max(MIN_WINDOW, -(-total // WINDOWS))
+        # a buffer: a window, or one larger slice; never more than this rank owns
+        self.size = max([min(self.window, sum(owned.numel for owned in self.owned)),
+                         *(owned.numel for owned in self.owned)])
         for owned in self.owned:  # each owned slice's global model (its deltas start there): the job model's range
             rules.set_global_model(owned.id, self._range(owned).numpy())
         self.free: list[torch.Tensor] = []  # buffers of landed windows, reused; made resident at the first round
