@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from geomx.bench import netns, wan_job, wan_jobs
+from geomx.bench import netns, wan_goals, wan_job, wan_jobs
 from geomx.bench import wan as bench_wan
 
 
@@ -59,6 +59,18 @@ def test_table_marks_lower_bounds_and_says_whether_goals_are_met():
     assert ">=40.00x" in text and "torchft not installed" in text
     assert ("goal (mlp): 20 Mbit/s, geomx best (geomx_best) reaches the target >= 30x sooner than DDP on the link: "
             "40.00x -> met" in text)
+
+
+def test_the_fsa_per_step_goal_is_said_for_collective_parties_when_they_ran():
+    rows = {"ddp": {"time_to_target_s": 45.0, "steps": 110, "step_s": 0.6, "final_accuracy": 0.969},
+            "geomx_fsa_collective": {"time_to_target_s": 35.0, "steps": 110, "step_s": 0.5, "final_accuracy": 0.969}}
+    bench_wan.add_ratios(rows, {"time_to_target_s": 2.0})
+    block = {"job": "mlp", "rates": {"100": {"rows": rows}}}
+    text = "\n".join(wan_goals.goal_lines(block))
+    assert ("goal (mlp): 100 Mbit/s, geomx FSA in collective parties >= 1.3x faster per step than DDP over all the "
+            "ranks: 1.20x -> NOT met") in text
+    del rows["geomx_fsa_collective"]
+    assert "collective parties >= 1.3x" not in "\n".join(wan_goals.goal_lines(block))
 
 
 def test_the_skip_reason_is_the_whole_section(monkeypatch, tmp_path):
