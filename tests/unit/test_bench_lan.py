@@ -25,6 +25,8 @@ def test_ratios_are_the_median_of_each_turns_ratio_not_a_ratio_of_medians() -> N
                                           "repeats": 3}, "rows": [row]}))
     assert "1.04x" in text and "3 turns" in text
     assert row["collective"]["cpu_ms"] == 224 and "220 / 224 / 410" in text  # each tier's CPU per step
+    assert "goal (lan, mlp, 2 ranks): collective step <= 1.05x DDP's: 1.04x -> met" in text
+    assert "goal (lan, mlp, 2 ranks): server tier's step >= 2x the collective's: 1.83x -> NOT met" in text
 
 
 def test_a_failed_turn_drops_out_of_the_figures_and_the_ratios() -> None:

@@ -195,6 +195,21 @@ def lines(section: dict[str, Any]) -> list[str]:
                   "rank 0 CPU ms " + " / ".join(shown)], rows)
     if any(t in shown for t in HFA_TIERS):
         out.append(f"[lan] *_hfa: HFA with K1={HFA['k1']}, K2={HFA['k2']}, outer Nesterov; the mean step")
+    return out + goal_lines(section.get("rows", []))
+
+
+def goal_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The issue's goals for one party's step, each with the ratio measured in this run (never asserted): a
+    collective party's step at most 1.05x plain DDP's, and the server tier's at least 2x the collective's."""
+    out = []
+    for row in rows:
+        where = f"{row['model']}, {row['ranks']} ranks"
+        for key, text, ok in (("collective_over_ddp", "collective step <= 1.05x DDP's", lambda v: v <= 1.05),
+                              ("server_over_collective", "server tier's step >= 2x the collective's",
+                               lambda v: v >= 2.0)):
+            if key in row:
+                value = row[key]
+                out.append(f"goal (lan, {where}): {text}: {value:.2f}x -> {'met' if ok(value) else 'NOT met'}")
     return out
 
 
