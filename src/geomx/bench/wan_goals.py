@@ -96,14 +96,19 @@ def goal_lines(block: dict[str, Any]) -> list[str]:
     return lines
 
 
-def best_codec_row(runs: dict[str, dict[str, Any]]) -> tuple[str, dict[str, Any]]:
+def best_codec_row(runs: dict[str, dict[str, Any]], time_to: Callable[[dict[str, Any]], float | None] | None = None
+                   ) -> tuple[str, dict[str, Any]]:
     """The collective HFA + outer row with a WAN codec (``geomx_hfa_outer_collective_<codec>``) that reached the
-    target soonest, else the first such row run; ("", {}) if none ran."""
+    goal's value soonest (``time_to``: a row's time to it; default the time to the target), else the first such
+    row run; ("", {}) if none ran."""
+    def seconds(figures: dict[str, Any]) -> float | None:
+        return time_to(figures) if time_to is not None else figures.get("time_to_target_s")
+
     coded = {n: f for n, f in runs.items() if n.startswith(COLLECTIVE + "_") and f.get("settings", {}).get(
         "compression")}
-    reached = {n: f for n, f in coded.items() if f.get("time_to_target_s") is not None}
+    reached = {n: f for n, f in coded.items() if seconds(f) is not None}
     pool = reached or coded
-    return min(pool.items(), key=lambda nf: nf[1].get("time_to_target_s") or float("inf"), default=("", {}))
+    return min(pool.items(), key=lambda nf: seconds(nf[1]) or float("inf"), default=("", {}))
 
 
 def group_peer_lines(rate: str, runs: dict[str, dict[str, Any]], job_name: str, higher: bool) -> list[str]:
@@ -138,7 +143,7 @@ def group_peer_lines(rate: str, runs: dict[str, dict[str, Any]], job_name: str, 
     say(f"geomx HFA {H}x1 + outer (collective) reaches {goal} no later than {GROUPS_PEER} "
         f"({fmt(mine_s, '.1f', ' s')} vs {fmt(theirs_s, '.1f', ' s')}; >= 1.0x)", sooner,
         sooner is not None and sooner >= 1.0)
-    name, coded = best_codec_row(runs)
+    name, coded = best_codec_row(runs, time_to)
     mine, theirs = coded.get("final_accuracy"), peer.get("final_accuracy")
     no_worse = mine is not None and theirs is not None and (mine - theirs) * (1 if higher else -1) >= 0
     codec = (coded.get("settings", {}).get("compression") or {}).get("type", "-")
