@@ -96,19 +96,19 @@ def goal_lines(block: dict[str, Any]) -> list[str]:
     return lines
 
 
-def best_codec_row(runs: dict[str, dict[str, Any]], time_to: Callable[[dict[str, Any]], float | None] | None = None
-                   ) -> tuple[str, dict[str, Any]]:
-    """The collective HFA + outer row with a WAN codec (``geomx_hfa_outer_collective_<codec>``) that reached the
-    goal's value soonest (``time_to``: a row's time to it; default the time to the target), else the first such
-    row run; ("", {}) if none ran."""
-    def seconds(figures: dict[str, Any]) -> float | None:
-        return time_to(figures) if time_to is not None else figures.get("time_to_target_s")
-
-    coded = {n: f for n, f in runs.items() if n.startswith(COLLECTIVE + "_") and f.get("settings", {}).get(
+def codec_rows(runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The collective HFA + outer rows with a WAN codec (``geomx_hfa_outer_collective_<codec>``), in run order."""
+    return {n: f for n, f in runs.items() if n.startswith(COLLECTIVE + "_") and f.get("settings", {}).get(
         "compression")}
-    reached = {n: f for n, f in coded.items() if seconds(f) is not None}
+
+
+def best_codec_row(coded: dict[str, dict[str, Any]], time_to: Callable[[dict[str, Any]], float | None]
+                   ) -> tuple[str, dict[str, Any]]:
+    """The row of ``coded`` (``codec_rows``) that reached the goal's value soonest (``time_to``: a row's time to
+    it), else the first one run; ("", {}) if none ran."""
+    reached = {n: f for n, f in coded.items() if time_to(f) is not None}
     pool = reached or coded
-    return min(pool.items(), key=lambda nf: seconds(nf[1]) or float("inf"), default=("", {}))
+    return min(pool.items(), key=lambda nf: time_to(nf[1]) or float("inf"), default=("", {}))
 
 
 def group_peer_lines(rate: str, runs: dict[str, dict[str, Any]], job_name: str, higher: bool) -> list[str]:
@@ -143,7 +143,8 @@ def group_peer_lines(rate: str, runs: dict[str, dict[str, Any]], job_name: str, 
     say(f"geomx HFA {H}x1 + outer (collective) reaches {goal} no later than {GROUPS_PEER} "
         f"({fmt(mine_s, '.1f', ' s')} vs {fmt(theirs_s, '.1f', ' s')}; >= 1.0x)", sooner,
         sooner is not None and sooner >= 1.0)
-    name, coded = best_codec_row(runs, time_to)
+    codecs = codec_rows(runs)
+    name, coded = best_codec_row(codecs, time_to)
     mine, theirs = coded.get("final_accuracy"), peer.get("final_accuracy")
     no_worse = mine is not None and theirs is not None and (mine - theirs) * (1 if higher else -1) >= 0
     codec = (coded.get("settings", {}).get("compression") or {}).get("type", "-")
@@ -153,8 +154,6 @@ def group_peer_lines(rate: str, runs: dict[str, dict[str, Any]], job_name: str, 
         f"{GROUPS_PEER}, final value no worse ({fmt(mine, '.3f')} vs {fmt(theirs, '.3f')}; "
         f"{fmt(coded_s, '.1f', ' s')} vs {fmt(theirs_s, '.1f', ' s')})",
         faster, faster is not None and faster >= 3.0 and no_worse)
-    codecs = {n: f for n, f in runs.items() if n.startswith(COLLECTIVE + "_") and f.get("settings", {}).get(
-        "compression")}
     lines += same_value_lines(rate, peer, {COLLECTIVE: dense, **codecs}, job_name, higher)
     return lines
 
