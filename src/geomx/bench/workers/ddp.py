@@ -22,6 +22,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from geomx.bench import wan_job, wan_jobs
+from geomx.bench.workers.teardown import leave_process_group
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -92,9 +93,8 @@ def main(argv: list[str] | None = None) -> None:
         if args.rank == 0 and due:
             log.write(step=step, epoch=epoch, value=log.evaluate(lambda: job.evaluate(model, test)), compute=timer,
                       loss=float(loss.detach()), calibrated_step_s=calibrated)
-    dist.barrier()
     log.close()
-    dist.destroy_process_group()
+    leave_process_group()
 
 
 if __name__ == "__main__":

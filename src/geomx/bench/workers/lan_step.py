@@ -28,6 +28,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from geomx.bench.workers.teardown import leave_process_group
 from geomx.zoo.charlm import PRESETS, VOCAB, Shape, build
 
 # the GPT-shaped character transformers and their batch; gpt57m and gpt85m are the zoo's presets (57.1M: issue 22's
@@ -110,11 +111,10 @@ def main(argv: list[str] | None = None) -> None:
         Path(args.out).write_text(json.dumps({"step_s": times, "cpu_s": cpu, "params": params, "device": str(device),
                                               "device_name": torch.cuda.get_device_name(device)
                                               if device.type == "cuda" else "cpu"}))
-    if args.tier == "ddp":
-        dist.barrier(device_ids=[device.index]) if device.type == "cuda" else dist.barrier()
-        dist.destroy_process_group()  # then exit
-    elif args.tier == "geomx":
+    if args.tier == "geomx":
         opt.close()  # type: ignore[attr-defined]
+    elif args.tier == "ddp":
+        leave_process_group(device)
 
 
 if __name__ == "__main__":
