@@ -23,7 +23,7 @@ import pytest
 import torch
 
 N = 1001  # elements per rank's part
-REDUCED = ("reduce-scatter", "reduce-scatter async", "reduce-scatter in place")
+REDUCED = ("reduce-scatter", "reduce-scatter async", "reduce-scatter in place", "lanes")
 
 
 def _inputs(rank: int, world: int) -> list[torch.Tensor]:
@@ -59,6 +59,16 @@ def _collectives(group: Any, rank: int, world: int) -> dict[str, list[torch.Tens
     for work in reversed(pending):
         work.wait()
     got["all-gather async"] = buffers
+    # two lanes: rank 0 starts an all-gather of the answers' lane before a reduce-scatter, the others after it
+    # (FSA lands a bucket's answers whenever they are in); each lane's tags keep the pairs apart. gloo's own
+    # collectives have no lanes: there every rank keeps one order
+    chunk, buffer = torch.full((N,), float("nan")), torch.full((world * N,), float("nan"))
+    scatter = lambda: group.reduce_scatter_async(chunk, a.clone())  # noqa: E731
+    gather = lambda: group.all_gather_async(buffer, d, lane="answers")  # noqa: E731
+    pending = [gather(), scatter()] if rank == 0 and group.direct else [scatter(), gather()]
+    for work in pending:
+        work.wait()
+    got["lanes"] = [chunk, buffer]
     return got
 
 
@@ -79,7 +89,7 @@ def _expected(rank: int, world: int) -> dict[str, list[torch.Tensor]]:
     return {"reduce-scatter": [summed(0)], "reduce-scatter async": [summed(0), summed(1)],
             "reduce-scatter in place": [summed(0)],
             "all-gather": [gathered(2)], "all-gather in place": [gathered(2)],
-            "all-gather async": [gathered(2), gathered(3)]}
+            "all-gather async": [gathered(2), gathered(3)], "lanes": [summed(0), gathered(3)]}
 
 
 def _join(rank: int, world: int, store: str, timeout_s: float) -> Any:

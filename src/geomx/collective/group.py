@@ -9,7 +9,10 @@ here from the ``TorchRun``. gloo serves CPU tensors, NCCL CUDA ones.
 On gloo, the all-gathers and reduce-scatters go rank to rank (``isend`` / ``irecv`` of each rank's part, the sums
 in rank order): gloo's own are 3-3.5x slower on this path. Measured on the 2-core machine, 2 ranks, 32 MB per
 rank: all-gather 77 ms against 24 ms for the pairwise exchange, reduce-scatter 113 ms against 32 ms (gloo's
-all-reduce of the whole 64 MB: 53 ms). The bytes each rank moves are the same as a ring's; NCCL keeps its own.
+all-reduce of the whole 64 MB: 53 ms). The bytes each rank moves are the same as a ring's; NCCL keeps its own. Rank-to-rank messages match by tag,
+so a second *lane* of tags (``lane="answers"``) lets a strategy issue one kind of exchange (FSA's all-gathers of
+the answers, as they land during backward) in an order of its own relative to the main lane's: each lane's
+exchanges still come in one order on every rank.
 
 Usage::
 
@@ -35,6 +38,9 @@ log = logging.getLogger("geomx.collective")
 # torch renamed the flat-tensor collectives (2.12+: *_single); the older names still work where these do not exist
 _REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 _ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+# the rank-to-rank exchanges' tags (gloo's are below 2**24), by lane: each lane numbers its own in a range of its own
+LANES = {"main": 0, "answers": 1 << 23}
+LANE_TAGS = 1 << 23
 
 
 def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -93,7 +99,7 @@ class PartyGroup:
         # gloo: all-gathers and reduce-scatters rank to rank (see the module's docstring); each gets a tag of its
         # own, the same on every rank (they issue a group's collectives in one order)
         self.direct = dist.is_initialized() and dist.get_backend(group) == "gloo"
-        self._tag = 0
+        self._tag = {lane: 0 for lane in LANES}  # each lane's last tag, counted from 0 in its range
 
     @classmethod
     def join(cls, run: TorchRun | None, party: str, timeout_s: float, backend: str) -> PartyGroup:
@@ -132,10 +138,11 @@ class PartyGroup:
             return self._exchange("reduce-scatter", buffer, chunk, reduce=True)
         return self._start("reduce-scatter", lambda: _REDUCE_SCATTER(chunk, buffer, group=self.group, async_op=True))
 
-    def all_gather_async(self, buffer: torch.Tensor, chunk: torch.Tensor) -> Pending:
-        """Start an all-gather (``buffer`` = every rank's ``chunk``); ``wait`` the result."""
+    def all_gather_async(self, buffer: torch.Tensor, chunk: torch.Tensor, lane: str = "main") -> Pending:
+        """Start an all-gather (``buffer`` = every rank's ``chunk``); ``wait`` the result. ``lane``: rank to rank,
+        the tags it numbers in (see the module's docstring); every rank issues a lane's exchanges in one order."""
         if self.direct:
-            return self._exchange("all-gather", buffer, chunk, reduce=False)
+            return self._exchange("all-gather", buffer, chunk, reduce=False, lane=lane)
         return self._start("all-gather", lambda: _ALL_GATHER(buffer, chunk, group=self.group, async_op=True))
 
     def _start(self, what: str, op: Callable[[], Any]) -> Pending:
@@ -143,7 +150,8 @@ class PartyGroup:
         self._run(what, lambda: work.append(op()))
         return Pending(self, what, work)
 
-    def _exchange(self, what: str, buffer: torch.Tensor, chunk: torch.Tensor, reduce: bool) -> Pending:
+    def _exchange(self, what: str, buffer: torch.Tensor, chunk: torch.Tensor, reduce: bool,
+                  lane: str = "main") -> Pending:
         """gloo's all-gather or reduce-scatter, rank to rank: ``buffer`` holds ``world_size`` parts the size of
         ``chunk``, part ``r`` rank ``r``'s. All-gather: this rank's ``chunk`` to every other, theirs into their
         parts. Reduce-scatter: part ``r`` to rank ``r``, the others' copies of this rank's part into a scratch,
@@ -154,7 +162,8 @@ class PartyGroup:
                              f"{buffer.numel()}")
         part = lambda r: buffer[r * size:(r + 1) * size]  # noqa: E731
         peers = [r for r in range(world) if r != rank]
-        self._tag = tag = (self._tag + 1) % (1 << 24)  # numbers below 2**24: gloo's tags
+        self._tag[lane] = (self._tag[lane] + 1) % LANE_TAGS
+        tag = LANES[lane] + self._tag[lane]
         incoming = torch.empty((len(peers), size), dtype=chunk.dtype, device=chunk.device) if reduce else None
         works: list[Any] = []
 
@@ -199,11 +208,12 @@ class PartyGroup:
         must stay untouched until ``wait``)."""
         if not self.direct:
             raise PartyError(f"party {self.party}: rank {self.rank}'s {what} needs gloo's rank-to-rank messages")
-        if messages >= 1 << 24:
+        if messages >= LANE_TAGS:
             raise PartyError(f"party {self.party}: rank {self.rank}'s {what} has {messages} messages, more than the "
                              "tags can number")
-        base = self._tag + 1 if self._tag + 1 + messages <= 1 << 24 else 0  # tags base .. base + messages - 1
-        self._tag = base + messages - 1
+        last = self._tag["main"]
+        base = last + 1 if last + 1 + messages <= LANE_TAGS else 0  # tags base .. base + messages - 1 (main lane)
+        self._tag["main"] = base + messages - 1
         works: list[Any] = []
 
         def post() -> None:

@@ -10,6 +10,12 @@ global sum of gradients when the optimizer runs on the workers) into the same bu
 rank's parameters (or gradients, then the wrapped optimizer steps on their mean). Buckets start in one order on
 every rank (a bucket waits for the ones before it), so the collectives match.
 
+Over gloo a bucket's answers land, and its all-gather starts, as soon as they are all in, while backward still
+computes later buckets (checked from the gradient hooks), so that after backward only the last buckets' rounds
+remain, as only DDP's last all-reduces do. Those all-gathers number their rank-to-rank messages in a lane of tags
+of their own (``PartyGroup``), so they need not come in the same order as the reduce-scatters on every rank.
+On NCCL every collective of a group must come in one order: there the answers land after backward.
+
 Usage (chosen by the wrapper for a collective party's plan)::
 
     strategy = CollectiveServerStep(loop)      # or CollectiveLocalStep: the optimizer on every rank
@@ -45,6 +51,7 @@ class CollectiveServerStep(WorkerStrategy):
         self.missing: list[set[int]] = []  # per bucket: trained keys whose gradient has not come this step
         self.started: list[Pending] = []  # the reduce-scatters started this step, in bucket order
         self.sent: list[tuple[list[tuple[OwnedSlice, torch.Tensor]], list[Any]]] = []  # pushed: pieces, futures
+        self.gathers: list[Pending] = []  # the all-gathers of the landed buckets' answers, in bucket order
 
     def init_keys(self) -> None:
         loop = self.loop
@@ -65,6 +72,7 @@ class CollectiveServerStep(WorkerStrategy):
         self.missing = [{k for k in bucket.layout.keys if k in self.trained} for bucket in self.buckets]
         self.started = []
         self.sent = []
+        self.gathers = []
 
     def on_gradient(self, key: int, grad: torch.Tensor) -> None:
         index = self.bucket_of[key]
@@ -74,6 +82,8 @@ class CollectiveServerStep(WorkerStrategy):
         self.loop.pushed.add(key)
         self._start_ready()
         self._send_ready(block=False)
+        if self.buckets[index].group.direct:
+            self._land_ready(block=False)
 
     def _start_ready(self) -> None:
         """Start the reduce-scatter of every complete bucket whose predecessors have started."""
@@ -96,6 +106,23 @@ class CollectiveServerStep(WorkerStrategy):
             pieces = [(owned, piece) for owned, piece in stage.pieces if owned.key in self.trained]
             self.sent.append((pieces, ranks.send(pieces, self.loop.priority)))
 
+    def _land_ready(self, block: bool) -> None:
+        """Write the answers of every pushed bucket whose answers are all in into it and start its all-gather, in
+        bucket order (``block``: wait for each pushed one). From backward's hooks, nothing waits: a bucket whose
+        answers are not all in (or one failed: ``step`` raises it) stops the walk until the next gradient."""
+        ranks = self.loop.kv.ranks
+        while len(self.gathers) < len(self.sent):
+            index = len(self.gathers)
+            pieces, futures = self.sent[index]
+            if not block and not all(future.done() and future.exception() is None for future in futures):
+                return
+            bucket, stage = self.buckets[index], self.stages[index]
+            ranks.land(pieces, futures)
+            stage.up()  # the answers to the device, in one copy, before the all-gather reads them
+            self.fill(bucket)
+            self.gathers.append(bucket.group.all_gather_async(bucket.buffer, bucket.chunk if bucket.in_place
+                                                              else bucket.chunk.clone(), lane="answers"))
+
     def step(self) -> None:
         loop = self.loop
         for index, keys in enumerate(self.missing):  # FSA rounds need every key: a missing gradient is zeros
@@ -107,16 +134,9 @@ class CollectiveServerStep(WorkerStrategy):
             keys.clear()
         self._start_ready()
         started = time.monotonic()
-        ranks = loop.kv.ranks
         self._send_ready(block=True)  # each bucket's slices leave as its reduce-scatter lands
-        gathers = []
-        for bucket, stage, (pieces, futures) in zip(self.buckets, self.stages, self.sent, strict=True):
-            ranks.land(pieces, futures)
-            stage.up()  # the answers to the device, in one copy, before the all-gather reads them
-            self.fill(bucket)
-            gathers.append(bucket.group.all_gather_async(bucket.buffer, bucket.chunk if bucket.in_place
-                                                         else bucket.chunk.clone()))
-        for bucket, gather in zip(self.buckets, gathers, strict=True):
+        self._land_ready(block=True)
+        for bucket, gather in zip(self.buckets, self.gathers, strict=True):
             gather.wait()
             bucket.layout.unpack(bucket.buffer, self.targets(bucket))
         loop.waited(time.monotonic() - started)
