@@ -57,7 +57,7 @@ class FakeRanks:
         self.owners = SliceOwners(1)
         for key, p in enumerate(params):
             self.owners.add(key, slice_plan(p.numel(), 16), itemsize=4)
-        self.futures: list[Future[torch.Tensor]] = []
+        self.unanswered: list[tuple[Future[torch.Tensor], torch.Tensor]] = []  # until ``answer_all``
 
     def layout(self, keys: list[int]) -> OwnerLayout:
         return OwnerLayout(self.owners, {k: self.params[k].numel() for k in keys})
@@ -71,15 +71,14 @@ class FakeRanks:
             if self.answer_now:
                 future.set_result(answer)
             else:
-                future.answer = answer  # type: ignore[attr-defined]
+                self.unanswered.append((future, answer))
             futures.append(future)
-        self.futures += futures
         return futures
 
     def answer_all(self) -> None:
-        for future in self.futures:
-            if not future.done():
-                future.set_result(future.answer)  # type: ignore[attr-defined]
+        for future, answer in self.unanswered:
+            future.set_result(answer)
+        self.unanswered = []
 
     def land(self, pieces: list[tuple[OwnedSlice, torch.Tensor]], futures: list[Future[torch.Tensor]]) -> None:
         for (_, piece), future in zip(pieces, futures, strict=True):
