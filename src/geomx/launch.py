@@ -64,6 +64,7 @@ class LaunchResult:
     wall_s: float
     failed: str | None
     summary: dict[str, Any] = field(default_factory=dict)
+    exit_codes: dict[str, int] = field(default_factory=dict)  # label -> return code (-N: ended by signal N)
 
 
 def _ephemeral_low() -> int:
@@ -248,6 +249,9 @@ class Launcher:
 
     def _stop_all(self, grace: float) -> None:
         self._signal_all(signal.SIGTERM)
+        # a stopped process (SIGSTOP, a debugger's, a frozen host's) keeps SIGTERM pending until it runs again: wake
+        # it, so that it ends now instead of at the SIGKILL after ``grace`` (systemd sends the same pair)
+        self._signal_all(signal.SIGCONT)
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline and any(p.poll() is None for _, p in self._procs):
             time.sleep(0.05)
@@ -310,7 +314,8 @@ class Launcher:
             for reader in self._readers:
                 reader.join(timeout=2)
         wall = time.monotonic() - started
-        return LaunchResult(code, wall, failed, summarize(self.run_dir, wall))
+        return LaunchResult(code, wall, failed, summarize(self.run_dir, wall),
+                            {spec.label: proc.returncode for spec, proc in self._procs if proc.returncode is not None})
 
 
 def _status(result: LaunchResult) -> str:
