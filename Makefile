@@ -14,12 +14,14 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/geomx launch topologies/demo.yaml -- $(BIN)/python examples/cnn.py --epochs 8
 
-# byte-compiled first: the tests start hundreds of processes, and where PYTHONDONTWRITEBYTECODE is set (CI
+# Two test modules at a time (pytest-xdist; a module's tests stay together, so its fixtures' jobs run once): alone,
+# the suite leaves a core idle a fifth of the time (processes waiting on each other, heartbeat timeouts).
+# Byte-compiled first: the tests start hundreds of processes, and where PYTHONDONTWRITEBYTECODE is set (CI
 # machines) each would compile every module it imports again (~0.4 CPU-s per worker)
 test: $(STAMP)
 	$(BIN)/lint-imports
 	$(BIN)/python -m compileall -q src tests
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -n 2 --dist loadscope tests
 
 bench: $(STAMP)
 	$(BIN)/geomx bench
