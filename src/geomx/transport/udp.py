@@ -1,4 +1,4 @@
-"""UDP channels for DGT: a validated datagram format and a receiver thread.
+"""UDP channels for DGT: a validated datagram format, the sending socket and a receiver thread.
 
 DGT (``geomx.algorithms.dgt``) sends a push's less important blocks as one datagram each. Nothing here knows what a
 block means. Datagrams leave through the sender's van (``geomx.transport.van.Van.send_datagram``), which shapes
@@ -24,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from .counters import DatagramCounts
 
 log = logging.getLogger("geomx.transport.udp")
 
@@ -85,6 +87,41 @@ def decode_datagram(data: bytes) -> Datagram:
         raise DatagramError("sender id is not UTF-8") from None
     return Datagram(sender, key, index, rnd, block, channel, offset, np.frombuffer(payload, dtype=np.float32),
                     len(data))
+
+
+class UdpSender:
+    """The van's UDP socket for DGT datagrams (opened on first use; the van's I/O thread only): sends what
+    crossed the emulated link, drops what the emulated loss took, and counts both in ``counts``.
+
+    Usage: ``sender = UdpSender(van.datagrams, "dc1/server"); sender.send(data, ("127.0.0.1", 41235), lost=False)``
+    """
+
+    def __init__(self, counts: DatagramCounts, name: str) -> None:
+        self.counts = counts
+        self.name = name
+        self._sock: socket.socket | None = None
+
+    def send(self, data: bytes, address: tuple[str, int], lost: bool) -> bool:
+        """Hand ``data`` to the socket for ``address`` (not if ``lost``); False if the socket refused it."""
+        if self._sock is None:
+            self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+        if not lost:
+            try:
+                self._sock.sendto(data, address)
+            except OSError as exc:
+                self.counts.errors += 1
+                log.warning("[%s] UDP send to %s failed: %s", self.name, address, exc)
+                return False
+        else:
+            self.counts.lost += 1
+        self.counts.sent += 1
+        self.counts.sent_bytes += len(data)
+        return True
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
 
 
 class UdpReceiver:

@@ -21,7 +21,6 @@ import contextlib
 import logging
 import os
 import queue
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -37,6 +36,7 @@ from .emulator import OutageSchedule
 from .links import Delivery, LinkModel, Outgoing, Peer, earliest
 from .security import Guard
 from .trace import Tracer
+from .udp import UdpSender
 
 __all__ = ["DISPATCH_POLL_S", "LAN", "WAN", "ByteCounters", "DatagramCounts", "Delivery", "Handler", "Hook", "Van"]
 
@@ -75,7 +75,7 @@ class Van:
         self.datagrams = DatagramCounts()
         self._links = LinkModel(topology, party, self.datagrams, self._inbox.put)
         self._peers: dict[str, Peer] = self._links.peers
-        self._udp_sock: socket.socket | None = None  # DGT datagrams (opened on first use by the I/O thread)
+        self._udp = UdpSender(self.datagrams, self.name)  # DGT datagrams (the I/O thread only)
         self.address = ""
         self.malformed = 0
         # refuses peers without the shared secret / CURVE key during the handshake (see geomx.transport.security)
@@ -283,8 +283,7 @@ class Van:
                 sock.close(linger=0)
             for sock in self._sockets.values():
                 sock.close(linger=1000)
-            if self._udp_sock is not None:
-                self._udp_sock.close()
+            self._udp.close()
 
     def _pump(self) -> float | None:
         """Run queued commands, move messages through the links, send what is due. Returns next wake time."""
@@ -320,28 +319,11 @@ class Van:
                 self._commands.put(("flush", None))  # look again at the next wake-up
         return wake_at
 
-    def _transmit_datagram(self, peer: Peer, outgoing: Outgoing) -> None:
-        assert outgoing.udp is not None
-        if self._udp_sock is None:
-            self._udp_sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-            self._udp_sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
-        if not outgoing.lost:
-            try:
-                self._udp_sock.sendto(outgoing.frames[0], outgoing.udp)
-            except OSError as exc:
-                self.datagrams.errors += 1
-                log.warning("[%s] UDP send to %s failed: %s", self.name, outgoing.udp, exc)
-                return
-        else:
-            self.datagrams.lost += 1
-        self.datagrams.sent += 1
-        self.datagrams.sent_bytes += outgoing.nbytes
-        self.counters.add(peer.identity, peer.link_class, "sent", outgoing.nbytes)
-
     def _transmit(self, outgoing: Outgoing) -> None:
         peer = self._peers[outgoing.peer]
         if outgoing.udp is not None:
-            self._transmit_datagram(peer, outgoing)
+            if self._udp.send(outgoing.frames[0], outgoing.udp, outgoing.lost):
+                self.counters.add(peer.identity, peer.link_class, "sent", outgoing.nbytes)
             return
         sock = self._sockets.get(outgoing.peer)
         if sock is None:  # disconnected while the message waited in its link
