@@ -118,6 +118,25 @@ def test_send_to_unknown_peer_raises(make_van):
         van.send("nobody", Message(Kind.PULL))
 
 
+def test_a_second_peer_at_one_address_is_named_in_a_warning(make_van, caplog):
+    """Two peers at one address: the node there would keep one of this van's two connections (one identity) and
+    drop the other's messages without a word, so the van says so; not once the first is disconnected for good."""
+    van, _ = make_van("x", "a", topology())
+    other, _ = make_van("y", "a", topology())
+    with caplog.at_level("WARNING", logger="geomx.transport.van"):
+        van.add_peer("y", other.address, party="a")
+        assert not caplog.records
+        van.add_peer("y-again", other.address, party="a")
+        assert [r.getMessage() for r in caplog.records] == [
+            f"[x] y and y-again are both at {other.address}: the node there keeps one of this node's two "
+            "connections, and messages on the other are lost"]
+        van.disconnect("y")
+        van.disconnect("y-again")
+        caplog.clear()
+        van.add_peer("y-restarted", other.address, party="a")
+        assert not caplog.records
+
+
 def test_handler_exception_answers_with_error(make_van):
     topo = topology()
 

@@ -104,6 +104,13 @@ class Van:
         """Connect to a peer. ``share``: how many processes of this party share the WAN pipe to its party."""
         if identity in self._peers:
             return
+        # two connections to one address carry this node's one identity, and the ROUTER there keeps one of them:
+        # what is sent on the other is lost without an error on either side
+        twin = next((p.identity for p in self._peers.values() if p.address == address and p.identity not in self._gone),
+                    None)
+        if twin is not None:
+            log.warning("[%s] %s and %s are both at %s: the node there keeps one of this node's two connections, and "
+                        "messages on the other are lost", self.name, twin, identity, address)
         peer = self._links.new_peer(identity, address, party)
         self._commands.put(("connect", (peer, share)))
         self._wake()
