@@ -36,11 +36,13 @@ def write_topology(path: Path, *, parties: dict[str, int] | None = None, mode: s
                    links: dict[str, dict[str, str]] | None = None, timeouts: dict[str, str] | None = None,
                    slice_elems: int | None = None, global_servers: int = 1, central: str | None = None,
                    hfa: dict[str, int] | None = None, tsengine: dict[str, Any] | None = None,
-                   training: dict[str, Any] | None = None) -> Path:
-    """Write a topology YAML (default: dc0 and dc1 with two workers each, HiPS, no link emulation)."""
+                   training: dict[str, Any] | None = None, lan: dict[str, str] | None = None) -> Path:
+    """Write a topology YAML (default: dc0 and dc1 with two workers each, HiPS, no link emulation); ``lan``: a
+    party's LAN tier (``collective`` or ``server``) by name."""
     parties = parties or {"dc0": 2, "dc1": 2}
     raw: dict[str, Any] = {
-        "parties": {name: {"workers": count} for name, count in parties.items()},
+        "parties": {name: {"workers": count, **({"lan": lan[name]} if lan and name in lan else {})}
+                    for name, count in parties.items()},
         "central": central or next(iter(parties)),
         "global_servers": global_servers,
         "mode": mode,

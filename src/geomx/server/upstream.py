@@ -132,7 +132,8 @@ class Upstream:
             return
         if host.is_global:
             if host.optimizer is not None:  # an optimizer may compensate the puller's next push against these
-                host.optimizer.received((message.key, message.slice), sender, stored.value)
+                # (a collective party's rank pulls for its party: the client its pushes count as)
+                host.optimizer.received((message.key, message.slice), host.clients.client_of(sender), stored.value)
             host.van.send(sender, message.reply(tensor=stored.value))
             return
         owner = host.owner(message.key, message.slice)

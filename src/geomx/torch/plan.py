@@ -130,19 +130,15 @@ def _named_optimizer(spec: TrainingSpec, torch_optimizer: torch.optim.Optimizer)
 
 def collective_refusal(plan: Plan, spec: TrainingSpec, sharded: bool = False) -> str | None:
     """Why ``plan`` cannot run in a ``lan: collective`` party yet (None: it can). A collective party runs FSA
-    (dist_sync, the optimizer on the servers or on every rank, any WAN codec), MixedSync (dist_async) and HFA with
-    its outer optimizer, blocking or streaming (overlapped too), with any WAN codec; a model sharded by FSDP2
-    (``sharded``) under HFA only. The rest is refused at start, naming it."""
+    (dist_sync, the optimizer on the servers or on every rank, any WAN codec), MixedSync (dist_async, DCASGD
+    included), SSP (dist_ssp) and HFA with its outer optimizer, blocking or streaming (overlapped too), with any WAN
+    codec; a model sharded by FSDP2 (``sharded``) under HFA only. ESync is refused at start, naming it."""
     where = "in a lan: collective party"
     if plan.mode is Strategy.ESYNC:
         return f"ESync {where} is not supported yet: use HFA, or lan: server for this party"
     if sharded and plan.mode is not Strategy.HFA:
         return (f"FSA ({plan.mode.value}) with a model sharded by FSDP2 (fully_shard) {where} is not supported yet: "
                 "use HFA or DiLoCo (an hfa: block), or DDP for FSA")
-    if spec.sync not in ("dist_sync", "dist_async"):
-        return f"training.sync {spec.sync} {where} is not supported yet (FSA's dist_sync, MixedSync and HFA are)"
-    if spec.server_optimizer == "dcasgd":
-        return f"DCASGD {where} is not supported yet (MixedSync with another server optimizer is)"
     return None
 
 

@@ -66,6 +66,8 @@ def main() -> None:
     parser.add_argument("--die-rank", type=int, default=-1, help="this global rank dies (exit 3) at --die-step")
     parser.add_argument("--die-step", type=int, default=3)
     parser.add_argument("--device", default="cpu", help="cuda: the model and batches on the GPU (NCCL in the party)")
+    parser.add_argument("--record", action="store_true", help="save every step's weights before it (held), this "
+                        "worker's gradient and the weights after it (received), for a replay of the server's order")
     parser.add_argument("--same-seed", action="store_true", help="every worker builds the same model (as a script "
                         "seeded once would): the far parties' INITs carry its digest, not the values")
     args = parser.parse_args()
@@ -95,6 +97,7 @@ def main() -> None:
     device_s = args.step_s * (args.slowdown if rank == args.slow_rank else 1.0)
     pushed = [torch.zeros_like(p) for p in model.parameters()]  # this worker's own gradients, summed over steps
     trained = 0  # steps whose opt.step() changed the weights (under ESync the ones after the last round do not)
+    record: dict[str, list[torch.Tensor]] = {"held": [], "grad": [], "received": []}  # step-major, key-minor
     for step in range(args.steps):  # the user's loop, unchanged (but for the emulated device time)
         if rank == args.die_rank and step == args.die_step:
             os._exit(3)  # a crash: no goodbye to anyone
@@ -108,12 +111,17 @@ def main() -> None:
                 total.add_(p.grad)
         before_step = [p.detach().clone() for p in model.parameters()]
         opt.step()
+        if args.record:
+            record["held"] += [p.cpu() for p in before_step]
+            record["grad"] += [p.grad.detach().to("cpu", copy=True) for p in model.parameters()]
+            record["received"] += [p.detach().to("cpu", copy=True) for p in model.parameters()]
         trained += any(not torch.equal(p, b) for p, b in zip(model.parameters(), before_step, strict=True))
         opt.log(loss=loss)
     opt.close()  # the last updates land (under ESync: the last round runs here)
     final = [p.detach().to("cpu", copy=True) for p in model.parameters()]
     jobkit.save_worker_output(opt.kv.config.run_dir, rank, {"before_init": before, "after_init": after, "final": final,
-                                                       "pushed": [t.cpu() for t in pushed]},
+                                                       "pushed": [t.cpu() for t in pushed],
+                                                       **(record if args.record else {})},
                               {"device": str(next(model.parameters()).device), "name": opt.kv.name,
                                "global_rank": rank, "is_master_worker": opt.is_master_worker,
                                "mode": opt.plan.mode.name, "overlap": opt.overlap, "trained_steps": trained,

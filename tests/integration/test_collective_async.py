@@ -1,0 +1,139 @@
+"""Asynchronous algorithms in ``lan: collective`` parties (MixedSync, MixedSync + DCASGD, SSP): each party's
+reduce-scattered sum goes up slice by slice, owner by owner, and the global server applies or answers it by the
+policy's rule, the party's ranks counting as one client. Their order is the servers', so each test rebuilds it
+or checks what holds in every order."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jobkit
+import numpy as np
+import torch
+from harness import write_topology
+
+SCRIPT = "frontend_train.py"
+COLLECTIVE = {"dc0": "collective", "dc1": "collective"}
+
+
+def test_mixed_sync_in_collective_parties_applies_every_push_once(geomx_job, tmp_path):
+    """MixedSync across two collective parties. Plain SGD on the server: the party answered last ends at
+    ``initial - lr * (sum of every rank's gradients) / N``, whatever order the pushes came in (none lost, none
+    twice), slice by slice, and a party's ranks end equal."""
+    path = write_topology(tmp_path / "job.yaml", lan=COLLECTIVE, slice_elems=512,
+                          training={"sync": "dist_async", "server_optimizer": "translate"})
+    job = geomx_job(SCRIPT, "--momentum", "0", topology=path)
+    job.assert_ok()
+    workers = job.workers()
+    initial = workers[0][0]["after_init"]
+    total = [sum(tensors["pushed"][i] for tensors, _ in workers.values()) for i in range(len(initial))]
+    expected = [w0 - jobkit.LR * g / 4 for w0, g in zip(initial, total, strict=True)]
+    assert {report["mode"] for _, report in workers.values()} == {"SERVER"}
+    for first, second in ((0, 1), (2, 3)):  # a party's ranks: the same answers, all-gathered
+        for a, b in zip(workers[first][0]["final"], workers[second][0]["final"], strict=True):
+            assert torch.equal(a, b), (first, second)
+
+    # each slice is answered last to one party or the other (its owners push on their own): per element, one
+    # party holds every push applied once
+    for index, want in enumerate(expected):
+        held = [torch.isclose(workers[rank][0]["final"][index], want, rtol=1e-4, atol=1e-6) for rank in (0, 2)]
+        assert torch.all(held[0] | held[1]), f"parameter {index}: no party holds every push applied once"
+
+
+STEPS = 8
+LAMDA = 20.0  # large (MXNet's default is 0.04), so that a wrong backup shows far above float32 rounding
+PARTY_RANKS = {"dc0": (0, 1), "dc1": (2, 3)}
+SLOW = ["--step-s", "0.05", "--slow-rank", "2", "--slowdown", "3"]  # dc1's steps take 3x dc0's
+
+
+def party_steps(workers, party: str, key: int) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
+    """Per step of ``party``: the weights of ``key`` it computed on, the party's gradient as the server scales it
+    (the ranks' sum / 4) and the weights it received; float64."""
+    ranks = PARTY_RANKS[party]
+    keys = len(workers[0][0]["final"])
+    held, grads, received = [], [], []
+    for step in range(STEPS):
+        at = step * keys + key
+        first = workers[ranks[0]][0]
+        for rank in ranks[1:]:  # a party's ranks hold one model: the same weights before and after every step
+            assert torch.equal(workers[rank][0]["held"][at], first["held"][at]), (party, step, key)
+            assert torch.equal(workers[rank][0]["received"][at], first["received"][at]), (party, step, key)
+        held.append(first["held"][at].double().numpy().ravel())
+        grads.append(sum(workers[r][0]["grad"][at].double() for r in ranks).numpy().ravel() / 4)
+        received.append(first["received"][at].double().numpy().ravel())
+    return held, grads, received
+
+
+def replay(workers, key: int, lo: int, hi: int) -> tuple[list[str], list[bool]]:
+    """The order in which the global server applied the parties' pushes of elements ``[lo, hi)`` of ``key`` (one
+    slice), and for each push whether plain SGD (no compensation) would explain it too. At every point exactly
+    one party's next push must turn the current weights into what that party received, by DCASGD's rule with
+    ``w_bak`` the weights that party held (one backup per party, seeded with the INIT weights)."""
+    data = {party: [[a[lo:hi] for a in arrays] for arrays in party_steps(workers, party, key)] for party in PARTY_RANKS}
+    w = data["dc0"][0][0]
+    np.testing.assert_array_equal(w, data["dc1"][0][0])  # both started from the master's weights
+    position, order, plain_fits = dict.fromkeys(PARTY_RANKS, 0), [], []
+    while any(i < STEPS for i in position.values()):
+        matches = []
+        for party, i in position.items():
+            if i == STEPS:
+                continue
+            held, g, got = (arrays[i] for arrays in data[party])
+            if np.allclose(w - jobkit.LR * (g + LAMDA * g * g * (w - held)), got, rtol=1e-5, atol=1e-6):
+                matches.append((party, got, np.allclose(w - jobkit.LR * g, got, rtol=1e-5, atol=1e-6)))
+        assert len(matches) == 1, (f"key {key} [{lo}, {hi}) after {order}: {len(matches)} parties' next push "
+                                   "explain the weights they received (want exactly one)")
+        party, w, plain = matches[0]
+        order.append(party)
+        plain_fits.append(plain)
+        position[party] += 1
+    return order, plain_fits
+
+
+def test_dcasgd_in_collective_parties_replays_with_one_backup_per_party(geomx_job, tmp_path):
+    """MixedSync + DCASGD over two collective parties of two ranks, dc1 3x slower: every slice's pushes replay as
+    the paper's update with one backup per party (the client its ranks speak as), seeded at INIT; a backup per
+    rank, or none before a party's first push, does not replay. Some push must need the compensation."""
+    path = write_topology(tmp_path / "job.yaml", lan=COLLECTIVE, slice_elems=512,
+                          training={"sync": "dist_async", "server_optimizer": f"dcasgd:lamda={LAMDA}"})
+    job = geomx_job(SCRIPT, "--momentum", "0", "--record", "--steps", str(STEPS), *SLOW, topology=path)
+    job.assert_ok()
+    workers = job.workers()
+    assert {report["mode"] for _, report in workers.values()} == {"SERVER"}
+    compensated = 0
+    for key, slices in enumerate(workers[0][1]["slices"]):
+        assert len(slices) >= 1
+        for lo, hi, *_ in slices:
+            order, plain_fits = replay(workers, key, lo, hi)
+            assert sorted(order) == ["dc0"] * STEPS + ["dc1"] * STEPS, order
+            compensated += plain_fits.count(False)
+    assert compensated > 0, "no push was stale: the job never exercised the compensation"
+
+
+def test_ssp_in_collective_parties_bounds_the_fast_party_and_applies_every_push_once(geomx_job, tmp_path):
+    """SSP (staleness 2) over two collective parties, dc1 3x slower: the global server answers dc0's ranks up to 2
+    rounds ahead of the last completed round, never more (nor dc1's: a slice's owner in dc0 may be late under
+    load); every slice's pushes are summed and applied once (plain SGD), so the party answered last at each
+    slice's last round, its ranks equal, ends at ``initial - lr * (every rank's gradients) / N`` there."""
+    staleness = 2
+    path = write_topology(tmp_path / "job.yaml", lan=COLLECTIVE, slice_elems=512,
+                          training={"sync": "dist_ssp", "staleness": staleness, "server_optimizer": "translate"})
+    job = geomx_job(SCRIPT, "--momentum", "0", "--steps", str(STEPS), *SLOW, topology=path)
+    job.assert_ok()
+    stats = json.loads((Path(job.run_dir) / "stats" / "global_server0.json").read_text())
+    leads = {name.split("/")[0]: {int(ahead) for ahead in counts} for name, counts in stats["answer_leads"].items()}
+    assert sorted(leads) == ["dc0", "dc1"], stats["answer_leads"]
+    assert max(leads["dc0"]) == staleness, leads  # the fast party ran ahead, up to the bound
+    assert max(leads["dc1"]) <= staleness, leads
+    workers = job.workers()
+    assert {report["mode"] for _, report in workers.values()} == {"SERVER"}
+    for first, second in PARTY_RANKS.values():  # a party's ranks: the same answers, all-gathered
+        for a, b in zip(workers[first][0]["final"], workers[second][0]["final"], strict=True):
+            assert torch.equal(a, b), (first, second)
+    initial = workers[0][0]["after_init"]
+    total = [sum(tensors["pushed"][i] for tensors, _ in workers.values()) for i in range(len(initial))]
+    for index, (w0, g) in enumerate(zip(initial, total, strict=True)):
+        want = w0 - jobkit.LR * g / 4
+        held = [torch.isclose(workers[rank][0]["final"][index], want, rtol=1e-5, atol=1e-6) for rank in (0, 2)]
+        assert torch.all(held[0] | held[1]), f"parameter {index}: no party holds every push applied once"
