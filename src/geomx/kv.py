@@ -280,8 +280,11 @@ class KVStore:
         """Report this worker's time per local step; returns its local steps for the next round.
 
         Every worker calls this once per round (it is a synchronous round through the servers). The
-        slowest worker gets ``base_steps``, the others as many as fit in the same time.
+        slowest worker gets ``base_steps``, the others as many as fit in the same time. A collective party is one
+        worker of ESync (its ranks step together): its rank 0 reports and tells the others their steps.
         """
+        if self.ranks is not None:
+            return self.ranks.first_rank_says(lambda: self._steps.assign(seconds_per_step, base_steps))
         return self._steps.assign(seconds_per_step, base_steps)
 
     def barrier(self) -> None:

@@ -101,7 +101,8 @@ def test_the_plans_a_collective_party_cannot_run_yet_are_refused_by_name() -> No
     assert refusal(sync="dist_async", server_optimizer="sgd") is None  # MixedSync: each party's push on arrival
     assert refusal(sync="dist_ssp", server_optimizer="sgd") is None  # SSP: the party's ranks answered as one client
     assert refusal(sync="dist_async", server_optimizer="dcasgd") is None  # DCASGD: one backup per party
-    assert "ESync" in refusal(HFASpec(2, 1), esync=True)
+    assert refusal(HFASpec(2, 1), esync=True) is None  # the party is one worker of ESync
+    assert "ESync" in refusal(HFASpec(2, 1), esync=True, plugin_options=(("fragment_delay", "1"),))
     assert refusal(HFASpec(2, 4), plugin_options=(("fragment_delay", "1"), ("fragments", "2"))) is None
 
 

@@ -111,6 +111,7 @@ STRATEGIES: dict[str, str] = {
     "COLLECTIVE_SERVER": "geomx.algorithms.fsa.collective:CollectiveServerStep",
     "COLLECTIVE_LOCAL": "geomx.algorithms.fsa.collective:CollectiveLocalStep",
     "COLLECTIVE_HFA": "geomx.algorithms.hfa.collective:CollectivePeriodicAverage",
+    "COLLECTIVE_ESYNC": "geomx.algorithms.esync.collective:CollectiveESync",
 }
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,6 +123,14 @@ class PartyRanks:
     @property
     def rank(self) -> int:
         return self.group.rank
+
+    def first_rank_says(self, ask: Callable[[], int]) -> int:
+        """``ask()`` on rank 0, its answer given to every rank: rank 0 speaks for the party (a state round, say)."""
+        answer = torch.zeros(1, dtype=torch.int64)
+        if self.group.rank == 0:
+            answer[0] = ask()
+        self.group.broadcast(answer, source=0)
+        return int(answer[0])
 
     def owns(self, key: int, index: int) -> bool:
         return self.owners.owner(key, index) == self.group.rank

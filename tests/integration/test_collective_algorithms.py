@@ -1,7 +1,7 @@
-"""Asynchronous algorithms in ``lan: collective`` parties (MixedSync, MixedSync + DCASGD, SSP): each party's
-reduce-scattered sum goes up slice by slice, owner by owner, and the global server applies or answers it by the
-policy's rule, the party's ranks counting as one client. Their order is the servers', so each test rebuilds it
-or checks what holds in every order."""
+"""The algorithms beyond FSA and HFA in ``lan: collective`` parties: MixedSync, MixedSync + DCASGD and SSP (each
+party's reduce-scattered sum goes up slice by slice, owner by owner, and the global server applies or answers it
+by the policy's rule, the party's ranks counting as one client; their order is the servers', so each test
+rebuilds it or checks what holds in every order), and ESync (the party is one worker of it)."""
 
 from __future__ import annotations
 
@@ -137,3 +137,27 @@ def test_ssp_in_collective_parties_bounds_the_fast_party_and_applies_every_push_
         want = w0 - jobkit.LR * g / 4
         held = [torch.isclose(workers[rank][0]["final"][index], want, rtol=1e-5, atol=1e-6) for rank in (0, 2)]
         assert torch.all(held[0] | held[1]), f"parameter {index}: no party holds every push applied once"
+
+
+def test_esync_with_a_collective_party_beside_a_server_party_ends_together(geomx_job, tmp_path):
+    """ESync (K1 = 2, K2 = 1) with dc0 a collective party of two ranks and dc1 a server party whose one worker is
+    4x slower: the state server gives dc0 (one worker of ESync, its rank 0 speaking) more local steps per round.
+    Its data (7 steps) ends first, the end-of-data flag its control slice's owner sends makes that round the last,
+    and dc1 trains fewer steps; every worker ends with the same (global) model. With K1 steps for everyone, or
+    without the flag (dc1 trains on alone once dc0 has left), dc1 would train all 7."""
+    path = write_topology(tmp_path / "job.yaml", parties={"dc0": 2, "dc1": 1}, lan={"dc0": "collective"},
+                          hfa={"k1": 2, "k2": 1}, training={"esync": True})
+    job = geomx_job(SCRIPT, "--steps", "7", "--momentum", "0", "--step-s", "0.05", "--slow-rank", "2",
+                    "--slowdown", "4", topology=path)
+    job.assert_ok()
+    workers = job.workers()
+    assert sorted(workers) == [0, 1, 2]
+    trained = {rank: report["trained_steps"] for rank, (_, report) in workers.items()}
+    # the fast party's assignment follows measured step times (noisy under load): checked loosely
+    assert trained[0] == trained[1] == 7 and trained[2] < 7, trained
+    master = workers[0][0]
+    for rank, (tensors, report) in workers.items():
+        assert report["mode"] == "ESYNC"
+        for got, want, start in zip(tensors["final"], master["final"], master["after_init"], strict=True):
+            assert torch.equal(got, want), f"worker {rank} ended with another model"
+            assert not torch.equal(got, start)
