@@ -9,6 +9,7 @@ Usage::
 
 from __future__ import annotations
 
+import gc
 import logging
 import sys
 
@@ -20,10 +21,12 @@ def run_node(config: NodeConfig) -> int:
     if config.role in (Role.GLOBAL_SCHEDULER, Role.LOCAL_SCHEDULER):
         from .cluster.scheduler import Scheduler
 
+        gc.freeze()  # the modules live as long as the process: no collection needs to scan them again
         return Scheduler(config).run()
     if config.role in (Role.GLOBAL_SERVER, Role.LOCAL_SERVER):
         from .server import ParameterServer
 
+        gc.freeze()
         return ParameterServer(config).run()
     raise ConfigError("workers run your training script (which calls geomx.kv.create), not geomx.node")
 

@@ -7,6 +7,9 @@ model and the data with the very same code.
 
 from __future__ import annotations
 
+import gc
+
+gc.disable()  # torch's import allocates ~170K long-lived objects; collecting them is ~0.3 CPU-s per worker
 import json
 import logging
 import os
@@ -21,6 +24,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+gc.freeze()  # what the imports made lives as long as the process: no collection needs to scan it
+gc.enable()
 
 STEPS = 5
 LR = 0.1
