@@ -47,48 +47,22 @@ PARTY_RANKS = {"dc0": (0, 1), "dc1": (2, 3)}
 SLOW = ["--step-s", "0.05", "--slow-rank", "2", "--slowdown", "3"]  # dc1's steps take 3x dc0's
 
 
-def party_steps(workers, party: str, key: int) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
-    """Per step of ``party``: the weights of ``key`` it computed on, the party's gradient as the server scales it
-    (the ranks' sum / 4) and the weights it received; float64."""
+def party_steps(workers, party: str, key: int, lo: int, hi: int) -> list[tuple[np.ndarray, ...]]:
+    """Per step of ``party``, elements ``[lo, hi)`` of ``key`` (one slice): the weights it computed on, the party's
+    gradient as the server scales it (the ranks' sum / 4) and the weights it received; float64."""
     ranks = PARTY_RANKS[party]
     keys = len(workers[0][0]["final"])
-    held, grads, received = [], [], []
+    steps = []
     for step in range(STEPS):
         at = step * keys + key
         first = workers[ranks[0]][0]
         for rank in ranks[1:]:  # a party's ranks hold one model: the same weights before and after every step
             assert torch.equal(workers[rank][0]["held"][at], first["held"][at]), (party, step, key)
             assert torch.equal(workers[rank][0]["received"][at], first["received"][at]), (party, step, key)
-        held.append(first["held"][at].double().numpy().ravel())
-        grads.append(sum(workers[r][0]["grad"][at].double() for r in ranks).numpy().ravel() / 4)
-        received.append(first["received"][at].double().numpy().ravel())
-    return held, grads, received
-
-
-def replay(workers, key: int, lo: int, hi: int) -> tuple[list[str], list[bool]]:
-    """The order in which the global server applied the parties' pushes of elements ``[lo, hi)`` of ``key`` (one
-    slice), and for each push whether plain SGD (no compensation) would explain it too. At every point exactly
-    one party's next push must turn the current weights into what that party received, by DCASGD's rule with
-    ``w_bak`` the weights that party held (one backup per party, seeded with the INIT weights)."""
-    data = {party: [[a[lo:hi] for a in arrays] for arrays in party_steps(workers, party, key)] for party in PARTY_RANKS}
-    w = data["dc0"][0][0]
-    np.testing.assert_array_equal(w, data["dc1"][0][0])  # both started from the master's weights
-    position, order, plain_fits = dict.fromkeys(PARTY_RANKS, 0), [], []
-    while any(i < STEPS for i in position.values()):
-        matches = []
-        for party, i in position.items():
-            if i == STEPS:
-                continue
-            held, g, got = (arrays[i] for arrays in data[party])
-            if np.allclose(w - jobkit.LR * (g + LAMDA * g * g * (w - held)), got, rtol=1e-5, atol=1e-6):
-                matches.append((party, got, np.allclose(w - jobkit.LR * g, got, rtol=1e-5, atol=1e-6)))
-        assert len(matches) == 1, (f"key {key} [{lo}, {hi}) after {order}: {len(matches)} parties' next push "
-                                   "explain the weights they received (want exactly one)")
-        party, w, plain = matches[0]
-        order.append(party)
-        plain_fits.append(plain)
-        position[party] += 1
-    return order, plain_fits
+        grad = sum(workers[r][0]["grad"][at].double() for r in ranks).numpy().ravel() / 4
+        steps.append((first["held"][at].double().numpy().ravel()[lo:hi], grad[lo:hi],
+                      first["received"][at].double().numpy().ravel()[lo:hi]))
+    return steps
 
 
 def test_dcasgd_in_collective_parties_replays_with_one_backup_per_party(geomx_job, tmp_path):
@@ -105,7 +79,8 @@ def test_dcasgd_in_collective_parties_replays_with_one_backup_per_party(geomx_jo
     for key, slices in enumerate(workers[0][1]["slices"]):
         assert len(slices) >= 1
         for lo, hi, *_ in slices:
-            order, plain_fits = replay(workers, key, lo, hi)
+            parties = {party: party_steps(workers, party, key, lo, hi) for party in PARTY_RANKS}
+            order, plain_fits = jobkit.dcasgd_order(parties, jobkit.LR, LAMDA, f"key {key} [{lo}, {hi})")
             assert sorted(order) == ["dc0"] * STEPS + ["dc1"] * STEPS, order
             compensated += plain_fits.count(False)
     assert compensated > 0, "no push was stale: the job never exercised the compensation"
@@ -155,9 +130,4 @@ def test_esync_with_a_collective_party_beside_a_server_party_ends_together(geomx
     trained = {rank: report["trained_steps"] for rank, (_, report) in workers.items()}
     # the fast party's assignment follows measured step times (noisy under load): checked loosely
     assert trained[0] == trained[1] == 7 and trained[2] < 7, trained
-    master = workers[0][0]
-    for rank, (tensors, report) in workers.items():
-        assert report["mode"] == "ESYNC"
-        for got, want, start in zip(tensors["final"], master["final"], master["after_init"], strict=True):
-            assert torch.equal(got, want), f"worker {rank} ended with another model"
-            assert not torch.equal(got, start)
+    jobkit.assert_one_trained_model(workers, "ESYNC")

@@ -11,7 +11,6 @@ weights into what that party received, by ``w - lr * (g + lamda * g * g * (w - w
 from __future__ import annotations
 
 import jobkit
-import numpy as np
 
 STEPS = 6
 
@@ -29,25 +28,9 @@ def recorded(workers):
 def replay(parties, key, lr, lamda):
     """The order of the pushes of ``key`` as the server applied them, and for each push whether plain SGD
     (no compensation: what an unseeded first push gets) would explain it too."""
-    initial = {p: data[f"held/0/{key}"] for p, data in parties.items()}
-    np.testing.assert_array_equal(initial["dc0"], initial["dc1"])  # both started from the master's weights
-    w, position, order, plain_fits = initial["dc0"], {p: 0 for p in parties}, [], []
-    while any(i < STEPS for i in position.values()):
-        matches = []
-        for party, i in position.items():
-            if i == STEPS:
-                continue
-            data = parties[party]
-            g, held, got = data[f"grad/{i}/{key}"], data[f"held/{i}/{key}"], data[f"received/{i}/{key}"]
-            if np.allclose(w - lr * (g + lamda * g * g * (w - held)), got, rtol=1e-5, atol=1e-6):
-                matches.append((party, got, np.allclose(w - lr * g, got, rtol=1e-5, atol=1e-6)))
-        assert len(matches) == 1, (f"key {key} after {order}: {len(matches)} parties' next push explain the "
-                                   "weights they received (want exactly one)")
-        party, w, plain = matches[0]
-        order.append(party)
-        plain_fits.append(plain)
-        position[party] += 1
-    return order, plain_fits
+    steps = {party: [(data[f"held/{i}/{key}"], data[f"grad/{i}/{key}"], data[f"received/{i}/{key}"])
+                     for i in range(STEPS)] for party, data in parties.items()}
+    return jobkit.dcasgd_order(steps, lr, lamda, f"key {key}")
 
 
 def test_dcasgd_replays_with_one_backup_per_party_seeded_at_init(geomx_job):

@@ -341,6 +341,46 @@ def assert_fsa_equivalent(workers: dict[int, tuple[dict[str, list[torch.Tensor]]
                                                                       f"single-process reference: {m}")
 
 
+def assert_one_trained_model(workers: dict[int, tuple[dict[str, list[torch.Tensor]], dict[str, Any]]],
+                             mode: str) -> None:
+    """Every worker ran the wrapper in ``mode`` and ended with worker 0's final weights, which training changed."""
+    master = workers[0][0]
+    for rank, (tensors, report) in workers.items():
+        assert report["mode"] == mode, (rank, report["mode"])
+        for got, want, start in zip(tensors["final"], master["final"], master["after_init"], strict=True):
+            assert torch.equal(got, want), f"worker {rank} ended with another model"
+            assert not torch.equal(got, start), f"worker {rank}: a parameter did not change"
+
+
+def dcasgd_order(parties: dict[str, list[tuple[np.ndarray, np.ndarray, np.ndarray]]], lr: float, lamda: float,
+                 what: str) -> tuple[list[str], list[bool]]:
+    """The order in which a global server applied the parties' pushes of one slice under DCASGD, rebuilt from what
+    each party recorded per step: (the weights it computed on, its gradient as the server scales it, the weights
+    it received). At every point exactly one party's next push must turn the current weights into what that party
+    received, by ``w - lr * (g + lamda * g * g * (w - w_bak))`` with ``w_bak`` the weights that party held (one
+    backup per party, seeded with the INIT weights). Also returns, per push, whether plain SGD (no compensation)
+    would explain it too."""
+    starts = [steps[0][0] for steps in parties.values()]
+    for start in starts[1:]:  # every party started from the master's weights
+        np.testing.assert_array_equal(start, starts[0])
+    w, position, order, plain_fits = starts[0], dict.fromkeys(parties, 0), [], []
+    while any(i < len(parties[p]) for p, i in position.items()):
+        matches = []
+        for party, i in position.items():
+            if i == len(parties[party]):
+                continue
+            held, g, got = parties[party][i]
+            if np.allclose(w - lr * (g + lamda * g * g * (w - held)), got, rtol=1e-5, atol=1e-6):
+                matches.append((party, got, np.allclose(w - lr * g, got, rtol=1e-5, atol=1e-6)))
+        assert len(matches) == 1, (f"{what} after {order}: {len(matches)} parties' next push explain the weights "
+                                   "they received (want exactly one)")
+        party, w, plain = matches[0]
+        order.append(party)
+        plain_fits.append(plain)
+        position[party] += 1
+    return order, plain_fits
+
+
 def assert_every_push_applied_once(workers: dict[int, tuple[dict[str, list[torch.Tensor]], dict[str, Any]]]) -> None:
     """Plain SGD on the global server: every worker ends at ``initial - LR * (sum of every worker's pushes)``,
     each push applied exactly once (none lost, none twice), whatever order they arrived in."""
