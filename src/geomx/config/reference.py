@@ -93,7 +93,7 @@ _PROCESS_HELP: dict[str, str] = {
     "GEOMX_JOB_START": "wall-clock time (`time.time()`) that `outages` count from (`geomx launch` sets it)",
     "GEOMX_TRACE": "`1`: every node writes a message timeline to `RUN/trace/` (debugging only)",
     "GEOMX_LAN": "`server` or `collective`: every party's LAN tier, over the topology's `lan` (see "
-                 "docs/deployment.md); a collective party's ranks also read torchrun's `RANK`, `WORLD_SIZE`, "
+                 "docs/collective.md); a collective party's ranks also read torchrun's `RANK`, `WORLD_SIZE`, "
                  "`LOCAL_RANK`, `LOCAL_WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`",
 }
 
