@@ -283,9 +283,8 @@ class KVStore:
         slowest worker gets ``base_steps``, the others as many as fit in the same time. A collective party is one
         worker of ESync (its ranks step together): its rank 0 reports and tells the others their steps.
         """
-        if self.ranks is not None:
-            return self.ranks.first_rank_says(lambda: self._steps.assign(seconds_per_step, base_steps))
-        return self._steps.assign(seconds_per_step, base_steps)
+        assign = functools.partial(self._steps.assign, seconds_per_step, base_steps)
+        return assign() if self.ranks is None else self.ranks.first_rank_says(assign, "ESync's step assignment")
 
     def barrier(self) -> None:
         """Wait until every worker of every party reaches this barrier."""

@@ -121,3 +121,40 @@ def test_local_rank_picks_a_ranks_gpu_from_torchrun_or_its_party_rank(monkeypatc
                         "GEOMX_SCHEDULER": "127.0.0.1:9001"}.items():  # a server party's worker
         monkeypatch.setenv(name, value)
     assert gx.local_rank() == 1
+
+
+class _StubGroup:
+    """One rank of a party whose broadcast delivers what rank 0 sent (``sent``), as torch.distributed would."""
+
+    party = "dc1"
+    world_size = 2
+
+    def __init__(self, rank: int, sent: int | None = None) -> None:
+        self.rank, self.sent, self.broadcasts = rank, sent, []
+
+    def broadcast(self, tensor, source: int = 0) -> None:
+        assert source == 0
+        self.broadcasts.append(int(tensor[0]))
+        if self.rank != 0:
+            tensor[0] = self.sent
+
+
+def test_rank_0_speaks_for_the_party_and_a_failure_reaches_every_rank_at_once() -> None:
+    from geomx.worker.ranks import PartyRanks
+
+    def ranks(group: _StubGroup) -> PartyRanks:
+        return PartyRanks(group, central=False, link=None)  # type: ignore[arg-type]
+
+    first = _StubGroup(0)
+    assert ranks(first).first_rank_says(lambda: 7, "the steps") == 7 and first.broadcasts == [7]
+    assert ranks(_StubGroup(1, sent=7)).first_rank_says(lambda: pytest.fail("only rank 0 asks"), "the steps") == 7
+
+    def refused() -> int:
+        raise RuntimeError("the state server refused")
+
+    first = _StubGroup(0)
+    with pytest.raises(RuntimeError, match="the state server refused"):
+        ranks(first).first_rank_says(refused, "the steps")
+    assert first.broadcasts == [-1], "rank 0 tells the others before it raises"
+    with pytest.raises(RuntimeError, match="party dc1: rank 0 failed the steps"):
+        ranks(_StubGroup(1, sent=-1)).first_rank_says(refused, "the steps")

@@ -124,12 +124,22 @@ class PartyRanks:
     def rank(self) -> int:
         return self.group.rank
 
-    def first_rank_says(self, ask: Callable[[], int]) -> int:
-        """``ask()`` on rank 0, its answer given to every rank: rank 0 speaks for the party (a state round, say)."""
-        answer = torch.zeros(1, dtype=torch.int64)
+    def first_rank_says(self, ask: Callable[[], int], what: str) -> int:
+        """``ask()`` (a number >= 0) on rank 0, its answer given to every rank: rank 0 speaks for the party (a state
+        round, say). If ``ask`` raises, rank 0 raises it and the others raise at once, naming ``what``, rather
+        than at the broadcast's timeout."""
+        answer = torch.full((1,), -1, dtype=torch.int64)
+        failure: Exception | None = None
         if self.group.rank == 0:
-            answer[0] = ask()
+            try:
+                answer[0] = ask()
+            except Exception as exc:  # noqa: BLE001 - re-raised below, once the other ranks know
+                failure = exc
         self.group.broadcast(answer, source=0)
+        if failure is not None:
+            raise failure
+        if answer[0] < 0:
+            raise RuntimeError(f"party {self.group.party}: rank 0 failed {what} for the party (its log says why)")
         return int(answer[0])
 
     def owns(self, key: int, index: int) -> bool:
