@@ -131,3 +131,19 @@ def test_esync_with_a_collective_party_beside_a_server_party_ends_together(geomx
     # the fast party's assignment follows measured step times (noisy under load): checked loosely
     assert trained[0] == trained[1] == 7 and trained[2] < 7, trained
     jobkit.assert_one_trained_model(workers, "ESYNC")
+
+
+def test_esync_with_fsdp2_in_collective_parties_ends_together(geomx_job, tmp_path):
+    """ESync (K1 = 2, K2 = 1) over two collective parties whose model FSDP2 shards, dc1 4x slower: each rank syncs
+    the slices it owns from its shards (HFA's sharded rounds) and the control slice as well; dc0 trains all 8
+    steps, dc1 fewer, and every rank ends with the same whole model (gathered by the script)."""
+    path = write_topology(tmp_path / "job.yaml", lan=COLLECTIVE, hfa={"k1": 2, "k2": 1}, training={"esync": True},
+                          slice_elems=384)
+    job = geomx_job("fsdp_train.py", "--steps", "8", "--fsdp", "--step-s", "0.05", "--slow-rank", "2",
+                    "--slowdown", "4", topology=path)
+    job.assert_ok()
+    workers = job.workers()
+    assert sorted(workers) == [0, 1, 2, 3] and all(report["fsdp"] for _, report in workers.values())
+    trained = {rank: report["trained_steps"] for rank, (_, report) in workers.items()}
+    assert trained[0] == trained[1] == 8 and trained[2] == trained[3] < 8, trained
+    jobkit.assert_one_trained_model(workers, "ESYNC")

@@ -106,7 +106,7 @@ def test_a_sharding_geomx_cannot_sync_is_refused_naming_the_parameter() -> None:
     assert "sharded over ranks [0]" in sharding_refusal("w", [Shard(0)], [0], 2)
 
 
-def test_fsa_with_an_fsdp_model_is_refused_and_hfa_is_not() -> None:
+def test_fsa_with_an_fsdp_model_is_refused_and_hfa_and_esync_are_not() -> None:
     from geomx.config import HFASpec, TrainingSpec
     from geomx.torch.plan import collective_refusal, make_plan
 
@@ -118,3 +118,5 @@ def test_fsa_with_an_fsdp_model_is_refused_and_hfa_is_not() -> None:
     assert collective_refusal(make_plan(spec, HFASpec(2, 2), sgd), spec, sharded=True) is None
     named = TrainingSpec(server_optimizer="outer_nesterov")
     assert collective_refusal(make_plan(named, HFASpec(2, 2), sgd), named, sharded=True) is None
+    esync = TrainingSpec(esync=True)
+    assert collective_refusal(make_plan(esync, HFASpec(2, 1), sgd), esync, sharded=True) is None

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import time
 
 import jobkit
 import torch
@@ -24,6 +25,11 @@ import geomx.torch as gx
 
 def whole(model: torch.nn.Module) -> list[torch.Tensor]:
     return [(p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone() for p in model.parameters()]
+
+
+def held_here(model: torch.nn.Module) -> list[torch.Tensor]:
+    """What this rank holds of each parameter (its local shard under FSDP2): no collective."""
+    return [(p.to_local() if hasattr(p, "to_local") else p).detach().clone() for p in model.parameters()]
 
 
 def build(fsdp: bool) -> torch.nn.Module:
@@ -42,6 +48,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=jobkit.STEPS)
     parser.add_argument("--fsdp", action="store_true", help="shard the model with FSDP2's fully_shard")
+    parser.add_argument("--step-s", type=float, default=0.0, help="emulated device time per step (a sleep)")
+    parser.add_argument("--slow-rank", type=int, default=-1, help="this global rank's device is --slowdown x slower")
+    parser.add_argument("--slowdown", type=float, default=1.0)
     args = parser.parse_args()
     rank, num_workers = gx.worker_place()
     torch.manual_seed(jobkit.seed_for(rank - int(os.environ["RANK"])))  # the party's first rank's seed
@@ -51,17 +60,23 @@ def main() -> None:
     opt = gx.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=jobkit.LR), model)
     after = whole(model)
     inputs, targets = jobkit.make_data(args.steps, num_workers)
+    device_s = args.step_s * (args.slowdown if rank == args.slow_rank else 1.0)
+    trained = 0  # steps whose opt.step() changed the weights (under ESync the ones after the last round do not)
     for step in range(args.steps):
         opt.zero_grad()
         loss = F.mse_loss(model(inputs[step, rank]), targets[step, rank])
         loss.backward()
+        time.sleep(device_s)
+        before = held_here(model)
         opt.step()
+        trained += any(not torch.equal(a, b) for a, b in zip(held_here(model), before, strict=True))
     held = build(args.fsdp)  # FSDP2 refuses deepcopy: a model sharded alike, for the job's model
     opt.load_job_model(held)
     opt.close()
     final = whole(model)
     jobkit.save_worker_output(opt.kv.config.run_dir, rank, {"after_init": after, "final": final, "job": whole(held)},
-                              {"global_rank": rank, "mode": opt.plan.mode.name, "fsdp": args.fsdp})
+                              {"global_rank": rank, "mode": opt.plan.mode.name, "fsdp": args.fsdp,
+                               "trained_steps": trained})
     if dist.is_initialized():
         dist.destroy_process_group()
 
