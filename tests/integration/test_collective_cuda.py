@@ -8,6 +8,7 @@ import jobkit
 import pytest
 import torch
 from test_collective import K1, SCRIPT, SLICE_ELEMS, bisparse_hfa_job, simulate_collective_hfa, topology
+from test_collective_algorithms import esync_beside_a_server_party
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -44,3 +45,9 @@ def test_hfa_outer_nesterov_in_collective_parties_on_cuda_matches_the_simulation
 def test_bisparse_under_hfa_in_collective_parties_on_cuda(geomx_job, tmp_path):
     """Bi-Sparse under HFA with the model on the GPU: the compressed model changes are added on the host chunk."""
     bisparse_hfa_job(geomx_job, tmp_path, "--device", "cuda")
+
+
+def test_esync_with_a_collective_party_on_cuda_beside_a_server_party(geomx_job, tmp_path):
+    """ESync with the collective party's model on the GPU (its control flag and step count stay on the host)."""
+    workers = esync_beside_a_server_party(geomx_job, tmp_path, "--device", "cuda")
+    assert {report["device"].split(":")[0] for _, report in workers.values()} == {"cuda"}
