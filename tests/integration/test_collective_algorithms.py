@@ -10,6 +10,7 @@ from pathlib import Path
 
 import jobkit
 import numpy as np
+import pytest
 import torch
 from harness import write_topology
 
@@ -113,30 +114,33 @@ def test_ssp_in_collective_parties_bounds_the_fast_party_and_applies_every_push_
         assert torch.all(held[0] | held[1]), f"parameter {index}: no party holds every push applied once"
 
 
-def esync_beside_a_server_party(geomx_job, tmp_path: Path, *args: str) -> dict:
-    """ESync (K1 = 2, K2 = 1), dc0 a collective party of two ranks, dc1 a server party of one 4x slower worker (the
-    script's ``args`` added): the collective party trains all 7 steps, dc1 fewer, every worker ends on one model.
-    Returns the workers' outputs."""
-    path = write_topology(tmp_path / "job.yaml", parties={"dc0": 2, "dc1": 1}, lan={"dc0": "collective"},
-                          hfa={"k1": 2, "k2": 1}, training={"esync": True})
+def esync_job_with_a_slow_party(geomx_job, tmp_path: Path, *args: str, both_collective: bool = False) -> dict:
+    """ESync (K1 = 2, K2 = 1), dc0 a collective party of two ranks, dc1 a server party of one 4x slower worker (or,
+    ``both_collective``, a collective party of two whose first rank is 4x slower; the script's ``args`` added): dc0
+    trains all 7 steps, dc1 fewer, every worker ends on one model. Returns the workers' outputs."""
+    parties = {"dc0": 2, "dc1": 2 if both_collective else 1}
+    lan = COLLECTIVE if both_collective else {"dc0": "collective"}
+    path = write_topology(tmp_path / "job.yaml", parties=parties, lan=lan, hfa={"k1": 2, "k2": 1},
+                          training={"esync": True})
     job = geomx_job(SCRIPT, "--steps", "7", "--momentum", "0", "--step-s", "0.05", "--slow-rank", "2",
                     "--slowdown", "4", *args, topology=path)
     job.assert_ok()
     workers = job.workers()
-    assert sorted(workers) == [0, 1, 2]
+    assert sorted(workers) == list(range(sum(parties.values())))
     trained = {rank: report["trained_steps"] for rank, (_, report) in workers.items()}
     # the fast party's assignment follows measured step times (noisy under load): checked loosely
-    assert trained[0] == trained[1] == 7 and trained[2] < 7, trained
+    assert trained[0] == trained[1] == 7 and all(trained[rank] < 7 for rank in range(2, len(trained))), trained
     jobkit.assert_one_trained_model(workers, "ESYNC")
     return workers
 
 
-def test_esync_with_a_collective_party_beside_a_server_party_ends_together(geomx_job, tmp_path):
+@pytest.mark.parametrize("both_collective", [False, True], ids=["beside-a-server-party", "two-collective-parties"])
+def test_esync_in_collective_parties_ends_together(geomx_job, tmp_path, both_collective):
     """The state server gives dc0 (one worker of ESync, its rank 0 speaking) more local steps per round. Its data
     (7 steps) ends first, the end-of-data flag its control slice's owner sends makes that round the last, and dc1
     trains fewer steps; every worker ends with the same (global) model. With K1 steps for everyone, or without the
     flag (dc1 trains on alone once dc0 has left), dc1 would train all 7."""
-    esync_beside_a_server_party(geomx_job, tmp_path)
+    esync_job_with_a_slow_party(geomx_job, tmp_path, both_collective=both_collective)
 
 
 def test_esync_with_fsdp2_in_collective_parties_ends_together(geomx_job, tmp_path):

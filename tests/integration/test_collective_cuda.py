@@ -8,7 +8,7 @@ import jobkit
 import pytest
 import torch
 from test_collective import K1, SCRIPT, SLICE_ELEMS, bisparse_hfa_job, simulate_collective_hfa, topology
-from test_collective_algorithms import esync_beside_a_server_party
+from test_collective_algorithms import esync_job_with_a_slow_party
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -49,5 +49,5 @@ def test_bisparse_under_hfa_in_collective_parties_on_cuda(geomx_job, tmp_path):
 
 def test_esync_with_a_collective_party_on_cuda_beside_a_server_party(geomx_job, tmp_path):
     """ESync with the collective party's model on the GPU (its control flag and step count stay on the host)."""
-    workers = esync_beside_a_server_party(geomx_job, tmp_path, "--device", "cuda")
+    workers = esync_job_with_a_slow_party(geomx_job, tmp_path, "--device", "cuda")
     assert {report["device"].split(":")[0] for _, report in workers.values()} == {"cuda"}
