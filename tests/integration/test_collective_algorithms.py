@@ -16,6 +16,23 @@ from harness import write_topology
 
 SCRIPT = "frontend_train.py"
 COLLECTIVE = {"dc0": "collective", "dc1": "collective"}
+PARTY_RANKS = {"dc0": (0, 1), "dc1": (2, 3)}
+
+
+def assert_a_party_holds_every_push_once(workers, rtol: float) -> None:
+    """Plain SGD on the global servers, answering with weights: a party's ranks end equal (the same answers,
+    all-gathered), and per element one party or the other (each slice is answered last to one of them: its owners
+    push on their own) holds ``initial - lr * (sum of every rank's gradients) / N``, every push applied once."""
+    assert {report["mode"] for _, report in workers.values()} == {"SERVER"}
+    for first, second in PARTY_RANKS.values():
+        for a, b in zip(workers[first][0]["final"], workers[second][0]["final"], strict=True):
+            assert torch.equal(a, b), (first, second)
+    initial = workers[0][0]["after_init"]
+    total = [sum(tensors["pushed"][i] for tensors, _ in workers.values()) for i in range(len(initial))]
+    for index, (w0, g) in enumerate(zip(initial, total, strict=True)):
+        want = w0 - jobkit.LR * g / 4
+        held = [torch.isclose(workers[rank][0]["final"][index], want, rtol=rtol, atol=1e-6) for rank in (0, 2)]
+        assert torch.all(held[0] | held[1]), f"parameter {index}: no party holds every push applied once"
 
 
 def test_mixed_sync_in_collective_parties_applies_every_push_once(geomx_job, tmp_path):
@@ -26,25 +43,11 @@ def test_mixed_sync_in_collective_parties_applies_every_push_once(geomx_job, tmp
                           training={"sync": "dist_async", "server_optimizer": "translate"})
     job = geomx_job(SCRIPT, "--momentum", "0", topology=path)
     job.assert_ok()
-    workers = job.workers()
-    initial = workers[0][0]["after_init"]
-    total = [sum(tensors["pushed"][i] for tensors, _ in workers.values()) for i in range(len(initial))]
-    expected = [w0 - jobkit.LR * g / 4 for w0, g in zip(initial, total, strict=True)]
-    assert {report["mode"] for _, report in workers.values()} == {"SERVER"}
-    for first, second in ((0, 1), (2, 3)):  # a party's ranks: the same answers, all-gathered
-        for a, b in zip(workers[first][0]["final"], workers[second][0]["final"], strict=True):
-            assert torch.equal(a, b), (first, second)
-
-    # each slice is answered last to one party or the other (its owners push on their own): per element, one
-    # party holds every push applied once
-    for index, want in enumerate(expected):
-        held = [torch.isclose(workers[rank][0]["final"][index], want, rtol=1e-4, atol=1e-6) for rank in (0, 2)]
-        assert torch.all(held[0] | held[1]), f"parameter {index}: no party holds every push applied once"
+    assert_a_party_holds_every_push_once(job.workers(), rtol=1e-4)
 
 
 STEPS = 8
 LAMDA = 20.0  # large (MXNet's default is 0.04), so that a wrong backup shows far above float32 rounding
-PARTY_RANKS = {"dc0": (0, 1), "dc1": (2, 3)}
 SLOW = ["--step-s", "0.05", "--slow-rank", "2", "--slowdown", "3"]  # dc1's steps take 3x dc0's
 
 
@@ -101,17 +104,7 @@ def test_ssp_in_collective_parties_bounds_the_fast_party_and_applies_every_push_
     assert sorted(leads) == ["dc0", "dc1"], stats["answer_leads"]
     assert max(leads["dc0"]) == staleness, leads  # the fast party ran ahead, up to the bound
     assert max(leads["dc1"]) <= staleness, leads
-    workers = job.workers()
-    assert {report["mode"] for _, report in workers.values()} == {"SERVER"}
-    for first, second in PARTY_RANKS.values():  # a party's ranks: the same answers, all-gathered
-        for a, b in zip(workers[first][0]["final"], workers[second][0]["final"], strict=True):
-            assert torch.equal(a, b), (first, second)
-    initial = workers[0][0]["after_init"]
-    total = [sum(tensors["pushed"][i] for tensors, _ in workers.values()) for i in range(len(initial))]
-    for index, (w0, g) in enumerate(zip(initial, total, strict=True)):
-        want = w0 - jobkit.LR * g / 4
-        held = [torch.isclose(workers[rank][0]["final"][index], want, rtol=1e-5, atol=1e-6) for rank in (0, 2)]
-        assert torch.all(held[0] | held[1]), f"parameter {index}: no party holds every push applied once"
+    assert_a_party_holds_every_push_once(job.workers(), rtol=1e-5)
 
 
 def esync_job_with_a_slow_party(geomx_job, tmp_path: Path, *args: str, both_collective: bool = False) -> dict:
