@@ -63,8 +63,8 @@ SLICE_ELEMS = 512
 
 
 def simulate_collective_hfa(initial: list[torch.Tensor], parties: dict[str, int], outer: str, k2: int = K2,
-                            steps: int = 12, fragments: int = 1, delay: int = 0, alpha: float = 0.0
-                            ) -> tuple[dict[str, list[torch.Tensor]], list[torch.Tensor]]:
+                            steps: int = 12, fragments: int = 1, delay: int = 0, alpha: float = 0.0,
+                            lr: float = jobkit.LR) -> tuple[dict[str, list[torch.Tensor]], list[torch.Tensor]]:
     """HFA over collective parties in one process: each party steps SGD on its ranks' mean gradient (DDP), and
     every K1 steps is a local round; a slice goes global on its fragment's rounds (every K2), where the global
     model moves by the parties' weighted deltas (or an outer Nesterov step); overlapped (``delay``), every party
@@ -98,7 +98,7 @@ def simulate_collective_hfa(initial: list[torch.Tensor], parties: dict[str, int]
                 net.zero_grad()
                 F.mse_loss(net(inputs[step - 1, rank]), targets[step - 1, rank]).backward()
                 grads = [g + p.grad.reshape(-1) for g, p in zip(grads, net.parameters(), strict=True)]
-            models[party] = [w - jobkit.LR * g / len(ranks) for w, g in zip(models[party], grads, strict=True)]
+            models[party] = [w - lr * g / len(ranks) for w, g in zip(models[party], grads, strict=True)]
         if step % K1:
             continue
         count = step // K1
@@ -159,6 +159,41 @@ def test_hfa_in_collective_parties_matches_the_simulation(geomx_job, tmp_path, o
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=f"worker {rank}")
     if streaming:  # the last round mixed: the parties' models differ
         assert not torch.equal(workers[0][0]["final"][0], workers[4][0]["final"][0])
+
+
+def test_a_scripts_own_ddp_under_fsa_communicates_nothing_and_trains_as_single_process_sgd(geomx_job, tmp_path):
+    """A torchrun script that wraps its model in DDP keeps it: under FSA geomx's reduce-scatter, WAN round and
+    all-gather are the party's average, and DDP's all-reduce gives way to a comm hook that leaves its buckets as
+    they are (DDP's own logging names it). Every rank ends with single-process SGD's weights."""
+    path = topology(tmp_path, {"dc0": "collective", "dc1": "collective"}, {"bucket_mb": 0.001}, slice_elems=512)
+    job = geomx_job(SCRIPT, "--ddp", topology=path)
+    job.assert_ok()
+    workers = job.workers()
+    assert {report["ddp_comm_hook"] for _, report in workers.values()} == {"gradients_stay_local"}
+    assert {report["mode"] for _, report in workers.values()} == {"LOCAL"}
+    jobkit.assert_fsa_equivalent(workers, num_workers=4)
+
+
+def test_a_scripts_own_ddp_under_hfa_makes_the_inner_steps(geomx_job, tmp_path):
+    """Under HFA + outer Nesterov the script's DDP averages the party's gradients every step, with its own comm
+    hook if it has one (here the script's, which sums where DDP averages), and geomx adds the global rounds only:
+    every rank ends with the simulation's weights at twice the learning rate. geomx averaging as well (or instead)
+    would give the mean's weights, which differ."""
+    parties = {"dc0": 2, "dc1": 2}
+    path = topology(tmp_path, {"dc0": "collective", "dc1": "collective"}, {"server_optimizer": "outer_nesterov"},
+                    parties=parties, hfa={"k1": K1, "k2": K2}, slice_elems=SLICE_ELEMS)
+    job = geomx_job(SCRIPT, "--steps", "12", "--momentum", "0", "--ddp", "--ddp-sums", topology=path)
+    job.assert_ok()
+    workers = job.workers()
+    assert sorted(workers) == list(range(4)), "every worker reports"
+    initial = workers[0][0]["after_init"]
+    summed, _ = simulate_collective_hfa(initial, parties, "outer_nesterov", lr=2 * jobkit.LR)
+    mean, _ = simulate_collective_hfa(initial, parties, "outer_nesterov")
+    assert not torch.allclose(summed["dc1"][0], mean["dc1"][0], rtol=1e-3, atol=1e-4), "the test tells them apart"
+    for rank, (tensors, report) in workers.items():
+        assert report["mode"] == "HFA" and report["ddp_comm_hook"] == "sum_hook"
+        for got, want in zip(tensors["final"], summed["dc0" if rank < 2 else "dc1"], strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=f"worker {rank}")
 
 
 def test_a_party_that_starts_from_the_masters_weights_is_not_sent_them(geomx_job, tmp_path):

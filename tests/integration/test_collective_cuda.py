@@ -13,15 +13,18 @@ from test_collective_algorithms import esync_job_with_a_slow_party
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
-def test_fsa_in_collective_parties_on_cuda_equals_single_process_sgd(geomx_job, tmp_path):
+@pytest.mark.parametrize("ddp", [False, True], ids=["plain-model", "the-scripts-ddp-over-nccl"])
+def test_fsa_in_collective_parties_on_cuda_equals_single_process_sgd(geomx_job, tmp_path, ddp):
     """2 parties x 2 ranks over NCCL, a bucket per tensor: every rank ends with the single-process reference's
-    weights (to float tolerance: the GPU sums in its own order), bit for bit the same on every rank."""
+    weights (to float tolerance: the GPU sums in its own order), bit for bit the same on every rank. With the
+    script's own DDP (its group initialized by the script, NCCL only) DDP communicates nothing."""
     path = topology(tmp_path, {"dc0": "collective", "dc1": "collective"},
                     {"server_optimizer": "auto", "bucket_mb": 0.001}, slice_elems=SLICE_ELEMS)
-    job = geomx_job(SCRIPT, "--device", "cuda", topology=path)
+    job = geomx_job(SCRIPT, "--device", "cuda", *(["--ddp"] if ddp else []), topology=path)
     job.assert_ok()
     workers = job.workers()
     assert {report["device"].split(":")[0] for _, report in workers.values()} == {"cuda"}
+    assert {report["ddp_comm_hook"] for _, report in workers.values()} == {"gradients_stay_local" if ddp else None}
     jobkit.assert_fsa_equivalent(workers, num_workers=4)
 
 

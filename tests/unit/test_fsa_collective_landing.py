@@ -97,7 +97,7 @@ def _run(direct: bool, answer_now: bool) -> tuple[CollectiveServerStep, OneRankG
     kv = SimpleNamespace(ranks=ranks, num_all_workers=1,
                          config=SimpleNamespace(topology=SimpleNamespace(training=SimpleNamespace(bucket_bytes=200))))
     loop = SimpleNamespace(kv=kv, params=params, names=[str(k) for k in range(len(params))],
-                           trained=list(range(len(params))), priority=[0] * len(params), pushed=set(),
+                           trained=list(range(len(params))), priority=[0] * len(params), pushed=set(), ddp=None,
                            waited=lambda seconds: None, warn_once=lambda tag, text: None)
     strategy = CollectiveServerStep(loop)  # type: ignore[arg-type]
     strategy.init_keys()

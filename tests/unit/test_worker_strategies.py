@@ -57,6 +57,7 @@ class Loop:
         self.priority = [0, -1]
         self.pending: set[int] = set()
         self.pushed: set[int] = set()
+        self.ddp = None
         self.optimizer = torch.optim.SGD(self.params, lr=1.0)
         self.synchronized = 0
         self.warnings: list[str] = []

@@ -40,6 +40,7 @@ class Loop(Protocol):
     priority: Sequence[int]  # each key's send priority
     pending: set[int]  # keys whose answers are on their way (landed lazily, before the forward needing them)
     pushed: set[int]  # keys pushed during this step's backward
+    ddp: Any  # the script's DistributedDataParallel around the model (a collective party's), or None
 
     def await_keys(self, keys: Sequence[int]) -> None:
         """Land the answers of ``keys`` still on their way."""

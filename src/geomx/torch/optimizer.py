@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from ..algorithms.registry import strategy_class
+from ..collective.ddp import check_group, unwrap
 from ..collective.fsdp import fsdp_shards, is_sharded
 from ..config import ConfigError, NodeConfig, node_config
 from ..core.strategy import SIGNATURE_KEY, WorkerStrategy
@@ -124,6 +125,9 @@ class DistributedOptimizer:
             raise TypeError(f"DistributedOptimizer needs the model (an nn.Module), got {type(model).__name__}")
         config = config or (kv.config if kv is not None else node_config())
         self.optimizer = optimizer
+        # a script's own DDP (collective parties): the wrapper works on the module it wraps, and the strategy
+        # says whether DDP or geomx averages the party's gradients (geomx.collective.ddp)
+        model, self.ddp = unwrap(model)
         self.model = model
         self.plan: Plan = make_plan(config.topology.training, config.topology.hfa, optimizer)
         self._owns_kv = kv is None
@@ -157,12 +161,18 @@ class DistributedOptimizer:
         if collective:  # the party's ranks are one torch.distributed group (lan: collective)
             ranks = self.kv.ranks
             assert ranks is not None, "a collective party's kvstore joined its group"
+            if self.ddp is not None:
+                check_group(self.ddp, ranks.group)
             shards = fsdp_shards(self.params, ranks.group.world_size, self.names, config.party)
             refusal = collective_refusal(self.plan, config.topology.training, sharded=shards is not None)
             if refusal is not None:
                 raise ConfigError(refusal)
             if self.plan.compression:  # each rank encodes the slices it owns, residuals included
                 ranks.use_compression(self.plan.compression)
+        elif self.ddp is not None:
+            raise ConfigError(f"party {config.party}: the model is wrapped in DistributedDataParallel, which averages "
+                              "gradients over a torch.distributed group; in a lan: server party the local server "
+                              "does that: set lan: collective for it, or pass the model without DDP")
         elif any(is_sharded(p) for p in self.params):
             raise ConfigError(f"party {config.party}: the model is sharded by FSDP2 (fully_shard), which needs the "
                               "party's ranks to be one torch.distributed group: set lan: collective for it")

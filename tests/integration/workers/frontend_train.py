@@ -13,6 +13,7 @@ import time
 
 import jobkit
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -49,6 +50,11 @@ def share_gpu() -> None:
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
 
 
+def sum_hook(_state, bucket):  # no annotations: DDP accepts only the real types, and this file defers them
+    """A script's own DDP comm hook: the party's gradient sum (DDP's default averages)."""
+    return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(lambda done: done.value()[0])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=jobkit.STEPS)
@@ -68,6 +74,10 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="cuda: the model and batches on the GPU (NCCL in the party)")
     parser.add_argument("--record", action="store_true", help="save every step's weights before it (held), this "
                         "worker's gradient and the weights after it (received), for a replay of the server's order")
+    parser.add_argument("--ddp", action="store_true", help="wrap the model in the script's own DDP over the party's "
+                        "group (a collective party's torchrun variables), as a torchrun script does")
+    parser.add_argument("--ddp-sums", action="store_true", help="with --ddp: a comm hook of the script's own, the "
+                        "party's gradient sum where DDP would average")
     parser.add_argument("--same-seed", action="store_true", help="every worker builds the same model (as a script "
                         "seeded once would): the far parties' INITs carry its digest, not the values")
     args = parser.parse_args()
@@ -84,6 +94,11 @@ def main() -> None:
         model = DeepHead(args.deep_head)
     before = [p.detach().clone() for p in model.parameters()]
     model.to(device)
+    if args.ddp:  # DDP makes the party's ranks equal at once: rank 0's weights, broadcast
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        model = nn.parallel.DistributedDataParallel(model)
+        if args.ddp_sums:
+            model.register_comm_hook(None, sum_hook)
     if args.optimizer == "sgd":
         inner: torch.optim.Optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     elif args.optimizer == "adam":
@@ -125,7 +140,8 @@ def main() -> None:
                               {"device": str(next(model.parameters()).device), "name": opt.kv.name,
                                "global_rank": rank, "is_master_worker": opt.is_master_worker,
                                "mode": opt.plan.mode.name, "overlap": opt.overlap, "trained_steps": trained,
-                               "slices": slices})
+                               "slices": slices, "ddp_comm_hook": model._get_ddp_logging_data().get("comm_hook", "")
+                               if args.ddp else None})
 
 
 if __name__ == "__main__":

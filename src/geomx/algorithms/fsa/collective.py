@@ -8,7 +8,8 @@ sum of the bucket's slices it owns -> (WAN) one push per owned slice to the glob
 over parties (one contributor per party per slice, as a local server would be) -> the answer (new weights, or the
 global sum of gradients when the optimizer runs on the workers) into the same buffer -> (LAN) all-gather -> every
 rank's parameters (or gradients, then the wrapped optimizer steps on their mean). Buckets start in one order on
-every rank (a bucket waits for the ones before it), so the collectives match.
+every rank (a bucket waits for the ones before it), so the collectives match. A script's own DDP around the model
+communicates nothing (``geomx.collective.ddp.keep_local``): this path is the party's average.
 
 Over gloo a bucket's answers land, and its all-gather starts, as soon as they are all in, while backward still
 computes later buckets (checked from the gradient hooks), so that after backward only the last buckets' rounds
@@ -31,6 +32,7 @@ from typing import Any
 import torch
 
 from ...collective.bucket import ModelBucket, backward_buckets
+from ...collective.ddp import keep_local
 from ...collective.group import Pending
 from ...collective.host import HostChunk
 from ...collective.owners import OwnedSlice
@@ -56,6 +58,8 @@ class CollectiveServerStep(WorkerStrategy):
     def init_keys(self) -> None:
         loop = self.loop
         ranks = loop.kv.ranks
+        if loop.ddp is not None:  # the script's DDP: its all-reduce would repeat this path's reduce-scatter
+            keep_local(loop.ddp, ranks.group.party)
         like = loop.params[0].data
         numels = {key: p.numel() for key, p in enumerate(loop.params)}
         for keys in backward_buckets(numels, like.element_size(), self.bucket_bytes):

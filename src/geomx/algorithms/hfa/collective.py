@@ -5,7 +5,8 @@ slices it owns and brings back their new global model, then one all-gather.
 With a model sharded by FSDP2 the same strategy runs over the shards (``kv.ranks.model_bucket`` gives it a
 ``ShardedBucket`` instead of a ``ModelBucket``): FSDP2 already averaged the gradients, each rank's job model is
 its shards, and a global round moves the owned slices from the shards to their owners and the answers back (an
-all-to-all each way) instead of an all-gather: nobody holds the whole model.
+all-to-all each way) instead of an all-gather: nobody holds the whole model. Under the script's own DDP the inner
+steps are DDP's (its all-reduce, its buckets and hooks): the strategy only steps and runs the global rounds.
 
 The party's ranks hold one model (DDP keeps them equal), so the local average of HiPS HFA has nothing to average:
 a collective party counts K1 steps per local round without a LAN round, and every K2-th local round goes global
@@ -80,7 +81,8 @@ class CollectivePeriodicAverage(WorkerStrategy):
         loop = self.loop
         kv = loop.kv
         self.bucket = bucket = kv.ranks.model_bucket(loop.params)
-        if isinstance(bucket, ModelBucket):  # under FSDP2 the shards' gradients come averaged already
+        # under FSDP2 the shards' gradients come averaged already, and so do they under the script's own DDP
+        if isinstance(bucket, ModelBucket) and loop.ddp is None:
             self.mean = OverlappedMean(kv.ranks.group, loop.params, kv.ranks.layout,  # DDP's buckets, bucket_mb each
                                        kv.config.topology.training.bucket_bytes, trained=loop.trained)
             self.pushes_gradients = True  # read by the wrapper after init_keys: backward's hooks call on_gradient
@@ -116,11 +118,12 @@ class CollectivePeriodicAverage(WorkerStrategy):
         self.mean.on_gradient(key, grad)
 
     def inner_step(self) -> None:
-        """The party's mean gradient (DDP's all-reduce; FSDP2's own under a sharded model), then the optimizer."""
+        """The party's mean gradient (DDP's all-reduce; FSDP2's own under a sharded model; the script's DDP
+        made it already), then the optimizer."""
         assert self.bucket is not None, "init_keys runs first"
         if self.mean is not None:
             self.mean.finish()
-        else:
+        elif self.loop.ddp is None:
             self.bucket.average_gradients(self.loop.params)
         self.loop.optimizer.step()
 
@@ -222,7 +225,7 @@ class CollectivePeriodicAverage(WorkerStrategy):
         for owned, answer in landing:  # each owned slice's global model
             self.global_slices[self.piece_of[owned.id]].copy_(answer)
         # a fragment's slices only where the bucket moves just those (FSDP2's all-to-all moves every piece)
-        lands = (lambda owned: self._lands(owned.id, count)) if streaming and self.mean is not None else None
+        lands = (lambda owned: self._lands(owned.id, count)) if streaming and isinstance(bucket, ModelBucket) else None
         if isinstance(bucket, ModelBucket) and not stage.copies:  # each owner's answers are its job model's ranges:
             bucket.share(self.job_model, only=lands)  # from there to the other ranks' (over gloo, rank to rank)
             return True
