@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
-from harness import EXAMPLES_DIR
+from harness import EXAMPLES_DIR, REPO_ROOT
 
 from geomx.runs.report import build_report
 
@@ -85,3 +87,16 @@ def test_every_algorithm_learns_digits(geomx_job, name):
     judges = ["dc0_worker0", "dc1_worker0"] if name in ASYNCHRONOUS else ["dc0_worker0"]
     record = max((metrics[judge] for judge in judges), key=lambda m: m["test_accuracy"])
     assert record["test_accuracy"] >= bar, metrics
+
+
+@pytest.mark.slow
+def test_the_ddp_example_learns_digits_in_collective_parties(geomx_job):
+    """examples/ddp_torch.py, a torchrun script that keeps its DistributedDataParallel (five lines of geomx), under
+    the shipped streaming DiLoCo + int8 topology of two collective parties: DDP makes every inner step, geomx the
+    global rounds, and the job learns the digits."""
+    job = geomx_job(EXAMPLES_DIR / "ddp_torch.py", "--epochs", str(EPOCHS),
+                    topology=REPO_ROOT / "topologies" / "collective_streaming.yaml")
+    job.assert_ok()
+    epochs = [(int(n), float(acc)) for n, acc in re.findall(r"epoch (\d+)/\d+ .* test accuracy ([\d.]+)", job.output)]
+    assert [n for n, _ in epochs] == list(range(1, EPOCHS + 1)), job.tail()
+    assert epochs[-1][1] >= 0.9, epochs
