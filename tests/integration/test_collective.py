@@ -164,9 +164,11 @@ def test_hfa_in_collective_parties_matches_the_simulation(geomx_job, tmp_path, o
 def test_a_scripts_own_ddp_under_fsa_communicates_nothing_and_trains_as_single_process_sgd(geomx_job, tmp_path):
     """A torchrun script that wraps its model in DDP keeps it: under FSA geomx's reduce-scatter, WAN round and
     all-gather are the party's average, and DDP's all-reduce gives way to a comm hook that leaves its buckets as
-    they are (DDP's own logging names it). Every rank ends with single-process SGD's weights."""
+    they are (DDP's own logging names it). The script accumulates each step's gradient over two micro-batches,
+    the first backward inside ``ddp.no_sync()``: geomx pushes on the last one, as DDP would all-reduce. Every rank
+    ends with the weights of single-process SGD on the whole batches."""
     path = topology(tmp_path, {"dc0": "collective", "dc1": "collective"}, {"bucket_mb": 0.001}, slice_elems=512)
-    job = geomx_job(SCRIPT, "--ddp", topology=path)
+    job = geomx_job(SCRIPT, "--ddp", "--accumulate", "2", topology=path)
     job.assert_ok()
     workers = job.workers()
     assert {report["ddp_comm_hook"] for _, report in workers.values()} == {"gradients_stay_local"}
@@ -178,11 +180,12 @@ def test_a_scripts_own_ddp_under_hfa_makes_the_inner_steps(geomx_job, tmp_path):
     """Under HFA + outer Nesterov the script's DDP averages the party's gradients every step, with its own comm
     hook if it has one (here the script's, which sums where DDP averages), and geomx adds the global rounds only:
     every rank ends with the simulation's weights at twice the learning rate. geomx averaging as well (or instead)
-    would give the mean's weights, which differ."""
+    would give the mean's weights, which differ. Each step accumulates two micro-batches under ``no_sync()``."""
     parties = {"dc0": 2, "dc1": 2}
     path = topology(tmp_path, {"dc0": "collective", "dc1": "collective"}, {"server_optimizer": "outer_nesterov"},
                     parties=parties, hfa={"k1": K1, "k2": K2}, slice_elems=SLICE_ELEMS)
-    job = geomx_job(SCRIPT, "--steps", "12", "--momentum", "0", "--ddp", "--ddp-sums", topology=path)
+    job = geomx_job(SCRIPT, "--steps", "12", "--momentum", "0", "--ddp", "--ddp-sums", "--accumulate", "2",
+                    topology=path)
     job.assert_ok()
     workers = job.workers()
     assert sorted(workers) == list(range(4)), "every worker reports"

@@ -219,6 +219,8 @@ class DistributedOptimizer:
     def _on_gradient(self, key: int, param: torch.Tensor) -> None:
         if self._closed:
             return
+        if self.ddp is not None and not self.ddp.require_backward_grad_sync:
+            return  # a backward inside the script's ``ddp.no_sync()``: the gradient accumulates, as DDP's does
         if key in self.pushed:
             raise RuntimeError(f"parameter {self.names[key]!r} got a second gradient before step(): geomx pushes "
                                "each gradient as backward produces it, so call step() after every backward")

@@ -78,6 +78,8 @@ def main() -> None:
                         "group (a collective party's torchrun variables), as a torchrun script does")
     parser.add_argument("--ddp-sums", action="store_true", help="with --ddp: a comm hook of the script's own, the "
                         "party's gradient sum where DDP would average")
+    parser.add_argument("--accumulate", type=int, default=1, help="with --ddp: each step's batch in this many "
+                        "micro-batches, all but the last backward inside ddp.no_sync() (gradient accumulation)")
     parser.add_argument("--same-seed", action="store_true", help="every worker builds the same model (as a script "
                         "seeded once would): the far parties' INITs carry its digest, not the values")
     args = parser.parse_args()
@@ -117,7 +119,15 @@ def main() -> None:
         if rank == args.die_rank and step == args.die_step:
             os._exit(3)  # a crash: no goodbye to anyone
         opt.zero_grad()
-        loss = F.mse_loss(model(inputs[step, rank]), targets[step, rank])
+        if args.accumulate > 1:  # DDP's gradient accumulation: the mean loss of the batch, a micro-batch at a time
+            parts = list(zip(inputs[step, rank].chunk(args.accumulate), targets[step, rank].chunk(args.accumulate),
+                             strict=True))
+            with model.no_sync():
+                for x, y in parts[:-1]:
+                    (F.mse_loss(model(x), y) / len(parts)).backward()
+            loss = F.mse_loss(model(parts[-1][0]), parts[-1][1]) / len(parts)
+        else:
+            loss = F.mse_loss(model(inputs[step, rank]), targets[step, rank])
         loss.backward()
         if device_s:
             time.sleep(device_s)
