@@ -286,6 +286,21 @@ def test_a_dead_rank_stops_the_job_naming_it(tmp_path):
     assert re.search(r"dc0/worker[01] of dc0/ranks is dead", outputs[1]), outputs[1][-3000:]
 
 
+def test_a_hung_rank_stops_its_party_within_the_round_timeout_under_the_scripts_own_group(geomx_job, tmp_path):
+    """A rank of dc0 hangs mid-training (alive, its sockets open) in a script that initialized its own process group
+    (torch's default timeout: 30 minutes for gloo) and wrapped its model in DDP, whose all-reduce is HFA's inner
+    step. The wrapper bounds the script's group by the topology's round timeout, so the hung rank's peer fails its
+    all-reduce within it, naming the timeout. (Unbounded, it would wait 30 minutes; the job still stops here because
+    the other party's global round times out as well, and the launcher stops every process.)"""
+    path = topology(tmp_path, {"dc0": "collective", "dc1": "collective"}, {"server_optimizer": "outer_nesterov"},
+                    hfa={"k1": K1, "k2": K2}, slice_elems=SLICE_ELEMS, timeouts={"round": "5s"})
+    job = geomx_job(SCRIPT, "--steps", "12", "--ddp", "--hang-rank", "1", "--hang-step", "3", topology=path)
+    assert job.result.exit_code != 0, job.tail()
+    assert job.result.wall_s < 100, job.result.wall_s
+    peer = "\n".join(line for line in job.output.splitlines() if line.startswith("[dc0/worker0]"))
+    assert re.search(r"[Tt]imed out|[Tt]imeout", peer), peer[-3000:]
+
+
 def test_a_wan_codec_in_collective_parties_encodes_each_owned_slice(geomx_job, tmp_path):
     """Each rank encodes the slices it owns (int8's residuals stay with their owner): FSA still ends near the
     dense reference, every rank holds the same bits, and the WAN carries a fraction of the dense bytes. (fp16, a

@@ -3,8 +3,8 @@ the topology's round timeout, and a failure named after the party and the operat
 
 A rank of a ``lan: collective`` party is started by ``geomx launch`` (or by the data center's own ``torchrun``)
 with torchrun's variables, which ``geomx.config`` reads into a ``TorchRun``. If the training script already
-initialized torch.distributed (as a torchrun script does), the group is that one; otherwise it is initialized
-here from the ``TorchRun``. gloo serves CPU tensors, NCCL CUDA ones.
+initialized torch.distributed (as a torchrun script does), the group is that one, its timeout set to the round's;
+otherwise it is initialized here from the ``TorchRun``. gloo serves CPU tensors, NCCL CUDA ones.
 
 On gloo, the all-gathers and reduce-scatters go rank to rank (``isend`` / ``irecv`` of each rank's part, the sums
 in rank order): gloo's own are 3-3.5x slower on this path. Measured on the 2-core machine, 2 ranks, 32 MB per
@@ -87,6 +87,20 @@ class Pending:
         return all(work.is_completed() for work in self.works)
 
 
+def _bound_by_round(party: str, timeout_s: float) -> None:
+    """Bound every later collective of the script's own default group (its DDP's and FSDP2's too) by the round
+    timeout, as a group initialized here is: the script's own timeout (torch's default: 30 minutes for gloo, 10 for
+    NCCL) would let a hung rank hold its party that long. torch sets it with ``_set_pg_timeout`` only."""
+    try:
+        dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=timeout_s))
+    except (AttributeError, RuntimeError, ValueError) as error:  # another torch: the script's timeout stays
+        log.warning("[%s] the script's process group keeps its own timeout (%s): a hung rank stops the party only "
+                    "after it, not after the topology's round timeout", party, error)
+        return
+    log.info("[%s] the script's process group: every collective from now on bounded by the round timeout, %.0f s",
+             party, timeout_s)
+
+
 class PartyGroup:
     """The ranks of one party, and the collectives the collective strategies run over them."""
 
@@ -106,6 +120,7 @@ class PartyGroup:
         """The party's group: torch.distributed's default one if the script initialized it, else one initialized
         here from ``run`` (refused, naming what is missing, when there is neither)."""
         if dist.is_initialized():
+            _bound_by_round(party, timeout_s)
             return cls(party, dist.get_rank(), dist.get_world_size())
         if run is None:
             raise PartyError(f"party {party} has lan: collective, but this process has no RANK / WORLD_SIZE / "

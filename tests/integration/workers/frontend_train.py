@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import threading
 import time
 
 import jobkit
@@ -71,6 +72,9 @@ def main() -> None:
     parser.add_argument("--slowdown", type=float, default=1.0)
     parser.add_argument("--die-rank", type=int, default=-1, help="this global rank dies (exit 3) at --die-step")
     parser.add_argument("--die-step", type=int, default=3)
+    parser.add_argument("--hang-rank", type=int, default=-1, help="this global rank hangs (alive, never returning) "
+                        "at --hang-step, before its forward")
+    parser.add_argument("--hang-step", type=int, default=3)
     parser.add_argument("--device", default="cpu", help="cuda: the model and batches on the GPU (NCCL in the party)")
     parser.add_argument("--record", action="store_true", help="save every step's weights before it (held), this "
                         "worker's gradient and the weights after it (received), for a replay of the server's order")
@@ -118,6 +122,8 @@ def main() -> None:
     for step in range(args.steps):  # the user's loop, unchanged (but for the emulated device time)
         if rank == args.die_rank and step == args.die_step:
             os._exit(3)  # a crash: no goodbye to anyone
+        if rank == args.hang_rank and step == args.hang_step:
+            threading.Event().wait()  # a hang: alive, its connections open, until the launcher stops it
         opt.zero_grad()
         if args.accumulate > 1:  # DDP's gradient accumulation: the mean loss of the batch, a micro-batch at a time
             parts = list(zip(inputs[step, rank].chunk(args.accumulate), targets[step, rank].chunk(args.accumulate),
