@@ -31,8 +31,7 @@ from geomx.zoo.models import DigitsCNN, accuracy
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--epochs", type=int, default=8)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--lr", type=float, default=0.003)
+    parser.add_argument("--batch-size", type=int, default=32, help="per rank")
     args = parser.parse_args()
     dist.init_process_group("gloo")  # torchrun's variables (geomx launch sets them per party); "nccl" on GPUs
     torch.manual_seed(0)
@@ -42,7 +41,7 @@ def main() -> None:
     sampler = DistributedSampler(TensorDataset(train.images, train.labels), num_replicas=num_workers,
                                  rank=rank, drop_last=True)  # geomx: the job's ranks, not just this party's
     loader = DataLoader(sampler.dataset, batch_size=args.batch_size, sampler=sampler, drop_last=True)
-    opt = gx.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=args.lr), model)  # geomx
+    opt = gx.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.003), model)  # geomx
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
         for images, labels in loader:
