@@ -1,6 +1,7 @@
 """A script's own DistributedDataParallel in a collective party (``geomx.collective.ddp``): the module it wraps, a
 DDP over another group refused, and FSA's comm hook refused where the script set one. One real gloo rank (a
-process group of one) in a spawned process; the jobs that train with DDP are in the integration tests."""
+process group of one) in a spawned process; the jobs that train with DDP are in the integration tests. And FSDP1,
+refused wherever it wraps part of the model."""
 
 from __future__ import annotations
 
@@ -57,3 +58,18 @@ def test_a_scripts_ddp_is_unwrapped_checked_against_the_party_and_silenced_once(
     assert seen["hook"] == "gradients_stay_local"
     assert seen["local gradient"] == [[1.0, 1.0, 1.0], [1.0, 1.0, 1.0]]
     assert "party dc1" in seen["second hook"] and "comm hook already" in seen["second hook"]
+
+
+def test_a_model_fsdp1_wraps_is_refused_naming_the_module() -> None:
+    """FSDP1's flat parameters are shards that look like whole tensors (the same shape on every rank): the wrapper
+    refuses them at start, naming the module, rather than averaging different shards."""
+    from torch import nn
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    from geomx.collective.fsdp import fsdp1_refusal
+
+    wrapped = FullyShardedDataParallel.__new__(FullyShardedDataParallel)  # building one needs an accelerator
+    nn.Module.__init__(wrapped)
+    refusal = fsdp1_refusal(nn.Sequential(nn.Linear(2, 2), wrapped))
+    assert refusal is not None and "module 1 is wrapped in FSDP1" in refusal and "fully_shard" in refusal
+    assert fsdp1_refusal(nn.Sequential(nn.Linear(2, 2), nn.ReLU())) is None

@@ -14,6 +14,7 @@ Usage::
     shards = fsdp_shards(list(model.parameters()), world_size=2, names=names)   # None: not sharded
     shards.ranges[0]                     # key 0's [start, stop) on each rank, e.g. [(0, 16), (16, 28)]
     shards.holder(0, 0, 8)               # 0: rank 0's shard holds all of [0, 8)
+    fsdp1_refusal(model)                 # why a model FSDP1 wraps cannot train (None: none does)
     local_flat(param)                    # this rank's shard, flat (a view: writes reach the model)
 """
 
@@ -126,6 +127,21 @@ def fsdp_shards(tensors: Sequence[torch.Tensor], world_size: int, names: Sequenc
             raise ConfigError(f"party {party}: rank {rank} holds {local_flat(tensor).numel()} elements of "
                               f"parameter {label!r}, but FSDP2's dim-0 chunks give it {high - low}")
     return shards
+
+
+def fsdp1_refusal(model: Any) -> str | None:
+    """Why ``model`` cannot train if FSDP1 (``FullyShardedDataParallel``) wraps any part of it (None: it does not).
+    FSDP1's flat parameters are each rank's shard of several tensors, the same shape on every rank: the wrapper
+    would take them for whole tensors and average different shards. Looked up, not imported, as DTensor is."""
+    module = sys.modules.get("torch.distributed.fsdp.fully_sharded_data_parallel")
+    if module is None:
+        return None
+    for name, sub in model.named_modules():
+        if isinstance(sub, module.FullyShardedDataParallel):
+            return (f"module {name or '(the model)'} is wrapped in FSDP1 (FullyShardedDataParallel), whose flat "
+                    "parameters geomx cannot sync: use FSDP2's fully_shard (HFA, DiLoCo and ESync in a lan: "
+                    "collective party) or DDP")
+    return None
 
 
 def local_flat(tensor: torch.Tensor) -> torch.Tensor:

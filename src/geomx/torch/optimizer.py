@@ -35,7 +35,7 @@ from torch import nn
 
 from ..algorithms.registry import strategy_class
 from ..collective.ddp import check_group, unwrap
-from ..collective.fsdp import fsdp_shards, is_sharded
+from ..collective.fsdp import fsdp1_refusal, fsdp_shards, is_sharded
 from ..config import ConfigError, NodeConfig, node_config
 from ..core.strategy import SIGNATURE_KEY, WorkerStrategy
 from ..kv import KVStore, create
@@ -129,6 +129,9 @@ class DistributedOptimizer:
         # says whether DDP or geomx averages the party's gradients (geomx.collective.ddp)
         model, self.ddp = unwrap(model)
         self.model = model
+        refusal = fsdp1_refusal(model)
+        if refusal is not None:  # before the job is joined: its flat parameters are shards that look whole
+            raise ConfigError(f"party {config.party}: {refusal}")
         self.plan: Plan = make_plan(config.topology.training, config.topology.hfa, optimizer)
         self._owns_kv = kv is None
         self.kv = kv if kv is not None else create(self.plan.kvstore_type, config)
