@@ -4,7 +4,8 @@ The same model, batch and SGD step on N ranks of one party (no WAN: the party's 
 host): ``ddp`` is torch DDP over gloo (started by ``python -m torch.distributed.run``), ``collective`` is geomx's
 wrapper in a ``lan: collective`` party (reduce-scatter, each rank's slices through the global server, all-gather),
 ``server`` the wrapper in a ``lan: server`` party (every gradient through the local server process). FSA with the
-optimizer on every rank: all three do DDP's arithmetic. What changes between rows is only the LAN tier. ``plain``
+optimizer on every rank: all three do DDP's arithmetic. ``--tiers`` adds HFA's (``collective_hfa``, ``server_hfa``,
+and ``collective_hfa_ddp``, where the script wraps its model in DDP itself, which makes the inner steps). What changes between rows is only the LAN tier. ``plain``
 (``--tiers``) runs the same ranks side by side with no sync at all: the compute every tier adds to, so
 plain / tier is the share of the step the device computes.
 
@@ -47,7 +48,7 @@ TIERS = ("ddp", "collective", "server")
 # DiLoCo's shape inside the party (HFA, H = K1 * K2 = 10 steps per global round, outer Nesterov on the global
 # server): collective all-reduces every step (DDP inside the party); server averages through the local server every
 # K1 steps (local SGD inside the party). Their figure is the mean step, global rounds included.
-HFA_TIERS = ("collective_hfa", "server_hfa")
+HFA_TIERS = ("collective_hfa", "server_hfa", "collective_hfa_ddp")  # _ddp: the script's own DDP makes the inner step
 ALL_TIERS = ("plain", *TIERS, *HFA_TIERS)
 HFA = {"k1": 5, "k2": 2}
 WARMUP = 5
@@ -60,15 +61,16 @@ def _topology(path: Path, ranks: int, tier: str) -> Path:
     lan, _, sync = tier.partition("_")
     raw: dict[str, Any] = {"parties": {"dc0": {"workers": ranks, "lan": lan}}, "central": "dc0",
                            "timeouts": {"register": "120s", "request": "300s", "round": "300s", "shutdown": "60s"}}
-    if sync == "hfa":
+    if sync.startswith("hfa"):
         raw.update(hfa=HFA, training={"server_optimizer": "outer_nesterov"})
     path.write_text(yaml.safe_dump(raw))
     return path
 
 
 def _worker_args(model: str, steps: int, out: Path, tier: str, device: str, optimizer: str) -> list[str]:
-    return ["-m", "geomx.bench.workers.lan_step", "--tier", tier, "--model", model, "--steps", str(steps),
-            "--out", str(out), "--device", device, "--optimizer", optimizer]
+    return ["-m", "geomx.bench.workers.lan_step", "--tier", "geomx" if tier not in ("ddp", "plain") else tier,
+            "--model", model, "--steps", str(steps), "--out", str(out), "--device", device, "--optimizer", optimizer,
+            *(["--ddp"] if tier.endswith("_ddp") else [])]
 
 
 def measure(model: str, ranks: int, tier: str, steps: int, work: Path, device: str = "cpu",
@@ -88,7 +90,7 @@ def measure(model: str, ranks: int, tier: str, steps: int, work: Path, device: s
     else:
         path = _topology(work / f"{model}-{ranks}-{tier}.yaml", ranks, tier)
         log = io.StringIO()
-        result = launch(path, [sys.executable, *_worker_args(model, steps, out, "geomx", device, optimizer)],
+        result = launch(path, [sys.executable, *_worker_args(model, steps, out, tier, device, optimizer)],
                         run_dir=work / f"run-{model}-{ranks}-{tier}", out=log)
         ok, tail = result.exit_code == 0, log.getvalue()[-1500:]
     if not ok or not out.exists():
@@ -194,7 +196,8 @@ def lines(section: dict[str, Any]) -> list[str]:
                   "compute share " + " / ".join(t for t in shown if t != "plain"),
                   "rank 0 CPU ms " + " / ".join(shown)], rows)
     if any(t in shown for t in HFA_TIERS):
-        out.append(f"[lan] *_hfa: HFA with K1={HFA['k1']}, K2={HFA['k2']}, outer Nesterov; the mean step")
+        out.append(f"[lan] *_hfa*: HFA with K1={HFA['k1']}, K2={HFA['k2']}, outer Nesterov; the mean step; _ddp: "
+                   "the script's own DDP makes the inner steps")
     return out + goal_lines(section.get("rows", []))
 
 

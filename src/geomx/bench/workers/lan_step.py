@@ -76,6 +76,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--optimizer", choices=["sgd", "adamw"], default="sgd")
     parser.add_argument("--out", required=True, help="rank 0's JSON of step times")
+    parser.add_argument("--ddp", action="store_true", help="--tier geomx: the script wraps its model in DDP itself "
+                        "(a collective party's group, from the launcher's torchrun variables)")
     args = parser.parse_args(argv)
     device = share_gpu() if args.device == "cuda" else torch.device("cpu")
     if device.type == "cpu":
@@ -94,7 +96,11 @@ def main(argv: list[str] | None = None) -> None:
     elif args.tier == "geomx":
         import geomx.torch as gx
 
-        opt = gx.DistributedOptimizer(inner, model)
+        if args.ddp:  # the script's own DDP, as a torchrun script keeps it (geomx.collective.ddp)
+            dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+            step_model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index]
+                                                             if device.index is not None else None)
+        opt = gx.DistributedOptimizer(inner, step_model)
     rank = int(os.environ.get("RANK", "0")) if args.tier != "geomx" else opt.global_rank  # type: ignore[attr-defined]
     times, cpu = [], []
     for _ in range(args.steps):
@@ -113,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
                                               if device.type == "cuda" else "cpu"}))
     if args.tier == "geomx":
         opt.close()  # type: ignore[attr-defined]
-    elif args.tier == "ddp":
+    if args.tier == "ddp" or args.ddp:
         leave_process_group(device)
 
 
