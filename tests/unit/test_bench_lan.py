@@ -36,3 +36,21 @@ def test_a_failed_turn_drops_out_of_the_figures_and_the_ratios() -> None:
     assert row["collective_over_ddp_turns"] == [1.2]
     failed = lan.combine("mlp", 2, {"ddp": [{"error": "x"}], "collective": [_ms(1)]})
     assert failed["ddp"] == {"error": "x"} and "collective_over_ddp" not in failed
+
+
+def test_each_tier_runs_its_worker_and_topology(tmp_path) -> None:
+    """ddp and plain run the worker as themselves; every other tier is the wrapper in a one-party job, HFA's with the
+    outer optimizer, and the _ddp one with the script's own DDP around the model."""
+    import yaml
+
+    def args(tier: str) -> list[str]:
+        return lan._worker_args("mlp", 10, tmp_path / "out.json", tier, "cpu", "sgd")
+
+    assert args("ddp")[args("ddp").index("--tier") + 1] == "ddp" and "--ddp" not in args("ddp")
+    assert args("collective")[args("collective").index("--tier") + 1] == "geomx" and "--ddp" not in args("collective")
+    assert "--ddp" in args("collective_hfa_ddp") and "--ddp" not in args("collective_hfa")
+    for tier, lan_tier, hfa in (("collective", "collective", False), ("server_hfa", "server", True),
+                                ("collective_hfa_ddp", "collective", True)):
+        raw = yaml.safe_load(lan._topology(tmp_path / f"{tier}.yaml", 2, tier).read_text())
+        assert raw["parties"]["dc0"] == {"workers": 2, "lan": lan_tier}, tier
+        assert ("hfa" in raw) is hfa and (raw.get("training") == {"server_optimizer": "outer_nesterov"}) is hfa, tier
