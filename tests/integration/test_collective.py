@@ -64,12 +64,13 @@ SLICE_ELEMS = 512
 
 def simulate_collective_hfa(initial: list[torch.Tensor], parties: dict[str, int], outer: str, k2: int = K2,
                             steps: int = 12, fragments: int = 1, delay: int = 0, alpha: float = 0.0,
-                            lr: float = jobkit.LR) -> tuple[dict[str, list[torch.Tensor]], list[torch.Tensor]]:
+                            lr: float = jobkit.LR, clip: float | None = None
+                            ) -> tuple[dict[str, list[torch.Tensor]], list[torch.Tensor]]:
     """HFA over collective parties in one process: each party steps SGD on its ranks' mean gradient (DDP), and
     every K1 steps is a local round; a slice goes global on its fragment's rounds (every K2), where the global
     model moves by the parties' weighted deltas (or an outer Nesterov step); overlapped (``delay``), every party
-    goes on and ``delay`` rounds later takes ``(1 - alpha) * global + alpha * its own``. Returns each party's
-    model and the global model."""
+    goes on and ``delay`` rounds later takes ``(1 - alpha) * global + alpha * its own``; ``clip``: each party's
+    mean gradient clipped to that norm. Returns each party's model and the global model."""
     from geomx.algorithms.hfa.rules import LocalFrequencyAggregation
     from geomx.core.sharding import slice_plan
 
@@ -98,7 +99,11 @@ def simulate_collective_hfa(initial: list[torch.Tensor], parties: dict[str, int]
                 net.zero_grad()
                 F.mse_loss(net(inputs[step - 1, rank]), targets[step - 1, rank]).backward()
                 grads = [g + p.grad.reshape(-1) for g, p in zip(grads, net.parameters(), strict=True)]
-            models[party] = [w - lr * g / len(ranks) for w, g in zip(models[party], grads, strict=True)]
+            mean = [g / len(ranks) for g in grads]
+            if clip is not None:  # torch's clip_grad_norm_: scaled by max_norm / (norm + 1e-6), at most 1
+                norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in mean]))
+                mean = [g * torch.clamp(clip / (norm + 1e-6), max=1.0) for g in mean]
+            models[party] = [w - lr * g for w, g in zip(models[party], mean, strict=True)]
         if step % K1:
             continue
         count = step // K1
@@ -159,6 +164,40 @@ def test_hfa_in_collective_parties_matches_the_simulation(geomx_job, tmp_path, o
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=f"worker {rank}")
     if streaming:  # the last round mixed: the parties' models differ
         assert not torch.equal(workers[0][0]["final"][0], workers[4][0]["final"][0])
+
+
+def test_gradients_averaged_before_the_step_can_be_clipped(geomx_job, tmp_path):
+    """FSA with the optimizer on the workers, a collective party beside a server party: the script calls
+    ``opt.average_gradients()`` after backward and clips the mean to norm 0.5 (the job's gradient norm is 0.7-1.1
+    every step), and every rank ends with the weights of single-process SGD on the clipped mean."""
+    clip = 0.5
+    assert not torch.allclose(jobkit.reference_run(4, clip=clip)[1][0], jobkit.reference_run(4)[1][0]), "it clips"
+    path = topology(tmp_path, {"dc0": "collective", "dc1": "server"}, slice_elems=512)
+    job = geomx_job(SCRIPT, "--clip", str(clip), topology=path)
+    job.assert_ok()
+    workers = job.workers()
+    assert {report["mode"] for _, report in workers.values()} == {"LOCAL"}
+    jobkit.assert_fsa_equivalent(workers, num_workers=4, clip=clip)
+
+
+def test_a_collective_partys_mean_gradient_can_be_clipped_under_hfa(geomx_job, tmp_path):
+    """HFA + outer Nesterov in two collective parties: ``opt.average_gradients()`` makes the party's mean (its
+    all-reduce) before the step, the script clips it to norm 0.5, and the ranks end on the simulation's weights
+    with each party's mean clipped so (which differ from the unclipped ones)."""
+    parties, clip = {"dc0": 2, "dc1": 2}, 0.5
+    path = topology(tmp_path, {"dc0": "collective", "dc1": "collective"}, {"server_optimizer": "outer_nesterov"},
+                    parties=parties, hfa={"k1": K1, "k2": K2}, slice_elems=SLICE_ELEMS)
+    job = geomx_job(SCRIPT, "--steps", "12", "--momentum", "0", "--clip", str(clip), topology=path)
+    job.assert_ok()
+    workers = job.workers()
+    initial = workers[0][0]["after_init"]
+    clipped, _ = simulate_collective_hfa(initial, parties, "outer_nesterov", clip=clip)
+    plain, _ = simulate_collective_hfa(initial, parties, "outer_nesterov")
+    assert not torch.allclose(clipped["dc1"][0], plain["dc1"][0], rtol=1e-3, atol=1e-4), "the test tells them apart"
+    for rank, (tensors, report) in workers.items():
+        assert report["mode"] == "HFA"
+        for got, want in zip(tensors["final"], clipped["dc0" if rank < 2 else "dc1"], strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=f"worker {rank}")
 
 
 def test_a_scripts_own_ddp_under_fsa_communicates_nothing_and_trains_as_single_process_sgd(geomx_job, tmp_path):

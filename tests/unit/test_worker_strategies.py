@@ -20,6 +20,7 @@ class Store:
     """A worker's store as the strategies use it: pushes recorded, pulls answered from ``answers``."""
 
     def __init__(self, num_workers: int = 2, num_all_workers: int = 4, k1: int = 3) -> None:
+        self.name = "dc0/worker0"
         self.num_workers, self.num_all_workers = num_workers, num_all_workers
         self.hfa = SimpleNamespace(k1=k1, k2=1)
         self.pushes: list[tuple[int, list[float]]] = []
@@ -115,6 +116,31 @@ def test_the_local_optimizer_step_averages_the_sums_into_grad_and_steps_here() -
     strategy.step()
     assert store.pulls == [0, 1] and loop.pending == set()
     assert loop.params[0].tolist() == [0.0, 0.0] and loop.params[1].tolist() == [3.5]  # SGD on the mean
+
+
+def test_the_averaged_gradients_can_be_clipped_before_the_step_applies_them() -> None:
+    """``average_gradients`` puts the mean into ``.grad`` before ``step``, as DDP leaves it after backward: a clip
+    in between is what the optimizer applies. Where the servers run the optimizer, it is refused by name; under
+    local SGD the gradients are the worker's own, left as they are."""
+    store = Store(num_all_workers=4)
+    store.answers = {0: torch.tensor([12.0, 16.0]), 1: torch.tensor([0.0])}  # the mean: [3, 4], norm 5
+    loop = Loop(store)
+    strategy = LocalOptimizerStep(loop)
+    loop.backward([1.0, 1.0], [1.0])
+    for key in (0, 1):
+        strategy.on_gradient(key, loop.params[key].grad)
+    strategy.average_gradients()
+    assert loop.params[0].grad.tolist() == [3.0, 4.0] and store.pulls == [0, 1]
+    torch.nn.utils.clip_grad_norm_(loop.params, 1.0)  # the mean, scaled to norm 1: [0.6, 0.8]
+    strategy.step()
+    assert store.pulls == [0, 1], "the step pulls nothing more"
+    torch.testing.assert_close(loop.params[0].data, torch.tensor([0.4, 1.2]))
+    with pytest.raises(RuntimeError, match="dc0/worker0: the global servers run the optimizer on the gradients"):
+        ServerOptimizerStep(Loop(Store())).average_gradients()
+    local = Loop(Store())
+    local.backward([2.0, 2.0], [2.0])
+    PeriodicAverage(local).average_gradients()
+    assert local.params[0].grad.tolist() == [2.0, 2.0]
 
 
 def test_a_periodic_average_steps_locally_and_pushes_its_share_every_k1_steps() -> None:

@@ -80,6 +80,11 @@ class WorkerStrategy:
     def step(self) -> None:
         """One training step, after backward."""
 
+    def average_gradients(self) -> None:
+        """Every trained parameter's ``.grad`` = the gradient this step's optimizer will apply, before ``step`` (to
+        clip or read it), as DDP leaves it after backward; ``step`` then applies it as it is. This base: the
+        gradients are this worker's own as backward left them (local SGD's inner steps), nothing to do."""
+
     def inner_step(self) -> None:
         """The step's own math once backward is done: the wrapped optimizer (a strategy that averages the party's
         gradients every step does that here too). Periodic strategies call it from ``step``, so an accelerator

@@ -286,6 +286,17 @@ class DistributedOptimizer:
         self.recorder.step()
         return loss
 
+    def average_gradients(self) -> None:
+        """Every trained parameter's ``.grad`` = the gradient ``step()`` will apply, now, as DDP leaves it after
+        backward: the job's mean under FSA with the optimizer on the workers, the party's in a collective party's
+        inner steps, this worker's own in local SGD's (HFA in a server party). For clipping or reading the
+        gradients; ``step()`` then applies them as they are. RuntimeError where the global servers run the
+        optimizer on the gradients pushed during backward.
+        Usage: ``loss.backward(); opt.average_gradients(); clip_grad_norm_(model.parameters(), 1.0); opt.step()``"""
+        if self._closed:
+            raise RuntimeError("this DistributedOptimizer is closed")
+        self.strategy.average_gradients()
+
     def warn_once(self, tag: str, text: str) -> None:
         """Log ``text`` once per ``tag``."""
         if tag not in self._warned:

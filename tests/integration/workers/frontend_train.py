@@ -84,6 +84,8 @@ def main() -> None:
                         "party's gradient sum where DDP would average")
     parser.add_argument("--accumulate", type=int, default=1, help="with --ddp: each step's batch in this many "
                         "micro-batches, all but the last backward inside ddp.no_sync() (gradient accumulation)")
+    parser.add_argument("--clip", type=float, default=None, help="clip the averaged gradients to this norm between "
+                        "backward and step (opt.average_gradients first)")
     parser.add_argument("--same-seed", action="store_true", help="every worker builds the same model (as a script "
                         "seeded once would): the far parties' INITs carry its digest, not the values")
     args = parser.parse_args()
@@ -140,6 +142,9 @@ def main() -> None:
         for total, p in zip(pushed, model.parameters(), strict=True):
             if p.grad is not None:
                 total.add_(p.grad)
+        if args.clip is not None:  # the user's clip, on the gradients the step will apply
+            opt.average_gradients()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
         before_step = [p.detach().clone() for p in model.parameters()]
         opt.step()
         if args.record:

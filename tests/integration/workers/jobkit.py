@@ -61,8 +61,9 @@ def make_data(steps: int, num_workers: int) -> tuple[torch.Tensor, torch.Tensor]
 
 
 def reference_run(num_workers: int, steps: int = STEPS, lr: float = LR, momentum: float = MOMENTUM,
-                  master_rank: int = 0) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """One process, torch.optim.SGD, the union of every worker's batch per step (mean loss over the union).
+                  master_rank: int = 0, clip: float | None = None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """One process, torch.optim.SGD, the union of every worker's batch per step (mean loss over the union), its
+    gradient clipped to norm ``clip`` if given.
 
     Returns (initial weights, final weights). The initial weights are the master worker's.
     """
@@ -75,6 +76,8 @@ def reference_run(num_workers: int, steps: int = STEPS, lr: float = LR, momentum
         optimizer.zero_grad()
         loss = F.mse_loss(model(inputs[step].reshape(-1, IN_FEATURES)), targets[step].reshape(-1, OUT_FEATURES))
         loss.backward()
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         optimizer.step()
     return initial, [p.detach().clone() for p in model.parameters()]
 
@@ -320,10 +323,11 @@ def poison(kv: Any, depth: int = 100_000) -> dict[str, Any]:
 # -- checks (run in the test process) -------------------------------------------------------------------
 
 def assert_fsa_equivalent(workers: dict[int, tuple[dict[str, list[torch.Tensor]], dict[str, Any]]],
-                          num_workers: int, steps: int = STEPS) -> None:
-    """Every worker holds the single-process reference weights, and all workers hold the same bits."""
+                          num_workers: int, steps: int = STEPS, clip: float | None = None) -> None:
+    """Every worker holds the single-process reference weights (its gradients clipped to ``clip``), and all
+    workers hold the same bits."""
     assert sorted(workers) == list(range(num_workers)), f"outputs from ranks {sorted(workers)}"
-    initial, final = reference_run(num_workers, steps)
+    initial, final = reference_run(num_workers, steps, clip=clip)
     master = workers[0][0]
     for a, b in zip(master["before_init"], initial, strict=True):
         assert torch.equal(a, b), "the master's own initial weights differ from the reference's"

@@ -37,6 +37,7 @@ from ...collective.group import Pending
 from ...collective.host import HostChunk
 from ...collective.owners import OwnedSlice
 from ...core.strategy import Loop, WorkerStrategy
+from .strategy import refused_average
 
 class CollectiveServerStep(WorkerStrategy):
     """The global servers run the optimizer and answer with new weights."""
@@ -128,6 +129,13 @@ class CollectiveServerStep(WorkerStrategy):
                                                               else bucket.chunk.clone(), lane="answers"))
 
     def step(self) -> None:
+        self.land_all()
+
+    def average_gradients(self) -> None:
+        raise RuntimeError(refused_average(self.loop))
+
+    def land_all(self) -> None:
+        """Every bucket's answers in place: pushed, landed and all-gathered (missing gradients pushed as zeros)."""
         loop = self.loop
         for index, keys in enumerate(self.missing):  # FSA rounds need every key: a missing gradient is zeros
             for key in sorted(keys):
@@ -146,7 +154,6 @@ class CollectiveServerStep(WorkerStrategy):
         loop.waited(time.monotonic() - started)
         loop.pushed.clear()
         self._new_step()
-        self.after_gather()
 
     def fill(self, bucket: ModelBucket) -> None:
         """The answers are new weights; keys nobody trains keep their values."""
@@ -159,8 +166,6 @@ class CollectiveServerStep(WorkerStrategy):
         """Where a bucket's gathered answers go: the parameters."""
         return [self.loop.params[key].data for key in bucket.layout.keys]
 
-    def after_gather(self) -> None:
-        """Every answer is in place."""
 
 
 class CollectiveLocalStep(CollectiveServerStep):
@@ -179,10 +184,20 @@ class CollectiveLocalStep(CollectiveServerStep):
                 params[key].grad = torch.zeros_like(params[key])
         return [params[key].grad for key in bucket.layout.keys]
 
-    def after_gather(self) -> None:
+    averaged = False  # this step's mean is in .grad already (``average_gradients`` was called)
+
+    def step(self) -> None:
+        self.average_gradients()
+        self.averaged = False
+        self.inner_step()
+
+    def average_gradients(self) -> None:
+        if self.averaged:
+            return
+        self.land_all()
         loop = self.loop
         scale = 1.0 / loop.kv.num_all_workers
         for param in loop.params:
             if param.grad is not None:
                 param.grad.mul_(scale)
-        self.inner_step()
+        self.averaged = True

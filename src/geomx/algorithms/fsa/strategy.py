@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from ...core.strategy import WorkerStrategy
+from ...core.strategy import Loop, WorkerStrategy
 
 
 class ServerOptimizerStep(WorkerStrategy):
@@ -28,6 +28,9 @@ class ServerOptimizerStep(WorkerStrategy):
     def step(self) -> None:
         self.push_missing()
         self.after_pushes()
+
+    def average_gradients(self) -> None:
+        raise RuntimeError(refused_average(self.loop))
 
     def after_pushes(self) -> None:
         """Every key of the step is pushed: its answer is the new weights, landed lazily."""
@@ -49,7 +52,17 @@ class ServerOptimizerStep(WorkerStrategy):
 class LocalOptimizerStep(ServerOptimizerStep):
     """The answers are gradient sums: their mean goes into ``.grad`` and the wrapped optimizer steps here."""
 
-    def after_pushes(self) -> None:
+    averaged = False  # this step's mean is in .grad already (``average_gradients`` was called)
+
+    def step(self) -> None:
+        self.average_gradients()
+        self.averaged = False
+        self.inner_step()
+
+    def average_gradients(self) -> None:
+        if self.averaged:
+            return
+        self.push_missing()
         loop = self.loop
         loop.pushed.clear()
         started = time.monotonic()
@@ -61,4 +74,12 @@ class LocalOptimizerStep(ServerOptimizerStep):
             loop.kv.pull(key, param.grad, priority=loop.priority[key])
             param.grad.mul_(scale)
         loop.waited(time.monotonic() - started)
-        self.inner_step()
+        self.averaged = True
+
+
+def refused_average(loop: Loop) -> str:
+    """Why ``average_gradients`` cannot be: the global servers apply the gradients pushed during backward."""
+    return (f"{loop.kv.name}: the global servers run the optimizer on the gradients pushed during backward, so no "
+            "worker holds the averaged gradients before they are applied (nor can clip them): set "
+            "training.server_optimizer: none (FSA with the optimizer on every worker; MixedSync and SSP need the "
+            "servers'), or use HFA")
