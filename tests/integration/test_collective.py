@@ -180,14 +180,31 @@ def test_gradients_averaged_before_the_step_can_be_clipped(geomx_job, tmp_path):
     jobkit.assert_fsa_equivalent(workers, num_workers=4, clip=clip)
 
 
+@pytest.mark.parametrize(("server_optimizer", "mode"), [("auto", "LOCAL"), ("translate", "SERVER")])
+def test_gradients_accumulate_inside_no_sync(geomx_job, tmp_path, server_optimizer, mode):
+    """Each step's batch in two micro-batches, the first backward inside ``opt.no_sync()`` (the wrapper's, no DDP):
+    nothing leaves until the second backward, which sends the sum, in a collective party and a server party alike.
+    Every rank ends with single-process SGD's weights on the whole batches, the optimizer on the workers or on the
+    global servers."""
+    path = topology(tmp_path, {"dc0": "collective", "dc1": "server"}, {"server_optimizer": server_optimizer},
+                    slice_elems=512)
+    job = geomx_job(SCRIPT, "--accumulate", "2", topology=path)
+    job.assert_ok()
+    workers = job.workers()
+    assert {report["mode"] for _, report in workers.values()} == {mode}
+    jobkit.assert_fsa_equivalent(workers, num_workers=4)
+
+
 def test_a_collective_partys_mean_gradient_can_be_clipped_under_hfa(geomx_job, tmp_path):
     """HFA + outer Nesterov in two collective parties: ``opt.average_gradients()`` makes the party's mean (its
     all-reduce) before the step, the script clips it to norm 0.5, and the ranks end on the simulation's weights
-    with each party's mean clipped so (which differ from the unclipped ones)."""
+    with each party's mean clipped so (which differ from the unclipped ones). Each step's batch comes in two
+    micro-batches, the first inside ``opt.no_sync()``."""
     parties, clip = {"dc0": 2, "dc1": 2}, 0.5
     path = topology(tmp_path, {"dc0": "collective", "dc1": "collective"}, {"server_optimizer": "outer_nesterov"},
                     parties=parties, hfa={"k1": K1, "k2": K2}, slice_elems=SLICE_ELEMS)
-    job = geomx_job(SCRIPT, "--steps", "12", "--momentum", "0", "--clip", str(clip), topology=path)
+    job = geomx_job(SCRIPT, "--steps", "12", "--momentum", "0", "--clip", str(clip), "--accumulate", "2",
+                    topology=path)
     job.assert_ok()
     workers = job.workers()
     initial = workers[0][0]["after_init"]

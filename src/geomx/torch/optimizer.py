@@ -27,7 +27,8 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -160,6 +161,7 @@ class DistributedOptimizer:
         # values while the deepest layer's were still on their way (P3: shallow slices travel first).
         self.overlap = {"forwards": 0, "forwards_before_all_arrived": 0, "first_layer_before_deepest": 0}
         self._forward_started = False
+        self._accumulating = False  # inside ``no_sync()``: backward's gradients stay in .grad
         collective = config.topology.is_collective(config.party)
         if collective:  # the party's ranks are one torch.distributed group (lan: collective)
             ranks = self.kv.ranks
@@ -222,8 +224,8 @@ class DistributedOptimizer:
     def _on_gradient(self, key: int, param: torch.Tensor) -> None:
         if self._closed:
             return
-        if self.ddp is not None and not self.ddp.require_backward_grad_sync:
-            return  # a backward inside the script's ``ddp.no_sync()``: the gradient accumulates, as DDP's does
+        if self._accumulating or (self.ddp is not None and not self.ddp.require_backward_grad_sync):
+            return  # a backward inside ``no_sync()`` (this one's, or the script's DDP's): the gradient accumulates
         if key in self.pushed:
             raise RuntimeError(f"parameter {self.names[key]!r} got a second gradient before step(): geomx pushes "
                                "each gradient as backward produces it, so call step() after every backward")
@@ -285,6 +287,17 @@ class DistributedOptimizer:
         self._forward_started = False
         self.recorder.step()
         return loss
+
+    @contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Gradient accumulation, as DDP's ``no_sync``: the backwards inside add to ``.grad`` and send nothing;
+        the first one after it sends the sum (or the algorithm averages it at the step).
+        Usage: ``with opt.no_sync(): loss_a.backward()`` then ``loss_b.backward(); opt.step()``"""
+        accumulating, self._accumulating = self._accumulating, True
+        try:
+            yield
+        finally:
+            self._accumulating = accumulating
 
     def average_gradients(self) -> None:
         """Every trained parameter's ``.grad`` = the gradient ``step()`` will apply, now, as DDP leaves it after

@@ -82,8 +82,9 @@ def main() -> None:
                         "group (a collective party's torchrun variables), as a torchrun script does")
     parser.add_argument("--ddp-sums", action="store_true", help="with --ddp: a comm hook of the script's own, the "
                         "party's gradient sum where DDP would average")
-    parser.add_argument("--accumulate", type=int, default=1, help="with --ddp: each step's batch in this many "
-                        "micro-batches, all but the last backward inside ddp.no_sync() (gradient accumulation)")
+    parser.add_argument("--accumulate", type=int, default=1, help="each step's batch in this many micro-batches, "
+                        "all but the last backward inside no_sync() (the script's DDP's with --ddp, else the "
+                        "wrapper's): gradient accumulation")
     parser.add_argument("--clip", type=float, default=None, help="clip the averaged gradients to this norm between "
                         "backward and step (opt.average_gradients first)")
     parser.add_argument("--same-seed", action="store_true", help="every worker builds the same model (as a script "
@@ -130,7 +131,7 @@ def main() -> None:
         if args.accumulate > 1:  # DDP's gradient accumulation: the mean loss of the batch, a micro-batch at a time
             parts = list(zip(inputs[step, rank].chunk(args.accumulate), targets[step, rank].chunk(args.accumulate),
                              strict=True))
-            with model.no_sync():
+            with model.no_sync() if args.ddp else opt.no_sync():
                 for x, y in parts[:-1]:
                     (F.mse_loss(model(x), y) / len(parts)).backward()
             loss = F.mse_loss(model(parts[-1][0]), parts[-1][1]) / len(parts)
