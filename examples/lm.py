@@ -46,6 +46,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--ff", type=int, default=2, help="feed-forward width as a multiple of --dim")
     parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--clip", type=float, default=None, help="clip the gradients to this norm before each step")
     parser.add_argument("--max-chars", type=int, default=1_000_000)
     parser.add_argument("--eval-every", type=int, default=50)
     parser.add_argument("--eval-batches", type=int, default=8)
@@ -93,6 +94,9 @@ def main() -> None:
             opt.zero_grad()
             loss = F.cross_entropy(model(x).reshape(-1, VOCAB), y.reshape(-1))
             loss.backward()
+            if args.clip:
+                opt.average_gradients()  # geomx: the gradients step() applies, now, so that the clip reaches them
+                torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
             opt.step()
             opt.log(loss=loss)  # geomx: the loss in the run's metrics
             step += 1
