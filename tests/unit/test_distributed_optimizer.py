@@ -5,6 +5,7 @@ The real multi-process runs are in tests/integration/test_torch_frontend.py; her
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any
 
 import pytest
@@ -90,6 +91,36 @@ def test_parameters_without_a_gradient_push_zeros_and_the_step_matches_plain_tor
     for got, want in zip(model.parameters(), reference.parameters(), strict=True):
         torch.testing.assert_close(got, want)
     assert store.records[0]["plan"].startswith("local optimizer")
+
+
+def test_accumulated_and_clipped_gradients_step_as_plain_torch_and_a_late_backward_is_named():
+    """Two backwards a step, the first inside ``no_sync()`` (pushed once, their sum), then the averaged gradient
+    clipped before the step: the same weights as plain torch doing the same. A backward between
+    ``average_gradients()`` and ``step()`` is refused by name."""
+    model, _ = model_and_adam()
+    reference, _ = model_and_adam()
+    store = OneWorkerStore(TrainingSpec(server_optimizer="none"))
+    opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, kv=store)  # type: ignore[arg-type]
+    reference_inner = torch.optim.SGD(reference.parameters(), lr=0.1)
+    x = torch.randn(2, 5, 4)
+    for _ in range(2):
+        for net, optimizer in ((model, opt), (reference, reference_inner)):
+            optimizer.zero_grad()
+            with opt.no_sync() if optimizer is opt else nullcontext():  # plain torch accumulates anyway
+                net(x[0]).sum().backward()
+            net(x[1]).sum().backward()
+            if optimizer is opt:
+                opt.average_gradients()
+            torch.nn.utils.clip_grad_norm_(net.parameters(), 0.5)
+            optimizer.step()
+    assert store.pushes == [3, 2, 1, 0] * 2, "each key pushed once a step, deepest first"
+    for got, want in zip(model.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(got, want)
+    opt.zero_grad()
+    model(x[0]).sum().backward()
+    opt.average_gradients()
+    with pytest.raises(RuntimeError, match=r"got a gradient after average_gradients\(\) and before step\(\)"):
+        model(x[1]).sum().backward()
 
 
 def test_a_model_that_differs_from_the_masters_fails_before_any_parameter_is_declared():

@@ -162,6 +162,7 @@ class DistributedOptimizer:
         self.overlap = {"forwards": 0, "forwards_before_all_arrived": 0, "first_layer_before_deepest": 0}
         self._forward_started = False
         self._accumulating = False  # inside ``no_sync()``: backward's gradients stay in .grad
+        self._averaged = False  # ``average_gradients`` ran this step: the step's gradients are final
         collective = config.topology.is_collective(config.party)
         if collective:  # the party's ranks are one torch.distributed group (lan: collective)
             ranks = self.kv.ranks
@@ -226,6 +227,9 @@ class DistributedOptimizer:
             return
         if self._accumulating or (self.ddp is not None and not self.ddp.require_backward_grad_sync):
             return  # a backward inside ``no_sync()`` (this one's, or the script's DDP's): the gradient accumulates
+        if self._averaged:
+            raise RuntimeError(f"parameter {self.names[key]!r} got a gradient after average_gradients() and before "
+                               "step(): the step's gradients were final; call backward before average_gradients()")
         if key in self.pushed:
             raise RuntimeError(f"parameter {self.names[key]!r} got a second gradient before step(): geomx pushes "
                                "each gradient as backward produces it, so call step() after every backward")
@@ -284,6 +288,7 @@ class DistributedOptimizer:
             with torch.enable_grad():
                 loss = closure()
         self.strategy.step()
+        self._averaged = False
         self._forward_started = False
         self.recorder.step()
         return loss
@@ -309,6 +314,7 @@ class DistributedOptimizer:
         if self._closed:
             raise RuntimeError("this DistributedOptimizer is closed")
         self.strategy.average_gradients()
+        self._averaged = True
 
     def warn_once(self, tag: str, text: str) -> None:
         """Log ``text`` once per ``tag``."""
