@@ -167,10 +167,11 @@ class CollectiveServerStep(WorkerStrategy):
         return [self.loop.params[key].data for key in bucket.layout.keys]
 
 
-
 class CollectiveLocalStep(CollectiveServerStep):
     """The global servers answer with the sum of every worker's gradients; every rank steps the wrapped
     optimizer on their mean (DDP's arithmetic, across data centers)."""
+
+    averaged = False  # this step's mean is in .grad already (``average_gradients`` was called)
 
     def fill(self, bucket: ModelBucket) -> None:
         for owned, piece in bucket.pieces:
@@ -183,8 +184,6 @@ class CollectiveLocalStep(CollectiveServerStep):
             if params[key].grad is None:
                 params[key].grad = torch.zeros_like(params[key])
         return [params[key].grad for key in bucket.layout.keys]
-
-    averaged = False  # this step's mean is in .grad already (``average_gradients`` was called)
 
     def step(self) -> None:
         self.average_gradients()
