@@ -39,10 +39,31 @@ def _rank(store: str, out: multiprocessing.Queue) -> None:
         keep_local(ddp, "dc1")  # a hook is there already (here: geomx's own; a script's fp16 hook, say)
     except ConfigError as error:
         seen["second hook"] = str(error)
+    seen["server party"] = _refusal_in_a_server_party(nn.parallel.DistributedDataParallel(nn.Linear(3, 2)))
     out.put(seen)
     out.close()
     out.join_thread()
     os._exit(0)  # gloo's threads of a group never destroyed can abort the interpreter's teardown
+
+
+def _refusal_in_a_server_party(ddp: object) -> str:
+    """The wrapper's error for a DDP model in a ``lan: server`` party (a one-worker job's config; the refusal comes
+    before the store is asked anything)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from geomx.config import ConfigError, NodeConfig, PartySpec, Role, Topology
+    from geomx.torch import DistributedOptimizer
+
+    topology = Topology(parties=(PartySpec("dc0", 1),), central="dc0")
+    config = NodeConfig(role=Role.WORKER, party="dc0", topology=topology, global_scheduler="127.0.0.1:1")
+    try:
+        DistributedOptimizer(torch.optim.SGD(ddp.parameters(), lr=0.1), ddp,  # type: ignore[attr-defined]
+                             kv=SimpleNamespace(config=config))  # type: ignore[arg-type]
+    except ConfigError as error:
+        return str(error)
+    return "accepted"
 
 
 def test_a_scripts_ddp_is_unwrapped_checked_against_the_party_and_silenced_once() -> None:
@@ -58,6 +79,7 @@ def test_a_scripts_ddp_is_unwrapped_checked_against_the_party_and_silenced_once(
     assert seen["hook"] == "gradients_stay_local"
     assert seen["local gradient"] == [[1.0, 1.0, 1.0], [1.0, 1.0, 1.0]]
     assert "party dc1" in seen["second hook"] and "comm hook already" in seen["second hook"]
+    assert "party dc0" in seen["server party"] and "lan: server party" in seen["server party"], seen["server party"]
 
 
 def test_a_model_fsdp1_wraps_is_refused_naming_the_module() -> None:
