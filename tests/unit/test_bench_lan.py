@@ -49,7 +49,9 @@ def test_each_tier_runs_its_worker_and_topology(tmp_path) -> None:
     assert args("ddp")[args("ddp").index("--tier") + 1] == "ddp" and "--ddp" not in args("ddp")
     assert args("collective")[args("collective").index("--tier") + 1] == "geomx" and "--ddp" not in args("collective")
     assert "--ddp" in args("collective_hfa_ddp") and "--ddp" not in args("collective_hfa")
-    for tier, lan_tier, hfa in (("collective", "collective", False), ("server_hfa", "server", True),
+    assert "--ddp" in args("collective_ddp")
+    for tier, lan_tier, hfa in (("collective", "collective", False), ("collective_ddp", "collective", False),
+                                ("server_hfa", "server", True),
                                 ("collective_hfa_ddp", "collective", True)):
         raw = yaml.safe_load(lan._topology(tmp_path / f"{tier}.yaml", 2, tier).read_text())
         assert raw["parties"]["dc0"] == {"workers": 2, "lan": lan_tier}, tier

@@ -4,8 +4,9 @@ The same model, batch and SGD step on N ranks of one party (no WAN: the party's 
 host): ``ddp`` is torch DDP over gloo (started by ``python -m torch.distributed.run``), ``collective`` is geomx's
 wrapper in a ``lan: collective`` party (reduce-scatter, each rank's slices through the global server, all-gather),
 ``server`` the wrapper in a ``lan: server`` party (every gradient through the local server process). FSA with the
-optimizer on every rank: all three do DDP's arithmetic. ``--tiers`` adds HFA's (``collective_hfa``, ``server_hfa``,
-and ``collective_hfa_ddp``, where the script wraps its model in DDP itself, which makes the inner steps). What changes between rows is only the LAN tier. ``plain``
+optimizer on every rank: all three do DDP's arithmetic. ``--tiers`` adds ``collective_ddp`` (the script wraps its
+model in DDP itself, which geomx's FSA path replaces) and HFA's (``collective_hfa``, ``server_hfa``, and
+``collective_hfa_ddp``, where the script's own DDP makes the inner steps). What changes between rows is only the LAN tier. ``plain``
 (``--tiers``) runs the same ranks side by side with no sync at all: the compute every tier adds to, so
 plain / tier is the share of the step the device computes.
 
@@ -49,7 +50,7 @@ TIERS = ("ddp", "collective", "server")
 # server): collective all-reduces every step (DDP inside the party); server averages through the local server every
 # K1 steps (local SGD inside the party). Their figure is the mean step, global rounds included.
 HFA_TIERS = ("collective_hfa", "server_hfa", "collective_hfa_ddp")  # _ddp: the script's own DDP makes the inner step
-ALL_TIERS = ("plain", *TIERS, *HFA_TIERS)
+ALL_TIERS = ("plain", *TIERS, "collective_ddp", *HFA_TIERS)  # collective_ddp: FSA, the script's DDP silenced
 HFA = {"k1": 5, "k2": 2}
 WARMUP = 5
 # models whose step takes milliseconds run this many times the steps and warm-up steps: 25 steps of a few ms are
