@@ -102,3 +102,30 @@ class WorkerStrategy:
         loop.synchronize()
         for out, param in zip(into, loop.params, strict=True):
             out.copy_(param.data)
+
+
+class AveragedStep(WorkerStrategy):
+    """A strategy whose step applies a mean gradient it makes (``average``) once a step: asked for by the script
+    (``average_gradients``, to clip it, say) or by ``step``, which then runs the wrapped optimizer on it.
+
+    Usage::
+
+        class LocalMean(AveragedStep, SomeStrategy):
+            def average(self) -> None: ...      # every .grad = the mean the step applies
+    """
+
+    averaged = False  # this step's mean is in .grad already
+
+    def step(self) -> None:
+        self.average_gradients()
+        self.averaged = False
+        self.inner_step()
+
+    def average_gradients(self) -> None:
+        if not self.averaged:
+            self.average()
+            self.averaged = True
+
+    def average(self) -> None:
+        """Every trained parameter's ``.grad`` = the mean gradient this step applies."""
+        raise NotImplementedError

@@ -36,7 +36,7 @@ from ...collective.ddp import keep_local
 from ...collective.group import Pending
 from ...collective.host import HostChunk
 from ...collective.owners import OwnedSlice
-from ...core.strategy import Loop, WorkerStrategy
+from ...core.strategy import AveragedStep, Loop, WorkerStrategy
 from .strategy import refused_average
 
 class CollectiveServerStep(WorkerStrategy):
@@ -167,11 +167,9 @@ class CollectiveServerStep(WorkerStrategy):
         return [self.loop.params[key].data for key in bucket.layout.keys]
 
 
-class CollectiveLocalStep(CollectiveServerStep):
+class CollectiveLocalStep(AveragedStep, CollectiveServerStep):
     """The global servers answer with the sum of every worker's gradients; every rank steps the wrapped
     optimizer on their mean (DDP's arithmetic, across data centers)."""
-
-    averaged = False  # this step's mean is in .grad already (``average_gradients`` was called)
 
     def fill(self, bucket: ModelBucket) -> None:
         for owned, piece in bucket.pieces:
@@ -185,18 +183,10 @@ class CollectiveLocalStep(CollectiveServerStep):
                 params[key].grad = torch.zeros_like(params[key])
         return [params[key].grad for key in bucket.layout.keys]
 
-    def step(self) -> None:
-        self.average_gradients()
-        self.averaged = False
-        self.inner_step()
-
-    def average_gradients(self) -> None:
-        if self.averaged:
-            return
+    def average(self) -> None:
         self.land_all()
         loop = self.loop
         scale = 1.0 / loop.kv.num_all_workers
         for param in loop.params:
             if param.grad is not None:
                 param.grad.mul_(scale)
-        self.averaged = True

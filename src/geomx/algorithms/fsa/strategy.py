@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from ...core.strategy import Loop, WorkerStrategy
+from ...core.strategy import AveragedStep, Loop, WorkerStrategy
 
 
 class ServerOptimizerStep(WorkerStrategy):
@@ -49,19 +49,10 @@ class ServerOptimizerStep(WorkerStrategy):
                 self.on_gradient(key, torch.zeros_like(loop.params[key]))
 
 
-class LocalOptimizerStep(ServerOptimizerStep):
+class LocalOptimizerStep(AveragedStep, ServerOptimizerStep):
     """The answers are gradient sums: their mean goes into ``.grad`` and the wrapped optimizer steps here."""
 
-    averaged = False  # this step's mean is in .grad already (``average_gradients`` was called)
-
-    def step(self) -> None:
-        self.average_gradients()
-        self.averaged = False
-        self.inner_step()
-
-    def average_gradients(self) -> None:
-        if self.averaged:
-            return
+    def average(self) -> None:
         self.push_missing()
         loop = self.loop
         loop.pushed.clear()
@@ -74,7 +65,6 @@ class LocalOptimizerStep(ServerOptimizerStep):
             loop.kv.pull(key, param.grad, priority=loop.priority[key])
             param.grad.mul_(scale)
         loop.waited(time.monotonic() - started)
-        self.averaged = True
 
 
 def refused_average(loop: Loop) -> str:
