@@ -112,14 +112,21 @@ class AveragedStep(WorkerStrategy):
 
         class LocalMean(AveragedStep, SomeStrategy):
             def average(self) -> None: ...      # every .grad = the mean the step applies
+
+    A strategy whose ``step`` is its own calls ``take_average`` where it applies the mean.
     """
 
     averaged = False  # this step's mean is in .grad already
 
     def step(self) -> None:
+        self.take_average()
+        self.inner_step()
+
+    def take_average(self) -> None:
+        """This step's mean in ``.grad`` (made now unless ``average_gradients`` made it); the next step makes its
+        own."""
         self.average_gradients()
         self.averaged = False
-        self.inner_step()
 
     def average_gradients(self) -> None:
         if not self.averaged:

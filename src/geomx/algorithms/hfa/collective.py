@@ -41,13 +41,13 @@ from ...collective.bucket import ModelBucket, PartyModel
 from ...collective.host import HostChunk
 from ...collective.overlap import OverlappedMean
 from ...collective.owners import OwnedSlice
-from ...core.strategy import Loop, WorkerStrategy
+from ...core.strategy import AveragedStep, Loop
 from .rules import LocalFrequencyAggregation
 from .trips import FragmentTrips
 from .windows import WindowedRounds
 
 
-class CollectivePeriodicAverage(WorkerStrategy):
+class CollectivePeriodicAverage(AveragedStep):
     """Inner steps on the party's mean gradient; the owned slices' global rounds when due."""
 
     def __init__(self, loop: Loop) -> None:
@@ -76,7 +76,6 @@ class CollectivePeriodicAverage(WorkerStrategy):
         # the same ranks, blocking: a global round a few windows of the owned slices at a time (see ``windows``)
         self.windows: WindowedRounds | None = None
         self.piece_of: dict[tuple[int, int], int] = {}  # an owned slice's index in the bucket's pieces
-        self.averaged = False  # this step's mean is in .grad already (``average_gradients`` was called)
 
     def init_keys(self) -> None:
         loop = self.loop
@@ -120,21 +119,17 @@ class CollectivePeriodicAverage(WorkerStrategy):
 
     def inner_step(self) -> None:
         """The party's mean gradient (unless ``average_gradients`` made it this step), then the optimizer."""
-        self.average_gradients()
-        self.averaged = False
+        self.take_average()
         self.loop.optimizer.step()
 
-    def average_gradients(self) -> None:
+    def average(self) -> None:
         """The party's mean gradient in every ``.grad``: DDP's all-reduce of the buckets backward filled, FSDP2's
         own under a sharded model; the script's own DDP made it already."""
         assert self.bucket is not None, "init_keys runs first"
-        if self.averaged:
-            return
         if self.mean is not None:
             self.mean.finish()
         elif self.loop.ddp is None:
             self.bucket.average_gradients(self.loop.params)
-        self.averaged = True
 
     def step(self) -> None:
         if self.fragment_trips is not None:  # the leaving fragment's copy, made while the step computed
