@@ -6,9 +6,9 @@ wrapper in a ``lan: collective`` party (reduce-scatter, each rank's slices throu
 ``server`` the wrapper in a ``lan: server`` party (every gradient through the local server process). FSA with the
 optimizer on every rank: all three do DDP's arithmetic. ``--tiers`` adds ``collective_ddp`` (the script wraps its
 model in DDP itself, which geomx's FSA path replaces) and HFA's (``collective_hfa``, ``server_hfa``, and
-``collective_hfa_ddp``, where the script's own DDP makes the inner steps). What changes between rows is only the LAN tier. ``plain``
-(``--tiers``) runs the same ranks side by side with no sync at all: the compute every tier adds to, so
-plain / tier is the share of the step the device computes.
+``collective_hfa_ddp``, where the script's own DDP makes the inner steps). What changes between rows is only the
+LAN tier. ``plain`` (``--tiers``) runs the same ranks side by side with no sync at all: the compute every tier adds
+to, so plain / tier is the share of the step the device computes.
 
 With ``--device cuda`` the models and batches live on the GPU, DDP and the collective tier run over NCCL, and ranks
 that outnumber the GPUs share them (``geomx.bench.workers.lan_step``).
