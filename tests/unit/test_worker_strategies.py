@@ -105,14 +105,21 @@ def test_the_server_optimizer_step_pushes_every_gradient_and_zeros_for_a_missing
     assert loop.params[0].tolist() == [1.0, 2.0]  # no local step: the servers run the optimizer
 
 
-def test_the_local_optimizer_step_averages_the_sums_into_grad_and_steps_here() -> None:
+def _local_step_after_backward(sums: dict[int, torch.Tensor]) -> tuple[Store, Loop, LocalOptimizerStep]:
+    """A LocalOptimizerStep of one worker of four whose backward pushed gradients of ones; ``sums``: the job's
+    gradient sums the servers answer."""
     store = Store(num_all_workers=4)
-    store.answers = {0: torch.tensor([4.0, 8.0]), 1: torch.tensor([2.0])}  # the job's gradient sums
+    store.answers = sums
     loop = Loop(store)
     strategy = LocalOptimizerStep(loop)
     loop.backward([1.0, 1.0], [1.0])
     for key in (0, 1):
         strategy.on_gradient(key, loop.params[key].grad)
+    return store, loop, strategy
+
+
+def test_the_local_optimizer_step_averages_the_sums_into_grad_and_steps_here() -> None:
+    store, loop, strategy = _local_step_after_backward({0: torch.tensor([4.0, 8.0]), 1: torch.tensor([2.0])})
     strategy.step()
     assert store.pulls == [0, 1] and loop.pending == set()
     assert loop.params[0].tolist() == [0.0, 0.0] and loop.params[1].tolist() == [3.5]  # SGD on the mean
@@ -122,13 +129,8 @@ def test_the_averaged_gradients_can_be_clipped_before_the_step_applies_them() ->
     """``average_gradients`` puts the mean into ``.grad`` before ``step``, as DDP leaves it after backward: a clip
     in between is what the optimizer applies. Where the servers run the optimizer, it is refused by name; under
     local SGD the gradients are the worker's own, left as they are."""
-    store = Store(num_all_workers=4)
-    store.answers = {0: torch.tensor([12.0, 16.0]), 1: torch.tensor([0.0])}  # the mean: [3, 4], norm 5
-    loop = Loop(store)
-    strategy = LocalOptimizerStep(loop)
-    loop.backward([1.0, 1.0], [1.0])
-    for key in (0, 1):
-        strategy.on_gradient(key, loop.params[key].grad)
+    # the mean: [3, 4], norm 5
+    store, loop, strategy = _local_step_after_backward({0: torch.tensor([12.0, 16.0]), 1: torch.tensor([0.0])})
     strategy.average_gradients()
     assert loop.params[0].grad.tolist() == [3.0, 4.0] and store.pulls == [0, 1]
     torch.nn.utils.clip_grad_norm_(loop.params, 1.0)  # the mean, scaled to norm 1: [0.6, 0.8]
