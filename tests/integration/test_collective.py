@@ -64,13 +64,14 @@ SLICE_ELEMS = 512
 
 def simulate_collective_hfa(initial: list[torch.Tensor], parties: dict[str, int], outer: str, k2: int = K2,
                             steps: int = 12, fragments: int = 1, delay: int = 0, alpha: float = 0.0,
-                            lr: float = jobkit.LR, clip: float | None = None
+                            lr: float = jobkit.LR, clip: float | None = None, dtype: torch.dtype = torch.float32
                             ) -> tuple[dict[str, list[torch.Tensor]], list[torch.Tensor]]:
     """HFA over collective parties in one process: each party steps SGD on its ranks' mean gradient (DDP), and
     every K1 steps is a local round; a slice goes global on its fragment's rounds (every K2), where the global
     model moves by the parties' weighted deltas (or an outer Nesterov step); overlapped (``delay``), every party
     goes on and ``delay`` rounds later takes ``(1 - alpha) * global + alpha * its own``; ``clip``: each party's
-    mean gradient clipped to that norm. Returns each party's model and the global model."""
+    mean gradient clipped to that norm; ``dtype``: the parties' models' (bfloat16: their gradients summed and stepped
+    in it, the global model float32, as geomx holds it). Returns each party's model and the global model."""
     from geomx.algorithms.hfa.rules import LocalFrequencyAggregation
     from geomx.core.sharding import slice_plan
 
@@ -78,8 +79,8 @@ def simulate_collective_hfa(initial: list[torch.Tensor], parties: dict[str, int]
     ranks_of, first = {}, 0
     for party, count in parties.items():
         ranks_of[party], first = list(range(first, first + count)), first + count
-    models = {party: [w.clone().reshape(-1) for w in initial] for party in parties}
-    global_model = [w.clone().reshape(-1) for w in initial]
+    models = {party: [w.clone().reshape(-1).to(dtype) for w in initial] for party in parties}
+    global_model = [w.clone().reshape(-1).float() for w in initial]
     velocity = [torch.zeros_like(w) for w in global_model]
     slices = {(key, index): span for key, w in enumerate(initial)
               for index, span in enumerate(slice_plan(w.numel(), SLICE_ELEMS))}
@@ -88,22 +89,23 @@ def simulate_collective_hfa(initial: list[torch.Tensor], parties: dict[str, int]
         schedule.assign_fragments({sid: stop - start for sid, (start, stop) in slices.items()})
     in_flight: dict[tuple[int, int], tuple[int, torch.Tensor]] = {}
     inputs, targets = jobkit.make_data(steps, total)
-    net = jobkit.make_model()
+    inputs = inputs.to(dtype)
+    net = jobkit.make_model().to(dtype)
     for step in range(1, steps + 1):
         for party, ranks in ranks_of.items():
-            grads = [torch.zeros_like(w) for w in global_model]
+            grads = [torch.zeros_like(w) for w in models[party]]
             for rank in ranks:
                 with torch.no_grad():
                     for p, w in zip(net.parameters(), models[party], strict=True):
                         p.copy_(w.reshape(p.shape))
                 net.zero_grad()
-                F.mse_loss(net(inputs[step - 1, rank]), targets[step - 1, rank]).backward()
+                F.mse_loss(net(inputs[step - 1, rank]).float(), targets[step - 1, rank]).backward()
                 grads = [g + p.grad.reshape(-1) for g, p in zip(grads, net.parameters(), strict=True)]
             mean = [g / len(ranks) for g in grads]
             if clip is not None:  # torch's clip_grad_norm_: scaled by max_norm / (norm + 1e-6), at most 1
                 norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in mean]))
                 mean = [g * torch.clamp(clip / (norm + 1e-6), max=1.0) for g in mean]
-            models[party] = [w - lr * g for w, g in zip(models[party], mean, strict=True)]
+            models[party] = [torch.add(w, g, alpha=-lr) for w, g in zip(models[party], mean, strict=True)]
         if step % K1:
             continue
         count = step // K1
@@ -113,10 +115,10 @@ def simulate_collective_hfa(initial: list[torch.Tensor], parties: dict[str, int]
                 del in_flight[(key, index)]
                 global_model[key][a:b] = flight[1]
                 for party in parties:
-                    models[party][key][a:b] = (1 - alpha) * flight[1] + alpha * models[party][key][a:b]
+                    models[party][key][a:b] = (1 - alpha) * flight[1] + alpha * models[party][key][a:b].float()
             if not schedule.goes_global((key, index), count):
                 continue
-            delta = sum((models[p][key][a:b] - global_model[key][a:b]) * parties[p] / total for p in parties)
+            delta = sum((models[p][key][a:b].float() - global_model[key][a:b]) * parties[p] / total for p in parties)
             if outer == "none":
                 new = global_model[key][a:b] + delta
             else:  # Nesterov SGD on the gradient -delta, lr 0.7, momentum 0.9 (torch's formula)
@@ -435,13 +437,15 @@ def test_a_collective_party_sends_the_wan_bytes_of_a_server_party_spread_over_it
     assert "WAN streams   : dc1 2 (worker0 " in format_summary(jobs["collective"].result)
 
 
-def test_fsdp_in_collective_parties_trains_as_the_same_job_without_it(geomx_job, tmp_path):
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_fsdp_in_collective_parties_trains_as_the_same_job_without_it(geomx_job, tmp_path, dtype):
     """Streaming DiLoCo (HFA K1=2 K2=4, outer Nesterov, 2 fragments, each global round overlapping the next local
     round, alpha 0.25) over 2 collective parties x 2 ranks, the model sharded by FSDP2 (fully_shard per layer and
     on the root; uneven rows, 384-element slices across the shards' boundaries) or not: the same weights on every
     rank after init and after 14 steps, the same job's model (``load_job_model``, into a model sharded alike), and
     the same WAN bytes. Under FSDP2 each rank syncs the
-    slices it owns from the shards; nobody gathers the model (the script does, to save it)."""
+    slices it owns from the shards; nobody gathers the model (the script does, to save it). In bfloat16 too (the
+    model sharded in it, the owned slices widened to float32 for the WAN)."""
     parties, steps, k2 = {"dc0": 2, "dc1": 2}, 14, 4
     streaming = {"fragments": 2, "fragment_delay": 1, "fragment_alpha": 0.25}
     workers, wan = {}, {}
@@ -450,8 +454,8 @@ def test_fsdp_in_collective_parties_trains_as_the_same_job_without_it(geomx_job,
         path = topology(tmp_path / name, {"dc0": "collective", "dc1": "collective"},
                         {"server_optimizer": "outer_nesterov", **streaming}, parties=parties,
                         hfa={"k1": K1, "k2": k2}, slice_elems=384)
-        job = geomx_job("fsdp_train.py", "--steps", str(steps), *(["--fsdp"] if fsdp else []), topology=path,
-                        name=name)
+        job = geomx_job("fsdp_train.py", "--steps", str(steps), "--dtype", dtype, *(["--fsdp"] if fsdp else []),
+                        topology=path, name=name)
         job.assert_ok()
         workers[fsdp], wan[fsdp] = job.workers(), job.summary["wan_bytes"]
         assert sorted(workers[fsdp]) == list(range(4)), "every worker reports"
@@ -461,6 +465,7 @@ def test_fsdp_in_collective_parties_trains_as_the_same_job_without_it(geomx_job,
         plain = workers[False][rank][0]
         for name in ("after_init", "final", "job"):
             for got, want in zip(tensors[name], plain[name], strict=True):
+                assert got.dtype == getattr(torch, dtype)
                 torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=f"worker {rank} {name}")
         assert not all(torch.equal(a, b) for a, b in zip(tensors["job"], tensors["final"], strict=True))
 

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from geomx.codecs import (
+    BF16,
     BSC,
     COMPOSITE_ID,
     FP16,
@@ -66,6 +67,14 @@ def check_fp16(codec: Codec, x: np.ndarray, decoded: np.ndarray) -> None:
     assert_fp16_close(decoded, x)
 
 
+def check_bf16(codec: Codec, x: np.ndarray, decoded: np.ndarray) -> None:
+    """torch's own rounding of the float32 values into bfloat16 (to nearest even), widened back exactly."""
+    import torch
+
+    want = torch.from_numpy(x.astype(np.float32)).bfloat16().float().numpy()
+    np.testing.assert_array_equal(decoded, want)
+
+
 def check_int8(codec: Codec, x: np.ndarray, decoded: np.ndarray) -> None:
     assert_int8_close(decoded, x, block=7)
 
@@ -82,6 +91,7 @@ def check_bsc(codec: Codec, x: np.ndarray, decoded: np.ndarray) -> None:
 ROUND_TRIP_CASES = [
     ({"type": "dense"}, check_dense),
     ({"type": "fp16"}, check_fp16),
+    ({"type": "bf16"}, check_bf16),
     ({"type": "int8", "block": 7}, check_int8),
     ({"type": "error_feedback", "inner": {"type": "int8", "block": 7}}, check_int8),
     ({"type": "bsc", "threshold": 0.1, "size_lower_bound": 0}, check_bsc),
@@ -101,7 +111,7 @@ def tensors(draw: st.DrawFn) -> np.ndarray:
 
 
 @pytest.mark.parametrize(("spec", "check"), ROUND_TRIP_CASES,
-                         ids=["dense", "fp16", "int8", "ef-int8", "bsc", "bsc-exact", "mpq-tiny"])
+                         ids=["dense", "fp16", "bf16", "int8", "ef-int8", "bsc", "bsc-exact", "mpq-tiny"])
 @settings(max_examples=40, deadline=None)
 @given(x=tensors())
 def test_round_trip(spec: dict[str, Any], check: Any, x: np.ndarray) -> None:
@@ -153,6 +163,20 @@ def test_fp16_exactly_halves_bytes(n: int) -> None:
     assert FP16().estimate_ratio(n, np.float32) == 0.5
 
 
+def test_bf16_halves_bytes_carries_bfloat16_values_exactly_and_saturates_at_its_largest() -> None:
+    import torch
+
+    model = torch.randn(4099).bfloat16()  # a bfloat16 model's values, widened to float32 to travel
+    x = model.float().numpy()
+    encoded = BF16().encode(x, info())
+    assert encoded.frames[0].nbytes == x.nbytes // 2 and BF16().estimate_ratio(x.size, np.float32) == 0.5
+    np.testing.assert_array_equal(BF16().decode(encoded, x.shape, F32), x)  # exact: nothing lost
+    ties = np.array([1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8), 2**-133, 3.4e38, -3.4e38], np.float32)
+    decoded = BF16().decode(BF16().encode(ties, info()), ties.shape, F32)
+    largest = float(torch.finfo(torch.bfloat16).max)
+    np.testing.assert_array_equal(decoded, [1.0, 1 + 4 * 2**-8, -1.0, 2**-133, largest, -largest])
+
+
 def test_fp16_saturates_out_of_range_and_error_feedback_carries_the_excess() -> None:
     x = np.array([1e5, -1e6, 65504, 65519, -70000, 1.0], np.float32)
     decoded = FP16().decode(FP16().encode(x, info()), x.shape, F32)
@@ -165,7 +189,7 @@ def test_fp16_saturates_out_of_range_and_error_feedback_carries_the_excess() -> 
 
 # ---- refusing bad inputs ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("spec", [{"type": "dense"}, {"type": "fp16"}, {"type": "int8"},
+@pytest.mark.parametrize("spec", [{"type": "dense"}, {"type": "fp16"}, {"type": "bf16"}, {"type": "int8"},
                                   {"type": "error_feedback", "inner": {"type": "int8"}},
                                   {"type": "bsc", "size_lower_bound": 0}, {"type": "mpq", "size_lower_bound": 4}])
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
@@ -695,7 +719,8 @@ def test_registry_lookups() -> None:
     registry = default_registry()
     assert registry.codec_class("bsc") is BSC and registry.codec_class(2) is BSC
     assert registry.codec_class("FP16") is FP16 and registry.codec_class(3) is Int8
-    assert registry.names() == ["bsc", "dense", "error_feedback", "fp16", "int8", "mpq", "size_adaptive"]
+    assert registry.names() == ["bf16", "bsc", "dense", "error_feedback", "fp16", "int8", "mpq", "size_adaptive"]
+    assert registry.codec_class(4) is BF16
     with pytest.raises(CodecError, match="known"):
         registry.codec_class("2bit")
     with pytest.raises(CodecError, match="unknown codec id"):

@@ -8,6 +8,7 @@ Built-ins (spec ``{"type": name, ...}``; wire id in brackets):
   correction on push, for loops that step plain SGD on the aggregate);
   the spec adds GeoMX's size gate (tensors below ``size_lower_bound`` go dense).
 * ``int8`` [3] — per-block absmax int8; use inside ``error_feedback``.
+* ``bf16`` [4] — bfloat16 on the wire, rounded to nearest even: exact for a bfloat16 model's values.
 * ``error_feedback``, ``size_adaptive``, ``mpq`` — composites; their payloads carry the id of the
   codec that encoded them.
 
@@ -20,6 +21,7 @@ Usage::
 """
 
 from .base import COMPOSITE_ID, DENSE_ID, Codec, CodecError, Encoded, TensorInfo
+from .bf16 import BF16
 from .bsc import BSC, DEFAULT_SIZE_LOWER_BOUND
 from .composite import SizeAdaptive
 from .dense import Dense
@@ -30,6 +32,7 @@ from .mpq import MPQ
 from .registry import Registry, default_registry, make_codec
 
 __all__ = [
+    "BF16",
     "BSC",
     "COMPOSITE_ID",
     "DEFAULT_SIZE_LOWER_BOUND",

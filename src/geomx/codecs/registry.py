@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from .base import COMPOSITE_ID, Codec, CodecError, Encoded
+from .bf16 import BF16
 from .bsc import BSC
 from .composite import SizeAdaptive
 from .dense import Dense
@@ -33,7 +34,7 @@ from .fp16 import FP16
 from .int8 import Int8
 from .mpq import MPQ
 
-BUILTINS: tuple[type[Codec], ...] = (Dense, FP16, BSC, Int8, ErrorFeedback, SizeAdaptive, MPQ)
+BUILTINS: tuple[type[Codec], ...] = (Dense, FP16, BSC, Int8, BF16, ErrorFeedback, SizeAdaptive, MPQ)
 
 
 class Registry:
@@ -162,8 +163,8 @@ class Registry:
 
 
 def default_registry() -> Registry:
-    """A fresh registry holding the built-in codecs (dense, fp16, bsc, int8, error_feedback, size_adaptive,
-    mpq)."""
+    """A fresh registry holding the built-in codecs (dense, fp16, bsc, int8, bf16, error_feedback,
+    size_adaptive, mpq)."""
     registry = Registry()
     for cls in BUILTINS:
         registry.register(cls)

@@ -44,7 +44,7 @@ from ..core.rounds import EARLY, MODEL_CHANGE, SAME
 from ..core.strategy import WRAPPER_KEYS
 from ..core.worker_plugins import PushRoute
 from ..protocol.bodies import InitBody, encode_body
-from ..protocol.tensors import readonly_tensor
+from ..protocol.tensors import host_numpy, readonly_tensor, wire_dtype
 from ..protocol.wire import Kind, Message
 from ..transport.rpc import Requests
 from .slices import KeyTable, to_numpy
@@ -191,7 +191,7 @@ class PartyRanks:
         bucket = ShardedBucket(local_shards, self.layout(keys), self.group, like=local_flat(values[0]))
         views = bucket.views(values)
         bucket.own(views)  # every party: the values to send (central) or the bytes its digests describe
-        futures = [self._send_init(owned.key, owned.index, piece.detach().to("cpu").numpy())
+        futures = [self._send_init(owned.key, owned.index, host_numpy(piece))
                    for owned, piece in bucket.pieces]
         for (owned, piece), future in zip(bucket.pieces, futures, strict=True):
             reply = self.link.reply(future, owned.key, owned.index, "INIT")
@@ -212,10 +212,13 @@ class PartyRanks:
         return self.link.requests.call(self.link.keys.server_for(key, index), message)
 
     def model_bucket(self, params: Sequence[torch.Tensor]) -> PartyModel:
-        """The model as this rank holds it, with its owned slices: whole on every rank, or FSDP2's local shards."""
+        """The model as this rank holds it, with its owned slices: whole on every rank, or FSDP2's local shards. Its
+        chunk is in the dtype the servers hold (float32 for a bfloat16 model: ``geomx.protocol.tensors``)."""
+        held = local_flat(params[0]) if self.local_shards is not None else params[0].data
+        like = held.new_empty(0, dtype=wire_dtype(held.dtype))
         if self.local_shards is not None:
-            return ShardedBucket(self.local_shards, self.layout(), self.group, like=local_flat(params[0]))
-        return ModelBucket(self.layout(), self.group, like=params[0].data)
+            return ShardedBucket(self.local_shards, self.layout(), self.group, like=like)
+        return ModelBucket(self.layout(), self.group, like=like)
 
     def exchange(self, pieces: Sequence[tuple[OwnedSlice, torch.Tensor]], priority: Sequence[int],
                  kind: TensorKind = "gradient", bases: Sequence[torch.Tensor] | None = None) -> None:
@@ -230,7 +233,7 @@ class PartyRanks:
         (``kind``: what the piece holds, for the codec); returns the answers' futures."""
         futures = []
         for owned, piece in pieces:
-            data = piece.detach().to("cpu").numpy()  # a view on the CPU: the answer only lands after the send
+            data = host_numpy(piece)  # a view on the CPU (the answer only lands after the send); bfloat16: a copy
             if self.codec is not None and data.dtype in (np.float32, np.float64):
                 numel = math.prod(self.link.keys.info(owned.key).shape)
                 fields = payload_fields(self.codec, data, TensorInfo(owned.key, owned.index, kind, "push", numel))

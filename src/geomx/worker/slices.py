@@ -19,7 +19,7 @@ import torch
 from ..codecs import Codec, Registry, TensorInfo
 from ..codecs.messages import decode_message, payload_fields
 from ..core.sharding import ShardPlanner
-from ..protocol.tensors import readonly_tensor
+from ..protocol.tensors import host_numpy, readonly_tensor, wire_dtype
 from ..protocol.wire import Message
 
 
@@ -84,11 +84,11 @@ class KeyTable(dict[int, KeyInfo]):
 
 
 def to_numpy(tensor: torch.Tensor, snapshot: bool) -> np.ndarray:
-    """``tensor`` flat on the CPU as numpy (a copy if ``snapshot``: the caller may change it right away)."""
-    flat = tensor.detach().to("cpu").reshape(-1)
-    if snapshot:
-        flat = flat.clone()
-    return flat.contiguous().numpy()
+    """``tensor`` flat on the CPU as numpy (a copy if ``snapshot``: the caller may change it right away; always a
+    float32 copy of a bfloat16 tensor, ``geomx.protocol.tensors``)."""
+    if snapshot and tensor.dtype == wire_dtype(tensor.dtype):
+        return tensor.detach().to("cpu").reshape(-1).clone().numpy()
+    return host_numpy(tensor)
 
 
 def payload(codec: Codec | None, key: int, index: int, piece: np.ndarray, tensor_numel: int) -> dict[str, Any]:

@@ -87,6 +87,8 @@ def main() -> None:
                         "wrapper's): gradient accumulation")
     parser.add_argument("--clip", type=float, default=None, help="clip the averaged gradients to this norm between "
                         "backward and step (opt.average_gradients first)")
+    parser.add_argument("--dtype", default="float32", help="the model's dtype (bfloat16: a large language model's "
+                        "usual weights); the batches are cast to it, the loss is computed in float32")
     parser.add_argument("--same-seed", action="store_true", help="every worker builds the same model (as a script "
                         "seeded once would): the far parties' INITs carry its digest, not the values")
     args = parser.parse_args()
@@ -101,6 +103,7 @@ def main() -> None:
                                      nn.Linear(hidden, jobkit.OUT_FEATURES))
     if args.deep_head:
         model = DeepHead(args.deep_head)
+    model.to(getattr(torch, args.dtype))
     before = [p.detach().clone() for p in model.parameters()]
     model.to(device)
     if args.ddp:  # DDP makes the party's ranks equal at once: rank 0's weights, broadcast
@@ -117,11 +120,12 @@ def main() -> None:
     opt = gx.DistributedOptimizer(inner, model)
     after = [p.detach().to("cpu", copy=True) for p in model.parameters()]
     slices = [opt.kv.slices(key) for key in range(len(after))]  # how each parameter travels (P3: cut small)
-    inputs, targets = (t.to(device) for t in jobkit.make_data(args.steps, num_workers))
+    inputs, targets = jobkit.make_data(args.steps, num_workers)
+    inputs, targets = inputs.to(device, getattr(torch, args.dtype)), targets.to(device)
     device_s = args.step_s * (args.slowdown if rank == args.slow_rank else 1.0)
     pushed = [torch.zeros_like(p) for p in model.parameters()]  # this worker's own gradients, summed over steps
     trained = 0  # steps whose opt.step() changed the weights (under ESync the ones after the last round do not)
-    record: dict[str, list[torch.Tensor]] = {"held": [], "grad": [], "received": []}  # step-major, key-minor
+    record: dict[str, list[torch.Tensor]] = {"held": [], "local": [], "grad": [], "received": []}  # step-, key-minor
     for step in range(args.steps):  # the user's loop, unchanged (but for the emulated device time)
         if rank == args.die_rank and step == args.die_step:
             os._exit(3)  # a crash: no goodbye to anyone
@@ -133,10 +137,10 @@ def main() -> None:
                              strict=True))
             with model.no_sync() if args.ddp else opt.no_sync():
                 for x, y in parts[:-1]:
-                    (F.mse_loss(model(x), y) / len(parts)).backward()
-            loss = F.mse_loss(model(parts[-1][0]), parts[-1][1]) / len(parts)
+                    (F.mse_loss(model(x).float(), y) / len(parts)).backward()
+            loss = F.mse_loss(model(parts[-1][0]).float(), parts[-1][1]) / len(parts)
         else:
-            loss = F.mse_loss(model(inputs[step, rank]), targets[step, rank])
+            loss = F.mse_loss(model(inputs[step, rank]).float(), targets[step, rank])
         loss.backward()
         if device_s:
             time.sleep(device_s)
@@ -147,9 +151,11 @@ def main() -> None:
             opt.average_gradients()
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
         before_step = [p.detach().clone() for p in model.parameters()]
+        local = [p.grad.detach().to("cpu", copy=True) for p in model.parameters()] if args.record else []
         opt.step()
         if args.record:
             record["held"] += [p.cpu() for p in before_step]
+            record["local"] += local  # this worker's own gradient, as backward made it (what it pushes)
             record["grad"] += [p.grad.detach().to("cpu", copy=True) for p in model.parameters()]
             record["received"] += [p.detach().to("cpu", copy=True) for p in model.parameters()]
         trained += any(not torch.equal(p, b) for p, b in zip(model.parameters(), before_step, strict=True))

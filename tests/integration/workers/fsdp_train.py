@@ -32,9 +32,9 @@ def held_here(model: torch.nn.Module) -> list[torch.Tensor]:
     return [(p.to_local() if hasattr(p, "to_local") else p).detach().clone() for p in model.parameters()]
 
 
-def build(fsdp: bool) -> torch.nn.Module:
-    """jobkit's model, sharded by FSDP2 (each layer, then the root) if ``fsdp``."""
-    model = jobkit.make_model()
+def build(fsdp: bool, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """jobkit's model in ``dtype``, sharded by FSDP2 (each layer, then the root) if ``fsdp``."""
+    model = jobkit.make_model().to(dtype)
     if fsdp:
         from torch.distributed.fsdp import fully_shard
 
@@ -48,6 +48,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=jobkit.STEPS)
     parser.add_argument("--fsdp", action="store_true", help="shard the model with FSDP2's fully_shard")
+    parser.add_argument("--dtype", default="float32", help="the model's dtype; the batches are cast to it")
     parser.add_argument("--step-s", type=float, default=0.0, help="emulated device time per step (a sleep)")
     parser.add_argument("--slow-rank", type=int, default=-1, help="this global rank's device is --slowdown x slower")
     parser.add_argument("--slowdown", type=float, default=1.0)
@@ -56,21 +57,23 @@ def main() -> None:
     torch.manual_seed(jobkit.seed_for(rank - int(os.environ["RANK"])))  # the party's first rank's seed
     if args.fsdp:
         dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))  # torchrun's variables
-    model = build(args.fsdp)
+    dtype = getattr(torch, args.dtype)
+    model = build(args.fsdp, dtype)
     opt = gx.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=jobkit.LR), model)
     after = whole(model)
     inputs, targets = jobkit.make_data(args.steps, num_workers)
+    inputs = inputs.to(dtype)
     device_s = args.step_s * (args.slowdown if rank == args.slow_rank else 1.0)
     trained = 0  # steps whose opt.step() changed the weights (under ESync the ones after the last round do not)
     for step in range(args.steps):
         opt.zero_grad()
-        loss = F.mse_loss(model(inputs[step, rank]), targets[step, rank])
+        loss = F.mse_loss(model(inputs[step, rank]).float(), targets[step, rank])
         loss.backward()
         time.sleep(device_s)
         before = held_here(model)
         opt.step()
         trained += any(not torch.equal(a, b) for a, b in zip(held_here(model), before, strict=True))
-    held = build(args.fsdp)  # FSDP2 refuses deepcopy: a model sharded alike, for the job's model
+    held = build(args.fsdp, dtype)  # FSDP2 refuses deepcopy: a model sharded alike, for the job's model
     opt.load_job_model(held)
     opt.close()
     final = whole(model)

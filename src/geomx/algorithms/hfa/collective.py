@@ -41,6 +41,7 @@ from ...collective.bucket import ModelBucket, PartyModel
 from ...collective.host import HostChunk
 from ...collective.overlap import OverlappedMean
 from ...collective.owners import OwnedSlice
+from ...protocol.tensors import wire_dtype
 from ...core.strategy import AveragedStep, Loop
 from .rules import LocalFrequencyAggregation
 from .trips import FragmentTrips
@@ -89,7 +90,8 @@ class CollectivePeriodicAverage(AveragedStep):
         views = bucket.views(loop.params)
         # the job's model: the global model of the last global round, as this rank holds the model (all of it, or
         # its FSDP2 shards); and the global model of the slices it owns, which their deltas start from
-        self.job_model = [view.clone() for view in views]
+        # its copy in the dtype the servers hold (float32 for a bfloat16 model: DiLoCo's outer model in float32)
+        self.job_model = [view.to(wire_dtype(view.dtype), copy=True) for view in views]
         if self.rules.needs_fragments:  # every rank and party splits all the slices alike
             self.rules.assign_fragments(kv.ranks.slice_sizes())
         if isinstance(bucket, ModelBucket) and loop.params[0].device.type == "cpu" and kv.ranks.group.direct:
@@ -187,7 +189,9 @@ class CollectivePeriodicAverage(AveragedStep):
                     if start >= stop:
                         continue
                     model, new = views[owned.key][start:stop], self.job_model[owned.key][start:stop]
-                    if mine:
+                    if mine and model.dtype != new.dtype:  # a bfloat16 model: mixed in float32, then rounded
+                        model.copy_(torch.lerp(model.to(new.dtype), new, 1.0 - mine))
+                    elif mine:
                         model.lerp_(new, 1.0 - mine)  # mine * model + (1 - mine) * new, in one pass
                     else:
                         model.copy_(new)
@@ -204,7 +208,8 @@ class CollectivePeriodicAverage(AveragedStep):
         # (the host stage copies it whole, or the spread moves every piece): then it leaves from its own array
         in_place = not self.delay
         # whole tensors on the CPU: each delta is computed from the model's own range into its piece, in one pass
-        fused = in_place and not stage.copies and isinstance(bucket, ModelBucket)
+        fused = (in_place and not stage.copies and isinstance(bucket, ModelBucket)
+                 and views[0].dtype == self.job_model[0].dtype)  # a bfloat16 model goes through the float32 chunk
         if not fused:
             bucket.own(views, only=leaving)
             stage.down()  # the owned slices to the host, in one copy (none on the CPU)

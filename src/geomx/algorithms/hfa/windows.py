@@ -67,7 +67,10 @@ class WindowedRounds:
             pieces, at = [], 0
             for owned in window:  # the delta from the model's own range, in one pass
                 piece = buffer[at:at + owned.numel]
-                self.rules.delta(owned.id, views[owned.key][owned.start:owned.stop].numpy(), out=piece.numpy())
+                model = views[owned.key][owned.start:owned.stop]
+                if model.dtype != piece.dtype:  # a bfloat16 model: widened into the buffer, the delta made there
+                    model = piece.copy_(model)
+                self.rules.delta(owned.id, model.numpy(), out=piece.numpy())
                 pieces.append((owned, piece))
                 at += owned.numel
             out.append((buffer, pieces, self.ranks.send(pieces, priority, kind="delta")))
