@@ -7,8 +7,9 @@ The algorithm comes from the topology (or GEOMX_* variables), not from this file
     geomx launch topologies/demo.yaml --run-dir runs/lm-fsa -- python examples/lm.py          # FSA
     geomx launch topologies/lm_hfa.yaml --run-dir runs/lm-hfa -- python examples/lm.py        # HFA + outer
     geomx report runs/lm-fsa runs/lm-hfa --out report/lm
-    # on GPUs, GPT-2 small's blocks, 85M parameters (each rank on the GPU of its LOCAL_RANK):
-    geomx launch job.yaml -- python examples/lm.py --device cuda --preset gpt85m
+    # on GPUs, GPT-2 small's blocks, 85M parameters (each rank on the GPU of its LOCAL_RANK), in bfloat16, the WAN
+    # carrying bfloat16 too (docs/pytorch.md, "Models in bfloat16"):
+    GEOMX_COMPRESSION=bf16 geomx launch job.yaml -- python examples/lm.py --device cuda --preset gpt85m --dtype bfloat16
 
 ``--preset`` names a shape of ``geomx.zoo.charlm.PRESETS`` (tiny, gpt57m, gpt85m, gpt43m) and sets --context, --dim,
 --layers, --heads and --ff; without it those flags keep their defaults (tiny's shape) and can be set one by one.
@@ -52,6 +53,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--eval-batches", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu", help="cuda: each rank on the GPU of its LOCAL_RANK")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                        help="the model's parameters (bfloat16: the servers keep a float32 copy)")
     args = parser.parse_args()
     if args.preset is not None:
         shape = PRESETS[args.preset]
@@ -76,7 +79,8 @@ def main() -> None:
     train_windows, val = Windows(ids[:cut], args.context), Windows(ids[cut:], args.context)
     torch.manual_seed(args.seed)
     device = pick_device(args.device)
-    model = CharTransformer(args.context, args.dim, args.layers, args.heads, ff=args.ff).to(device)
+    model = CharTransformer(args.context, args.dim, args.layers, args.heads, ff=args.ff).to(device,
+                                                                                            getattr(torch, args.dtype))
 
     train = gx.shard(train_windows, seed=args.seed)  # geomx: this worker's part of the text
     opt = gx.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=args.lr), model)  # geomx
@@ -92,7 +96,7 @@ def main() -> None:
         for x, y in gx.progress(loader, desc=f"step {step}"):
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             opt.zero_grad()
-            loss = F.cross_entropy(model(x).reshape(-1, VOCAB), y.reshape(-1))
+            loss = F.cross_entropy(model(x).float().reshape(-1, VOCAB), y.reshape(-1))
             loss.backward()
             if args.clip:
                 opt.average_gradients()  # geomx: the gradients step() applies, now, so that the clip reaches them

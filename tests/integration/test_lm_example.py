@@ -1,4 +1,5 @@
-"""examples/lm.py, the wrapper's second workload, lowers its validation loss under FSA and under HFA + outer."""
+"""examples/lm.py, the wrapper's second workload, lowers its validation loss under FSA and under HFA + outer (in
+float32, and in bfloat16 with the WAN in bfloat16 too)."""
 
 from __future__ import annotations
 
@@ -12,22 +13,27 @@ SMALL = ("--steps", "24", "--dim", "32", "--context", "32", "--batch-size", "16"
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("algorithm", ["fsa", "hfa-outer"])
+@pytest.mark.parametrize("algorithm", ["fsa", "hfa-outer", "hfa-outer-bfloat16"])
 def test_lm_lowers_its_validation_loss(geomx_job, monkeypatch, algorithm):
     options = {}
-    if algorithm == "hfa-outer":  # chosen by the topology and the environment; lm.py is the same
+    dtype = ("--dtype", "bfloat16") if algorithm.endswith("bfloat16") else ()
+    if dtype:
+        monkeypatch.setenv("GEOMX_COMPRESSION", "bf16")
+    if algorithm.startswith("hfa-outer"):  # chosen by the topology and the environment; lm.py is the same
         options["hfa"] = {"k1": 2, "k2": 2}
         monkeypatch.setenv("GEOMX_SERVER_OPTIMIZER", "outer_nesterov")
     clip = ("--clip", "1.0") if algorithm == "fsa" else ()  # the job's mean gradient, clipped before each step
-    job = geomx_job(EXAMPLES_DIR / "lm.py", *SMALL, *clip, parties={"dc0": 1, "dc1": 1}, **options)
+    job = geomx_job(EXAMPLES_DIR / "lm.py", *SMALL, *clip, *dtype, parties={"dc0": 1, "dc1": 1}, **options)
     job.assert_ok()
     all_records = read_metrics(job.run_dir)["dc0_worker0"]
-    expected = "hierarchical frequency aggregation" if algorithm == "hfa-outer" else "local optimizer"
+    expected = "hierarchical frequency aggregation" if algorithm.startswith("hfa-outer") else "local optimizer"
     assert expected in all_records[0]["plan"], all_records[0]
     records = [r for r in all_records if "val_loss" in r]
     assert len(records) == 2, records  # step 0 and the last step
     first, last = records[0]["val_loss"], records[-1]["val_loss"]
     assert last < first - 0.5, (first, last)
     assert records[-1]["accuracy"] > records[0]["accuracy"]
-    if algorithm == "hfa-outer":
+    if algorithm.startswith("hfa-outer"):
         assert "outer_nesterov" in all_records[0]["plan"]
+    if dtype:
+        assert "bf16" in all_records[0]["plan"], all_records[0]["plan"]

@@ -143,7 +143,7 @@ def evaluate(model: nn.Module, val: Dataset[tuple[torch.Tensor, torch.Tensor]], 
     with torch.no_grad():
         for _, (x, y) in zip(range(batches), DataLoader(val, batch_size=batch_size), strict=False):
             x, y = x.to(device), y.to(device)
-            logits = model(x).reshape(-1, VOCAB)
+            logits = model(x).float().reshape(-1, VOCAB)  # a bfloat16 model's loss, measured in float32
             losses.append(float(F.cross_entropy(logits, y.reshape(-1))))
             correct += int((logits.argmax(dim=1) == y.reshape(-1)).sum())
             count += y.numel()
