@@ -33,7 +33,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=32, help="per rank")
     args = parser.parse_args()
-    # torchrun's variables (geomx launch sets them per party); on GPUs "cpu:gloo,cuda:nccl" (docs/collective.md)
+    # torchrun's variables (geomx launch sets them per party); on GPUs "nccl" or "cpu:gloo,cuda:nccl"
     dist.init_process_group("gloo")
     torch.manual_seed(0)
     train, test = digits_split()

@@ -29,15 +29,16 @@ def party_sum(grads: list[torch.Tensor], rounded: bool) -> torch.Tensor:
     return total.bfloat16().float() if rounded else total
 
 
-def run_and_replay(geomx_job, tmp_path, lan: dict[str, str], compression: str | None, servers_step: bool = False
-                   ) -> int:
+def run_and_replay(geomx_job, tmp_path, lan: dict[str, str], compression: str | None, servers_step: bool = False,
+                   *args: str) -> int:
     """FSA with SGD on every rank (``servers_step``: on the global servers, their float32 copy of the model stepped
-    and rounded as it lands) and a bfloat16 model, replayed step by step (module docstring); its WAN bytes."""
+    and rounded as it lands) and a bfloat16 model, replayed step by step (module docstring); its WAN bytes.
+    ``args``: the worker's own (``--device cuda``)."""
     training = {"server_optimizer": "translate" if servers_step else "auto",
                 **({"compression": {"type": compression}} if compression else {})}
     path = write_topology(tmp_path / f"{compression}-{servers_step}" / "job.yaml", lan=lan, slice_elems=512,
                           training=training)
-    job = geomx_job(SCRIPT, "--dtype", "bfloat16", "--momentum", "0", "--record", "--steps", str(STEPS),
+    job = geomx_job(SCRIPT, "--dtype", "bfloat16", "--momentum", "0", "--record", "--steps", str(STEPS), *args,
                     topology=path, name=f"{compression}-{servers_step}")
     job.assert_ok()
     workers = job.workers()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import jobkit
 import pytest
 import torch
+from test_bf16 import run_and_replay
 from test_collective import K1, SCRIPT, SLICE_ELEMS, bisparse_hfa_job, simulate_collective_hfa, topology
 from test_collective_algorithms import esync_job_with_a_slow_party
 
@@ -26,6 +27,13 @@ def test_fsa_in_collective_parties_on_cuda_equals_single_process_sgd(geomx_job, 
     assert {report["device"].split(":")[0] for _, report in workers.values()} == {"cuda"}
     assert {report["ddp_comm_hook"] for _, report in workers.values()} == {"gradients_stay_local" if ddp else None}
     jobkit.assert_fsa_equivalent(workers, num_workers=4)
+
+
+def test_fsa_of_a_bfloat16_model_on_cuda_replays_bit_for_bit(geomx_job, tmp_path):
+    """A bfloat16 model on the GPU, a collective party (NCCL, its reduce-scatter in bfloat16) beside a server
+    party: each step replays from the ranks' gradients as on the CPU (``test_bf16``); only the owned slices,
+    widened to float32, cross to the host."""
+    run_and_replay(geomx_job, tmp_path, {"dc0": "collective", "dc1": "server"}, None, False, "--device", "cuda")
 
 
 def test_hfa_outer_nesterov_in_collective_parties_on_cuda_matches_the_simulation(geomx_job, tmp_path):

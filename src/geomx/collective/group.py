@@ -23,9 +23,10 @@ Usage::
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -114,6 +115,11 @@ class PartyGroup:
         # own, the same on every rank (they issue a group's collectives in one order)
         self.direct = dist.is_initialized() and dist.get_backend(group) == "gloo"
         self._tag = {lane: 0 for lane in LANES}  # each lane's last tag, counted from 0 in its range
+        # a group without a CPU backend (a script's init_process_group("nccl")): the few CPU tensors the party
+        # agrees on (the model's signature and the wrapper's other keys at INIT, rank 0's word, ESync's flag) go
+        # through this rank's GPU (``_on_device``)
+        self.stage_cpu = dist.is_initialized() and "cpu:" not in dist.get_backend_config(group)
+        self.stage_device: torch.device | None = None  # None: this rank's current GPU
 
     @classmethod
     def join(cls, run: TorchRun | None, party: str, timeout_s: float, backend: str) -> PartyGroup:
@@ -254,7 +260,8 @@ class PartyGroup:
 
     def all_reduce(self, tensor: torch.Tensor) -> None:
         """``tensor`` = its sum over the party, in place."""
-        self._run("all-reduce", lambda: dist.all_reduce(tensor, group=self.group))
+        with self._on_device(tensor) as moved:
+            self._run("all-reduce", lambda: dist.all_reduce(moved, group=self.group))
 
     def all_to_all(self, output: torch.Tensor, input: torch.Tensor, output_splits: list[int],
                    input_splits: list[int]) -> None:
@@ -265,7 +272,19 @@ class PartyGroup:
 
     def broadcast(self, tensor: torch.Tensor, source: int = 0) -> None:
         """``tensor`` = rank ``source``'s, in place."""
-        self._run("broadcast", lambda: dist.broadcast(tensor, src=source, group=self.group))
+        with self._on_device(tensor) as moved:
+            self._run("broadcast", lambda: dist.broadcast(moved, src=source, group=self.group))
+
+    @contextlib.contextmanager
+    def _on_device(self, tensor: torch.Tensor) -> Iterator[torch.Tensor]:
+        """``tensor``, or, on a group without a CPU backend, a copy of a CPU tensor on this rank's GPU, copied back
+        after the collective (a handful of small tensors: the model's own stay on the GPU)."""
+        if not self.stage_cpu or tensor.device.type != "cpu":
+            yield tensor
+            return
+        moved = tensor.to(self.stage_device or torch.device("cuda", torch.cuda.current_device()), copy=True)
+        yield moved
+        tensor.copy_(moved)
 
     def barrier(self) -> None:
         """Wait for every rank of the party."""
