@@ -110,14 +110,14 @@ def test_realistic_deltas_are_sgd_steps_of_one_real_gradient() -> None:
 
 
 def test_periodic_strategies_step_through_the_seam() -> None:
-    """HFA's worker step calls ``inner_step``: replaced, the wrapped optimizer is never stepped."""
+    """HFA's worker step calls ``inner_step`` (the wrapped optimizer, through ``loop.update``): replaced, the wrapped
+    optimizer is never stepped."""
     from types import SimpleNamespace
 
     from geomx.algorithms.hfa.strategy import PeriodicAverage
 
     calls: list[str] = []
-    loop = SimpleNamespace(synchronize=lambda: calls.append("sync"),
-                           optimizer=SimpleNamespace(step=lambda: calls.append("optimizer")))
+    loop = SimpleNamespace(synchronize=lambda: calls.append("sync"), update=lambda: calls.append("optimizer"))
     strategy = PeriodicAverage(loop, k1=3)  # type: ignore[arg-type]
     strategy.step()
     assert calls == ["sync", "optimizer"]

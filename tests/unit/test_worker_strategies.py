@@ -77,6 +77,9 @@ class Loop:
     def warn_once(self, tag: str, text: str) -> None:
         self.warnings.append(text)
 
+    def update(self) -> None:
+        self.optimizer.step()
+
     def backward(self, *grads: list[float]) -> None:
         for param, grad in zip(self.params, grads, strict=True):
             param.grad = torch.tensor(grad)

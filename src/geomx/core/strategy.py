@@ -54,6 +54,10 @@ class Loop(Protocol):
     def warn_once(self, tag: str, text: str) -> None:
         """Log ``text`` once per ``tag``."""
 
+    def update(self) -> None:
+        """The wrapped optimizer's step on ``.grad``, unless a GradScaler found them not finite this step (then the
+        update is skipped, and the algorithm's schedule goes on as if it had run)."""
+
 
 class WorkerStrategy:
     """What one ``step()`` of the wrapped loop does under an algorithm. This base does nothing: subclasses
@@ -90,7 +94,7 @@ class WorkerStrategy:
         gradients every step does that here too). Periodic strategies call it from ``step``, so an accelerator
         stand-in (``geomx.bench.standin``: a wait, where a GPU would compute) can take its place without
         touching the sync around it."""
-        self.loop.optimizer.step()
+        self.loop.update()
 
     def finish(self) -> None:
         """The loop ends (``close``): what the algorithm owes the job before the worker leaves."""

@@ -41,6 +41,7 @@ from ..config import ConfigError, NodeConfig, node_config
 from ..core.strategy import SIGNATURE_KEY, WorkerStrategy
 from ..kv import KVStore, create
 from ..runs.runlog import file_name
+from .amp import grad_scaler_skips
 from .metrics import StepRecorder, TensorBoardSink
 from .plan import Plan, collective_refusal, make_plan
 from .signature import compare, signature
@@ -118,6 +119,9 @@ class DistributedOptimizer:
     ``priority``, ``pending`` and ``pushed`` are what the strategy reads and updates.
     """
 
+    # torch.amp.GradScaler calls step() with ``grad_scale`` and ``found_inf`` set, leaving the unscaling and the skip
+    _step_supports_amp_scaling = True  # to the wrapper (geomx.torch.amp): every worker skips the same steps
+
     def __init__(self, optimizer: torch.optim.Optimizer, model: nn.Module, *,
                  kv: KVStore | None = None, config: NodeConfig | None = None) -> None:
         if not isinstance(optimizer, torch.optim.Optimizer):
@@ -163,6 +167,7 @@ class DistributedOptimizer:
         self._forward_started = False
         self._accumulating = False  # inside ``no_sync()``: backward's gradients stay in .grad
         self._averaged = False  # ``average_gradients`` ran this step: the step's gradients are final
+        self._skip_update = False  # this step's gradients are not finite under a GradScaler: no update
         collective = config.topology.is_collective(config.party)
         if collective:  # the party's ranks are one torch.distributed group (lan: collective)
             ranks = self.kv.ranks
@@ -184,7 +189,11 @@ class DistributedOptimizer:
                               "party's ranks to be one torch.distributed group: set lan: collective for it")
         mode = f"COLLECTIVE_{self.plan.mode.name}" if collective else self.plan.mode.name
         self.strategy: WorkerStrategy = strategy_class(mode)(self)
-        self._configure_servers()
+        if self.kv.is_master_worker:  # the servers' codec and optimizer, before any round
+            if self.plan.compression:
+                self.kv.set_gradient_compression(self.plan.compression)
+            if self.plan.server_optimizer is not None:
+                self.kv.set_optimizer(self.plan.server_optimizer)
         self._check_and_init()
         run_dir = config.run_dir
         sink = (TensorBoardSink(run_dir / "tensorboard" / file_name(self.kv.name))
@@ -203,14 +212,6 @@ class DistributedOptimizer:
             log.info("geomx.torch: %s", self.plan.describe())
 
     # -- setup --------------------------------------------------------------------------------------------
-    def _configure_servers(self) -> None:
-        if not self.kv.is_master_worker:
-            return
-        if self.plan.compression:
-            self.kv.set_gradient_compression(self.plan.compression)
-        if self.plan.server_optimizer is not None:
-            self.kv.set_optimizer(self.plan.server_optimizer)
-
     def _check_and_init(self) -> None:
         mine = signature(self.model)
         masters = mine.clone()
@@ -287,11 +288,18 @@ class DistributedOptimizer:
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        grads = [g for g in (self.params[key].grad for key in self.trained) if g is not None]
+        self._skip_update = grad_scaler_skips(self.__dict__, grads, self._averaged)  # a GradScaler's call
         self.strategy.step()
         self._averaged = False
         self._forward_started = False
         self.recorder.step()
         return loss
+
+    def update(self) -> None:
+        """The wrapped optimizer's step (the strategy's call), unless a GradScaler found the gradients not finite."""
+        if not self._skip_update:
+            self.optimizer.step()
 
     @contextmanager
     def no_sync(self) -> Iterator[None]:

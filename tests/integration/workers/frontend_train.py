@@ -89,6 +89,11 @@ def main() -> None:
                         "backward and step (opt.average_gradients first)")
     parser.add_argument("--dtype", default="float32", help="the model's dtype (bfloat16: a large language model's "
                         "usual weights); the batches are cast to it, the loss is computed in float32")
+    parser.add_argument("--amp", action="store_true", help="mixed precision: the forward under torch.autocast in "
+                        "float16, the loss scaled by a torch.amp.GradScaler (opt.average_gradients() before its step)")
+    parser.add_argument("--inf-rank", type=int, default=-1, help="with --amp: this global rank's loss is infinite "
+                        "at --inf-step (its gradients are not finite: every worker's scaler skips that step)")
+    parser.add_argument("--inf-step", type=int, default=2)
     parser.add_argument("--same-seed", action="store_true", help="every worker builds the same model (as a script "
                         "seeded once would): the far parties' INITs carry its digest, not the values")
     args = parser.parse_args()
@@ -126,6 +131,8 @@ def main() -> None:
     pushed = [torch.zeros_like(p) for p in model.parameters()]  # this worker's own gradients, summed over steps
     trained = 0  # steps whose opt.step() changed the weights (under ESync the ones after the last round do not)
     record: dict[str, list[torch.Tensor]] = {"held": [], "local": [], "grad": [], "received": []}  # step-, key-minor
+    scaler = torch.amp.GradScaler(device.type, init_scale=2.0 ** 10) if args.amp else None
+    scales: list[float] = []  # with --amp: the scale each step's loss was multiplied by
     for step in range(args.steps):  # the user's loop, unchanged (but for the emulated device time)
         if rank == args.die_rank and step == args.die_step:
             os._exit(3)  # a crash: no goodbye to anyone
@@ -139,9 +146,15 @@ def main() -> None:
                 for x, y in parts[:-1]:
                     (F.mse_loss(model(x).float(), y) / len(parts)).backward()
             loss = F.mse_loss(model(parts[-1][0]).float(), parts[-1][1]) / len(parts)
+        elif scaler is not None:
+            with torch.autocast(device.type, dtype=torch.float16):
+                loss = F.mse_loss(model(inputs[step, rank]).float(), targets[step, rank])
+            if rank == args.inf_rank and step == args.inf_step:
+                loss = loss * float("inf")
+            scales.append(scaler.get_scale())
         else:
             loss = F.mse_loss(model(inputs[step, rank]).float(), targets[step, rank])
-        loss.backward()
+        (loss if scaler is None else scaler.scale(loss)).backward()
         if device_s:
             time.sleep(device_s)
         for total, p in zip(pushed, model.parameters(), strict=True):
@@ -152,7 +165,12 @@ def main() -> None:
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
         before_step = [p.detach().clone() for p in model.parameters()]
         local = [p.grad.detach().to("cpu", copy=True) for p in model.parameters()] if args.record else []
-        opt.step()
+        if scaler is not None:  # the scaler checks and unscales the gradients the step applies
+            opt.average_gradients()
+            scaler.step(opt)
+            scaler.update()
+        else:
+            opt.step()
         if args.record:
             record["held"] += [p.cpu() for p in before_step]
             record["local"] += local  # this worker's own gradient, as backward made it (what it pushes)
@@ -166,7 +184,7 @@ def main() -> None:
                                                        "pushed": [t.cpu() for t in pushed],
                                                        **(record if args.record else {})},
                               {"device": str(next(model.parameters()).device), "name": opt.kv.name,
-                               "global_rank": rank, "is_master_worker": opt.is_master_worker,
+                               "global_rank": rank, "is_master_worker": opt.is_master_worker, "scales": scales,
                                "mode": opt.plan.mode.name, "overlap": opt.overlap, "trained_steps": trained,
                                "slices": slices, "ddp_comm_hook": model._get_ddp_logging_data().get("comm_hook", "")
                                if args.ddp else None})

@@ -70,6 +70,7 @@ class LocalOptimizerStep(AveragedStep, ServerOptimizerStep):
 def refused_average(loop: Loop) -> str:
     """Why ``average_gradients`` cannot be: the global servers apply the gradients pushed during backward."""
     return (f"{loop.kv.name}: the global servers run the optimizer on the gradients pushed during backward, so no "
-            "worker holds the averaged gradients before they are applied (nor can clip them): set "
+            "worker holds the averaged gradients before they are applied (nor can clip them, or unscale them for a "
+            "GradScaler): set "
             "training.server_optimizer: none (FSA with the optimizer on every worker; MixedSync and SSP need the "
             "servers'), or use HFA")

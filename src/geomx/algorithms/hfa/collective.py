@@ -122,7 +122,7 @@ class CollectivePeriodicAverage(AveragedStep):
     def inner_step(self) -> None:
         """The party's mean gradient (unless ``average_gradients`` made it this step), then the optimizer."""
         self.take_average()
-        self.loop.optimizer.step()
+        self.loop.update()
 
     def average(self) -> None:
         """The party's mean gradient in every ``.grad``: DDP's all-reduce of the buckets backward filled, FSDP2's
