@@ -263,6 +263,17 @@ def check_meta_n(encoded: Encoded, numel: int) -> None:
         raise CodecError(f"payload meta n={n} does not match the shape's {numel} elements")
 
 
+def dense_frame(encoded: Encoded, codec: Codec, shape: tuple[int, ...], dtype: Any, frame_dtype: Any,
+                what: str) -> tuple[np.ndarray, np.dtype[Any]]:
+    """A one-frame dense payload (fp16's, bf16's) checked (its codec, one frame, ``n`` the shape's count): the frame
+    as ``frame_dtype`` values (a view) and the dtype to decode into."""
+    check_id(encoded, codec)
+    numel, out_dtype = output_size(shape, dtype)
+    check_frame_count(encoded, 1, codec.name)
+    check_meta_n(encoded, numel)
+    return frame_as(encoded.frames[0], frame_dtype, numel, what), out_dtype
+
+
 def saturating_cast(x: np.ndarray, dtype: Any) -> np.ndarray:
     """``x`` as ``dtype`` (a new array), rounding to nearest; values beyond the target's finite range are
     clipped to its largest finite value instead of becoming inf.

@@ -19,19 +19,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .base import (
-    Codec,
-    Encoded,
-    TensorInfo,
-    check_finite,
-    check_frame_count,
-    check_id,
-    check_meta_n,
-    float_vector,
-    frame_as,
-    output_size,
-    to_dtype,
-)
+from .base import Codec, Encoded, TensorInfo, check_finite, dense_frame, float_vector, to_dtype
 
 _HALF_STEP = np.uint32(0x7FFF)  # half of bfloat16's step less one, in float32's low bits: a tie adds the kept last bit
 _INF = np.uint16(0x7F80)  # bfloat16's inf (its magnitude bits)
@@ -73,11 +61,7 @@ class BF16(Codec):
         return Encoded(self.codec_id, [to_bfloat16_bits(x)], {"n": x.size})
 
     def decode(self, encoded: Encoded, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
-        check_id(encoded, self)
-        numel, dtype = output_size(shape, dtype)
-        check_frame_count(encoded, 1, self.name)
-        check_meta_n(encoded, numel)
-        bits = frame_as(encoded.frames[0], np.uint16, numel, "bf16 values")
+        bits, dtype = dense_frame(encoded, self, shape, dtype, np.uint16, "bf16 values")
         values = from_bfloat16_bits(bits)
         check_finite(values, "bf16 values")
         return to_dtype(values, dtype, owned=True).reshape(shape)

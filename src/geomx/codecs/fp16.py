@@ -20,20 +20,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .base import (
-    Codec,
-    Encoded,
-    TensorInfo,
-    check_finite,
-    check_frame_count,
-    check_id,
-    check_meta_n,
-    float_vector,
-    frame_as,
-    output_size,
-    saturating_cast,
-    to_dtype,
-)
+from .base import Codec, Encoded, TensorInfo, check_finite, dense_frame, float_vector, saturating_cast, to_dtype
 
 
 class FP16(Codec):
@@ -53,11 +40,7 @@ class FP16(Codec):
         return Encoded(self.codec_id, [saturating_cast(x, np.float16)], {"n": x.size})
 
     def decode(self, encoded: Encoded, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
-        check_id(encoded, self)
-        numel, dtype = output_size(shape, dtype)
-        check_frame_count(encoded, 1, self.name)
-        check_meta_n(encoded, numel)
-        half = frame_as(encoded.frames[0], np.float16, numel, "fp16 values")
+        half, dtype = dense_frame(encoded, self, shape, dtype, np.float16, "fp16 values")
         check_finite(half, "fp16 values")
         return to_dtype(half, dtype, owned=False).reshape(shape)
 
