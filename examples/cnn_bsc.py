@@ -37,7 +37,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=None, help="default: 0.2 with sgd, 0.003 with adam")
-    parser.add_argument("--type", choices=["bsc", "mpq", "fp16", "int8", "none"], default="bsc",
+    parser.add_argument("--type", choices=["bsc", "mpq", "fp16", "bf16", "int8", "none"], default="bsc",
                         help="the WAN codec; none: dense (FSA without compression)")
     parser.add_argument("--threshold", type=float, default=0.01, help="fraction of elements kept (bsc, mpq)")
     parser.add_argument("--size-lower-bound", type=int, default=1000)

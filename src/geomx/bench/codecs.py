@@ -10,7 +10,7 @@ Two parts:
   ``DigitsCNN(32, 512)`` (549k parameters: 524k in one dense layer) so that tensors, not message headers,
   dominate the bytes. ``size_lower_bound`` is 100 for every codec (only the conv biases and the last layer's
   bias travel dense), as MXNET_KVSTORE_SIZE_LOWER_BOUND would be set for this model. Rows: dense FSA (local
-  Adam), fp16 (Adam), int8 + error feedback (Adam), Bi-Sparse 1% and 0.1% and MPQ 1% (local SGD at lr 0.2, 0.1 at 0.1%:
+  Adam), fp16 (Adam), bf16 (Adam), int8 + error feedback (Adam), Bi-Sparse 1% and 0.1% and MPQ 1% (local SGD at lr 0.2, 0.1 at 0.1%:
   the codec's momentum correction, which cnn_bsc.py asks for with SGD, is the momentum).
 
 Per row: WAN bytes per step (the counters' total after init subtracted, divided by the steps: warm-up
@@ -52,6 +52,7 @@ from .targets import reach_target, summarize_sync_run
 SPEED_SPECS: dict[str, dict[str, Any]] = {
     "dense": {"type": "dense"},
     "fp16": {"type": "fp16"},
+    "bf16": {"type": "bf16"},
     "int8 (block 256)": {"type": "int8", "block": 256},
     "ef(int8)": {"type": "error_feedback", "inner": {"type": "int8", "block": 256}},
     "bsc 1% sampled": {"type": "bsc", "threshold": 0.01, "size_lower_bound": 0},
@@ -162,6 +163,7 @@ def codec_runs(quick: bool) -> tuple[CodecRun, ...]:
     return (
         CodecRun(DENSE, "dense FSA", ("--type", "none"), n(8)),
         CodecRun("fp16", "fp16", ("--type", "fp16"), n(8)),
+        CodecRun("bf16", "bf16", ("--type", "bf16"), n(8)),
         CodecRun("int8_ef", "int8 + error feedback", ("--type", "int8"), n(8)),
         CodecRun("bsc_1", "Bi-Sparse 1%", ("--type", "bsc", "--threshold", "0.01"), n(24), 0.01),
         CodecRun("bsc_01", "Bi-Sparse 0.1%", ("--type", "bsc", "--threshold", "0.001", "--lr", "0.1"), n(48),
