@@ -30,21 +30,23 @@ def party_sum(grads: list[torch.Tensor], rounded: bool) -> torch.Tensor:
 
 
 def run_and_replay(geomx_job, tmp_path, lan: dict[str, str], compression: str | None, servers_step: bool = False,
-                   *args: str) -> int:
+                   *args: str, mixed: bool = False) -> int:
     """FSA with SGD on every rank (``servers_step``: on the global servers, their float32 copy of the model stepped
     and rounded as it lands) and a bfloat16 model, replayed step by step (module docstring); its WAN bytes.
-    ``args``: the worker's own (``--device cuda``)."""
+    ``args``: the worker's own (``--device cuda``); ``mixed``: the model's last layer float32 (a collective party's
+    buckets are then float32: its sums are not rounded, and the float32 layer's arithmetic is float32 throughout)."""
     training = {"server_optimizer": "translate" if servers_step else "auto",
                 **({"compression": {"type": compression}} if compression else {})}
     path = write_topology(tmp_path / f"{compression}-{servers_step}" / "job.yaml", lan=lan, slice_elems=512,
                           training=training)
     job = geomx_job(SCRIPT, "--dtype", "bfloat16", "--momentum", "0", "--record", "--steps", str(STEPS), *args,
-                    topology=path, name=f"{compression}-{servers_step}")
+                    *(["--float32-head"] if mixed else []), topology=path, name=f"{compression}-{servers_step}")
     job.assert_ok()
     workers = job.workers()
     assert sorted(workers) == [0, 1, 2, 3]
     keys = len(workers[0][0]["final"])
-    assert all(t.dtype == torch.bfloat16 for t in workers[0][0]["final"]), "the model stays bfloat16"
+    dtypes = [t.dtype for t in workers[0][0]["final"]]
+    assert dtypes == [torch.bfloat16] * 2 + [torch.float32 if mixed else torch.bfloat16] * 2, dtypes
     assert {report["mode"] for _, report in workers.values()} == {"SERVER" if servers_step else "LOCAL"}
     for rank, (tensors, _) in workers.items():  # INIT: the master's model on every rank
         assert all(torch.equal(a, b) for a, b in zip(tensors["after_init"], workers[0][0]["after_init"], strict=True))
@@ -54,17 +56,17 @@ def run_and_replay(geomx_job, tmp_path, lan: dict[str, str], compression: str | 
             at = step * keys + key
             held = workers[0][0]["held"][at]  # every rank's (checked after the step before, or at INIT)
             total = sum(party_sum([workers[r][0]["local"][at] for r in ranks],
-                                  lan.get(party) == "collective" or compression == "bf16")
+                                  (lan.get(party) == "collective" and not mixed) or compression == "bf16")
                         for party, ranks in PARTIES.items())
             if servers_step:  # the servers average and step their float32 model (geomx.optim.SGD's NumPy arithmetic:
                 # the product rounded, then the sum), and it lands rounded
                 weights = master[key].numpy().copy()
                 weights += (total.numpy() * np.float32(1 / 4)) * np.float32(-jobkit.LR)
                 master[key] = torch.from_numpy(weights)
-                param = master[key].bfloat16()
+                param = master[key].to(held.dtype)
             else:  # the sum lands rounded, every rank averages it in the model's dtype and steps
                 param = torch.nn.Parameter(held.clone())
-                param.grad = total.bfloat16() * (1.0 / 4)
+                param.grad = total.to(held.dtype) * (1.0 / 4)
                 torch.optim.SGD([param], lr=jobkit.LR).step()
             for rank, (tensors, _) in workers.items():  # what it trains on next (a server party's step lands the
                 # servers' weights before the next forward); after the last step, its final weights
@@ -87,6 +89,13 @@ def test_fsa_of_a_bfloat16_model_replays_the_tiers_arithmetic_bit_for_bit(geomx_
     INIT) minus lr x the float32 sum / 4, rounded to bfloat16. Without the widening the job fails at INIT (NumPy has
     no bfloat16); a tier that summed, stepped or answered in another precision would not replay."""
     run_and_replay(geomx_job, tmp_path, lan, compression=None, servers_step=servers_step)
+
+
+def test_a_model_mixing_bfloat16_and_float32_keeps_its_float32_layer_exact(geomx_job, tmp_path):
+    """bfloat16 layers and a float32 last layer (as a model keeps its norms in float32): a collective party's buckets
+    take the wider dtype, so the float32 layer's sums are never rounded to bfloat16, and every step replays bit for
+    bit (in a bucket of the first parameter's bfloat16 the float32 layer's would not)."""
+    run_and_replay(geomx_job, tmp_path, {"dc0": "collective", "dc1": "server"}, None, mixed=True)
 
 
 def test_the_bf16_codec_halves_the_wan_bytes_of_a_bfloat16_model_and_replays(geomx_job, tmp_path):

@@ -191,6 +191,15 @@ def test_backward_buckets_go_deepest_first_and_cut_by_bytes() -> None:
     assert backward_buckets(numels, 4, bucket_bytes=4) == [[3], [2], [1], [0]]  # a key larger than a bucket alone
 
 
+def test_a_bucket_of_a_model_mixing_dtypes_is_kept_in_the_widest() -> None:
+    from geomx.collective.bucket import bucket_like
+
+    weights, norm = torch.zeros(3, dtype=torch.bfloat16), torch.zeros(2)
+    assert bucket_like([weights, weights]).dtype == torch.bfloat16  # as DDP all-reduces a bfloat16 model
+    assert bucket_like([weights, norm]).dtype == torch.float32 == bucket_like([norm, weights]).dtype
+    assert bucket_like([weights]).numel() == 0 and bucket_like([weights]).device == weights.device
+
+
 def test_pack_key_puts_one_tensor_where_pack_puts_it() -> None:
     tensors = [torch.randn(7, 5), torch.randn(300), torch.randn(3)]
     layout = OwnerLayout(_owners([t.numel() for t in tensors], 2, slice_elems=100),

@@ -214,6 +214,14 @@ def _segments(share: Sequence[OwnedSlice], begin: int, end: int) -> Iterator[tup
             return
 
 
+def bucket_like(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """An empty tensor of the device and dtype a bucket of ``tensors`` is kept in: theirs, or, where a model mixes
+    dtypes (bfloat16 weights, float32 norms), the widest, so that no float32 parameter's sum is rounded to bfloat16.
+    Usage: ``ModelBucket(layout, group, like=bucket_like(params))``"""
+    dtype = functools.reduce(torch.promote_types, (t.dtype for t in tensors))
+    return tensors[0].detach().new_empty(0, dtype=dtype)
+
+
 def backward_buckets(numels: dict[int, int], itemsize: int, bucket_bytes: int) -> list[list[int]]:
     """The keys, deepest first (backward produces their gradients in about that order), cut into groups of about
     ``bucket_bytes`` (a key larger than that is a group of its own), as DDP cuts its buckets."""

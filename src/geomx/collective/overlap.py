@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from .bucket import ModelBucket, backward_buckets
+from .bucket import ModelBucket, backward_buckets, bucket_like
 from .group import PartyGroup, Pending
 from .layout import OwnerLayout
 
@@ -37,7 +37,7 @@ class OverlappedMean:
         self.params = list(params)
         self.trained = set(range(len(self.params)) if trained is None else trained)
         numels = {key: p.numel() for key, p in enumerate(self.params)}
-        like = self.params[0].detach()
+        like = bucket_like(self.params)
         self.group = group
         self.buckets = [ModelBucket(layout_of(keys), group, like=like)
                         for keys in backward_buckets(numels, like.element_size(), bucket_bytes)]

@@ -32,7 +32,7 @@ import torch
 from ..codecs import Codec, Registry, TensorInfo
 from ..codecs.base import TensorKind
 from ..codecs.messages import decode_message, payload_fields
-from ..collective.bucket import ModelBucket, PartyModel
+from ..collective.bucket import ModelBucket, PartyModel, bucket_like
 from ..collective.fsdp import LocalShards, fsdp_shards, local_flat
 from ..collective.group import PartyGroup
 from ..collective.layout import OwnerLayout
@@ -188,7 +188,9 @@ class PartyRanks:
         holding them, each owner INITs its slices, and the answers go back into the local shards (two all-to-alls
         at most)."""
         self.local_shards = local_shards if self.local_shards is None else self.local_shards.merged(local_shards)
-        bucket = ShardedBucket(local_shards, self.layout(keys), self.group, like=local_flat(values[0]))
+        like = bucket_like([local_flat(v) for v in values])
+        bucket = ShardedBucket(local_shards, self.layout(keys), self.group, like=like.new_empty(0, dtype=wire_dtype(
+            like.dtype)))  # the INIT values as the servers hold them: exact
         views = bucket.views(values)
         bucket.own(views)  # every party: the values to send (central) or the bytes its digests describe
         futures = [self._send_init(owned.key, owned.index, host_numpy(piece))
@@ -214,7 +216,7 @@ class PartyRanks:
     def model_bucket(self, params: Sequence[torch.Tensor]) -> PartyModel:
         """The model as this rank holds it, with its owned slices: whole on every rank, or FSDP2's local shards. Its
         chunk is in the dtype the servers hold (float32 for a bfloat16 model: ``geomx.protocol.tensors``)."""
-        held = local_flat(params[0]) if self.local_shards is not None else params[0].data
+        held = bucket_like([local_flat(p) if self.local_shards is not None else p.data for p in params])
         like = held.new_empty(0, dtype=wire_dtype(held.dtype))
         if self.local_shards is not None:
             return ShardedBucket(self.local_shards, self.layout(), self.group, like=like)

@@ -42,6 +42,13 @@ class DeepHead(nn.Module):
         return out.reshape(x.shape[0], -1, jobkit.OUT_FEATURES).mean(dim=1)
 
 
+class Float32(nn.Module):
+    """Casts its input to float32 (before a float32 layer in a model of another dtype)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.float()
+
+
 def share_gpu() -> None:
     """Ranks that share one GPU (a test machine's): NCCL refuses two ranks on one device of one host, unless
     each rank names a host of its own, as torchft does to share a GPU."""
@@ -89,6 +96,8 @@ def main() -> None:
                         "backward and step (opt.average_gradients first)")
     parser.add_argument("--dtype", default="float32", help="the model's dtype (bfloat16: a large language model's "
                         "usual weights); the batches are cast to it, the loss is computed in float32")
+    parser.add_argument("--float32-head", action="store_true", help="with --dtype: the last layer stays float32 (a "
+                        "model that mixes dtypes), its input cast to it")
     parser.add_argument("--amp", action="store_true", help="mixed precision: the forward under torch.autocast in "
                         "float16, the loss scaled by a torch.amp.GradScaler (opt.average_gradients() before its step)")
     parser.add_argument("--inf-rank", type=int, default=-1, help="with --amp: this global rank's loss is infinite "
@@ -109,6 +118,8 @@ def main() -> None:
     if args.deep_head:
         model = DeepHead(args.deep_head)
     model.to(getattr(torch, args.dtype))
+    if args.float32_head:
+        model = nn.Sequential(model[0], model[1], Float32(), model[2].float())
     before = [p.detach().clone() for p in model.parameters()]
     model.to(device)
     if args.ddp:  # DDP makes the party's ranks equal at once: rank 0's weights, broadcast

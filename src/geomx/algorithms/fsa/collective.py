@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from ...collective.bucket import ModelBucket, backward_buckets
+from ...collective.bucket import ModelBucket, backward_buckets, bucket_like
 from ...collective.ddp import keep_local
 from ...collective.group import Pending
 from ...collective.host import HostChunk
@@ -61,7 +61,7 @@ class CollectiveServerStep(WorkerStrategy):
         ranks = loop.kv.ranks
         if loop.ddp is not None:  # the script's DDP: its all-reduce would repeat this path's reduce-scatter
             keep_local(loop.ddp, ranks.group.party)
-        like = loop.params[0].data
+        like = bucket_like(loop.params)  # the model's dtype (the widest, where it mixes some)
         numels = {key: p.numel() for key, p in enumerate(loop.params)}
         for keys in backward_buckets(numels, like.element_size(), self.bucket_bytes):
             for key in keys:

@@ -208,8 +208,8 @@ class CollectivePeriodicAverage(AveragedStep):
         # (the host stage copies it whole, or the spread moves every piece): then it leaves from its own array
         in_place = not self.delay
         # whole tensors on the CPU: each delta is computed from the model's own range into its piece, in one pass
-        fused = (in_place and not stage.copies and isinstance(bucket, ModelBucket)
-                 and views[0].dtype == self.job_model[0].dtype)  # a bfloat16 model goes through the float32 chunk
+        fused = (in_place and not stage.copies and isinstance(bucket, ModelBucket)  # a bfloat16 model's through
+                 and all(v.dtype == m.dtype for v, m in zip(views, self.job_model, strict=True)))  # the float32 chunk
         if not fused:
             bucket.own(views, only=leaving)
             stage.down()  # the owned slices to the host, in one copy (none on the CPU)
