@@ -28,7 +28,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 import torch
@@ -42,6 +42,7 @@ from ..core.strategy import SIGNATURE_KEY, WorkerStrategy
 from ..kv import KVStore, create
 from ..runs.runlog import file_name
 from .amp import grad_scaler_skips
+from .join import UnevenLoops
 from .metrics import StepRecorder, TensorBoardSink
 from .plan import Plan, collective_refusal, make_plan
 from .signature import compare, signature
@@ -168,6 +169,7 @@ class DistributedOptimizer:
         self._accumulating = False  # inside ``no_sync()``: backward's gradients stay in .grad
         self._averaged = False  # ``average_gradients`` ran this step: the step's gradients are final
         self._skip_update = False  # this step's gradients are not finite under a GradScaler: no update
+        self._joins: UnevenLoops | None = None  # uneven loops in a collective party: made at the first ``join()``
         collective = config.topology.is_collective(config.party)
         if collective:  # the party's ranks are one torch.distributed group (lan: collective)
             ranks = self.kv.ranks
@@ -288,6 +290,8 @@ class DistributedOptimizer:
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        if self._joins is not None and self._joins.counting:  # the party counts who still trains (torch/join.py)
+            self._joins.count(training=True)
         grads = [g for g in (self.params[key].grad for key in self.trained) if g is not None]
         self._skip_update = grad_scaler_skips(self.__dict__, grads, self._averaged)  # a GradScaler's call
         self.strategy.step()
@@ -311,6 +315,12 @@ class DistributedOptimizer:
             yield
         finally:
             self._accumulating = accumulating
+
+    def join(self) -> AbstractContextManager[None]:
+        """Uneven loops in a collective party, as DDP's ``Join`` (``geomx.torch.join``): a rank whose loop ended
+        takes zero-gradient steps beside the others until all have. Usage: ``with opt.join(): for x, y in loader:``"""
+        self._joins = self._joins or UnevenLoops.of(self)  # made once, by every rank alike (a group of its own)
+        return self._joins.block()
 
     def average_gradients(self) -> None:
         """Every trained parameter's ``.grad`` = the gradient ``step()`` will apply, now, as DDP leaves it after
@@ -370,12 +380,6 @@ class DistributedOptimizer:
         if name.startswith("_") or name in ("optimizer", "kv", "model", "plan", "recorder", "strategy"):
             raise AttributeError(name)
         return getattr(self.optimizer, name)
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.optimizer.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state)
 
     @property
     def is_master_worker(self) -> bool:

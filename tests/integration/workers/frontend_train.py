@@ -8,6 +8,7 @@ to ``$GEOMX_RUN_DIR/out/worker<global rank>.*``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import threading
 import time
@@ -96,6 +97,9 @@ def main() -> None:
                         "backward and step (opt.average_gradients first)")
     parser.add_argument("--dtype", default="float32", help="the model's dtype (bfloat16: a large language model's "
                         "usual weights); the batches are cast to it, the loss is computed in float32")
+    parser.add_argument("--join", action="store_true", help="the loop inside opt.join() (uneven loops in a party)")
+    parser.add_argument("--short-rank", type=int, default=-1, help="this global rank's loop runs --short-steps only")
+    parser.add_argument("--short-steps", type=int, default=0)
     parser.add_argument("--float32-head", action="store_true", help="with --dtype: the last layer stays float32 (a "
                         "model that mixes dtypes), its input cast to it")
     parser.add_argument("--amp", action="store_true", help="mixed precision: the forward under torch.autocast in "
@@ -144,7 +148,10 @@ def main() -> None:
     record: dict[str, list[torch.Tensor]] = {"held": [], "local": [], "grad": [], "received": []}  # step-, key-minor
     scaler = torch.amp.GradScaler(device.type, init_scale=2.0 ** 10) if args.amp else None
     scales: list[float] = []  # with --amp: the scale each step's loss was multiplied by
-    for step in range(args.steps):  # the user's loop, unchanged (but for the emulated device time)
+    joined = contextlib.ExitStack()  # with --join, the loop inside opt.join()
+    if args.join:
+        joined.enter_context(opt.join())
+    for step in range(args.short_steps if rank == args.short_rank else args.steps):  # the user's loop, unchanged
         if rank == args.die_rank and step == args.die_step:
             os._exit(3)  # a crash: no goodbye to anyone
         if rank == args.hang_rank and step == args.hang_step:
@@ -189,6 +196,7 @@ def main() -> None:
             record["received"] += [p.detach().to("cpu", copy=True) for p in model.parameters()]
         trained += any(not torch.equal(p, b) for p, b in zip(model.parameters(), before_step, strict=True))
         opt.log(loss=loss)
+    joined.close()  # a rank whose loop ended first takes zero-gradient steps beside the others until all end
     opt.close()  # the last updates land (under ESync: the last round runs here)
     final = [p.detach().to("cpu", copy=True) for p in model.parameters()]
     jobkit.save_worker_output(opt.kv.config.run_dir, rank, {"before_init": before, "after_init": after, "final": final,
