@@ -43,7 +43,7 @@ from .transport.van import Van
 from .worker.compose import compose_worker
 from .core.early import EarlyAnswers
 from .worker.ranks import PartyRanks, SliceLink
-from .worker.slices import KeyTable, copy_out, payload, to_numpy
+from .worker.slices import KeyTable, copy_out, payload, push_codec, to_numpy
 
 log = logging.getLogger("geomx.kv")
 
@@ -174,11 +174,12 @@ class KVStore:
         for k, v in zip(_as_list(key), _as_list(value), strict=True):
             info = self._keys.check(k, v, "push")
             data = to_numpy(v, snapshot=snapshot and not self._route.copies)
+            codec = push_codec(self._plugins.lan_codec, v)  # a bfloat16 tensor's values: as bfloat16's bits
             self._pending[k] = [
                 self._route.push(self._keys.server_for(k, index),
                                  Message(Kind.PUSHPULL, key=k, slice=index, num_slices=len(info.slices),
                                          priority=priority,
-                                         **payload(self._plugins.lan_codec, k, index, data[start:stop], data.size)))
+                                         **payload(codec, k, index, data[start:stop], data.size)))
                 for index, (start, stop) in enumerate(info.slices)]
 
     def pull(self, key: int | Sequence[int], out: torch.Tensor | Sequence[torch.Tensor], priority: int = 0) -> None:

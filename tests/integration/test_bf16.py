@@ -74,6 +74,9 @@ def run_and_replay(geomx_job, tmp_path, lan: dict[str, str], compression: str | 
                 assert torch.equal(after, param.detach()), f"rank {rank} after step {step}, key {key}"
     moved = sum(int((a != b).sum()) for a, b in zip(workers[0][0]["after_init"], workers[0][0]["final"], strict=True))
     assert moved > 0, "the job trained"
+    if lan.get("dc1") == "collective" and compression is None:  # its ranks push bfloat16's bits: exact, half the bytes
+        pushed = sum(t.numel() for t in workers[0][0]["final"]) * STEPS * 4  # the same pushes in float32
+        assert 0 < job.summary["wan_bytes_sent_by_party"]["dc1"] < 0.6 * pushed, (job.summary, pushed)
     return int(job.summary["wan_bytes"])
 
 
@@ -85,7 +88,8 @@ def run_and_replay(geomx_job, tmp_path, lan: dict[str, str], compression: str | 
          "mixed-parties-sgd-on-the-servers"])
 def test_fsa_of_a_bfloat16_model_replays_the_tiers_arithmetic_bit_for_bit(geomx_job, tmp_path, lan, servers_step):
     """FSA, a bfloat16 model: each step's weights equal, on every rank, the held weights minus lr x (the parties'
-    float32 sum, rounded to bfloat16) / 4; with SGD on the servers, their float32 model (the bfloat16 values at
+    float32 sum, rounded to bfloat16) / 4 (a collective party's ranks push their bfloat16 sums as bfloat16's bits,
+    at most 60% of float32's bytes); with SGD on the servers, their float32 model (the bfloat16 values at
     INIT) minus lr x the float32 sum / 4, rounded to bfloat16. Without the widening the job fails at INIT (NumPy has
     no bfloat16); a tier that summed, stepped or answered in another precision would not replay."""
     run_and_replay(geomx_job, tmp_path, lan, compression=None, servers_step=servers_step)

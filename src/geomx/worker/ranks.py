@@ -47,7 +47,7 @@ from ..protocol.bodies import InitBody, encode_body
 from ..protocol.tensors import host_numpy, readonly_tensor, wire_dtype
 from ..protocol.wire import Kind, Message
 from ..transport.rpc import Requests
-from .slices import KeyTable, to_numpy
+from .slices import KeyTable, push_codec, to_numpy
 
 
 @dataclass
@@ -236,9 +236,10 @@ class PartyRanks:
         futures = []
         for owned, piece in pieces:
             data = host_numpy(piece)  # a view on the CPU (the answer only lands after the send); bfloat16: a copy
-            if self.codec is not None and data.dtype in (np.float32, np.float64):
+            codec = push_codec(self.codec, piece)  # a bfloat16 piece (FSA's party sums) as bfloat16's bits: exact
+            if codec is not None and data.dtype in (np.float32, np.float64):
                 numel = math.prod(self.link.keys.info(owned.key).shape)
-                fields = payload_fields(self.codec, data, TensorInfo(owned.key, owned.index, kind, "push", numel))
+                fields = payload_fields(codec, data, TensorInfo(owned.key, owned.index, kind, "push", numel))
             else:
                 fields = {"tensor": data}
             message = Message(Kind.PUSHPULL, key=owned.key, slice=owned.index, num_slices=owned.num_slices,

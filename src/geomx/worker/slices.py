@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..codecs import Codec, Registry, TensorInfo
+from ..codecs import BF16, Codec, Registry, TensorInfo
 from ..codecs.messages import decode_message, payload_fields
 from ..core.sharding import ShardPlanner
 from ..protocol.tensors import host_numpy, readonly_tensor, wire_dtype
@@ -89,6 +89,14 @@ def to_numpy(tensor: torch.Tensor, snapshot: bool) -> np.ndarray:
     if snapshot and tensor.dtype == wire_dtype(tensor.dtype):
         return tensor.detach().to("cpu").reshape(-1).clone().numpy()
     return host_numpy(tensor)
+
+
+def push_codec(configured: Codec | None, tensor: torch.Tensor) -> Codec | None:
+    """The codec a push of ``tensor`` travels in: the configured one; else, for a bfloat16 tensor, bfloat16's bits
+    (``BF16``: exact, its values being bfloat16's, and half the float32 they are widened to); else none."""
+    if configured is None and tensor.dtype == torch.bfloat16:
+        return BF16()
+    return configured
 
 
 def payload(codec: Codec | None, key: int, index: int, piece: np.ndarray, tensor_numel: int) -> dict[str, Any]:
