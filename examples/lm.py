@@ -10,6 +10,8 @@ The algorithm comes from the topology (or GEOMX_* variables), not from this file
     # on GPUs, GPT-2 small's blocks, 85M parameters (each rank on the GPU of its LOCAL_RANK), in bfloat16, the WAN
     # carrying bfloat16 too (docs/pytorch.md, "Models in bfloat16"):
     GEOMX_COMPRESSION=bf16 geomx launch job.yaml -- python examples/lm.py --device cuda --preset gpt85m --dtype bfloat16
+    # float16 autocast and a GradScaler (the optimizer on the workers; docs/pytorch.md, "Mixed precision"):
+    GEOMX_SERVER_OPTIMIZER=none geomx launch topologies/demo.yaml -- python examples/lm.py --amp --clip 1.0
 
 ``--preset`` names a shape of ``geomx.zoo.charlm.PRESETS`` (tiny, gpt57m, gpt85m, gpt43m) and sets --context, --dim,
 --layers, --heads and --ff; without it those flags keep their defaults (tiny's shape) and can be set one by one.
@@ -55,6 +57,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--device", default="cpu", help="cuda: each rank on the GPU of its LOCAL_RANK")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                         help="the model's parameters (bfloat16: the servers keep a float32 copy)")
+    parser.add_argument("--amp", action="store_true", help="mixed precision: the forward under torch.autocast in "
+                        "float16, the loss scaled by a torch.amp.GradScaler (the optimizer on the workers: "
+                        "GEOMX_SERVER_OPTIMIZER=none under FSA)")
     args = parser.parse_args()
     if args.preset is not None:
         shape = PRESETS[args.preset]
@@ -86,6 +91,7 @@ def main() -> None:
     opt = gx.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=args.lr), model)  # geomx
     loader = DataLoader(train, batch_size=args.batch_size, shuffle=True, drop_last=True,
                         generator=torch.Generator().manual_seed(args.seed + opt.global_rank))
+    scaler = torch.amp.GradScaler(device.type) if args.amp else None
     step, started = 0, time.monotonic()
     job_model = copy.deepcopy(model)  # what the master evaluates: the job's model, not its own
     if opt.is_master_worker:  # the starting point (the master's initial weights, which every worker now holds)
@@ -96,12 +102,20 @@ def main() -> None:
         for x, y in gx.progress(loader, desc=f"step {step}"):
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             opt.zero_grad()
-            loss = F.cross_entropy(model(x).float().reshape(-1, VOCAB), y.reshape(-1))
-            loss.backward()
+            with torch.autocast(device.type, dtype=torch.float16, enabled=args.amp):
+                loss = F.cross_entropy(model(x).float().reshape(-1, VOCAB), y.reshape(-1))
+            (loss if scaler is None else scaler.scale(loss)).backward()
+            if args.clip or scaler is not None:
+                opt.average_gradients()  # geomx: the gradients step() applies, now, for the clip and the scaler
+            if scaler is not None and args.clip:
+                scaler.unscale_(opt)
             if args.clip:
-                opt.average_gradients()  # geomx: the gradients step() applies, now, so that the clip reaches them
                 torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
-            opt.step()
+            if scaler is None:
+                opt.step()
+            else:  # skips the update where the scaled gradients overflowed, alike on every worker
+                scaler.step(opt)
+                scaler.update()
             opt.log(loss=loss)  # geomx: the loss in the run's metrics
             step += 1
             if opt.is_master_worker and (step % args.eval_every == 0 or step == args.steps):
