@@ -9,7 +9,8 @@ The algorithm comes from the topology (or GEOMX_* variables), not from this file
     geomx report runs/lm-fsa runs/lm-hfa --out report/lm
     # on GPUs, GPT-2 small's blocks, 85M parameters (each rank on the GPU of its LOCAL_RANK), in bfloat16, the WAN
     # carrying bfloat16 too (docs/pytorch.md, "Models in bfloat16"):
-    GEOMX_COMPRESSION=bf16 geomx launch job.yaml -- python examples/lm.py --device cuda --preset gpt85m --dtype bfloat16
+    GEOMX_COMPRESSION=bf16 geomx launch job.yaml -- \
+        python examples/lm.py --device cuda --preset gpt85m --dtype bfloat16
     # float16 autocast and a GradScaler (the optimizer on the workers; docs/pytorch.md, "Mixed precision"):
     GEOMX_SERVER_OPTIMIZER=none geomx launch topologies/demo.yaml -- python examples/lm.py --amp --clip 1.0
 
@@ -84,8 +85,8 @@ def main() -> None:
     train_windows, val = Windows(ids[:cut], args.context), Windows(ids[cut:], args.context)
     torch.manual_seed(args.seed)
     device = pick_device(args.device)
-    model = CharTransformer(args.context, args.dim, args.layers, args.heads, ff=args.ff).to(device,
-                                                                                            getattr(torch, args.dtype))
+    model = CharTransformer(args.context, args.dim, args.layers, args.heads, ff=args.ff)
+    model.to(device, getattr(torch, args.dtype))
 
     train = gx.shard(train_windows, seed=args.seed)  # geomx: this worker's part of the text
     opt = gx.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=args.lr), model)  # geomx
