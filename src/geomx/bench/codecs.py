@@ -10,8 +10,8 @@ Two parts:
   ``DigitsCNN(32, 512)`` (549k parameters: 524k in one dense layer) so that tensors, not message headers,
   dominate the bytes. ``size_lower_bound`` is 100 for every codec (only the conv biases and the last layer's
   bias travel dense), as MXNET_KVSTORE_SIZE_LOWER_BOUND would be set for this model. Rows: dense FSA (local
-  Adam), fp16 (Adam), bf16 (Adam), int8 + error feedback (Adam), Bi-Sparse 1% and 0.1% and MPQ 1% (local SGD at lr 0.2, 0.1 at 0.1%:
-  the codec's momentum correction, which cnn_bsc.py asks for with SGD, is the momentum).
+  Adam), fp16 (Adam), bf16 (Adam), int8 + error feedback (Adam), Bi-Sparse 1% and 0.1% and MPQ 1% (local SGD at
+  lr 0.2, 0.1 at 0.1%: the codec's momentum correction, which cnn_bsc.py asks for with SGD, is the momentum).
 
 Per row: WAN bytes per step (the counters' total after init subtracted, divided by the steps: warm-up
 included), the compression ratio to dense FSA's bytes per step, wall time to the target accuracy (dense
