@@ -174,7 +174,7 @@ class KVStore:
         for k, v in zip(_as_list(key), _as_list(value), strict=True):
             info = self._keys.check(k, v, "push")
             data = to_numpy(v, snapshot=snapshot and not self._route.copies)
-            codec = push_codec(self._plugins.lan_codec, v)  # a bfloat16 tensor's values: as bfloat16's bits
+            codec = push_codec(self._plugins.lan_codec, v, self._route.carries_codecs)  # bfloat16: its bits
             self._pending[k] = [
                 self._route.push(self._keys.server_for(k, index),
                                  Message(Kind.PUSHPULL, key=k, slice=index, num_slices=len(info.slices),

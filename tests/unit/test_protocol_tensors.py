@@ -42,3 +42,19 @@ def test_a_float32_answer_lands_in_a_bfloat16_model_rounded_to_nearest_even() ->
     model = torch.zeros(3, dtype=torch.bfloat16)
     model.copy_(readonly_tensor(answer))
     assert model.float().tolist() == [1.0, 1 + 4 * 2**-8, float(torch.tensor(0.1).bfloat16())]
+
+
+def test_a_bfloat16_push_goes_as_bfloat16_bits_unless_a_codec_is_set_or_the_route_carries_plain_tensors() -> None:
+    from geomx.codecs import BF16, FP16
+    from geomx.worker.slices import push_codec
+
+    model, weights = torch.zeros(3, dtype=torch.bfloat16), torch.zeros(3)
+    assert isinstance(push_codec(None, model), BF16) and push_codec(None, weights) is None
+    configured = FP16()  # the fp16 switch's, or the job's: it wins
+    assert push_codec(configured, model) is configured
+    assert push_codec(None, model, route_encodes=False) is None  # TSEngine's relays sum plain float32 tensors
+    from geomx.algorithms.tsengine.worker import RelayRoute
+    from geomx.core.worker_plugins import PushRoute
+
+    # a relay given a payload raises "the relay route carries a tensor" (a bfloat16 model under intra TSEngine)
+    assert PushRoute.carries_codecs and not RelayRoute.carries_codecs

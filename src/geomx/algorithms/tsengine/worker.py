@@ -24,6 +24,7 @@ class RelayRoute(PushRoute):
     """Pushes held by a ``RelayMember`` until the party's local server says where they go."""
 
     copies = True  # the member holds a copy of every push
+    carries_codecs = False  # the relays sum float32 tensors
 
     def __init__(self, context: WorkerContext, member: RelayMember) -> None:
         super().__init__(context)
