@@ -42,7 +42,7 @@ class PushRoute:
 
     # True: the route copies a pushed tensor itself before ``push`` returns, so the caller need not snapshot it
     copies = False
-    # False: the route carries plain tensors only (a relay that sums them on the way), never a codec's payload
+    # False: the route carries plain tensors only (it sums them on their way), never a codec's payload
     carries_codecs = True
 
     def __init__(self, context: WorkerContext) -> None:

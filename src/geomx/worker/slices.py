@@ -93,8 +93,8 @@ def to_numpy(tensor: torch.Tensor, snapshot: bool) -> np.ndarray:
 
 def push_codec(configured: Codec | None, tensor: torch.Tensor, route_encodes: bool = True) -> Codec | None:
     """The codec a push of ``tensor`` travels in: the configured one; else, for a bfloat16 tensor on a route that
-    carries codecs' payloads (``route_encodes``: not TSEngine's relays), bfloat16's bits (``BF16``: exact, its
-    values being bfloat16's, and half the float32 they are widened to); else none."""
+    carries codecs' payloads (``route_encodes``: ``PushRoute.carries_codecs``), bfloat16's bits (``BF16``: exact,
+    its values being bfloat16's, and half the float32 they are widened to); else none."""
     if configured is None and route_encodes and tensor.dtype == torch.bfloat16:
         return BF16()
     return configured
