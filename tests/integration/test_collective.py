@@ -437,15 +437,19 @@ def test_a_collective_party_sends_the_wan_bytes_of_a_server_party_spread_over_it
     assert "WAN streams   : dc1 2 (worker0 " in format_summary(jobs["collective"].result)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_fsdp_in_collective_parties_trains_as_the_same_job_without_it(geomx_job, tmp_path, dtype):
+def test_fsdp_in_collective_parties_trains_as_the_same_job_without_it(geomx_job, tmp_path):
     """Streaming DiLoCo (HFA K1=2 K2=4, outer Nesterov, 2 fragments, each global round overlapping the next local
     round, alpha 0.25) over 2 collective parties x 2 ranks, the model sharded by FSDP2 (fully_shard per layer and
     on the root; uneven rows, 384-element slices across the shards' boundaries) or not: the same weights on every
     rank after init and after 14 steps, the same job's model (``load_job_model``, into a model sharded alike), and
     the same WAN bytes. Under FSDP2 each rank syncs the
-    slices it owns from the shards; nobody gathers the model (the script does, to save it). In bfloat16 too (the
-    model sharded in it, the owned slices widened to float32 for the WAN)."""
+    slices it owns from the shards; nobody gathers the model (the script does, to save it). (In bfloat16:
+    ``test_bf16.py``.)"""
+    fsdp_matches_the_job_without_it(geomx_job, tmp_path, "float32")
+
+
+def fsdp_matches_the_job_without_it(geomx_job, tmp_path: Path, dtype: str) -> None:
+    """The FSDP2 test's two jobs, with the model in ``dtype``, and their checks."""
     parties, steps, k2 = {"dc0": 2, "dc1": 2}, 14, 4
     streaming = {"fragments": 2, "fragment_delay": 1, "fragment_alpha": 0.25}
     workers, wan = {}, {}
