@@ -21,9 +21,9 @@ Usage::
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
-import logging
 from typing import Any
 
 import torch
@@ -43,22 +43,20 @@ class UnevenLoops:
         self.wrapper = wrapper
         self.group = group
         self.counting = False  # inside the block, this rank's loop still running: each step() counts it in
-        self.shadowing = False
-        self.shadow_steps = 0
 
     @classmethod
     def of(cls, wrapper: Any) -> UnevenLoops:
         """The wrapper's, with a group of its own (made here: every rank of the party calls this at one point);
         RuntimeError where a rank whose loop has ended could not take its party's steps."""
         ranks = wrapper.kv.ranks
-        if ranks is not None and (wrapper.ddp is not None or any(is_sharded(p) for p in wrapper.params)):
-            raise RuntimeError(f"{wrapper.kv.name}: join() evens out the loops of a collective party whose model is "
-                               "neither the script's DDP nor sharded by FSDP2: their collectives run inside backward, "
-                               "which a rank whose loop has ended does not run")
         if ranks is None:  # a lan: server party (the same script runs in every party): its loops must be even
             log.info("[%s] join(): a lan: server party evens out nothing; its workers run the same steps",
                      wrapper.kv.name)
             return cls(wrapper, None)
+        if wrapper.ddp is not None or any(is_sharded(p) for p in wrapper.params):
+            raise RuntimeError(f"{wrapper.kv.name}: join() evens out the loops of a collective party whose model is "
+                               "neither the script's DDP nor sharded by FSDP2: their collectives run inside backward, "
+                               "which a rank whose loop has ended does not run")
         return cls(wrapper, ranks.group.sibling(wrapper.kv.config.topology.timeouts.round_s))
 
     @contextmanager
@@ -83,14 +81,9 @@ class UnevenLoops:
     def shadow(self) -> None:
         """This rank's loop has ended: zero-gradient steps while any rank of the party still trains."""
         wrapper = self.wrapper
-        self.shadowing = True
-        try:
-            while self.count(training=False) > 0:
-                for key in wrapper.trained:
-                    param = wrapper.params[key]
-                    param.grad = torch.zeros_like(param)
-                wrapper.push_gradients()
-                wrapper.step()
-                self.shadow_steps += 1
-        finally:
-            self.shadowing = False
+        while self.count(training=False) > 0:
+            for key in wrapper.trained:
+                param = wrapper.params[key]
+                param.grad = torch.zeros_like(param)
+            wrapper.push_gradients()
+            wrapper.step()  # not counted in: ``counting`` is off once the loop has ended
