@@ -8,8 +8,9 @@ one place, rather than the data copied.
 A bfloat16 model (the usual dtype of a large language model's weights) travels and is held by the servers as
 float32: every bfloat16 value is a float32 value, so what a rank sends is its values exactly; the servers sum and
 step in float32 (their copy of the model is float32: master weights); and an answer lands in the bfloat16 model
-rounded to nearest even, as torch's ``copy_`` rounds. The WAN carries float32 unless a codec is set
-(``compression: {type: bf16}`` carries the bfloat16 bits: half the bytes, and exact for a bfloat16 model's pushes).
+rounded to nearest even, as torch's ``copy_`` rounds. Where no codec is set, a push of a bfloat16 tensor goes as
+bfloat16's bits (exact: ``geomx.worker.slices.push_codec``) and what is float32 by nature (a sum going up, an
+answer, a delta) as float32; ``compression: {type: bf16}`` carries those as bfloat16's bits too.
 
 Usage::
 

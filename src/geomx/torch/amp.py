@@ -19,17 +19,18 @@ Usage (the script's loop)::
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
 
 
-def grad_scaler_skips(attributes: Mapping[str, Any], grads: Sequence[torch.Tensor], averaged: bool) -> bool:
+def grad_scaler_skips(attributes: Mapping[str, Any], grads: Iterable[torch.Tensor], averaged: bool) -> bool:
     """Whether this step's update is skipped: ``attributes`` are the wrapper's own (a scaler's ``found_inf`` and
     ``grad_scale`` for the call, if a scaler calls); ``grads`` are unscaled in place by ``grad_scale`` when it is
-    set (``scaler.unscale_(opt)`` leaves it unset: the gradients are unscaled already). RuntimeError where the
-    script did not call ``average_gradients`` first."""
+    set (``scaler.unscale_(opt)`` leaves it unset: the gradients are unscaled already), and only read then, so a
+    step without a scaler may pass a generator that is never run. RuntimeError where the script did not call
+    ``average_gradients`` first."""
     found_inf = attributes.get("found_inf")
     if found_inf is None:  # no scaler
         return False

@@ -292,7 +292,7 @@ class DistributedOptimizer:
                 loss = closure()
         if self._joins is not None and self._joins.counting:  # the party counts who still trains (torch/join.py)
             self._joins.count(training=True)
-        grads = [g for g in (self.params[key].grad for key in self.trained) if g is not None]
+        grads = (g for g in (self.params[key].grad for key in self.trained) if g is not None)  # read if scaled
         self._skip_update = grad_scaler_skips(self.__dict__, grads, self._averaged)  # a GradScaler's call
         self.strategy.step()
         self._averaged = False

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -188,9 +188,8 @@ class PartyRanks:
         holding them, each owner INITs its slices, and the answers go back into the local shards (two all-to-alls
         at most)."""
         self.local_shards = local_shards if self.local_shards is None else self.local_shards.merged(local_shards)
-        like = bucket_like([local_flat(v) for v in values])
-        bucket = ShardedBucket(local_shards, self.layout(keys), self.group, like=like.new_empty(0, dtype=wire_dtype(
-            like.dtype)))  # the INIT values as the servers hold them: exact
+        # the INIT values as the servers hold them: exact
+        bucket = ShardedBucket(local_shards, self.layout(keys), self.group, like=_wire_like(map(local_flat, values)))
         views = bucket.views(values)
         bucket.own(views)  # every party: the values to send (central) or the bytes its digests describe
         futures = [self._send_init(owned.key, owned.index, host_numpy(piece))
@@ -216,8 +215,7 @@ class PartyRanks:
     def model_bucket(self, params: Sequence[torch.Tensor]) -> PartyModel:
         """The model as this rank holds it, with its owned slices: whole on every rank, or FSDP2's local shards. Its
         chunk is in the dtype the servers hold (float32 for a bfloat16 model: ``geomx.protocol.tensors``)."""
-        held = bucket_like([local_flat(p) if self.local_shards is not None else p.data for p in params])
-        like = held.new_empty(0, dtype=wire_dtype(held.dtype))
+        like = _wire_like(local_flat(p) if self.local_shards is not None else p.data for p in params)
         if self.local_shards is not None:
             return ShardedBucket(self.local_shards, self.layout(), self.group, like=like)
         return ModelBucket(self.layout(), self.group, like=like)
@@ -289,6 +287,13 @@ class PartyRanks:
         """Elements of every declared slice, by (key, slice), as a local server would hold them."""
         return {(k, index): stop - start for k, info in self.link.keys.items()
                 for index, (start, stop) in enumerate(info.slices)}
+
+
+def _wire_like(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
+    """An empty tensor of ``tensors``' device and of the dtype the servers hold their bucket in (the widest of theirs,
+    float32 for bfloat16: ``geomx.protocol.tensors``): what a rank's owned chunk is kept in."""
+    held = bucket_like(list(tensors))
+    return held.new_empty(0, dtype=wire_dtype(held.dtype))
 
 
 def _same(reply: Message) -> bool:

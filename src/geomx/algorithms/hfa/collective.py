@@ -41,8 +41,8 @@ from ...collective.bucket import ModelBucket, PartyModel
 from ...collective.host import HostChunk
 from ...collective.overlap import OverlappedMean
 from ...collective.owners import OwnedSlice
-from ...protocol.tensors import wire_dtype
 from ...core.strategy import AveragedStep, Loop
+from ...protocol.tensors import wire_dtype
 from .rules import LocalFrequencyAggregation
 from .trips import FragmentTrips
 from .windows import WindowedRounds
