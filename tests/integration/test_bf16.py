@@ -30,9 +30,10 @@ def party_sum(grads: list[torch.Tensor], rounded: bool) -> torch.Tensor:
 
 
 def run_and_replay(geomx_job, tmp_path, lan: dict[str, str], compression: str | None, servers_step: bool = False,
-                   *args: str, mixed: bool = False) -> int:
+                   *args: str, mixed: bool = False) -> None:
     """FSA with SGD on every rank (``servers_step``: on the global servers, their float32 copy of the model stepped
-    and rounded as it lands) and a bfloat16 model, replayed step by step (module docstring); its WAN bytes.
+    and rounded as it lands) and a bfloat16 model, replayed step by step (module docstring), and the far party's
+    WAN bytes where they go as bfloat16's bits.
     ``args``: the worker's own (``--device cuda``); ``mixed``: the model's last layer float32 (a collective party's
     buckets are then float32: its sums are not rounded, and the float32 layer's arithmetic is float32 throughout)."""
     training = {"server_optimizer": "translate" if servers_step else "auto",
@@ -78,7 +79,6 @@ def run_and_replay(geomx_job, tmp_path, lan: dict[str, str], compression: str | 
         # pushes (exact), or every push under the bf16 codec: at most 60% of float32's bytes
         pushed = sum(t.numel() for t in workers[0][0]["final"]) * STEPS * 4  # the same pushes in float32
         assert 0 < job.summary["wan_bytes_sent_by_party"]["dc1"] < 0.6 * pushed, (job.summary, pushed)
-    return int(job.summary["wan_bytes"])
 
 
 @pytest.mark.parametrize(("lan", "servers_step"), [
