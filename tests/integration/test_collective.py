@@ -58,6 +58,28 @@ def test_fsa_in_collective_parties_equals_single_process_sgd(geomx_job, tmp_path
     assert "dc0/scheduler" not in job.output and "[dc0/server]" not in job.output  # no local tier for dc0
 
 
+@pytest.mark.parametrize("lan", ["collective", "server"])
+def test_a_party_alone_in_its_job_takes_its_own_push_as_the_answer(geomx_job, tmp_path, lan):
+    """A job of one party under FSA: the others' sum is empty, so the global server answers each push without a
+    tensor (``ALONE``, geomx.core.early) and the party takes what it pushed. The answers' bytes stop crossing;
+    the job is still one process's SGD. With early answers off, the global server sends the sums back."""
+    from geomx.runs.runlog import read_stats
+
+    sent = {}
+    for early in (True, False):
+        path = topology(tmp_path / str(early), {"dc0": lan}, top={"early_answers": early}, parties={"dc0": 2},
+                        slice_elems=512)
+        job = geomx_job(SCRIPT, topology=path, name=f"{lan}-early-{early}")
+        job.assert_ok()
+        jobkit.assert_fsa_equivalent(job.workers(), num_workers=2)
+        to_global = [link for entry in read_stats(job.run_dir) if entry.get("role") != "global_server"
+                     for peer, link in entry.get("peers", {}).items() if "/global_server/" in peer]
+        sent[early] = (sum(link["recv"] for link in to_global), sum(link["sent"] for link in to_global))
+    (alone, pushes), (full, pushes_off) = sent[True], sent[False]
+    assert abs(pushes - pushes_off) <= 0.02 * pushes_off, sent  # the pushes cross as before
+    assert full - alone > 0.9 * jobkit.STEPS * jobkit.param_bytes(), sent  # no step's answer carries the model
+
+
 K1, K2 = 2, 2  # blocking: a global round every K1 * K2 = 4 steps
 SLICE_ELEMS = 512
 

@@ -12,7 +12,7 @@ from geomx.algorithms.ssp.server import BoundedStaleness
 from geomx.core.clients import Clients
 from geomx.core.early import EARLY, EarlyAnswers, send_early
 from geomx.core.policy import SyncPolicy
-from geomx.core.rounds import Round, RoundTable
+from geomx.core.rounds import ALONE, Round, RoundTable
 from geomx.protocol.wire import Flag, Kind, Message
 
 
@@ -400,3 +400,14 @@ def test_an_ordinary_answer_goes_on_and_a_full_answer_after_an_early_one_is_an_e
     local.forwarded("global", 0, 0, values["c"], got.append)
     with pytest.raises(ValueError, match="in full after its early sum"):
         local.settled("global", answers["a"])  # a tensor where a bare answer was due
+
+
+def test_a_round_of_one_answers_its_pusher_with_its_own_push() -> None:
+    """``ALONE``: the others' sum is empty, so the bare answer releases the waiting push as it was pushed; an
+    ``ALONE`` answer to a push this server never forwarded is an error, not a silent wrong model."""
+    pushed, got, local = np.arange(4, dtype=np.float32), [], EarlyAnswers()
+    local.forwarded("global", 0, 0, pushed, got.append)
+    bare = Message(Kind.PUSHPULL, key=0, slice=0).reply(body={EARLY: 3, ALONE: True})
+    assert local.settled("global", bare) and len(got) == 1 and got[0] is pushed
+    with pytest.raises(ValueError, match="never sent"):
+        local.settled("global", bare)

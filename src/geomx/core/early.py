@@ -13,6 +13,10 @@ its push completes the round, the global server's answer carries no tensor, only
 The result is bit-identical: the global server sums in arrival order, ``accum + last``, and the local server
 computes exactly ``np.add(accum, last)``.
 
+When a round's only contributor is the one party (a job of one party), the others' sum is empty: the global
+server answers that party's push without a tensor, flagged ``ALONE``, and the party takes its own push as the
+answer. Its pushes still cross, to keep the global tier's model, rounds and checkpoints; the answers' bytes do not.
+
 Only where the answer is the plain sum: a HiPS global server with FSA, no server optimizer, the plain
 aggregation, no WAN codec and no wide-float encoding, the direct route alone: each plug-in declares it
 (``answers_plain_sums`` of the sync policy, the aggregation and the route; ``geomx.server.pushpull``); a
@@ -35,7 +39,7 @@ from typing import Protocol
 import numpy as np
 
 from ..protocol.wire import Kind, Message
-from .rounds import EARLY, Round
+from .rounds import ALONE, EARLY, Round
 
 
 class EarlyHost(Protocol):
@@ -116,10 +120,18 @@ class EarlyAnswers:
             self._sums[where] = (number, message.tensor)
 
     def settled(self, sender: str, reply: Message) -> bool:
-        """Whether ``reply`` (the global server's answer) closes a round answered early (True: nothing more to
-        do); False for an ordinary answer. Raises ValueError if the global server answered a round in full
+        """Whether ``reply`` (the global server's answer) closes a round answered early, or answers our push
+        with itself (``ALONE``: answered now; True: nothing more to do); False for an ordinary answer. Raises ValueError if the global server answered a round in full
         that this server had already answered early (the answer stopped being the plain sum in between)."""
         where = (sender, reply.key, reply.slice)
+        if (reply.body or {}).get(ALONE) and reply.tensor is None and reply.encoded is None:
+            waiting = self._waiting.pop(where, None)  # nobody else pushed: the answer is our push
+            if waiting is None:
+                raise ValueError(f"the global server answered key {reply.key} slice {reply.slice} with our own "
+                                 "push, which this server never sent it")
+            pushed, answer = waiting
+            answer(pushed)
+            return True
         number = self._answered.pop(where, None)
         if number is None:
             self._waiting.pop(where, None)  # answered in full: no early sum comes for this round

@@ -37,6 +37,9 @@ from .policy import SyncPolicy
 log = logging.getLogger("geomx.server")
 
 EARLY = "early"  # body key of an early answer and of the answer after it: the round's number (geomx.core.early)
+# body key, beside EARLY, of the answer to a round's only contributor: the others' sum is empty, so the answer is
+# that contributor's own push and carries no tensor (geomx.core.early)
+ALONE = "alone"
 # body key of an answer that carries the change of the global model since the last answer, not the model (an
 # aggregation that answers with weights, under a residual codec); a client adds it to the last global model it holds
 MODEL_CHANGE = "model_change"
@@ -248,7 +251,8 @@ class RoundTable:
             if error:
                 reply = message.error(f"{self.host.name}: {error}")
             elif client == rnd.early:  # it has the others' sum already and adds its own (geomx.core.early)
-                reply = message.reply(body={EARLY: rnd.number})
+                alone = len(rnd.contributions) == 1  # ... of nobody: its answer is its push
+                reply = message.reply(body={EARLY: rnd.number, ALONE: True} if alone else {EARLY: rnd.number})
             elif client in rnd.same:  # INIT: it holds these bytes already
                 reply = message.reply(body={SAME: True})
             else:

@@ -40,7 +40,7 @@ from ..collective.owners import OwnedSlice, SliceOwners
 from ..collective.sharded import ShardedBucket
 from ..config import ConfigError, NodeConfig
 from ..core.inits import value_digest
-from ..core.rounds import EARLY, MODEL_CHANGE, SAME
+from ..core.rounds import ALONE, EARLY, MODEL_CHANGE, SAME
 from ..core.strategy import WRAPPER_KEYS
 from ..core.worker_plugins import PushRoute
 from ..protocol.bodies import InitBody, encode_body
@@ -255,12 +255,15 @@ class PartyRanks:
              bases: Sequence[torch.Tensor] | None = None) -> None:
         """Write each answer of ``send`` into its ``piece``, waiting at most the request timeout for each. An
         answer without a tensor closes a round answered early: the answer is the others' sum plus this party's
-        (the piece as pushed); the early sum came first, on the same connection. An answer flagged as a model
+        (the piece as pushed); the early sum came first, on the same connection; or, flagged ``ALONE``, nobody
+        else pushed and the answer is the piece as pushed. An answer flagged as a model
         change (weights under a residual codec: the global model's change since the last answer, compressed) is
         added to the slice's last global model, ``bases`` (one per piece)."""
         for index, ((owned, piece), future) in enumerate(zip(pieces, futures, strict=True)):
             reply = self.link.reply(future, owned.key, owned.index, "PUSHPULL")
             body = reply.body or {}
+            if reply.tensor is None and reply.encoded is None and body.get(ALONE):
+                continue  # this party alone pushed the slice: the answer is the piece as pushed
             if reply.tensor is None and reply.encoded is None and EARLY in body:
                 with self._early_lock:
                     others = self._early.pop((owned.key, owned.index, int(body[EARLY])), None)
