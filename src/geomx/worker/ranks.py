@@ -29,9 +29,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..codecs import Codec, Registry, TensorInfo
+from ..codecs import Codec, Registry
 from ..codecs.base import TensorKind
-from ..codecs.messages import decode_message, payload_fields
+from ..codecs.messages import decode_message
 from ..collective.bucket import ModelBucket, PartyModel, bucket_like
 from ..collective.fsdp import LocalShards, fsdp_shards, local_flat
 from ..collective.group import PartyGroup
@@ -47,7 +47,7 @@ from ..protocol.bodies import InitBody, encode_body
 from ..protocol.tensors import host_numpy, readonly_tensor, wire_dtype
 from ..protocol.wire import Kind, Message
 from ..transport.rpc import Requests
-from .slices import KeyTable, push_codec, to_numpy
+from .slices import KeyTable, payload, push_codec, to_numpy
 
 
 @dataclass
@@ -235,11 +235,7 @@ class PartyRanks:
         for owned, piece in pieces:
             data = host_numpy(piece)  # a view on the CPU (the answer only lands after the send); bfloat16: a copy
             codec = push_codec(self.codec, piece)  # a bfloat16 piece (FSA's party sums) as bfloat16's bits: exact
-            if codec is not None and data.dtype in (np.float32, np.float64):
-                numel = math.prod(self.link.keys.info(owned.key).shape)
-                fields = payload_fields(codec, data, TensorInfo(owned.key, owned.index, kind, "push", numel))
-            else:
-                fields = {"tensor": data}
+            fields = payload(codec, owned.key, owned.index, data, math.prod(self.link.keys.info(owned.key).shape), kind)
             message = Message(Kind.PUSHPULL, key=owned.key, slice=owned.index, num_slices=owned.num_slices,
                               priority=priority[owned.key] if owned.key < len(priority) else 0, **fields)
             futures.append(self.link.route.push(self.link.keys.server_for(owned.key, owned.index), message))

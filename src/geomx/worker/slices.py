@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from ..codecs import BF16, Codec, Registry, TensorInfo
+from ..codecs.base import TensorKind
 from ..codecs.messages import decode_message, payload_fields
 from ..core.sharding import ShardPlanner
 from ..protocol.tensors import host_numpy, readonly_tensor, wire_dtype
@@ -100,12 +101,13 @@ def push_codec(configured: Codec | None, tensor: torch.Tensor, route_encodes: bo
     return configured
 
 
-def payload(codec: Codec | None, key: int, index: int, piece: np.ndarray, tensor_numel: int) -> dict[str, Any]:
-    """Message fields carrying ``piece`` (a slice of a tensor of ``tensor_numel`` elements): encoded by the LAN
-    ``codec`` (float32/64 data only), else as is."""
+def payload(codec: Codec | None, key: int, index: int, piece: np.ndarray, tensor_numel: int,
+            kind: TensorKind = "gradient") -> dict[str, Any]:
+    """Message fields carrying ``piece`` (a slice of a tensor of ``tensor_numel`` elements; ``kind``: what it
+    holds, for the codec): encoded by ``codec`` (float32/64 data only), else as is."""
     if codec is None or piece.dtype not in (np.float32, np.float64):
         return {"tensor": piece}
-    return payload_fields(codec, piece, TensorInfo(key, index, "gradient", "push", tensor_numel))
+    return payload_fields(codec, piece, TensorInfo(key, index, kind, "push", tensor_numel))
 
 
 def copy_out(codecs: Registry, replies: list[Message], info: KeyInfo, out: torch.Tensor) -> None:
