@@ -4,7 +4,8 @@ The same model, batch and SGD step on N ranks of one party (no WAN: the party's 
 host): ``ddp`` is torch DDP over gloo (started by ``python -m torch.distributed.run``), ``collective`` is geomx's
 wrapper in a ``lan: collective`` party (reduce-scatter, each rank's slices through the global server, all-gather),
 ``server`` the wrapper in a ``lan: server`` party (every gradient through the local server process). FSA with the
-optimizer on every rank: all three do DDP's arithmetic. ``--tiers`` adds ``collective_ddp`` (the script wraps its
+optimizer on every rank: all three do DDP's arithmetic. The party is alone in its job, so the global server answers
+its pushes without a tensor (``geomx.core.early``): the tiers' pushes cross, the answers' bytes do not. ``--tiers`` adds ``collective_ddp`` (the script wraps its
 model in DDP itself, which geomx's FSA path replaces) and HFA's (``collective_hfa``, ``server_hfa``, and
 ``collective_hfa_ddp``, where the script's own DDP makes the inner steps). What changes between rows is only the
 LAN tier. ``plain`` (``--tiers``) runs the same ranks side by side with no sync at all: the compute every tier adds
@@ -121,7 +122,8 @@ def measure_rows(models: tuple[str, ...], ranks: tuple[int, ...], steps: int, ou
     rounds' own ratios, each tier's figure the median of its rounds'."""
     name = "AdamW" if optimizer == "adamw" else "SGD"
     section: dict[str, Any] = {"setup": {"steps": steps, "warmup": WARMUP, "device": device, "repeats": repeats,
-                                         "host": "loopback, one party, no WAN",
+                                         "host": "loopback, one party, no WAN (FSA's answers to a party alone "
+                                                 "carry no tensor: its pushes cross, the answers' bytes do not)",
                                          "optimizer": f"{name} on every rank (FSA, server_optimizer auto)"},
                                "rows": [], "errors": []}
     for model in models:
