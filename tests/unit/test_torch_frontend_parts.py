@@ -11,7 +11,7 @@ from geomx.config import ConfigError, HFASpec, TrainingSpec
 from geomx.server.compose import check_names
 from geomx.torch import Strategy, make_plan, translate
 from geomx.torch.data import shard_indices
-from geomx.torch.optimizer import _layer_of_params
+from geomx.torch.hooks import layer_of_params
 from geomx.torch.plan import keeps_residuals
 from geomx.torch.signature import compare, signature
 
@@ -117,7 +117,7 @@ def test_layers_are_numbered_in_definition_order_and_modules_wait_for_their_subt
     model = nn.Sequential(nn.Linear(2, 3), nn.Linear(3, 2), nn.TransformerEncoderLayer(4, 2, 8))
     model[1].weight = nn.Parameter(torch.zeros(2, 3))
     params = list(model.parameters())
-    layers, waits = _layer_of_params(model, params)
+    layers, waits = layer_of_params(model, params)
     assert layers[:4] == [0, 0, 1, 1] and layers[4] == 2  # then the attention's in_proj, out_proj ...
     assert model not in waits  # the root Sequential owns nothing itself
     attention = model[2]

@@ -42,6 +42,7 @@ from ..core.strategy import SIGNATURE_KEY, WorkerStrategy
 from ..kv import KVStore, create
 from ..runs.runlog import file_name
 from .amp import grad_scaler_skips
+from .hooks import Hook, layer_of_params
 from .join import UnevenLoops
 from .metrics import StepRecorder, TensorBoardSink
 from .plan import Plan, collective_refusal, make_plan
@@ -51,62 +52,6 @@ log = logging.getLogger("geomx.torch")
 
 class ModelMismatchError(ValueError):
     """The workers' models do not have the same parameters (raised on every mismatched worker at start)."""
-
-
-# Modules that only hold others and never use their children's parameters themselves.
-_CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
-
-
-def _layer_of_params(model: nn.Module, params: list[nn.Parameter]) -> tuple[list[int], dict[nn.Module, list[int]]]:
-    """Layer index per parameter (modules in definition order) and what each module's forward waits for.
-
-    The root and pure containers wait for their own parameters only; any other module waits for its whole
-    subtree, because its forward may use a child's parameters without calling the child (PyTorch's
-    attention uses ``out_proj.weight`` directly; its fused inference path skips every child).
-    """
-    index_of = {id(p): i for i, p in enumerate(params)}
-    layers = [0] * len(params)
-    seen: set[int] = set()
-    waits: dict[nn.Module, list[int]] = {}
-    layer = 0
-    for module in model.modules():
-        own = [index_of[id(p)] for p in module.parameters(recurse=False) if id(p) in index_of]
-        own = [k for k in own if k not in seen]  # a shared tensor belongs to its first owner
-        if own:
-            seen.update(own)
-            for key in own:
-                layers[key] = layer
-            layer += 1
-        recurse = not (module is model or isinstance(module, _CONTAINERS))
-        keys = sorted({index_of[id(p)] for p in module.parameters(recurse=recurse) if id(p) in index_of})
-        if keys:
-            waits[module] = keys
-    return layers, waits
-
-
-def _detached(*args: Any) -> None:
-    """What a copy of the model gets in place of a wrapper's hook: nothing."""
-
-
-class _Hook:
-    """A hook of the wrapper's on the model. A deepcopy (an evaluation copy, say) or a pickle of the model gets
-    ``_detached`` in its place: the copy is not wrapped, and the wrapper's store and sockets are not copied."""
-
-    def __init__(self, function: Callable[..., Any]) -> None:
-        self.function = function
-
-    def __call__(self, *args: Any) -> Any:
-        return self.function(*args)
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> Callable[..., None]:
-        return _detached
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return _copied_hook, ()
-
-
-def _copied_hook() -> Callable[..., None]:
-    return _detached
 
 
 class DistributedOptimizer:
@@ -152,7 +97,7 @@ class DistributedOptimizer:
                                      f"(shape {tuple(p.shape)}): pass the model the optimizer trains")
                 trained.add(id(p))
         self.trained = [k for k, p in enumerate(self.params) if id(p) in trained and p.requires_grad]
-        layers, waits = _layer_of_params(model, self.params)
+        layers, waits = layer_of_params(model, self.params)
         # training.priorities false: one priority for all, FIFO in the order sent (the bench's P3 control)
         self.priority = [-layer for layer in layers] if config.topology.training.priorities else [0] * len(layers)
         deepest = max(layers, default=0)
@@ -205,10 +150,10 @@ class DistributedOptimizer:
         self._handles: list[Any] = []
         if self.strategy.pushes_gradients:
             for key in self.trained:
-                hook = _Hook(functools.partial(self._on_gradient, key))
+                hook = Hook(functools.partial(self._on_gradient, key))
                 self._handles.append(self.params[key].register_post_accumulate_grad_hook(hook))
         for module, keys in waits.items():
-            hook = _Hook(functools.partial(self._before_forward, keys))
+            hook = Hook(functools.partial(self._before_forward, keys))
             self._handles.append(module.register_forward_pre_hook(hook))
         if self.kv.is_master_worker:
             log.info("geomx.torch: %s", self.plan.describe())

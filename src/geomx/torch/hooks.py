@@ -1,0 +1,70 @@
+"""The wrapper's hooks on the model: which layer each parameter is in (its priority), what each module's forward
+waits for (P3's overlap), and a hook that copies of the model drop.
+
+Usage (``DistributedOptimizer``'s setup)::
+
+    layers, waits = layer_of_params(model, params)     # priority -layer; waits: module -> keys
+    module.register_forward_pre_hook(Hook(functools.partial(before_forward, waits[module])))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from torch import nn
+
+# Modules that only hold others and never use their children's parameters themselves.
+_CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
+
+
+def layer_of_params(model: nn.Module, params: list[nn.Parameter]) -> tuple[list[int], dict[nn.Module, list[int]]]:
+    """Layer index per parameter (modules in definition order) and what each module's forward waits for.
+
+    The root and pure containers wait for their own parameters only; any other module waits for its whole
+    subtree, because its forward may use a child's parameters without calling the child (PyTorch's
+    attention uses ``out_proj.weight`` directly; its fused inference path skips every child).
+    """
+    index_of = {id(p): i for i, p in enumerate(params)}
+    layers = [0] * len(params)
+    seen: set[int] = set()
+    waits: dict[nn.Module, list[int]] = {}
+    layer = 0
+    for module in model.modules():
+        own = [index_of[id(p)] for p in module.parameters(recurse=False) if id(p) in index_of]
+        own = [k for k in own if k not in seen]  # a shared tensor belongs to its first owner
+        if own:
+            seen.update(own)
+            for key in own:
+                layers[key] = layer
+            layer += 1
+        recurse = not (module is model or isinstance(module, _CONTAINERS))
+        keys = sorted({index_of[id(p)] for p in module.parameters(recurse=recurse) if id(p) in index_of})
+        if keys:
+            waits[module] = keys
+    return layers, waits
+
+
+def _detached(*args: Any) -> None:
+    """What a copy of the model gets in place of a wrapper's hook: nothing."""
+
+
+class Hook:
+    """A hook of the wrapper's on the model. A deepcopy (an evaluation copy, say) or a pickle of the model gets
+    ``_detached`` in its place: the copy is not wrapped, and the wrapper's store and sockets are not copied."""
+
+    def __init__(self, function: Callable[..., Any]) -> None:
+        self.function = function
+
+    def __call__(self, *args: Any) -> Any:
+        return self.function(*args)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Callable[..., None]:
+        return _detached
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _copied_hook, ()
+
+
+def _copied_hook() -> Callable[..., None]:
+    return _detached
