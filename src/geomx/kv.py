@@ -31,6 +31,7 @@ from .algorithms.registry import SYNC_POLICIES, sync_policy
 from .cluster.membership import Tier, is_server, join, new_node_id, scheduler_id
 from .codecs import default_registry
 from .config import Mode, NodeConfig, Role, node_config
+from .core.early import EarlyAnswers
 from .core.sharding import ShardPlanner
 from .core.worker_plugins import WorkerContext
 from .optim import Optimizer
@@ -41,7 +42,6 @@ from .transport.rpc import Requests
 from .transport.trace import Tracer
 from .transport.van import Van
 from .worker.compose import compose_worker
-from .core.early import EarlyAnswers
 from .worker.ranks import PartyRanks, SliceLink
 from .worker.slices import KeyTable, copy_out, payload, push_codec, to_numpy
 
