@@ -63,8 +63,8 @@ ALGORITHMS = {  # name: (script, arguments, topology options, accuracy bar)
     "hfa_outer": ("cnn_hfa.py", ["--outer"], {"hfa": {"k1": 4, "k2": 5}, **ONE_PER_PARTY}, 0.90),
     # streaming outer sync: two fragments, overlapped by one local round, mixed half and half; the job's model
     # (each fragment's last global model, pulled from the local server) after the 4th global round: 0.933 seen
-    # (0.900 in every run seen while fragments were dealt slice by slice), 0.886 without streaming (two parties of two workers: sums in any order are equal, so the
-    # run is deterministic): the bar tells the two apart
+    # (0.900 in every run seen while fragments were dealt slice by slice), 0.886 without streaming (two parties of
+    # two workers: sums in any order are equal, so the run is deterministic): the bar tells the two apart
     "hfa_outer_streaming": ("cnn_hfa.py", ["--outer"], {"hfa": {"k1": 4, "k2": 5}, "training": {
         "fragments": 2, "fragment_delay": 1, "fragment_alpha": 0.5}}, 0.89),
     "esync": ("cnn_esync.py", ["--rounds", "12", "--slow-rank", "1", "--slowdown", "3"],

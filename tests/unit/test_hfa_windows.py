@@ -32,7 +32,8 @@ class StubRounds:
         self.out = 0
         self.most_out = 0
 
-    def send(self, pieces: Sequence[tuple[Any, torch.Tensor]], priority: Sequence[int], kind: Any = "gradient") -> list[Any]:
+    def send(self, pieces: Sequence[tuple[Any, torch.Tensor]], priority: Sequence[int],
+             kind: Any = "gradient") -> list[Any]:
         assert kind == "delta"
         self.windows.append([owned.id for owned, _ in pieces])
         for owned, piece in pieces:

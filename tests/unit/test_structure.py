@@ -1,4 +1,4 @@
-"""The house rules of issue 13, checked on every run: small files, small classes, and a server core that names
+"""The house rules of issue 13, checked on every run: small files, small classes, lines of at most 120 columns, and a server core that names
 no algorithm (what `grep -Ei "hfa|esync|..." src/geomx/core src/geomx/server` checks by hand)."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import pytest
 SRC = Path(__file__).resolve().parents[2] / "src" / "geomx"
 MAX_LINES = 400
 MAX_METHODS = 25
+MAX_COLUMNS = 120  # pyproject.toml's line-length (ruff), for the package, the tests and the examples
 FEATURES = re.compile(r"hfa|esync|dgt|udp|tsengine|relay|fp16|dcasgd", re.IGNORECASE)
 
 
@@ -22,6 +23,14 @@ def sources() -> list[Path]:
 def test_no_source_file_is_over_400_lines() -> None:
     long = {str(p.relative_to(SRC)): n for p in sources() if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert long == {}
+
+
+def test_no_python_line_is_over_120_columns() -> None:
+    root = SRC.parents[1]
+    files = [*sources(), *sorted((root / "tests").rglob("*.py")), *sorted((root / "examples").rglob("*.py"))]
+    wide = [f"{path.relative_to(root)}:{number}" for path in files
+            for number, line in enumerate(path.read_text().splitlines(), 1) if len(line) > MAX_COLUMNS]
+    assert wide == []
 
 
 def test_no_class_has_over_25_methods() -> None:

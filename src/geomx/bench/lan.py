@@ -1,15 +1,15 @@
 """``geomx bench --only lan``: one party's training step under each LAN tier, side by side on loopback.
 
-The same model, batch and SGD step on N ranks of one party (no WAN: the party's global server is on the same
-host): ``ddp`` is torch DDP over gloo (started by ``python -m torch.distributed.run``), ``collective`` is geomx's
-wrapper in a ``lan: collective`` party (reduce-scatter, each rank's slices through the global server, all-gather),
+The same model, batch and SGD step on N ranks of one party (no WAN: the party's global server is on the same host):
+``ddp`` is torch DDP over gloo (started by ``python -m torch.distributed.run``), ``collective`` is geomx's wrapper
+in a ``lan: collective`` party (reduce-scatter, each rank's slices through the global server, all-gather),
 ``server`` the wrapper in a ``lan: server`` party (every gradient through the local server process). FSA with the
 optimizer on every rank: all three do DDP's arithmetic. The party is alone in its job, so the global server answers
-its pushes without a tensor (``geomx.core.early``): the tiers' pushes cross, the answers' bytes do not. ``--tiers`` adds ``collective_ddp`` (the script wraps its
-model in DDP itself, which geomx's FSA path replaces) and HFA's (``collective_hfa``, ``server_hfa``, and
-``collective_hfa_ddp``, where the script's own DDP makes the inner steps). What changes between rows is only the
-LAN tier. ``plain`` (``--tiers``) runs the same ranks side by side with no sync at all: the compute every tier adds
-to, so plain / tier is the share of the step the device computes.
+its pushes without a tensor (``geomx.core.early``): the tiers' pushes cross, the answers' bytes do not. ``--tiers``
+adds ``collective_ddp`` (the script wraps its model in DDP itself, which geomx's FSA path replaces) and HFA's
+(``collective_hfa``, ``server_hfa``, and ``collective_hfa_ddp``, where the script's own DDP makes the inner steps).
+What changes between rows is only the LAN tier. ``plain`` (``--tiers``) runs the same ranks side by side with no
+sync at all: the compute every tier adds to, so plain / tier is the share of the step the device computes.
 
 With ``--device cuda`` the models and batches live on the GPU, DDP and the collective tier run over NCCL, and ranks
 that outnumber the GPUs share them (``geomx.bench.workers.lan_step``).

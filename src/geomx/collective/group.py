@@ -6,13 +6,13 @@ with torchrun's variables, which ``geomx.config`` reads into a ``TorchRun``. If 
 initialized torch.distributed (as a torchrun script does), the group is that one, its timeout set to the round's;
 otherwise it is initialized here from the ``TorchRun``. gloo serves CPU tensors, NCCL CUDA ones.
 
-On gloo, the all-gathers and reduce-scatters go rank to rank (``isend`` / ``irecv`` of each rank's part, the sums
-in rank order): gloo's own are 3-3.5x slower on this path. Measured on the 2-core machine, 2 ranks, 32 MB per
-rank: all-gather 77 ms against 24 ms for the pairwise exchange, reduce-scatter 113 ms against 32 ms (gloo's
-all-reduce of the whole 64 MB: 53 ms). The bytes each rank moves are the same as a ring's; NCCL keeps its own. Rank-to-rank messages match by tag,
-so a second *lane* of tags (``lane="answers"``) lets a strategy issue one kind of exchange (FSA's all-gathers of
-the answers, as they land during backward) in an order of its own relative to the main lane's: each lane's
-exchanges still come in one order on every rank.
+On gloo, the all-gathers and reduce-scatters go rank to rank (``isend`` / ``irecv`` of each rank's part, the sums in
+rank order): gloo's own are 3-3.5x slower on this path. Measured on the 2-core machine, 2 ranks, 32 MB per rank:
+all-gather 77 ms against 24 ms for the pairwise exchange, reduce-scatter 113 ms against 32 ms (gloo's all-reduce of
+the whole 64 MB: 53 ms). The bytes each rank moves are the same as a ring's; NCCL keeps its own. Rank-to-rank
+messages match by tag, so a second *lane* of tags (``lane="answers"``) lets a strategy issue one kind of exchange
+(FSA's all-gathers of the answers, as they land during backward) in an order of its own relative to the main lane's:
+each lane's exchanges still come in one order on every rank.
 
 Usage::
 

@@ -39,8 +39,10 @@ from .yaml_io import load_topology, topology_from_dict, topology_to_dict
 
 __all__ = [
     "AUTO_SLICE_ELEMS", "ENV_ALIASES", "LAN_SLICE_ELEMS", "OUTAGE_ORIGINS",
-    "WAN_SLICE_ELEMS", "CheckpointSpec", "ConfigError", "DGTSpec", "HFASpec", "LanTier", "LinkSpec", "Mode", "NodeConfig",
+    "WAN_SLICE_ELEMS", "CheckpointSpec", "ConfigError", "DGTSpec", "HFASpec", "LanTier", "LinkSpec", "Mode",
+    "NodeConfig",
     "Outage", "PartySpec", "Role", "SecuritySpec", "Timeouts", "Topology", "TrainingSpec",
-    "TSEngineSpec", "TorchRun", "default_slice_elems", "job_topology", "job_training", "load_topology", "node_config", "node_config_from_env",
+    "TSEngineSpec", "TorchRun", "default_slice_elems", "job_topology", "job_training", "load_topology", "node_config",
+    "node_config_from_env",
     "node_env", "parse_bandwidth", "parse_duration", "topology_from_dict", "topology_to_dict",
 ]

@@ -120,9 +120,10 @@ class EarlyAnswers:
             self._sums[where] = (number, message.tensor)
 
     def settled(self, sender: str, reply: Message) -> bool:
-        """Whether ``reply`` (the global server's answer) closes a round answered early, or answers our push
-        with itself (``ALONE``: answered now; True: nothing more to do); False for an ordinary answer. Raises ValueError if the global server answered a round in full
-        that this server had already answered early (the answer stopped being the plain sum in between)."""
+        """Whether ``reply`` (the global server's answer) closes a round answered early, or answers our push with
+        itself (``ALONE``: answered now; True: nothing more to do); False for an ordinary answer. Raises ValueError
+        if the global server answered a round in full that this server had already answered early (the answer
+        stopped being the plain sum in between)."""
         where = (sender, reply.key, reply.slice)
         if (reply.body or {}).get(ALONE) and reply.tensor is None and reply.encoded is None:
             waiting = self._waiting.pop(where, None)  # nobody else pushed: the answer is our push

@@ -4,8 +4,8 @@
 The ranks of a party seed alike (FSDP2 shards the one model every rank builds; it broadcasts nothing), each
 party differently (the central party's model is the job's: only the wrapper's init makes the others' equal to
 it), and every rank trains on its batches of ``jobkit.make_data``, as ``frontend_train.py`` does. Saves the
-whole weights after the wrapper's init, at the end, and the job's model (``load_job_model``) (gathered with ``full_tensor`` under FSDP2: the test's
-doing, not geomx's) to ``$GEOMX_RUN_DIR/out/worker<global rank>.*``.
+whole weights after the wrapper's init, at the end, and the job's model (``load_job_model``) (gathered with
+``full_tensor`` under FSDP2: the test's doing, not geomx's) to ``$GEOMX_RUN_DIR/out/worker<global rank>.*``.
 """
 
 from __future__ import annotations

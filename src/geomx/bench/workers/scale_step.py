@@ -29,12 +29,12 @@ from geomx.bench.standin import StandIn, realistic_deltas
 from geomx.runs.runlog import cpu_seconds, peak_rss_bytes
 from geomx.zoo.charlm import Windows, build, encode, next_char_loss, stdlib_text
 
-BATCH = 16
+BATCH = 16  # the real step's batch (the stand-in's one gradient uses one window: its size is what counts)
 
 
 def rss_bytes() -> int:
     """This process's resident memory now (Linux)."""
-    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")  # the real step's batch (the stand-in's one gradient uses one window: its size is what counts)
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def _batch(preset_context: int, rank: int, size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -126,7 +126,8 @@ def main(argv: list[str] | None = None) -> None:
     stages["loop"] = rss_bytes()
     result = {"rank": rank, "steps": args.steps, "step_s": args.step_ms / 1000, "wall_s": wall,
               "durations_s": durations, "overrun_s": stand_in.overrun_s, "k1": k1, "real": args.real,
-              "params": sum(p.numel() for p in params), "model_bytes": sum(p.numel() * p.element_size() for p in params),
+              "params": sum(p.numel() for p in params),
+              "model_bytes": sum(p.numel() * p.element_size() for p in params),
               "peak_rss_bytes": peak_rss_bytes(), "rss_bytes_after": stages,
               "loop_cpu_s": loop_cpu, "device": str(device)}
     if args.sync == "geomx":
