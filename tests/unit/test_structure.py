@@ -1,5 +1,6 @@
-"""The house rules of issue 13, checked on every run: small files, small classes, lines of at most 120 columns, and a server core that names
-no algorithm (what `grep -Ei "hfa|esync|..." src/geomx/core src/geomx/server` checks by hand)."""
+"""The house rules of issue 13, checked on every run: small files, small classes, lines of at most 120 columns,
+and a server core that names no algorithm (what `grep -Ei "hfa|esync|..." src/geomx/core src/geomx/server` checks
+by hand)."""
 
 from __future__ import annotations
 
