@@ -119,7 +119,7 @@ class PushPulls:
             # a client is missing, or the answer is no longer the plain sum (the master set an optimizer or a
             # codec since the early sum left): everyone gets the full answer; the early sum is never used
             rnd.early = None
-        elif host.is_global and total is full_sum and len(rnd.contributions) == 1 and self.answers_early():
+        elif total is full_sum and len(rnd.contributions) == 1 and self.answers_early():  # (a global server's)
             rnd.early = next(iter(rnd.contributions))  # alone: its answer is its own push (geomx.core.early)
         if host.is_global:
             self._apply(rnd, total)

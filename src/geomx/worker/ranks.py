@@ -234,7 +234,8 @@ class PartyRanks:
         futures = []
         for owned, piece in pieces:
             data = host_numpy(piece)  # a view on the CPU (the answer only lands after the send); bfloat16: a copy
-            codec = push_codec(self.codec, piece)  # a bfloat16 piece (FSA's party sums) as bfloat16's bits: exact
+            # a bfloat16 piece (FSA's party sums) as bfloat16's bits, exact, where the route carries codecs' payloads
+            codec = push_codec(self.codec, piece, self.link.route.carries_codecs)
             fields = payload(codec, owned.key, owned.index, data, math.prod(self.link.keys.info(owned.key).shape), kind)
             message = Message(Kind.PUSHPULL, key=owned.key, slice=owned.index, num_slices=owned.num_slices,
                               priority=priority[owned.key] if owned.key < len(priority) else 0, **fields)
@@ -258,9 +259,9 @@ class PartyRanks:
         for index, ((owned, piece), future) in enumerate(zip(pieces, futures, strict=True)):
             reply = self.link.reply(future, owned.key, owned.index, "PUSHPULL")
             body = reply.body or {}
-            if reply.tensor is None and reply.encoded is None and body.get(ALONE):
-                continue  # this party alone pushed the slice: the answer is the piece as pushed
             if reply.tensor is None and reply.encoded is None and EARLY in body:
+                if body.get(ALONE):
+                    continue  # this party alone pushed the slice: the answer is the piece as pushed
                 with self._early_lock:
                     others = self._early.pop((owned.key, owned.index, int(body[EARLY])), None)
                 if others is None:
