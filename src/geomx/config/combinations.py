@@ -63,7 +63,9 @@ RULES: tuple[Rule, ...] = (
     Rule("collective", "dgt", _no(COLLECTIVE, "DGT (its UDP channels start at local servers)"), "no dgt"),
     Rule("collective", "inter_ts", _no(COLLECTIVE, "TSEngine (its relays run between servers)"), "no tsengine"),
     Rule("collective", "intra_ts", _no(COLLECTIVE, "TSEngine inside a party"), "no tsengine"),
-    Rule("collective", "fp16", _no(COLLECTIVE, "the fp16 switch yet"), "fp16: false"),
+    Rule("collective", "fp16", _no(COLLECTIVE, "the fp16 switch yet (for float16 on the WAN set training.compression: "
+                                            "fp16: each rank encodes the slices it owns)"),
+         "fp16: false; training.compression: fp16"),
     # a CONFIGURE request to the servers (server._on_configure)
     Rule("inter_ts", "wan_compression", _INTER_TS_CONFIGURE, "no training.compression under TSEngine"),
     Rule("inter_ts", "other_sync", _INTER_TS_CONFIGURE, "training.sync: dist_sync"),
