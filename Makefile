@@ -20,6 +20,7 @@ demo: $(STAMP)
 # machines) each would compile every module it imports again (~0.4 CPU-s per worker)
 test: $(STAMP)
 	$(BIN)/lint-imports
+	$(BIN)/ruff check src tests examples benchmarks scripts
 	$(BIN)/python -m compileall -q src tests
 	$(BIN)/python -m pytest -q -n 2 --dist loadscope tests
 

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 import geomx.torch as gx
+
 # the model, its named shapes and its text
 from geomx.zoo.charlm import PRESETS, VOCAB, CharTransformer, Windows, encode, evaluate, stdlib_text
 

@@ -49,7 +49,7 @@ def run_and_replay(geomx_job, tmp_path, lan: dict[str, str], compression: str | 
     dtypes = [t.dtype for t in workers[0][0]["final"]]
     assert dtypes == [torch.bfloat16] * 2 + [torch.float32 if mixed else torch.bfloat16] * 2, dtypes
     assert {report["mode"] for _, report in workers.values()} == {"SERVER" if servers_step else "LOCAL"}
-    for rank, (tensors, _) in workers.items():  # INIT: the master's model on every rank
+    for tensors, _ in workers.values():  # INIT: the master's model on every rank
         assert all(torch.equal(a, b) for a, b in zip(tensors["after_init"], workers[0][0]["after_init"], strict=True))
     master = [w.float() for w in workers[0][0]["after_init"]]  # the global servers' model: float32
     for step in range(STEPS):

@@ -359,7 +359,7 @@ def test_a_dead_rank_stops_the_job_naming_it(tmp_path):
     heartbeat timeout. No process hangs."""
     path = topology(tmp_path, {"dc0": "collective", "dc1": "collective"}, parties={"dc0": 2, "dc1": 1},
                     slice_elems=512, timeouts={"heartbeat": "3s", "heartbeat_interval": "0.5s"})
-    result, output, parties, outputs, _ = run_under_torchrun(tmp_path, path, "--die-rank", "1", "--die-step", "3")
+    result, _, parties, outputs, _ = run_under_torchrun(tmp_path, path, "--die-rank", "1", "--die-step", "3")
     assert parties[0].returncode != 0 and parties[1].returncode != 0, "\n".join(o[-2000:] for o in outputs)
     assert result.exit_code != 0
     # the dead rank, or its peer torchrun stopped a moment later: whichever's heartbeats the scheduler missed first
@@ -425,7 +425,7 @@ def bisparse_hfa_job(geomx_job: Any, tmp_path: Path, *args: str) -> None:
         assert all(torch.equal(a, b) for a, b in zip(workers[rank][0]["final"], workers[rank - 1][0]["final"],
                                                      strict=True)), rank
     _, dense_global = simulate_collective_hfa(workers[0][0]["after_init"], parties, "none", K2, 12)
-    for index, want in enumerate(dense_global):  # the last step is a global round: every party holds its model
+    for index in range(len(dense_global)):  # the last step is a global round: every party holds its model
         assert torch.equal(workers[0][0]["final"][index], workers[2][0]["final"][index]), index
     got, want = (torch.cat([t.reshape(-1) for t in model]) for model in (workers[0][0]["final"], dense_global))
     error = torch.linalg.norm(got - want) / torch.linalg.norm(want)

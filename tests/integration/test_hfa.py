@@ -26,9 +26,10 @@ class Streaming:
 
 
 def simulate(initial: list[torch.Tensor], outer: str, k2: int = K2, steps: int = STEPS,
-             streaming: Streaming = Streaming()) -> tuple[list[list[torch.Tensor]], list[torch.Tensor]]:
+             streaming: Streaming | None = None) -> tuple[list[list[torch.Tensor]], list[torch.Tensor]]:
     """Every worker's final weights under HFA (streaming: fragments at staggered rounds, overlapped), and the
     global model every party holds at the end, computed in one process."""
+    streaming = streaming or Streaming()
     ranks_of = {"dc0": [0, 1], "dc1": [2]}
     total = sum(PARTIES.values())
     workers = [[w.clone() for w in initial] for _ in range(total)]

@@ -12,12 +12,11 @@ from geomx.algorithms.esync.kinds import STATE
 from geomx.algorithms.esync.server import StateRounds
 from geomx.algorithms.hfa.rules import LocalFrequencyAggregation
 from geomx.algorithms.hfa.server import HfaAggregation
-from geomx.core.rounds import MODEL_CHANGE
 from geomx.algorithms.mixed_sync.server import Asynchronous
 from geomx.codecs import default_registry
 from geomx.codecs.messages import decode_message
 from geomx.core.plugins import Aggregation, Answer, SendUp
-from geomx.core.rounds import Round
+from geomx.core.rounds import MODEL_CHANGE, Round
 from geomx.protocol.wire import Kind, Message
 
 

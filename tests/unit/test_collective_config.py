@@ -28,7 +28,7 @@ def test_a_party_entry_or_the_links_block_chooses_the_lan_tier() -> None:
 def test_bad_lan_tiers_and_combinations_are_refused_by_name() -> None:
     with pytest.raises(ConfigError, match=r"parties.dc0.lan must be one of \['server', 'collective'\]"):
         topology_from_dict({"parties": {"dc0": {"workers": 2, "lan": "nccl"}}})
-    with pytest.raises(ConfigError, match="collective LAN tier .* does not combine with a flat parameter server"):
+    with pytest.raises(ConfigError, match=r"collective LAN tier .* does not combine with a flat parameter server"):
         topology_from_dict({**MIXED, "mode": "flat"})
     with pytest.raises(ConfigError, match="does not combine with DGT"):
         topology_from_dict({**MIXED, "dgt": {"k": 0.5}})

@@ -120,7 +120,7 @@ def test_a_slice_larger_than_the_window_is_a_window_alone() -> None:
 def test_a_small_models_round_goes_out_in_one_window_and_its_buffer_holds_only_what_the_rank_owns() -> None:
     """The default window is 1/32 of the model but at least MIN_WINDOW elements: a small model's owned slices are
     not held back behind answers (one window, one buffer the size of the rank's share)."""
-    layout, model, _, bucket, stub, rounds = _setup(1, window=None, depth=1)
+    layout, model, _, _, stub, rounds = _setup(1, window=None, depth=1)
     owned = layout.owned[1]
     assert rounds.window == MIN_WINDOW and rounds.size == sum(slice_.numel for slice_ in owned)
     assert rounds.run(model, 1, priority=[0, 0, 0])
@@ -209,7 +209,7 @@ def test_the_job_model_is_read_between_a_trips_writes() -> None:
     a reader waits, so it never sees a slice half written; it goes on once the share is done."""
     import threading
 
-    model, job_model, stub, trips, first = _trips(delay=1)
+    model, _, _, trips, _ = _trips(delay=1)
     in_share, release, read = threading.Event(), threading.Event(), threading.Event()
 
     def share(tensors: Sequence[torch.Tensor], only: Any = None, group: Any = None) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Collection
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -37,7 +37,7 @@ class Patient(SyncPolicy):
     """A policy with options, as a plug-in would declare them."""
 
     name = "dist_patient"
-    options = {"patience": int, "polite": bool}
+    options: ClassVar[dict[str, type]] = {"patience": int, "polite": bool}
 
     def __init__(self, patience: int = 1, polite: bool = False) -> None:
         if patience < 0:
@@ -96,7 +96,7 @@ def test_an_option_no_plug_in_takes_is_refused_naming_it_and_what_the_plug_ins_t
     assert "unknown fields ['stalenes']" in text and "dist_patient takes patience (int), polite (bool)" in text
     with pytest.raises(ConfigError, match="must be an integer"):  # a value its plug-in cannot read
         check_plugins(TrainingSpec(plugin_options=(("patience", "x"),)))
-    with pytest.raises(ConfigError, match="training.sync 'dist_nope' is unknown; valid: .*dist_patient"):
+    with pytest.raises(ConfigError, match=r"training.sync 'dist_nope' is unknown; valid: .*dist_patient"):
         check_plugins(TrainingSpec(sync="dist_nope"))
 
 

@@ -3,6 +3,7 @@ rounds that wait for an overlapped send, and the options' checks, in one process
 
 from __future__ import annotations
 
+import itertools
 from concurrent.futures import Future
 from types import SimpleNamespace
 from typing import Any
@@ -48,7 +49,7 @@ def test_fragments_of_many_slices_are_runs_that_ranks_dealt_in_turn_share_evenly
     owners.add_many([(key, [(i * 1000, (i + 1) * 1000) for i in range(33)], 4) for key in range(10)])
     order = sorted(sizes)
     groups = [hfa.fragment(sid) for sid in order]
-    runs = 1 + sum(a != b for a, b in zip(groups, groups[1:]))
+    runs = 1 + sum(a != b for a, b in itertools.pairwise(groups))
     assert 16 <= runs <= 17  # runs of at most 330000 / 16 elements (20 slices), not 330 alternations
     assert groups[:4 * 20:20] == [0, 1, 2, 3]  # dealt in turn: each fragment's runs spread over the depth
     for fragment in range(4):
@@ -218,7 +219,7 @@ def test_the_jobs_model_of_a_failed_overlapped_send_is_its_error(make_server: An
     failed: Future[Message] = Future()
     failed.set_exception(TimeoutError("no answer from gs in 30 s"))
     server.calls[0][2](failed)
-    (peer, answer), = host.sent
+    (_, answer), = host.sent
     assert answer.kind is Kind.ERROR and "no answer from gs" in answer.body["error"]
 
 

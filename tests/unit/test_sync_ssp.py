@@ -46,7 +46,7 @@ def test_the_wrapper_plans_ssp_from_the_policy_s_declared_needs() -> None:
     assert plan.mode is Strategy.SERVER and plan.kvstore_type == "dist_ssp" and plan.server_optimizer is not None
     with pytest.raises(ConfigError, match=r"SSP \(dist_ssp\) answers a party with a model"):
         make_plan(TrainingSpec(sync="dist_ssp"), None, torch.optim.AdamW(params))
-    with pytest.raises(ConfigError, match="average models synchronously: training.sync dist_ssp is not"):
+    with pytest.raises(ConfigError, match=r"average models synchronously: training\.sync dist_ssp is not"):
         make_plan(TrainingSpec(sync="dist_ssp"), HFASpec(2, 2), torch.optim.SGD(params, lr=0.1))
 
 

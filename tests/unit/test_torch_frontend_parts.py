@@ -166,7 +166,7 @@ def test_the_training_block_and_its_environment_variables():
     assert spec.priorities and node.topology.training.priorities  # on unless turned off
     assert not topology_from_dict({"parties": {"dc0": 1}, "training": {"priorities": False}}).training.priorities
     assert not node_config_from_env({**env, "GEOMX_PRIORITIES": "0"}).topology.training.priorities
-    with pytest.raises(ConfigError, match="training.priorities must be bool"):
+    with pytest.raises(ConfigError, match=r"training\.priorities must be bool"):
         topology_from_dict({"parties": {"dc0": 1}, "training": {"priorities": "off"}})
 
 

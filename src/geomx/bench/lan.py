@@ -43,8 +43,8 @@ import yaml
 
 from ..launch import launch
 from .sections import BenchPlan
-from .workers.lan_step import MODELS
 from .tables import fmt, say, table, write_and_print
+from .workers.lan_step import MODELS
 
 TIERS = ("ddp", "collective", "server")
 # DiLoCo's shape inside the party (HFA, H = K1 * K2 = 10 steps per global round, outer Nesterov on the global
@@ -155,7 +155,9 @@ def combine(model: str, count: int, runs: dict[str, list[dict[str, Any]]]) -> di
                         if all(k in m for m in good)}}
 
     def ratio(top: str, bottom: str) -> tuple[float | None, list[float]]:
-        pairs = [(step_ms(a, top), step_ms(b, bottom)) for a, b in zip(runs.get(top, []), runs.get(bottom, []))]
+        # a tier the run did not measure has no turns: no pairs
+        turns = zip(runs.get(top, []), runs.get(bottom, []), strict=False)
+        pairs = [(step_ms(a, top), step_ms(b, bottom)) for a, b in turns]
         each = [a / b for a, b in pairs if a and b]
         return (statistics.median(each) if each else None), each
 

@@ -110,7 +110,7 @@ class ProcessSet:
             if all(code is not None for code in codes.values()):
                 return False, []
             time.sleep(0.2)
-        return True, [] if training else ["startup took longer than %g s" % startup_s]
+        return True, [] if training else [f"startup took longer than {startup_s:g} s"]
 
     def stop(self) -> None:
         """SIGINT each group (the launcher stops its children), then SIGKILL what is left after 5 s."""

@@ -27,7 +27,6 @@ from .group import PartyGroup
 from .layout import OwnerLayout
 from .owners import OwnedSlice
 
-
 SPREAD_WINDOW = 1 << 23  # elements per rank in one of a spread's all-gathers (32 MB of fp32)
 
 

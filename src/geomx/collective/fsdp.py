@@ -21,11 +21,10 @@ Usage::
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
-
-import sys
 
 import torch
 

@@ -44,7 +44,7 @@ class HostChunk:
         for owned, piece in pieces:
             offset = piece.storage_offset() - base
             if piece.untyped_storage().data_ptr() != chunk.untyped_storage().data_ptr() or not (
-                    0 <= offset and offset + piece.numel() <= chunk.numel()):
+                    offset >= 0 and offset + piece.numel() <= chunk.numel()):
                 raise ValueError(f"key {owned.key} slice {owned.index}: its piece is not a view into the chunk")
             self.pieces.append((owned, self.host[offset:offset + piece.numel()]))
 

@@ -30,8 +30,8 @@ from .specs import (
     Role,
     SecuritySpec,
     Timeouts,
-    TrainingSpec,
     TorchRun,
+    TrainingSpec,
     TSEngineSpec,
 )
 from .topology import LAN_SLICE_ELEMS, NodeConfig, Topology

@@ -28,9 +28,9 @@ from .specs import (
     Role,
     SecuritySpec,
     Timeouts,
+    TorchRun,
     TrainingSpec,
     TSEngineSpec,
-    TorchRun,
 )
 
 # Tensors larger than ``slice_elems`` elements travel as independent slices. Left out of the topology, it

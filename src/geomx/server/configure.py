@@ -26,7 +26,6 @@ from ..protocol.wire import Kind, Message
 from .compose import DEFAULT_SYNC, configured_policy
 from .host import PartHost
 
-
 log = logging.getLogger("geomx.server")
 
 

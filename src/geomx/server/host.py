@@ -30,7 +30,6 @@ from ..runs.checkpoint import CheckpointWriter, Snapshot
 from ..transport.rpc import Requests
 
 
-
 class PartHost(PluginHost, Protocol):
     """The server process, as its parts see it: what a plug-in may ask of it (``PluginHost``), and more."""
 

@@ -53,7 +53,6 @@ from .departures import Departures
 from .pushpull import PushPulls
 from .upstream import Upstream
 
-
 log = logging.getLogger("geomx.server")
 
 

@@ -13,7 +13,6 @@ Usage::
 from __future__ import annotations
 
 import dataclasses
-
 from collections.abc import Iterator, Sized
 from typing import Any
 

@@ -39,6 +39,7 @@ from ...collective.owners import OwnedSlice
 from ...core.strategy import AveragedStep, Loop, WorkerStrategy
 from .strategy import refused_average
 
+
 class CollectiveServerStep(WorkerStrategy):
     """The global servers run the optimizer and answer with new weights."""
 

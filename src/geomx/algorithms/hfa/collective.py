@@ -31,8 +31,8 @@ Usage (chosen by the wrapper for a collective party under HFA)::
 from __future__ import annotations
 
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import nullcontext
 
 import torch

@@ -33,7 +33,6 @@ import numpy as np
 
 from ...protocol.wire import SliceId
 
-
 RUNS_PER_FRAGMENT = 4  # streaming: the model is cut into about this many runs of consecutive slices per fragment
 
 
@@ -80,7 +79,7 @@ class LocalFrequencyAggregation:
             runs[-1].append(sid)
             totals[-1] += sizes[sid]
         loads = [0] * self.fragments
-        for size, run in sorted(zip(totals, runs), key=lambda r: (-r[0], r[1][0])):
+        for size, run in sorted(zip(totals, runs, strict=True), key=lambda r: (-r[0], r[1][0])):
             group = min(range(self.fragments), key=lambda g: (loads[g], g))
             for sid in run:
                 self._fragment[sid] = group

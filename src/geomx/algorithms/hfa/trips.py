@@ -35,7 +35,6 @@ from ...collective.group import PartyGroup
 from ...collective.owners import OwnedSlice
 from .rules import LocalFrequencyAggregation
 
-
 Pieces = Sequence[tuple[OwnedSlice, torch.Tensor]]
 
 

@@ -21,6 +21,8 @@ Usage::
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from ..fsa.server import FullySynchronous
 
 
@@ -32,7 +34,7 @@ class BoundedStaleness(FullySynchronous):
     synchronous = False  # answers may precede their round: model averaging would mix rounds
     needs_server_optimizer = True  # an early answer is the applied model: weights, not a sum of gradients
     answers_plain_sums = False  # a party may be answered before its round completes
-    options = {"staleness": int}
+    options: ClassVar[dict[str, type]] = {"staleness": int}
 
     def __init__(self, staleness: int = 2) -> None:
         if staleness < 0:

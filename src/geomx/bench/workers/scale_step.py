@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-from geomx.config import node_config
 from geomx.bench.standin import StandIn, realistic_deltas
+from geomx.config import node_config
 from geomx.runs.runlog import cpu_seconds, peak_rss_bytes
 from geomx.zoo.charlm import Windows, build, encode, next_char_loss, stdlib_text
 
