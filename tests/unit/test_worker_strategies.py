@@ -88,7 +88,8 @@ class Loop:
 def test_the_registry_names_a_strategy_for_every_plan_mode() -> None:
     from geomx.torch.plan import Strategy
 
-    assert set(STRATEGIES) == {mode.name for mode in Strategy} | {f"COLLECTIVE_{mode.name}" for mode in Strategy}
+    assert set(STRATEGIES) == ({mode.name for mode in Strategy} | {f"COLLECTIVE_{mode.name}" for mode in Strategy}
+                               | {"SHARDED_SERVER", "SHARDED_LOCAL"})  # FSA from FSDP2's shards
     assert strategy_class("HFA") is PeriodicAverage and strategy_class("ESYNC") is ESync
     assert all(issubclass(strategy_class(mode), WorkerStrategy) for mode in STRATEGIES)
     with pytest.raises(ValueError, match="unknown wrapper strategy 'DILOCO'"):

@@ -45,7 +45,7 @@ from .amp import grad_scaler_skips
 from .hooks import Hook, layer_of_params
 from .join import UnevenLoops
 from .metrics import StepRecorder, TensorBoardSink
-from .plan import Plan, collective_refusal, make_plan
+from .plan import Plan, Strategy, collective_refusal, make_plan
 from .signature import compare, signature
 
 log = logging.getLogger("geomx.torch")
@@ -116,6 +116,7 @@ class DistributedOptimizer:
         self._skip_update = False  # this step's gradients are not finite under a GradScaler: no update
         self._joins: UnevenLoops | None = None  # uneven loops in a collective party: made at the first ``join()``
         collective = config.topology.is_collective(config.party)
+        shards = None  # the keys an FSDP2 script sharded, in a collective party
         if collective:  # the party's ranks are one torch.distributed group (lan: collective)
             ranks = self.kv.ranks
             assert ranks is not None, "a collective party's kvstore joined its group"
@@ -135,6 +136,8 @@ class DistributedOptimizer:
             raise ConfigError(f"party {config.party}: the model is sharded by FSDP2 (fully_shard), which needs the "
                               "party's ranks to be one torch.distributed group: set lan: collective for it")
         mode = f"COLLECTIVE_{self.plan.mode.name}" if collective else self.plan.mode.name
+        if collective and shards is not None and self.plan.mode in (Strategy.SERVER, Strategy.LOCAL):
+            mode = f"SHARDED_{self.plan.mode.name}"  # FSA from FSDP2's shards (geomx.algorithms.fsa.sharded)
         self.strategy: WorkerStrategy = strategy_class(mode)(self)
         if self.kv.is_master_worker:  # the servers' codec and optimizer, before any round
             if self.plan.compression:
