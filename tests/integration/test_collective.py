@@ -472,32 +472,26 @@ def test_fsdp_in_collective_parties_trains_as_the_same_job_without_it(geomx_job,
 
 @pytest.mark.parametrize(("server_optimizer", "mode"), [("auto", "LOCAL"), ("translate", "SERVER")],
                          ids=["sgd-on-every-rank", "sgd-on-the-servers"])
-def test_fsa_with_fsdp_in_collective_parties_trains_as_the_same_job_without_it(geomx_job, tmp_path, server_optimizer,
-                                                                              mode):
-    """FSA over 2 collective parties x 2 ranks, the model sharded by FSDP2 (fully_shard per layer and on the root;
-    384-element slices across the shards' boundaries) or not: the same weights on every rank after init and after
-    every step, the same WAN bytes. Under FSDP2 each rank pushes the party's sum of the gradient slices it owns,
-    from its shards (FSDP2 reduce-scattered and averaged them in backward), and the answers go back into the shards:
-    the gradients' global sum for the optimizer on every rank, or the servers' new weights."""
-    parties, steps = {"dc0": 2, "dc1": 2}, 8
-    workers, wan = {}, {}
-    for fsdp in (False, True):
-        name = "fsdp" if fsdp else "ddp"
-        path = topology(tmp_path / name, {"dc0": "collective", "dc1": "collective"},
-                        {"server_optimizer": server_optimizer}, parties=parties, slice_elems=384)
-        job = geomx_job("fsdp_train.py", "--steps", str(steps), *(["--fsdp"] if fsdp else []), topology=path,
-                        name=name)
-        job.assert_ok()
-        workers[fsdp], wan[fsdp] = job.workers(), job.summary["wan_bytes"]
-        assert sorted(workers[fsdp]) == list(range(4)), "every worker reports"
-    assert abs(wan[True] - wan[False]) <= 0.02 * wan[False], wan
-    for rank, (tensors, report) in workers[True].items():
+def test_fsa_with_fsdp_in_collective_parties_equals_single_process_sgd(geomx_job, tmp_path, server_optimizer, mode):
+    """FSA over 2 collective parties x 2 ranks whose model FSDP2 shards (fully_shard per layer and on the root;
+    384-element slices across the shards' boundaries): every rank holds the weights of one process training on all
+    four ranks' batches. Each rank pushes the party's sum of the gradient slices it owns, from its shards (FSDP2
+    reduce-scattered and averaged them in backward), and the answers go back into the shards: the gradients' global
+    sum for the optimizer on every rank, or the servers' new weights."""
+    steps = 8
+    path = topology(tmp_path, {"dc0": "collective", "dc1": "collective"}, {"server_optimizer": server_optimizer},
+                    parties={"dc0": 2, "dc1": 2}, slice_elems=384)
+    job = geomx_job("fsdp_train.py", "--steps", str(steps), "--fsdp", topology=path)
+    job.assert_ok()
+    workers = job.workers()
+    assert sorted(workers) == list(range(4)), "every worker reports"
+    initial, final = jobkit.reference_run(4, steps, momentum=0.0)  # fsdp_train.py: plain SGD at jobkit.LR
+    for rank, (tensors, report) in workers.items():
         assert report["mode"] == mode and report["fsdp"] and report["trained_steps"] == steps, report
-        plain = workers[False][rank][0]
-        for name in ("after_init", "final", "job"):
-            for got, want in zip(tensors[name], plain[name], strict=True):
-                torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, msg=f"worker {rank} {name}")
-        assert not all(torch.equal(a, b) for a, b in zip(tensors["final"], tensors["after_init"], strict=True))
+        for name, want in (("after_init", initial), ("final", final), ("job", final)):
+            for index, (got, expected) in enumerate(zip(tensors[name], want, strict=True)):
+                torch.testing.assert_close(got, expected,
+                                           msg=lambda m, r=rank, n=name, i=index: f"worker {r} {n} {i}: {m}")
 
 
 def fsdp_matches_the_job_without_it(geomx_job, tmp_path: Path, dtype: str) -> None:
