@@ -46,6 +46,21 @@ def test_mixed_sync_in_collective_parties_applies_every_push_once(geomx_job, tmp
     assert_a_party_holds_every_push_once(job.workers(), rtol=1e-4)
 
 
+def test_mixed_sync_with_fsdp2_in_collective_parties_applies_every_push_once(geomx_job, tmp_path):
+    """MixedSync across two collective parties whose model FSDP2 shards (384-element slices across the shards'
+    boundaries): each rank pushes the party's sum of the gradient slices it owns, from its shards, and the servers'
+    weights go back into them; as without FSDP2, one party holds every push applied once, and a party's ranks end
+    equal. (The script records each rank's sum of FSDP2's party-mean gradients: over a party they add up to what it
+    pushed.)"""
+    path = write_topology(tmp_path / "job.yaml", lan=COLLECTIVE, slice_elems=384,
+                          training={"sync": "dist_async", "server_optimizer": "translate"})
+    job = geomx_job("fsdp_train.py", "--fsdp", "--record", topology=path)
+    job.assert_ok()
+    workers = job.workers()
+    assert all(report["fsdp"] for _, report in workers.values())
+    assert_a_party_holds_every_push_once(workers, rtol=1e-4)
+
+
 STEPS = 8
 LAMDA = 20.0  # large (MXNet's default is 0.04), so that a wrong backup shows far above float32 rounding
 SLOW = ["--step-s", "0.05", "--slow-rank", "2", "--slowdown", "3"]  # dc1's steps take 3x dc0's

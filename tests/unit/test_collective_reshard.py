@@ -104,23 +104,3 @@ def test_a_sharding_geomx_cannot_sync_is_refused_naming_the_parameter() -> None:
     assert "'fc.weight'" in sharding_refusal("fc.weight", [Replicate()], [0, 1], 2)
     assert "2-D device mesh (HSDP" in sharding_refusal("w", [Replicate(), Shard(0)], [[0, 1], [2, 3]], 4)
     assert "sharded over ranks [0]" in sharding_refusal("w", [Shard(0)], [0], 2)
-
-
-def test_mixed_sync_with_an_fsdp_model_is_refused_and_fsa_hfa_and_esync_are_not() -> None:
-    from geomx.config import HFASpec, TrainingSpec
-    from geomx.torch.plan import collective_refusal, make_plan
-
-    sgd = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
-    spec = TrainingSpec()
-    assert collective_refusal(make_plan(spec, None, sgd), spec, sharded=True) is None  # FSA: fsa/sharded.py
-    local = TrainingSpec(server_optimizer="none")
-    assert collective_refusal(make_plan(local, None, sgd), local, sharded=True) is None
-    mixed = TrainingSpec(sync="dist_async")
-    refusal = collective_refusal(make_plan(mixed, None, sgd), mixed, sharded=True)
-    assert refusal is not None and refusal.startswith("dist_async with a model sharded by FSDP2 (fully_shard)")
-    assert "use FSA (training.sync: dist_sync), HFA or DiLoCo" in refusal
-    assert collective_refusal(make_plan(spec, HFASpec(2, 2), sgd), spec, sharded=True) is None
-    named = TrainingSpec(server_optimizer="outer_nesterov")
-    assert collective_refusal(make_plan(named, HFASpec(2, 2), sgd), named, sharded=True) is None
-    esync = TrainingSpec(esync=True)
-    assert collective_refusal(make_plan(esync, HFASpec(2, 1), sgd), esync, sharded=True) is None

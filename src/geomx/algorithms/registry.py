@@ -110,7 +110,7 @@ STRATEGIES: dict[str, str] = {
     # a lan: collective party's ranks (geomx.collective): the same algorithms over torch.distributed collectives
     "COLLECTIVE_SERVER": "geomx.algorithms.fsa.collective:CollectiveServerStep",
     "COLLECTIVE_LOCAL": "geomx.algorithms.fsa.collective:CollectiveLocalStep",
-    # ... whose script sharded the model with FSDP2 (fully_shard): FSA from the ranks' shards
+    # ... whose script sharded the model with FSDP2 (fully_shard): FSA (MixedSync, SSP, DCASGD) from the shards
     "SHARDED_SERVER": "geomx.algorithms.fsa.sharded:ShardedServerStep",
     "SHARDED_LOCAL": "geomx.algorithms.fsa.sharded:ShardedLocalStep",
     "COLLECTIVE_HFA": "geomx.algorithms.hfa.collective:CollectivePeriodicAverage",

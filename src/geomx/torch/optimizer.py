@@ -123,7 +123,7 @@ class DistributedOptimizer:
             if self.ddp is not None:
                 check_group(self.ddp, ranks.group)
             shards = fsdp_shards(self.params, ranks.group.world_size, self.names, config.party)
-            refusal = collective_refusal(self.plan, config.topology.training, sharded=shards is not None)
+            refusal = collective_refusal(self.plan, config.topology.training)
             if refusal is not None:
                 raise ConfigError(refusal)
             if self.plan.compression:  # each rank encodes the slices it owns, residuals included

@@ -27,6 +27,12 @@ def whole(model: torch.nn.Module) -> list[torch.Tensor]:
     return [(p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone() for p in model.parameters()]
 
 
+def whole_gradients(model: torch.nn.Module) -> list[torch.Tensor]:
+    """Each parameter's gradient, whole (gathered over the party under FSDP2: every rank calls it alike)."""
+    return [(p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).detach().clone()
+            for p in model.parameters()]
+
+
 def held_here(model: torch.nn.Module) -> list[torch.Tensor]:
     """What this rank holds of each parameter (its local shard under FSDP2): no collective."""
     return [(p.to_local() if hasattr(p, "to_local") else p).detach().clone() for p in model.parameters()]
@@ -52,6 +58,7 @@ def main() -> None:
     parser.add_argument("--step-s", type=float, default=0.0, help="emulated device time per step (a sleep)")
     parser.add_argument("--slow-rank", type=int, default=-1, help="this global rank's device is --slowdown x slower")
     parser.add_argument("--slowdown", type=float, default=1.0)
+    parser.add_argument("--record", action="store_true", help="save the sum of the gradients each rank pushed")
     args = parser.parse_args()
     rank, num_workers = gx.worker_place()
     torch.manual_seed(jobkit.seed_for(rank - int(os.environ["RANK"])))  # the party's first rank's seed
@@ -65,10 +72,14 @@ def main() -> None:
     inputs = inputs.to(dtype)
     device_s = args.step_s * (args.slowdown if rank == args.slow_rank else 1.0)
     trained = 0  # steps whose opt.step() changed the weights (under ESync the ones after the last round do not)
+    pushed = [torch.zeros_like(p) for p in after]  # the sum of the gradients this rank pushed (see --record)
     for step in range(args.steps):
         opt.zero_grad()
         loss = F.mse_loss(model(inputs[step, rank]).float(), targets[step, rank])
         loss.backward()
+        if args.record:  # FSDP2's gradients are the party's mean: over a party's ranks they add up to its sum
+            for total, grad in zip(pushed, whole_gradients(model), strict=True):
+                total.add_(grad)
         time.sleep(device_s)
         before = held_here(model)
         opt.step()
@@ -77,7 +88,8 @@ def main() -> None:
     opt.load_job_model(held)
     opt.close()
     final = whole(model)
-    jobkit.save_worker_output(opt.kv.config.run_dir, rank, {"after_init": after, "final": final, "job": whole(held)},
+    jobkit.save_worker_output(opt.kv.config.run_dir, rank, {"after_init": after, "final": final, "job": whole(held),
+                                                            **({"pushed": pushed} if args.record else {})},
                               {"global_rank": rank, "mode": opt.plan.mode.name, "fsdp": args.fsdp,
                                "trained_steps": trained})
     if dist.is_initialized():

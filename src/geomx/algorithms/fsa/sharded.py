@@ -1,5 +1,6 @@
 """FSA in a ``lan: collective`` party whose script sharded the model with FSDP2 (``fully_shard``): every step each
-rank syncs the gradients of the shards it holds with the global servers; nobody gathers the model.
+rank syncs the gradients of the shards it holds with the global servers; nobody gathers the model. MixedSync,
+DCASGD and SSP, whose workers do what FSA's do (only the servers differ), run these too.
 
 Per step, as data: FSDP2's backward reduce-scatters the party's gradients and averages them, so each rank holds
 the party's mean gradient of its shards -> the slices it owns (``ShardedBucket.own``: owners are the shards'
@@ -11,7 +12,7 @@ run the optimizer, the new weights themselves (``ShardedServerStep``). The same 
 collective path (``geomx.algorithms.fsa.collective``), from the shards instead of gradient buckets; FSDP2's
 reduce-scatter replaces that path's, so nothing overlaps backward here beyond what FSDP2 overlaps itself.
 
-Usage (chosen by the wrapper for an FSDP2 model in a collective party, FSA with plain rounds)::
+Usage (chosen by the wrapper for an FSDP2 model in a collective party, for its plan's FSA-family mode)::
 
     strategy = ShardedLocalStep(loop)      # or ShardedServerStep: the optimizer on the global servers
     strategy.step()                        # after backward
