@@ -46,14 +46,15 @@ def test_mixed_sync_in_collective_parties_applies_every_push_once(geomx_job, tmp
     assert_a_party_holds_every_push_once(job.workers(), rtol=1e-4)
 
 
-def test_mixed_sync_with_fsdp2_in_collective_parties_applies_every_push_once(geomx_job, tmp_path):
-    """MixedSync across two collective parties whose model FSDP2 shards (384-element slices across the shards'
-    boundaries): each rank pushes the party's sum of the gradient slices it owns, from its shards, and the servers'
-    weights go back into them; as without FSDP2, one party holds every push applied once, and a party's ranks end
-    equal. (The script records each rank's sum of FSDP2's party-mean gradients: over a party they add up to what it
-    pushed.)"""
+@pytest.mark.parametrize("sync", ["dist_async", "dist_ssp"], ids=["mixed-sync", "ssp"])
+def test_fsdp2_in_collective_parties_under_mixed_sync_and_ssp_applies_every_push_once(geomx_job, tmp_path, sync):
+    """MixedSync, and SSP (staleness 2), across two collective parties whose model FSDP2 shards (384-element slices
+    across the shards' boundaries): each rank pushes the party's sum of the gradient slices it owns, from its
+    shards, and the servers' weights go back into them; as without FSDP2, one party holds every push applied once,
+    and a party's ranks end equal. (The script records each rank's sum of FSDP2's party-mean gradients: over a
+    party they add up to what it pushed.)"""
     path = write_topology(tmp_path / "job.yaml", lan=COLLECTIVE, slice_elems=384,
-                          training={"sync": "dist_async", "server_optimizer": "translate"})
+                          training={"sync": sync, "server_optimizer": "translate"})
     job = geomx_job("fsdp_train.py", "--fsdp", "--record", topology=path)
     job.assert_ok()
     workers = job.workers()
