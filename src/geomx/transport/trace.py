@@ -45,9 +45,9 @@ class Tracer:
         return cls(Path(run_dir) / "trace" / f"{node.replace('/', '_')}.jsonl", node)
 
     def event(self, event: str, peer: str, kind: str, key: int, index: int, rnd: int, reply: bool,
-              nbytes: int) -> None:
-        """One event now (any thread)."""
-        self._events.append((time.time(), event, peer, kind, key, index, rnd, reply, nbytes))
+              nbytes: int, at: float | None = None) -> None:
+        """One event (any thread), at ``at`` (``time.time()``'s clock; default: now)."""
+        self._events.append((time.time() if at is None else at, event, peer, kind, key, index, rnd, reply, nbytes))
 
     def message(self, event: str, peer: str, message: Message, nbytes: int) -> None:
         """Record ``event`` for ``message`` (its kind, key, slice, round and whether it is an answer)."""

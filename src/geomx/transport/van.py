@@ -335,6 +335,7 @@ class Van:
         sock = self._sockets.get(outgoing.peer)
         if sock is None:  # disconnected while the message waited in its link
             return
+        handed = time.time()  # the "out" event's time: once the call returns, the peer may have stamped "in"
         try:
             sock.send_multipart(outgoing.frames, copy=False)
         except zmq.ZMQError as exc:
@@ -342,7 +343,7 @@ class Van:
             return
         self.counters.add(peer.identity, peer.link_class, "sent", outgoing.nbytes)
         if self.tracer is not None and outgoing.tag is not None:
-            self.tracer.event("out", peer.identity, *outgoing.tag, outgoing.nbytes)
+            self.tracer.event("out", peer.identity, *outgoing.tag, outgoing.nbytes, at=handed)
 
     def _receive_available(self, router: zmq.Socket[Any]) -> None:
         for _ in range(256):
