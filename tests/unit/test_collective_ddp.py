@@ -63,7 +63,7 @@ def _refusal_in_a_server_party(ddp: object) -> str:
                              kv=SimpleNamespace(config=config))  # type: ignore[arg-type]
     except ConfigError as error:
         return str(error)
-    except Exception as error:
+    except Exception as error:  # accepted, then failed on the stub store: no refusal
         return f"not refused ({type(error).__name__}: {error})"
     return "not refused"
 

@@ -136,7 +136,7 @@ class DistributedOptimizer:
             raise ConfigError(f"party {config.party}: the model is sharded by FSDP2 (fully_shard), which needs the "
                               "party's ranks to be one torch.distributed group: set lan: collective for it")
         mode = f"COLLECTIVE_{self.plan.mode.name}" if collective else self.plan.mode.name
-        if collective and shards is not None and self.plan.mode in (Strategy.SERVER, Strategy.LOCAL):
+        if shards is not None and self.plan.mode in (Strategy.SERVER, Strategy.LOCAL):  # (a collective party's)
             mode = f"SHARDED_{self.plan.mode.name}"  # FSA from FSDP2's shards (geomx.algorithms.fsa.sharded)
         self.strategy: WorkerStrategy = strategy_class(mode)(self)
         if self.kv.is_master_worker:  # the servers' codec and optimizer, before any round

@@ -133,7 +133,7 @@ class PartyRanks:
         if self.group.rank == 0:
             try:
                 answer[0] = ask()
-            except Exception as exc:
+            except Exception as exc:  # re-raised below, once the other ranks know
                 failure = exc
         self.group.broadcast(answer, source=0)
         if failure is not None:

@@ -37,7 +37,7 @@ from ...collective.group import Pending
 from ...collective.host import HostChunk
 from ...collective.owners import OwnedSlice
 from ...core.strategy import AveragedStep, Loop, WorkerStrategy
-from .strategy import refused_average
+from .strategy import refused_average, warn_no_gradient
 
 
 class CollectiveServerStep(WorkerStrategy):
@@ -140,8 +140,7 @@ class CollectiveServerStep(WorkerStrategy):
         loop = self.loop
         for index, keys in enumerate(self.missing):  # FSA rounds need every key: a missing gradient is zeros
             for key in sorted(keys):
-                loop.warn_once(f"nograd{key}", f"parameter {loop.names[key]!r} had no gradient in a step: "
-                                                "pushing zeros for it")
+                warn_no_gradient(loop, key)
                 self.buckets[index].layout.pack_key(key, torch.zeros_like(loop.params[key]),
                                                     self.buckets[index].buffer)
             keys.clear()

@@ -27,7 +27,7 @@ import torch
 from ...collective.bucket import PartyModel
 from ...collective.host import HostChunk
 from ...core.strategy import AveragedStep, WorkerStrategy
-from .strategy import refused_average
+from .strategy import refused_average, warn_no_gradient
 
 
 class ShardedServerStep(WorkerStrategy):
@@ -55,8 +55,7 @@ class ShardedServerStep(WorkerStrategy):
         grads = []
         for key, param in enumerate(loop.params):
             if param.grad is None and key in self.trained:
-                loop.warn_once(f"nograd{key}", f"parameter {loop.names[key]!r} had no gradient in a step: "
-                                                "pushing zeros for it")
+                warn_no_gradient(loop, key)
                 param.grad = torch.zeros_like(param)
             grads.append(param.grad if param.grad is not None else torch.zeros_like(param))
         return grads

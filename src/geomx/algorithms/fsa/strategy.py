@@ -43,8 +43,7 @@ class ServerOptimizerStep(WorkerStrategy):
         loop = self.loop
         for key in loop.trained:
             if key not in loop.pushed:
-                loop.warn_once(f"nograd{key}", f"parameter {loop.names[key]!r} had no gradient in a step: "
-                                                "pushing zeros for it")
+                warn_no_gradient(loop, key)
                 loop.await_keys([key])
                 self.on_gradient(key, torch.zeros_like(loop.params[key]))
 
@@ -65,6 +64,12 @@ class LocalOptimizerStep(AveragedStep, ServerOptimizerStep):
             loop.kv.pull(key, param.grad, priority=loop.priority[key])
             param.grad.mul_(scale)
         loop.waited(time.monotonic() - started)
+
+
+def warn_no_gradient(loop: Loop, key: int) -> None:
+    """Say once that parameter ``key`` had no gradient in a step, so FSA pushes zeros for it (its rounds need every
+    key). Usage: ``warn_no_gradient(loop, key)`` beside the zeros pushed."""
+    loop.warn_once(f"nograd{key}", f"parameter {loop.names[key]!r} had no gradient in a step: pushing zeros for it")
 
 
 def refused_average(loop: Loop) -> str:
