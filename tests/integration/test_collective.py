@@ -29,21 +29,23 @@ def topology(tmp_path: Path, lan: dict[str, str], training: dict[str, Any] | Non
     return path
 
 
-@pytest.mark.parametrize(("lan", "server_optimizer", "mode", "bucket_mb"), [
-    ({"dc0": "collective", "dc1": "collective"}, "auto", "LOCAL", 0.001),
-    ({"dc0": "collective", "dc1": "server"}, "translate", "SERVER", 25)],
-    ids=["two-collective-parties-sgd-on-every-rank-a-bucket-per-tensor", "mixed-parties-sgd-on-the-servers"])
+@pytest.mark.parametrize(("lan", "server_optimizer", "mode", "bucket_mb", "accumulate"), [
+    ({"dc0": "collective", "dc1": "collective"}, "auto", "LOCAL", 0.001, 1),
+    ({"dc0": "collective", "dc1": "server"}, "translate", "SERVER", 25, 2)],
+    ids=["two-collective-parties-sgd-on-every-rank-a-bucket-per-tensor",
+         "mixed-parties-sgd-on-the-servers-two-micro-batches"])
 def test_fsa_in_collective_parties_equals_single_process_sgd(geomx_job, tmp_path, monkeypatch, lan,
-                                                             server_optimizer, mode, bucket_mb):
+                                                             server_optimizer, mode, bucket_mb, accumulate):
     """2 parties x 2 ranks, slices small enough that each rank owns some, gradients reduce-scattered as backward
     makes them (1 KB buckets: each tensor its own) or in one bucket: every rank ends with the weights of one
     process training on all four ranks' batches, bit for bit the same on every rank. Where the servers only sum,
-    the last party's owning rank gets the others' sum early (the trace shows them) and adds its own."""
+    the last party's owning rank gets the others' sum early (the trace shows them) and adds its own. The second case
+    takes each batch in two micro-batches, the first backward inside ``opt.no_sync()`` (see the next test)."""
     from geomx.transport.trace import read_trace
 
     monkeypatch.setenv("GEOMX_TRACE", "1")
     path = topology(tmp_path, lan, {"server_optimizer": server_optimizer, "bucket_mb": bucket_mb}, slice_elems=512)
-    job = geomx_job(SCRIPT, topology=path)
+    job = geomx_job(SCRIPT, "--accumulate", str(accumulate), topology=path)
     job.assert_ok()
     early = [e for e in read_trace([job.run_dir]) if e["node"].startswith("global_server")
              and e["event"] == "queue" and e["kind"] == "PUSHPULL" and not e["reply"]]
@@ -62,16 +64,18 @@ def test_fsa_in_collective_parties_equals_single_process_sgd(geomx_job, tmp_path
 def test_a_party_alone_in_its_job_takes_its_own_push_as_the_answer(geomx_job, tmp_path, lan):
     """A job of one party under FSA: the others' sum is empty, so the global server answers each push without a
     tensor (``ALONE``, geomx.core.early) and the party takes what it pushed. The answers' bytes stop crossing;
-    the job is still one process's SGD. With early answers off, the global server sends the sums back."""
+    the job is still one process's SGD. With early answers off, the global server sends the sums back. (A server
+    party's answers are its local server's, whatever its workers: it has one.)"""
     from geomx.runs.runlog import read_stats
 
     sent = {}
+    workers = 2 if lan == "collective" else 1
     for early in (True, False):
-        path = topology(tmp_path / str(early), {"dc0": lan}, top={"early_answers": early}, parties={"dc0": 2},
+        path = topology(tmp_path / str(early), {"dc0": lan}, top={"early_answers": early}, parties={"dc0": workers},
                         slice_elems=512)
         job = geomx_job(SCRIPT, topology=path, name=f"{lan}-early-{early}")
         job.assert_ok()
-        jobkit.assert_fsa_equivalent(job.workers(), num_workers=2)
+        jobkit.assert_fsa_equivalent(job.workers(), num_workers=workers)
         to_global = [link for entry in read_stats(job.run_dir) if entry.get("role") != "global_server"
                      for peer, link in entry.get("peers", {}).items() if "/global_server/" in peer]
         sent[early] = (sum(link["recv"] for link in to_global), sum(link["sent"] for link in to_global))
@@ -204,18 +208,16 @@ def test_gradients_averaged_before_the_step_can_be_clipped(geomx_job, tmp_path):
     jobkit.assert_fsa_equivalent(workers, num_workers=4, clip=clip)
 
 
-@pytest.mark.parametrize(("server_optimizer", "mode"), [("auto", "LOCAL"), ("translate", "SERVER")])
-def test_gradients_accumulate_inside_no_sync(geomx_job, tmp_path, server_optimizer, mode):
+def test_gradients_accumulate_inside_no_sync(geomx_job, tmp_path):
     """Each step's batch in two micro-batches, the first backward inside ``opt.no_sync()`` (the wrapper's, no DDP):
     nothing leaves until the second backward, which sends the sum, in a collective party and a server party alike.
-    Every rank ends with single-process SGD's weights on the whole batches, the optimizer on the workers or on the
-    global servers."""
-    path = topology(tmp_path, {"dc0": "collective", "dc1": "server"}, {"server_optimizer": server_optimizer},
-                    slice_elems=512)
+    Every rank ends with single-process SGD's weights on the whole batches, the optimizer on the workers (on the
+    global servers: the mixed-parties case of the first test)."""
+    path = topology(tmp_path, {"dc0": "collective", "dc1": "server"}, {"server_optimizer": "auto"}, slice_elems=512)
     job = geomx_job(SCRIPT, "--accumulate", "2", topology=path)
     job.assert_ok()
     workers = job.workers()
-    assert {report["mode"] for _, report in workers.values()} == {mode}
+    assert {report["mode"] for _, report in workers.values()} == {"LOCAL"}
     jobkit.assert_fsa_equivalent(workers, num_workers=4)
 
 

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import jobkit
 import numpy as np
-import pytest
 import torch
 from harness import write_topology
 
@@ -35,26 +34,16 @@ def assert_a_party_holds_every_push_once(workers, rtol: float) -> None:
         assert torch.all(held[0] | held[1]), f"parameter {index}: no party holds every push applied once"
 
 
-def test_mixed_sync_in_collective_parties_applies_every_push_once(geomx_job, tmp_path):
-    """MixedSync across two collective parties. Plain SGD on the server: the party answered last ends at
-    ``initial - lr * (sum of every rank's gradients) / N``, whatever order the pushes came in (none lost, none
-    twice), slice by slice, and a party's ranks end equal."""
-    path = write_topology(tmp_path / "job.yaml", lan=COLLECTIVE, slice_elems=512,
-                          training={"sync": "dist_async", "server_optimizer": "translate"})
-    job = geomx_job(SCRIPT, "--momentum", "0", topology=path)
-    job.assert_ok()
-    assert_a_party_holds_every_push_once(job.workers(), rtol=1e-4)
-
-
-@pytest.mark.parametrize("sync", ["dist_async", "dist_ssp"], ids=["mixed-sync", "ssp"])
-def test_fsdp2_in_collective_parties_under_mixed_sync_and_ssp_applies_every_push_once(geomx_job, tmp_path, sync):
-    """MixedSync, and SSP (staleness 2), across two collective parties whose model FSDP2 shards (384-element slices
-    across the shards' boundaries): each rank pushes the party's sum of the gradient slices it owns, from its
-    shards, and the servers' weights go back into them; as without FSDP2, one party holds every push applied once,
-    and a party's ranks end equal. (The script records each rank's sum of FSDP2's party-mean gradients: over a
-    party they add up to what it pushed.)"""
+def test_mixed_sync_in_collective_parties_applies_every_push_once_with_fsdp2(geomx_job, tmp_path):
+    """MixedSync across two collective parties whose model FSDP2 shards (384-element slices across the shards'
+    boundaries): each rank pushes the party's sum of the gradient slices it owns, from its shards, and the servers'
+    weights go back into them. Plain SGD on the server: the party answered last ends at ``initial - lr * (sum of
+    every rank's gradients) / N``, whatever order the pushes came in (none lost, none twice), slice by slice, and a
+    party's ranks end equal. (The script records each rank's sum of FSDP2's party-mean gradients: over a party
+    they add up to what it pushed.) SSP and DCASGD run the same ranks' steps (``ShardedServerStep``; they differ
+    on the servers), tested below without FSDP2."""
     path = write_topology(tmp_path / "job.yaml", lan=COLLECTIVE, slice_elems=384,
-                          training={"sync": sync, "server_optimizer": "translate"})
+                          training={"sync": "dist_async", "server_optimizer": "translate"})
     job = geomx_job("fsdp_train.py", "--fsdp", "--record", topology=path)
     job.assert_ok()
     workers = job.workers()
@@ -123,13 +112,12 @@ def test_ssp_in_collective_parties_bounds_the_fast_party_and_applies_every_push_
     assert_a_party_holds_every_push_once(job.workers(), rtol=1e-5)
 
 
-def esync_job_with_a_slow_party(geomx_job, tmp_path: Path, *args: str, both_collective: bool = False) -> dict:
-    """ESync (K1 = 2, K2 = 1), dc0 a collective party of two ranks, dc1 a server party of one 4x slower worker (or,
-    ``both_collective``, a collective party of two whose first rank is 4x slower; the script's ``args`` added): dc0
-    trains all 7 steps, dc1 fewer, every worker ends on one model. Returns the workers' outputs."""
-    parties = {"dc0": 2, "dc1": 2 if both_collective else 1}
-    lan = COLLECTIVE if both_collective else {"dc0": "collective"}
-    path = write_topology(tmp_path / "job.yaml", parties=parties, lan=lan, hfa={"k1": 2, "k2": 1},
+def esync_job_with_a_slow_party(geomx_job, tmp_path: Path, *args: str) -> dict:
+    """ESync (K1 = 2, K2 = 1), dc0 a collective party of two ranks, dc1 a server party of one 4x slower worker (the
+    script's ``args`` added): dc0 trains all 7 steps, dc1 fewer, every worker ends on one model. Returns the
+    workers' outputs. (Two collective parties, the slow one collective: the FSDP2 test below.)"""
+    parties = {"dc0": 2, "dc1": 1}
+    path = write_topology(tmp_path / "job.yaml", parties=parties, lan={"dc0": "collective"}, hfa={"k1": 2, "k2": 1},
                           training={"esync": True})
     job = geomx_job(SCRIPT, "--steps", "7", "--momentum", "0", "--step-s", "0.05", "--slow-rank", "2",
                     "--slowdown", "4", *args, topology=path)
@@ -143,13 +131,12 @@ def esync_job_with_a_slow_party(geomx_job, tmp_path: Path, *args: str, both_coll
     return workers
 
 
-@pytest.mark.parametrize("both_collective", [False, True], ids=["beside-a-server-party", "two-collective-parties"])
-def test_esync_in_collective_parties_ends_together(geomx_job, tmp_path, both_collective):
+def test_esync_in_a_collective_party_beside_a_server_party_ends_together(geomx_job, tmp_path):
     """The state server gives dc0 (one worker of ESync, its rank 0 speaking) more local steps per round. Its data
     (7 steps) ends first, the end-of-data flag its control slice's owner sends makes that round the last, and dc1
     trains fewer steps; every worker ends with the same (global) model. With K1 steps for everyone, or without the
     flag (dc1 trains on alone once dc0 has left), dc1 would train all 7."""
-    esync_job_with_a_slow_party(geomx_job, tmp_path, both_collective=both_collective)
+    esync_job_with_a_slow_party(geomx_job, tmp_path)
 
 
 def test_esync_with_fsdp2_in_collective_parties_ends_together(geomx_job, tmp_path):

@@ -177,8 +177,9 @@ DIGITS_MODEL_BYTES = 38_282 * 4  # DigitsCNN(16, 64) in float32
 # FSA (the examples cnn_fp16.py and cnn_bsc.py --type int8 learn digits in test_digits; test_dense_fp16_and_bisparse
 # holds fp16 to the reference), the fp16 switch under FSA (test_fp16_switch_halves_lan_and_wan_bytes holds it to the
 # reference), MPQ under HFA and MixedSync (its large tensors take Bi-Sparse's path, run under both here; its small
-# ones fp16's; which is which is MPQ-FSA's run).
-DIGITS_RUNS = [("bsc", "fsa"), ("bsc", "hfa"), ("bsc", "mixed"), ("bsc", "fsa_intra_ts"),  # + TSEngine in parties
+# ones fp16's; which is which is MPQ-FSA's run), Bi-Sparse under FSA without TSEngine (the TSEngine run here learns
+# with it, at the same bar and WAN bound, and test_dense_fp16_and_bisparse runs it without).
+DIGITS_RUNS = [("bsc", "hfa"), ("bsc", "mixed"), ("bsc", "fsa_intra_ts"),  # + TSEngine in parties
                ("fp16", "hfa"), ("fp16_switch", "hfa"), ("int8_ef", "hfa"), ("mpq", "fsa")]
 
 

@@ -80,8 +80,10 @@ def simulate(initial: list[torch.Tensor], outer: str, k2: int = K2, steps: int =
 INTRA_TS = {"inter": False, "intra": True, "max_greed": 0.5}  # workers pre-merge and relay (ENABLE_INTRA_TS)
 
 
-@pytest.mark.parametrize(("outer", "tsengine"), [("none", None), ("outer_nesterov", None), ("none", INTRA_TS)],
-                         ids=["plain", "outer_nesterov", "intra_tsengine"])
+# Plain HFA (outer none, no TSEngine): the wrapper's run of this job, test_torch_frontend.py; the kvstore loop's
+# outer "none" arithmetic is the intra_tsengine case's
+@pytest.mark.parametrize(("outer", "tsengine"), [("outer_nesterov", None), ("none", INTRA_TS)],
+                         ids=["outer_nesterov", "intra_tsengine"])
 def test_hfa_matches_a_single_process_simulation(geomx_job, outer, tsengine):
     job = geomx_job("hfa_train.py", "--steps", str(STEPS), "--outer", outer, parties=PARTIES,
                     hfa={"k1": K1, "k2": K2}, tsengine=tsengine)

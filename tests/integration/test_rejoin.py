@@ -181,7 +181,8 @@ def test_a_collective_party_killed_restarts_and_its_ranks_rejoin_with_the_curren
     """HFA (K1=2, K2=1): dc0 a server party of one worker, dc1 a collective party of two ranks. dc1's rank 1 dies;
     its rank 0 fails at its next collective, naming the party; the global tier drops dc1 and dc0 trains on. dc1 is
     started again: each rank rejoins in place of the dead rank of its RANK, the party speaks as a new client, its
-    init brings the *current* global model (one dc0 held after dc1 was lost), and later global rounds include it."""
+    init brings the *current* global model (each key as dc0 held it after dc1 was lost), and later global rounds
+    include it."""
     path = write_topology(tmp_path / "rejoin.yaml", parties={"dc0": 1, "dc1": 2}, timeouts=TIMEOUTS,
                           hfa={"k1": 2, "k2": 1})
     raw = yaml.safe_load(path.read_text())
@@ -220,7 +221,10 @@ def test_a_collective_party_killed_restarts_and_its_ranks_rejoin_with_the_curren
         assert same(tensors["after_init"], new[1][0]["after_init"]) and same(tensors["final"], new[1][0]["final"])
     start = new[1][0]["after_init"]
     assert not same(start, new[1][0]["before_init"]) and not same(start, dc0_tensors["after_init"])
-    matches = [i for i, model in enumerate(dc0_models) if same(model, start)]
-    assert matches and matches[0] >= 3, (matches, len(dc0_models))  # a global model from after dc1 was lost
+    # each key is a global model's from after dc1 was lost; not always one model's: each rank INITs the slices it
+    # owns, and dc0's rounds go on meanwhile, so a key may come from the next round (seen once under load)
+    for key, value in enumerate(start):
+        matches = [i for i, model in enumerate(dc0_models) if torch.equal(model[key], value)]
+        assert matches and matches[0] >= 3, (key, matches, len(dc0_models))
     common = [m for m in syncs(new[1][0]["job_models"], per) if any(same(m, d) for d in dc0_models)]
     assert len(common) >= 3, (len(common), len(dc0_models))  # global rounds with both parties in them

@@ -32,7 +32,6 @@ from typing import Any
 import zmq
 import zmq.auth
 import zmq.utils.z85
-from zmq.utils.monitor import recv_monitor_message
 
 from ..config import SecuritySpec
 
@@ -188,6 +187,9 @@ class Guard:
 
     def _monitor_events(self, monitor: zmq.Socket[Any]) -> None:
         """A handshake that failed before ZAP: wrong mechanism (no credentials, PLAIN against CURVE ...)."""
+        # imported here: zmq.utils.monitor imports asyncio (~0.05 CPU-s), which every scheduler and server would pay
+        from zmq.utils.monitor import recv_monitor_message
+
         while True:
             try:
                 event = recv_monitor_message(monitor, flags=zmq.NOBLOCK)
