@@ -10,7 +10,7 @@ start=$SECONDS
 timeout 170 python3 -m geomx.bench.lan --device cuda --models gpt57m --ranks 2 --optimizer adamw --steps 20 \
   --tiers plain ddp collective server --out "$OUT/b57" 2>&1 | tee "$OUT/lan57.log" | grep -v "^\[lan\] gpt"
 echo "57m bench: $((SECONDS - start)) s"; start=$SECONDS
-timeout 150 python3 -m pytest -q -p no:cacheprovider tests/unit/test_collective_host.py tests/unit/test_collective_group.py \
+timeout 240 python3 -m pytest -q -p no:cacheprovider tests/unit/test_collective_host.py tests/unit/test_collective_group.py \
   tests/integration/test_collective_cuda.py 2>&1 | tee "$OUT/tests.log" | tail -15
 echo "cuda tests: $((SECONDS - start)) s"; start=$SECONDS
 timeout 150 python3 -m geomx.bench.lan --device cuda --models gpt85m --ranks 2 --optimizer adamw --steps 20 \

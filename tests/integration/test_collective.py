@@ -480,10 +480,15 @@ def test_fsa_with_fsdp_in_collective_parties_equals_single_process_sgd(geomx_job
     four ranks' batches. Each rank pushes the party's sum of the gradient slices it owns, from its shards (FSDP2
     reduce-scattered and averaged them in backward), and the answers go back into the shards: the gradients' global
     sum for the optimizer on every rank, or the servers' new weights."""
+    fsdp_fsa_job(geomx_job, tmp_path, server_optimizer, mode)
+
+
+def fsdp_fsa_job(geomx_job, tmp_path: Path, server_optimizer: str, mode: str, *args: str, **tolerance: float) -> None:
+    """The FSA + FSDP2 test's job (the script's ``args`` added) and its checks, to ``tolerance`` (assert_close's)."""
     steps = 8
     path = topology(tmp_path, {"dc0": "collective", "dc1": "collective"}, {"server_optimizer": server_optimizer},
                     parties={"dc0": 2, "dc1": 2}, slice_elems=384)
-    job = geomx_job("fsdp_train.py", "--steps", str(steps), "--fsdp", topology=path)
+    job = geomx_job("fsdp_train.py", "--steps", str(steps), "--fsdp", *args, topology=path)
     job.assert_ok()
     workers = job.workers()
     assert sorted(workers) == list(range(4)), "every worker reports"
@@ -492,12 +497,12 @@ def test_fsa_with_fsdp_in_collective_parties_equals_single_process_sgd(geomx_job
         assert report["mode"] == mode and report["fsdp"] and report["trained_steps"] == steps, report
         for name, want in (("after_init", initial), ("final", final), ("job", final)):
             for index, (got, expected) in enumerate(zip(tensors[name], want, strict=True)):
-                torch.testing.assert_close(got, expected,
+                torch.testing.assert_close(got, expected, **tolerance,
                                            msg=lambda m, r=rank, n=name, i=index: f"worker {r} {n} {i}: {m}")
 
 
-def fsdp_matches_the_job_without_it(geomx_job, tmp_path: Path, dtype: str) -> None:
-    """The FSDP2 test's two jobs, with the model in ``dtype``, and their checks."""
+def fsdp_matches_the_job_without_it(geomx_job, tmp_path: Path, dtype: str, *args: str) -> None:
+    """The FSDP2 test's two jobs, with the model in ``dtype`` (the script's ``args`` added), and their checks."""
     parties, steps, k2 = {"dc0": 2, "dc1": 2}, 14, 4
     streaming = {"fragments": 2, "fragment_delay": 1, "fragment_alpha": 0.25}
     workers, wan = {}, {}
@@ -507,7 +512,7 @@ def fsdp_matches_the_job_without_it(geomx_job, tmp_path: Path, dtype: str) -> No
                         {"server_optimizer": "outer_nesterov", **streaming}, parties=parties,
                         hfa={"k1": K1, "k2": k2}, slice_elems=384)
         job = geomx_job("fsdp_train.py", "--steps", str(steps), "--dtype", dtype, *(["--fsdp"] if fsdp else []),
-                        topology=path, name=name)
+                        *args, topology=path, name=name)
         job.assert_ok()
         workers[fsdp], wan[fsdp] = job.workers(), job.summary["wan_bytes"]
         assert sorted(workers[fsdp]) == list(range(4)), "every worker reports"

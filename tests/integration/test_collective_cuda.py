@@ -8,7 +8,16 @@ import jobkit
 import pytest
 import torch
 from test_bf16 import run_and_replay
-from test_collective import K1, SCRIPT, SLICE_ELEMS, bisparse_hfa_job, simulate_collective_hfa, topology
+from test_collective import (
+    K1,
+    SCRIPT,
+    SLICE_ELEMS,
+    bisparse_hfa_job,
+    fsdp_fsa_job,
+    fsdp_matches_the_job_without_it,
+    simulate_collective_hfa,
+    topology,
+)
 from test_collective_algorithms import esync_job_with_a_slow_party
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -62,3 +71,18 @@ def test_esync_with_a_collective_party_on_cuda_beside_a_server_party(geomx_job, 
     """ESync with the collective party's model on the GPU (its control flag and step count stay on the host)."""
     workers = esync_job_with_a_slow_party(geomx_job, tmp_path, "--device", "cuda")
     assert {report["device"].split(":")[0] for _, report in workers.values()} == {"cuda"}
+
+
+@pytest.mark.parametrize(("server_optimizer", "mode"), [("auto", "LOCAL"), ("translate", "SERVER")],
+                         ids=["sgd-on-every-rank", "sgd-on-the-servers"])
+def test_fsa_with_fsdp2_on_cuda_equals_single_process_sgd(geomx_job, tmp_path, server_optimizer, mode):
+    """FSDP2 over NCCL in two collective parties (its mesh on the GPU, ``fully_shard`` per layer and on the root):
+    each rank's owned slices go from its CUDA shards to the host and the answers back into them; every rank holds
+    single-process SGD's weights (to float tolerance: the GPU sums in its own order)."""
+    fsdp_fsa_job(geomx_job, tmp_path, server_optimizer, mode, "--device", "cuda", rtol=1e-4, atol=1e-5)
+
+
+def test_fsdp2_on_cuda_under_streaming_diloco_trains_as_the_same_job_without_it(geomx_job, tmp_path):
+    """Streaming DiLoCo over two collective parties on the GPU, the model sharded by FSDP2 over NCCL or not: the
+    same weights, job model and WAN bytes (``test_collective``'s FSDP2 test, on CUDA)."""
+    fsdp_matches_the_job_without_it(geomx_job, tmp_path, "float32", "--device", "cuda")

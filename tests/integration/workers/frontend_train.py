@@ -50,15 +50,6 @@ class Float32(nn.Module):
         return x.float()
 
 
-def share_gpu() -> None:
-    """Ranks that share one GPU (a test machine's): NCCL refuses two ranks on one device of one host, unless
-    each rank names a host of its own, as torchft does to share a GPU."""
-    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    if torch.cuda.device_count() < local_ranks:
-        os.environ.setdefault("NCCL_HOSTID", f"geomx-test-rank{os.environ.get('RANK', '0')}")
-    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
-
-
 def sum_hook(_state, bucket):  # no annotations: DDP accepts only the real types, and this file defers them
     """A script's own DDP comm hook: the party's gradient sum (DDP's default averages)."""
     return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(lambda done: done.value()[0])
@@ -112,8 +103,10 @@ def main() -> None:
     args = parser.parse_args()
     rank, num_workers = gx.worker_place()
     device = torch.device(args.device)
-    if device.type == "cuda":
-        share_gpu()
+    if device.type == "cuda":  # a GPU of its own, or an NCCL host of its own on a shared one
+        from geomx.bench.workers.lan_step import share_gpu
+
+        device = share_gpu()
     # deliberately different per worker (the wrapper's init fixes it), unless --same-seed
     torch.manual_seed(jobkit.seed_for(0 if args.same_seed else rank))
     hidden = args.hidden + (1 if rank == args.mismatch_rank else 0)

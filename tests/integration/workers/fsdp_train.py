@@ -24,12 +24,13 @@ import geomx.torch as gx
 
 
 def whole(model: torch.nn.Module) -> list[torch.Tensor]:
-    return [(p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone() for p in model.parameters()]
+    """Each parameter, whole (gathered over the party under FSDP2: every rank calls it alike), on the host."""
+    return [(p.full_tensor() if hasattr(p, "full_tensor") else p).detach().cpu().clone() for p in model.parameters()]
 
 
 def whole_gradients(model: torch.nn.Module) -> list[torch.Tensor]:
-    """Each parameter's gradient, whole (gathered over the party under FSDP2: every rank calls it alike)."""
-    return [(p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).detach().clone()
+    """Each parameter's gradient, whole (gathered as ``whole``), on the host."""
+    return [(p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).detach().cpu().clone()
             for p in model.parameters()]
 
 
@@ -38,9 +39,9 @@ def held_here(model: torch.nn.Module) -> list[torch.Tensor]:
     return [(p.to_local() if hasattr(p, "to_local") else p).detach().clone() for p in model.parameters()]
 
 
-def build(fsdp: bool, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
-    """jobkit's model in ``dtype``, sharded by FSDP2 (each layer, then the root) if ``fsdp``."""
-    model = jobkit.make_model().to(dtype)
+def build(fsdp: bool, dtype: torch.dtype = torch.float32, device: torch.device | None = None) -> torch.nn.Module:
+    """jobkit's model in ``dtype`` on ``device``, sharded by FSDP2 (each layer, then the root) if ``fsdp``."""
+    model = jobkit.make_model().to(device or torch.device("cpu"), dtype)
     if fsdp:
         from torch.distributed.fsdp import fully_shard
 
@@ -59,20 +60,26 @@ def main() -> None:
     parser.add_argument("--slow-rank", type=int, default=-1, help="this global rank's device is --slowdown x slower")
     parser.add_argument("--slowdown", type=float, default=1.0)
     parser.add_argument("--record", action="store_true", help="save the sum of the gradients each rank pushed")
+    parser.add_argument("--device", default="cpu", help="cuda: the model and batches on the GPU (NCCL in the party)")
     args = parser.parse_args()
     rank, num_workers = gx.worker_place()
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        from geomx.bench.workers.lan_step import share_gpu
+
+        device = share_gpu()
     torch.manual_seed(jobkit.seed_for(rank - int(os.environ["RANK"])))  # the party's first rank's seed
-    if args.fsdp:
-        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))  # torchrun's variables
+    if args.fsdp:  # torchrun's variables; FSDP2's mesh is on the model's device
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=datetime.timedelta(seconds=60))
     dtype = getattr(torch, args.dtype)
-    model = build(args.fsdp, dtype)
+    model = build(args.fsdp, dtype, device)
     opt = gx.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=jobkit.LR), model)
     after = whole(model)
     inputs, targets = jobkit.make_data(args.steps, num_workers)
-    inputs = inputs.to(dtype)
+    inputs, targets = inputs.to(device, dtype), targets.to(device)
     device_s = args.step_s * (args.slowdown if rank == args.slow_rank else 1.0)
     trained = 0  # steps whose opt.step() changed the weights (under ESync the ones after the last round do not)
-    pushed = [torch.zeros_like(p) for p in after]  # the sum of the gradients this rank pushed (see --record)
+    pushed = [torch.zeros_like(p) for p in after]  # (host) the sum of the gradients this rank pushed (--record)
     for step in range(args.steps):
         opt.zero_grad()
         loss = F.mse_loss(model(inputs[step, rank]).float(), targets[step, rank])
@@ -84,14 +91,14 @@ def main() -> None:
         before = held_here(model)
         opt.step()
         trained += any(not torch.equal(a, b) for a, b in zip(held_here(model), before, strict=True))
-    held = build(args.fsdp, dtype)  # FSDP2 refuses deepcopy: a model sharded alike, for the job's model
+    held = build(args.fsdp, dtype, device)  # FSDP2 refuses deepcopy: a model sharded alike, for the job's model
     opt.load_job_model(held)
     opt.close()
     final = whole(model)
     jobkit.save_worker_output(opt.kv.config.run_dir, rank, {"after_init": after, "final": final, "job": whole(held),
                                                             **({"pushed": pushed} if args.record else {})},
                               {"global_rank": rank, "mode": opt.plan.mode.name, "fsdp": args.fsdp,
-                               "trained_steps": trained})
+                               "trained_steps": trained, "device": str(device)})
     if dist.is_initialized():
         dist.destroy_process_group()
 
