@@ -82,28 +82,20 @@ def _write(folder: Path, topology: object) -> Path:
     return path
 
 
-def test_the_plans_a_collective_party_cannot_run_yet_are_refused_by_name() -> None:
-    import torch
+@pytest.mark.parametrize("lan", ["collective", "server"])
+def test_esync_with_fragment_delay_is_refused_at_launch_in_any_party(lan: str) -> None:
+    """ESync runs on HFA with K2 = 1, and a fragment's overlap must end before its next global round (below K2):
+    no party can run ESync with ``fragment_delay``, and ``geomx launch`` says why before starting anything."""
+    from geomx.server.compose import check_plugins
 
-    from geomx.config import HFASpec, TrainingSpec
-    from geomx.torch.plan import collective_refusal, make_plan
-
-    sgd = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
-
-    def refusal(hfa: HFASpec | None = None, **training: object) -> str | None:
-        spec = TrainingSpec(**training)  # type: ignore[arg-type]
-        return collective_refusal(make_plan(spec, hfa, sgd), spec)
-
-    assert refusal() is None
-    assert refusal(compression={"type": "bsc", "threshold": 0.01}) is None  # FSA: residuals stay with the owner
-    assert refusal(HFASpec(2, 2), compression={"type": "int8"}) is None
-    assert refusal(HFASpec(2, 2), compression={"type": "bsc"}) is None  # the owners add the model's changes
-    assert refusal(sync="dist_async", server_optimizer="sgd") is None  # MixedSync: each party's push on arrival
-    assert refusal(sync="dist_ssp", server_optimizer="sgd") is None  # SSP: the party's ranks answered as one client
-    assert refusal(sync="dist_async", server_optimizer="dcasgd") is None  # DCASGD: one backup per party
-    assert refusal(HFASpec(2, 1), esync=True) is None  # the party is one worker of ESync
-    assert "ESync" in refusal(HFASpec(2, 1), esync=True, plugin_options=(("fragment_delay", "1"),))
-    assert refusal(HFASpec(2, 4), plugin_options=(("fragment_delay", "1"), ("fragments", "2"))) is None
+    raw = {"parties": {"dc0": {"workers": 2, "lan": lan}, "dc1": 1}, "hfa": {"k1": 2, "k2": 1},
+           "training": {"esync": True, "fragment_delay": 1}}
+    topology = topology_from_dict(raw)
+    with pytest.raises(ConfigError, match=r"fragment_delay \(1\) must be below HFA's K2 \(1\)"):
+        check_plugins(topology.training, topology)
+    raw["training"] = {"esync": True}
+    topology = topology_from_dict(raw)
+    check_plugins(topology.training, topology)  # ESync itself runs in both kinds of party
 
 
 def test_local_rank_picks_a_ranks_gpu_from_torchrun_or_its_party_rank(monkeypatch) -> None:

@@ -45,7 +45,7 @@ from .amp import grad_scaler_skips
 from .hooks import Hook, layer_of_params
 from .join import UnevenLoops
 from .metrics import StepRecorder, TensorBoardSink
-from .plan import Plan, Strategy, collective_refusal, make_plan
+from .plan import Plan, Strategy, make_plan
 from .signature import compare, signature
 
 log = logging.getLogger("geomx.torch")
@@ -123,9 +123,6 @@ class DistributedOptimizer:
             if self.ddp is not None:
                 check_group(self.ddp, ranks.group)
             shards = fsdp_shards(self.params, ranks.group.world_size, self.names, config.party)
-            refusal = collective_refusal(self.plan, config.topology.training)
-            if refusal is not None:
-                raise ConfigError(refusal)
             if self.plan.compression:  # each rank encodes the slices it owns, residuals included
                 ranks.use_compression(self.plan.compression)
         elif self.ddp is not None:

@@ -128,18 +128,6 @@ def _named_optimizer(spec: TrainingSpec, torch_optimizer: torch.optim.Optimizer)
         raise ConfigError(f"training.server_optimizer: {exc}") from None
 
 
-def collective_refusal(plan: Plan, spec: TrainingSpec) -> str | None:
-    """Why ``plan`` cannot run in a ``lan: collective`` party yet (None: it can). A collective party runs FSA
-    (dist_sync, the optimizer on the servers or on every rank, any WAN codec), MixedSync (dist_async, DCASGD
-    included), SSP (dist_ssp), HFA with its outer optimizer, blocking or streaming (overlapped too), and ESync
-    (blocking), with any WAN codec, and each of them with a model sharded by FSDP2. The rest is
-    refused at start, naming it."""
-    where = "in a lan: collective party"
-    if plan.mode is Strategy.ESYNC and int(dict(spec.plugin_options).get("fragment_delay") or 0):
-        return f"ESync {where} with fragment_delay is not supported yet: use HFA, or lan: server for this party"
-    return None
-
-
 def make_plan(spec: TrainingSpec, hfa: HFASpec | None, torch_optimizer: torch.optim.Optimizer) -> Plan:
     """Decide the mode; ConfigError names an unknown name or any combination that cannot work."""
     check_names(spec)
