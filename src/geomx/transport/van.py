@@ -335,7 +335,8 @@ class Van:
         sock = self._sockets.get(outgoing.peer)
         if sock is None:  # disconnected while the message waited in its link
             return
-        handed = time.time()  # the "out" event's time: once the call returns, the peer may have stamped "in"
+        # the "out" event's time (tracing only): once the call returns, the peer may have stamped "in"
+        handed = time.time() if self.tracer is not None else None
         try:
             sock.send_multipart(outgoing.frames, copy=False)
         except zmq.ZMQError as exc:

@@ -14,6 +14,7 @@ import argparse
 import datetime
 import os
 import time
+from collections.abc import Iterable
 
 import jobkit
 import torch
@@ -23,15 +24,10 @@ import torch.nn.functional as F
 import geomx.torch as gx
 
 
-def whole(model: torch.nn.Module) -> list[torch.Tensor]:
-    """Each parameter, whole (gathered over the party under FSDP2: every rank calls it alike), on the host."""
-    return [(p.full_tensor() if hasattr(p, "full_tensor") else p).detach().cpu().clone() for p in model.parameters()]
-
-
-def whole_gradients(model: torch.nn.Module) -> list[torch.Tensor]:
-    """Each parameter's gradient, whole (gathered as ``whole``), on the host."""
-    return [(p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).detach().cpu().clone()
-            for p in model.parameters()]
+def whole(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
+    """Each tensor (a parameter, or its gradient) whole, on the host: gathered over the party under FSDP2 (every
+    rank calls it alike)."""
+    return [(t.full_tensor() if hasattr(t, "full_tensor") else t).detach().cpu().clone() for t in tensors]
 
 
 def held_here(model: torch.nn.Module) -> list[torch.Tensor]:
@@ -74,7 +70,7 @@ def main() -> None:
     dtype = getattr(torch, args.dtype)
     model = build(args.fsdp, dtype, device)
     opt = gx.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=jobkit.LR), model)
-    after = whole(model)
+    after = whole(model.parameters())
     inputs, targets = jobkit.make_data(args.steps, num_workers)
     inputs, targets = inputs.to(device, dtype), targets.to(device)
     device_s = args.step_s * (args.slowdown if rank == args.slow_rank else 1.0)
@@ -85,7 +81,7 @@ def main() -> None:
         loss = F.mse_loss(model(inputs[step, rank]).float(), targets[step, rank])
         loss.backward()
         if args.record:  # FSDP2's gradients are the party's mean: over a party's ranks they add up to its sum
-            for total, grad in zip(pushed, whole_gradients(model), strict=True):
+            for total, grad in zip(pushed, whole(p.grad for p in model.parameters()), strict=True):
                 total.add_(grad)
         time.sleep(device_s)
         before = held_here(model)
@@ -94,8 +90,8 @@ def main() -> None:
     held = build(args.fsdp, dtype, device)  # FSDP2 refuses deepcopy: a model sharded alike, for the job's model
     opt.load_job_model(held)
     opt.close()
-    final = whole(model)
-    jobkit.save_worker_output(opt.kv.config.run_dir, rank, {"after_init": after, "final": final, "job": whole(held),
+    final, job = whole(model.parameters()), whole(held.parameters())
+    jobkit.save_worker_output(opt.kv.config.run_dir, rank, {"after_init": after, "final": final, "job": job,
                                                             **({"pushed": pushed} if args.record else {})},
                               {"global_rank": rank, "mode": opt.plan.mode.name, "fsdp": args.fsdp,
                                "trained_steps": trained, "device": str(device)})
