@@ -6,10 +6,16 @@ slice, when each slice arrives at the global server, when the global server answ
 early answers, the others' sum) is back at the local server. Times are seconds from the step's first push by
 the party's first worker (one clock: every process of the machine shares ``time.time()``, namespaces included).
 
+In a ``lan: collective`` party (``--ranks``) there is no local server: each rank pushes its own slices. Step k is
+then every rank's k-th push of each slice it owns, and the phases are per rank: its first and last push queued,
+its last answer in, and the global server's first and last arrival from each party (times from the step's first
+push by any rank of the job).
+
 Usage::
 
     sudo GEOMX_TRACE=1 .venv/bin/python -m geomx.bench.wan --quick --only ddp geomx_fsa --rates 100
     .venv/bin/python benchmarks/step_timeline.py bench-results/wan/mlp/geomx_fsa-100
+    .venv/bin/python benchmarks/step_timeline.py bench-results/wan/mlp/geomx_fsa_collective-100 --ranks
 """
 
 from __future__ import annotations
@@ -82,15 +88,65 @@ def phases(events: list[dict[str, Any]], party: str, skip: int) -> dict[str, flo
     return {name: statistics.median(values) for name, values in rows.items()}
 
 
+def rank_phases(events: list[dict[str, Any]], skip: int) -> tuple[float, dict[str, float]]:
+    """Collective parties: (the median step, medians of each rank's and the global server's phases), over steps
+    >= ``skip``. A rank's k-th push (or answer) of a slice belongs to step k, which is how it numbers them too."""
+    marks: dict[int, dict[str, float]] = defaultdict(dict)
+    seen: dict[tuple[str, str, tuple[int, int]], int] = defaultdict(int)
+
+    def mark(what: str, node: str, item: tuple[int, int], names: tuple[str, ...], t: float) -> None:
+        """The k-th such event of ``item`` at ``node`` is step k's: ``names`` get its earliest (first name) and
+        latest (second) time."""
+        step = seen[(what, node, item)]
+        seen[(what, node, item)] += 1
+        for name, pick in zip(names, (min, max), strict=False):
+            held = marks[step].get(name)
+            marks[step][name] = t if held is None else pick(held, t)
+
+    for e in events:
+        item, node = (e["key"], e["slice"]), e["node"]
+        if node.startswith("global_server") and e["event"] == "in" and not e["reply"]:
+            party = e["peer"].split("/")[0]
+            mark("in", f"{node}<{party}", item, (f"global server: first push from {party}",
+                                                 f"global server: last push from {party}"), e["t"])
+        elif "/worker" in node and e["event"] == "queue" and not e["reply"]:
+            mark("push", node, item, (f"{node}: first push queued", f"{node}: last push queued"), e["t"])
+        elif "/worker" in node and e["event"] == "in" and e["reply"]:
+            mark("answer", node, item, ("", f"{node}: last answer in"), e["t"])
+    numbers = sorted(marks)[skip:-1]
+    rows: dict[str, list[float]] = defaultdict(list)
+    lengths = []
+    for step in numbers:
+        starts = [t for name, t in marks[step].items() if name.endswith("first push queued")]
+        following = [t for name, t in marks.get(step + 1, {}).items() if name.endswith("first push queued")]
+        if not starts or not following:
+            continue
+        lengths.append(min(following) - min(starts))
+        for name, t in marks[step].items():
+            if name:
+                rows[name].append(t - min(starts))
+    if not lengths:
+        raise SystemExit("no complete collective step in the trace (was it a lan: collective row?)")
+    medians = {name: statistics.median(values) for name, values in rows.items()}
+    return statistics.median(lengths), dict(sorted(medians.items(), key=lambda kv: kv[1]))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run", type=Path, help="a geomx row's folder (with run-dc0/ and run-dc1/)")
     parser.add_argument("--party", default="dc1")
     parser.add_argument("--skip", type=int, default=5, help="leave out the first steps (warm-up)")
+    parser.add_argument("--ranks", action="store_true", help="collective parties: each rank's phases")
     args = parser.parse_args()
     events = [e for e in read_trace(sorted(args.run.glob("run-*"))) if e["kind"] == "PUSHPULL"]
     if not events:
         raise SystemExit(f"no traced PUSHPULL events under {args.run}/run-*/trace (run with GEOMX_TRACE=1)")
+    if args.ranks:
+        step, medians = rank_phases(events, args.skip)
+        print(f"median step {step:.3f} s; medians over steps >= {args.skip} (s from the step's first push):")
+        for name, value in medians.items():
+            print(f"  {name:52s} {value:7.3f}")
+        return 0
     print(f"{args.party}'s step, medians over steps >= {args.skip} (s from the step's first push):")
     for name, value in phases(events, args.party, args.skip).items():
         print(f"  {name:46s} {value:7.3f}")
