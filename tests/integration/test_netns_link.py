@@ -71,6 +71,23 @@ def test_shaped_rate_and_a_two_party_job_across_the_namespaces(link, tmp_path):
         assert after[direction] - before[direction] >= jobkit.STEPS * jobkit.param_bytes(), (direction, after)
 
 
+def test_the_links_tcp_congestion_control_is_set_in_both_namespaces_or_refused_by_name():
+    host = Path(netns.AVAILABLE_CONGESTION).read_text().split()
+    wanted = "reno" if "reno" in host else host[0]  # reno is built into every kernel; the host default seldom
+    with netns.wan_link(RATE_MBIT, prefix=PREFIX, congestion=wanted) as built:
+        assert built.congestion == wanted
+        for ns in built.namespaces:  # what a flow made in the namespace gets
+            code = ("import socket; s = socket.socket(); "
+                    "print(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16))")
+            got = subprocess.run(built.exec_in(ns, [sys.executable, "-c", code]), capture_output=True, text=True,
+                                 timeout=30, check=True).stdout
+            assert wanted in got, (ns, got)
+    with pytest.raises(netns.NetnsError, match=r"'no-such-cc' is not in this kernel's .*tcp_available"), \
+            netns.wan_link(RATE_MBIT, prefix=PREFIX, congestion="no-such-cc"):
+        pass
+    assert not [ns for ns in netns.list_namespaces() if ns.startswith(PREFIX)], "a refused link left namespaces"
+
+
 def test_teardown_after_an_exception():
     with pytest.raises(RuntimeError, match="boom"), netns.wan_link(RATE_MBIT, prefix=PREFIX) as built:
         assert set(built.namespaces) <= set(netns.list_namespaces())

@@ -59,6 +59,11 @@ def test_table_marks_lower_bounds_and_says_whether_goals_are_met():
     assert ">=40.00x" in text and "torchft not installed" in text
     assert ("goal (mlp): 20 Mbit/s, geomx best (geomx_best) reaches the target >= 30x sooner than DDP on the link: "
             "40.00x -> met" in text)
+    assert "congestion control" not in text  # a result of a tree that did not record it
+    result["tcp_congestion"] = {"name": "bbr", "set": False}
+    assert "; TCP congestion control bbr (the host default)" in "\n".join(bench_wan.wan_lines(result))
+    result["tcp_congestion"] = {"name": "cubic", "set": True}
+    assert "; TCP congestion control cubic (set)" in "\n".join(bench_wan.wan_lines(result))
 
 
 def test_the_fsa_per_step_goal_is_said_for_collective_parties_when_they_ran():

@@ -144,11 +144,13 @@ def _brief(f: dict[str, Any], spec: Job) -> str:
 
 
 def run_wan(quick: bool, out_dir: Path, only: list[str] | None = None,
-            rates_mbit: tuple[float, ...] | None = None, jobs: tuple[str, ...] | None = None) -> dict[str, Any]:
+            rates_mbit: tuple[float, ...] | None = None, jobs: tuple[str, ...] | None = None,
+            congestion: str | None = None) -> dict[str, Any]:
     """The whole section; returns the JSON-able result (also written to OUT/wan.json) and prints the table.
 
     ``only``: run just these systems (by name; DDP on loopback always runs: it sets the target);
-    ``rates_mbit``: instead of the plan's rates; ``jobs``: instead of the plan's (quick: mlp, full: mlp and lm).
+    ``rates_mbit``: instead of the plan's rates; ``jobs``: instead of the plan's (quick: mlp, full: mlp and lm);
+    ``congestion``: the link's TCP congestion control for every system (default: the host's; the table says which).
     """
     reason = unavailable_reason()
     if reason:
@@ -171,7 +173,8 @@ def run_wan(quick: bool, out_dir: Path, only: list[str] | None = None,
         if "target" not in block:
             result["errors"].append(f"{name}: DDP on loopback failed: no target")
     try:
-        with wan_link() as link:
+        with wan_link(congestion=congestion) as link:
+            result["tcp_congestion"] = {"name": link.congestion, "set": congestion is not None}
             for rate in plan.rates_mbit:
                 link = link.set_rate(rate)
                 probe = {"a_to_b": link.probe_mbit(), "b_to_a": link.probe_mbit(reverse=True)}
@@ -246,7 +249,7 @@ def job_lines(block: dict[str, Any], result: dict[str, Any]) -> list[str]:
              f"{plan['cap_s']:g} s; target {metric} {_fmt(block.get('target'), '.4f')} (DDP loopback final "
              f"{_fmt(loop.get('final_accuracy'), '.4f')} {worse} {block['margin']}); DDP loopback reaches it in "
              f"{_fmt(loop.get('time_to_target_s'), '.1f', ' s')} ({_fmt(loop.get('step_s'), '.3f')} s/step); "
-             f"H = {result['sync_period']}; tbf has no delay (no netem in this kernel)"]
+             f"H = {result['sync_period']}; tbf has no delay (no netem in this kernel)" + _congestion(result)]
     header = ["system", "s to target", f"final {'acc' if metric == 'accuracy' else metric}", "MB A->B", "MB B->A",
               "s/step", "compute util", "vs DDP link", "vs DDP loopback"]
     for rate, rate_block in block.get("rates", {}).items():
@@ -270,6 +273,12 @@ def job_lines(block: dict[str, Any], result: dict[str, Any]) -> list[str]:
                   if any(len(sent) > 1 for sent in f.get("wan_streams", {}).values())]  # collective parties
     lines += goal_lines(block)
     return lines
+
+
+def _congestion(result: dict[str, Any]) -> str:
+    """The header's words for the link's TCP congestion control (results of older trees do not record it)."""
+    cc = result.get("tcp_congestion")
+    return "" if not cc else f"; TCP congestion control {cc['name']} ({'set' if cc['set'] else 'the host default'})"
 
 
 def stream_line(streams: dict[str, dict[str, int]]) -> str:
@@ -308,9 +317,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="+", choices=[s.name for s in (*SYSTEMS, *EXTRA_SYSTEMS)])
     parser.add_argument("--rates", nargs="+", type=float, help="Mbit/s (default: the plan's)")
     parser.add_argument("--job", choices=[*JOBS, "all"], help="default: mlp with --quick, all otherwise")
+    parser.add_argument("--congestion", help="the link's TCP congestion control, e.g. cubic or bbr (default: the "
+                                             "host's, as the kernel gives new namespaces)")
     args = parser.parse_args(argv)
     result = run_wan(args.quick, Path(args.out), args.only, tuple(args.rates) if args.rates else None,
-                     jobs_from(args.job))
+                     jobs_from(args.job), args.congestion)
     return 1 if result.get("errors") else 0
 
 

@@ -37,13 +37,18 @@ def held_here(model: torch.nn.Module) -> list[torch.Tensor]:
 
 def build(fsdp: bool, dtype: torch.dtype = torch.float32, device: torch.device | None = None) -> torch.nn.Module:
     """jobkit's model in ``dtype`` on ``device``, sharded by FSDP2 (each layer, then the root) if ``fsdp``."""
-    model = jobkit.make_model().to(device or torch.device("cpu"), dtype)
+    device = device or torch.device("cpu")
+    model = jobkit.make_model().to(device, dtype)
     if fsdp:
+        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
+        # the mesh of the model's device: fully_shard's default follows torch.cuda.is_available(), so a CPU model
+        # on a machine with a GPU would get a CUDA mesh
+        mesh = init_device_mesh(device.type, (dist.get_world_size(),))
         for layer in (model[0], model[2]):
-            fully_shard(layer)
-        fully_shard(model)
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
     return model
 
 
