@@ -83,6 +83,18 @@ def test_the_skip_reason_is_the_whole_section(monkeypatch, tmp_path):
     assert bench_wan.run_wan(True, tmp_path) == {"skipped": "needs root"}
 
 
+def test_geomx_bench_hands_the_links_congestion_control_to_the_section(monkeypatch, tmp_path):
+    from geomx.bench.sections import BenchPlan
+    from geomx.cli import build_parser
+
+    args = build_parser().parse_args(["bench", "--only", "wan", "--congestion", "cubic"])
+    assert args.congestion == "cubic"
+    seen = {}
+    monkeypatch.setattr(bench_wan, "run_wan", lambda quick, out, **kw: seen.update(kw) or {})
+    bench_wan.run(BenchPlan(quick=True, wan_congestion=args.congestion), tmp_path)
+    assert seen["congestion"] == "cubic"
+
+
 def test_tbf_burst_covers_a_gso_segment_and_4_ms():
     args = netns.tbf_args(100.0)
     assert args[:3] == ["tbf", "rate", "100mbit"]

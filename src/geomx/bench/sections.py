@@ -23,11 +23,12 @@ from types import ModuleType
 class BenchPlan:
     """How much to run: ``quick`` (fewer steps and repetitions) or the full bench; each section sizes itself
     from it. ``sync_scenarios``: run only these scenarios' rows of the sync section (empty: all); ``wan_job``:
-    the wan section's job."""
+    the wan section's job; ``wan_congestion``: its link's TCP congestion control (None: the host's)."""
 
     quick: bool
     sync_scenarios: tuple[str, ...] = ()
     wan_job: str | None = None  # the wan section's job: mlp, lm or all (None: mlp with quick, all otherwise)
+    wan_congestion: str | None = None  # e.g. "cubic" (geomx.bench.netns)
 
 
 @dataclass(frozen=True)

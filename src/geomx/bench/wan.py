@@ -299,7 +299,7 @@ def jobs_from(choice: str | None) -> tuple[str, ...] | None:
 
 def run(plan: BenchPlan, out_dir: Path) -> dict[str, Any]:
     """The section's entry point for ``geomx bench --only wan`` (see ``run_wan``)."""
-    return run_wan(plan.quick, out_dir, jobs=jobs_from(plan.wan_job))
+    return run_wan(plan.quick, out_dir, jobs=jobs_from(plan.wan_job), congestion=plan.wan_congestion)
 
 
 def lines(result: dict[str, Any]) -> list[str]:
