@@ -94,25 +94,25 @@ def rank_phases(events: list[dict[str, Any]], skip: int) -> tuple[float, dict[st
     marks: dict[int, dict[str, float]] = defaultdict(dict)
     seen: dict[tuple[str, str, tuple[int, int]], int] = defaultdict(int)
 
-    def mark(what: str, node: str, item: tuple[int, int], names: tuple[str, ...], t: float) -> None:
-        """The k-th such event of ``item`` at ``node`` is step k's: ``names`` get its earliest (first name) and
-        latest (second) time."""
+    def mark(what: str, node: str, item: tuple[int, int], t: float, last: str, first: str | None = None) -> None:
+        """The k-th such event of ``item`` at ``node`` is step k's: ``last`` names its latest time, ``first`` (if
+        given) its earliest."""
         step = seen[(what, node, item)]
         seen[(what, node, item)] += 1
-        for name, pick in zip(names, (min, max), strict=False):
-            held = marks[step].get(name)
-            marks[step][name] = t if held is None else pick(held, t)
+        marks[step][last] = max(marks[step].get(last, t), t)
+        if first is not None:
+            marks[step][first] = min(marks[step].get(first, t), t)
 
     for e in events:
         item, node = (e["key"], e["slice"]), e["node"]
         if node.startswith("global_server") and e["event"] == "in" and not e["reply"]:
             party = e["peer"].split("/")[0]
-            mark("in", f"{node}<{party}", item, (f"global server: first push from {party}",
-                                                 f"global server: last push from {party}"), e["t"])
+            mark("in", f"{node}<{party}", item, e["t"], f"global server: last push from {party}",
+                 f"global server: first push from {party}")
         elif "/worker" in node and e["event"] == "queue" and not e["reply"]:
-            mark("push", node, item, (f"{node}: first push queued", f"{node}: last push queued"), e["t"])
+            mark("push", node, item, e["t"], f"{node}: last push queued", f"{node}: first push queued")
         elif "/worker" in node and e["event"] == "in" and e["reply"]:
-            mark("answer", node, item, ("", f"{node}: last answer in"), e["t"])
+            mark("answer", node, item, e["t"], f"{node}: last answer in")
     numbers = sorted(marks)[skip:-1]
     rows: dict[str, list[float]] = defaultdict(list)
     lengths = []
@@ -123,8 +123,7 @@ def rank_phases(events: list[dict[str, Any]], skip: int) -> tuple[float, dict[st
             continue
         lengths.append(min(following) - min(starts))
         for name, t in marks[step].items():
-            if name:
-                rows[name].append(t - min(starts))
+            rows[name].append(t - min(starts))
     if not lengths:
         raise SystemExit("no complete collective step in the trace (was it a lan: collective row?)")
     medians = {name: statistics.median(values) for name, values in rows.items()}

@@ -7,10 +7,9 @@ geomx's own emulator for latency). Everything is created under a per-run unique 
 run that crashed (its pid is gone) are deleted when the next link with the same prefix is built.
 
 Each namespace has its own TCP congestion control (a per-namespace sysctl). By default it is what the host's is
-when the namespaces are made (``Link.congestion``); ``congestion="cubic"`` (or any name the kernel lists in
-``tcp_available_congestion_control``) sets it in both, for every flow of every system run across the link. It
-matters: on this machine, whose host default is BBR, geomx's collective FSA step read 0.46 s under BBR and 0.41 s under
-CUBIC on the same 100 Mbit/s link, DDP's 0.60 and 0.59 (benchmarks/history.md, 2026-12-01).
+when the namespaces are made (``Link.congestion()``); ``congestion="cubic"`` (or any of
+``available_congestion()``) sets it in both, for every flow of every system run across the link. It moves the
+bench's FSA rows by about a tenth (benchmarks/history.md, 2026-12-01).
 
 Needs root and iproute2 (``ip``, ``tc``); :func:`unavailable_reason` says why not.
 
@@ -145,7 +144,6 @@ class Link:
                       *tbf_args(rate_mbit)])
         return Link(self.ns_a, self.ns_b, self.dev_a, self.dev_b, self.addr_a, self.addr_b, rate_mbit)
 
-    @property
     def congestion(self) -> str:
         """The TCP congestion control new flows get in the two namespaces (one name; both ends agree)."""
         names = {_run(self.exec_in(ns, ["sysctl", "-n", CONGESTION_SYSCTL])).strip() for ns in self.namespaces}
@@ -155,7 +153,7 @@ class Link:
 
     def set_congestion(self, name: str) -> None:
         """Give every new TCP flow in both namespaces congestion control ``name`` (one the kernel has)."""
-        available = Path(AVAILABLE_CONGESTION).read_text().split()
+        available = available_congestion()
         if name not in available:
             raise NetnsError(f"TCP congestion control {name!r} is not in this kernel's {AVAILABLE_CONGESTION}: "
                              f"{' '.join(available)}")
@@ -211,6 +209,11 @@ def free_port_in(namespace: str | None, host: str) -> int:
     code = f"import socket; s = socket.socket(); s.bind(({host!r}, 0)); print(s.getsockname()[1])"
     argv = [sys.executable, "-c", code]
     return int(_run(argv if namespace is None else ["ip", "netns", "exec", namespace, *argv]).strip())
+
+
+def available_congestion() -> list[str]:
+    """The TCP congestion controls this kernel offers (what ``Link.set_congestion`` accepts)."""
+    return Path(AVAILABLE_CONGESTION).read_text().split()
 
 
 def _unique_base(prefix: str) -> str:

@@ -174,7 +174,7 @@ def run_wan(quick: bool, out_dir: Path, only: list[str] | None = None,
             result["errors"].append(f"{name}: DDP on loopback failed: no target")
     try:
         with wan_link(congestion=congestion) as link:
-            result["tcp_congestion"] = {"name": link.congestion, "set": congestion is not None}
+            result["tcp_congestion"] = {"name": link.congestion(), "set": congestion is not None}
             for rate in plan.rates_mbit:
                 link = link.set_rate(rate)
                 probe = {"a_to_b": link.probe_mbit(), "b_to_a": link.probe_mbit(reverse=True)}
