@@ -9,7 +9,7 @@ import numpy as np
 from geomx.core.clients import Clients
 from geomx.core.inits import Inits
 from geomx.core.rounds import Round, RoundTable, SliceValue
-from geomx.protocol.wire import Kind, Message
+from geomx.protocol.wire import Kind, Message, decode, encode
 
 
 class FakeServer:
@@ -164,3 +164,20 @@ def test_the_client_that_sent_the_value_with_its_digest_is_answered_without_it()
         else:
             np.testing.assert_array_equal(replies["a"].tensor, [1.0, 2.0])
         np.testing.assert_array_equal(replies["b"].tensor, [1.0, 2.0])  # no digest: the value
+
+
+def test_an_init_or_push_of_another_shape_or_dtype_is_refused_naming_both() -> None:
+    from geomx.core.inits import value_mismatch
+
+    server = FakeServer(["a", "b"], is_global=True)
+    server.inits.request(init("a", [1.0, 2.0]))
+    server.inits.request(init("b", None))
+    wider = Message(Kind.INIT, key=0, dtype="float32", shape=(3,), body={"shard": 0})
+    wider.sender = b"c"
+    server.inits.request(wider)
+    assert server.refused == ["key 0 slice 0 is (2,) float32, but the request says (3,) float32"]
+    pushed = decode(encode(Message(Kind.PUSHPULL, key=0, tensor=np.zeros(2, np.float64))))  # as received
+    assert value_mismatch((2,), np.dtype(np.float32), pushed) == ("key 0 slice 0 is (2,) float32, but the request "
+                                                                 "says (2,) float64")
+    same = decode(encode(Message(Kind.PUSHPULL, key=0, tensor=np.zeros(2, np.float32))))
+    assert value_mismatch((2,), np.dtype(np.float32), same) is None

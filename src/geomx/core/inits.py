@@ -43,11 +43,13 @@ def init_digest(message: Message) -> str | None:
         return None
 
 
-def value_mismatch(stored: str, message: Message) -> str | None:
-    """The problem if ``message`` declares another shape or dtype than the stored value's (``stored``)."""
-    declared = f"{message.shape} {message.dtype}"
-    return None if declared == stored else f"key {message.key} slice {message.slice} is {stored}, " \
-                                           f"but the request says {declared}"
+def value_mismatch(shape: tuple[int, ...], dtype: Any, message: Message) -> str | None:
+    """The problem if ``message`` declares another shape or dtype than the stored value's (every push checks:
+    the text is made only when they differ)."""
+    if tuple(message.shape) == tuple(shape) and message.dtype == dtype:
+        return None
+    return (f"key {message.key} slice {message.slice} is {tuple(shape)} {dtype}, but the request says "
+            f"{message.shape} {message.dtype}")
 
 
 class InitHost(Protocol):
@@ -96,7 +98,7 @@ class Inits:
         host.table.clients.learn_owner(message.sender.decode(), sid)
         stored = host.stored.get(sid)
         if stored is not None:  # already initialized: answer with the current value (a late joiner)
-            problem = value_mismatch(stored.describe(), message) or self.check_size(message)
+            problem = value_mismatch(stored.value.shape, stored.value.dtype, message) or self.check_size(message)
             if problem:
                 host.refuse(message, problem)
                 return
@@ -115,7 +117,7 @@ class Inits:
         current = host.table.get(Kind.INIT, message.key, message.slice)
         if current is not None and current.contributions:
             first = next(iter(current.contributions.values()))
-            problem = value_mismatch(f"{first.shape} {first.dtype}", message)
+            problem = value_mismatch(first.shape, first.dtype, message)
             if problem:
                 host.refuse(message, problem + " (as declared by another client's INIT)")
                 return

@@ -55,9 +55,6 @@ class SliceValue:
 
     value: np.ndarray
 
-    def describe(self) -> str:
-        return f"{self.value.shape} {self.value.dtype}"
-
 
 @dataclass
 class Round:

@@ -174,7 +174,12 @@ _DTYPE_CODES = {dtype: code for code, dtype in _DTYPES.items()}
 # magic, version, kind, flags, codec, dtype, ndim, priority, key, slice, num_slices, request_id, round
 _HEADER = struct.Struct("<2sBBBBBBiqIIQQ")
 _MAGIC = b"GX"
-_CORE_KINDS = frozenset(int(kind) for kind in Kind)
+# the per-message paths look numbers up instead of calling the enums (an enum call or a Flag operator is a few
+# microseconds of Python each, paid several times per message on every node)
+_CORE_KINDS = {int(kind): kind for kind in Kind}
+_REPLY, _SHAPE_ONLY = int(Flag.REPLY), int(Flag.SHAPE_ONLY)
+_KNOWN_FLAGS = _REPLY | _SHAPE_ONLY
+_FLAGS = {bits: Flag(bits) for bits in range(_KNOWN_FLAGS + 1)}
 
 
 def dtype_code(dtype: np.dtype[Any]) -> int:
@@ -206,7 +211,7 @@ class Message:
 
     @property
     def is_reply(self) -> bool:
-        return bool(self.flags & Flag.REPLY)
+        return bool(int(self.flags) & _REPLY)
 
     def reply(self, kind: MessageKind | None = None, **fields: Any) -> Message:
         """A reply to this request: same key/slice/request id/round, REPLY flag set."""
@@ -223,7 +228,7 @@ class Message:
 def encode(message: Message) -> list[bytes | memoryview]:
     """Frames for ``message``. Tensor data is referenced, not copied: keep it alive and unchanged until sent."""
     data: list[bytes | memoryview]
-    flags = message.flags
+    flags = int(message.flags)
     if not isinstance(message.kind, (Kind, PluginKind)):
         raise WireError(f"message kind {message.kind!r} is neither a Kind nor a PluginKind")
     if message.encoded is not None:
@@ -233,7 +238,7 @@ def encode(message: Message) -> list[bytes | memoryview]:
             raise WireError(f"an encoded tensor needs its dtype and 1..{MAX_ENCODED_FRAMES} frames")
         dtype = np.dtype(message.dtype)
         shape = tuple(message.shape)
-        flags &= ~Flag.SHAPE_ONLY
+        flags &= ~_SHAPE_ONLY
         data = [memoryview(np.ascontiguousarray(f).reshape(-1).view(np.uint8))  # type: ignore[arg-type]
                 for f in message.encoded]
     elif message.tensor is not None:
@@ -241,12 +246,12 @@ def encode(message: Message) -> list[bytes | memoryview]:
         dtype = array.dtype
         shape = array.shape
         dtype_code(dtype)  # refuse dtypes that cannot travel before touching the data
-        flags &= ~Flag.SHAPE_ONLY
+        flags &= ~_SHAPE_ONLY
         data = [memoryview(array.reshape(-1).view(np.uint8))]  # type: ignore[arg-type]
     elif message.dtype is not None:
         dtype = np.dtype(message.dtype)
         shape = tuple(message.shape)
-        flags |= Flag.SHAPE_ONLY
+        flags |= _SHAPE_ONLY
         data = []
     else:
         dtype = None
@@ -255,7 +260,7 @@ def encode(message: Message) -> list[bytes | memoryview]:
     if len(shape) > MAX_NDIM:
         raise WireError(f"tensor has {len(shape)} dimensions; at most {MAX_NDIM} travel")
     code = dtype_code(dtype) if dtype is not None else 0
-    header = _HEADER.pack(_MAGIC, PROTOCOL_VERSION, int(message.kind), int(flags), int(message.codec), code,
+    header = _HEADER.pack(_MAGIC, PROTOCOL_VERSION, int(message.kind), flags, int(message.codec), code,
                           len(shape), message.priority, message.key, message.slice, message.num_slices,
                           message.request_id, message.round)
     header += struct.pack(f"<{len(shape)}Q", *shape)
@@ -290,14 +295,12 @@ def decode(frames: Sequence[Any], max_message_bytes: int = 1 << 31) -> Message:
         raise WireError(f"bad magic {bytes(magic)!r}; not a geomx message")
     if version != PROTOCOL_VERSION:
         raise WireError(f"protocol version {version} is not supported (this node speaks {PROTOCOL_VERSION})")
-    kind_value: MessageKind
-    if kind in _CORE_KINDS:
-        kind_value = Kind(kind)
-    elif kind in PLUGIN_KINDS:
+    kind_value: MessageKind | None = _CORE_KINDS.get(kind)
+    if kind_value is None:
+        if kind not in PLUGIN_KINDS:
+            raise WireError(f"unknown message kind {kind}")
         kind_value = PluginKind(kind)  # unnamed: which algorithm's it is, the receiver's handlers know
-    else:
-        raise WireError(f"unknown message kind {kind}")
-    if flags & ~int(Flag.REPLY | Flag.SHAPE_ONLY):
+    if flags & ~_KNOWN_FLAGS:
         raise WireError(f"unknown flag bits {flags:#x}")
     if codec > MAX_CODEC_ID:
         raise WireError(f"unknown codec id {codec}")
@@ -324,7 +327,7 @@ def decode(frames: Sequence[Any], max_message_bytes: int = 1 << 31) -> Message:
     encoded: list[np.ndarray] | None = None
     data_frames = frames[2:]
     if codec != CodecId.DENSE:
-        if code not in _DTYPES or flags & Flag.SHAPE_ONLY:
+        if code not in _DTYPES or flags & _SHAPE_ONLY:
             raise WireError(f"codec {codec} payload needs a known dtype and data frames")
         if not 1 <= len(data_frames) <= MAX_ENCODED_FRAMES:
             raise WireError(f"codec {codec} payload has {len(data_frames)} frames; 1..{MAX_ENCODED_FRAMES} allowed")
@@ -347,7 +350,7 @@ def decode(frames: Sequence[Any], max_message_bytes: int = 1 << 31) -> Message:
             raise WireError(f"shape {tuple(shape)} has a dimension above the limit {max_message_bytes}")
         if nbytes > max_message_bytes:
             raise WireError(f"shape {tuple(shape)} declares {nbytes} bytes, above the limit {max_message_bytes}")
-        if flags & Flag.SHAPE_ONLY:
+        if flags & _SHAPE_ONLY:
             if data_frames:
                 raise WireError("SHAPE_ONLY message carries data frames")
         else:
@@ -359,7 +362,7 @@ def decode(frames: Sequence[Any], max_message_bytes: int = 1 << 31) -> Message:
                                 f"needs {nbytes}")
             tensor = np.frombuffer(buffer, dtype=dtype, count=count).reshape(shape)
     return Message(kind=kind_value, key=key, slice=index, num_slices=num_slices, request_id=request_id,
-                   round=round_, priority=priority, flags=Flag(flags),
+                   round=round_, priority=priority, flags=_FLAGS[flags],
                    codec=CodecId.DENSE if codec == CodecId.DENSE else codec, body=body,
                    tensor=tensor, dtype=dtype, shape=tuple(shape), encoded=encoded)
 

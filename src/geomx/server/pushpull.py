@@ -59,7 +59,7 @@ class PushPulls:
         if message.tensor is None:
             host.refuse(message, f"PUSHPULL of key {message.key} carries no tensor")
             return
-        problem = value_mismatch(stored.describe(), message)
+        problem = value_mismatch(stored.value.shape, stored.value.dtype, message)
         if problem:
             host.refuse(message, problem)
             return

@@ -43,7 +43,9 @@ class ByteCounters:
     def add(self, peer: str, link_class: str, direction: str, nbytes: int) -> None:
         with self._lock:
             self.by_class[link_class][direction] += nbytes
-            entry = self.by_peer.setdefault(peer, {"class": link_class, "sent": 0, "recv": 0})
+            entry = self.by_peer.get(peer)
+            if entry is None:
+                entry = self.by_peer[peer] = {"class": link_class, "sent": 0, "recv": 0}
             entry[direction] += nbytes
 
     def snapshot(self) -> dict[str, Any]:

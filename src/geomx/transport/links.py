@@ -82,6 +82,10 @@ class LinkModel:
             ShapedLink(LinkSpec(lan.bandwidth_bps)) if lan.ingress and lan.bandwidth_bps else None)
         self._inbound: list[tuple[float, int, Message | Delivery]] = []
         self._due: list[tuple[float, int, Outgoing]] = []
+        # messages to a pipe that shapes nothing (no rate, no latency, no access link or outage on the way: an
+        # unemulated LAN or WAN) skip the pipe's queue and leave at the next ``due``, highest priority first
+        self._instant_keys: set[tuple[str, str]] = set()
+        self._instant: list[tuple[int, int, Outgoing]] = []
         self._due_seq = itertools.count()
         # Datagrams to a peer whose links set no rate are paced here (even loopback drops unpaced bursts).
         pace = topology.dgt.rate_bps if topology.dgt is not None else None
@@ -98,7 +102,10 @@ class LinkModel:
         """Open ``peer``'s pipe (if its party has none yet); over the WAN, the access link's share of the party's
         processes that use it."""
         if peer.link_key not in self._links:
-            self._links[peer.link_key] = ShapedLink(self.link_spec(peer), share if peer.link_class == WAN else 1)
+            link = self._links[peer.link_key] = ShapedLink(self.link_spec(peer), share if peer.link_class == WAN else 1)
+            shaped_on_the_way = peer.link_class == WAN and (self._access_out is not None or bool(self.outages))
+            if link.rate_bps is None and link.latency_s == 0 and not shaped_on_the_way:
+                self._instant_keys.add(peer.link_key)
         if peer.link_class == WAN and self._access_bps is not None:
             self._access_share = max(self._access_share, share)
             for access in (self._access_out, self._access_in):
@@ -125,6 +132,8 @@ class LinkModel:
         the node those that passed); returns when to look again."""
         wake_at = earliest(self._pump_pace(now), self._pump_access(now))
         for (link_class, party), link in self._links.items():
+            if not len(link):  # nothing to start (a cut is applied when something is offered during it)
+                continue
             until = self.cut_until(link_class, party, now)
             if until is not None:  # the WAN to that party is cut: nothing starts before the outage ends
                 link.hold_until(until)
@@ -137,7 +146,7 @@ class LinkModel:
 
     def due(self, now: float) -> list[Outgoing]:
         """The sends whose delivery time has come (a WAN cut meanwhile holds a message, loses a datagram)."""
-        ready = []
+        ready = [heapq.heappop(self._instant)[2] for _ in range(len(self._instant))]
         while self._due and self._due[0][0] <= now:
             _, _, outgoing = heapq.heappop(self._due)
             peer = self.peers[outgoing.peer]
@@ -152,12 +161,15 @@ class LinkModel:
         return ready
 
     def next_due(self) -> float | None:
+        if self._instant:
+            return 0.0  # due already
         return self._due[0][0] if self._due else None
 
     def idle(self) -> bool:
         """Whether no send waits anywhere in the model (a flush is complete)."""
         access_busy = any(link is not None and len(link) > 0 for link in (self._access_out, self._udp_pace))
-        return not self._due and not access_busy and all(len(link) == 0 for link in self._links.values())
+        return (not self._due and not self._instant and not access_busy
+                and all(len(link) == 0 for link in self._links.values()))
 
     def has_ingress(self, peer: Peer) -> bool:
         """Whether receipts from ``peer`` pass an ingress (the access link for the WAN, the LAN ingress)."""
@@ -188,6 +200,8 @@ class LinkModel:
         background = outgoing.udp is not None
         if peer.link_class == WAN and self._access_out is not None:
             self._access_out.offer((outgoing, priority), outgoing.nbytes, priority, now, background)
+        elif not background and peer.link_key in self._instant_keys:
+            heapq.heappush(self._instant, (-priority, next(self._due_seq), outgoing))
         else:
             self._links[peer.link_key].offer(outgoing, outgoing.nbytes, priority, now, background)
 

@@ -33,6 +33,7 @@ from ..protocol.wire import Kind, Message, WireError, decode, encode, frames_nby
 from .counters import LAN, WAN, ByteCounters, DatagramCounts
 from .dispatch import DISPATCH_POLL_S, dispatch
 from .emulator import OutageSchedule
+from .frames import receive_frames, send_frames
 from .links import Delivery, LinkModel, Outgoing, Peer, earliest
 from .security import Guard
 from .trace import Tracer
@@ -338,7 +339,7 @@ class Van:
         # the "out" event's time (tracing only): once the call returns, the peer may have stamped "in"
         handed = time.time() if self.tracer is not None else None
         try:
-            sock.send_multipart(outgoing.frames, copy=False)
+            send_frames(sock, outgoing.frames)
         except zmq.ZMQError as exc:
             log.error("[%s] cannot send to %s at %s: %s", self.name, peer.identity, peer.address, exc)
             return
@@ -349,13 +350,13 @@ class Van:
     def _receive_available(self, router: zmq.Socket[Any]) -> None:
         for _ in range(256):
             try:
-                frames = router.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+                frames = receive_frames(router)
             except zmq.Again:
                 return
-            sender = bytes(frames[0].buffer).decode("utf-8", errors="replace")
+            sender = frames[0].bytes.decode("utf-8", errors="replace")
             body = frames[1:]
             peer = self._peers.get(sender)
-            nbytes = sum(len(f.buffer) for f in body)
+            nbytes = sum(len(f) for f in body)
             self.counters.add(sender if peer else "<unknown>", peer.link_class if peer else LAN, "recv", nbytes)
             try:
                 message = decode(body, self._topology.max_message_bytes)
