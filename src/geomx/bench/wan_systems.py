@@ -50,6 +50,10 @@ EXTRA_SYSTEMS = (
     System("geomx_hfa_outer_h_64k", f"geomx HFA {H}x1 + outer, 64K slices", "geomx", period=H, hfa=(H, 1),
            outer=True, topology_extra={"slice_elems": 1 << 16}),
     System("geomx_fsa_64k", "geomx FSA, 64K slices", "geomx", topology_extra={"slice_elems": 1 << 16}),
+    System("geomx_hfa_outer_collective_64k", f"geomx HFA {H}x1 + outer, collective parties (wrapper), 64K slices",
+           "geomx", period=H, hfa=(H, 1), outer=True, worker="wan_torch",
+           topology_extra={"links": {"lan": "collective"}, "training": {"server_optimizer": "outer_nesterov"},
+                           "slice_elems": 1 << 16}),
     # streaming outer sync against the same K1 x K2 without it: half the model goes global every K1 steps, and
     # the workers go on while it travels (the new global model, mixed half and half, one local round later)
     System("geomx_hfa_outer_5x2", "geomx HFA 5x2 + outer", "geomx", period=H, hfa=(5, 2), outer=True),
