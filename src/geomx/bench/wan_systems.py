@@ -22,6 +22,11 @@ BSC = {"type": "bsc", "threshold": 0.01, "momentum": 0.9}
 INT8 = {"type": "int8", "block": 256}
 
 DDP = System("ddp", "DDP (gloo)", "ddp")
+# dense HFA + outer in collective parties; its 64K-slice row below differs from it in the slice size only
+COLLECTIVE_HFA = System("geomx_hfa_outer_collective", f"geomx HFA {H}x1 + outer, collective parties (wrapper)",
+                        "geomx", period=H, hfa=(H, 1), outer=True, worker="wan_torch",
+                        topology_extra={"links": {"lan": "collective"},
+                                        "training": {"server_optimizer": "outer_nesterov"}})
 SYSTEMS = (
     DDP,
     System("local_sgd", f"PostLocalSGD H={H}", "local_sgd", period=H),
@@ -50,10 +55,8 @@ EXTRA_SYSTEMS = (
     System("geomx_hfa_outer_h_64k", f"geomx HFA {H}x1 + outer, 64K slices", "geomx", period=H, hfa=(H, 1),
            outer=True, topology_extra={"slice_elems": 1 << 16}),
     System("geomx_fsa_64k", "geomx FSA, 64K slices", "geomx", topology_extra={"slice_elems": 1 << 16}),
-    System("geomx_hfa_outer_collective_64k", f"geomx HFA {H}x1 + outer, collective parties (wrapper), 64K slices",
-           "geomx", period=H, hfa=(H, 1), outer=True, worker="wan_torch",
-           topology_extra={"links": {"lan": "collective"}, "training": {"server_optimizer": "outer_nesterov"},
-                           "slice_elems": 1 << 16}),
+    replace(COLLECTIVE_HFA, name="geomx_hfa_outer_collective_64k", label=f"{COLLECTIVE_HFA.label}, 64K slices",
+            topology_extra={**COLLECTIVE_HFA.topology_extra, "slice_elems": 1 << 16}),
     # streaming outer sync against the same K1 x K2 without it: half the model goes global every K1 steps, and
     # the workers go on while it travels (the new global model, mixed half and half, one local round later)
     System("geomx_hfa_outer_5x2", "geomx HFA 5x2 + outer", "geomx", period=H, hfa=(5, 2), outer=True),
@@ -71,9 +74,7 @@ EXTRA_SYSTEMS = (
     # each rank syncing the slices it owns with the global server over its own connection
     System("geomx_fsa_collective", "geomx FSA, collective parties (wrapper)", "geomx", worker="wan_torch",
            topology_extra={"links": {"lan": "collective"}, "training": {"server_optimizer": "auto"}}),
-    System("geomx_hfa_outer_collective", f"geomx HFA {H}x1 + outer, collective parties (wrapper)", "geomx",
-           period=H, hfa=(H, 1), outer=True, worker="wan_torch",
-           topology_extra={"links": {"lan": "collective"}, "training": {"server_optimizer": "outer_nesterov"}}),
+    COLLECTIVE_HFA,
     # the same collective parties with a WAN codec: int8 (one scale per 256 values) both ways, a quarter of the
     # dense bytes; and Bi-Sparse 1% (each owner's deltas up with their residuals, the global model's changes down)
     System("geomx_hfa_outer_collective_int8", f"geomx HFA {H}x1 + outer + int8, collective parties (wrapper)",
