@@ -25,7 +25,7 @@ from ..codecs.base import TensorKind
 from ..codecs.messages import decode_message, payload_fields
 from ..config import Mode
 from ..core.capabilities import all_answer_plain_sums
-from ..core.checkpoints import checkpoint_if_due
+from ..core.checkpoints import MODEL, SUMS, checkpoint_if_due, plan_settings
 from ..core.early import send_early
 from ..core.inits import value_mismatch
 from ..core.plugins import Answer, AwaitAnswer, SendUp, SendUpAndAnswer, SliceId
@@ -236,22 +236,33 @@ class PushPulls:
             stored.value = host.aggregation.combine(stored.value, total).astype(dtype, copy=False)
         answer = host.aggregation.answer_fields(rnd, stored.value, previous)
         host.release(rnd, stored.value, fields=answer or self._reply_fields(rnd, stored.value))
-        checkpoint_if_due(host.checkpoints, host.stored, host.table, host.optimizer)
+        if host.checkpoints is not None:  # the values are the model where an optimizer or a model average ran here
+            holds = MODEL if host.optimizer is not None or host.aggregation.answers_weights else SUMS
+            checkpoint_if_due(host.checkpoints, host.stored, host.table, host.optimizer, holds,
+                              plan_settings(host.config.topology))
 
     def _rescaled(self, rnd: Round, total: np.ndarray) -> np.ndarray:
         """After a drop or a departure: the sum as the tier's policy applies it, given the workers behind the
         round's contributions and the tier's (FSA scales it to the full tier; others apply it as it is)."""
         host = self.host
-        present = sum(self._workers_behind(c) for c in rnd.contributions)
         full = host.config.topology.num_all_workers if host.is_global else host.config.num_workers
+        behind = [self._workers_behind(c) for c in rnd.contributions]
+        if None in behind:  # a launch without a topology file: the other parties' sizes are unknown, all alike
+            present = full * len(behind) // max(len(host.clients.present), len(behind))
+        else:
+            present = sum(n for n in behind if n is not None)
         return host.table.policy.rescale(total, present, full)
 
-    def _workers_behind(self, client: str) -> int:
-        """Workers a client speaks for: its party's (a local server's pushes to a global server), else 1."""
+    def _workers_behind(self, client: str) -> int | None:
+        """Workers a client speaks for: its party's (a local server's pushes to a global server), else 1; None
+        where the topology does not know the party's size (GeoMX-style DMLC_* launches name placeholders)."""
         host = self.host
         party = host.clients.parties.get(client) or host.van.peer_party(client)
-        if host.is_global and host.config.topology.mode is Mode.HIPS and party is not None:
-            return host.config.topology.party(party).num_workers
+        topology = host.config.topology
+        if host.is_global and topology.mode is Mode.HIPS and party is not None:
+            if not topology.parties_known:
+                return None
+            return topology.party(party).num_workers
         return 1
 
     def _reply_fields(self, rnd: Round, value: np.ndarray) -> dict[str, Any] | None:
