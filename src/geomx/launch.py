@@ -169,7 +169,7 @@ def plan_processes(topology: Topology, topology_path: Path, command: list[str], 
              is_master: bool = False, torchrun: TorchRun | None = None) -> NodeConfig:
         return NodeConfig(role=role, party=party, topology=topology, global_scheduler=global_address,
                           scheduler=scheduler, rank=rank, is_master=is_master, bind_host=host, run_dir=run_dir,
-                          resume=resume and role is Role.GLOBAL_SERVER, torchrun=torchrun)
+                          resume=resume and role in (Role.GLOBAL_SERVER, Role.WORKER), torchrun=torchrun)
 
     if topology.central in selected or global_only:
         add("global_scheduler", node(Role.GLOBAL_SCHEDULER, topology.central), node_cmd)

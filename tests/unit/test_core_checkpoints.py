@@ -8,11 +8,14 @@ from typing import Any
 
 import numpy as np
 
-from geomx.config import CheckpointSpec
-from geomx.core.checkpoints import checkpoint_if_due, restore_optimizer, resume, values_of
+from geomx.config import CheckpointSpec, topology_from_dict
+from geomx.core.checkpoints import MODEL, SUMS, checkpoint_if_due, plan_settings, restore_optimizer, resume, values_of
 from geomx.core.rounds import SliceValue
+from geomx.core.strategy import STEP_KEY
 from geomx.protocol.wire import Kind
 from geomx.runs.checkpoint import CheckpointWriter
+
+TWO_PARTIES: dict[str, Any] = {"parties": {"dc0": {"workers": 1}, "dc1": {"workers": 1}}}
 
 
 def test_a_checkpoint_is_the_least_advanced_slices_step_and_resumes_their_counts(tmp_path: Path,
@@ -73,3 +76,43 @@ def test_a_slice_nobody_pushes_is_saved_but_holds_no_step_back(tmp_path: Path, m
     snapshot = resume("gs", spec, 0, make_server("gs", ["ls0"]).table)
     assert snapshot is not None and snapshot.step == 2
     np.testing.assert_array_equal(values_of(snapshot)[(1 << 30, 0)].value, np.zeros(4))
+
+
+def _written(tmp_path: Path, make_server: Any, holds: str, settings: dict[str, Any]) -> CheckpointSpec:
+    """A checkpoint of step 2 holding ``holds``, written under ``settings``, with the wrapper's step key."""
+    spec = CheckpointSpec(dir=tmp_path, every_steps=2)
+    table = make_server("gs", ["ls0"]).table
+    table.restore(Kind.PUSHPULL, 0, 0, 2)
+    stored = {(0, 0): SliceValue(np.ones(3, dtype=np.float32)), (STEP_KEY, 0): SliceValue(np.zeros(1))}
+    writer = CheckpointWriter(spec, 0, "gs")
+    checkpoint_if_due(writer, stored, table, None, holds, settings)
+    assert writer.wait_idle(30)
+    return spec
+
+
+def test_a_checkpoint_of_sums_is_never_handed_out_as_the_model(tmp_path: Path, make_server: Any) -> None:
+    settings = plan_settings(topology_from_dict(TWO_PARTIES))
+    spec = _written(tmp_path, make_server, SUMS, settings)
+    snapshot = resume("gs", spec, 0, make_server("gs", ["ls0"]).table, settings)
+    assert snapshot is not None and snapshot.holds == SUMS and snapshot.settings == settings
+    assert values_of(snapshot) == {}  # the master worker's INIT (its own checkpoint's model) is taken instead
+
+
+def test_a_checkpoint_of_the_model_hands_out_its_step_under_the_step_key(tmp_path: Path, make_server: Any) -> None:
+    spec = _written(tmp_path, make_server, MODEL, {})
+    snapshot = resume("gs", spec, 0, make_server("gs", ["ls0"]).table)
+    assert snapshot is not None
+    values = values_of(snapshot)
+    np.testing.assert_array_equal(values[(0, 0)].value, [1, 1, 1])
+    np.testing.assert_array_equal(values[(STEP_KEY, 0)].value, [2])
+
+
+def test_resuming_under_other_training_settings_is_refused_naming_them(tmp_path: Path, make_server: Any,
+                                                                      caplog: Any) -> None:
+    written = plan_settings(topology_from_dict(TWO_PARTIES))
+    spec = _written(tmp_path, make_server, MODEL, written)
+    other = plan_settings(topology_from_dict({**TWO_PARTIES, "training": {"sync": "dist_async",
+                                                                      "server_optimizer": "translate"}}))
+    assert resume("gs", spec, 0, make_server("gs", ["ls0"]).table, other) is None
+    assert "sync: the checkpoint's 'dist_sync', this job's 'dist_async'" in caplog.text
+    assert "server_optimizer: the checkpoint's 'auto', this job's 'translate'" in caplog.text

@@ -4,30 +4,67 @@ The files themselves are ``geomx.runs.checkpoint``'s (npz + a JSON manifest); th
 table: a checkpoint's step is the completed rounds of the least advanced slice, and a resumed server's rounds
 go on counting from the checkpoint's.
 
+What a checkpoint's values are depends on the plan: the job's model where an optimizer or a model average runs on
+the global servers (``MODEL``), the last round's plain sums where the workers' own optimizer steps on them
+(``SUMS``: the wrapper's default under FSA; the workers checkpoint the model, ``geomx.torch.checkpoint``). A
+resumed server hands a ``MODEL`` checkpoint's values out at INIT, with the step it holds under ``STEP_KEY``; a
+``SUMS`` checkpoint's values are never handed out as a model: the master worker's INIT (its own checkpoint's
+model and step) is taken as on a fresh start.
+
 Usage (inside a global server)::
 
-    snapshot = resume(name, spec, shard, table)            # --resume; None (logged) if there is none
-    checkpoint_if_due(writer, stored, table, optimizer)      # after every applied round
+    snapshot = resume(name, spec, shard, table, plan_settings(topology))  # --resume; None (logged) if none
+    checkpoint_if_due(writer, stored, table, optimizer, holds, settings)    # after every applied round
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+from typing import Any
 
 import numpy as np
 
-from ..config import CheckpointSpec
+from ..config import CheckpointSpec, Topology
 from ..optim import Optimizer
 from ..protocol.wire import Kind, SliceId
-from ..runs.checkpoint import CheckpointWriter, Snapshot, load_latest, shard_dir
+from ..runs.checkpoint import MODEL, SUMS, CheckpointWriter, Snapshot, load_latest, shard_dir
 from .rounds import RoundTable, SliceValue
+from .strategy import STEP_KEY
+
+__all__ = ["MODEL", "SUMS", "checkpoint_if_due", "plan_settings", "restore_optimizer", "resume", "settings_difference",
+           "values_of"]
+
+
+def plan_settings(topology: Topology) -> dict[str, Any]:
+    """The training settings a checkpoint records and a resumed job must share: what the servers' values mean
+    and how the optimizer state goes on (the sync policy, the server optimizer, the WAN codec, HFA, ESync, P3).
+    Usage: ``plan_settings(config.topology)["sync"]`` -> ``"dist_sync"``"""
+    training = topology.training
+    return {"mode": topology.mode.value, "sync": training.sync,
+            "server_optimizer": training.server_optimizer,
+            "server_optimizer_params": {name: value for name, value in training.server_optimizer_params},
+            "compression": training.compression,
+            "hfa": dataclasses.asdict(topology.hfa) if topology.hfa is not None else None,
+            "esync": training.esync, "p3": training.p3}
+
+
+def settings_difference(saved: dict[str, Any], current: dict[str, Any]) -> str | None:
+    """What differs between a checkpoint's settings and this job's, named (None: nothing; an older checkpoint that
+    recorded none is taken as it is)."""
+    if not saved:
+        return None
+    changed = [f"{name}: the checkpoint's {saved.get(name)!r}, this job's {current.get(name)!r}"
+               for name in sorted(set(saved) | set(current)) if saved.get(name) != current.get(name)]
+    return "; ".join(changed) or None
 
 log = logging.getLogger("geomx.server")
 
 
-def resume(name: str, spec: CheckpointSpec, shard: int, table: RoundTable) -> Snapshot | None:
+def resume(name: str, spec: CheckpointSpec, shard: int, table: RoundTable,
+           settings: dict[str, Any] | None = None) -> Snapshot | None:
     """The newest valid checkpoint of ``shard`` (its round counts restored into ``table``); None, logged, if
-    there is none."""
+    there is none or it was written under other training ``settings`` (each difference named)."""
     if spec.dir is None:
         log.error("[%s] --resume needs a checkpoint folder: set checkpoint.dir in the topology "
                   "(or GEOMX_CHECKPOINT_DIR)", name)
@@ -36,14 +73,31 @@ def resume(name: str, spec: CheckpointSpec, shard: int, table: RoundTable) -> Sn
     if snapshot is None:
         log.error("[%s] --resume: no valid checkpoint in %s", name, shard_dir(spec.dir, shard))
         return None
+    difference = settings_difference(snapshot.settings, settings) if settings is not None else None
+    if difference is not None:
+        log.error("[%s] --resume: %s was written by a job with other training settings (%s): resume with the "
+                  "settings it was written with, or start afresh without --resume", name, snapshot.source, difference)
+        return None
     for (key, index), number in snapshot.rounds.items():
         table.restore(Kind.PUSHPULL, key, index, number)
     log.info("[%s] resumed from %s: step %d, %d slices", name, snapshot.source, snapshot.step, len(snapshot.values))
+    if snapshot.holds == SUMS:
+        log.info("[%s] the checkpoint of step %d holds the last gradient sums, not the model (the optimizer ran on "
+                 "the workers): the model and the step come from the master worker's own checkpoint", name,
+                 snapshot.step)
     return snapshot
 
 
 def values_of(snapshot: Snapshot) -> dict[SliceId, SliceValue]:
-    return {sid: SliceValue(value) for sid, value in snapshot.values.items()}
+    """What a resumed server holds at start: a ``MODEL`` checkpoint's values, with its step under ``STEP_KEY``;
+    nothing from a ``SUMS`` checkpoint (its values are no model: the master worker's INIT is taken instead)."""
+    if snapshot.holds == SUMS:
+        return {}
+    values = {sid: SliceValue(value) for sid, value in snapshot.values.items()}
+    step = values.get((STEP_KEY, 0))
+    if step is not None:  # the wrapper's step, as of the checkpoint (written at INIT, never pushed)
+        step.value = np.full_like(step.value, snapshot.step)
+    return values
 
 
 def restore_optimizer(name: str, snapshot: Snapshot | None, optimizer: Optimizer | None) -> None:
@@ -63,7 +117,7 @@ def restore_optimizer(name: str, snapshot: Snapshot | None, optimizer: Optimizer
 
 
 def checkpoint_if_due(writer: CheckpointWriter | None, stored: dict[SliceId, SliceValue], table: RoundTable,
-                      optimizer: Optimizer | None) -> None:
+                      optimizer: Optimizer | None, holds: str = MODEL, settings: dict[str, Any] | None = None) -> None:
     """Checkpoint when due; the step is the completed rounds of the least advanced slice that the workers push (a
     slice without a round, such as the PyTorch wrapper's model signature or a frozen parameter, is saved but
     holds no step back: with it, its server would never checkpoint)."""
@@ -75,6 +129,7 @@ def checkpoint_if_due(writer: CheckpointWriter | None, stored: dict[SliceId, Sli
     def take() -> Snapshot:
         layout, state = optimizer.state() if optimizer is not None else ({}, {})
         return Snapshot(step, {sid: np.array(kept.value, copy=True) for sid, kept in stored.items()},
-                        rounds, optimizer.spec() if optimizer is not None else None, state, layout)
+                        rounds, optimizer.spec() if optimizer is not None else None, state, layout,
+                        holds=holds, settings=dict(settings or {}))
 
     writer.maybe_write(step, take)

@@ -27,6 +27,10 @@ if TYPE_CHECKING:  # the servers never import torch; only the wrapper's strategi
 # key per strategy that needs one of its own (a control key, say).
 WRAPPER_KEYS = 1 << 40
 SIGNATURE_KEY = WRAPPER_KEYS
+# The job's step, as the master worker INITs it (0, or its own checkpoint's step on --resume): a resumed global
+# server whose checkpoint holds the model answers this key's INIT with its checkpoint's step instead
+# (geomx.core.checkpoints), so every worker learns where the job goes on. Never pushed.
+STEP_KEY = WRAPPER_KEYS + 2
 
 
 class Loop(Protocol):

@@ -39,8 +39,12 @@ from ..protocol.wire import SliceId
 
 log = logging.getLogger("geomx.runs.checkpoint")
 
-FORMAT_VERSION = 2  # 2: the manifest lists "slices", each with its "slice" (1: "slots" and "part")
-READABLE_FORMATS = (1, 2)  # an older geomx's checkpoints are read too
+# 3: the manifest says what the values are ("holds") and the job's training settings; 2: it lists "slices", each
+# with its "slice" (1: "slots" and "part")
+FORMAT_VERSION = 3
+READABLE_FORMATS = (1, 2, 3)  # an older geomx's checkpoints are read too (as holding the model, as they were)
+MODEL = "model"  # a checkpoint's values are the job's model (an optimizer or a model average ran on the servers)
+SUMS = "sums"  # they are the last round's plain sums: the model lives on the workers, who checkpoint it
 _NAME = re.compile(r"ckpt-(\d+)\.json")
 
 class CheckpointError(ValueError):
@@ -58,13 +62,16 @@ class Snapshot:
     optimizer_state: dict[str, np.ndarray] = field(default_factory=dict)
     optimizer_layout: dict[str, Any] = field(default_factory=dict)
     source: Path | None = None  # the manifest it was loaded from
+    holds: str = MODEL  # MODEL or SUMS: whether ``values`` are the job's model
+    settings: dict[str, Any] = field(default_factory=dict)  # the job's training settings (``plan_settings``)
 
 
 def shard_dir(folder: Path, shard: int) -> Path:
     return Path(folder) / f"gs{shard}"
 
 
-def _sha256(path: Path) -> str:
+def sha256(path: Path) -> str:
+    """The file's SHA-256, hex (what a manifest records of its data file)."""
     digest = hashlib.sha256()
     with path.open("rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
@@ -72,7 +79,8 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _write_atomically(path: Path, write: Callable[[Any], None]) -> None:
+def write_atomically(path: Path, write: Callable[[Any], None]) -> None:
+    """``write(handle)`` to a temporary name beside ``path``, flushed to disk, then renamed onto ``path``."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with tmp.open("wb") as handle:
@@ -94,31 +102,32 @@ def write(folder: Path, shard: int, snapshot: Snapshot, keep: int = 3) -> Path:
     for index, (sid, value) in enumerate(sorted(snapshot.values.items())):
         arrays[f"slice{index}"] = value
         slices.append({"key": sid[0], "slice": sid[1], "array": f"slice{index}",
-                       "round": snapshot.rounds.get(sid, 0)})
+                       "round": snapshot.rounds.get(sid, 0), "shape": list(value.shape), "dtype": str(value.dtype)})
     for name, value in snapshot.optimizer_state.items():
         arrays[f"opt/{name}"] = value
     data = target / f"ckpt-{snapshot.step:09d}.npz"
-    _write_atomically(data, lambda handle: np.savez(handle, **arrays))  # type: ignore[arg-type]
+    write_atomically(data, lambda handle: np.savez(handle, **arrays))  # type: ignore[arg-type]
     manifest = {"format": FORMAT_VERSION, "step": snapshot.step, "shard": shard, "time": time.time(),
-                "data": data.name, "sha256": _sha256(data), "slices": slices,
+                "holds": snapshot.holds, "settings": snapshot.settings, "data": data.name, "sha256": sha256(data),
+                "slices": slices,
                 "optimizer": {"spec": snapshot.optimizer_spec, "layout": snapshot.optimizer_layout,
                               "arrays": sorted(snapshot.optimizer_state)}}
     path = target / f"ckpt-{snapshot.step:09d}.json"
-    _write_atomically(path, lambda handle: handle.write(json.dumps(manifest, indent=1).encode()))
+    write_atomically(path, lambda handle: handle.write(json.dumps(manifest, indent=1).encode()))
     with contextlib.suppress(OSError):  # make the renames themselves durable
         fd = os.open(target, os.O_RDONLY)
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
-    for old in _manifests(target)[keep:]:
+    for old in manifests(target)[keep:]:
         for stale in (old, old.with_suffix(".npz")):
             with contextlib.suppress(FileNotFoundError):
                 stale.unlink()
     return path
 
 
-def _manifests(target: Path) -> list[Path]:
+def manifests(target: Path) -> list[Path]:
     """Manifests in ``target``, newest step first."""
     found = [(int(m.group(1)), p) for p in target.glob("ckpt-*.json") if (m := _NAME.fullmatch(p.name))]
     return [p for _, p in sorted(found, reverse=True)]
@@ -137,7 +146,7 @@ def load(manifest_path: Path) -> Snapshot:
         data = manifest_path.with_name(str(manifest["data"]))
         if not data.is_file():
             raise CheckpointError(f"{manifest_path}: its data file {data.name} is missing")
-        actual = _sha256(data)
+        actual = sha256(data)
         if actual != manifest["sha256"]:
             raise CheckpointError(f"{data}: checksum mismatch (sha256 {actual[:12]}…, the manifest says "
                                   f"{str(manifest['sha256'])[:12]}…); the file is corrupt")
@@ -152,8 +161,11 @@ def load(manifest_path: Path) -> Snapshot:
             rounds[sid] = int(entry["round"])
         optimizer = manifest["optimizer"]
         state = {name: arrays[f"opt/{name}"] for name in optimizer["arrays"]}
+        holds = str(manifest.get("holds", MODEL))
+        if holds not in (MODEL, SUMS):
+            raise CheckpointError(f"{manifest_path}: holds {holds!r} (this geomx knows {MODEL!r} and {SUMS!r})")
         return Snapshot(int(manifest["step"]), values, rounds, optimizer["spec"], state, optimizer["layout"],
-                        manifest_path)
+                        manifest_path, holds, dict(manifest.get("settings") or {}))
     except CheckpointError:
         raise
     except (KeyError, TypeError, ValueError, OSError) as exc:  # a manifest or archive that does not add up
@@ -162,7 +174,7 @@ def load(manifest_path: Path) -> Snapshot:
 
 def load_latest(folder: Path, shard: int) -> Snapshot | None:
     """The newest checkpoint of ``shard`` that verifies; each refused one is logged with the reason."""
-    for manifest in _manifests(shard_dir(folder, shard)):
+    for manifest in manifests(shard_dir(folder, shard)):
         try:
             return load(manifest)
         except CheckpointError as exc:

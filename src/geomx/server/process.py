@@ -34,7 +34,7 @@ from ..codecs import Codec, CodecError, TensorInfo, default_registry
 from ..codecs.base import Direction, TensorKind
 from ..codecs.messages import decode_message, payload_fields
 from ..config import Mode, NodeConfig, Role
-from ..core.checkpoints import restore_optimizer, resume, values_of
+from ..core.checkpoints import plan_settings, restore_optimizer, resume, values_of
 from ..core.clients import Clients, collective_client
 from ..core.early import EarlyAnswers
 from ..core.inits import Inits
@@ -152,7 +152,8 @@ class ParameterServer:
 
     def _resume(self) -> bool:
         """Load the newest valid checkpoint of this shard (--resume); False (logged) if there is none."""
-        self.resumed = resume(self.name, self.config.topology.checkpoint, self.config.rank or 0, self.table)
+        self.resumed = resume(self.name, self.config.topology.checkpoint, self.config.rank or 0, self.table,
+                              plan_settings(self.config.topology))
         if self.resumed is None:
             return False
         self.stored = values_of(self.resumed)

@@ -38,10 +38,12 @@ from ..algorithms.registry import strategy_class
 from ..collective.ddp import check_group, unwrap
 from ..collective.fsdp import fsdp1_refusal, fsdp_shards, is_sharded
 from ..config import ConfigError, NodeConfig, node_config
-from ..core.strategy import SIGNATURE_KEY, WorkerStrategy
+from ..core.checkpoints import plan_settings
+from ..core.strategy import SIGNATURE_KEY, STEP_KEY, WorkerStrategy
 from ..kv import KVStore, create
 from ..runs.runlog import file_name
 from .amp import grad_scaler_skips
+from .checkpoint import WorkerCheckpoints
 from .hooks import Hook, layer_of_params
 from .join import UnevenLoops
 from .metrics import StepRecorder, TensorBoardSink
@@ -136,6 +138,10 @@ class DistributedOptimizer:
         if shards is not None and self.plan.mode in (Strategy.SERVER, Strategy.LOCAL):  # (a collective party's)
             mode = f"SHARDED_{self.plan.mode.name}"  # FSA from FSDP2's shards (geomx.algorithms.fsa.sharded)
         self.strategy: WorkerStrategy = strategy_class(mode)(self)
+        self._config = config
+        self.start_step = 0  # the job's step this worker starts at: a resumed job's checkpoint step (--resume)
+        self.steps_done = 0  # the job's steps completed, counted from start_step
+        self.checkpoints = self._worker_checkpoints(config, shards is not None)
         if self.kv.is_master_worker:  # the servers' codec and optimizer, before any round
             if self.plan.compression:
                 self.kv.set_gradient_compression(self.plan.compression)
@@ -166,8 +172,40 @@ class DistributedOptimizer:
         problem = compare(mine, masters, self.model)
         if problem:
             raise ModelMismatchError(f"{self.kv.name}: the workers' models differ: {problem}")
+        config = self._config
+        resumed = None  # the master's own checkpoint's step, where the workers hold the model (--resume)
+        if config.resume and self.checkpoints is not None and self.kv.is_master_worker:
+            resumed = self.checkpoints.newest()  # its model is what the master INITs: every worker's start
+            self.checkpoints.load(resumed, self.model, self.optimizer)
         self.kv.init(list(range(len(self.params))), [p.data for p in self.params])
+        if self._knows_steps():
+            step = torch.tensor([float(resumed or 0)], dtype=torch.float64)
+            self.kv.init(STEP_KEY, step)  # the master's, or a resumed global server's checkpoint step
+            self.start_step = self.steps_done = int(step.item())
+            if config.resume and self.checkpoints is not None and not self.kv.is_master_worker:
+                self.checkpoints.load(self.start_step, self.model, self.optimizer)
+            if config.resume and self.kv.is_master_worker:
+                log.info("geomx.torch: the job resumes at step %d", self.start_step)
         self.strategy.init_keys()
+
+    def _worker_checkpoints(self, config: NodeConfig, sharded: bool) -> WorkerCheckpoints | None:
+        """This worker's own checkpoints, where the plan keeps the model and the optimizer state on the workers
+        (the optimizer steps on every worker on the averaged gradient); None elsewhere (the global servers'
+        checkpoints hold them) or without checkpoint.dir."""
+        spec = config.topology.checkpoint
+        if spec.dir is None or self.plan.mode is not Strategy.LOCAL:
+            return None
+        if sharded:
+            raise ConfigError(f"party {config.party}: checkpoints of a model sharded by FSDP2 under FSA with the "
+                              "optimizer on the workers are not written yet (each rank's shards would need one): "
+                              "set training.server_optimizer: translate, or no checkpoint.dir")
+        return WorkerCheckpoints(spec, self.kv.global_rank, plan_settings(config.topology))
+
+    def _knows_steps(self) -> bool:
+        """Whether this job tells its workers its step (under STEP_KEY): with checkpoints, under FSA's plans,
+        where a global server's round is a step (under HFA it is a global round; not told yet)."""
+        return (self._config.topology.checkpoint.dir is not None
+                and self.plan.mode in (Strategy.LOCAL, Strategy.SERVER))
 
     # -- hooks --------------------------------------------------------------------------------------------
     def _on_gradient(self, key: int, param: torch.Tensor) -> None:
@@ -242,6 +280,9 @@ class DistributedOptimizer:
         self.strategy.step()
         self._averaged = False
         self._forward_started = False
+        self.steps_done += 1
+        if self.checkpoints is not None:  # before the next push: the servers' checkpoint of this step needs it
+            self.checkpoints.maybe_write(self.steps_done, self.model, self.optimizer)
         self.recorder.step()
         return loss
 

@@ -1,0 +1,77 @@
+"""Resume under the wrapper's plans, with real processes: a job crashes (its global server SIGKILLed after a few
+checkpoints), ``geomx launch --resume`` goes on, and the resumed job must end where the single-process reference
+ends after as many steps: Adam (an optimizer with state) on the mean gradient of every worker's batch.
+
+- the default plan (FSA, the wrapped Adam stepping on every worker on the averaged gradient): the global servers
+  hold gradient sums, the workers hold the model and Adam's moments (``geomx.torch.checkpoint``);
+- ``server_optimizer: translate``: Adam runs on the global servers, whose checkpoints hold the model and the state.
+
+Before the fix, the default plan's resume handed the servers' gradient sums back as the model.
+"""
+
+from __future__ import annotations
+
+import jobkit
+import pytest
+import torch
+import torch.nn.functional as F
+from harness import run_job
+
+from geomx.runs.checkpoint import SUMS, load_latest
+from geomx.torch.checkpoint import worker_dir
+
+STEPS = 10
+KILL = 8  # before step 8: the checkpoints of step 6 exist (every 3 steps)
+LR = 0.01  # resume_train.py's
+
+
+def reference(steps: int, num_workers: int) -> list[torch.Tensor]:
+    """One process: the master's initial model, Adam on the mean loss over every worker's batch."""
+    torch.manual_seed(jobkit.seed_for(0))
+    model = jobkit.make_model()
+    optimizer = torch.optim.Adam(model.parameters(), lr=LR)
+    inputs, targets = jobkit.make_data(STEPS, num_workers)
+    for step in range(steps):
+        optimizer.zero_grad()
+        F.mse_loss(model(inputs[step].reshape(-1, jobkit.IN_FEATURES)),
+                   targets[step].reshape(-1, jobkit.OUT_FEATURES)).backward()
+        optimizer.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("server_optimizer", ["auto", "translate"])
+def test_a_crashed_job_resumes_where_it_stopped(tmp_path, server_optimizer):
+    folder = tmp_path / "checkpoints"
+    options = {"parties": {"dc0": 1, "dc1": 1}, "training": {"server_optimizer": server_optimizer},
+               "timeouts": {"request": "20s", "round": "20s", "shutdown": "5s"}}
+    topology = tmp_path / "job.yaml"
+    from harness import write_topology
+    write_topology(topology, **options)
+    topology.write_text(topology.read_text() + f"checkpoint:\n  dir: {folder}\n  every_steps: 3\n  keep: 3\n")
+
+    crashed = run_job(tmp_path, "resume_train.py", "--steps", STEPS, "--kill-step", KILL, name="crash",
+                      topology=topology)
+    assert crashed.result.exit_code != 0
+    snapshot = load_latest(folder, 0)
+    assert snapshot is not None and snapshot.step >= 3, crashed.tail()
+    assert snapshot.settings["server_optimizer"] == server_optimizer
+    if server_optimizer == "auto":  # the servers hold sums; the workers hold the model, at their own steps
+        assert snapshot.holds == SUMS
+        for rank in (0, 1):
+            assert sorted(p.name for p in worker_dir(folder, rank).glob("*.json")) == \
+                ["ckpt-000000003.json", "ckpt-000000006.json"]
+        resumed_at = 6
+    else:
+        assert snapshot.holds == "model" and snapshot.optimizer_spec["name"] == "adam"
+        resumed_at = snapshot.step
+
+    resumed = run_job(tmp_path, "resume_train.py", "--steps", STEPS, name="resume", topology=topology, resume=True)
+    resumed.assert_ok()
+    want = reference(STEPS, 2)
+    workers = resumed.workers()
+    assert sorted(workers) == [0, 1]
+    for rank, (tensors, report) in workers.items():
+        assert report["start_step"] == resumed_at, report
+        for index, (got, expected) in enumerate(zip(tensors["final"], want, strict=True)):
+            torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6,
+                                       msg=lambda m, i=index, r=rank: f"worker {r} param {i}: {m}")

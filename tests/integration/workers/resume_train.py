@@ -1,0 +1,50 @@
+"""Integration worker of the resume tests: jobkit's model and data in a plain loop wrapped in DistributedOptimizer
+(Adam: an optimizer with state), from the step the job resumes at (``opt.start_step``) to ``--steps``.
+
+``--kill-step K``: the worker of global rank 0 SIGKILLs the job's global server before its step K (a crash after
+the checkpoints of the steps before it), then fails. Every worker that ends writes ``out/worker<rank>.pt/.json``
+(jobkit): its final weights and the step it started at.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+from pathlib import Path
+
+import jobkit
+import torch
+import torch.nn.functional as F
+from survive_train import find_pid
+
+import geomx.torch as gx
+
+LR = 0.01
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--kill-step", type=int, default=-1)
+    args = parser.parse_args()
+    rank, num_workers = gx.worker_place()
+    torch.manual_seed(jobkit.seed_for(rank))  # different per worker: the master's INIT (or checkpoint) wins
+    model = jobkit.make_model()
+    opt = gx.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=LR), model)
+    run_dir = Path(opt.kv.config.run_dir or ".")
+    inputs, targets = jobkit.make_data(args.steps, num_workers)
+    for step in range(opt.start_step, args.steps):
+        if step == args.kill_step and rank == 0:
+            os.kill(find_pid(run_dir, "global_server"), signal.SIGKILL)
+            raise SystemExit(f"killed the global server before step {step}")
+        opt.zero_grad()
+        F.mse_loss(model(inputs[step, rank]), targets[step, rank]).backward()
+        opt.step()
+    opt.close()
+    jobkit.save_worker_output(run_dir, rank, {"final": [p.detach().clone() for p in model.parameters()]},
+                              {"start_step": opt.start_step, "plan": opt.plan.describe()})
+
+
+if __name__ == "__main__":
+    jobkit.run_and_exit(main)
