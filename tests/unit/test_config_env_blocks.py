@@ -214,7 +214,7 @@ SECURITY_BASE = {"default": None, "block": {"secret": "from-the-topology", "curv
 SECURITY_OVERRIDES = ({}, {"GEOMX_CURVE_KEYS": "/env-keys"})
 MISSING = Refused("cannot read the shared secret from DIR/missing.txt: [Errno 2] No such file or directory: "
                   "'DIR/missing.txt'")
-SHORT = Refused("the shared secret must be at least 8 characters long")
+SHORT = Refused("GEOMX_SECRET_FILE: the shared secret must be at least 8 characters long")  # named by its variable
 KEYS, ENV_KEYS = Path("/keys"), Path("/env-keys")
 ENVIRONMENT, TOPOLOGY, FILE = "from-the-environment", "from-the-topology", "from-a-file-secret"
 FROM_TOPOLOGY: tuple[Outcome, ...] = ({"secret": TOPOLOGY, "curve_keys": KEYS},

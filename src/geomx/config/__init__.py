@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from .env import ENV_ALIASES, job_topology, job_training, node_config, node_config_from_env, node_env
 from .errors import ConfigError
+from .fields import named
 from .specs import (
     OUTAGE_ORIGINS,
     CheckpointSpec,
@@ -64,6 +65,7 @@ __all__ = [
     "job_topology",
     "job_training",
     "load_topology",
+    "named",
     "node_config",
     "node_config_from_env",
     "node_env",

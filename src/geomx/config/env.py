@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
-from .fields import aliases_of, block_from_env, env_values, lookup, variables
+from .fields import aliases_of, block_from_env, env_values, lookup, replaced, variables
 from .specs import (
     CheckpointSpec,
     DGTSpec,
@@ -165,7 +165,9 @@ def training_from_env(env: Mapping[str, str], base: TrainingSpec) -> TrainingSpe
     options = _plugin_options_from_env(env)
     if not options:
         return spec
-    return dataclasses.replace(spec, plugin_options=tuple(sorted({**dict(spec.plugin_options), **options}.items())))
+    given = tuple((name, f"GEOMX_{name.upper()}", text) for name, text in sorted(options.items()))
+    return dataclasses.replace(spec, plugin_options=tuple(sorted({**dict(spec.plugin_options), **options}.items())),
+                               env_origins=(*spec.env_origins, *given))
 
 
 def job_training(topology: Topology, env: Mapping[str, str]) -> TrainingSpec:
@@ -176,7 +178,7 @@ def job_training(topology: Topology, env: Mapping[str, str]) -> TrainingSpec:
 def _overridden(spec: Any, env: Mapping[str, str]) -> Any:
     """``spec`` with the fields its variables set (GEOMX_* or their GeoMX aliases)."""
     values = env_values(type(spec), env)
-    return dataclasses.replace(spec, **values) if values else spec
+    return replaced(spec, values, env) if values else spec
 
 
 def lan_from_env(topology: Topology, env: Mapping[str, str]) -> Topology:

@@ -33,6 +33,7 @@ from .kinds import FALSE_TEXTS, TRUE_TEXTS, ValueKind, read_secret
 _SETTING = "geomx.setting"
 _FILLED_BY = "geomx.filled_by"
 _EXTRAS = "geomx.extras"
+_ORIGINS = "geomx.origins"
 
 SpecT = TypeVar("SpecT")
 
@@ -121,6 +122,37 @@ def extras(**field_options: Any) -> Any:
     return dataclasses.field(default=(), metadata={_EXTRAS: True}, **field_options)
 
 
+def origins(**field_options: Any) -> Any:
+    """A dataclass field recording which of the spec's settings the environment gave, as ((key, variable, text),
+    ...) (text None for a value never written back, such as a secret): ``env_values`` fills it, so that a
+    refusal made outside this layer names the variable (``named``) rather than a YAML key the user never wrote.
+    Not compared, hashed or shown: where a value came from is not what the spec is."""
+    return dataclasses.field(default=(), metadata={_ORIGINS: True}, compare=False, hash=False, repr=False,
+                             **field_options)
+
+
+def origins_field(cls: type) -> str | None:
+    """The name of ``cls``'s ``origins`` field, if it has one."""
+    return next((f.name for f in dataclasses.fields(cls) if f.metadata.get(_ORIGINS)), None)
+
+
+def named(spec: Any, key: str, section: str) -> str:
+    """How a refusal names setting ``key`` of ``spec`` (its YAML ``section``; ``key`` may be a plug-in option):
+    the variable and the text it gave where the environment set it (``GEOMX_SYNC='dist_foo'``), else the YAML key
+    and the value (``training.sync 'dist_foo'``).
+
+    Usage: ``raise ConfigError(f"{named(training, 'sync', 'training')} is unknown; valid: ...")``
+    """
+    collector = origins_field(type(spec))
+    for given, variable, text in getattr(spec, collector) if collector else ():
+        if given == key:
+            return f"{variable}={text!r}" if text is not None else variable
+    field_name = next((name for name, declared in settings(type(spec)) if declared.key == key), None)
+    if field_name is None:
+        return where(section, key)
+    return f"{where(section, key)} {getattr(spec, field_name)!r}"
+
+
 def extras_field(cls: type) -> str | None:
     """The name of ``cls``'s ``extras`` field, if it has one."""
     return next((f.name for f in dataclasses.fields(cls) if f.metadata.get(_EXTRAS)), None)
@@ -136,7 +168,8 @@ def settings(cls: type) -> Iterator[tuple[str, Setting]]:
 
 def undeclared(cls: type) -> list[str]:
     """Fields of ``cls`` with neither a Setting nor a ``filled_by`` (a feature spec must have none)."""
-    return [f.name for f in dataclasses.fields(cls) if not {_SETTING, _FILLED_BY, _EXTRAS} & set(f.metadata)]
+    return [f.name for f in dataclasses.fields(cls)
+            if not {_SETTING, _FILLED_BY, _EXTRAS, _ORIGINS} & set(f.metadata)]
 
 
 def where(section: str, key: str) -> str:
@@ -203,16 +236,49 @@ def env_values(cls: type, env: Mapping[str, str]) -> dict[str, Any]:
     """Field values of ``cls`` from the environment variables (or their aliases) that are set; a field's
     ``file_env`` variable, where its own is not set, names a file holding the value."""
     values: dict[str, Any] = {}
+    for name, declared, source, text in _env_texts(cls, env):
+        values.update(_spread(name, declared, declared.kind.from_text(text, source)))
+    return values
+
+
+def _env_texts(cls: type, env: Mapping[str, str]) -> Iterator[tuple[str, Setting, str, str]]:
+    """(field name, its Setting, the variable read, its text) of every field of ``cls`` that ``env`` sets."""
     for name, declared in settings(cls):
         text = lookup(env, declared.env, declared.aliases) if declared.env else None
-        source = declared.env or name
-        if text is None and declared.file_env:
+        given = (declared.env, text) if declared.env and text is not None else None  # named by our name
+        if given is None and declared.file_env:
             path = lookup(env, declared.file_env)
             if path is not None:
-                text, source = read_secret(Path(path)), declared.file_env
-        if text is not None:
-            values.update(_spread(name, declared, declared.kind.from_text(text, source)))
-    return values
+                given = declared.file_env, read_secret(Path(path))
+        if given is not None:
+            yield name, declared, given[0], given[1]
+
+
+def env_origins(cls: type, env: Mapping[str, str]) -> tuple[tuple[str, str, str | None], ...]:
+    """(key, variable, text) of every setting of ``cls`` that ``env`` gives (text None for a value never shown:
+    a secret, or one read from a file): what an ``origins`` field holds."""
+    return tuple((declared.key, source, text if declared.written and source != declared.file_env else None)
+                 for _, declared, source, text in _env_texts(cls, env))
+
+
+def replaced(base: SpecT, values: Mapping[str, Any], env: Mapping[str, str]) -> SpecT:
+    """``base`` with ``values`` read from ``env`` (``env_values``), its ``origins`` field (if any) recording the
+    variables that gave them; a value its spec then refuses (``__post_init__``) is named by those variables
+    (``GEOMX_BUCKET_MB='0': training.bucket_mb must be positive``).
+
+    Usage: ``replaced(topology.training, env_values(TrainingSpec, env), env)``
+    """
+    given = env_origins(type(base), env)
+    collector = origins_field(type(base))
+    extra = {collector: (*getattr(base, collector), *given)} if collector is not None and given else {}
+    try:
+        return dataclasses.replace(base, **values, **extra)  # type: ignore[type-var]
+    except ConfigError as exc:
+        named_here = [g for g in given if g[0] in str(exc)] or given  # the ones the refusal is about, else all
+        shown = ", ".join(f"{variable}={text!r}" if text is not None else variable for _, variable, text in named_here)
+        if not shown:
+            raise
+        raise ConfigError(f"{shown}: {exc}") from None
 
 
 def block_from_env(cls: type[SpecT], env: Mapping[str, str], base: SpecT | None) -> SpecT | None:
@@ -241,7 +307,7 @@ def block_from_env(cls: type[SpecT], env: Mapping[str, str], base: SpecT | None)
         state = state is not False and any(flags.values())
     if state is False or (state is None and base is None):
         return None
-    return dataclasses.replace(base if base is not None else cls(), **values)
+    return replaced(base if base is not None else cls(), values, env)
 
 
 def _value(spec: Any, name: str, declared: Setting) -> Any:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from .errors import ConfigError
-from .fields import Switch, extras, filled_by, setting
+from .fields import Switch, extras, filled_by, origins, setting
 from .kinds import BANDWIDTH, BOOL, CODEC, DURATION, FLOAT, FLOATS, INT, OPTIMIZER, PATH, STR
 
 
@@ -364,6 +364,8 @@ class TrainingSpec:
     # reads, as (name, text) pairs. The composition root (geomx.server.compose) hands each plug-in the ones it declares
     # and refuses the rest; this model knows none of them.
     plugin_options: tuple[tuple[str, str], ...] = extras()
+    # which of the above the environment gave, (key, variable, text): refusals name the variable (fields.named)
+    env_origins: tuple[tuple[str, str, str | None], ...] = origins()
 
     @property
     def bucket_bytes(self) -> int:

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..algorithms.registry import AGGREGATIONS, EXTENSIONS, ROUTES, SYNC_POLICIES, check_message_kinds
 from ..codecs import FP16
-from ..config import ConfigError, NodeConfig, Topology, TrainingSpec
+from ..config import ConfigError, NodeConfig, Topology, TrainingSpec, named
 from ..core.encoding import Encoding
 from ..core.options import parse_options, undeclared
 from ..core.plugins import Aggregation, Completion, Extension, Handler, PluginHost, Route, RouteChain
@@ -88,7 +88,9 @@ def check_plugins(training: TrainingSpec, topology: Topology | None = None) -> N
               f"the {aggregation} aggregation": AGGREGATIONS[aggregation].options}
     refusal = undeclared(options, takers)
     if refusal is not None:
-        raise ConfigError(f"training has unknown fields {sorted(set(options) - _declared(takers))}: {refusal}")
+        unknown = sorted(set(options) - _declared(takers))
+        given = [text for text in (named(training, key, "training") for key in unknown) if "=" in text]
+        raise ConfigError(f"{', '.join(given) + ': ' if given else ''}training has unknown fields {unknown}: {refusal}")
     for name in SYNC_POLICIES:
         build_policy(name, options)
     aggregation_options(aggregation, options, topology)
@@ -187,9 +189,9 @@ def check_names(spec: TrainingSpec) -> None:
     Usage: ``check_names(topology.training)``.
     """
     if spec.sync not in SYNC_POLICIES:
-        raise ConfigError(f"training.sync {spec.sync!r} is unknown; valid: {sorted(SYNC_POLICIES)}")
+        raise ConfigError(f"{named(spec, 'sync', 'training')} is unknown; valid: {sorted(SYNC_POLICIES)}")
     if spec.server_optimizer in ("auto", "none", "translate"):
         return
     choices = ["auto", "none", "translate", *sorted(OPTIMIZERS)]
     if spec.server_optimizer not in choices:
-        raise ConfigError(f"training.server_optimizer {spec.server_optimizer!r} is unknown; valid: {choices}")
+        raise ConfigError(f"{named(spec, 'server_optimizer', 'training')} is unknown; valid: {choices}")
