@@ -1,8 +1,9 @@
-"""The ``geomx`` command: ``geomx launch``, ``geomx bench``, ``geomx report``.
+"""The ``geomx`` command: ``geomx launch``, ``geomx status``, ``geomx bench``, ``geomx report``.
 
 Usage::
 
     geomx launch topologies/demo.yaml -- python examples/cnn.py --epochs 8
+    geomx status 127.0.0.1:PORT        # the address `geomx launch` printed as "status :"
     geomx bench --quick
     geomx report runs/fsa runs/hfa --out report/
 """
@@ -30,6 +31,25 @@ def _launch(args: argparse.Namespace) -> int:
         return 2
     print(format_summary(result))
     return result.exit_code
+
+
+def _status(args: argparse.Namespace) -> int:
+    import json
+    import urllib.error
+    import urllib.request
+
+    from .cluster.status_page import render_text
+
+    base = args.address if "://" in args.address else f"http://{args.address}"
+    url = base.rstrip("/") + "/status.json"
+    try:
+        with urllib.request.urlopen(url, timeout=args.timeout) as answer:
+            data = json.loads(answer.read())
+        print(render_text(data))
+    except (OSError, ValueError, KeyError, TypeError) as exc:  # unreachable, not a geomx page, or not JSON
+        print(f"geomx status: cannot read the status of {url}: {exc}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def _keygen(args: argparse.Namespace) -> int:
@@ -80,6 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="global servers start from the newest valid checkpoint (topology 'checkpoint.dir')")
     launch.add_argument("command", nargs="*", help="the worker command, after '--'")
     launch.set_defaults(func=_launch)
+    status = sub.add_parser("status", help="print a running job's status (its global scheduler's status page)")
+    status.add_argument("address", help="HOST:PORT (or the URL) that `geomx launch` printed as 'status :'")
+    status.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the page (default 10)")
+    status.set_defaults(func=_status)
     keygen = sub.add_parser("keygen", help="make CURVE key pairs (one per party) that encrypt the job's links")
     keygen.add_argument("folder", help="where to write <party>.key (public) and <party>.key_secret")
     keygen.add_argument("--parties", nargs="+", help="party names")

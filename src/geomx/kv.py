@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from .algorithms.registry import SYNC_POLICIES, sync_policy
+from .cluster.heartbeat import pulse_for
 from .cluster.membership import Tier, is_server, join, new_node_id, scheduler_id
 from .codecs import default_registry
 from .config import Mode, NodeConfig, Role, node_config
@@ -102,6 +103,7 @@ class KVStore:
         self.name = me.name
         self._van.name = me.name
         self._van.tracer = Tracer.for_node(config.trace, config.run_dir, me.name)
+        self.pulse = pulse_for(self._van, self._requests, config.topology.timeouts)  # pulse.note(step=...): heartbeats
         self.party = config.party
         self.hfa = config.topology.hfa  # the API's kv.hfa (HFASpec(k1, k2) or None): the training loop's K1
         self.num_workers = config.num_workers

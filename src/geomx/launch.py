@@ -28,7 +28,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from .config import Mode, NodeConfig, Role, Topology, TorchRun, job_topology, job_training, node_env
+from .cluster.status_page import announce_when_listening
+from .config import (
+    ConfigError,
+    Mode,
+    NodeConfig,
+    Role,
+    Topology,
+    TorchRun,
+    job_status,
+    job_topology,
+    job_training,
+    node_env,
+)
 from .runs.summary import summarize
 from .server.compose import check_plugins
 
@@ -105,6 +117,10 @@ class PortReservations:
             with contextlib.suppress(OSError):
                 return self._hold(port)
         return self._hold(0)
+
+    def hold(self, port: int) -> int:
+        """``port`` itself, reserved until :meth:`close`; OSError if anyone else holds or uses it."""
+        return self._hold(port)
 
     def _hold(self, port: int) -> int:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -367,6 +383,26 @@ def job_processes(run_dirs: set[str]) -> dict[int, dict[str, str]]:
     return found
 
 
+def reserve_status_page(topology: Topology, specs: list[ProcessSpec], host: str,
+                        ports: PortReservations) -> str | None:
+    """The global scheduler's status page, if this launch starts it: its port is held in ``ports`` (made for the
+    page's host: a free port for port 0; a set port is checked free, else a ConfigError naming it) and handed to
+    the scheduler (GEOMX_STATUS_PORT); returns the page's URL, None when the page is off or another host runs
+    the scheduler."""
+    status = job_status(topology, os.environ)
+    scheduler = next((s for s in specs if s.env.get("GEOMX_ROLE") == Role.GLOBAL_SCHEDULER.value), None)
+    if scheduler is None or not status.enabled:
+        return None
+    try:
+        port = ports.take() if status.port == 0 else ports.hold(status.port)
+    except OSError as exc:
+        raise ConfigError(f"status.port {status.port} (GEOMX_STATUS_PORT) cannot be bound at {status.host}: "
+                          f"{exc.strerror or exc}; pick another, or 0 for a free one") from None
+    scheduler.env["GEOMX_STATUS_PORT"] = str(port)
+    shown = host if status.host in ("0.0.0.0", "") else status.host
+    return f"http://{shown}:{port}/"
+
+
 def default_run_dir(topology_path: Path) -> Path:
     return Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{topology_path.stem}-{os.getpid()}"
 
@@ -383,12 +419,20 @@ def launch(topology_path: Path, command: list[str], *, run_dir: Path | None = No
     if global_only and party is not None:
         raise ValueError("--global-only starts the global tier alone: leave out --party")
     grace = topology.timeouts.shutdown_s + 10.0
-    with PortReservations(host) as ports:  # held for the whole job: no other job can take a scheduler's port
+    # held for the whole job: no other job can take a scheduler's port, or the status page's
+    with PortReservations(host) as ports, PortReservations(job_status(topology, os.environ).host) as page_ports:
         specs = plan_processes(topology, topology_path, command, run_dir, host=host, ports=ports,
                                global_scheduler=global_scheduler, parties=[party] if party else None,
                                resume=resume, global_only=global_only)
+        status_url = reserve_status_page(topology, specs, host, page_ports)
+        ended = threading.Event()
+        if status_url is not None:
+            announce_when_listening(status_url, out or sys.stdout, topology.timeouts.register_s, ended)
         if global_only:
             address = next(s.env["GEOMX_GLOBAL_SCHEDULER"] for s in specs)
             (out or sys.stdout).write(f"[geomx launch] the global tier listens at {address}: start every party "
                                       f"with GEOMX_GLOBAL_SCHEDULER={address}\n")
-        return Launcher(specs, run_dir, shutdown_grace_s=grace, out=out).run()
+        try:
+            return Launcher(specs, run_dir, shutdown_grace_s=grace, out=out).run()
+        finally:
+            ended.set()

@@ -191,6 +191,7 @@ def test_the_recorder_averages_losses_per_interval_and_writes_evaluations_apart(
 
         def __init__(self) -> None:
             self.records: list[dict] = []
+            self.progress: list[tuple[int, float]] = []
 
         def counters(self) -> dict:
             return {"lan": {"sent": 5, "recv": 7}, "wan": {"sent": 0, "recv": 0}}
@@ -200,6 +201,13 @@ def test_the_recorder_averages_losses_per_interval_and_writes_evaluations_apart(
 
         def record(self, **metrics) -> None:
             self.records.append(metrics)
+
+        @property
+        def pulse(self):  # the heartbeats' notes
+            return self
+
+        def note(self, *, step=None, busy=None) -> None:
+            self.progress.append((step, busy))
 
     store = Store()
     recorder = StepRecorder(store, every=2)
@@ -212,3 +220,6 @@ def test_the_recorder_averages_losses_per_interval_and_writes_evaluations_apart(
     shown = [{k: r[k] for k in ("step", "loss", "accuracy", "lan_bytes") if k in r} for r in store.records]
     assert shown == [{"step": 2, "loss": 2.0, "lan_bytes": 12}, {"step": 2, "accuracy": 0.5, "lan_bytes": 12},
                      {"step": 4, "loss": 15.0, "lan_bytes": 12}]
+    # every step is noted for the heartbeats (the status page): the step count and a busy share in 0..1
+    assert [step for step, _ in store.progress] == [1, 2, 3, 4]
+    assert all(0.0 <= busy <= 1.0 for _, busy in store.progress)

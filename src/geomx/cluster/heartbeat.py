@@ -9,6 +9,8 @@ Two halves, both small:
   it). When the node itself is on that list, or a scheduler stops answering for ``timeouts.heartbeat_s``
   (its party is down, or this one is cut off: the scheduler declares this node dead by then anyway), the
   node stops: every request fails naming why, and its ``on_self_dead`` listeners stop the server.
+  Each heartbeat carries the node's report (``HeartbeatBody``: its byte counters, and the step and busy share
+  its owner ``note``-s), which the global scheduler serves on its status page (``geomx.cluster.status``).
 * ``Watch`` (schedulers): remembers when each member was last heard from; a member silent for
   ``timeouts.heartbeat_s`` (and that did not say goodbye) is declared dead, logged, and listed in every
   heartbeat answer from then on.
@@ -23,6 +25,7 @@ Usage::
     pulse = pulse_for(van, requests)             # what membership.register does for every node
     pulse.watch("dc1/scheduler", names={...})
     pulse.on_dead(lambda member_id, why: ...)    # servers: fail the rounds that wait for it
+    pulse.note(step=120, busy=0.8)               # travels with the next heartbeats
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from ..config import Timeouts
+from ..protocol.bodies import HeartbeatBody, encode_body
 from ..protocol.wire import Kind, Message
 from ..transport.rpc import Requests
 from ..transport.van import Van
@@ -58,6 +62,7 @@ class Pulse:
         self._listeners: list[DeadListener] = []
         self._self_listeners: list[Callable[[str], None]] = []
         self._stopped_self = False
+        self._notes: dict[str, int | float] = {}  # step, busy: what the node's owner last noted
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"{van.name}-heartbeat", daemon=True)
 
@@ -83,6 +88,23 @@ class Pulse:
         with self._lock:
             self._self_listeners.append(listener)
 
+    def note(self, *, step: int | None = None, busy: float | None = None) -> None:
+        """What the next heartbeats report besides the byte counters (any thread; cheap: a dict update)."""
+        if step is not None:
+            self._notes["step"] = int(step)
+        if busy is not None:
+            self._notes["busy"] = min(1.0, max(0.0, float(busy)))
+
+    def report(self) -> HeartbeatBody:
+        """This node's report, as its next heartbeat carries it."""
+        counts = self._van.counters.snapshot()
+        notes = dict(self._notes)
+        step, busy = notes.get("step"), notes.get("busy")
+        return HeartbeatBody(lan_sent=int(counts["lan"]["sent"]), lan_recv=int(counts["lan"]["recv"]),
+                             wan_sent=int(counts["wan"]["sent"]), wan_recv=int(counts["wan"]["recv"]),
+                             step=int(step) if step is not None else None,
+                             busy=float(busy) if busy is not None else None)
+
     def dead(self) -> dict[str, str]:
         with self._lock:
             return dict(self._dead)
@@ -106,7 +128,7 @@ class Pulse:
         return True
 
     def _beat(self, scheduler_id: str) -> None:
-        self._van.send(scheduler_id, Message(Kind.HEARTBEAT, priority=PRIORITY))
+        self._van.send(scheduler_id, Message(Kind.HEARTBEAT, priority=PRIORITY, body=encode_body(self.report())))
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval):

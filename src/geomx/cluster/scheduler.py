@@ -20,14 +20,17 @@ import threading
 import time
 from concurrent.futures import wait
 from dataclasses import dataclass
+from typing import Any
 
 from ..config import Mode, NodeConfig, Role
-from ..protocol.bodies import BodyError, MembersNotice, ShutdownNotice, decode_body, encode_body
+from ..protocol.bodies import BodyError, HeartbeatBody, MembersNotice, ShutdownNotice, decode_body, encode_body
 from ..protocol.wire import Kind, Message
 from ..transport.rpc import Requests
 from ..transport.van import Van
 from .heartbeat import Watch
 from .membership import GLOBAL_SCHEDULER_ID, Member, local_scheduler_id
+from .status import MemberRow, StatusBoard
+from .status_page import StatusServer
 
 log = logging.getLogger("geomx.cluster.scheduler")
 
@@ -105,6 +108,8 @@ class Scheduler:
         self._complete = threading.Event()
         self._finished = threading.Event()
         self._watch: Watch | None = None  # members' heartbeats, from the moment the book is published
+        self.board = StatusBoard(config.topology) if self.is_global else None  # the status page's data
+        self._bad_reports: set[str] = set()  # members whose heartbeat report was malformed (logged once each)
         self.van = Van(identity, config.party, config.topology, self._on_message,
                        bind_host=config.bind_host, bind_port=config.bind_port, name=self.name)
         self.van.heartbeat_hook = self._on_heartbeat
@@ -145,7 +150,36 @@ class Scheduler:
         if message.is_reply or watch is None or not watch.heard(sender):
             return False
         self.van.send(sender, message.reply(body={"dead": watch.snapshot()}))
+        if self.board is not None and message.body:
+            try:
+                self.board.heard(sender, decode_body(HeartbeatBody, message.body))
+            except BodyError as exc:
+                if sender not in self._bad_reports:
+                    self._bad_reports.add(sender)
+                    log.warning("[%s] ignored the report in %s's heartbeats: %s", self.name,
+                                watch.names.get(sender, sender), exc)
         return True
+
+    def status(self) -> dict[str, Any]:
+        """The status page's snapshot (an HTTP thread asks; the lock is held only to copy the members' states)."""
+        assert self.board is not None
+        with self._lock:
+            rows, missing = self._rows(), self.missing()
+            phase = ("finished" if self._finished.is_set() else "training" if self._complete.is_set()
+                     else "registering")
+        return self.board.snapshot(rows, missing, phase)
+
+    def _rows(self) -> list[MemberRow]:
+        """Every member with its state (under the lock): before the book, those registered so far (waiting)."""
+        if not self._complete.is_set():
+            return [MemberRow(i, f"{r.party}/{r.role.value}", r.role.value, r.party, r.requested_rank, "waiting")
+                    for i, r in self._registrations.items()]
+        dead = self._dead_ids()
+        rows = [MemberRow(m.id, m.name, m.role.value, m.party, m.rank,
+                          "dead" if m.id in dead else "left" if m.id in self._goodbyes else "training")
+                for m in self._members]
+        return rows + [MemberRow(sender, f"{reg.party}/{reg.role.value} (restarted)", reg.role.value, reg.party,
+                                 reg.requested_rank, "rejoining") for _, sender, reg in self._waiting]
 
     def _check_finished(self) -> None:
         """Done when every member said goodbye or was declared dead (called under the lock)."""
@@ -199,6 +233,8 @@ class Scheduler:
                 return
             self._registrations[sender] = _Registration(message, role, party, address, requested_rank,
                                                         bool(body.get("master")))
+            if self.board is not None:
+                self.board.seen(sender, party)
             log.info("[%s] registered %s of %s (%d/%d)", self.name, role.value, party,
                      len(self._registrations), sum(self.expected.values()))
             if len(self._registrations) == sum(self.expected.values()):
@@ -260,6 +296,8 @@ class Scheduler:
         self._members = [new if m.id == old.id else m for m in self._members]
         self._replaced[old.id] = sender
         self._watch.add(sender, new.name)
+        if self.board is not None:
+            self.board.seen(sender, new.party)
         self.van.add_peer(sender, reg.address, reg.party)
         gone = self._goodbyes | self._dead_ids()
         servers = [m for m in self._members if m.role is Role.GLOBAL_SERVER and m.id not in gone]
@@ -295,11 +333,34 @@ class Scheduler:
                 missing[f"{role.value}@{party or '*'}"] = n - have
         return missing
 
+    def _start_page(self) -> StatusServer | None:
+        """The global scheduler's status page, if the topology wants it; a port it cannot bind is one error line,
+        and the job runs on without the page."""
+        spec = self.config.topology.status
+        if self.board is None or not spec.enabled:
+            return None
+        try:
+            page = StatusServer(spec.host, spec.port, self.status).start()
+        except OSError as exc:
+            log.error("[%s] the status page cannot listen at %s:%d (%s); the job runs without it", self.name,
+                      spec.host, spec.port, exc.strerror or exc)
+            return None
+        log.info("[%s] status : %s", self.name, page.url)
+        return page
+
     def run(self) -> int:
         """Serve until every member said goodbye or died. Exit code 0; 1 if registration timed out; 4 if a
         member died (each one is logged when it is declared dead)."""
         self.van.start()
         log.info("[%s] listening at %s", self.name, self.van.address)
+        page = self._start_page()
+        try:
+            return self._serve()
+        finally:
+            if page is not None:
+                page.stop()
+
+    def _serve(self) -> int:
         timeout = self.config.topology.timeouts.register_s
         if not self._complete.wait(timeout):
             log.error("[%s] registration timed out after %g s; still missing %s", self.name, timeout,

@@ -14,7 +14,7 @@ Usage::
 
 from __future__ import annotations
 
-from .env import ENV_ALIASES, job_topology, job_training, node_config, node_config_from_env, node_env
+from .env import ENV_ALIASES, job_status, job_topology, job_training, node_config, node_config_from_env, node_env
 from .errors import ConfigError
 from .fields import named
 from .specs import (
@@ -34,6 +34,7 @@ from .specs import (
     TrainingSpec,
     TSEngineSpec,
 )
+from .status import StatusSpec
 from .topology import AUTO_SLICE_ELEMS, LAN_SLICE_ELEMS, WAN_SLICE_ELEMS, NodeConfig, Topology, default_slice_elems
 from .units import parse_bandwidth, parse_duration
 from .yaml_io import load_topology, topology_from_dict, topology_to_dict
@@ -56,12 +57,14 @@ __all__ = [
     "PartySpec",
     "Role",
     "SecuritySpec",
+    "StatusSpec",
     "TSEngineSpec",
     "Timeouts",
     "Topology",
     "TorchRun",
     "TrainingSpec",
     "default_slice_elems",
+    "job_status",
     "job_topology",
     "job_training",
     "load_topology",

@@ -34,6 +34,7 @@ from .specs import (
     TrainingSpec,
     TSEngineSpec,
 )
+from .status import StatusSpec
 from .topology import LAN_SLICE_ELEMS, NodeConfig, Topology
 from .units import parse_number
 from .yaml_io import load_topology
@@ -59,7 +60,7 @@ NODE_VARIABLES = ("GEOMX_ROLE", "GEOMX_PARTY", "GEOMX_TOPOLOGY", "GEOMX_SCHEDULE
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 # every spec whose declarations the environment may set
 ENV_SPECS: tuple[type, ...] = (Topology, Timeouts, HFASpec, DGTSpec, TSEngineSpec, TrainingSpec, SecuritySpec,
-                               CheckpointSpec)
+                               CheckpointSpec, StatusSpec)
 # the topology's optional blocks, switched on and off by their spec's ``switch`` (fields.block_from_env)
 OPTIONAL_BLOCKS: tuple[tuple[str, type], ...] = (("hfa", HFASpec), ("dgt", DGTSpec), ("tsengine", TSEngineSpec))
 ENV_ALIASES: dict[str, tuple[str, ...]] = {**_NODE_ALIASES, **aliases_of(*ENV_SPECS)}
@@ -175,6 +176,11 @@ def job_training(topology: Topology, env: Mapping[str, str]) -> TrainingSpec:
     return training_from_env(env, topology.training)
 
 
+def job_status(topology: Topology, env: Mapping[str, str]) -> StatusSpec:
+    """The status page's settings as a job launched with ``env`` runs it (GEOMX_STATUS* over the topology's)."""
+    return _overridden(topology.status, env)  # type: ignore[no-any-return]
+
+
 def _overridden(spec: Any, env: Mapping[str, str]) -> Any:
     """``spec`` with the fields its variables set (GEOMX_* or their GeoMX aliases)."""
     values = env_values(type(spec), env)
@@ -233,7 +239,8 @@ def node_config_from_env(env: Mapping[str, str]) -> NodeConfig:
     blocks = {name: block_from_env(cls, env, getattr(topology, name)) for name, cls in OPTIONAL_BLOCKS}
     topology = dataclasses.replace(lan_from_env(topology, env), **env_values(Topology, env), **blocks,
                                    security=_overridden(topology.security, env),
-                                   checkpoint=_overridden(topology.checkpoint, env))
+                                   checkpoint=_overridden(topology.checkpoint, env),
+                                   status=job_status(topology, env))
     training = training_from_env(env, topology.training)
     job_start = _get(env, "GEOMX_JOB_START")
     if job_start is not None:

@@ -24,6 +24,7 @@ from pathlib import Path
 from .env import ENV_ALIASES, ENV_SPECS, NODE_VARIABLES
 from .fields import Setting, Switch, settings, switch_of
 from .specs import CheckpointSpec, DGTSpec, HFASpec, SecuritySpec, Timeouts, TrainingSpec, TSEngineSpec
+from .status import StatusSpec
 from .topology import LAN_SLICE_ELEMS, WAN_SLICE_ELEMS, Topology
 
 COMMAND = "python -m geomx.config.reference > docs/configuration.md"
@@ -39,6 +40,7 @@ SECTIONS: tuple[tuple[str, type], ...] = (
     ("tsengine", TSEngineSpec),
     ("security", SecuritySpec),
     ("checkpoint", CheckpointSpec),
+    ("status", StatusSpec),
 )
 
 # What a section's YAML allows beyond its keys (read by hand in geomx.config.yaml_io); how the environment switches
@@ -47,6 +49,7 @@ _SECTION_NOTES: dict[str, str] = {
     "hfa": "The block turns HFA on (`hfa: false` or none: off).",
     "dgt": "`dgt: true` or any of its keys turns DGT on.",
     "tsengine": "`tsengine: true` or the block turns TSEngine on; with both `inter` and `intra` false it is off.",
+    "status": "`status: false` turns the page off; `status: true` or none: on, at 127.0.0.1 and a free port.",
     "security": "`secret_file: PATH` may stand for `secret` (as `GEOMX_SECRET_FILE` may for `GEOMX_SECRET`).",
     "training": "Keys no field declares are plug-in options, handed to the algorithm that declares them "
                 "(`staleness`, `fragments`, `fragment_delay`, `fragment_alpha`: see [algorithms](algorithms.md)); "

@@ -32,6 +32,7 @@ from .specs import (
     TrainingSpec,
     TSEngineSpec,
 )
+from .status import StatusSpec
 
 # Tensors larger than ``slice_elems`` elements travel as independent slices. Left out of the topology, it
 # depends on whether the job has a WAN (more than one party):
@@ -80,6 +81,7 @@ class Topology:
     training: TrainingSpec = TrainingSpec()  # geomx.torch's choices (the kvstore API ignores them)
     security: SecuritySpec = SecuritySpec()  # shared secret / CURVE keys
     checkpoint: CheckpointSpec = CheckpointSpec()  # global servers' checkpoints
+    status: StatusSpec = StatusSpec()  # the global scheduler's status page and metrics
     elastic: bool = setting(False, kind=BOOL, env="GEOMX_ELASTIC",
                             doc="FSA: a dead party/worker is dropped and the aggregate rescaled (default: stop)")
     dgt: DGTSpec | None = None  # Differential Gradient Transmission, when enabled

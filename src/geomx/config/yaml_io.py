@@ -32,6 +32,7 @@ from .specs import (
     TrainingSpec,
     TSEngineSpec,
 )
+from .status import StatusSpec
 from .topology import AUTO_SLICE_ELEMS, Topology
 from .units import parse_bandwidth, parse_duration
 
@@ -56,7 +57,7 @@ def _link(raw: Any, where: str, ingress_allowed: bool = False) -> LinkSpec:
 
 # the sections and fields read by hand below, and every field the Topology declares with its metadata
 _TOPOLOGY_FIELDS = {"parties", "central", "mode", "links", "timeouts", "slice_elems", "hfa", "training", "security",
-                    "checkpoint", "dgt", "tsengine", "outages", *keys(Topology)}
+                    "checkpoint", "status", "dgt", "tsengine", "outages", *keys(Topology)}
 
 
 def timeouts_from_yaml(raw: Any) -> Timeouts:
@@ -115,6 +116,16 @@ def checkpoint_from_yaml(raw: Any, base_dir: Path | None) -> CheckpointSpec:
     """The ``checkpoint`` block: ``{dir: ckpt, every_steps: 50, every_seconds: 600s, keep: 3}``."""
     return CheckpointSpec() if raw is None else CheckpointSpec(**read_mapping(CheckpointSpec, raw, "checkpoint",
                                                                               base_dir))
+
+
+def status_from_yaml(raw: Any) -> StatusSpec:
+    """The ``status`` block: ``{host: 0.0.0.0, port: 9100}``; ``true`` or absent: on, at 127.0.0.1 and a free port;
+    ``false``: off."""
+    if raw is None or raw is True:
+        return StatusSpec()
+    if raw is False:
+        return StatusSpec(enabled=False)
+    return StatusSpec(**read_mapping(StatusSpec, raw, "status"))
 
 
 def _outages(raw: Any) -> tuple[Outage, ...]:
@@ -193,6 +204,7 @@ def topology_from_dict(raw: Mapping[str, Any], base_dir: Path | None = None) -> 
         training=training_from_yaml(raw.get("training")),
         security=security_from_yaml(raw.get("security"), base_dir),
         checkpoint=checkpoint_from_yaml(raw.get("checkpoint"), base_dir),
+        status=status_from_yaml(raw.get("status")),
         dgt=dgt_from_yaml(raw.get("dgt")),
         tsengine=tsengine_from_yaml(raw.get("tsengine")),
         outages=_outages(raw.get("outages")),
@@ -245,6 +257,7 @@ def topology_to_dict(topology: Topology) -> dict[str, Any]:
         "training": to_mapping(topology.training),
         **({"security": to_mapping(topology.security)} if to_mapping(topology.security) else {}),
         **({"checkpoint": to_mapping(topology.checkpoint)} if topology.checkpoint.dir else {}),
+        **({"status": to_mapping(topology.status)} if topology.status != StatusSpec() else {}),
         **{key: to_mapping(spec) for key, spec in optional.items() if spec is not None},
         **({"outages": [{"party": o.party, "start": o.start_s, "duration": o.duration_s, "from": o.origin}
                         for o in topology.outages]}

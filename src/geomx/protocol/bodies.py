@@ -75,6 +75,21 @@ class ShutdownNotice:
     failed: str | None = None
 
 
+@dataclass(frozen=True)
+class HeartbeatBody:
+    """HEARTBEAT, a node -> its scheduler(s): what it has counted so far, for the global scheduler's status page
+    (``geomx.cluster.status``). Bytes are cumulative since the process started; ``step``: a worker's training
+    steps, a server's completed rounds (of its least advanced slice); ``busy``: a worker's share of wall time spent
+    computing rather than waiting for the network (0..1). An empty body is a plain heartbeat."""
+
+    lan_sent: int = 0
+    lan_recv: int = 0
+    wan_sent: int = 0
+    wan_recv: int = 0
+    step: int | None = None
+    busy: float | None = None
+
+
 def encode_body(body: Any) -> dict[str, Any]:
     """``body`` (a body dataclass: this module's or an algorithm's) as a JSON body; fields left None are left out."""
     if not dataclasses.is_dataclass(body) or isinstance(body, type):

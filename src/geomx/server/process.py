@@ -220,10 +220,14 @@ class ParameterServer:
         return 0
 
     def _watchdog(self) -> None:
-        """Fail rounds that wait longer than the configured timeout, naming who is missing."""
+        """Fail rounds that wait longer than the configured timeout, naming who is missing; note this server's
+        step (its least advanced slice's completed rounds) for its heartbeats' reports."""
+        pulse = pulse_for(self.van, self.requests, self.timeouts)
         while not self._stop_watchdog.wait(0.5):
             with self.lock:
                 self.table.expire(self.timeouts.round_s, self.timeouts.request_s)
+                rounds = [self.table.completed(Kind.PUSHPULL, *sid) for sid in self.stored]
+            pulse.note(step=min((r for r in rounds if r), default=0))
 
     def stop_fatally(self, text: str) -> None:
         """Fail every open round with ``text`` (its clients see who died) and stop the server (under the lock)."""

@@ -29,6 +29,10 @@ from typing import Any, Protocol
 log = logging.getLogger("geomx.torch")
 
 
+class _Pulse(Protocol):
+    def note(self, *, step: int | None = None, busy: float | None = None) -> None: ...
+
+
 class _Store(Protocol):
     is_master_worker: bool
 
@@ -37,6 +41,9 @@ class _Store(Protocol):
     def wan_bytes(self) -> int: ...
 
     def record(self, **metrics: Any) -> None: ...
+
+    @property
+    def pulse(self) -> _Pulse: ...
 
 
 class WanMeter:
@@ -127,6 +134,9 @@ class StepRecorder:
     def step(self) -> None:
         self.steps += 1
         self._interval_steps += 1
+        elapsed = time.monotonic() - self.started
+        # the heartbeats' report (the status page): this worker's step and share of time not waiting on the network
+        self.kv.pulse.note(step=self.steps, busy=1.0 - self.net_wait_s / elapsed if elapsed > 0 else 1.0)
         if self.steps % self.every == 0:
             self.write()
 

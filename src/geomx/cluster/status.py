@@ -1,0 +1,179 @@
+"""What the global scheduler knows about a running job, as one JSON-able snapshot (the status page's data).
+
+Every member's heartbeats carry its report (``HeartbeatBody``: byte counters, step, busy share); the scheduler
+hands each one to a ``StatusBoard`` and, when the page is asked for, the rows of its members with their state
+(``waiting`` for the others to register, ``training``, ``rejoining``, ``left``, ``dead``). The board joins
+the two into ``/status.json``; the HTML page and the Prometheus metrics (``geomx.cluster.status_page``) are
+rendered from that same snapshot, so the three never disagree. Checkpoints are read from the folder's file
+names (``checkpoint.dir/gs<shard>/ckpt-<step>.json``) when the page is asked for, never on the scheduler's loop.
+The snapshot holds no secret: only the names of the algorithm, codec and tiers.
+
+Usage::
+
+    board = StatusBoard(topology)
+    board.heard(member_id, decode_body(HeartbeatBody, message.body))       # on every heartbeat
+    data = board.snapshot([MemberRow(member_id, "dc1/server", "local_server", "dc1", 0, "training")],
+                          missing={}, phase="training")
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..config import Topology
+from ..protocol.bodies import HeartbeatBody
+
+STATES = ("waiting", "training", "rejoining", "left", "dead")
+RATE_WINDOW_S = 30.0  # a member silent for longer adds nothing to its party's rate
+_CHECKPOINT = re.compile(r"ckpt-(\d+)\.json")
+
+
+@dataclass(frozen=True)
+class MemberRow:
+    """One member as its scheduler sees it: identity, place in the job and state (one of ``STATES``)."""
+
+    id: str
+    name: str
+    role: str
+    party: str
+    rank: int | None
+    state: str
+
+
+@dataclass
+class _Sample:
+    at: float  # time.monotonic() when heard
+    body: HeartbeatBody
+
+
+def _sum(samples: list[_Sample], field: str) -> int:
+    return sum(int(getattr(s.body, field)) for s in samples)
+
+
+def job_summary(topology: Topology) -> dict[str, Any]:
+    """The job's fixed facts for the page: algorithm, codec, tiers (never the security settings)."""
+    training = topology.training
+    algorithm = training.sync
+    if topology.hfa is not None:
+        algorithm = f"hfa (k1={topology.hfa.k1}, k2={topology.hfa.k2})"
+    codec = training.compression or {}
+    return {"algorithm": algorithm, "sync": training.sync, "server_optimizer": training.server_optimizer,
+            "codec": str(codec.get("type", "none")), "mode": topology.mode.value, "central": topology.central,
+            "global_servers": topology.num_global_servers, "parties": [p.name for p in topology.parties]}
+
+
+def checkpoints(folder: Path | None, shards: int, now: float | None = None) -> dict[str, Any] | None:
+    """The newest checkpoint of each global server's shard in ``folder`` (by its manifest's name and time), and
+    the job's: the least advanced shard's (a resume starts from every shard's newest). None without a folder."""
+    if folder is None:
+        return None
+    now = time.time() if now is None else now
+    found = []
+    for shard in range(shards):
+        newest: tuple[int, float] | None = None
+        try:
+            entries = list((folder / f"gs{shard}").iterdir())
+        except OSError:
+            entries = []
+        for entry in entries:
+            match = _CHECKPOINT.fullmatch(entry.name)
+            if match is None:
+                continue
+            try:
+                written = entry.stat().st_mtime
+            except OSError:  # removed by the writer's rotation meanwhile
+                continue
+            if newest is None or int(match.group(1)) > newest[0]:
+                newest = (int(match.group(1)), written)
+        if newest is not None:
+            found.append({"shard": shard, "step": newest[0], "age_s": max(0.0, now - newest[1])})
+    job = min(found, key=lambda c: c["step"]) if len(found) == shards and found else None
+    return {"dir": str(folder), "shards": found, "step": job["step"] if job else None,
+            "age_s": max(c["age_s"] for c in found) if job else None}
+
+
+def _party_names(topology: Topology, rows: list[MemberRow]) -> list[str]:
+    """The topology's parties in its order, then any other party a member names (a job started from DMLC_*
+    counts alone knows only placeholders for the parties)."""
+    names = [p.name for p in topology.parties] if topology.parties_known else []
+    return names + sorted({row.party for row in rows} - set(names))
+
+
+class StatusBoard:
+    """The members' latest reports, and the snapshot the status page serves. Thread-safe: heartbeats arrive on the
+    scheduler's I/O thread, snapshots are asked for on the HTTP server's threads. See the module docstring."""
+
+    def __init__(self, topology: Topology, clock: Any = time.monotonic) -> None:
+        self._topology = topology
+        self._clock = clock
+        self._started = clock()
+        self._lock = threading.Lock()
+        self._latest: dict[str, _Sample] = {}
+        self._previous: dict[str, _Sample] = {}
+        self._party: dict[str, str] = {}  # member id -> party, for every member ever heard (its bytes still count)
+        self._since: dict[str, float] = {}  # member id -> when it was first seen (its age before any heartbeat)
+        self.job = job_summary(topology)
+
+    def seen(self, member_id: str, party: str) -> None:
+        """``member_id`` registered now (a heartbeat age counts from here until its first heartbeat)."""
+        with self._lock:
+            self._since.setdefault(member_id, self._clock())
+            self._party[member_id] = party
+
+    def heard(self, member_id: str, body: HeartbeatBody, party: str | None = None) -> None:
+        """A heartbeat with its report (counters are cumulative: the newest replaces the older)."""
+        with self._lock:
+            if member_id in self._latest:
+                self._previous[member_id] = self._latest[member_id]
+            self._latest[member_id] = _Sample(self._clock(), body)
+            if party is not None:
+                self._party[member_id] = party
+
+    def _rate(self, member_id: str, field: str, now: float) -> float:
+        latest, previous = self._latest.get(member_id), self._previous.get(member_id)
+        if latest is None or previous is None or now - latest.at > RATE_WINDOW_S or latest.at <= previous.at:
+            return 0.0
+        return max(0.0, (getattr(latest.body, field) - getattr(previous.body, field)) / (latest.at - previous.at))
+
+    def _member(self, row: MemberRow, now: float) -> dict[str, Any]:
+        sample = self._latest.get(row.id)
+        heard = sample.at if sample is not None else self._since.get(row.id)
+        body = sample.body if sample is not None else HeartbeatBody()
+        return {"id": row.id, "name": row.name, "role": row.role, "party": row.party, "rank": row.rank,
+                "state": row.state, "heartbeat_age_s": None if heard is None else round(now - heard, 3),
+                "step": body.step, "busy": body.busy,
+                "wan_bytes": {"sent": body.wan_sent, "recv": body.wan_recv},
+                "lan_bytes": {"sent": body.lan_sent, "recv": body.lan_recv}}
+
+    def snapshot(self, rows: list[MemberRow], missing: dict[str, int], phase: str) -> dict[str, Any]:
+        """``/status.json``: the job, each party with its members (``rows``, in order) and traffic, checkpoints."""
+        now = self._clock()
+        topology = self._topology
+        with self._lock:
+            members = [self._member(row, now) for row in rows]
+            parties = []
+            for name in _party_names(topology, rows):
+                spec = next((p for p in topology.parties if p.name == name), None) if topology.parties_known else None
+                ids = [m for m, party in self._party.items() if party == name]
+                samples = [self._latest[m] for m in ids if m in self._latest]
+                steps = [m["step"] for m in members if m["party"] == name and m["step"] is not None
+                         and m["role"] != "global_server" and m["state"] in ("training", "waiting")]
+                parties.append({
+                    "name": name, "central": name == topology.central,
+                    "lan": spec.lan.value if spec else None, "workers": spec.num_workers if spec else None,
+                    "step": min(steps) if steps else None,
+                    "wan_bytes": {"sent": _sum(samples, "wan_sent"), "recv": _sum(samples, "wan_recv")},
+                    "lan_bytes": {"sent": _sum(samples, "lan_sent"), "recv": _sum(samples, "lan_recv")},
+                    "wan_rate_bps": {d: round(8 * sum(self._rate(m, f"wan_{d}", now) for m in ids), 1)
+                                     for d in ("sent", "recv")},
+                    "members": [m for m in members if m["party"] == name]})
+        rounds = [m["step"] for m in members if m["role"] == "global_server" and m["step"] is not None]
+        return {"job": {**self.job, "phase": phase, "uptime_s": round(now - self._started, 3),
+                        "global_round": min(rounds) if rounds else None},
+                "parties": parties, "missing": dict(missing),
+                "checkpoint": checkpoints(topology.checkpoint.dir, topology.num_global_servers)}

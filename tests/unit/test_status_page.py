@@ -1,0 +1,223 @@
+"""The status page's data, HTML and Prometheus text (geomx.cluster.status, geomx.cluster.status_page), without a job:
+a board fed heartbeat reports by hand, on a fake clock, and the HTTP server on a free port of 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from geomx.cluster.status import MemberRow, StatusBoard, checkpoints
+from geomx.cluster.status_page import StatusServer, render_html
+from geomx.config import ConfigError, job_status, topology_from_dict, topology_to_dict
+from geomx.protocol.bodies import BodyError, HeartbeatBody, decode_body, encode_body
+
+SECRET = "s3cret-never-shown"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def topology(tmp_path: Path | None = None):
+    raw = {"parties": {"dc0": 2, "dc1": {"workers": 2, "lan": "collective"}}, "global_servers": 2,
+           "training": {"compression": "bsc:threshold=0.01"}, "security": {"secret": SECRET}}
+    if tmp_path is not None:
+        raw["checkpoint"] = {"dir": str(tmp_path / "ckpt"), "every_steps": 5}
+    return topology_from_dict(raw)
+
+
+ROWS = [MemberRow("gs0", "global_server0", "global_server", "dc0", 0, "training"),
+        MemberRow("gs1", "global_server1", "global_server", "dc0", 1, "training"),
+        MemberRow("ls0", "dc0/server", "local_server", "dc0", 0, "training"),
+        MemberRow("r0", "dc1/worker0", "worker", "dc1", 0, "training"),
+        MemberRow("r1", "dc1/worker1", "worker", "dc1", 1, "dead")]
+
+
+def fed_board(clock: Clock, tmp_path: Path | None = None) -> StatusBoard:
+    board = StatusBoard(topology(tmp_path), clock=clock)
+    parties = {"gs0": "dc0", "gs1": "dc0", "ls0": "dc0", "r0": "dc1", "r1": "dc1"}
+    for member, party in parties.items():
+        board.seen(member, party)
+    board.heard("gs0", HeartbeatBody(wan_sent=1000, wan_recv=2000, step=7))
+    board.heard("gs1", HeartbeatBody(wan_sent=500, wan_recv=500, step=5))
+    board.heard("ls0", HeartbeatBody(lan_sent=300, lan_recv=400, step=6))
+    board.heard("r0", HeartbeatBody(wan_sent=100, wan_recv=50, step=9, busy=0.75))
+    board.heard("r1", HeartbeatBody(wan_sent=10, wan_recv=5, step=3))
+    clock.now += 2.0
+    board.heard("r0", HeartbeatBody(wan_sent=100 + 2000, wan_recv=50 + 1000, step=11, busy=0.5))  # 1000 B/s out
+    clock.now += 0.5
+    return board
+
+
+def test_the_snapshot_holds_every_party_member_state_and_traffic_and_no_secret():
+    data = fed_board(Clock()).snapshot(ROWS, {}, "training")
+    assert data["job"]["algorithm"] == "dist_sync" and data["job"]["codec"] == "bsc"
+    assert data["job"]["global_round"] == 5  # the least advanced global server
+    dc0, dc1 = data["parties"]
+    assert [m["name"] for m in dc0["members"]] == ["global_server0", "global_server1", "dc0/server"]
+    assert [(m["name"], m["state"]) for m in dc1["members"]] == [("dc1/worker0", "training"),
+                                                                   ("dc1/worker1", "dead")]
+    assert dc0["wan_bytes"] == {"sent": 1500, "recv": 2500} and dc0["lan_bytes"] == {"sent": 300, "recv": 400}
+    # a dead member's last counts still count for its party; the rate comes from r0's last two heartbeats
+    assert dc1["wan_bytes"] == {"sent": 2110, "recv": 1055}
+    assert dc1["wan_rate_bps"] == {"sent": 8000.0, "recv": 4000.0}
+    assert dc1["step"] == 11 and dc0["step"] == 6  # a dead member holds no party back; servers' rounds apart
+    worker = dc1["members"][0]
+    assert worker["heartbeat_age_s"] == 0.5 and worker["busy"] == 0.5
+    assert SECRET not in json.dumps(data)
+
+
+def test_a_member_never_heard_has_its_age_from_registration_and_no_counts():
+    clock = Clock()
+    board = StatusBoard(topology(), clock=clock)
+    board.seen("ls0", "dc0")
+    clock.now += 3.0
+    data = board.snapshot([MemberRow("ls0", "dc0/local_server", "local_server", "dc0", None, "waiting")],
+                          {"worker@dc1": 2}, "registering")
+    member = data["parties"][0]["members"][0]
+    assert member["heartbeat_age_s"] == 3.0 and member["step"] is None and member["wan_bytes"]["sent"] == 0
+    assert data["missing"] == {"worker@dc1": 2} and data["job"]["phase"] == "registering"
+
+
+def test_checkpoints_are_read_from_the_manifests_names_per_shard(tmp_path):
+    folder = tmp_path / "ckpt"
+    assert checkpoints(None, 2) is None
+    assert checkpoints(folder, 2) == {"dir": str(folder), "shards": [], "step": None, "age_s": None}
+    for shard, steps in ((0, (10, 20)), (1, (10,))):
+        (folder / f"gs{shard}").mkdir(parents=True)
+        for step in steps:
+            manifest = folder / f"gs{shard}" / f"ckpt-{step:09d}.json"
+            manifest.write_text("{}")
+            os.utime(manifest, (1000.0 + step, 1000.0 + step))
+    (folder / "gs0" / "ckpt-000000030.json.tmp").write_text("{}")  # a write in progress is not a checkpoint
+    found = checkpoints(folder, 2, now=1100.0)
+    assert found["shards"] == [{"shard": 0, "step": 20, "age_s": 80.0}, {"shard": 1, "step": 10, "age_s": 90.0}]
+    assert found["step"] == 10 and found["age_s"] == 90.0  # a resume starts every shard: the least advanced counts
+
+
+def test_the_page_shows_every_party_and_member_and_escapes_names():
+    data = fed_board(Clock()).snapshot(ROWS, {}, "training")
+    data["parties"][1]["members"][0]["name"] = "<script>x</script>"
+    page = render_html(data)
+    assert "http-equiv='refresh'" in page and "id='party-dc0'" in page and "id='party-dc1'" in page
+    assert page.count("<tr class='member") == len(ROWS)
+    assert "<script>x" not in page and "&lt;script&gt;" in page
+    assert "bsc" in page and "8.00 kbit/s" in page and SECRET not in page
+
+
+def scrape(url: str) -> tuple[str, str]:
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        return answer.headers["Content-Type"], answer.read().decode()
+
+
+def test_the_server_serves_the_page_the_json_and_prometheus_text(tmp_path):
+    clock = Clock()
+    board = fed_board(clock, tmp_path)
+    shard = tmp_path / "ckpt" / "gs0"
+    shard.mkdir(parents=True)
+    (shard / "ckpt-000000015.json").write_text("{}")
+    page = StatusServer("127.0.0.1", 0, lambda: board.snapshot(ROWS, {}, "training")).start()
+    url = page.url
+    try:
+        assert page.url.startswith("http://127.0.0.1:") and not page.url.endswith(":0/")
+        kind, text = scrape(page.url)
+        assert kind.startswith("text/html") and "dc1/worker1" in text
+        kind, text = scrape(page.url + "status.json")
+        assert kind == "application/json" and json.loads(text)["parties"][1]["name"] == "dc1"
+        kind, text = scrape(page.url + "metrics")
+        assert kind.startswith("text/plain") and SECRET not in text
+        samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+                   for family in text_string_to_metric_families(text) for s in family.samples}
+        assert samples[("geomx_wan_bytes_total", (("direction", "sent"), ("party", "dc1")))] == 2110
+        assert samples[("geomx_lan_bytes_total", (("direction", "recv"), ("party", "dc0")))] == 400
+        assert samples[("geomx_heartbeat_age_seconds", (("party", "dc1"), ("rank", "0"), ("role", "worker")))] == 0.5
+        assert samples[("geomx_member_state", (("party", "dc1"), ("rank", "1"), ("role", "worker"),
+                                               ("state", "dead")))] == 1
+        assert samples[("geomx_steps_total", (("party", "dc1"), ("rank", "0"), ("role", "worker")))] == 11
+        assert samples[("geomx_busy_ratio", (("party", "dc1"), ("rank", "0"), ("role", "worker")))] == 0.5
+        assert samples[("geomx_global_rounds_total", ())] == 5
+        assert samples[("geomx_checkpoint_step", (("rank", "0"), ("role", "global_server")))] == 15
+        assert samples[("geomx_wan_rate_bytes_per_second", (("direction", "sent"), ("party", "dc1")))] == 1000
+        with pytest.raises(urllib.error.HTTPError, match="404"):
+            scrape(page.url + "nothing")
+    finally:
+        page.stop()
+    with pytest.raises(urllib.error.URLError):  # stopped: the port no longer answers
+        scrape(url)
+
+
+def test_two_servers_never_share_metrics():
+    """Each server has its own registry (no global state): two boards, two sets of numbers."""
+    first = StatusServer("127.0.0.1", 0, lambda: fed_board(Clock()).snapshot(ROWS, {}, "training"))
+    second = StatusServer("127.0.0.1", 0, lambda: StatusBoard(topology()).snapshot([], {}, "registering"))
+    assert first.registry is not second.registry
+    from prometheus_client import generate_latest
+
+    assert b'geomx_wan_bytes_total{direction="sent",party="dc1"} 2110.0' in generate_latest(first.registry)
+    assert b'party="dc1"} 2110.0' not in generate_latest(second.registry)
+
+
+def test_a_heartbeat_report_round_trips_and_a_bad_one_is_named():
+    body = HeartbeatBody(lan_sent=1, wan_recv=2, step=3, busy=0.5)
+    assert decode_body(HeartbeatBody, encode_body(body)) == body
+    assert decode_body(HeartbeatBody, {}) == HeartbeatBody()  # a plain heartbeat
+    with pytest.raises(BodyError, match=r"HeartbeatBody\.step"):
+        decode_body(HeartbeatBody, {"step": "many"})
+
+
+def test_the_status_block_and_its_variables():
+    base = {"parties": {"dc0": 1}}
+    assert topology_from_dict(base).status.enabled and topology_from_dict(base).status.port == 0
+    assert not topology_from_dict({**base, "status": False}).status.enabled
+    spec = topology_from_dict({**base, "status": {"host": "0.0.0.0", "port": 9100}}).status
+    assert (spec.host, spec.port) == ("0.0.0.0", 9100)
+    assert topology_from_dict(topology_to_dict(topology_from_dict({**base, "status": {"port": 9100}}))).status.port \
+        == 9100
+    assert job_status(topology_from_dict(base), {"GEOMX_STATUS_PORT": "9200"}).port == 9200
+    assert not job_status(topology_from_dict(base), {"GEOMX_STATUS": "0"}).enabled
+    with pytest.raises(ConfigError, match="status has unknown fields"):
+        topology_from_dict({**base, "status": {"prot": 1}})
+    with pytest.raises(ConfigError, match=r"status.port must be 0..65535"):
+        topology_from_dict({**base, "status": {"port": 70000}})
+    with pytest.raises(ConfigError, match="GEOMX_STATUS_PORT must be an integer"):
+        job_status(topology_from_dict(base), {"GEOMX_STATUS_PORT": "eighty"})
+
+
+def test_the_launcher_holds_the_page_port_and_names_one_in_use(tmp_path, monkeypatch):
+    import socket
+
+    from geomx.launch import PortReservations, plan_processes, reserve_status_page
+
+    monkeypatch.delenv("GEOMX_STATUS_PORT", raising=False)
+    monkeypatch.delenv("GEOMX_STATUS", raising=False)
+    job = topology_from_dict({"parties": {"dc0": 1, "dc1": 1}})
+    with PortReservations("127.0.0.1") as ports:
+        specs = plan_processes(job, tmp_path / "t.yaml", ["python", "x.py"], tmp_path, ports=ports)
+        url = reserve_status_page(job, specs, "127.0.0.1", ports)
+        scheduler = next(s for s in specs if s.label == "global_scheduler")
+        assert url == f"http://127.0.0.1:{scheduler.env['GEOMX_STATUS_PORT']}/"
+        # a party launched on its own host runs no global scheduler: no page here
+        party = plan_processes(job, tmp_path / "t.yaml", ["python", "x.py"], tmp_path, ports=ports, parties=["dc1"],
+                               global_scheduler="127.0.0.1:1")
+        assert reserve_status_page(job, party, "127.0.0.1", ports) is None
+        off = topology_from_dict({"parties": {"dc0": 1}, "status": False})
+        assert reserve_status_page(off, specs, "127.0.0.1", ports) is None
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = topology_from_dict({"parties": {"dc0": 1}, "status": {"port": taken.getsockname()[1]}})
+        with PortReservations("127.0.0.1") as ports:
+            specs = plan_processes(busy, tmp_path / "t.yaml", ["python", "x.py"], tmp_path, ports=ports)
+            with pytest.raises(ConfigError, match=rf"status.port {taken.getsockname()[1]} \(GEOMX_STATUS_PORT\) "
+                                                  "cannot be bound at 127.0.0.1: Address already in use"):
+                reserve_status_page(busy, specs, "127.0.0.1", ports)
