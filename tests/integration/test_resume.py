@@ -4,7 +4,9 @@ ends after as many steps: Adam (an optimizer with state) on the mean gradient of
 
 - the default plan (FSA, the wrapped Adam stepping on every worker on the averaged gradient): the global servers
   hold gradient sums, the workers hold the model and Adam's moments (``geomx.torch.checkpoint``);
-- ``server_optimizer: translate``: Adam runs on the global servers, whose checkpoints hold the model and the state.
+- ``server_optimizer: translate``: Adam runs on the global servers, whose checkpoints hold the model and the state;
+- HFA with DiLoCo's outer Nesterov: the global servers hold the global model and the outer momentum, each worker
+  its inner Adam's moments; the resumed job must end bit for bit where an uninterrupted one ends.
 
 Before the fix, the default plan's resume handed the servers' gradient sums back as the model.
 """
@@ -15,7 +17,7 @@ import jobkit
 import pytest
 import torch
 import torch.nn.functional as F
-from harness import run_job
+from harness import run_job, write_topology
 
 from geomx.runs.checkpoint import SUMS, load_latest
 from geomx.torch.checkpoint import worker_dir
@@ -39,15 +41,19 @@ def reference(steps: int, num_workers: int) -> list[torch.Tensor]:
     return [p.detach().clone() for p in model.parameters()]
 
 
+def with_checkpoints(path, folder, every_steps: int, **options):
+    """A topology (harness.write_topology's ``options``) whose global servers and workers checkpoint to ``folder``."""
+    write_topology(path, **options)
+    path.write_text(path.read_text() + f"checkpoint:\n  dir: {folder}\n  every_steps: {every_steps}\n  keep: 3\n")
+    return path
+
+
 @pytest.mark.parametrize("server_optimizer", ["auto", "translate"])
 def test_a_crashed_job_resumes_where_it_stopped(tmp_path, server_optimizer):
     folder = tmp_path / "checkpoints"
     options = {"parties": {"dc0": 1, "dc1": 1}, "training": {"server_optimizer": server_optimizer},
                "timeouts": {"request": "20s", "round": "20s", "shutdown": "5s"}}
-    topology = tmp_path / "job.yaml"
-    from harness import write_topology
-    write_topology(topology, **options)
-    topology.write_text(topology.read_text() + f"checkpoint:\n  dir: {folder}\n  every_steps: 3\n  keep: 3\n")
+    topology = with_checkpoints(tmp_path / "job.yaml", folder, 3, **options)
 
     crashed = run_job(tmp_path, "resume_train.py", "--steps", STEPS, "--kill-step", KILL, name="crash",
                       topology=topology)
@@ -75,3 +81,34 @@ def test_a_crashed_job_resumes_where_it_stopped(tmp_path, server_optimizer):
         for index, (got, expected) in enumerate(zip(tensors["final"], want, strict=True)):
             torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6,
                                        msg=lambda m, i=index, r=rank: f"worker {r} param {i}: {m}")
+
+
+def test_hfa_with_an_outer_optimizer_resumes_bit_for_bit(tmp_path):
+    """K1 = 2, K2 = 1: a global round every 2 steps, a checkpoint every 2 global rounds (4 steps); the crash comes
+    before step 10, after the global servers' checkpoint of round 4 (step 8)."""
+    options = {"parties": {"dc0": 1, "dc1": 1}, "hfa": {"k1": 2, "k2": 1},
+               "training": {"server_optimizer": "outer_nesterov"},
+               "timeouts": {"request": "20s", "round": "20s", "shutdown": "5s"}}
+    steps = ["--steps", 12]
+    straight = run_job(tmp_path, "resume_train.py", *steps, name="straight",
+                       topology=with_checkpoints(tmp_path / "straight.yaml", tmp_path / "straight", 2, **options))
+    straight.assert_ok()
+    folder = tmp_path / "checkpoints"
+    topology = with_checkpoints(tmp_path / "job.yaml", folder, 2, **options)
+    crashed = run_job(tmp_path, "resume_train.py", *steps, "--kill-step", 10, "--wait-checkpoint", 4, name="crash",
+                      topology=topology)
+    assert crashed.result.exit_code != 0
+    snapshot = load_latest(folder, 0)
+    assert snapshot is not None and snapshot.step == 4 and snapshot.holds == "model", crashed.tail()
+    assert snapshot.optimizer_spec["name"] == "outer_nesterov" and snapshot.optimizer_state
+    for rank in (0, 1):  # the inner Adam's state, at the steps of the global servers' checkpoints (dc1's worker
+        names = {p.name for p in worker_dir(folder, rank).glob("*.json")}  # may have gone on to step 12)
+        assert {"ckpt-000000004.json", "ckpt-000000008.json"} <= names, names
+
+    resumed = run_job(tmp_path, "resume_train.py", *steps, name="resume", topology=topology, resume=True)
+    resumed.assert_ok()
+    want = straight.workers()
+    for rank, (tensors, report) in resumed.workers().items():
+        assert report["start_step"] == 8, report
+        for index, (got, expected) in enumerate(zip(tensors["final"], want[rank][0]["final"], strict=True)):
+            assert torch.equal(got, expected), f"worker {rank} param {index}: {(got - expected).abs().max()}"

@@ -58,7 +58,7 @@ def test_a_corrupt_checkpoint_is_refused_and_the_previous_one_taken(tmp_path: Pa
     assert mine.newest() == 1
     with pytest.raises(CheckpointError, match="checksum mismatch"):
         mine.load(2, model, optimizer)
-    with pytest.raises(CheckpointError, match="ckpt-000000007.json: missing"):
+    with pytest.raises(CheckpointError, match=r"ckpt-000000007\.json: missing"):
         mine.load(7, model, optimizer)
 
 
@@ -77,5 +77,5 @@ def test_another_model_or_other_settings_are_refused_naming_the_difference(tmp_p
 
 
 def test_time_alone_cannot_align_the_workers_checkpoints(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="set checkpoint.every_steps"):
+    with pytest.raises(ConfigError, match=r"set checkpoint\.every_steps"):
         WorkerCheckpoints(CheckpointSpec(dir=tmp_path, every_s=60.0), rank=0, settings=SETTINGS)

@@ -62,6 +62,11 @@ class Loop(Protocol):
         """The wrapped optimizer's step on ``.grad``, unless a GradScaler found them not finite this step (then the
         update is skipped, and the algorithm's schedule goes on as if it had run)."""
 
+    def updated(self) -> None:
+        """This step's own state is final (after ``update``): the worker's checkpoint of it may be taken now. A
+        strategy that sends its model calls it before the send, so a global round never completes before every
+        worker's checkpoint of it exists; the wrapper calls it after ``step`` for the others."""
+
 
 class WorkerStrategy:
     """What one ``step()`` of the wrapped loop does under an algorithm. This base does nothing: subclasses
@@ -72,12 +77,21 @@ class WorkerStrategy:
     """
 
     pushes_gradients = False
+    # the global servers' values are not the model (gradient sums): the workers' checkpoints hold it, with the
+    # optimizer state; otherwise a worker's checkpoint holds only its optimizer's state (geomx.torch.checkpoint)
+    keeps_model = False
 
     def __init__(self, loop: Loop) -> None:
         self.loop = loop
 
     def init_keys(self) -> None:
         """After the model's keys are initialized: initialize the strategy's own keys, if any."""
+
+    def steps_of(self, rounds: int) -> int | None:
+        """The training steps ``rounds`` completed global rounds stand for (a resumed job's step from its global
+        servers' checkpoint); None where rounds do not tell steps. This base: one round a step (FSA)."""
+        return rounds
+
 
     def on_gradient(self, key: int, grad: torch.Tensor) -> None:
         """A gradient is ready (only with ``pushes_gradients``): push it."""

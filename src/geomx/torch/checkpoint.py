@@ -66,7 +66,8 @@ def model_difference(saved: dict[str, list[int]], current: dict[str, list[int]])
 class WorkerCheckpoints:
     """One worker's checkpoint folder: when to write, writing, and loading a given step (module docstring)."""
 
-    def __init__(self, spec: CheckpointSpec, rank: int, settings: dict[str, Any]) -> None:
+    def __init__(self, spec: CheckpointSpec, rank: int, settings: dict[str, Any], every: int | None = None,
+                 with_model: bool = True) -> None:
         if spec.dir is None:
             raise ValueError("WorkerCheckpoints needs checkpoint.dir")
         if spec.every_steps <= 0:  # time alone would let each worker checkpoint at other steps
@@ -74,13 +75,15 @@ class WorkerCheckpoints:
                               "the optimizer state (the wrapper's default FSA plan: its optimizer steps on every "
                               "worker): their checkpoints must be of the same steps; set checkpoint.every_steps")
         self.spec = spec
+        self.every = every if every is not None else spec.every_steps  # steps between two checkpoints
+        self.with_model = with_model  # load restores the parameters too (else the global servers hand them out)
         self.folder = worker_dir(spec.dir, rank)
         self.settings = settings
         self.written: list[int] = []
 
     def maybe_write(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer) -> bool:
         """Write this worker's checkpoint of ``step`` (steps completed) if one is due; True if written."""
-        if step <= 0 or step % self.spec.every_steps:
+        if step <= 0 or step % self.every:
             return False
         self.write(step, model, optimizer)
         return True
@@ -147,6 +150,11 @@ class WorkerCheckpoints:
         changed = settings_difference(manifest.get("settings") or {}, self.settings)
         if changed is not None:
             raise CheckpointError(f"--resume: {source} was written by a job with other training settings ({changed})")
-        model.load_state_dict(saved["model"])
+        state = saved["model"]
+        if not self.with_model:  # the parameters are the global servers' (INIT); buffers stay each worker's own
+            parameters = {name for name, _ in model.named_parameters()}
+            state = {name: value for name, value in state.items() if name not in parameters}
+        model.load_state_dict(state, strict=self.with_model)
         optimizer.load_state_dict(saved["optimizer"])
-        log.info("resumed this worker's model and optimizer state from %s", source)
+        log.info("resumed this worker's %s from %s", "model and optimizer state" if self.with_model
+                 else "optimizer state and buffers", source)

@@ -141,6 +141,7 @@ class DistributedOptimizer:
         self._config = config
         self.start_step = 0  # the job's step this worker starts at: a resumed job's checkpoint step (--resume)
         self.steps_done = 0  # the job's steps completed, counted from start_step
+        self._step_taken = False  # this step's checkpoint was considered (``updated``)
         self.checkpoints = self._worker_checkpoints(config, shards is not None)
         if self.kv.is_master_worker:  # the servers' codec and optimizer, before any round
             if self.plan.compression:
@@ -173,39 +174,59 @@ class DistributedOptimizer:
         if problem:
             raise ModelMismatchError(f"{self.kv.name}: the workers' models differ: {problem}")
         config = self._config
+        mine = self.checkpoints
+        keeps_model = self.strategy.keeps_model
         resumed = None  # the master's own checkpoint's step, where the workers hold the model (--resume)
-        if config.resume and self.checkpoints is not None and self.kv.is_master_worker:
-            resumed = self.checkpoints.newest()  # its model is what the master INITs: every worker's start
-            self.checkpoints.load(resumed, self.model, self.optimizer)
+        if config.resume and mine is not None and keeps_model and self.kv.is_master_worker:
+            resumed = mine.newest()  # its model is what the master INITs: every worker's start
+            mine.load(resumed, self.model, self.optimizer)
         self.kv.init(list(range(len(self.params))), [p.data for p in self.params])
         if self._knows_steps():
-            step = torch.tensor([float(resumed or 0)], dtype=torch.float64)
-            self.kv.init(STEP_KEY, step)  # the master's, or a resumed global server's checkpoint step
-            self.start_step = self.steps_done = int(step.item())
-            if config.resume and self.checkpoints is not None and not self.kv.is_master_worker:
-                self.checkpoints.load(self.start_step, self.model, self.optimizer)
+            told = torch.tensor([float(resumed or 0)], dtype=torch.float64)
+            self.kv.init(STEP_KEY, told)  # the master's step, or a resumed global server's completed rounds
+            step = int(told.item()) if keeps_model else self.strategy.steps_of(int(told.item()))
+            assert step is not None, "_knows_steps: the strategy tells steps from rounds"
+            self.start_step = self.steps_done = step
+            if config.resume and mine is not None and not (keeps_model and self.kv.is_master_worker):
+                mine.load(step, self.model, self.optimizer)  # the optimizer state (and the model where it is here)
             if config.resume and self.kv.is_master_worker:
                 log.info("geomx.torch: the job resumes at step %d", self.start_step)
         self.strategy.init_keys()
 
     def _worker_checkpoints(self, config: NodeConfig, sharded: bool) -> WorkerCheckpoints | None:
-        """This worker's own checkpoints, where the plan keeps the model and the optimizer state on the workers
-        (the optimizer steps on every worker on the averaged gradient); None elsewhere (the global servers'
-        checkpoints hold them) or without checkpoint.dir."""
+        """This worker's own checkpoints, where its optimizer steps: the model and the optimizer state where the
+        global servers hold gradient sums (FSA with the optimizer on the workers), the optimizer state where they
+        hold the global model (HFA's inner optimizer); None where the optimizer runs on the global servers (their
+        checkpoints hold it) or without checkpoint.dir."""
         spec = config.topology.checkpoint
-        if spec.dir is None or self.plan.mode is not Strategy.LOCAL:
+        if spec.dir is None or self.plan.mode is Strategy.SERVER:
+            return None
+        per_round = self.strategy.steps_of(1)
+        if per_round is None:
+            if self.kv.is_master_worker:
+                log.warning("geomx.torch: under %s the global servers' checkpoints hold the global model, but the "
+                            "step and the workers' optimizer state are not checkpointed yet: a resumed job's loop "
+                            "starts at step 0 and its optimizer afresh", self.plan.describe())
             return None
         if sharded:
-            raise ConfigError(f"party {config.party}: checkpoints of a model sharded by FSDP2 under FSA with the "
-                              "optimizer on the workers are not written yet (each rank's shards would need one): "
-                              "set training.server_optimizer: translate, or no checkpoint.dir")
-        return WorkerCheckpoints(spec, self.kv.global_rank, plan_settings(config.topology))
+            raise ConfigError(f"party {config.party}: checkpoints of a model sharded by FSDP2 with its optimizer on "
+                              "the ranks are not written yet (each rank's shards would need one): set "
+                              "training.server_optimizer: translate under FSA, or no checkpoint.dir")
+        return WorkerCheckpoints(spec, self.kv.global_rank, plan_settings(config.topology),
+                                 every=spec.every_steps * per_round, with_model=self.strategy.keeps_model)
 
     def _knows_steps(self) -> bool:
-        """Whether this job tells its workers its step (under STEP_KEY): with checkpoints, under FSA's plans,
-        where a global server's round is a step (under HFA it is a global round; not told yet)."""
-        return (self._config.topology.checkpoint.dir is not None
-                and self.plan.mode in (Strategy.LOCAL, Strategy.SERVER))
+        """Whether this job tells its workers its step (under STEP_KEY): with checkpoints, where the global servers'
+        rounds tell steps (not under ESync or streaming yet)."""
+        return self._config.topology.checkpoint.dir is not None and self.strategy.steps_of(1) is not None
+
+    def updated(self) -> None:
+        """This step's own state is final: write this worker's checkpoint of it if one is due (once a step)."""
+        if self._step_taken:
+            return
+        self._step_taken = True
+        if self.checkpoints is not None:
+            self.checkpoints.maybe_write(self.steps_done + 1, self.model, self.optimizer)
 
     # -- hooks --------------------------------------------------------------------------------------------
     def _on_gradient(self, key: int, param: torch.Tensor) -> None:
@@ -277,12 +298,12 @@ class DistributedOptimizer:
             self._joins.count(training=True)
         grads = (g for g in (self.params[key].grad for key in self.trained) if g is not None)  # read if scaled
         self._skip_update = grad_scaler_skips(self.__dict__, grads, self._averaged)  # a GradScaler's call
+        self._step_taken = False
         self.strategy.step()
+        self.updated()  # (a strategy that sends its model called it before the send)
         self._averaged = False
         self._forward_started = False
         self.steps_done += 1
-        if self.checkpoints is not None:  # before the next push: the servers' checkpoint of this step needs it
-            self.checkpoints.maybe_write(self.steps_done, self.model, self.optimizer)
         self.recorder.step()
         return loss
 

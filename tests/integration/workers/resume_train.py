@@ -2,7 +2,8 @@
 (Adam: an optimizer with state), from the step the job resumes at (``opt.start_step``) to ``--steps``.
 
 ``--kill-step K``: the worker of global rank 0 SIGKILLs the job's global server before its step K (a crash after
-the checkpoints of the steps before it), then fails. Every worker that ends writes ``out/worker<rank>.pt/.json``
+the checkpoints of the steps before it; first waiting for the global server's checkpoint of ``--wait-checkpoint``
+rounds, which it writes in the background), then fails. Every worker that ends writes ``out/worker<rank>.pt/.json``
 (jobkit): its final weights and the step it started at.
 """
 
@@ -16,7 +17,7 @@ from pathlib import Path
 import jobkit
 import torch
 import torch.nn.functional as F
-from survive_train import find_pid
+from survive_train import find_pid, wait_for_checkpoint
 
 import geomx.torch as gx
 
@@ -27,6 +28,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--kill-step", type=int, default=-1)
+    parser.add_argument("--wait-checkpoint", type=int, default=0)
     args = parser.parse_args()
     rank, num_workers = gx.worker_place()
     torch.manual_seed(jobkit.seed_for(rank))  # different per worker: the master's INIT (or checkpoint) wins
@@ -36,6 +38,10 @@ def main() -> None:
     inputs, targets = jobkit.make_data(args.steps, num_workers)
     for step in range(opt.start_step, args.steps):
         if step == args.kill_step and rank == 0:
+            if args.wait_checkpoint:
+                folder = opt.kv.config.topology.checkpoint.dir
+                assert folder is not None
+                wait_for_checkpoint(folder, args.wait_checkpoint)
             os.kill(find_pid(run_dir, "global_server"), signal.SIGKILL)
             raise SystemExit(f"killed the global server before step {step}")
         opt.zero_grad()

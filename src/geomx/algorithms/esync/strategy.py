@@ -32,6 +32,9 @@ class ESync(PeriodicAverage):
         super().__init__(loop, k1)
         self.done = False  # a worker ran out of data: the job's last round is over
 
+    def steps_of(self, rounds: int) -> int | None:
+        return None  # each worker's local steps per round are assigned by its speed: rounds tell no step
+
     def init_keys(self) -> None:
         self.loop.kv.init(CONTROL_KEY, torch.zeros(1))
         super().init_keys()

@@ -171,6 +171,8 @@ class CollectiveLocalStep(AveragedStep, CollectiveServerStep):
     """The global servers answer with the sum of every worker's gradients; every rank steps the wrapped
     optimizer on their mean (DDP's arithmetic, across data centers)."""
 
+    keeps_model = True  # the servers hold gradient sums: the model and the optimizer state are the workers'
+
     def fill(self, bucket: ModelBucket) -> None:
         for owned, piece in bucket.pieces:
             if owned.key not in self.trained:

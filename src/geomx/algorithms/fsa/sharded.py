@@ -83,6 +83,8 @@ class ShardedLocalStep(AveragedStep, ShardedServerStep):
     """The global servers answer with the sum of every worker's gradients; every rank divides its shards of it by
     the job's workers and steps the wrapped optimizer on them (DDP's arithmetic, across data centers)."""
 
+    keeps_model = True  # the servers hold gradient sums: the model and the optimizer state are the workers'
+
     def average(self) -> None:
         grads = self.gradients()
         self.sync(grads, grads)

@@ -51,6 +51,8 @@ class ServerOptimizerStep(WorkerStrategy):
 class LocalOptimizerStep(AveragedStep, ServerOptimizerStep):
     """The answers are gradient sums: their mean goes into ``.grad`` and the wrapped optimizer steps here."""
 
+    keeps_model = True  # the servers hold gradient sums: the model and the optimizer state are the workers'
+
     def average(self) -> None:
         self.push_missing()
         loop = self.loop

@@ -44,6 +44,7 @@ from ...collective.owners import OwnedSlice
 from ...core.strategy import AveragedStep, Loop
 from ...protocol.tensors import wire_dtype
 from .rules import LocalFrequencyAggregation
+from .strategy import global_round_steps
 from .trips import FragmentTrips
 from .windows import WindowedRounds
 
@@ -115,6 +116,9 @@ class CollectivePeriodicAverage(AveragedStep):
         for (owned, _), model in zip(bucket.pieces, self.global_slices, strict=True):
             self.rules.set_global_model(owned.id, model.numpy())  # a view: updated in place after each round
 
+    def steps_of(self, rounds: int) -> int | None:
+        return global_round_steps(self.loop, self.k1, rounds)
+
     def on_gradient(self, key: int, grad: torch.Tensor) -> None:
         assert self.mean is not None, "only whole-model ranks hook the gradients"
         self.mean.on_gradient(key, grad)
@@ -137,6 +141,7 @@ class CollectivePeriodicAverage(AveragedStep):
         if self.fragment_trips is not None:  # the leaving fragment's copy, made while the step computed
             self.fragment_trips.copied()
         self.inner_step()
+        self.loop.updated()  # before the sync: the global round cannot complete before this rank's checkpoint
         self.local_steps += 1
         if self.local_steps % self.k1 == 0:
             self.sync()

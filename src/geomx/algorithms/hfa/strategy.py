@@ -34,10 +34,16 @@ class PeriodicAverage(WorkerStrategy):
     def init_keys(self) -> None:
         self.round_started = time.monotonic()  # the first round's time counts local steps, not the init wait
 
+    def steps_of(self, rounds: int) -> int | None:
+        """K1 steps a local round and K2 local rounds a global one; under streaming a checkpoint's rounds are its
+        fragments' (not told: None)."""
+        return global_round_steps(self.loop, self.k1, rounds)
+
     def step(self) -> None:
         loop = self.loop
         loop.synchronize()
         self.inner_step()
+        loop.updated()  # before the sync: the global round cannot complete before this worker's checkpoint
         self.local_steps += 1
         if self.local_steps % self.round_steps == 0:
             self.sync(finishing=False)
@@ -55,3 +61,11 @@ class PeriodicAverage(WorkerStrategy):
         for key, param in enumerate(loop.params):
             loop.kv.push(key, param.data / loop.kv.num_workers, priority=loop.priority[key])
         loop.pending.update(range(len(loop.params)))
+
+
+def global_round_steps(loop: Loop, k1: int, rounds: int) -> int | None:
+    """The steps ``rounds`` global rounds of HFA stand for: K1 x K2 each; None under streaming (fragments), where
+    each fragment counts its own. Usage: ``global_round_steps(loop, 4, rounds=3)`` -> 60 with K2 = 5."""
+    if int(dict(loop.kv.config.topology.training.plugin_options).get("fragments", "1") or 1) > 1:
+        return None
+    return rounds * k1 * loop.kv.hfa.k2
