@@ -48,10 +48,13 @@ def with_checkpoints(path, folder, every_steps: int, **options):
     return path
 
 
-@pytest.mark.parametrize("server_optimizer", ["auto", "translate"])
-def test_a_crashed_job_resumes_where_it_stopped(tmp_path, server_optimizer):
+@pytest.mark.parametrize(("server_optimizer", "lan"), [("auto", "server"), ("translate", "server"),
+                                                     ("auto", "collective")])
+def test_a_crashed_job_resumes_where_it_stopped(tmp_path, server_optimizer, lan):
+    """(``lan: collective``: dc1 is a torch.distributed group of 2 ranks, each syncing its share of the model.)"""
     folder = tmp_path / "checkpoints"
-    options = {"parties": {"dc0": 1, "dc1": 1}, "training": {"server_optimizer": server_optimizer},
+    parties = {"dc0": 1, "dc1": 1 if lan == "server" else 2}
+    options = {"parties": parties, "training": {"server_optimizer": server_optimizer}, "lan": {"dc1": lan},
                "timeouts": {"request": "20s", "round": "20s", "shutdown": "5s"}}
     topology = with_checkpoints(tmp_path / "job.yaml", folder, 3, **options)
 
@@ -63,7 +66,7 @@ def test_a_crashed_job_resumes_where_it_stopped(tmp_path, server_optimizer):
     assert snapshot.settings["server_optimizer"] == server_optimizer
     if server_optimizer == "auto":  # the servers hold sums; the workers hold the model, at their own steps
         assert snapshot.holds == SUMS
-        for rank in (0, 1):
+        for rank in range(sum(parties.values())):
             assert sorted(p.name for p in worker_dir(folder, rank).glob("*.json")) == \
                 ["ckpt-000000003.json", "ckpt-000000006.json"]
         resumed_at = 6
@@ -73,9 +76,9 @@ def test_a_crashed_job_resumes_where_it_stopped(tmp_path, server_optimizer):
 
     resumed = run_job(tmp_path, "resume_train.py", "--steps", STEPS, name="resume", topology=topology, resume=True)
     resumed.assert_ok()
-    want = reference(STEPS, 2)
+    want = reference(STEPS, sum(parties.values()))
     workers = resumed.workers()
-    assert sorted(workers) == [0, 1]
+    assert sorted(workers) == list(range(sum(parties.values())))
     for rank, (tensors, report) in workers.items():
         assert report["start_step"] == resumed_at, report
         for index, (got, expected) in enumerate(zip(tensors["final"], want, strict=True)):
