@@ -153,3 +153,17 @@ def test_load_state_refuses_state_of_another_optimizer() -> None:
     layout, arrays = sgd.state()
     with pytest.raises(ValueError, match="adam has no state '_momentum'"):
         Adam().load_state(layout, arrays)
+
+
+def test_several_global_servers_resume_from_a_step_every_shard_has(tmp_path: Path) -> None:
+    """Shard 1's checkpoint of step 4 was never written (its write was in flight at the crash) and its step 2 is
+    corrupt: shard 0 must not go on from its own step 4 (a model of two steps), nor step 2: step 0 it is."""
+    for step in (0, 2, 4):
+        write(tmp_path, 0, Snapshot(step, {(0, 0): np.full(3, step, np.float32)}))
+    for step in (0, 2):
+        write(tmp_path, 1, Snapshot(step, {(1, 0): np.full(2, step, np.float32)}))
+    data = shard_dir(tmp_path, 1) / "ckpt-000000002.npz"
+    data.write_bytes(data.read_bytes()[:-4] + b"oops")
+    assert load_latest(tmp_path, 0).step == 4  # alone, its newest
+    assert load_latest(tmp_path, 0, shards=2).step == 0
+    assert load_latest(tmp_path, 1, shards=2).step == 0

@@ -92,7 +92,8 @@ _PROCESS_HELP: dict[str, str] = {
     "GEOMX_HOST": "address to bind and announce",
     "GEOMX_WORKER_OFFSET": "global rank of this party's first worker (without a topology file)",
     "GEOMX_RUN_DIR": "where stats, metrics and reports go",
-    "GEOMX_RESUME": "`1`: global servers start from their newest valid checkpoint (`geomx launch --resume`)",
+    "GEOMX_RESUME": "`1`: the job resumes from its newest valid checkpoint, its global servers and its workers "
+                    "(`geomx launch --resume`)",
     "GEOMX_JOB_START": "wall-clock time (`time.time()`) that `outages` count from (`geomx launch` sets it)",
     "GEOMX_TRACE": "`1`: every node writes a message timeline to `RUN/trace/` (debugging only)",
     "GEOMX_LAN": "`server` or `collective`: every party's LAN tier, over the topology's `lan` (see "

@@ -187,7 +187,7 @@ class NodeConfig:
     bind_port: int = 0  # schedulers bind this port; others take a free one when 0
     run_dir: Path | None = None
     worker_offset: int | None = None  # global rank of this party's first worker; None: from the topology
-    resume: bool = False  # global servers start from the newest valid checkpoint (`geomx launch --resume`)
+    resume: bool = False  # global servers and workers start from the newest valid checkpoint (`geomx launch --resume`)
     trace: bool = False  # GEOMX_TRACE=1: debug-only message timeline in RUN/trace/ (see geomx.transport.trace)
     torchrun: TorchRun | None = None  # a collective party's rank: torchrun's RANK, WORLD_SIZE ... (else None)
 

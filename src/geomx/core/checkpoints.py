@@ -62,14 +62,15 @@ log = logging.getLogger("geomx.server")
 
 
 def resume(name: str, spec: CheckpointSpec, shard: int, table: RoundTable,
-           settings: dict[str, Any] | None = None) -> Snapshot | None:
-    """The newest valid checkpoint of ``shard`` (its round counts restored into ``table``); None, logged, if
-    there is none or it was written under other training ``settings`` (each difference named)."""
+           settings: dict[str, Any] | None = None, shards: int = 1) -> Snapshot | None:
+    """The newest valid checkpoint of ``shard`` that all ``shards`` global servers have (its round counts restored
+    into ``table``); None, logged, if there is none or it was written under other training ``settings`` (each
+    difference named)."""
     if spec.dir is None:
         log.error("[%s] --resume needs a checkpoint folder: set checkpoint.dir in the topology "
                   "(or GEOMX_CHECKPOINT_DIR)", name)
         return None
-    snapshot = load_latest(spec.dir, shard)
+    snapshot = load_latest(spec.dir, shard, shards)  # the newest step every shard has
     if snapshot is None:
         log.error("[%s] --resume: no valid checkpoint in %s", name, shard_dir(spec.dir, shard))
         return None

@@ -172,14 +172,38 @@ def load(manifest_path: Path) -> Snapshot:
         raise CheckpointError(f"{manifest_path}: inconsistent checkpoint ({type(exc).__name__}: {exc})") from None
 
 
-def load_latest(folder: Path, shard: int) -> Snapshot | None:
-    """The newest checkpoint of ``shard`` that verifies; each refused one is logged with the reason."""
+def load_latest(folder: Path, shard: int, shards: int = 1) -> Snapshot | None:
+    """The newest checkpoint of ``shard`` that verifies and whose step every one of ``shards`` global servers has
+    checkpointed (a model whose slices were saved at different steps is none); each refused one is logged with the
+    reason."""
     for manifest in manifests(shard_dir(folder, shard)):
+        step = _step_of(manifest)
+        missing = [other for other in range(shards) if other != shard
+                   and not _verifies(shard_dir(folder, other) / manifest.name)]
+        if missing:
+            log.error("refused checkpoint: %s: global servers %s have no valid checkpoint of step %d (the shards' "
+                      "checkpoints must be of one step); trying the previous one", manifest, missing, step)
+            continue
         try:
             return load(manifest)
         except CheckpointError as exc:
             log.error("refused checkpoint: %s; trying the previous one", exc)
     return None
+
+
+def _verifies(manifest: Path) -> bool:
+    """Whether ``manifest`` exists and its data file has the checksum it records (another shard's, at resume)."""
+    try:
+        recorded = json.loads(manifest.read_text())
+        return sha256(manifest.with_name(str(recorded["data"]))) == recorded["sha256"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def _step_of(manifest: Path) -> int:
+    match = _NAME.fullmatch(manifest.name)
+    assert match is not None, "manifests() lists only ckpt-<step>.json"
+    return int(match.group(1))
 
 
 class CheckpointWriter:

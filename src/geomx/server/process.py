@@ -153,7 +153,7 @@ class ParameterServer:
     def _resume(self) -> bool:
         """Load the newest valid checkpoint of this shard (--resume); False (logged) if there is none."""
         self.resumed = resume(self.name, self.config.topology.checkpoint, self.config.rank or 0, self.table,
-                              plan_settings(self.config.topology))
+                              plan_settings(self.config.topology), self.config.topology.num_global_servers)
         if self.resumed is None:
             return False
         self.stored = values_of(self.resumed)
