@@ -37,7 +37,8 @@ def main() -> None:
     dataset = gx.shard(TensorDataset(train.images, train.labels))  # geomx: this worker's part of the data
     loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True, drop_last=True)
     opt = gx.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=args.lr), model)  # geomx
-    for epoch in range(args.epochs):
+    # a resumed job (geomx launch --resume) goes on from its checkpoint's step: here, from the epoch it is in
+    for epoch in range(opt.start_step // len(loader), args.epochs):
         for images, labels in gx.progress(loader, desc=f"epoch {epoch + 1}"):
             opt.zero_grad()
             loss = F.cross_entropy(model(images), labels)
