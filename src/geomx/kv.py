@@ -38,7 +38,7 @@ from .core.worker_plugins import WorkerContext
 from .optim import Optimizer
 from .protocol.bodies import ConfigureBody, InitBody, PullBody, decode_body, encode_body
 from .protocol.wire import Kind, Message
-from .runs.runlog import append_metrics, write_stats
+from .runs.runlog import StatsFile, append_metrics
 from .transport.rpc import Requests
 from .transport.trace import Tracer
 from .transport.van import Van
@@ -104,6 +104,10 @@ class KVStore:
         self._van.name = me.name
         self._van.tracer = Tracer.for_node(config.trace, config.run_dir, me.name)
         self.pulse = pulse_for(self._van, self._requests, config.topology.timeouts)  # pulse.note(step=...): heartbeats
+        # this worker's counters as it goes (RUN/stats/NAME.json, rewritten every second; final at close): a
+        # worker that is killed or stopped mid-run still reports what it sent
+        self._stats_file = StatsFile(config.run_dir, me.name, lambda: {"role": "worker", "party": config.party,
+                                                                      **self._van.counters.snapshot()}).start()
         self.party = config.party
         self.hfa = config.topology.hfa  # the API's kv.hfa (HFASpec(k1, k2) or None): the training loop's K1
         self.num_workers = config.num_workers
@@ -349,6 +353,7 @@ class KVStore:
             atexit.unregister(self._exit_hook)
         wait = self._topology.timeouts.shutdown_s
         if crashed:
+            self._stats_file.close()
             self._van.stop(flush_timeout=1.0)
             return
         try:
@@ -361,9 +366,7 @@ class KVStore:
                 self._requests.wait(future, wait, f"{self._requests.names.get(server)} to acknowledge shutdown")
             self._van.send(self._scheduler, Message(Kind.SHUTDOWN))
         finally:
-            if self.config.run_dir is not None:
-                write_stats(self.config.run_dir, self.name, {"role": "worker", "party": self.party,
-                                                             **self._van.counters.snapshot()})
+            self._stats_file.close()
             self._van.stop(flush_timeout=wait)
             if self.ranks is not None:
                 self.ranks.group.close()

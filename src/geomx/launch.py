@@ -51,6 +51,9 @@ from .server.compose import check_plugins
 #   pushpull).
 FAILURE_SETTLE_S = 1.0  # after a process fails, how long the others may go on to report it themselves
 KILL_WAIT_S = 10.0  # how long to wait for a SIGKILLed process to be reaped before reporting it and going on
+INTERRUPT_SETTLE_S = 2.0  # after Ctrl-C is passed on, how long the processes may take to write their counts and end
+STOP_GRACE_S = 5.0  # after SIGTERM, how long a process may take before SIGKILL
+TREE_EVERY_S = 1.0  # how often the launcher notes the processes below its own (``descendants``)
 
 PROCESS_DEFAULTS = {
     "OMP_NUM_THREADS": "1",
@@ -213,6 +216,148 @@ def plan_processes(topology: Topology, topology_path: Path, command: list[str], 
     return specs
 
 
+def _stat_fields(pid: int) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after the command name (state first), None once the process is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def _alive(pid: int, started: str | None = None) -> bool:
+    """True while ``pid`` runs (a zombie has ended); with ``started`` (its start time), only that same process."""
+    fields = _stat_fields(pid)
+    return fields is not None and fields[0] not in ("Z", "X") and (started is None or fields[19] == started)
+
+
+def descendants(pids: list[int]) -> dict[int, str]:
+    """Every live process below ``pids`` (children, grandchildren, ..., whatever their session or process group),
+    pid -> start time (to tell it from a later process given the same pid). Linux /proc; empty elsewhere.
+
+    Why: a process group reaches only the processes that stayed in it; a rank that torchrun or a user's script
+    started in a session of its own does not, and once its parent is gone its parent pid no longer leads here.
+    Take the snapshot before stopping anything. Usage: ``tree = descendants([proc.pid])``.
+    """
+    children: dict[int, list[int]] = {}
+    starts: dict[int, str] = {}
+    with contextlib.suppress(OSError):
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            fields = _stat_fields(int(entry.name))
+            if fields is None or fields[0] in ("Z", "X"):
+                continue
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+            starts[int(entry.name)] = fields[19]
+    found: dict[int, str] = {}
+    todo = list(pids)
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found[child] = starts[child]
+                todo.append(child)
+    return found
+
+
+def signal_tree(tree: dict[int, str], sig: int) -> None:
+    """Send ``sig`` to every process of a ``descendants`` snapshot that is still the same process."""
+    for pid, started in tree.items():
+        if _alive(pid, started):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+
+
+def end_tree(tree: dict[int, str], grace: float) -> list[int]:
+    """SIGTERM (and SIGCONT) every process of ``tree``, SIGKILL what is left after ``grace``; returns the pids still
+    running after the SIGKILL and ``KILL_WAIT_S`` more (stuck in the kernel), which are left."""
+    signal_tree(tree, signal.SIGTERM)
+    signal_tree(tree, signal.SIGCONT)
+    for wait_s, sig in ((grace, signal.SIGKILL), (KILL_WAIT_S, None)):
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and any(_alive(p, s) for p, s in tree.items()):
+            time.sleep(0.05)
+        if sig is not None:
+            signal_tree(tree, sig)
+    return [pid for pid, started in tree.items() if _alive(pid, started)]
+
+
+class StopOnSignals:
+    """For a command that runs several jobs (``geomx bench``): SIGINT and SIGTERM stop the whole command.
+
+    Inside the block, either signal raises KeyboardInterrupt in the main thread (``signum`` says which); a
+    ``Launcher`` running a job at that moment stops its job first, then passes the signal on to this handler, so
+    the command never goes on to its next job. The process becomes a child subreaper (Linux), so processes
+    orphaned below it stay its descendants; on leaving the block, every descendant still running is ended
+    (SIGTERM, then SIGKILL after ``grace`` seconds) and reaped: nothing the command started outlives it.
+
+    Usage::
+
+        with StopOnSignals() as stop:
+            try:
+                for job in jobs: run(job)
+            except KeyboardInterrupt:
+                print(f"stopped by signal {stop.signum}; writing what was measured")
+    """
+
+    def __init__(self, grace: float = STOP_GRACE_S) -> None:
+        self.grace = grace
+        self.signum: int | None = None
+        self._previous: dict[int, Any] = {}
+        self._was_subreaper = False
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        self.signum = signum
+        raise KeyboardInterrupt
+
+    def __enter__(self) -> StopOnSignals:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        self._was_subreaper = _subreaper(True)
+        return self
+
+    def ignore(self) -> None:
+        """From now on until the block ends, SIGINT and SIGTERM are ignored: the command is writing its results."""
+        for sig in self._previous:
+            signal.signal(sig, signal.SIG_IGN)
+
+    def __exit__(self, *_exc: object) -> None:
+        self.ignore()  # a second signal while the leftovers are ended is ignored: the block already stopped
+        try:
+            tree = descendants([os.getpid()])
+            if tree:
+                left = end_tree(tree, self.grace)
+                if left:
+                    sys.stderr.write(f"[geomx] pids {left} did not exit after SIGKILL; leaving them\n")
+            _reap_adopted(tree)
+        finally:
+            _subreaper(self._was_subreaper)
+            for sig, handler in self._previous.items():
+                signal.signal(sig, handler)
+
+
+def _subreaper(on: bool) -> bool:
+    """prctl(PR_SET_CHILD_SUBREAPER): while on, orphaned descendants are re-parented to this process, not to init
+    (Linux; elsewhere nothing). Returns whether it was on before."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        was = ctypes.c_int(0)
+        libc.prctl(37, ctypes.byref(was), 0, 0, 0)  # PR_GET_CHILD_SUBREAPER
+        libc.prctl(36, int(on), 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+        return bool(was.value)
+    except (OSError, AttributeError):
+        return False
+
+
+def _reap_adopted(tree: dict[int, str]) -> None:
+    """Collect the exit status of every ended process of ``tree`` that is this process's child now (adopted as the
+    subreaper, or started here and abandoned), so none is left a zombie."""
+    for pid in tree:
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)
+
+
 class Launcher:
     """Starts the planned processes, relays their output, stops everything on the first failure."""
 
@@ -226,6 +371,12 @@ class Launcher:
         self._print_lock = threading.Lock()
         self._readers: list[threading.Thread] = []
         self._interrupted = False
+        self._signal: int | None = None  # the signal that stopped the job (None: stop() or no stop)
+        # every process ever seen below ours (pid -> start time), refreshed as the job runs and before any stop: a
+        # grandchild in a session of its own is out of reach of the process groups, and once its parent is gone
+        # its parent pid no longer leads here
+        self._tree: dict[int, str] = {}
+        self._tree_at = 0.0
 
     def stop(self) -> None:
         """Stop the job as Ctrl-C would (from another thread); ``run`` then returns."""
@@ -263,15 +414,27 @@ class Launcher:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, sig)
 
+    def _see_tree(self) -> dict[int, str]:
+        """Add the processes below ours now to ``_tree`` (a /proc scan, a few ms) and return it."""
+        alive = {pid: started for pid, started in self._tree.items() if _alive(pid, started)}
+        self._tree = {**alive, **descendants([proc.pid for _, proc in self._procs if proc.poll() is None])}
+        self._tree_at = time.monotonic()
+        return self._tree
+
     def _stop_all(self, grace: float) -> None:
+        tree = self._see_tree()  # a torchrun rank, a user's helper: in a session of its own
         self._signal_all(signal.SIGTERM)
+        signal_tree(tree, signal.SIGTERM)
         # a stopped process (SIGSTOP, a debugger's, a frozen host's) keeps SIGTERM pending until it runs again: wake
         # it, so that it ends now instead of at the SIGKILL after ``grace`` (systemd sends the same pair)
         self._signal_all(signal.SIGCONT)
+        signal_tree(tree, signal.SIGCONT)
         deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and any(p.poll() is None for _, p in self._procs):
+        while time.monotonic() < deadline and (any(p.poll() is None for _, p in self._procs)
+                                               or any(_alive(pid, started) for pid, started in tree.items())):
             time.sleep(0.05)
         self._signal_all(signal.SIGKILL)
+        signal_tree(tree, signal.SIGKILL)
         for spec, proc in self._procs:
             try:  # SIGKILL is not refused; a process stuck in the kernel (D state) is reported, not waited for
                 proc.wait(timeout=KILL_WAIT_S)
@@ -281,11 +444,26 @@ class Launcher:
 
     def _on_interrupt(self, signum: int, _frame: Any) -> None:
         self._interrupted = True
+        tree = self._see_tree()  # before anything ends: its children would be orphaned out of sight
         self._signal_all(signal.SIGINT)
+        signal_tree(tree, signal.SIGINT)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        """SIGINT or SIGTERM to the launcher: stop the job (its processes get Ctrl-C, then SIGTERM)."""
+        self._signal = signum
+        self._on_interrupt(signum, frame)
+
+    def _pass_on(self, previous: dict[int, Any]) -> None:
+        """After the job stopped for a signal: hand it to the handler that was there before ``run`` (a command
+        running several jobs, ``StopOnSignals``), so that command stops too instead of starting its next job.
+        Python's own Ctrl-C handler is not called: ``geomx launch`` prints its summary and exits 130."""
+        handler = previous.get(self._signal) if self._signal is not None else None
+        if callable(handler) and handler is not signal.default_int_handler:
+            handler(self._signal, None)
 
     def run(self) -> LaunchResult:
         started = time.monotonic()
-        previous = {s: signal.signal(s, self._on_interrupt) for s in (signal.SIGINT, signal.SIGTERM)} \
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)} \
             if threading.current_thread() is threading.main_thread() else {}
         failed: str | None = None
         code = 0
@@ -294,6 +472,8 @@ class Launcher:
             workers_done_at: float | None = None
             failed_at: float | None = None
             while True:
+                if time.monotonic() - self._tree_at > TREE_EVERY_S:
+                    self._see_tree()
                 for spec, proc in self._procs:
                     rc = proc.poll()
                     if rc not in (None, 0) and failed is None and not self._interrupted:
@@ -305,8 +485,13 @@ class Launcher:
                 # server is named by every party's server), then they are stopped
                 settled = failed_at is not None and (time.monotonic() - failed_at > FAILURE_SETTLE_S
                                                      or all(p.poll() is not None for _, p in self._procs))
+                if self._interrupted and not settled:
+                    # Ctrl-C was passed on: the processes may write their last counts and end by themselves
+                    deadline = time.monotonic() + INTERRUPT_SETTLE_S
+                    while time.monotonic() < deadline and any(p.poll() is None for _, p in self._procs):
+                        time.sleep(0.05)
                 if settled or self._interrupted:
-                    self._stop_all(5.0)
+                    self._stop_all(STOP_GRACE_S)
                     code = code or 130
                     break
                 if all(p.poll() is not None for _, p in self._procs):
@@ -319,7 +504,7 @@ class Launcher:
                     self._say(f"[geomx launch] workers finished but {stuck} did not exit within "
                               f"{self.grace:g} s; stopping them")
                     failed, code = stuck[0], 1
-                    self._stop_all(5.0)
+                    self._stop_all(STOP_GRACE_S)
                     break
                 time.sleep(0.05)
         finally:
@@ -330,8 +515,11 @@ class Launcher:
             for reader in self._readers:
                 reader.join(timeout=2)
         wall = time.monotonic() - started
-        return LaunchResult(code, wall, failed, summarize(self.run_dir, wall),
-                            {spec.label: proc.returncode for spec, proc in self._procs if proc.returncode is not None})
+        result = LaunchResult(code, wall, failed, summarize(self.run_dir, wall),
+                              {spec.label: proc.returncode for spec, proc in self._procs
+                               if proc.returncode is not None})
+        self._pass_on(previous)
+        return result
 
 
 def _status(result: LaunchResult) -> str:
@@ -342,14 +530,27 @@ def _status(result: LaunchResult) -> str:
     return f"FAILED ({result.failed})"
 
 
+def _traffic_lines(s: dict[str, Any]) -> list[str]:
+    """The LAN and WAN lines: the stats files' totals (``runs.summary.traffic``), "unknown" where no process wrote
+    its counters, and the processes whose count is the last one taken while they ran (the job did not end cleanly)."""
+    if s.get("wan_bytes") is None:
+        unknown = "unknown (no process wrote its counters)"
+        return [f"LAN traffic   : {unknown}", f"WAN traffic   : {unknown}"]
+    per_party = ", ".join(f"{k} {v / 1e6:.2f} MB" for k, v in s.get("wan_bytes_sent_by_party", {}).items())
+    lines = [f"LAN traffic   : {s['lan_bytes'] / 1e6:.2f} MB",
+             f"WAN traffic   : {s['wan_bytes'] / 1e6:.2f} MB  (sent per party: {per_party})"]
+    if s.get("not_final"):
+        lines.append(f"counted until : their last count for {', '.join(s['not_final'])} (stopped before a clean "
+                     "exit): at least these")
+    return lines
+
+
 def format_summary(result: LaunchResult) -> str:
     s = result.summary
-    per_party = ", ".join(f"{k} {v / 1e6:.2f} MB" for k, v in s.get("wan_bytes_sent_by_party", {}).items())
     lines = ["", "=== geomx run summary ===",
              f"status        : {_status(result)}",
              f"wall time     : {result.wall_s:.1f} s",
-             f"LAN traffic   : {s.get('lan_bytes', 0) / 1e6:.2f} MB",
-             f"WAN traffic   : {s.get('wan_bytes', 0) / 1e6:.2f} MB  (sent per party: {per_party})"]
+             *_traffic_lines(s)]
     for party in s.get("wan_bytes_sent_by_party", {}):  # a collective party: one WAN stream per rank
         streams = {name.split("/", 1)[1]: sent for name, sent in s.get("wan_bytes_sent_by_process", {}).items()
                    if name.startswith(f"{party}/")}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import signal
 import sys
 
 from .config import ConfigError, NodeConfig, Role, node_config
@@ -20,9 +21,14 @@ def run_node(config: NodeConfig) -> int:
     """Run one scheduler or server until the job ends; returns the exit code."""
     if config.role in (Role.GLOBAL_SCHEDULER, Role.LOCAL_SCHEDULER):
         from .cluster.scheduler import Scheduler
+        from .runs.runlog import StatsFile
 
         gc.freeze()  # the modules live as long as the process: no collection needs to scan them again
-        return Scheduler(config).run()
+        scheduler = Scheduler(config)
+        # its counters too (registration, heartbeats, barriers cross the WAN): every byte of the job has a sender
+        with StatsFile(config.run_dir, scheduler.name, lambda: {"role": config.role.value, "party": config.party,
+                                                                **scheduler.van.counters.snapshot()}):
+            return scheduler.run()
     if config.role in (Role.GLOBAL_SERVER, Role.LOCAL_SERVER):
         from .server import ParameterServer
 
@@ -35,8 +41,16 @@ def configure_logging(level: int = logging.INFO) -> None:
     logging.basicConfig(level=level, format="%(levelname)s %(message)s", stream=sys.stderr)
 
 
+def _terminate(_signum: int, _frame: object) -> None:
+    """SIGTERM ends a scheduler or server as Ctrl-C does: its ``finally`` blocks run, so its counters are written
+    (``runs.runlog.StatsFile``) before it exits; a second SIGTERM ends it at once."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    raise KeyboardInterrupt
+
+
 def main() -> int:
     configure_logging()
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         config = node_config()
     except ConfigError as exc:

@@ -30,7 +30,10 @@ def test_cnn_example_learns_digits_over_emulated_wan(geomx_job, tmp_path):
     row, = build_report([job.run_dir], tmp_path / "report")
     assert row["worker"] == "dc0_worker0" and row["steps"] == record["steps"]
     assert row["lan_mb"] == round(job.summary["lan_bytes"] / 1e6, 6) and row["lan_mb"] > 1, row
-    assert row["wan_mb"] == round(record["wan_mb"], 6) and row["final_accuracy"] == round(record["test_accuracy"], 6)
+    # the WAN column is the job's too, to the byte: the summary's (the master's last epoch record read the global
+    # servers before the shutdown round)
+    assert row["wan_mb"] == round(job.summary["wan_bytes"] / 1e6, 6) and row["wan_mb"] >= record["wan_mb"], row
+    assert row["final_accuracy"] == round(record["test_accuracy"], 6)
 
 
 # Every synchronization algorithm and lossless-enough codec learns the digits, each to a bar of what it reaches

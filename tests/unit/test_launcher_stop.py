@@ -1,14 +1,20 @@
 """How the launcher stops a job: a process that is stopped (SIGSTOP: a debugger's, a frozen host's, the heartbeat
 tests') when another fails ends by SIGTERM at once, woken by the SIGCONT that follows it, instead of holding the
-signal pending until the SIGKILL after the grace period."""
+signal pending until the SIGKILL after the grace period; a stop reaches grandchildren that left the process group;
+and a signal to a command that runs several jobs stops the command, not only its job in flight (issue 46)."""
 
 from __future__ import annotations
 
+import contextlib
 import io
+import os
 import signal
 import sys
+import threading
+import time
+from pathlib import Path
 
-from geomx.launch import Launcher, ProcessSpec
+from geomx.launch import Launcher, ProcessSpec, StopOnSignals
 
 # writes its pid where the other process looks, then stops itself
 FROZEN = """
@@ -43,3 +49,69 @@ def test_a_stopped_process_ends_by_sigterm_when_the_job_stops(tmp_path):
     assert result.failed == "failing" and result.exit_codes["failing"] == 3, (result, out.getvalue())
     # without the SIGCONT: -9, the SIGKILL that follows SIGTERM after 5 s
     assert result.exit_codes["frozen"] == -signal.SIGTERM, (result.exit_codes, out.getvalue())
+
+
+# starts a grandchild in a session of its own (as torchrun does its ranks), writes its pid, then waits to be stopped
+SPAWNING = """
+import os, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+with open(sys.argv[1] + ".tmp", "w") as f:
+    f.write(str(child.pid))
+os.replace(sys.argv[1] + ".tmp", sys.argv[1])
+time.sleep(600)
+"""
+
+
+def _wait_for(path, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.02)
+    return int(path.read_text())
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except OSError:
+        return True
+
+
+def test_stopping_a_job_ends_grandchildren_in_sessions_of_their_own(tmp_path):
+    marker = tmp_path / "grandchild.pid"
+    launcher = Launcher([ProcessSpec("spawner", [sys.executable, "-c", SPAWNING, str(marker)], {}, is_worker=True)],
+                        tmp_path / "run", out=io.StringIO())
+    stopper = threading.Thread(target=lambda: (_wait_for(marker), launcher.stop()))
+    stopper.start()
+    started = time.monotonic()
+    result = launcher.run()
+    stopper.join()
+    grandchild = int(marker.read_text())
+    try:
+        assert result.exit_code == 130 and time.monotonic() - started < 30
+        # out of reach of the spawner's process group: without the launcher's snapshot of the tree it lives on
+        assert _gone(grandchild), f"grandchild {grandchild} outlived the job"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(grandchild, signal.SIGKILL)
+
+
+def test_a_signal_stops_the_job_then_the_command_that_ran_it(tmp_path):
+    """SIGTERM while a job runs under StopOnSignals (geomx bench): the job stops, then KeyboardInterrupt reaches
+    the command instead of its next job (it used to go on with the next row)."""
+    marker = tmp_path / "grandchild.pid"
+    launcher = Launcher([ProcessSpec("spawner", [sys.executable, "-c", SPAWNING, str(marker)], {}, is_worker=True)],
+                        tmp_path / "run", out=io.StringIO())
+    sender = threading.Thread(target=lambda: (_wait_for(marker), os.kill(os.getpid(), signal.SIGTERM)))
+    reached = None
+    with StopOnSignals() as stop:
+        sender.start()
+        try:
+            launcher.run()
+        except KeyboardInterrupt:
+            reached = "command"
+    sender.join()
+    grandchild = int(marker.read_text())
+    assert reached == "command" and stop.signum == signal.SIGTERM
+    assert all(_gone(pid) for pid in [*launcher.pids().values(), grandchild])
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handlers are given back

@@ -1,7 +1,9 @@
 """``geomx bench``: run the chosen sections one after the other, print their tables, write OUT/bench.json.
 
 Nothing here asserts: the bench prints and writes every raw figure. It returns 1 only when a measurement
-could not be taken (a run failed), 130 when interrupted (what was measured so far is still written).
+could not be taken (a run failed), 130 when interrupted: SIGINT or SIGTERM stop the job in flight and every
+process the bench started, no further job starts, and what was measured so far is still written (a section's
+finished rows where it hands them over, ``sections.Interrupted``), marked ``interrupted``.
 
 Usage::
 
@@ -11,14 +13,16 @@ Usage::
 from __future__ import annotations
 
 import json
+import signal
 import time
 import traceback
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from ..launch import StopOnSignals
 from .jobs import load_avg, machine_info
-from .sections import SECTIONS, BenchPlan, chosen, module_of
+from .sections import SECTIONS, BenchPlan, Interrupted, chosen, module_of
 from .tables import say
 
 
@@ -36,6 +40,9 @@ def format_report(report: dict[str, Any]) -> str:
     for row in SECTIONS:
         if report.get(row.name):
             out += ["", *module_of(row).lines(report[row.name])]
+            if report[row.name].get("interrupted"):
+                out.append(f"[{row.name}] {report.get(f'{row.name}_error', 'interrupted')}: the rows above are those "
+                           "finished before the stop")
         elif f"{row.name}_error" in report:
             out += ["", f"[{row.name}] not measured: {report[f'{row.name}_error']}"]
     out.append("")
@@ -64,23 +71,33 @@ def run_bench(quick: bool, out_dir: Path, sections: list[str] | None = None,
     }
     failed = False
     interrupted = False
-    for row in rows:
+    # SIGINT/SIGTERM: the job in flight stops, then KeyboardInterrupt here; every process left is ended on the way out
+    with StopOnSignals() as stop:
+        row = rows[0] if rows else None
         try:
-            report[row.name] = module_of(row).run(plan, out_dir)
-            failed = failed or bool(report[row.name].get("errors"))
-        except KeyboardInterrupt:
+            for row in rows:
+                try:
+                    report[row.name] = module_of(row).run(plan, out_dir)
+                    failed = failed or bool(report[row.name].get("errors"))
+                except Exception as exc:
+                    failed = True
+                    report[f"{row.name}_error"] = f"{type(exc).__name__}: {exc}"
+                    report[f"{row.name}_traceback"] = traceback.format_exc()
+                    say(f"[{row.name}] not measured: {exc}")
+        except KeyboardInterrupt as exc:
+            stop.ignore()  # the results are written whatever comes next
             interrupted = True
-            report[f"{row.name}_error"] = "interrupted"
-            say(f"[{row.name}] interrupted; writing what was measured so far")
-            break
-        except Exception as exc:
-            failed = True
-            report[f"{row.name}_error"] = f"{type(exc).__name__}: {exc}"
-            report[f"{row.name}_traceback"] = traceback.format_exc()
-            say(f"[{row.name}] not measured: {exc}")
-    report["load_avg_end"] = load_avg()
-    report["bench_wall_s"] = time.monotonic() - started
-    json_path.write_text(json.dumps(report, indent=2, default=str))
-    say(format_report(report))
-    say(f"bench wall time: {report['bench_wall_s']:.0f} s")
+            name = signal.Signals(stop.signum).name if stop.signum else "SIGINT"
+            report["interrupted"] = {"signal": name, "section": row.name if row else None}
+            if row is not None:
+                if isinstance(exc, Interrupted):
+                    report[row.name] = exc.partial
+                report[f"{row.name}_error"] = f"interrupted by {name}"
+                say(f"[{row.name}] interrupted by {name}; writing what was measured so far")
+        stop.ignore()
+        report["load_avg_end"] = load_avg()
+        report["bench_wall_s"] = time.monotonic() - started
+        json_path.write_text(json.dumps(report, indent=2, default=str))
+        say(format_report(report))
+        say(f"bench wall time: {report['bench_wall_s']:.0f} s")
     return 130 if interrupted else 1 if failed else 0

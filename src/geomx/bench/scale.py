@@ -38,7 +38,8 @@ import yaml
 from ..config.units import parse_bandwidth
 from ..launch import launch
 from ..runs.runlog import read_stats
-from .sections import BenchPlan
+from .jobs import kill_all
+from .sections import BenchPlan, Interrupted
 from .tables import fmt, say, table, write_and_print
 
 LATENCY = "25ms"
@@ -135,7 +136,10 @@ def measure_plain(steps: int, work: Path, preset: str, step_ms: float) -> dict[s
                               env={**os.environ, "RANK": str(rank)},
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for rank in range(PARTIES * RANKS)]
-    tails = [p.communicate(timeout=1800)[0][-1500:] for p in procs]
+    try:
+        tails = [p.communicate(timeout=1800)[0][-1500:] for p in procs]
+    finally:  # a stop (SIGINT/SIGTERM) or a time-out ends them all
+        kill_all(procs)
     files = sorted(out.glob("rank*.json"))
     if any(p.returncode for p in procs) or len(files) != len(procs):
         return {"error": "\n".join(tails)}
@@ -152,6 +156,25 @@ def measure_grid(configs: tuple[str, ...], rates: tuple[str, ...], hs: tuple[int
     section: dict[str, Any] = {"setup": {"preset": preset, "step_ms": step_ms, "rounds": rounds, "latency": LATENCY,
                                          "parties": PARTIES, "ranks": RANKS, "lan": "collective",
                                          "inner_step": "stand-in (a wait)"}, "rows": [], "errors": []}
+    try:
+        _measure_rows(section, configs, rates, hs, rounds, work, preset, step_ms, fsa_rates)
+    except KeyboardInterrupt:  # SIGINT/SIGTERM: the rows finished so far are written, marked interrupted
+        section["interrupted"] = True
+        raise Interrupted(section) from None
+    section["plot"] = plot(section, out_dir / "scale_utilization.png")
+    if half is not None and configs:  # the best configuration measured (streaming + int8 when it ran)
+        best = "streaming_int8" if "streaming_int8" in configs else configs[-1]
+        try:
+            section["scaling"] = measure_scaling(section, half, best, rates[0], hs[0], rounds, work, step_ms)
+        except KeyboardInterrupt:
+            section["interrupted"] = True
+            raise Interrupted(section) from None
+    return section
+
+
+def _measure_rows(section: dict[str, Any], configs: tuple[str, ...], rates: tuple[str, ...], hs: tuple[int, ...],
+                  rounds: int, work: Path, preset: str, step_ms: float, fsa_rates: tuple[str, ...]) -> None:
+    """``measure_grid``'s runs, each row added to ``section`` as it finishes."""
     say(f"[scale] plain: {PARTIES * RANKS} ranks, no sync ...")
     plain = measure_plain(PLAIN_STEPS, work, preset, step_ms)
     if "error" in plain:
@@ -179,11 +202,6 @@ def measure_grid(configs: tuple[str, ...], rates: tuple[str, ...], hs: tuple[int
             say(f"[scale]   utilization {row['utilization']:.1%}, {row['blocked_s_per_round']:.2f} s of sync per "
                 f"step, {row['sync_over_link']:.0%} of the link's rate")
         section["rows"].append(row)
-    section["plot"] = plot(section, out_dir / "scale_utilization.png")
-    if half is not None and configs:  # the best configuration measured (streaming + int8 when it ran)
-        best = "streaming_int8" if "streaming_int8" in configs else configs[-1]
-        section["scaling"] = measure_scaling(section, half, best, rates[0], hs[0], rounds, work, step_ms)
-    return section
 
 
 def measure_scaling(section: dict[str, Any], half: str, config: str, rate: str, h: int, rounds: int, work: Path,

@@ -2,7 +2,8 @@
 
 A section is a module with two public functions: ``run(plan: BenchPlan, out_dir: Path) -> dict`` (measure; the
 dict goes to bench.json under the section's name, with ``errors``: a list of what could not be measured)
-and ``lines(section: dict) -> list[str]`` (its table for the report). Adding a section is one such module
+and ``lines(section: dict) -> list[str]`` (its table for the report). A section stopped by a signal may raise
+``Interrupted`` with the rows it finished; they are written, marked interrupted. Adding a section is one such module
 and one row here; ``geomx bench --only NAME`` takes its choices from this table. The modules are named, not
 imported, so that ``geomx --help`` does not import torch.
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 from types import ModuleType
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,18 @@ class BenchPlan:
     sync_scenarios: tuple[str, ...] = ()
     wan_job: str | None = None  # the wan section's job: mlp, lm or all (None: mlp with quick, all otherwise)
     wan_congestion: str | None = None  # e.g. "cubic" (geomx.bench.netns)
+
+
+class Interrupted(KeyboardInterrupt):
+    """A section stopped by SIGINT or SIGTERM (``launch.StopOnSignals``), carrying what it measured so far (its
+    dict as ``run`` would return it, with ``interrupted: True``): ``geomx bench`` writes it and stops.
+
+    Usage: ``except KeyboardInterrupt: section["interrupted"] = True; raise Interrupted(section) from None``
+    """
+
+    def __init__(self, partial: dict[str, Any]) -> None:
+        super().__init__("interrupted")
+        self.partial = partial
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ import yaml
 from ..launch import launch
 from ..runs.runlog import read_metrics
 from ..transport.security import generate_keys
-from .sections import BenchPlan
+from .sections import BenchPlan, Interrupted
 from .tables import say
 
 MODES = ("none", "secret", "curve")
@@ -82,13 +82,22 @@ def run_security(quick: bool, out_dir: Path) -> dict[str, Any]:
                                          "how": "kv.pushpull worker <-> global server, flat, loopback; "
                                                 "best of the alternated rounds per mode and size"},
                                "errors": [], "raw": {mode: [] for mode in MODES}}
-    for round_index in range(rounds):
-        for mode in MODES:
-            say(f"[security] round {round_index + 1}/{rounds}: pushpull with security={mode} ...")
-            try:
-                section["raw"][mode].append(_pushpull(out_dir, mode, sizes, reps))
-            except Exception as exc:  # record and go on
-                section["errors"].append(f"{mode}: {exc}")
+    try:
+        for round_index in range(rounds):
+            for mode in MODES:
+                say(f"[security] round {round_index + 1}/{rounds}: pushpull with security={mode} ...")
+                try:
+                    section["raw"][mode].append(_pushpull(out_dir, mode, sizes, reps))
+                except Exception as exc:  # record and go on
+                    section["errors"].append(f"{mode}: {exc}")
+    except KeyboardInterrupt:  # SIGINT/SIGTERM (the job in flight has stopped): the runs so far, marked interrupted
+        section["interrupted"] = True
+        raise Interrupted(_rows(section, sizes)) from None
+    return _rows(section, sizes)
+
+
+def _rows(section: dict[str, Any], sizes: list[float]) -> dict[str, Any]:
+    """The section with its rows: per size, each mode's best run and the ratios to no security."""
     rows = []
     for index, size in enumerate(sizes):
         row: dict[str, Any] = {"size_mb": size}

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .jobs import free_port, kill_all, master_records, run_job, write_topology
-from .sections import BenchPlan
+from .sections import BenchPlan, Interrupted
 from .tables import fmt, say, table
 
 
@@ -115,15 +115,23 @@ def run(plan: BenchPlan, out_dir: Path) -> dict[str, Any]:
         ("gloo_2p", lambda: bench_gloo(sizes, out_dir, 2))]
     if sizes.two_workers:
         jobs.append(("geomx_2w", lambda: bench_geomx_pushpull(sizes, out_dir, 2)))
-    for label, job in jobs:
-        try:
-            measured[label] = job()
-            for entry in measured[label]:
-                say(f"[transport] {label} {entry['size_mb']:g} MB: {entry['mean_s'] * 1000:.1f} ms/op, "
-                    f"{entry['gbps']:.3f} GB/s")
-        except Exception as exc:  # record and go on: the other measurements still count
-            section["errors"].append(f"{label}: {exc}")
-            say(f"[transport] {label} FAILED: {exc}")
+    try:
+        for label, job in jobs:
+            try:
+                measured[label] = job()
+                for entry in measured[label]:
+                    say(f"[transport] {label} {entry['size_mb']:g} MB: {entry['mean_s'] * 1000:.1f} ms/op, "
+                        f"{entry['gbps']:.3f} GB/s")
+            except Exception as exc:  # record and go on: the other measurements still count
+                section["errors"].append(f"{label}: {exc}")
+                say(f"[transport] {label} FAILED: {exc}")
+    except KeyboardInterrupt:  # SIGINT/SIGTERM: the jobs measured so far are written, marked interrupted
+        section["interrupted"] = True
+        raise Interrupted(_rows(section, sizes, measured)) from None
+    return _rows(section, sizes, measured)
+
+
+def _rows(section: dict[str, Any], sizes: TransportPlan, measured: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     section["raw"] = measured
     section["rows"] = transport_rows(sizes.sizes_mb, measured)
     return section

@@ -11,7 +11,8 @@ first), and draws, one line per run:
 and writes ``report.md`` (a table, with what each column counts under it) and ``report.json`` (the same
 numbers). Both the front end's records (``loss``, ``accuracy``, ``wan_bytes_total``, ``elapsed_s``) and the
 examples' epoch records (``test_accuracy``, ``wan_mb``) are understood. The columns (``COLUMNS``) are the
-followed worker's, except ``wan_mb`` and ``lan_mb``, which are the whole job's.
+followed worker's, except ``wan_mb`` and ``lan_mb``, which are the whole job's, from the stats files every process
+keeps (``runs.summary.traffic``: the same figures, to the byte, as ``geomx launch``'s summary).
 
 Usage::
 
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from .runlog import read_metrics, read_stats
+from .summary import traffic
 
 ACCURACY_KEYS = ("accuracy", "test_accuracy", "val_accuracy")
 
@@ -39,10 +41,10 @@ COLUMNS = {
     "final_loss": "that worker's last logged loss",
     "final_accuracy": "that worker's last reported accuracy",
     "best_accuracy": "that worker's best reported accuracy",
-    "wan_mb": "the whole job's WAN traffic through the global servers (MB, what they sent plus received), as that "
-              "worker last read it",
+    "wan_mb": "the whole job's WAN traffic (MB): bytes every process sent to another party, from RUN/stats (each "
+              "process's counters, as the launcher's summary adds them up; '-' while the run has none)",
     "lan_mb": "the whole job's LAN traffic (MB): bytes every process sent inside its party, from RUN/stats "
-              "(written as each process exits; '-' while the run has none)",
+              "(rewritten every second by each process, final at its exit; '-' while the run has none)",
     "net_wait_s": "that worker's seconds blocked on the network (front end only)",
 }
 
@@ -59,6 +61,7 @@ class Series:
     steps: int = 0
     wall_s: float = 0.0
     lan_bytes: int | None = None  # the job's, from RUN/stats (None without stats files)
+    wan_total_bytes: int | None = None  # the job's, from RUN/stats (None without stats files)
     net_wait_s: float | None = None
 
 
@@ -102,9 +105,8 @@ def load_run(run_dir: Path, label: str | None = None) -> Series:
         series.wall_s = max(series.wall_s, t)
         if isinstance(record.get("net_wait_s"), (int, float)):
             series.net_wait_s = float(record["net_wait_s"])
-    stats = read_stats(Path(run_dir))  # one file per process, counting what it sent: each LAN byte once
-    if stats:
-        series.lan_bytes = sum(int(entry.get("lan", {}).get("sent", 0)) for entry in stats)
+    totals = traffic(read_stats(Path(run_dir)))  # one file per process, counting what it sent: each byte once
+    series.lan_bytes, series.wan_total_bytes = totals["lan_bytes"], totals["wan_bytes"]
     return series
 
 
@@ -118,7 +120,7 @@ def summary_row(series: Series) -> dict[str, Any]:
         "final_loss": round(series.loss[-1][1], 6) if series.loss else None,
         "final_accuracy": round(series.accuracy[-1][1], 6) if series.accuracy else None,
         "best_accuracy": round(max(a for _, a in series.accuracy), 6) if series.accuracy else None,
-        "wan_mb": round(series.wan_bytes[-1][1] / 1e6, 6) if series.wan_bytes else None,
+        "wan_mb": None if series.wan_total_bytes is None else round(series.wan_total_bytes / 1e6, 6),
         "lan_mb": None if series.lan_bytes is None else round(series.lan_bytes / 1e6, 6),
         "net_wait_s": None if series.net_wait_s is None else round(series.net_wait_s, 3),
     }

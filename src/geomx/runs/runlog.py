@@ -1,11 +1,14 @@
 """Files a run leaves in its run folder: per-process byte counters and metric records.
 
-Every process writes ``stats/<name>.json`` when it stops; workers append ``metrics/<name>.jsonl`` records
-through ``kv.record``. The launcher reads both for its summary.
+Every process keeps ``stats/<name>.json`` (its byte counters) up to date while it runs, rewriting it every second
+and once more, marked ``final``, when it stops (``StatsFile``): a job that fails or is interrupted still says what
+crossed each link up to its processes' last count. Workers append ``metrics/<name>.jsonl`` records through
+``kv.record``. The launcher's summary and ``geomx report`` read the same stats files (``runs.summary.traffic``).
 
 Usage::
 
-    write_stats(run_dir, "dc1/server", {"lan": {...}, "wan": {...}})
+    with StatsFile(run_dir, "dc1/server", lambda: {"role": "local_server", **van.counters.snapshot()}):
+        ...  # serve; the file is rewritten every second, and marked final at the end
     totals = read_stats(run_dir)
 """
 
@@ -14,9 +17,13 @@ from __future__ import annotations
 import json
 import os
 import resource
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+STATS_EVERY_S = 1.0  # how often a running process rewrites its stats file
 
 
 def file_name(name: str) -> str:
@@ -48,6 +55,70 @@ def write_stats(run_dir: Path, name: str, stats: dict[str, Any]) -> Path:
                                "cpu_sys_s": cpu["sys"], **stats}))
     tmp.replace(path)
     return path
+
+
+class StatsFile:
+    """One process's counters in ``RUN/stats/<name>.json``, rewritten every ``every_s`` seconds by a daemon thread
+    (``final: false``) and once more by ``close`` (``final: true``, with ``extra``).
+
+    Why: a process that is killed, or whose job is stopped, never reaches its clean exit; its file still holds
+    what it counted up to its last rewrite, and says that the count is not final. ``read`` gives the fields to
+    write (the counters, role, party); it is called from the thread, so it must be thread-safe (the van's
+    counters are). A ``run_dir`` of None writes nothing.
+
+    Usage::
+
+        stats = StatsFile(run_dir, name, lambda: {"role": "worker", **van.counters.snapshot()}).start()
+        ...
+        stats.close(answer_leads=leads)
+    """
+
+    def __init__(self, run_dir: Path | None, name: str, read: Callable[[], dict[str, Any]],
+                 every_s: float = STATS_EVERY_S) -> None:
+        self.run_dir = run_dir
+        self.name = name
+        self._read = read
+        self._every_s = every_s
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def start(self) -> StatsFile:
+        """Write once now, then every ``every_s`` seconds until ``close``."""
+        if self.run_dir is None:
+            return self
+        self.flush()
+        self._thread = threading.Thread(target=self._loop, name=f"{self.name}-stats", daemon=True)
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._every_s):
+            self.flush()
+
+    def flush(self, final: bool = False, **extra: Any) -> Path | None:
+        """Write the counters now (``final``: the last time; later rewrites are refused)."""
+        if self.run_dir is None:
+            return None
+        with self._lock:
+            if self._closed:
+                return None
+            self._closed = final
+            return write_stats(self.run_dir, self.name, {**self._read(), **extra, "final": final})
+
+    def close(self, **extra: Any) -> Path | None:
+        """Stop the rewrites and write the final counters (with ``extra``). Safe to call twice."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5.0)
+        return self.flush(final=True, **extra)
+
+    def __enter__(self) -> StatsFile:
+        return self.start()
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
 
 
 def read_stats(run_dir: Path) -> list[dict[str, Any]]:

@@ -43,7 +43,7 @@ from ..optim import Optimizer
 from ..protocol.bodies import ShutdownNotice, encode_body
 from ..protocol.wire import Kind, Message, MessageKind, SliceId
 from ..runs.checkpoint import CheckpointWriter, Snapshot
-from ..runs.runlog import write_stats
+from ..runs.runlog import StatsFile
 from ..transport.rpc import Requests
 from ..transport.trace import Tracer
 from ..transport.van import Van
@@ -171,6 +171,13 @@ class ParameterServer:
             return 2
         self.van.start()
         schedulers = self._join()
+        # the counters as they go (RUN/stats/NAME.json, rewritten every second), and once more as the server stops,
+        # however it stops (Ctrl-C, SIGTERM: geomx.node): a job stopped mid-run still reports what crossed
+        with StatsFile(self.config.run_dir, self.name, self._stats) as stats:
+            return self._serve(schedulers, stats)
+
+    def _serve(self, schedulers: list[str], stats: StatsFile) -> int:
+        """``run`` once joined: serve until every client has shut down, then say goodbye."""
         self.route.start()
         spec = self.config.topology.checkpoint
         if self.is_global and spec.dir is not None:
@@ -205,19 +212,19 @@ class ParameterServer:
             goodbye = encode_body(ShutdownNotice(failed=self._fatal)) or None  # a plain goodbye has no body
             self.van.send(scheduler, Message(Kind.SHUTDOWN, body=goodbye))
         self.van.flush(self.timeouts.shutdown_s)
-        if self.config.run_dir is not None:
-            with self.lock:
-                leads = self.table.leads_report()
-            write_stats(self.config.run_dir, self.name, {"role": self.config.role.value,
-                                                         "party": self.config.party,
-                                                         "answer_leads": leads,
-                                                         **self.van.counters.snapshot()})
+        with self.lock:
+            leads = self.table.leads_report()
+        stats.close(answer_leads=leads)
         self.van.stop()
         if self._fatal:
             log.error("[%s] stopped: %s", self.name, self._fatal)
             return 4
         log.info("[%s] shut down", self.name)
         return 0
+
+    def _stats(self) -> dict[str, Any]:
+        """What RUN/stats/NAME.json holds (StatsFile's reader: the van's counters are thread-safe)."""
+        return {"role": self.config.role.value, "party": self.config.party, **self.van.counters.snapshot()}
 
     def _watchdog(self) -> None:
         """Fail rounds that wait longer than the configured timeout, naming who is missing; note this server's
