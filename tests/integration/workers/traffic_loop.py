@@ -3,8 +3,8 @@
 The master writes ``$GEOMX_RUN_DIR/out/started`` after ``--started-after`` steps: what a test waits for before
 it stops the job (no sleeps). ``--die-rank R --die-after N``: worker R, after N steps, waits until its own stats
 file holds those steps' bytes (the running count, rewritten every second), then ends with ``os._exit(3)``: no
-clean exit, so that file is the only count of it. Used by test_traffic_counts.py: the launcher's totals, the stats files and
-``geomx report`` from one source, and a stopped job's counts.
+clean exit, so that file is the only count of it. Used by test_traffic_counts.py: the launcher's totals, the
+stats files and ``geomx report`` from one source, and a stopped job's counts.
 """
 
 from __future__ import annotations
