@@ -39,6 +39,7 @@ from .optim import Optimizer
 from .protocol.bodies import ConfigureBody, InitBody, PullBody, decode_body, encode_body
 from .protocol.wire import Kind, Message
 from .runs.runlog import StatsFile, append_metrics
+from .server.compose import check_plugins
 from .transport.rpc import Requests
 from .transport.trace import Tracer
 from .transport.van import Van
@@ -66,6 +67,9 @@ class KVStore:
         if config.role is not Role.WORKER:
             raise ValueError(f"kv.create runs on workers; this process has role {config.role.value}")
         sync_policy(kind)  # validates the type string
+        # a bad sync, server optimizer, codec or plug-in option, named before this worker joins (a torchrun rank
+        # has no `geomx launch` to check them first)
+        check_plugins(config.topology.training, config.topology)
         self.type = kind
         self.config = config
         self._topology = config.topology

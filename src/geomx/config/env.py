@@ -269,6 +269,9 @@ def node_config_from_env(env: Mapping[str, str]) -> NodeConfig:
         bind_port = int(scheduler.rsplit(":", 1)[1])
     run_dir = env.get("GEOMX_RUN_DIR")
     master_flag = _get(env, "GEOMX_MASTER_WORKER")
+    torchrun = torchrun_from_env(env) if role is Role.WORKER and topology.is_collective(party) else None
+    if torchrun is not None:
+        _check_ranks(torchrun, topology.party(party))
     return NodeConfig(
         role=role,
         party=party,
@@ -283,8 +286,20 @@ def node_config_from_env(env: Mapping[str, str]) -> NodeConfig:
         worker_offset=_int(env, "GEOMX_WORKER_OFFSET"),
         resume=env.get("GEOMX_RESUME", "") not in ("", "0", "false", "False"),
         trace=env.get("GEOMX_TRACE", "") not in ("", "0", "false", "False"),
-        torchrun=torchrun_from_env(env) if role is Role.WORKER and topology.is_collective(party) else None,
+        torchrun=torchrun,
     )
+
+
+def _check_ranks(run: TorchRun, party: PartySpec) -> None:
+    """A collective party's rank started by a torchrun whose rank count is not the party's worker count is refused
+    at its start, naming both numbers (else a rank's data shard or slice falls outside the job's, later)."""
+    if run.world_size != party.num_workers:
+        raise ConfigError(f"party {party.name} has {party.num_workers} workers in the topology but torchrun started "
+                          f"{run.world_size} ranks (WORLD_SIZE={run.world_size}): give torchrun --nproc-per-node "
+                          f"(times --nnodes) {party.num_workers}, or set parties.{party.name}.workers to "
+                          f"{run.world_size}")
+    if not 0 <= run.rank < run.world_size:
+        raise ConfigError(f"RANK={run.rank} is outside 0..{run.world_size - 1} (WORLD_SIZE={run.world_size})")
 
 
 def node_config() -> NodeConfig:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..algorithms.registry import AGGREGATIONS, EXTENSIONS, ROUTES, SYNC_POLICIES, check_message_kinds
-from ..codecs import FP16
+from ..codecs import FP16, CodecError, make_codec
 from ..config import ConfigError, NodeConfig, Topology, TrainingSpec, named
 from ..core.encoding import Encoding
 from ..core.options import parse_options, undeclared
@@ -70,14 +70,19 @@ def choose(config: NodeConfig) -> Choice:
 
 
 def check_plugins(training: TrainingSpec, topology: Topology | None = None) -> None:
-    """ConfigError unless ``training.sync`` names a sync policy, no two algorithms' message kinds share a number,
-    and every plug-in option is one a plug-in of this job takes, with a value it can read (``geomx launch`` calls
-    this before starting any process; every server at start). ``topology``: the job's, when known (HFA's
-    aggregation options are taken only with HFA).
+    """ConfigError unless ``training.sync`` names a sync policy, ``training.compression`` a codec, no two
+    algorithms' message kinds share a number, and every plug-in option is one a plug-in of this job takes, with a
+    value it can read (``geomx launch`` calls this before starting any process; every server and worker at start).
+    ``topology``: the job's, when known (HFA's aggregation options are taken only with HFA).
 
     Every sync policy may take options (the master may name any of them later, as ``kv.create`` does).
     """
     check_names(training)
+    if training.compression is not None:  # a codec no registry holds, or a parameter it lacks: named now
+        try:
+            make_codec(training.compression)
+        except CodecError as exc:
+            raise ConfigError(f"{named(training, 'compression', 'training')}: {exc}") from None
     try:
         check_message_kinds()
     except ValueError as exc:
