@@ -122,3 +122,43 @@ def test_leftovers_of_a_dead_run_are_removed():
         assert stale not in netns.list_namespaces()
     finally:
         subprocess.run(["ip", "netns", "del", stale], capture_output=True, timeout=20)
+
+
+def test_collective_parties_on_two_hosts_as_the_docs_say(link, tmp_path):
+    """docs/collective.md, "Several hosts", in two namespaces with their own addresses: host A runs the global tier
+    (`geomx launch --global-only`) and the central party's own `torchrun --standalone`, host B dc1's; each host keeps
+    its own run folder (GEOMX_RUN_DIR). The job across the link equals one process."""
+    topology = write_topology(tmp_path / "job.yaml", parties={"dc0": 2, "dc1": 1},
+                              lan={"dc0": "collective", "dc1": "collective"}, slice_elems=512)
+    scheduler = f"{link.addr_a}:{link.free_port(link.ns_a, link.addr_a)}"
+    bin_dir = Path(sys.executable).parent
+    runs = {"dc0": tmp_path / "host-a", "dc1": tmp_path / "host-b"}
+    hosts = {"dc0": (link.ns_a, link.addr_a), "dc1": (link.ns_b, link.addr_b)}
+    commands = {"tier": link.exec_a([str(bin_dir / "geomx"), "launch", str(topology), "--global-only", "--host",
+                                     link.addr_a, "--global-scheduler", scheduler, "--run-dir", str(runs["dc0"])])}
+    for party, workers in (("dc0", 2), ("dc1", 1)):
+        ns, host = hosts[party]
+        commands[party] = link.exec_in(ns, [
+            "env", f"GEOMX_TOPOLOGY={topology}", f"GEOMX_PARTY={party}", f"GEOMX_GLOBAL_SCHEDULER={scheduler}",
+            f"GEOMX_HOST={host}", f"GEOMX_RUN_DIR={runs[party]}",
+            str(bin_dir / "torchrun"), "--standalone", f"--nproc-per-node={workers}",
+            *worker_command("frontend_train.py")[1:]])
+    before = link.counters()
+    procs = {name: subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                    start_new_session=True) for name, argv in commands.items()}
+    try:
+        outputs = {name: proc.communicate(timeout=240)[0] for name, proc in procs.items()}
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    for name, proc in procs.items():
+        assert proc.returncode == 0, f"{name} failed:\n{outputs[name][-3000:]}"
+    assert f"the global tier listens at {scheduler}" in outputs["tier"], outputs["tier"][-2000:]
+    workers = {**jobkit.load_worker_outputs(runs["dc0"]), **jobkit.load_worker_outputs(runs["dc1"])}
+    assert sorted(workers) == [0, 1, 2]
+    jobkit.assert_fsa_equivalent(workers, num_workers=3)
+    after = link.counters()  # dc1's rank pushed its party's sums and took the answers across the veth, each step
+    for direction in ("a_to_b", "b_to_a"):
+        assert after[direction] - before[direction] >= jobkit.STEPS * jobkit.param_bytes(), (direction, after)
