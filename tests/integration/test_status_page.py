@@ -1,16 +1,21 @@
-"""The status page of a running job: `geomx launch` prints its URL; /metrics, /status.json and `geomx status` are
-read while the workers train (status_loop.py runs until the test writes its stop file).
+"""The status page of a running job: `geomx launch` prints its URL; /metrics, /status.json, `geomx status` and the
+page in a real browser are read while the workers train (status_loop.py runs until the last test stops it).
 
-One job, two parties of two workers (HiPS), a shared secret: the launcher's ``status :`` line is read from its
-output, /metrics is scraped twice and parsed with prometheus_client's parser (the WAN counters grow between the
-scrapes), /status.json names every party and every member the global scheduler has, and neither shows the secret.
+One job for the module (its tests run in file order), two parties of two workers (HiPS), checkpoints, a shared
+secret: the launcher's ``status :`` line is read from its output, /metrics is scraped twice and parsed with
+prometheus_client's parser (the WAN counters grow between the scrapes), /status.json names every party and every
+member the global scheduler has, and nothing shows the secret. The browser test (headless Chromium driven by
+Selenium; skipped when either is missing) reads the parties' rows from the DOM and saves a screenshot; with
+UPDATE_DOCS_SCREENSHOT=1 it also writes docs/images/status.png (the picture in docs/deployment.md).
 """
 
 from __future__ import annotations
 
 import io
 import json
+import os
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -23,7 +28,7 @@ from typing import Any
 import jobkit
 import pytest
 import yaml
-from harness import worker_command, write_topology
+from harness import REPO_ROOT, worker_command, write_topology
 from prometheus_client.parser import text_string_to_metric_families
 
 from geomx.launch import LaunchResult, launch
@@ -77,18 +82,28 @@ class RunningJob:
         self.out = Output()
         self.run_dir = run_dir
         self.result: LaunchResult | None = None
+        self.error: BaseException | None = None  # launch() refused the job
         self._thread = threading.Thread(target=self._run, args=(topology,), daemon=True)
         self._thread.start()
 
     def _run(self, topology: Path) -> None:
-        self.result = launch(topology, worker_command("status_loop.py"), run_dir=self.run_dir, out=self.out)
+        try:
+            self.result = launch(topology, worker_command("status_loop.py"), run_dir=self.run_dir, out=self.out)
+        except BaseException as exc:
+            self.error = exc
+            raise
 
     def url(self) -> str:
-        found = wait_for("the launcher's 'status :' line",
-                         lambda: re.search(r"status : (http://\S+/)", self.out.getvalue()))
-        return str(found.group(1))
+        def line() -> re.Match[str] | None:
+            if self.error is not None:
+                pytest.fail(f"geomx launch refused the job: {self.error}")
+            return re.search(r"status : (http://\S+/)", self.out.getvalue())
+
+        return str(wait_for("the launcher's 'status :' line", line).group(1))
 
     def stop(self) -> LaunchResult:
+        if self.error is not None:
+            pytest.fail(f"geomx launch refused the job: {self.error}")
         stop = jobkit.out_dir(self.run_dir) / "stop"
         stop.write_text("stop")
         self._thread.join(timeout=WAIT_S)
@@ -97,12 +112,14 @@ class RunningJob:
         return self.result
 
 
-@pytest.fixture
-def running_job(tmp_path: Path):
-    path = write_topology(tmp_path / "status.yaml", parties={"dc0": 2, "dc1": 2})
+@pytest.fixture(scope="module")
+def running_job(tmp_path_factory: pytest.TempPathFactory):
+    folder = tmp_path_factory.mktemp("status-page")
+    path = write_topology(folder / "status.yaml", parties={"dc0": 2, "dc1": 2})
     raw = yaml.safe_load(path.read_text())
-    path.write_text(yaml.safe_dump({**raw, "security": {"secret": SECRET}}, sort_keys=False))
-    job = RunningJob(path, tmp_path / "run")
+    extra = {"security": {"secret": SECRET}, "checkpoint": {"dir": str(folder / "ckpt"), "every_steps": 10}}
+    path.write_text(yaml.safe_dump({**raw, **extra}, sort_keys=False))
+    job = RunningJob(path, folder / "run")
     try:
         yield job
     finally:
@@ -155,10 +172,60 @@ def test_the_status_page_metrics_and_geomx_status_during_a_job(running_job):
     for name in ("dc0 (central)", "dc1", "global_server0", "dc0/server", "dc1/server", "dist_sync"):
         assert name in shown.stdout, (name, shown.stdout)
 
+    # checkpoints every 10 rounds: the page finds the newest one's step in the folder
+    checkpoint = wait_for("a checkpoint on the page", lambda: status()["checkpoint"]["step"])
+    assert checkpoint >= 10 and checkpoint % 10 == 0
+
+
+def chromium() -> tuple[str, str] | None:
+    """Debian's chromium and its driver (`apt-get install chromium chromium-driver`), if both are here."""
+    browser, driver = shutil.which("chromium"), shutil.which("chromedriver")
+    return (browser, driver) if browser and driver else None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(chromium() is None, reason="needs Debian's chromium and chromium-driver (apt-get install "
+                                               "chromium chromium-driver; .ci/run installs them)")
+def test_the_page_in_a_real_browser(running_job, tmp_path):
+    webdriver = pytest.importorskip("selenium.webdriver", reason="needs selenium (pip install 'geomx[test]')")
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+
+    url = running_job.url()
+    browser, driver_path = chromium()  # type: ignore[misc]
+    options = Options()
+    options.binary_location = browser
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1100,760"):
+        options.add_argument(argument)
+    driver = webdriver.Chrome(service=Service(driver_path), options=options)
+    try:
+        driver.set_page_load_timeout(30)
+        wait_for("global rounds on the page", lambda: json.loads(fetch(url + "status.json"))["job"]["global_round"])
+        driver.get(url)
+        tables = driver.find_elements(By.CSS_SELECTOR, "table.party")
+        assert [t.get_attribute("data-party") for t in tables] == ["dc0", "dc1"]
+        rows = {t.get_attribute("data-party"): [r.find_elements(By.TAG_NAME, "td")[0].text
+                                                for r in t.find_elements(By.CSS_SELECTOR, "tr.member")]
+                for t in tables}
+        assert sorted(rows["dc0"]) == ["dc0/server", "global_server0"] and rows["dc1"] == ["dc1/server"]
+        states = [cell.text for cell in driver.find_elements(By.CSS_SELECTOR, "tr.member td.state")]
+        assert states == ["training"] * 3
+        assert "dist_sync" in driver.find_element(By.ID, "job").text and SECRET not in driver.page_source
+        shot = tmp_path / "status.png"
+        assert driver.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
+        if os.environ.get("UPDATE_DOCS_SCREENSHOT") == "1":
+            shutil.copyfile(shot, REPO_ROOT / "docs" / "images" / "status.png")
+    finally:
+        driver.quit()
+
+
+@pytest.mark.slow
+def test_the_job_ends_cleanly_and_the_page_with_it(running_job):
+    url = running_job.url()
     result = running_job.stop()
     assert result.exit_code == 0, running_job.out.getvalue()[-3000:]
-    # the page stops with the scheduler
-    with pytest.raises(OSError):
+    with pytest.raises(OSError):  # the page stops with the scheduler
         fetch(url)
 
 
