@@ -1,8 +1,9 @@
 """A plain PyTorch loop on the digits, trained across data centers by changing five lines (marked ``# geomx``).
 
-Which algorithm runs is the topology's business (its ``training`` block, or GEOMX_* variables), not this
-file's: FSA with the optimizer on the global servers by default, MixedSync + DCASGD, HFA (+ outer
-Nesterov), ESync, a WAN codec, P3:
+Which algorithm runs is the topology's business (its ``training`` block and ``hfa`` key, or GEOMX_* variables),
+not this file's: by default FSA, every worker pushing its gradients and stepping the wrapped Adam itself on their
+mean over all workers (``server_optimizer: auto``, as DDP; ``translate`` moves Adam onto the global servers);
+MixedSync + DCASGD, HFA (+ outer Nesterov), ESync, a WAN codec, P3:
 
     geomx launch topologies/demo.yaml -- python examples/cnn_torch.py
     GEOMX_SYNC=dist_async GEOMX_SERVER_OPTIMIZER=dcasgd:lr=0.05,momentum=0.9 geomx launch topologies/demo.yaml -- \

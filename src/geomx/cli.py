@@ -111,7 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
     keygen.set_defaults(func=_keygen)
     bench = sub.add_parser("bench", help="measure geomx against a flat PS and gloo, side by side")
     bench.add_argument("--quick", action="store_true",
-                       help="fewer steps and repetitions (all but wan: 49 min on 2 loaded cores)")
+                       help="fewer steps and repetitions (every section but wan: ~12.5 min on 2 quiet cores, "
+                            "49 min at load 7-36)")
     bench.add_argument("--out", default="bench-results", help="folder for the JSON results")
     bench.add_argument("--only", action="append",
                        choices=SECTION_NAMES, help="run only these sections (repeatable; default: all but wan)")

@@ -108,8 +108,6 @@ class KVStore:
         self._van.name = me.name
         self._van.tracer = Tracer.for_node(config.trace, config.run_dir, me.name)
         self.pulse = pulse_for(self._van, self._requests, config.topology.timeouts)  # pulse.note(step=...): heartbeats
-        # this worker's counters as it goes (RUN/stats/NAME.json, rewritten every second; final at close): a
-        # worker that is killed or stopped mid-run still reports what it sent
         self._stats_file = StatsFile(config.run_dir, me.name, lambda: {"role": "worker", "party": config.party,
                                                                       **self._van.counters.snapshot()}).start()
         self.party = config.party

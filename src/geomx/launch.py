@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from .cluster.processes import KILL_WAIT_S, STOP_GRACE_S, alive, descendants, signal_tree
 from .cluster.status_page import announce_when_listening
 from .config import (
     ConfigError,
@@ -50,9 +51,7 @@ from .server.compose import check_plugins
 #   size does not page-fault fresh memory in (measured: 3.5x fewer page faults, ~25% less CPU per 100 MB
 #   pushpull).
 FAILURE_SETTLE_S = 1.0  # after a process fails, how long the others may go on to report it themselves
-KILL_WAIT_S = 10.0  # how long to wait for a SIGKILLed process to be reaped before reporting it and going on
 INTERRUPT_SETTLE_S = 2.0  # after Ctrl-C is passed on, how long the processes may take to write their counts and end
-STOP_GRACE_S = 5.0  # after SIGTERM, how long a process may take before SIGKILL
 TREE_EVERY_S = 1.0  # how often the launcher notes the processes below its own (``descendants``)
 
 PROCESS_DEFAULTS = {
@@ -216,148 +215,6 @@ def plan_processes(topology: Topology, topology_path: Path, command: list[str], 
     return specs
 
 
-def _stat_fields(pid: int) -> list[str] | None:
-    """The fields of ``/proc/PID/stat`` after the command name (state first), None once the process is gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
-def _alive(pid: int, started: str | None = None) -> bool:
-    """True while ``pid`` runs (a zombie has ended); with ``started`` (its start time), only that same process."""
-    fields = _stat_fields(pid)
-    return fields is not None and fields[0] not in ("Z", "X") and (started is None or fields[19] == started)
-
-
-def descendants(pids: list[int]) -> dict[int, str]:
-    """Every live process below ``pids`` (children, grandchildren, ..., whatever their session or process group),
-    pid -> start time (to tell it from a later process given the same pid). Linux /proc; empty elsewhere.
-
-    Why: a process group reaches only the processes that stayed in it; a rank that torchrun or a user's script
-    started in a session of its own does not, and once its parent is gone its parent pid no longer leads here.
-    Take the snapshot before stopping anything. Usage: ``tree = descendants([proc.pid])``.
-    """
-    children: dict[int, list[int]] = {}
-    starts: dict[int, str] = {}
-    with contextlib.suppress(OSError):
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            fields = _stat_fields(int(entry.name))
-            if fields is None or fields[0] in ("Z", "X"):
-                continue
-            children.setdefault(int(fields[1]), []).append(int(entry.name))
-            starts[int(entry.name)] = fields[19]
-    found: dict[int, str] = {}
-    todo = list(pids)
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found:
-                found[child] = starts[child]
-                todo.append(child)
-    return found
-
-
-def signal_tree(tree: dict[int, str], sig: int) -> None:
-    """Send ``sig`` to every process of a ``descendants`` snapshot that is still the same process."""
-    for pid, started in tree.items():
-        if _alive(pid, started):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, sig)
-
-
-def end_tree(tree: dict[int, str], grace: float) -> list[int]:
-    """SIGTERM (and SIGCONT) every process of ``tree``, SIGKILL what is left after ``grace``; returns the pids still
-    running after the SIGKILL and ``KILL_WAIT_S`` more (stuck in the kernel), which are left."""
-    signal_tree(tree, signal.SIGTERM)
-    signal_tree(tree, signal.SIGCONT)
-    for wait_s, sig in ((grace, signal.SIGKILL), (KILL_WAIT_S, None)):
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline and any(_alive(p, s) for p, s in tree.items()):
-            time.sleep(0.05)
-        if sig is not None:
-            signal_tree(tree, sig)
-    return [pid for pid, started in tree.items() if _alive(pid, started)]
-
-
-class StopOnSignals:
-    """For a command that runs several jobs (``geomx bench``): SIGINT and SIGTERM stop the whole command.
-
-    Inside the block, either signal raises KeyboardInterrupt in the main thread (``signum`` says which); a
-    ``Launcher`` running a job at that moment stops its job first, then passes the signal on to this handler, so
-    the command never goes on to its next job. The process becomes a child subreaper (Linux), so processes
-    orphaned below it stay its descendants; on leaving the block, every descendant still running is ended
-    (SIGTERM, then SIGKILL after ``grace`` seconds) and reaped: nothing the command started outlives it.
-
-    Usage::
-
-        with StopOnSignals() as stop:
-            try:
-                for job in jobs: run(job)
-            except KeyboardInterrupt:
-                print(f"stopped by signal {stop.signum}; writing what was measured")
-    """
-
-    def __init__(self, grace: float = STOP_GRACE_S) -> None:
-        self.grace = grace
-        self.signum: int | None = None
-        self._previous: dict[int, Any] = {}
-        self._was_subreaper = False
-
-    def _on_signal(self, signum: int, _frame: Any) -> None:
-        self.signum = signum
-        raise KeyboardInterrupt
-
-    def __enter__(self) -> StopOnSignals:
-        if threading.current_thread() is threading.main_thread():
-            self._previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-        self._was_subreaper = _subreaper(True)
-        return self
-
-    def ignore(self) -> None:
-        """From now on until the block ends, SIGINT and SIGTERM are ignored: the command is writing its results."""
-        for sig in self._previous:
-            signal.signal(sig, signal.SIG_IGN)
-
-    def __exit__(self, *_exc: object) -> None:
-        self.ignore()  # a second signal while the leftovers are ended is ignored: the block already stopped
-        try:
-            tree = descendants([os.getpid()])
-            if tree:
-                left = end_tree(tree, self.grace)
-                if left:
-                    sys.stderr.write(f"[geomx] pids {left} did not exit after SIGKILL; leaving them\n")
-            _reap_adopted(tree)
-        finally:
-            _subreaper(self._was_subreaper)
-            for sig, handler in self._previous.items():
-                signal.signal(sig, handler)
-
-
-def _subreaper(on: bool) -> bool:
-    """prctl(PR_SET_CHILD_SUBREAPER): while on, orphaned descendants are re-parented to this process, not to init
-    (Linux; elsewhere nothing). Returns whether it was on before."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        was = ctypes.c_int(0)
-        libc.prctl(37, ctypes.byref(was), 0, 0, 0)  # PR_GET_CHILD_SUBREAPER
-        libc.prctl(36, int(on), 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-        return bool(was.value)
-    except (OSError, AttributeError):
-        return False
-
-
-def _reap_adopted(tree: dict[int, str]) -> None:
-    """Collect the exit status of every ended process of ``tree`` that is this process's child now (adopted as the
-    subreaper, or started here and abandoned), so none is left a zombie."""
-    for pid in tree:
-        with contextlib.suppress(ChildProcessError, OSError):
-            os.waitpid(pid, os.WNOHANG)
-
-
 class Launcher:
     """Starts the planned processes, relays their output, stops everything on the first failure."""
 
@@ -416,8 +273,8 @@ class Launcher:
 
     def _see_tree(self) -> dict[int, str]:
         """Add the processes below ours now to ``_tree`` (a /proc scan, a few ms) and return it."""
-        alive = {pid: started for pid, started in self._tree.items() if _alive(pid, started)}
-        self._tree = {**alive, **descendants([proc.pid for _, proc in self._procs if proc.poll() is None])}
+        still = {pid: started for pid, started in self._tree.items() if alive(pid, started)}
+        self._tree = {**still, **descendants([proc.pid for _, proc in self._procs if proc.poll() is None])}
         self._tree_at = time.monotonic()
         return self._tree
 
@@ -431,7 +288,7 @@ class Launcher:
         signal_tree(tree, signal.SIGCONT)
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline and (any(p.poll() is None for _, p in self._procs)
-                                               or any(_alive(pid, started) for pid, started in tree.items())):
+                                               or any(alive(pid, started) for pid, started in tree.items())):
             time.sleep(0.05)
         self._signal_all(signal.SIGKILL)
         signal_tree(tree, signal.SIGKILL)

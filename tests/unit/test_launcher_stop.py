@@ -14,7 +14,8 @@ import threading
 import time
 from pathlib import Path
 
-from geomx.launch import Launcher, ProcessSpec, StopOnSignals
+from geomx.cluster.processes import StopOnSignals
+from geomx.launch import Launcher, ProcessSpec
 
 # writes its pid where the other process looks, then stops itself
 FROZEN = """

@@ -20,7 +20,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from ..launch import StopOnSignals
+from ..cluster.processes import StopOnSignals
 from .jobs import load_avg, machine_info
 from .sections import SECTIONS, BenchPlan, Interrupted, chosen, module_of
 from .tables import say

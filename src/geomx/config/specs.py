@@ -291,8 +291,8 @@ class SecuritySpec:
 class CheckpointSpec:
     """Where and how often global servers save the global model (see ``geomx.runs.checkpoint``).
 
-    A checkpoint is written every ``every_steps`` completed rounds and/or ``every_s`` seconds; the newest
-    ``keep`` are kept. Usage: ``CheckpointSpec(dir=Path("ckpt"), every_steps=50)``.
+    A checkpoint is written every ``every_steps`` completed rounds and/or ``every_seconds`` seconds (the field
+    ``every_s``); the newest ``keep`` are kept. Usage: ``CheckpointSpec(dir=Path("ckpt"), every_steps=50)``.
     """
 
     dir: Path | None = setting(None, kind=PATH, env="GEOMX_CHECKPOINT_DIR",

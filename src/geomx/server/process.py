@@ -173,7 +173,8 @@ class ParameterServer:
         schedulers = self._join()
         # the counters as they go (RUN/stats/NAME.json, rewritten every second), and once more as the server stops,
         # however it stops (Ctrl-C, SIGTERM: geomx.node): a job stopped mid-run still reports what crossed
-        with StatsFile(self.config.run_dir, self.name, self._stats) as stats:
+        counters = {"role": self.config.role.value, "party": self.config.party}
+        with StatsFile(self.config.run_dir, self.name, lambda: {**counters, **self.van.counters.snapshot()}) as stats:
             return self._serve(schedulers, stats)
 
     def _serve(self, schedulers: list[str], stats: StatsFile) -> int:
@@ -221,10 +222,6 @@ class ParameterServer:
             return 4
         log.info("[%s] shut down", self.name)
         return 0
-
-    def _stats(self) -> dict[str, Any]:
-        """What RUN/stats/NAME.json holds (StatsFile's reader: the van's counters are thread-safe)."""
-        return {"role": self.config.role.value, "party": self.config.party, **self.van.counters.snapshot()}
 
     def _watchdog(self) -> None:
         """Fail rounds that wait longer than the configured timeout, naming who is missing; note this server's
