@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from .cluster.processes import KILL_WAIT_S, STOP_GRACE_S, alive, descendants, signal_tree
+from .cluster.processes import KILL_WAIT_S, STOP_GRACE_S, alive, descendants, die_with_parent, signal_tree
 from .cluster.status_page import announce_when_listening
 from .config import (
     ConfigError,
@@ -255,10 +255,11 @@ class Launcher:
 
     def _start(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        arm = die_with_parent()  # a launcher killed by SIGKILL leaves no process behind: each gets SIGTERM
         for spec in self.specs:
             env = {**PROCESS_DEFAULTS, **os.environ, **spec.env, "PYTHONUNBUFFERED": "1"}
             proc = subprocess.Popen(spec.argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
+                                    stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=arm)
             self._procs.append((spec, proc))
             assert proc.stdout is not None
             reader = threading.Thread(target=self._relay, args=(spec.label, proc.stdout), daemon=True)

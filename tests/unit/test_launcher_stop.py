@@ -9,6 +9,7 @@ import contextlib
 import io
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -116,3 +117,34 @@ def test_a_signal_stops_the_job_then_the_command_that_ran_it(tmp_path):
     assert reached == "command" and stop.signum == signal.SIGTERM
     assert all(_gone(pid) for pid in [*launcher.pids().values(), grandchild])
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handlers are given back
+
+
+# a launcher (its own process) whose one job process writes its pid and waits to be stopped
+LAUNCHER = """
+import io, pathlib, sys
+from geomx.launch import Launcher, ProcessSpec
+child = ("import os, sys, time; open(sys.argv[1] + '.tmp', 'w').write(str(os.getpid())); "
+         "os.replace(sys.argv[1] + '.tmp', sys.argv[1]); time.sleep(600)")
+spec = ProcessSpec("sleeper", [sys.executable, "-c", child, sys.argv[1]], {}, is_worker=True)
+Launcher([spec], pathlib.Path(sys.argv[2]), out=io.StringIO()).run()
+"""
+
+
+def test_a_launcher_killed_by_sigkill_leaves_no_process_behind(tmp_path):
+    """SIGKILL reaches no handler: its processes, each in a session of its own, get SIGTERM from the kernel."""
+    marker = tmp_path / "child.pid"
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(marker), str(tmp_path / "run")])
+    try:
+        child = _wait_for(marker)
+        launcher.kill()
+        launcher.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while not _gone(child) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert _gone(child), f"the launcher's process {child} outlived it"
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+        if marker.exists():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(marker.read_text()), signal.SIGKILL)

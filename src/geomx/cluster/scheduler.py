@@ -28,7 +28,7 @@ from ..protocol.wire import Kind, Message
 from ..transport.rpc import Requests
 from ..transport.van import Van
 from .heartbeat import Watch
-from .membership import GLOBAL_SCHEDULER_ID, Member, local_scheduler_id
+from .membership import GLOBAL_SCHEDULER_ID, Member, Tier, local_scheduler_id, registration_s
 from .status import MemberRow, StatusBoard
 from .status_page import StatusServer
 
@@ -361,7 +361,7 @@ class Scheduler:
                 page.stop()
 
     def _serve(self) -> int:
-        timeout = self.config.topology.timeouts.register_s
+        timeout = registration_s(self.config, Tier.GLOBAL if self.is_global else Tier.PARTY)
         if not self._complete.wait(timeout):
             log.error("[%s] registration timed out after %g s; still missing %s", self.name, timeout,
                       self.missing())
