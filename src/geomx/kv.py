@@ -67,9 +67,7 @@ class KVStore:
         if config.role is not Role.WORKER:
             raise ValueError(f"kv.create runs on workers; this process has role {config.role.value}")
         sync_policy(kind)  # validates the type string
-        # a bad sync, server optimizer, codec or plug-in option, named before this worker joins (a torchrun rank
-        # has no `geomx launch` to check them first)
-        check_plugins(config.topology.training, config.topology)
+        check_plugins(config.topology.training, config.topology)  # bad names, codecs, options: named before joining
         self.type = kind
         self.config = config
         self._topology = config.topology

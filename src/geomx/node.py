@@ -56,9 +56,12 @@ def main() -> int:
     except ConfigError as exc:
         logging.error("configuration error: %s", exc)
         return 2
+    from .cluster.membership import JoinRefused
+    from .transport.reach import BindError
+
     try:
         return run_node(config)
-    except TimeoutError as exc:
+    except (TimeoutError, JoinRefused, BindError) as exc:  # a bad start: one line naming it, no traceback
         logging.error("%s", exc)
         return 3
     except KeyboardInterrupt:

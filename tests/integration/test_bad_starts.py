@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -81,3 +82,88 @@ def test_a_torchrun_with_more_ranks_than_the_party_has_workers_is_named(tmp_path
     assert "party dc1 has 2 workers in the topology but torchrun started 3 ranks (WORLD_SIZE=3)" in output, output
     assert "is outside" not in output, output  # named, not a data shard's range error later
     assert took < REGISTER_S / 2, (took, output)
+
+
+def _stream(argv: list[str], env: dict[str, str], timeout: float = 90) -> tuple[int, list[tuple[float, str]]]:
+    """Run ``argv``; its exit code and every output line with the seconds since the start when it was printed."""
+    started = time.monotonic()
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[tuple[float, str]] = []
+    assert proc.stdout is not None
+    for line in proc.stdout:  # ends when the process (and the launcher's relays) close it
+        lines.append((time.monotonic() - started, line.rstrip()))
+        if time.monotonic() - started > timeout:
+            proc.kill()
+            raise AssertionError(f"still running after {timeout} s:\n" + "\n".join(t for _, t in lines[-40:]))
+    return proc.wait(timeout=30), lines
+
+
+def _first(lines: list[tuple[float, str]], text: str) -> tuple[float, str]:
+    found = next(((t, line) for t, line in lines if text in line), None)
+    assert found is not None, f"no line with {text!r}:\n" + "\n".join(line for _, line in lines[-40:])
+    return found
+
+
+def _launch_party(path: Path, party: str, address: str, run_dir: Path) -> list[str]:
+    return [sys.executable, "-m", "geomx.cli", "launch", str(path), "--party", party, "--global-scheduler", address,
+            "--run-dir", str(run_dir), "--", sys.executable, str(WORKERS_DIR / "train.py")]
+
+
+def test_a_global_scheduler_nobody_runs_is_named_early_and_first(tmp_path):
+    """dc1 launched alone against an address where no global scheduler runs: its server names the address and that
+    nothing listens there within 10 s, and when the registration wait ends, that is the first error."""
+    register_s = 12
+    path = write_topology(tmp_path / "job.yaml", timeouts={"register": f"{register_s}s"})
+    address = f"127.0.0.1:{free_port()}"
+    code, lines = _stream(_launch_party(path, "dc1", address, tmp_path / "run"), dict(os.environ))
+    text = "\n".join(line for _, line in lines)
+    assert code != 0, text
+    noticed_at, notice = _first(lines, f"waiting for the global scheduler at {address}")
+    assert noticed_at < 10, (noticed_at, notice)
+    assert "nothing listens there (connection refused" in notice, notice
+    errors = [(t, line) for t, line in lines if " ERROR " in f" {line} " or "exited with code" in line]
+    assert errors, text
+    first_at, first = errors[0]
+    assert f"the global scheduler at {address} did not complete this node's registration within {register_s} s: " \
+           "nothing listens there" in first, text
+    assert register_s <= first_at < register_s + 10, (first_at, text)
+    assert "registration timed out" not in text.split(first)[0], text  # the party scheduler's generic line: later
+    assert "Traceback" not in text, text
+
+
+def test_a_party_with_the_wrong_secret_is_told_by_the_global_scheduler(tmp_path, reserved_port):
+    """dc0 (central) and dc1 launched separately; dc1 has another shared secret: the global scheduler refuses its
+    server's connection, and dc1 names that, at once, instead of waiting out the registration timeout."""
+    register_s = 30
+    path = write_topology(tmp_path / "job.yaml", timeouts={"register": f"{register_s}s"})
+    address = f"127.0.0.1:{reserved_port()}"
+    central = subprocess.Popen(_launch_party(path, "dc0", address, tmp_path / "run0"),
+                               env={**os.environ, "GEOMX_SECRET": "the-right-secret"}, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    seen: list[str] = []
+    listening = threading.Event()
+
+    def read_central() -> None:
+        assert central.stdout is not None
+        for line in central.stdout:
+            seen.append(line)
+            if "[global_scheduler]" in line and "listening at" in line:
+                listening.set()
+
+    reader = threading.Thread(target=read_central, daemon=True)
+    reader.start()
+    try:  # dc1 starts once the global scheduler listens: what follows is dc1's own time to name the refusal
+        assert listening.wait(register_s), "".join(seen)
+        code, lines = _stream(_launch_party(path, "dc1", address, tmp_path / "run1"),
+                              {**os.environ, "GEOMX_SECRET": "a-wrong-secret"})
+    finally:
+        central.terminate()
+        central.wait(timeout=60)
+        reader.join(timeout=10)
+    central_output = "".join(seen)
+    text = "\n".join(line for _, line in lines)
+    assert code != 0, text
+    named_at, named = _first(lines, f"the global scheduler at {address} refused this node's shared secret")
+    assert named_at < 10, (named_at, named)  # not the registration timeout
+    assert "GEOMX_SECRET" in named and "Traceback" not in text, text
+    assert "wrong shared secret" in central_output, central_output[-3000:]  # the central side says so too

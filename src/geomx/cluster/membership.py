@@ -17,19 +17,32 @@ Usage::
 from __future__ import annotations
 
 import enum
+import logging
 import os
 import secrets
+import time
 from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..config import NodeConfig, Role
+from ..config import Mode, NodeConfig, Role
 from ..protocol.wire import Kind, Message
-from ..transport.rpc import Requests
+from ..transport.rpc import Requests, RequestTimeout
 from ..transport.van import Van
 from .heartbeat import pulse_for
 
+log = logging.getLogger("geomx.cluster.membership")
+
 GLOBAL_SCHEDULER_ID = "global_scheduler"
+# a registration unanswered this long names the scheduler and what the connection to it says (well within 10 s)
+NOTICE_S = 3.0
+POLL_S = 0.25  # how often a registration wait looks at the connection (a refusal ends it at once)
+
+
+class JoinRefused(ConnectionError):
+    """The scheduler refused this node's connection (its shared secret or key): waiting would not help."""
 SCHEDULERS = (Role.GLOBAL_SCHEDULER, Role.LOCAL_SCHEDULER)
 SERVERS = (Role.GLOBAL_SERVER, Role.LOCAL_SERVER)
 
@@ -133,17 +146,49 @@ def register(van: Van, requests: Requests, scheduler_address: str, scheduler_id:
     heartbeats until its van stops (see ``geomx.cluster.heartbeat``).
     """
     if not van.knows(scheduler_id):
-        van.add_peer(scheduler_id, f"tcp://{scheduler_address}", party=scheduler_party)
+        van.add_peer(scheduler_id, f"tcp://{scheduler_address}", party=scheduler_party, watch=True)
     body = {"role": role.value, "party": party, "address": van.address, "rank": rank, "master": master}
     future = requests.call(scheduler_id, Message(Kind.REGISTER, body=body))
-    reply = requests.wait(future, timeout, f"the scheduler at {scheduler_address} ({scheduler_id}) to "
-                                           "complete registration; is it running, and are all members started?")
+    reply = _await_book(van, future, timeout, scheduler_address, scheduler_id)
     members = tuple(Member.from_json(m) for m in (reply.body or {}).get("members", []))
     book = AddressBook(members)
     requests.names.setdefault(scheduler_id, scheduler_id)
     pulse_for(van, requests, van.topology.timeouts).watch(scheduler_id)  # from now on: heartbeats
     return book, book.get(van.identity)
 
+
+def _await_book(van: Van, future: Future[Message], timeout: float, address: str, scheduler_id: str) -> Message:
+    """The scheduler's answer to REGISTER. Looks at the connection as it waits: a scheduler that refused this
+    node's credentials ends the wait at once (JoinRefused), one unanswered after NOTICE_S is named in a warning
+    with what the connection says (nothing listens, or it runs and waits for the other members), and a timeout
+    names it first."""
+    who = "the global scheduler" if scheduler_id == GLOBAL_SCHEDULER_ID else f"the scheduler {scheduler_id}"
+    started = time.monotonic()
+    noticed = False
+    while True:
+        waited = time.monotonic() - started
+        try:
+            return future.result(timeout=max(0.0, min(POLL_S, timeout - waited)))
+        except FutureTimeout:
+            pass
+        reach = van.watches.reaches.get(scheduler_id)
+        if reach is not None and reach.refusal is not None:
+            raise JoinRefused(f"[{van.name}] {who} at {address} {reach.refusal}")
+        waited = time.monotonic() - started
+        state = reach.describe() if reach is not None else "no answer"
+        if waited >= timeout:
+            raise RequestTimeout(f"[{van.name}] {who} at {address} did not complete this node's registration "
+                                 f"within {timeout:g} s: {state}" + _hint(reach))
+        if not noticed and waited >= NOTICE_S and (reach is None or not reach.handshaken):
+            noticed = True
+            log.warning("[%s] waiting for %s at %s (%.0f s so far): %s%s", van.name, who, address, waited, state,
+                        _hint(reach))
+
+
+def _hint(reach: Any) -> str:
+    if reach is not None and reach.handshaken:
+        return "; it waits for the job's other members to start"
+    return "; is it running, and is this its address?"
 
 
 def join(van: Van, requests: Requests, config: NodeConfig, tier: Tier, *, rank: int | None,
@@ -164,13 +209,23 @@ def join(van: Van, requests: Requests, config: NodeConfig, tier: Tier, *, rank: 
         address, where = config.scheduler, config.party
     scheduler = scheduler_id(config, tier)
     book, me = register(van, requests, address, scheduler, role=config.role, party=config.party,
-                        scheduler_party=where, rank=rank, timeout=config.topology.timeouts.register_s,
-                        master=master)
+                        scheduler_party=where, rank=rank, timeout=registration_s(config, tier), master=master)
     for member in book.members:
         if member.id != van.identity and connect(member):
             van.add_peer(member.id, member.address, member.party, share=book.wan_share(config.party, member.party))
     requests.names.update(book.names())
     return book, me
+
+
+def registration_s(config: NodeConfig, tier: Tier) -> float:
+    """How long registering with ``tier``'s scheduler may take. A party's tier under HiPS waits twice the topology's
+    ``timeouts.register``: its local server first registers with the global tier (up to that long), so a party's
+    scheduler must not give up before it, and a global scheduler nobody runs is named first, by the server.
+
+    Usage: ``scheduler_timeout = registration_s(node_config, Tier.PARTY)``
+    """
+    register = config.topology.timeouts.register_s
+    return 2 * register if tier is Tier.PARTY and config.topology.mode is Mode.HIPS else register
 
 
 def scheduler_id(config: NodeConfig, tier: Tier) -> str:

@@ -35,6 +35,7 @@ from .dispatch import DISPATCH_POLL_S, dispatch
 from .emulator import OutageSchedule
 from .frames import receive_frames, send_frames
 from .links import Delivery, LinkModel, Outgoing, Peer, earliest
+from .reach import BindError, Watches
 from .security import Guard
 from .trace import Tracer
 from .udp import UdpSender
@@ -81,6 +82,8 @@ class Van:
         self.malformed = 0
         # refuses peers without the shared secret / CURVE key during the handshake (see geomx.transport.security)
         self.guard = Guard(topology.security, party, name=self.name)
+        self.watches = Watches(self.guard.mechanism)  # the connections add_peer watches: watches.reaches[peer]
+        self._poller: zmq.Poller | None = None
         # sees HEARTBEAT messages first, on the I/O thread, so a slow handler never delays them
         self.heartbeat_hook: Hook | None = None
         self._stop_hooks: list[Callable[[], None]] = []
@@ -101,10 +104,13 @@ class Van:
         dispatch.start()
         return self.address
 
-    def add_peer(self, identity: str, address: str, party: str, share: int = 1) -> None:
-        """Connect to a peer. ``share``: how many processes of this party share the WAN pipe to its party."""
+    def add_peer(self, identity: str, address: str, party: str, share: int = 1, watch: bool = False) -> None:
+        """Connect to a peer. ``share``: how many processes of this party share the WAN pipe to its party. ``watch``:
+        follow the connection's events (``watches``): does anything listen there, did the peer take our credentials."""
         if identity in self._peers:
             return
+        if watch:
+            self.watches.expect(identity, address)
         # two connections to one address carry this node's one identity, and the ROUTER there keeps one of them:
         # what is sent on the other is lost without an error on either side
         twin = next((p.identity for p in self._peers.values() if p.address == address and p.identity not in self._gone),
@@ -235,10 +241,7 @@ class Van:
         router.setsockopt(zmq.LINGER, 0)
         router.setsockopt(zmq.MAXMSGSIZE, self._topology.max_message_bytes + (1 << 20))
         guards = self.guard.serve(self._context, router)
-        if self._bind_port:
-            router.bind(f"tcp://{self._bind_host}:{self._bind_port}")
-        else:
-            router.bind(f"tcp://{self._bind_host}:*")
+        router.bind(f"tcp://{self._bind_host}:{self._bind_port or '*'}")
         self.address = router.getsockopt_string(zmq.LAST_ENDPOINT)
         return router, guards
 
@@ -248,6 +251,7 @@ class Van:
         sock.setsockopt(zmq.SNDHWM, 0)
         sock.setsockopt(zmq.LINGER, 2000)
         self.guard.connect(sock, peer.party)
+        self.watches.attach(peer.identity, sock, self._poller)
         sock.connect(peer.address)
         self._sockets[peer.identity] = sock
         self._links.add_peer(peer, share)
@@ -256,12 +260,11 @@ class Van:
         try:
             router, guards = self._open_router()
         except zmq.ZMQError as exc:
-            self._start_error = RuntimeError(f"{self.name}: cannot bind tcp://{self._bind_host}:"
-                                             f"{self._bind_port or '*'}: {exc}")
+            self._start_error = BindError.of(self.name, f"{self._bind_host}:{self._bind_port or '*'}", exc)
             self._started.set()
             return
         self._started.set()
-        poller = zmq.Poller()
+        poller = self._poller = zmq.Poller()
         poller.register(router, zmq.POLLIN)
         poller.register(self._wake_read, zmq.POLLIN)
         for sock in guards:
@@ -276,6 +279,7 @@ class Van:
                 for sock in guards:
                     if sock in events:
                         self.guard.answer(sock)
+                self.watches.drain(events)
                 if router in events:
                     self._receive_available(router)
                 if self._wake_read in events:
@@ -289,6 +293,7 @@ class Van:
             router.close(linger=0)
             for sock in guards:
                 sock.close(linger=0)
+            self.watches.close()
             for sock in self._sockets.values():
                 sock.close(linger=1000)
             self._udp.close()
