@@ -34,6 +34,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from geomx.launch import LaunchResult, launch
 
 SECRET = "status-page-secret-0042"
+EVERYONE = {"dc0": ["dc0/server", "dc0/worker0", "dc0/worker1", "global_server0"],
+            "dc1": ["dc1/server", "dc1/worker0", "dc1/worker1"]}
 WAIT_S = 90.0
 
 
@@ -135,31 +137,41 @@ def test_the_status_page_metrics_and_geomx_status_during_a_job(running_job):
     def status() -> dict[str, Any]:
         return json.loads(fetch(url + "status.json"))
 
-    # the global tier is complete and rounds are being made
-    first = wait_for("two global rounds", lambda: (s := status())["job"]["global_round"] and
-                     s["job"]["global_round"] >= 2 and s)
-    before = samples(fetch(url + "metrics"))
-    wait_for("five more global rounds",
-             lambda: status()["job"]["global_round"] >= first["job"]["global_round"] + 5)
-    text = fetch(url + "metrics")
+    # the counters travel with the heartbeats (every second): the first scrape once every one has counted some
+    grown = [("geomx_wan_bytes_total", (("direction", direction), ("party", party)))
+             for party in ("dc0", "dc1") for direction in ("sent", "recv")] + [("geomx_global_rounds_total", ())]
+    before = wait_for("WAN bytes and rounds counted", lambda: (m := samples(fetch(url + "metrics"))) and all(
+        m.get(key, 0) > 0 for key in grown) and m)
+    # the second once every one has grown (within a few heartbeats)
+    text = wait_for("every party's WAN counters to grow", lambda: (t := fetch(url + "metrics")) and all(
+        samples(t)[key] > before[key] for key in grown) and t, timeout=30)
     after = samples(text)
     for party in ("dc0", "dc1"):
-        for direction in ("sent", "recv"):
-            key = ("geomx_wan_bytes_total", (("direction", direction), ("party", party)))
-            assert after[key] > before[key] > 0, (party, direction, before[key], after[key])
         age = ("geomx_heartbeat_age_seconds", (("party", party), ("rank", "0"), ("role", "local_server")))
         assert 0 <= after[age] < 10
         state = ("geomx_member_state", (("party", party), ("rank", "0"), ("role", "local_server"), ("state",
                                                                                                  "training")))
         assert after[state] == 1
-    assert after[("geomx_global_rounds_total", ())] > before[("geomx_global_rounds_total", ())]
+        # each server's rounds, timed: a histogram whose count is the rounds it answered
+        count = ("geomx_round_duration_seconds_count", (("party", party), ("rank", "0"), ("role", "local_server")))
+        assert after[count] > 0
+    count = ("geomx_round_duration_seconds_count", (("party", "dc0"), ("rank", "0"), ("role", "global_server")))
+    inf = ("geomx_round_duration_seconds_bucket", (("le", "+Inf"), ("party", "dc0"), ("rank", "0"),
+                                                    ("role", "global_server")))
+    assert after[inf] == after[count] > 0
 
-    data = status()
+    # every member: the global tier's own, and each party's workers, relayed by its scheduler and local server
+    def everyone() -> dict[str, Any] | None:
+        data = status()
+        members = {party["name"]: sorted(m["name"] for m in party["members"]) for party in data["parties"]}
+        return data if members == EVERYONE else None
+
+    data = wait_for(f"every member on the page: {EVERYONE}", everyone)
     assert data["job"]["phase"] == "training" and data["job"]["algorithm"] == "dist_sync"
-    members = {party["name"]: sorted(m["name"] for m in party["members"]) for party in data["parties"]}
-    assert members == {"dc0": ["dc0/server", "global_server0"], "dc1": ["dc1/server"]}
-    assert all(m["state"] == "training" and m["step"] is not None
-               for party in data["parties"] for m in party["members"])
+    rows = [m for party in data["parties"] for m in party["members"]]
+    assert all(m["state"] == "training" and m["heartbeat_age_s"] < 10 for m in rows), rows
+    assert all(m["step"] is not None for m in rows if m["role"] != "worker")  # the kvstore API notes no steps
+    assert all(m["lan_bytes"]["sent"] > 0 for m in rows if m["role"] == "worker"), rows
 
     page = fetch(url)
     assert "id='party-dc0'" in page and "id='party-dc1'" in page
@@ -190,28 +202,30 @@ def test_the_page_in_a_real_browser(running_job, tmp_path):
     webdriver = pytest.importorskip("selenium.webdriver", reason="needs selenium (pip install 'geomx[test]')")
     from selenium.webdriver.chrome.options import Options
     from selenium.webdriver.chrome.service import Service
-    from selenium.webdriver.common.by import By
 
     url = running_job.url()
     browser, driver_path = chromium()  # type: ignore[misc]
     options = Options()
     options.binary_location = browser
-    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1100,760"):
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1100,900"):
         options.add_argument(argument)
     driver = webdriver.Chrome(service=Service(driver_path), options=options)
     try:
         driver.set_page_load_timeout(30)
-        wait_for("global rounds on the page", lambda: json.loads(fetch(url + "status.json"))["job"]["global_round"])
+        wait_for("every member on the page", lambda: {p["name"]: sorted(m["name"] for m in p["members"]) for p in
+                                                      json.loads(fetch(url + "status.json"))["parties"]} == EVERYONE)
         driver.get(url)
-        tables = driver.find_elements(By.CSS_SELECTOR, "table.party")
-        assert [t.get_attribute("data-party") for t in tables] == ["dc0", "dc1"]
-        rows = {t.get_attribute("data-party"): [r.find_elements(By.TAG_NAME, "td")[0].text
-                                                for r in t.find_elements(By.CSS_SELECTOR, "tr.member")]
-                for t in tables}
-        assert sorted(rows["dc0"]) == ["dc0/server", "global_server0"] and rows["dc1"] == ["dc1/server"]
-        states = [cell.text for cell in driver.find_elements(By.CSS_SELECTOR, "tr.member td.state")]
-        assert states == ["training"] * 3
-        assert "dist_sync" in driver.find_element(By.ID, "job").text and SECRET not in driver.page_source
+        # read in one script: the page reloads itself every 2 s, which would make elements found one by one stale
+        page = driver.execute_script("""
+            return {job: document.getElementById('job').innerText, html: document.documentElement.outerHTML,
+                    parties: Array.from(document.querySelectorAll('table.party')).map(t => [t.dataset.party,
+                        Array.from(t.querySelectorAll('tr.member')).map(r => [r.cells[0].innerText,
+                                                                              r.querySelector('td.state').innerText])])};
+        """)
+        assert [party for party, _ in page["parties"]] == ["dc0", "dc1"]
+        assert {party: sorted(name for name, _ in rows) for party, rows in page["parties"]} == EVERYONE
+        assert [state for _, rows in page["parties"] for _, state in rows] == ["training"] * 7
+        assert "dist_sync" in page["job"] and SECRET not in page["html"]
         shot = tmp_path / "status.png"
         assert driver.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
         if os.environ.get("UPDATE_DOCS_SCREENSHOT") == "1":

@@ -411,3 +411,28 @@ def test_a_round_of_one_answers_its_pusher_with_its_own_push() -> None:
     assert local.settled("global", bare) and len(got) == 1 and got[0] is pushed
     with pytest.raises(ValueError, match="never sent"):
         local.settled("global", bare)
+
+
+def test_a_round_of_pushes_is_timed_from_its_first_contribution_to_its_answers() -> None:
+    """The round's duration lands in its bucket (``ROUND_BUCKETS_S``: upper bounds, one more above the last), for
+    the status page's histogram; a failed round or another kind's is not counted."""
+    from geomx.protocol.bodies import ROUND_BUCKETS_S
+
+    now = [100.0]
+    _, table = make(["a", "b"], now=now)
+    table.contribute(push("a", [1.0]))
+    now[0] += 0.02  # the second contribution completes it: 20 ms after the first
+    table.contribute(push("b", [2.0]))
+    counts = table.times.counts
+    assert len(counts) == len(ROUND_BUCKETS_S) + 1 and sum(counts) == 1
+    assert counts[ROUND_BUCKETS_S.index(0.025)] == 1 and table.times.seconds == pytest.approx(0.02)
+    table.contribute(push("a", [], kind=Kind.BARRIER, request_id=2))
+    table.contribute(push("b", [], kind=Kind.BARRIER, request_id=2))
+    table.contribute(push("a", [1.0], request_id=3))
+    now[0] += 60.0
+    table.fail_open("gone")
+    assert sum(table.times.counts) == 1  # neither the barrier nor the failed round
+    table.contribute(push("a", [1.0], request_id=4))
+    now[0] += 100.0
+    table.contribute(push("b", [1.0], request_id=4))
+    assert table.times.counts[-1] == 1  # above the last bound

@@ -221,3 +221,62 @@ def test_the_launcher_holds_the_page_port_and_names_one_in_use(tmp_path, monkeyp
             with pytest.raises(ConfigError, match=rf"status.port {taken.getsockname()[1]} \(GEOMX_STATUS_PORT\) "
                                                   "cannot be bound at 127.0.0.1: Address already in use"):
                 reserve_status_page(busy, specs, "127.0.0.1", ports)
+
+
+def test_a_party_schedulers_view_of_its_workers_is_relayed_to_the_page():
+    """Workers beat to their party's scheduler alone: its board's records travel in the local server's heartbeats."""
+    clock = Clock()
+    party_board = StatusBoard(topology(), clock=clock)
+    workers = [MemberRow("w0", "dc0/worker0", "worker", "dc0", 0, "training"),
+               MemberRow("w1", "dc0/worker1", "worker", "dc0", 1, "dead")]
+    for row in workers:
+        party_board.seen(row.id, "dc0")
+    party_board.heard("w0", HeartbeatBody(lan_sent=70, step=40, busy=0.9))
+    party_board.heard("w1", HeartbeatBody(lan_sent=60, step=12))
+    clock.now += 1.0
+    relay = party_board.members(workers)
+    assert set(relay) == {"dc0/worker0", "dc0/worker1"} and relay["dc0/worker0"]["heartbeat_age_s"] == 1.0
+    relay["bogus"] = {"state": "asleep", "role": "worker"}  # not a state: left out, not shown half-read
+
+    page_board = StatusBoard(topology(), clock=clock)
+    page_board.seen("ls0", "dc0")
+    page_board.heard("ls0", HeartbeatBody(lan_sent=500, lan_recv=600, step=30,
+                                          party=decode_body(HeartbeatBody, {"party": relay}).party))
+    clock.now += 0.5
+    dc0 = page_board.snapshot([MemberRow("ls0", "dc0/server", "local_server", "dc0", 0, "training")], {},
+                              "training")["parties"][0]
+    shown = {m["name"]: m for m in dc0["members"]}
+    assert list(shown) == ["dc0/server", "dc0/worker0", "dc0/worker1"]
+    assert shown["dc0/worker0"]["heartbeat_age_s"] == 1.5  # its scheduler's age, plus the relay's own
+    assert (shown["dc0/worker0"]["step"], shown["dc0/worker0"]["busy"], shown["dc0/worker1"]["state"]) == \
+        (40, 0.9, "dead")
+    assert dc0["step"] == 40  # the live workers' step (the wrapper's) over the server's rounds
+    assert dc0["lan_bytes"] == {"sent": 500, "recv": 600}  # the workers' bytes are the server's: counted once
+
+
+def test_the_round_durations_become_a_prometheus_histogram():
+    from prometheus_client import generate_latest
+
+    from geomx.protocol.bodies import ROUND_BUCKETS_S
+
+    clock = Clock()
+    board = StatusBoard(topology(), clock=clock)
+    board.seen("gs0", "dc0")
+    counts = [0] * (len(ROUND_BUCKETS_S) + 1)
+    counts[ROUND_BUCKETS_S.index(0.01)], counts[ROUND_BUCKETS_S.index(0.1)], counts[-1] = 3, 1, 1
+    board.heard("gs0", HeartbeatBody(step=5, round_counts=counts, round_seconds=40.06))
+    rows = [MemberRow("gs0", "global_server0", "global_server", "dc0", 0, "training")]
+    page = StatusServer("127.0.0.1", 0, lambda: board.snapshot(rows, {}, "training"))
+    found = {(s.name, s.labels.get("le")): s.value
+             for family in text_string_to_metric_families(generate_latest(page.registry).decode())
+             if family.name == "geomx_round_duration_seconds" for s in family.samples}
+    assert found[("geomx_round_duration_seconds_bucket", "0.005")] == 0
+    assert found[("geomx_round_duration_seconds_bucket", "0.01")] == 3  # cumulative, as Prometheus counts
+    assert found[("geomx_round_duration_seconds_bucket", "0.1")] == 4
+    assert found[("geomx_round_duration_seconds_bucket", "30")] == 4
+    assert found[("geomx_round_duration_seconds_bucket", "+Inf")] == 5
+    assert found[("geomx_round_duration_seconds_count", None)] == 5
+    assert found[("geomx_round_duration_seconds_sum", None)] == pytest.approx(40.06)
+    assert "8012.0 ms" in render_html(board.snapshot(rows, {}, "training"))  # the page's mean round
+    with pytest.raises(BodyError, match=r"HeartbeatBody\.round_counts\[1\]: expected int"):
+        decode_body(HeartbeatBody, {"round_counts": [1, "x"]})

@@ -34,6 +34,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from ..config import Timeouts
 from ..protocol.bodies import HeartbeatBody, encode_body
@@ -63,6 +64,8 @@ class Pulse:
         self._self_listeners: list[Callable[[str], None]] = []
         self._stopped_self = False
         self._notes: dict[str, int | float] = {}  # step, busy: what the node's owner last noted
+        self._party: dict[str, dict[str, Any]] = {}  # a local server: its party's members, from its scheduler
+        self._rounds: tuple[list[int], float] | None = None  # a server: its rounds' durations (counts, sum)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"{van.name}-heartbeat", daemon=True)
 
@@ -88,22 +91,27 @@ class Pulse:
         with self._lock:
             self._self_listeners.append(listener)
 
-    def note(self, *, step: int | None = None, busy: float | None = None) -> None:
-        """What the next heartbeats report besides the byte counters (any thread; cheap: a dict update)."""
+    def note(self, *, step: int | None = None, busy: float | None = None,
+             rounds: tuple[list[int], float] | None = None) -> None:
+        """What the next heartbeats report besides the byte counters (any thread; cheap: a dict update).
+        ``rounds``: a server's round durations (``geomx.core.rounds.RoundTimes``: counts per bucket, their sum)."""
         if step is not None:
             self._notes["step"] = int(step)
         if busy is not None:
             self._notes["busy"] = min(1.0, max(0.0, float(busy)))
+        if rounds is not None:
+            self._rounds = (list(rounds[0]), float(rounds[1]))
 
     def report(self) -> HeartbeatBody:
         """This node's report, as its next heartbeat carries it."""
         counts = self._van.counters.snapshot()
-        notes = dict(self._notes)
+        notes, rounds = dict(self._notes), self._rounds
         step, busy = notes.get("step"), notes.get("busy")
         return HeartbeatBody(lan_sent=int(counts["lan"]["sent"]), lan_recv=int(counts["lan"]["recv"]),
                              wan_sent=int(counts["wan"]["sent"]), wan_recv=int(counts["wan"]["recv"]),
                              step=int(step) if step is not None else None,
-                             busy=float(busy) if busy is not None else None)
+                             busy=float(busy) if busy is not None else None, party=self._party or None,
+                             round_counts=rounds[0] if rounds else None, round_seconds=rounds[1] if rounds else None)
 
     def dead(self) -> dict[str, str]:
         with self._lock:
@@ -118,6 +126,9 @@ class Pulse:
         if not message.is_reply or sender not in self._targets:
             return False
         dead = (message.body or {}).get("dead", {})
+        party = (message.body or {}).get("party")
+        if isinstance(party, dict):  # a party scheduler's view of its members, relayed to the global scheduler
+            self._party = party
         with self._lock:
             self._targets[sender] = time.monotonic()
             if isinstance(dead, dict):

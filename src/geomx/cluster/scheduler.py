@@ -108,7 +108,7 @@ class Scheduler:
         self._complete = threading.Event()
         self._finished = threading.Event()
         self._watch: Watch | None = None  # members' heartbeats, from the moment the book is published
-        self.board = StatusBoard(config.topology) if self.is_global else None  # the status page's data
+        self.board = StatusBoard(config.topology)  # the status page's data (a party's: relayed to its server)
         self._bad_reports: set[str] = set()  # members whose heartbeat report was malformed (logged once each)
         self.van = Van(identity, config.party, config.topology, self._on_message,
                        bind_host=config.bind_host, bind_port=config.bind_port, name=self.name)
@@ -149,8 +149,13 @@ class Scheduler:
         sender = message.sender.decode(errors="replace")
         if message.is_reply or watch is None or not watch.heard(sender):
             return False
-        self.van.send(sender, message.reply(body={"dead": watch.snapshot()}))
-        if self.board is not None and message.body:
+        answer: dict[str, Any] = {"dead": watch.snapshot()}
+        if not self.is_global and self._is_party_server(sender):  # relayed to the global scheduler's page
+            with self._lock:
+                rows = [row for row in self._rows() if row.role == Role.WORKER.value]
+            answer["party"] = self.board.members(rows)
+        self.van.send(sender, message.reply(body=answer))
+        if message.body:
             try:
                 self.board.heard(sender, decode_body(HeartbeatBody, message.body))
             except BodyError as exc:
@@ -160,9 +165,11 @@ class Scheduler:
                                 watch.names.get(sender, sender), exc)
         return True
 
+    def _is_party_server(self, sender: str) -> bool:
+        return any(m.id == sender and m.role is Role.LOCAL_SERVER for m in self._members)
+
     def status(self) -> dict[str, Any]:
         """The status page's snapshot (an HTTP thread asks; the lock is held only to copy the members' states)."""
-        assert self.board is not None
         with self._lock:
             rows, missing = self._rows(), self.missing()
             phase = ("finished" if self._finished.is_set() else "training" if self._complete.is_set()
@@ -233,8 +240,7 @@ class Scheduler:
                 return
             self._registrations[sender] = _Registration(message, role, party, address, requested_rank,
                                                         bool(body.get("master")))
-            if self.board is not None:
-                self.board.seen(sender, party)
+            self.board.seen(sender, party)
             log.info("[%s] registered %s of %s (%d/%d)", self.name, role.value, party,
                      len(self._registrations), sum(self.expected.values()))
             if len(self._registrations) == sum(self.expected.values()):
@@ -296,8 +302,7 @@ class Scheduler:
         self._members = [new if m.id == old.id else m for m in self._members]
         self._replaced[old.id] = sender
         self._watch.add(sender, new.name)
-        if self.board is not None:
-            self.board.seen(sender, new.party)
+        self.board.seen(sender, new.party)
         self.van.add_peer(sender, reg.address, reg.party)
         gone = self._goodbyes | self._dead_ids()
         servers = [m for m in self._members if m.role is Role.GLOBAL_SERVER and m.id not in gone]
@@ -337,7 +342,7 @@ class Scheduler:
         """The global scheduler's status page, if the topology wants it; a port it cannot bind is one error line,
         and the job runs on without the page."""
         spec = self.config.topology.status
-        if self.board is None or not spec.enabled:
+        if not self.is_global or not spec.enabled:
             return None
         try:
             page = StatusServer(spec.host, spec.port, self.status).start()

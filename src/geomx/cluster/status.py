@@ -3,8 +3,11 @@
 Every member's heartbeats carry its report (``HeartbeatBody``: byte counters, step, busy share); the scheduler
 hands each one to a ``StatusBoard`` and, when the page is asked for, the rows of its members with their state
 (``waiting`` for the others to register, ``training``, ``rejoining``, ``left``, ``dead``). The board joins
-the two into ``/status.json``; the HTML page and the Prometheus metrics (``geomx.cluster.status_page``) are
-rendered from that same snapshot, so the three never disagree. Checkpoints are read from the folder's file
+the two into ``/status.json``. A party's workers beat to their party's scheduler alone: that scheduler's board
+relays their records (``members``) in its heartbeat answers to the party's local server, whose next heartbeats
+carry them to the global scheduler (``HeartbeatBody.party``), a heartbeat interval or two late. The HTML page
+and the Prometheus metrics (``geomx.cluster.status_page``) are rendered from that same snapshot, so the three
+never disagree. Checkpoints are read from the folder's file
 names (``checkpoint.dir/gs<shard>/ckpt-<step>.json``) when the page is asked for, never on the scheduler's loop.
 The snapshot holds no secret: only the names of the algorithm, codec and tiers.
 
@@ -26,10 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from ..config import Topology
-from ..protocol.bodies import HeartbeatBody
+from ..protocol.bodies import ROUND_BUCKETS_S, HeartbeatBody
 
 STATES = ("waiting", "training", "rejoining", "left", "dead")
 RATE_WINDOW_S = 30.0  # a member silent for longer adds nothing to its party's rate
+RELAY_MAX = 1000  # members a party scheduler relays at most (each ~300 bytes in a heartbeat answer)
 _CHECKPOINT = re.compile(r"ckpt-(\d+)\.json")
 
 
@@ -97,6 +101,37 @@ def checkpoints(folder: Path | None, shards: int, now: float | None = None) -> d
             "age_s": max(c["age_s"] for c in found) if job else None}
 
 
+def _rounds(body: HeartbeatBody) -> dict[str, Any] | None:
+    """A server's round durations: counts per bucket (``le``: each bucket's upper bound, the last unbounded) and
+    their sum; None where the member counts none (or a count of another bucket layout)."""
+    counts = body.round_counts
+    if counts is None or len(counts) != len(ROUND_BUCKETS_S) + 1 or body.round_seconds is None:
+        return None
+    return {"le": list(ROUND_BUCKETS_S), "counts": list(counts), "count": sum(counts),
+            "seconds": round(body.round_seconds, 6)}
+
+
+def _relay_record(name: str, party: str, record: dict[str, Any]) -> dict[str, Any] | None:
+    """A relayed member record with the keys and types a local record has (None for one that is not)."""
+    def number(key: str) -> float | None:
+        value = record.get(key)
+        return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+    def counts(key: str) -> dict[str, int]:
+        value = record.get(key) if isinstance(record.get(key), dict) else {}
+        return {d: int(v) if isinstance(v := value.get(d), int) else 0 for d in ("sent", "recv")}
+
+    state, role = record.get("state"), record.get("role")
+    if state not in STATES or not isinstance(role, str):
+        return None
+    step, rank = number("step"), number("rank")
+    return {"id": str(record.get("id", name)), "name": name, "role": role, "party": party,
+            "rank": int(rank) if rank is not None else None, "state": state,
+            "heartbeat_age_s": number("heartbeat_age_s"), "step": int(step) if step is not None else None,
+            "busy": number("busy"), "wan_bytes": counts("wan_bytes"), "lan_bytes": counts("lan_bytes"),
+            "rounds": None}
+
+
 def _party_names(topology: Topology, rows: list[MemberRow]) -> list[str]:
     """The topology's parties in its order, then any other party a member names (a job started from DMLC_*
     counts alone knows only placeholders for the parties)."""
@@ -148,21 +183,49 @@ class StatusBoard:
                 "state": row.state, "heartbeat_age_s": None if heard is None else round(now - heard, 3),
                 "step": body.step, "busy": body.busy,
                 "wan_bytes": {"sent": body.wan_sent, "recv": body.wan_recv},
-                "lan_bytes": {"sent": body.lan_sent, "recv": body.lan_recv}}
+                "lan_bytes": {"sent": body.lan_sent, "recv": body.lan_recv}, "rounds": _rounds(body)}
+
+    def members(self, rows: list[MemberRow]) -> dict[str, dict[str, Any]]:
+        """Name -> record of each of ``rows`` (a party scheduler's relay of its members, up to ``RELAY_MAX``)."""
+        now = self._clock()
+        with self._lock:
+            return {row.name: self._member(row, now) for row in rows[:RELAY_MAX]}
+
+    def _relayed(self, name: str, now: float) -> list[dict[str, Any]]:
+        """The members of party ``name`` that its servers relay (its workers, as its own scheduler sees them), each
+        heartbeat age grown by the time since the relay arrived."""
+        found = []
+        for member, party in self._party.items():
+            sample = self._latest.get(member)
+            if party != name or sample is None or not sample.body.party:
+                continue
+            for who, record in sorted(sample.body.party.items()):
+                entry = _relay_record(who, name, record)
+                if entry is not None:
+                    age = entry["heartbeat_age_s"]
+                    entry["heartbeat_age_s"] = None if age is None else round(age + now - sample.at, 3)
+                    found.append(entry)
+        return found
 
     def snapshot(self, rows: list[MemberRow], missing: dict[str, int], phase: str) -> dict[str, Any]:
-        """``/status.json``: the job, each party with its members (``rows``, in order) and traffic, checkpoints."""
+        """``/status.json``: the job, each party with its members (``rows``, in order, then the ones its servers
+        relay) and traffic, checkpoints."""
         now = self._clock()
         topology = self._topology
         with self._lock:
             members = [self._member(row, now) for row in rows]
+            known = {m["name"] for m in members}
+            members += [m for name in _party_names(topology, rows) for m in self._relayed(name, now)
+                        if m["name"] not in known]
             parties = []
             for name in _party_names(topology, rows):
                 spec = next((p for p in topology.parties if p.name == name), None) if topology.parties_known else None
                 ids = [m for m, party in self._party.items() if party == name]
                 samples = [self._latest[m] for m in ids if m in self._latest]
-                steps = [m["step"] for m in members if m["party"] == name and m["step"] is not None
-                         and m["role"] != "global_server" and m["state"] in ("training", "waiting")]
+                # a party's step: its slowest worker's, where workers say (the wrapper), else its servers' rounds
+                live = [m for m in members if m["party"] == name and m["step"] is not None
+                        and m["role"] != "global_server" and m["state"] in ("training", "waiting")]
+                steps = [m["step"] for m in live if m["role"] == "worker"] or [m["step"] for m in live]
                 parties.append({
                     "name": name, "central": name == topology.central,
                     "lan": spec.lan.value if spec else None, "workers": spec.num_workers if spec else None,

@@ -16,6 +16,7 @@ Usage::
 from __future__ import annotations
 
 import html
+import itertools
 import json
 import logging
 import socket
@@ -26,7 +27,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import IO, Any
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 log = logging.getLogger("geomx.cluster.status")
@@ -77,6 +78,8 @@ def _members(data: dict[str, Any]) -> Iterator[Metric]:
                                 "advanced slice)", labels=list(_MEMBER))
     busy = GaugeMetricFamily("geomx_busy_ratio", "a worker's share of wall time computing, not waiting for the "
                              "network", labels=list(_MEMBER))
+    rounds = HistogramMetricFamily("geomx_round_duration_seconds", "a server's rounds (one per slice), from the "
+                                   "first contribution to the answers", labels=list(_MEMBER))
     for party in data["parties"]:
         for member in party["members"]:
             labels = [member["party"], str(member["rank"] if member["rank"] is not None else ""), member["role"]]
@@ -87,7 +90,12 @@ def _members(data: dict[str, Any]) -> Iterator[Metric]:
                 steps.add_metric(labels, member["step"])
             if member["busy"] is not None:
                 busy.add_metric(labels, member["busy"])
-    yield from (age, state, steps, busy)
+            times = member.get("rounds")
+            if times:
+                bounds = [*(f"{le:g}" for le in times["le"]), "+Inf"]
+                rounds.add_metric(labels, list(zip(bounds, itertools.accumulate(times["counts"]), strict=True)),
+                                  times["seconds"])
+    yield from (age, state, steps, busy, rounds)
 
 
 def _job(data: dict[str, Any]) -> Iterator[Metric]:
@@ -126,6 +134,12 @@ def _rate(bps: float) -> str:
     return f"{bps:.0f} bit/s"
 
 
+def _mean_round(member: dict[str, Any]) -> str | None:
+    """A server's mean round duration so far, in ms (None for a member without rounds)."""
+    times = member.get("rounds")
+    return f"{1000 * times['seconds'] / times['count']:.1f} ms" if times and times["count"] else None
+
+
 def _cell(value: Any) -> str:
     return "—" if value is None else html.escape(str(value))
 
@@ -152,14 +166,15 @@ def render_html(data: dict[str, Any]) -> str:
                      f"{_cell(party['step'])}; WAN sent {_bytes(wan['sent'])} ({_rate(rate['sent'])}), received "
                      f"{_bytes(wan['recv'])} ({_rate(rate['recv'])}); LAN {_bytes(sum(party['lan_bytes'].values()))}"
                      f"</p><table class='party' id='party-{name}' data-party='{name}'><tr><th>member</th><th>role</th>"
-                     "<th>state</th><th>step</th><th>busy</th><th>heartbeat age</th><th>WAN sent</th>"
-                     "<th>WAN received</th></tr>")
+                     "<th>state</th><th>step</th><th>busy</th><th>mean round</th><th>heartbeat age</th>"
+                     "<th>WAN sent</th><th>WAN received</th></tr>")
         for m in party["members"]:
             busy = None if m["busy"] is None else f"{100 * m['busy']:.0f}%"
             age = None if m["heartbeat_age_s"] is None else f"{m['heartbeat_age_s']:.1f} s"
             parts.append(f"<tr class='member {html.escape(m['state'])}' data-party='{name}'><td>{_cell(m['name'])}"
                          f"</td><td>{_cell(m['role'])}</td><td class='state'>{_cell(m['state'])}</td>"
-                         f"<td>{_cell(m['step'])}</td><td>{_cell(busy)}</td><td>{_cell(age)}</td>"
+                         f"<td>{_cell(m['step'])}</td><td>{_cell(busy)}</td><td>{_cell(_mean_round(m))}</td>"
+                         f"<td>{_cell(age)}</td>"
                          f"<td>{_bytes(m['wan_bytes']['sent'])}</td><td>{_bytes(m['wan_bytes']['recv'])}</td></tr>")
         parts.append("</table>")
     parts.append("<p><a href='status.json'>status.json</a> · <a href='metrics'>metrics</a></p></body></html>")

@@ -20,6 +20,7 @@ Usage (inside a server, under its lock)::
 
 from __future__ import annotations
 
+import bisect
 import logging
 import time
 from collections import Counter
@@ -30,6 +31,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..codecs.half import from_half
+from ..protocol.bodies import ROUND_BUCKETS_S
 from ..protocol.wire import Kind, Message, MessageKind
 from .clients import Clients
 from .policy import SyncPolicy
@@ -101,6 +103,20 @@ class RoundTableHost(Protocol):
         """A SHUTDOWN round was released: every client has shut down."""
 
 
+class RoundTimes:
+    """How long a server's rounds of pushes took, from the first contribution to the answers: counts per
+    ``ROUND_BUCKETS_S`` bucket (and one above the last) and their sum, since the server started (its heartbeats
+    carry them to the status page's histogram)."""
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(ROUND_BUCKETS_S) + 1)
+        self.seconds = 0.0
+
+    def add(self, seconds: float) -> None:
+        self.counts[bisect.bisect_left(ROUND_BUCKETS_S, seconds)] += 1
+        self.seconds += seconds
+
+
 class RoundTable:
     """The open rounds of one server (the caller holds the server lock)."""
 
@@ -113,6 +129,7 @@ class RoundTable:
         self.rounds: dict[RoundId, Round] = {}
         self.answered_early: set[tuple[str, int]] = set()  # (sender, request id) of pushes answered early
         self.leads: dict[str, Counter[int]] = {}  # client -> {rounds ahead an answer let it run: answers}
+        self.times = RoundTimes()  # rounds of pushes answered, by duration
 
     # -- collect ------------------------------------------------------------------------------------------
     def get(self, kind: MessageKind, key: int, index: int) -> Round | None:
@@ -257,6 +274,8 @@ class RoundTable:
             self.host.send(sender, reply)
         if error:
             log.error("[%s] %s failed: %s", self.host.name, rnd.describe(), error)
+        elif rnd.kind is Kind.PUSHPULL:
+            self.times.add(self.clock() - rnd.started_at)
         finished_shutdown = rnd.kind is Kind.SHUTDOWN and not error
         rnd.contributions = {}
         rnd.accum = None

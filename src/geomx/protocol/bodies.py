@@ -75,12 +75,21 @@ class ShutdownNotice:
     failed: str | None = None
 
 
+# Upper bounds (seconds) of the buckets a server counts its rounds' durations in (``HeartbeatBody.round_counts``;
+# Prometheus' histogram ``geomx_round_duration_seconds``): from a LAN round on one host to a WAN round under loss.
+ROUND_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
 @dataclass(frozen=True)
 class HeartbeatBody:
     """HEARTBEAT, a node -> its scheduler(s): what it has counted so far, for the global scheduler's status page
     (``geomx.cluster.status``). Bytes are cumulative since the process started; ``step``: a worker's training
     steps, a server's completed rounds (of its least advanced slice); ``busy``: a worker's share of wall time spent
-    computing rather than waiting for the network (0..1). An empty body is a plain heartbeat."""
+    computing rather than waiting for the network (0..1); ``party``: a local server's relay of its party's members as
+    its party's scheduler last described them (name -> ``geomx.cluster.status`` member record), since they beat to
+    that scheduler alone; ``round_counts``: a server's completed rounds (one per slice) by duration, from its first
+    contribution to its answer, per ``ROUND_BUCKETS_S`` bucket and one more above the last, and ``round_seconds``
+    their summed durations. An empty body is a plain heartbeat."""
 
     lan_sent: int = 0
     lan_recv: int = 0
@@ -88,6 +97,9 @@ class HeartbeatBody:
     wan_recv: int = 0
     step: int | None = None
     busy: float | None = None
+    party: dict[str, dict[str, Any]] | None = None
+    round_counts: list[int] | None = None
+    round_seconds: float | None = None
 
 
 def encode_body(body: Any) -> dict[str, Any]:
@@ -125,6 +137,11 @@ def _check(where: str, hint: Any, value: Any) -> Any:
             return None
         options = [a for a in args if a is not type(None)]
         return _check(where, options[0], value) if len(options) == 1 else value
+    if origin is list:
+        if not isinstance(value, list):
+            raise BodyError(f"{where}: expected a list, got {type(value).__name__}")
+        item_type = args[0] if args else Any
+        return [_check(f"{where}[{index}]", item_type, item) for index, item in enumerate(value)]
     if origin is dict:
         if not isinstance(value, dict):
             raise BodyError(f"{where}: expected an object, got {type(value).__name__}")
