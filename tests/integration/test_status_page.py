@@ -219,8 +219,8 @@ def test_the_page_in_a_real_browser(running_job, tmp_path):
         page = driver.execute_script("""
             return {job: document.getElementById('job').innerText, html: document.documentElement.outerHTML,
                     parties: Array.from(document.querySelectorAll('table.party')).map(t => [t.dataset.party,
-                        Array.from(t.querySelectorAll('tr.member')).map(r => [r.cells[0].innerText,
-                                                                              r.querySelector('td.state').innerText])])};
+                        Array.from(t.querySelectorAll('tr.member')).map(
+                            r => [r.cells[0].innerText, r.querySelector('td.state').innerText])])};
         """)
         assert [party for party, _ in page["parties"]] == ["dc0", "dc1"]
         assert {party: sorted(name for name, _ in rows) for party, rows in page["parties"]} == EVERYONE
