@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from .cluster.addresses import announce_when_listening as announce_tier
+from .cluster.addresses import claim
 from .cluster.processes import KILL_WAIT_S, STOP_GRACE_S, alive, descendants, die_with_parent, signal_tree
 from .cluster.status_page import announce_when_listening
 from .config import (
@@ -478,8 +480,11 @@ def launch(topology_path: Path, command: list[str], *, run_dir: Path | None = No
     if global_only and party is not None:
         raise ValueError("--global-only starts the global tier alone: leave out --party")
     grace = topology.timeouts.shutdown_s + 10.0
+    starts_tier = global_only or party in (None, topology.central)  # a given address in use: named before anything
+    claimed = claim(global_scheduler, "the global scheduler") if global_scheduler and starts_tier else None
     # held for the whole job: no other job can take a scheduler's port, or the status page's
-    with PortReservations(host) as ports, PortReservations(job_status(topology, os.environ).host) as page_ports:
+    with PortReservations(host) as ports, PortReservations(job_status(topology, os.environ).host) as page_ports, \
+            contextlib.closing(claimed) if claimed else contextlib.nullcontext():
         specs = plan_processes(topology, topology_path, command, run_dir, host=host, ports=ports,
                                global_scheduler=global_scheduler, parties=[party] if party else None,
                                resume=resume, global_only=global_only)
@@ -487,10 +492,10 @@ def launch(topology_path: Path, command: list[str], *, run_dir: Path | None = No
         ended = threading.Event()
         if status_url is not None:
             announce_when_listening(status_url, out or sys.stdout, topology.timeouts.register_s, ended)
-        if global_only:
+        if global_only:  # said once the scheduler's bind succeeded, not before
             address = next(s.env["GEOMX_GLOBAL_SCHEDULER"] for s in specs)
-            (out or sys.stdout).write(f"[geomx launch] the global tier listens at {address}: start every party "
-                                      f"with GEOMX_GLOBAL_SCHEDULER={address}\n")
+            announce_tier(address, f"[geomx launch] the global tier listens at {address}: start every party with "
+                          f"GEOMX_GLOBAL_SCHEDULER={address}", out or sys.stdout, topology.timeouts.register_s, ended)
         try:
             return Launcher(specs, run_dir, shutdown_grace_s=grace, out=out).run()
         finally:

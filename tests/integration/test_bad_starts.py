@@ -4,11 +4,17 @@ how long it took to print it.
 - a WAN codec no registry holds: refused by `geomx launch` before any process starts, and by a torchrun rank
   before it joins;
 - a torchrun whose rank count is not the party's worker count: named with both numbers at the rank's start;
+- a global scheduler nobody runs: named within 10 s, and first when the registration wait ends;
+- a party with the wrong shared secret: named on the joining side, at once;
+- a port in use: one line, from `geomx launch` (before any process) and from a node; `--global-only` says the
+  tier listens only once it does.
 """
 
 from __future__ import annotations
 
 import os
+import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -18,6 +24,7 @@ from pathlib import Path
 import pytest
 from harness import WORKERS_DIR, write_topology
 
+from geomx.cluster.addresses import listening
 from geomx.launch import free_port
 
 pytestmark = pytest.mark.slow
@@ -167,3 +174,54 @@ def test_a_party_with_the_wrong_secret_is_told_by_the_global_scheduler(tmp_path,
     assert named_at < 10, (named_at, named)  # not the registration timeout
     assert "GEOMX_SECRET" in named and "Traceback" not in text, text
     assert "wrong shared secret" in central_output, central_output[-3000:]  # the central side says so too
+
+
+def test_a_port_in_use_is_one_line_from_launch_before_any_process(tmp_path):
+    path = write_topology(tmp_path / "job.yaml")
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        address = f"127.0.0.1:{busy.getsockname()[1]}"
+        for form in (["--global-only"], ["--party", "dc0"]):
+            run_dir = tmp_path / f"run{len(form)}"
+            code, output, took = _run([sys.executable, "-m", "geomx.cli", "launch", str(path), *form,
+                                       "--global-scheduler", address, "--run-dir", str(run_dir), "--", "true"],
+                                      dict(os.environ))
+            assert code == 2 and took < 20, (form, took, output)
+            assert output.strip() == f"geomx launch: the global scheduler cannot listen at {address}: Address " \
+                                     "already in use (is another job, or an old process of this one, still " \
+                                     "running there? pick another port)", (form, output)
+            assert not run_dir.exists(), form  # nothing started
+
+
+def test_a_port_in_use_is_one_line_from_a_node_started_by_hand(tmp_path):
+    path = write_topology(tmp_path / "job.yaml")
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        address = f"127.0.0.1:{busy.getsockname()[1]}"
+        env = {**os.environ, "GEOMX_ROLE": "global_scheduler", "GEOMX_PARTY": "dc0", "GEOMX_TOPOLOGY": str(path),
+               "GEOMX_GLOBAL_SCHEDULER": address}
+        code, output, took = _run([sys.executable, "-m", "geomx.node"], env)
+    assert code == 3 and took < 20, (took, output)
+    assert output.strip() == f"ERROR global_scheduler cannot listen at {address}: Address already in use (is " \
+                             "another job, or an old process of this one, still running there?)", output
+
+
+def test_global_only_says_the_tier_listens_after_its_bind(tmp_path):
+    """The line that tells every party where to connect is printed once the global scheduler listens there."""
+    path = write_topology(tmp_path / "job.yaml", timeouts={"register": "20s"})
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "geomx.cli", "launch", str(path), "--global-only",
+                             "--global-scheduler", f"127.0.0.1:{port}", "--run-dir", str(tmp_path / "run")],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            seen.append(line)
+            if "the global tier listens at" in line:
+                assert listening(port), "".join(seen)  # at the moment it is printed
+                assert f"GEOMX_GLOBAL_SCHEDULER=127.0.0.1:{port}" in line, line
+                break
+        else:
+            raise AssertionError("never said it listens:\n" + "".join(seen))
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)

@@ -89,7 +89,7 @@ class BindError(OSError):
         """``name`` could not bind ``address`` (HOST:PORT) for ``exc``, in words."""
         in_use = " (is another job, or an old process of this one, still running there?)" \
             if exc.errno == zmq.EADDRINUSE else ""
-        return cls(f"{name} cannot listen at {address}: {exc.strerror}{in_use}")
+        return cls(f"{name} cannot listen at {address}: {zmq.strerror(exc.errno)}{in_use}")
 
 
 class Watches:
