@@ -159,6 +159,11 @@ def test_the_status_page_metrics_and_geomx_status_during_a_job(running_job):
     inf = ("geomx_round_duration_seconds_bucket", (("le", "+Inf"), ("party", "dc0"), ("rank", "0"),
                                                     ("role", "global_server")))
     assert after[inf] == after[count] > 0
+    # how far ahead of its round each answer let a party run: always 0 under FSA (SSP's staleness otherwise)
+    for party in ("dc0", "dc1"):
+        labels = (("party", party), ("rank", "0"), ("role", "local_server"))
+        zero = after[("geomx_staleness_rounds_bucket", (("le", "0"), *labels))]
+        assert zero == after[("geomx_staleness_rounds_count", labels)] > 0
 
     # every member: the global tier's own, and each party's workers, relayed by its scheduler and local server
     def everyone() -> dict[str, Any] | None:

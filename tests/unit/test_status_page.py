@@ -280,3 +280,31 @@ def test_the_round_durations_become_a_prometheus_histogram():
     assert "8012.0 ms" in render_html(board.snapshot(rows, {}, "training"))  # the page's mean round
     with pytest.raises(BodyError, match=r"HeartbeatBody\.round_counts\[1\]: expected int"):
         decode_body(HeartbeatBody, {"round_counts": [1, "x"]})
+
+
+def test_ssp_staleness_from_the_global_servers_answers():
+    """Each global server reports how far ahead of its round each answer let a client run; the page sums them."""
+    clock = Clock()
+    board = StatusBoard(topology(), clock=clock)
+    for member, party in (("gs0", "dc0"), ("gs1", "dc0"), ("ls1", "dc1")):
+        board.seen(member, party)
+    board.heard("gs0", HeartbeatBody(leads={"dc1/server": {"0": 4, "2": 3}}))
+    board.heard("gs1", HeartbeatBody(leads={"dc1/server": {"0": 2, "2": 1}, "gone": {"0": 9}}))
+    rows = [MemberRow("gs0", "global_server0", "global_server", "dc0", 0, "training"),
+            MemberRow("gs1", "global_server1", "global_server", "dc0", 1, "training"),
+            MemberRow("ls1", "dc1/server", "local_server", "dc1", 0, "training")]
+    data = board.snapshot(rows, {}, "training")
+    dc0, dc1 = data["parties"]
+    assert dc1["members"][0]["answers_ahead"] == {"0": 6, "2": 4} == dc1["answers_ahead"]
+    assert dc0["answers_ahead"] is None  # the global servers are answered by nobody
+    assert "answers ahead of their round: mean 0.80, max 2" in render_html(data)
+    page = StatusServer("127.0.0.1", 0, lambda: board.snapshot(rows, {}, "training"))
+    from prometheus_client import generate_latest
+
+    found = {(s.name, s.labels.get("le")): s.value
+             for family in text_string_to_metric_families(generate_latest(page.registry).decode())
+             if family.name == "geomx_staleness_rounds" for s in family.samples}
+    assert (found[("geomx_staleness_rounds_bucket", "0")], found[("geomx_staleness_rounds_bucket", "1")],
+            found[("geomx_staleness_rounds_bucket", "2")], found[("geomx_staleness_rounds_bucket", "+Inf")]) == \
+        (6, 6, 10, 10)
+    assert found[("geomx_staleness_rounds_sum", None)] == 8

@@ -66,6 +66,7 @@ class Pulse:
         self._notes: dict[str, int | float] = {}  # step, busy: what the node's owner last noted
         self._party: dict[str, dict[str, Any]] = {}  # a local server: its party's members, from its scheduler
         self._rounds: tuple[list[int], float] | None = None  # a server: its rounds' durations (counts, sum)
+        self._leads: dict[str, dict[str, int]] = {}  # a server: its answers per client, by rounds ahead
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"{van.name}-heartbeat", daemon=True)
 
@@ -92,15 +93,18 @@ class Pulse:
             self._self_listeners.append(listener)
 
     def note(self, *, step: int | None = None, busy: float | None = None,
-             rounds: tuple[list[int], float] | None = None) -> None:
+             rounds: tuple[list[int], float] | None = None, leads: dict[str, dict[str, int]] | None = None) -> None:
         """What the next heartbeats report besides the byte counters (any thread; cheap: a dict update).
-        ``rounds``: a server's round durations (``geomx.core.rounds.RoundTimes``: counts per bucket, their sum)."""
+        ``rounds``: a server's round durations (``geomx.core.rounds.RoundTimes``: counts per bucket, their sum);
+        ``leads``: its answers per client by rounds ahead (``RoundTable.leads_report``)."""
         if step is not None:
             self._notes["step"] = int(step)
         if busy is not None:
             self._notes["busy"] = min(1.0, max(0.0, float(busy)))
         if rounds is not None:
             self._rounds = (list(rounds[0]), float(rounds[1]))
+        if leads is not None:
+            self._leads = leads
 
     def report(self) -> HeartbeatBody:
         """This node's report, as its next heartbeat carries it."""
@@ -111,7 +115,8 @@ class Pulse:
                              wan_sent=int(counts["wan"]["sent"]), wan_recv=int(counts["wan"]["recv"]),
                              step=int(step) if step is not None else None,
                              busy=float(busy) if busy is not None else None, party=self._party or None,
-                             round_counts=rounds[0] if rounds else None, round_seconds=rounds[1] if rounds else None)
+                             round_counts=rounds[0] if rounds else None, round_seconds=rounds[1] if rounds else None,
+                             leads=self._leads or None)
 
     def dead(self) -> dict[str, str]:
         with self._lock:

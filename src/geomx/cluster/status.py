@@ -24,6 +24,7 @@ from __future__ import annotations
 import re
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -99,6 +100,15 @@ def checkpoints(folder: Path | None, shards: int, now: float | None = None) -> d
     job = min(found, key=lambda c: c["step"]) if len(found) == shards and found else None
     return {"dir": str(folder), "shards": found, "step": job["step"] if job else None,
             "age_s": max(c["age_s"] for c in found) if job else None}
+
+
+def _merged(counts: Iterable[dict[str, int] | None]) -> dict[str, int] | None:
+    """Answers per rounds ahead, summed over a party's clients (None: no global server counted any)."""
+    total: dict[int, int] = {}
+    for entry in counts:
+        for ahead, count in (entry or {}).items():
+            total[int(ahead)] = total.get(int(ahead), 0) + count
+    return {str(k): v for k, v in sorted(total.items())} or None
 
 
 def _rounds(body: HeartbeatBody) -> dict[str, Any] | None:
@@ -207,6 +217,17 @@ class StatusBoard:
                     found.append(entry)
         return found
 
+    def _leads(self) -> dict[str, dict[int, int]]:
+        """Client name -> {rounds ahead: answers}, summed over the global servers' reports."""
+        total: dict[str, dict[int, int]] = {}
+        for sample in self._latest.values():
+            for client, counts in (sample.body.leads or {}).items():
+                entry = total.setdefault(client, {})
+                for ahead, count in counts.items():
+                    if ahead.isdigit():
+                        entry[int(ahead)] = entry.get(int(ahead), 0) + count
+        return total
+
     def snapshot(self, rows: list[MemberRow], missing: dict[str, int], phase: str) -> dict[str, Any]:
         """``/status.json``: the job, each party with its members (``rows``, in order, then the ones its servers
         relay) and traffic, checkpoints."""
@@ -217,6 +238,10 @@ class StatusBoard:
             known = {m["name"] for m in members}
             members += [m for name in _party_names(topology, rows) for m in self._relayed(name, now)
                         if m["name"] not in known]
+            leads = self._leads()
+            for m in members:  # how far ahead of its round each answer let a client run (SSP's staleness)
+                m["answers_ahead"] = {str(k): v for k, v in sorted(leads[m["name"]].items())} \
+                    if m["name"] in leads else None
             parties = []
             for name in _party_names(topology, rows):
                 spec = next((p for p in topology.parties if p.name == name), None) if topology.parties_known else None
@@ -234,6 +259,7 @@ class StatusBoard:
                     "lan_bytes": {"sent": _sum(samples, "lan_sent"), "recv": _sum(samples, "lan_recv")},
                     "wan_rate_bps": {d: round(8 * sum(self._rate(m, f"wan_{d}", now) for m in ids), 1)
                                      for d in ("sent", "recv")},
+                    "answers_ahead": _merged(m["answers_ahead"] for m in members if m["party"] == name),
                     "members": [m for m in members if m["party"] == name]})
         rounds = [m["step"] for m in members if m["role"] == "global_server" and m["step"] is not None]
         return {"job": {**self.job, "phase": phase, "uptime_s": round(now - self._started, 3),

@@ -34,6 +34,7 @@ log = logging.getLogger("geomx.cluster.status")
 
 Snapshot = Callable[[], dict[str, Any]]
 REFRESH_S = 2  # the page reloads itself this often
+STALENESS_BUCKETS = (0, 1, 2, 4, 8, 16)  # rounds ahead: the staleness histogram's bounds
 _MEMBER = ("party", "rank", "role")
 
 
@@ -80,6 +81,9 @@ def _members(data: dict[str, Any]) -> Iterator[Metric]:
                              "network", labels=list(_MEMBER))
     rounds = HistogramMetricFamily("geomx_round_duration_seconds", "a server's rounds (one per slice), from the "
                                    "first contribution to the answers", labels=list(_MEMBER))
+    stale = HistogramMetricFamily("geomx_staleness_rounds", "the global servers' answers to this client, by how "
+                                  "many rounds ahead of its round each let it run (above 0 only under SSP)",
+                                  labels=list(_MEMBER))
     for party in data["parties"]:
         for member in party["members"]:
             labels = [member["party"], str(member["rank"] if member["rank"] is not None else ""), member["role"]]
@@ -95,7 +99,13 @@ def _members(data: dict[str, Any]) -> Iterator[Metric]:
                 bounds = [*(f"{le:g}" for le in times["le"]), "+Inf"]
                 rounds.add_metric(labels, list(zip(bounds, itertools.accumulate(times["counts"]), strict=True)),
                                   times["seconds"])
-    yield from (age, state, steps, busy, rounds)
+            ahead = member.get("answers_ahead")
+            if ahead:
+                counts = {int(k): v for k, v in ahead.items()}
+                buckets = [(f"{le}", sum(v for k, v in counts.items() if k <= le)) for le in STALENESS_BUCKETS]
+                stale.add_metric(labels, [*buckets, ("+Inf", sum(counts.values()))],
+                                 sum(k * v for k, v in counts.items()))
+    yield from (age, state, steps, busy, rounds, stale)
 
 
 def _job(data: dict[str, Any]) -> Iterator[Metric]:
@@ -134,6 +144,15 @@ def _rate(bps: float) -> str:
     return f"{bps:.0f} bit/s"
 
 
+def _staleness(party: dict[str, Any]) -> str:
+    """``; answers ahead ...`` for a party some of whose answers came before their round (SSP), else nothing."""
+    counts = {int(k): v for k, v in (party.get("answers_ahead") or {}).items()}
+    if not any(k > 0 for k in counts):
+        return ""
+    mean = sum(k * v for k, v in counts.items()) / sum(counts.values())
+    return f"; answers ahead of their round: mean {mean:.2f}, max {max(counts)}"
+
+
 def _mean_round(member: dict[str, Any]) -> str | None:
     """A server's mean round duration so far, in ms (None for a member without rounds)."""
     times = member.get("rounds")
@@ -165,7 +184,8 @@ def render_html(data: dict[str, Any]) -> str:
         parts.append(f"<h2>{name}{' (central)' if party['central'] else ''}</h2><p class='traffic'>step "
                      f"{_cell(party['step'])}; WAN sent {_bytes(wan['sent'])} ({_rate(rate['sent'])}), received "
                      f"{_bytes(wan['recv'])} ({_rate(rate['recv'])}); LAN {_bytes(sum(party['lan_bytes'].values()))}"
-                     f"</p><table class='party' id='party-{name}' data-party='{name}'><tr><th>member</th><th>role</th>"
+                     f"{_staleness(party)}</p><table class='party' id='party-{name}' data-party='{name}'>"
+                     "<tr><th>member</th><th>role</th>"
                      "<th>state</th><th>step</th><th>busy</th><th>mean round</th><th>heartbeat age</th>"
                      "<th>WAN sent</th><th>WAN received</th></tr>")
         for m in party["members"]:

@@ -89,7 +89,9 @@ class HeartbeatBody:
     its party's scheduler last described them (name -> ``geomx.cluster.status`` member record), since they beat to
     that scheduler alone; ``round_counts``: a server's completed rounds (one per slice) by duration, from its first
     contribution to its answer, per ``ROUND_BUCKETS_S`` bucket and one more above the last, and ``round_seconds``
-    their summed durations. An empty body is a plain heartbeat."""
+    their summed durations; ``leads``: a global server's answers per client (by name), how many of them let it run
+    how many rounds ahead of its round (``"0"``: the round was complete; more only under SSP: its staleness).
+    An empty body is a plain heartbeat."""
 
     lan_sent: int = 0
     lan_recv: int = 0
@@ -100,6 +102,7 @@ class HeartbeatBody:
     party: dict[str, dict[str, Any]] | None = None
     round_counts: list[int] | None = None
     round_seconds: float | None = None
+    leads: dict[str, dict[str, int]] | None = None
 
 
 def encode_body(body: Any) -> dict[str, Any]:

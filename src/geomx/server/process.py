@@ -232,7 +232,8 @@ class ParameterServer:
                 self.table.expire(self.timeouts.round_s, self.timeouts.request_s)
                 rounds = [self.table.completed(Kind.PUSHPULL, *sid) for sid in self.stored]
                 times = (list(self.table.times.counts), self.table.times.seconds)
-            pulse.note(step=min((r for r in rounds if r), default=0), rounds=times)
+                leads = self.table.leads_report() if self.is_global else None
+            pulse.note(step=min((r for r in rounds if r), default=0), rounds=times, leads=leads)
 
     def stop_fatally(self, text: str) -> None:
         """Fail every open round with ``text`` (its clients see who died) and stop the server (under the lock)."""
