@@ -128,8 +128,9 @@ def _relay_record(name: str, party: str, record: dict[str, Any]) -> dict[str, An
         return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
     def counts(key: str) -> dict[str, int]:
-        value = record.get(key) if isinstance(record.get(key), dict) else {}
-        return {d: int(v) if isinstance(v := value.get(d), int) else 0 for d in ("sent", "recv")}
+        value = record.get(key)
+        found = value if isinstance(value, dict) else {}
+        return {d: int(v) if isinstance(v := found.get(d), int) else 0 for d in ("sent", "recv")}
 
     state, role = record.get("state"), record.get("role")
     if state not in STATES or not isinstance(role, str):
