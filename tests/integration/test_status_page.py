@@ -169,14 +169,22 @@ def test_the_status_page_metrics_and_geomx_status_during_a_job(running_job):
     def everyone() -> dict[str, Any] | None:
         data = status()
         members = {party["name"]: sorted(m["name"] for m in party["members"]) for party in data["parties"]}
-        return data if members == EVERYONE else None
+        noted = all(m["step"] for party in data["parties"] for m in party["members"])
+        return data if members == EVERYONE and noted else None
 
-    data = wait_for(f"every member on the page: {EVERYONE}", everyone)
+    data = wait_for(f"every member on the page with its step: {EVERYONE}", everyone)
     assert data["job"]["phase"] == "training" and data["job"]["algorithm"] == "dist_sync"
     rows = [m for party in data["parties"] for m in party["members"]]
-    assert all(m["state"] == "training" and m["heartbeat_age_s"] < 10 for m in rows), rows
-    assert all(m["step"] is not None for m in rows if m["role"] != "worker")  # the kvstore API notes no steps
-    assert all(m["lan_bytes"]["sent"] > 0 for m in rows if m["role"] == "worker"), rows
+    assert all(m["state"] == "training" and m["heartbeat_age_s"] < 10 and m["step"] for m in rows), rows
+    workers = [m for m in rows if m["role"] == "worker"]
+    # the wrapper notes each worker's step and busy share; a party's step is its slowest worker's
+    assert all(0 <= m["busy"] <= 1 and m["lan_bytes"]["sent"] > 0 for m in workers), workers
+    for party in data["parties"]:
+        assert party["step"] == min(m["step"] for m in party["members"] if m["role"] == "worker")
+    relayed = samples(fetch(url + "metrics"))  # the relayed workers are in the metrics too
+    for party in ("dc0", "dc1"):
+        labels = (("party", party), ("rank", "1"), ("role", "worker"))
+        assert 0 <= relayed[("geomx_busy_ratio", labels)] <= 1 and relayed[("geomx_steps_total", labels)] > 0
 
     page = fetch(url)
     assert "id='party-dc0'" in page and "id='party-dc1'" in page
