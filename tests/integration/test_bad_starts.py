@@ -33,9 +33,9 @@ pytestmark = pytest.mark.slow
 REGISTER_S = 60
 
 
-def _collective(tmp_path: Path, **options) -> Path:
+def _collective(tmp_path: Path, register_s: float = REGISTER_S, **options) -> Path:
     return write_topology(tmp_path / "job.yaml", parties={"dc0": 2, "dc1": 2}, lan={"dc0": "collective",
-                          "dc1": "collective"}, timeouts={"register": f"{REGISTER_S}s"}, **options)
+                          "dc1": "collective"}, timeouts={"register": f"{register_s:g}s"}, **options)
 
 
 def _rank_env(path: Path, party: str, rank: int, world: int) -> dict[str, str]:
@@ -79,16 +79,16 @@ def test_a_torchrun_rank_refuses_bad_names_before_it_joins(tmp_path, training, e
 
 
 def test_a_torchrun_with_more_ranks_than_the_party_has_workers_is_named(tmp_path):
-    path = _collective(tmp_path)
+    path = _collective(tmp_path, register_s=2 * REGISTER_S)  # torchrun and 3 torch imports: slow on a loaded host
     env = _rank_env(path, "dc1", 0, 3)
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name)
     code, output, took = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=3",
-                               str(WORKERS_DIR / "frontend_train.py")], env)
+                               str(WORKERS_DIR / "frontend_train.py")], env, timeout=2 * REGISTER_S)
     assert code != 0, output
     assert "party dc1 has 2 workers in the topology but torchrun started 3 ranks (WORLD_SIZE=3)" in output, output
     assert "is outside" not in output, output  # named, not a data shard's range error later
-    assert took < REGISTER_S / 2, (took, output)
+    assert "waiting for" not in output and took < REGISTER_S, (took, output)  # no rank tried to join
 
 
 def _stream(argv: list[str], env: dict[str, str], timeout: float = 90) -> tuple[int, list[tuple[float, str]]]:
