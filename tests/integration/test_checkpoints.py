@@ -16,7 +16,6 @@ from pathlib import Path
 
 import jobkit
 import torch
-import torch.nn.functional as F
 from harness import Job, worker_command, write_topology
 
 from geomx.launch import launch
@@ -44,18 +43,9 @@ def checkpoint_topology(tmp_path):
 
 
 def reference_after(steps: int, num_workers: int = 2) -> list[torch.Tensor]:
-    """The single-process reference model after ``steps`` of the STEPS-step run's data (jobkit.reference_run
-    draws data for as many steps as it runs, so its shorter runs see different batches)."""
-    torch.manual_seed(jobkit.seed_for(0))
-    model = jobkit.make_model()
-    optimizer = torch.optim.SGD(model.parameters(), lr=jobkit.LR, momentum=jobkit.MOMENTUM)
-    inputs, targets = jobkit.make_data(STEPS, num_workers)
-    for step in range(steps):
-        optimizer.zero_grad()
-        F.mse_loss(model(inputs[step].reshape(-1, jobkit.IN_FEATURES)),
-                   targets[step].reshape(-1, jobkit.OUT_FEATURES)).backward()
-        optimizer.step()
-    return [p.detach().clone() for p in model.parameters()]
+    """The single-process reference model after ``steps`` of the STEPS-step run's data (SGD with momentum)."""
+    return jobkit.reference_after(steps, STEPS, num_workers,
+                                  lambda params: torch.optim.SGD(params, lr=jobkit.LR, momentum=jobkit.MOMENTUM))
 
 
 def assert_values_equal_reference(snapshot, steps: int) -> None:

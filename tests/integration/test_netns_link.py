@@ -35,13 +35,28 @@ def link():
     assert not left, f"namespaces left behind: {left}"
 
 
-def _launch_party(link: netns.Link, party: str, topology: Path, scheduler: str, run_dir: Path) -> subprocess.Popen:
+def _party_command(link: netns.Link, party: str, topology: Path, scheduler: str, run_dir: Path) -> list[str]:
     ns, host = (link.ns_a, link.addr_a) if party == "dc0" else (link.ns_b, link.addr_b)
-    argv = link.exec_in(ns, [sys.executable, "-m", "geomx.cli", "launch", str(topology), "--party", party,
+    return link.exec_in(ns, [sys.executable, "-m", "geomx.cli", "launch", str(topology), "--party", party,
                              "--host", host, "--global-scheduler", scheduler, "--run-dir", str(run_dir), "--",
                              *worker_command("train.py")])
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+
+
+def _run_to_the_end(commands: dict[str, list[str]], timeout: float) -> dict[str, str]:
+    """Start every command (a session each), wait for all; assert each exited 0 (naming the one that did not, with
+    its output's tail); SIGKILL whatever is left on the way out. Returns each command's output."""
+    procs = {name: subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                    start_new_session=True) for name, argv in commands.items()}
+    try:
+        outputs = {name: proc.communicate(timeout=timeout)[0] for name, proc in procs.items()}
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    for name, proc in procs.items():
+        assert proc.returncode == 0, f"{name} failed:\n{outputs[name][-3000:]}"
+    return outputs
 
 
 def test_shaped_rate_and_a_two_party_job_across_the_namespaces(link, tmp_path):
@@ -52,16 +67,8 @@ def test_shaped_rate_and_a_two_party_job_across_the_namespaces(link, tmp_path):
     topology = write_topology(tmp_path / "split.yaml")
     scheduler = f"{link.addr_a}:{link.free_port(link.ns_a, link.addr_a)}"
     runs = {party: tmp_path / f"run-{party}" for party in ("dc0", "dc1")}
-    procs = {party: _launch_party(link, party, topology, scheduler, runs[party]) for party in ("dc1", "dc0")}
-    try:
-        outputs = {party: proc.communicate(timeout=180)[0] for party, proc in procs.items()}
-    finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-    for party, proc in procs.items():
-        assert proc.returncode == 0, f"{party} failed:\n{outputs[party][-3000:]}"
+    _run_to_the_end({party: _party_command(link, party, topology, scheduler, runs[party])
+                     for party in ("dc1", "dc0")}, timeout=180)
     workers = {**jobkit.load_worker_outputs(runs["dc0"]), **jobkit.load_worker_outputs(runs["dc1"])}
     assert sorted(workers) == [0, 1, 2, 3]
     jobkit.assert_fsa_equivalent(workers, num_workers=4)  # the job across the link equals one process
@@ -144,17 +151,7 @@ def test_collective_parties_on_two_hosts_as_the_docs_say(link, tmp_path):
             str(bin_dir / "torchrun"), "--standalone", f"--nproc-per-node={workers}",
             *worker_command("frontend_train.py")[1:]])
     before = link.counters()
-    procs = {name: subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                    start_new_session=True) for name, argv in commands.items()}
-    try:
-        outputs = {name: proc.communicate(timeout=240)[0] for name, proc in procs.items()}
-    finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-    for name, proc in procs.items():
-        assert proc.returncode == 0, f"{name} failed:\n{outputs[name][-3000:]}"
+    outputs = _run_to_the_end(commands, timeout=240)
     assert f"the global tier listens at {scheduler}" in outputs["tier"], outputs["tier"][-2000:]
     workers = {**jobkit.load_worker_outputs(runs["dc0"]), **jobkit.load_worker_outputs(runs["dc1"])}
     assert sorted(workers) == [0, 1, 2]

@@ -16,7 +16,6 @@ from __future__ import annotations
 import jobkit
 import pytest
 import torch
-import torch.nn.functional as F
 from harness import run_job, write_topology
 
 from geomx.runs.checkpoint import SUMS, load_latest
@@ -29,16 +28,7 @@ LR = 0.01  # resume_train.py's
 
 def reference(steps: int, num_workers: int) -> list[torch.Tensor]:
     """One process: the master's initial model, Adam on the mean loss over every worker's batch."""
-    torch.manual_seed(jobkit.seed_for(0))
-    model = jobkit.make_model()
-    optimizer = torch.optim.Adam(model.parameters(), lr=LR)
-    inputs, targets = jobkit.make_data(STEPS, num_workers)
-    for step in range(steps):
-        optimizer.zero_grad()
-        F.mse_loss(model(inputs[step].reshape(-1, jobkit.IN_FEATURES)),
-                   targets[step].reshape(-1, jobkit.OUT_FEATURES)).backward()
-        optimizer.step()
-    return [p.detach().clone() for p in model.parameters()]
+    return jobkit.reference_after(steps, STEPS, num_workers, lambda params: torch.optim.Adam(params, lr=LR))
 
 
 def with_checkpoints(path, folder, every_steps: int, **options):

@@ -82,6 +82,22 @@ def reference_run(num_workers: int, steps: int = STEPS, lr: float = LR, momentum
     return initial, [p.detach().clone() for p in model.parameters()]
 
 
+def reference_after(steps: int, total_steps: int, num_workers: int,
+                    make_optimizer: Callable[[Any], torch.optim.Optimizer]) -> list[torch.Tensor]:
+    """The single-process reference model after ``steps`` of a ``total_steps``-step run's data (``reference_run``
+    draws data for as many steps as it runs, so a shorter run sees different batches): the master's initial model,
+    ``make_optimizer(parameters)`` on the mean loss over every worker's batch."""
+    torch.manual_seed(seed_for(0))
+    model = make_model()
+    optimizer = make_optimizer(model.parameters())
+    inputs, targets = make_data(total_steps, num_workers)
+    for step in range(steps):
+        optimizer.zero_grad()
+        F.mse_loss(model(inputs[step].reshape(-1, IN_FEATURES)), targets[step].reshape(-1, OUT_FEATURES)).backward()
+        optimizer.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
 # -- worker output files ---------------------------------------------------------------------------------
 
 def out_dir(run_dir: Path) -> Path:
