@@ -5,14 +5,16 @@ The real multi-process runs are in tests/integration/test_torch_frontend.py; her
 
 from __future__ import annotations
 
+import dataclasses
 from contextlib import nullcontext
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
 from torch import nn
 
-from geomx.config import NodeConfig, PartySpec, Role, Topology, TrainingSpec
+from geomx.config import HFASpec, NodeConfig, PartySpec, Role, Topology, TrainingSpec
 from geomx.torch import DistributedOptimizer, ModelMismatchError
 from geomx.torch.signature import signature
 
@@ -29,6 +31,7 @@ class OneWorkerStore:
         self.master_values = master_values or {}
         self.pushes: list[int] = []
         self.records: list[dict[str, Any]] = []
+        self.pulse = SimpleNamespace(note=lambda **fields: None)  # the heartbeats' report of the step (status page)
 
     def init(self, keys: Any, values: Any) -> None:
         keys, values = (keys, values) if isinstance(keys, list) else ([keys], [values])
@@ -191,3 +194,167 @@ def test_a_copy_of_the_wrapped_model_is_a_plain_model_and_gets_the_jobs_model():
         assert torch.equal(got, want)
     with pytest.raises(ValueError, match="shaped as the wrapped one"):
         opt.load_job_model(nn.Linear(4, 3))
+
+
+class ServerSGDStore(OneWorkerStore):
+    """A one-worker job whose global servers run SGD: a push of a gradient makes the new weights (FSA, SERVER)."""
+
+    def set_optimizer(self, optimizer: Any) -> None:
+        self.lr = optimizer.lr
+
+    def set_gradient_compression(self, compression: Any) -> None:
+        pass
+
+    def push(self, key: int, value: torch.Tensor, priority: int = 0) -> None:
+        self.pushes.append(key)
+        self.values[key] = self.values[key] - self.lr * value.detach()
+
+
+class LocalSGDStore(OneWorkerStore):
+    """A one-worker job under HFA (K1 = 2): the party's average of one worker's model is that model."""
+
+    def __init__(self, training: TrainingSpec) -> None:
+        super().__init__(training)
+        self.hfa = HFASpec(k1=2, k2=1)
+        self.config = dataclasses.replace(self.config, topology=dataclasses.replace(self.config.topology, hfa=self.hfa))
+
+
+STORES = {"fsa-local": lambda: OneWorkerStore(TrainingSpec(server_optimizer="none")),
+          "fsa-server": lambda: ServerSGDStore(TrainingSpec(server_optimizer="translate")),
+          "hfa": lambda: LocalSGDStore(TrainingSpec())}
+
+
+def wrapped_sgd(plan: str) -> tuple[nn.Module, DistributedOptimizer, OneWorkerStore]:
+    model, _ = model_and_adam()
+    store = STORES[plan]()
+    return model, DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, kv=store), store  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("change", ["clip", "scale", "replace"])
+@pytest.mark.parametrize("plan", ["fsa-local", "fsa-server"])
+def test_a_gradient_changed_after_backward_sent_it_is_refused_naming_the_fix(plan, change):
+    """Under FSA backward's hooks send each gradient as it is made: a clip, a scaling or a new ``.grad`` before
+    ``step()`` would be lost. The gradient's version counter tells; ``step()`` refuses, naming the fix for the plan.
+    (Issue 46: clip_grad_norm_(..., 0.01) left a mean gradient norm of 1.62 where SGD's was 0.208.)"""
+    model, opt, _ = wrapped_sgd(plan)
+    model(torch.randn(5, 4)).sum().backward()
+    if change == "clip":
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.01)
+    elif change == "scale":
+        model[0].weight.grad.mul_(0.5)
+    else:
+        model[0].weight.grad = model[0].weight.grad * 0.5
+    fix = ("to the global servers.*would be lost. Set training.server_optimizer: none" if plan == "fsa-server"
+           else r"to be averaged.*would be lost. Call opt.average_gradients\(\) after backward")
+    with pytest.raises(RuntimeError, match=rf"changed between backward and step\(\), after backward's hooks had sent "
+                                           rf"it {fix}"):
+        opt.step()
+
+
+def test_average_gradients_after_a_change_is_refused_too_and_reading_gradients_is_not():
+    model, opt, _ = wrapped_sgd("fsa-local")
+    model(torch.randn(5, 4)).sum().backward()
+    norms = [float(p.grad.norm()) for p in model.parameters()]  # reading changes nothing
+    assert all(n > 0 for n in norms)
+    opt.step()
+    model(torch.randn(5, 4)).sum().backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 0.01)
+    with pytest.raises(RuntimeError, match=r"'2\.(weight|bias)' and 3 more changed between backward and "
+                                           r"average_gradients\(\)"):
+        opt.average_gradients()
+
+
+@pytest.mark.parametrize("plan", ["fsa-local", "hfa"])
+def test_the_fix_or_local_sgd_applies_the_clipped_gradient_as_plain_torch_does(plan):
+    """With ``average_gradients()`` first (FSA), or under HFA in a server party, where each step is local SGD's on
+    the worker's own gradient, nothing was sent: the clip is applied, the same weights as plain torch's."""
+    model, opt, _ = wrapped_sgd(plan)
+    reference, _ = model_and_adam()
+    reference_inner = torch.optim.SGD(reference.parameters(), lr=0.1)
+    x = torch.randn(4, 5, 4)
+    for step in range(4):
+        for net, optimizer in ((model, opt), (reference, reference_inner)):
+            optimizer.zero_grad()
+            net(x[step]).sum().backward()
+            if optimizer is opt and plan == "fsa-local":
+                opt.average_gradients()
+            torch.nn.utils.clip_grad_norm_(net.parameters(), 0.01)
+            optimizer.step()
+    opt.synchronize()
+    for got, want in zip(model.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(got, want)
+    assert opt.plan.mode.name == {"fsa-local": "LOCAL", "hfa": "HFA"}[plan]
+
+
+@pytest.mark.parametrize("plan", ["fsa-local", "fsa-server", "hfa"])
+def test_accumulation_without_no_sync_is_refused_under_every_plan_and_no_sync_accumulates(plan):
+    """Four micro-batch backwards before a step: refused alike under every plan (HFA would apply the sum, FSA has
+    sent the first), naming ``no_sync()``; inside it the step applies the sum, as plain torch's does."""
+    model, opt, _ = wrapped_sgd(plan)
+    x = torch.randn(4, 5, 4)
+    model(x[0]).sum().backward()
+    with pytest.raises(RuntimeError, match=r"got a second gradient before step\(\): for gradient accumulation use "
+                                           r"`with opt.no_sync\(\):` for the first backwards"):
+        model(x[1]).sum().backward()
+    model, opt, _ = wrapped_sgd(plan)
+    reference, _ = model_and_adam()
+    reference_inner = torch.optim.SGD(reference.parameters(), lr=0.1)
+    for net, optimizer in ((model, opt), (reference, reference_inner)):
+        optimizer.zero_grad()
+        with opt.no_sync() if optimizer is opt else nullcontext():
+            for micro in x[:3]:
+                (net(micro).sum() / 4).backward()
+        (net(x[3]).sum() / 4).backward()
+        optimizer.step()
+    opt.synchronize()
+    for got, want in zip(model.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(got, want)
+
+
+def test_state_dict_says_where_the_optimizer_state_lives_when_it_is_not_here(caplog):
+    """With the optimizer on the global servers the wrapped one never steps: its ``state`` is empty, and the dict
+    says where the state is (and a warning, once). Where it steps here, the dict is torch's own."""
+    model, opt, _ = wrapped_sgd("fsa-server")
+    model(torch.randn(5, 4)).sum().backward()
+    opt.step()
+    with caplog.at_level("WARNING", logger="geomx.torch"):
+        state = opt.state_dict()
+        opt.state_dict()
+    assert state["state"] == {}
+    assert "on the global servers (sgd, which run the optimizer)" in state["geomx"]["optimizer_state"]
+    assert "checkpoint: {dir: ..., every_steps: N} in the topology" in state["geomx"]["optimizer_state"]
+    assert sum("opt.state_dict(): the optimizer state is on the global servers" in r.message
+               for r in caplog.records) == 1
+    opt.load_state_dict(state)  # the note aside, torch's own dict
+    local = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model, _ = model_and_adam()
+    local = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    opt = DistributedOptimizer(local, model, kv=OneWorkerStore(TrainingSpec(server_optimizer="none")))  # type: ignore[arg-type]
+    model(torch.randn(5, 4)).sum().backward()
+    opt.step()
+    state = opt.state_dict()
+    assert "geomx" not in state and len(state["state"]) == 4  # momentum buffers, here
+
+
+def test_a_compiled_module_trains_through_the_module_it_wraps():
+    """``torch.compile(model)``: the same names as the uncompiled model (a checkpoint's keys do not depend on it),
+    one wait at the compiled module's door instead of one per layer (the compiled graph stays whole), and the same
+    weights as the uncompiled model with the optimizer on the global servers (answers landed before the forward)."""
+    finals = []
+    for compiled in (False, True):
+        model, _ = model_and_adam()
+        store = ServerSGDStore(TrainingSpec(server_optimizer="translate"))
+        net = torch.compile(model, backend="aot_eager") if compiled else model
+        opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), net, kv=store)  # type: ignore[arg-type]
+        assert opt.names == ["0.weight", "0.bias", "2.weight", "2.bias"]
+        hooked = [m for m in (net, *model.modules()) if m._forward_pre_hooks]
+        assert hooked == ([net] if compiled else [model[0], model[2]])
+        x = torch.randn(3, 5, 4)
+        for step in range(3):
+            opt.zero_grad()
+            net(x[step]).sum().backward()
+            opt.step()
+        opt.synchronize()
+        finals.append([p.detach().clone() for p in model.parameters()])
+    for got, want in zip(*finals, strict=True):
+        torch.testing.assert_close(got, want)

@@ -1,8 +1,15 @@
 """The wrapper's hooks on the model: which layer each parameter is in (its priority), what each module's forward
-waits for (P3's overlap), and a hook that copies of the model drop.
+waits for (P3's overlap), and a hook that copies of the model drop and ``torch.compile`` never traces.
+
+A model compiled with ``torch.compile`` is trained through the module it wraps (``uncompiled``): the same parameter
+names as without compiling, and one wait at the compiled module's door (run by PyTorch outside the compiled code)
+instead of one per layer, so the compiled graph stays whole. Any hook Dynamo does meet (a model compiled after it was
+wrapped, ``model.compile()``) runs eagerly: traced, the store's pulls would be compiled into the graph and land
+wrong values (measured: weights 0.02 away from the uncompiled run's after 6 steps with the optimizer on the servers).
 
 Usage (``DistributedOptimizer``'s setup)::
 
+    model, compiled = uncompiled(model)                 # compiled: the torch.compile wrapper, or None
     layers, waits = layer_of_params(model, params)     # priority -layer; waits: module -> keys
     module.register_forward_pre_hook(Hook(functools.partial(before_forward, waits[module])))
 """
@@ -12,7 +19,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from torch import nn
+from torch._dynamo.eval_frame import OptimizedModule
 
 # Modules that only hold others and never use their children's parameters themselves.
 _CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
@@ -45,19 +54,36 @@ def layer_of_params(model: nn.Module, params: list[nn.Parameter]) -> tuple[list[
     return layers, waits
 
 
+def uncompiled(model: nn.Module) -> tuple[nn.Module, nn.Module | None]:
+    """The module ``torch.compile`` wraps (``model`` itself if not compiled), and the compiled wrapper or None.
+    Usage: ``model, compiled = uncompiled(torch.compile(net))`` -> ``(net, <OptimizedModule>)``"""
+    if isinstance(model, OptimizedModule):
+        inner = model._orig_mod
+        assert isinstance(inner, nn.Module), "torch.compile wraps a module"
+        return inner, model
+    return model, None
+
+
+@torch.compiler.disable(recursive=True)
+def _eager(function: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    """``function(*args)`` outside any compiled graph (Dynamo breaks the graph here and runs it as Python)."""
+    return function(*args)
+
+
 def _detached(*args: Any) -> None:
     """What a copy of the model gets in place of a wrapper's hook: nothing."""
 
 
 class Hook:
     """A hook of the wrapper's on the model. A deepcopy (an evaluation copy, say) or a pickle of the model gets
-    ``_detached`` in its place: the copy is not wrapped, and the wrapper's store and sockets are not copied."""
+    ``_detached`` in its place: the copy is not wrapped, and the wrapper's store and sockets are not copied. Under
+    ``torch.compile`` it runs eagerly, never traced (``_eager``)."""
 
     def __init__(self, function: Callable[..., Any]) -> None:
         self.function = function
 
     def __call__(self, *args: Any) -> Any:
-        return self.function(*args)
+        return _eager(self.function, args)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Callable[..., None]:
         return _detached

@@ -44,7 +44,7 @@ from ..kv import KVStore, create
 from ..runs.runlog import file_name
 from .amp import grad_scaler_skips
 from .checkpoint import WorkerCheckpoints
-from .hooks import Hook, layer_of_params
+from .hooks import Hook, layer_of_params, uncompiled
 from .join import UnevenLoops
 from .metrics import StepRecorder, TensorBoardSink
 from .plan import Plan, Strategy, make_plan
@@ -80,7 +80,10 @@ class DistributedOptimizer:
         self.optimizer = optimizer
         # a script's own DDP (collective parties): the wrapper works on the module it wraps, and the strategy
         # says whether DDP or geomx averages the party's gradients (geomx.collective.ddp)
-        model, self.ddp = unwrap(model)
+        model, compiled = uncompiled(model)  # torch.compile(model) or torch.compile(DDP(model)): trained through
+        model, self.ddp = unwrap(model)  # the module it wraps (the same names as uncompiled; geomx.torch.hooks)
+        if compiled is None:
+            model, compiled = uncompiled(model)  # DDP(torch.compile(model))
         self.model = model
         refusal = fsdp1_refusal(model)
         if refusal is not None:  # before the job is joined: its flat parameters are shards that look whole
@@ -100,6 +103,8 @@ class DistributedOptimizer:
                 trained.add(id(p))
         self.trained = [k for k, p in enumerate(self.params) if id(p) in trained and p.requires_grad]
         layers, waits = layer_of_params(model, self.params)
+        if compiled is not None:  # one wait at the compiled module's door, outside its graph: the graph stays whole
+            waits = {compiled: list(range(len(self.params)))}
         # training.priorities false: one priority for all, FIFO in the order sent (the bench's P3 control)
         self.priority = [-layer for layer in layers] if config.topology.training.priorities else [0] * len(layers)
         deepest = max(layers, default=0)
@@ -115,6 +120,8 @@ class DistributedOptimizer:
         self._forward_started = False
         self._accumulating = False  # inside ``no_sync()``: backward's gradients stay in .grad
         self._averaged = False  # ``average_gradients`` ran this step: the step's gradients are final
+        self._got: set[int] = set()  # keys whose gradient backward made this step (outside ``no_sync()``)
+        self._sent: dict[int, tuple[torch.Tensor, int]] = {}  # key -> the .grad its hook sent, and its version then
         self._skip_update = False  # this step's gradients are not finite under a GradScaler: no update
         self._joins: UnevenLoops | None = None  # uneven loops in a collective party: made at the first ``join()``
         collective = config.topology.is_collective(config.party)
@@ -155,10 +162,9 @@ class DistributedOptimizer:
         self.recorder = StepRecorder(self.kv, config.topology.training.metrics_every, sink)
         self.kv.record(step=0, elapsed_s=0.0, plan=self.plan.describe())  # which algorithm this run used
         self._handles: list[Any] = []
-        if self.strategy.pushes_gradients:
-            for key in self.trained:
-                hook = Hook(functools.partial(self._on_gradient, key))
-                self._handles.append(self.params[key].register_post_accumulate_grad_hook(hook))
+        for key in self.trained:  # every plan: a second backward is refused alike (pushed or not)
+            hook = Hook(functools.partial(self._on_gradient, key))
+            self._handles.append(self.params[key].register_post_accumulate_grad_hook(hook))
         for module, keys in waits.items():
             hook = Hook(functools.partial(self._before_forward, keys))
             self._handles.append(module.register_forward_pre_hook(hook))
@@ -237,12 +243,39 @@ class DistributedOptimizer:
         if self._averaged:
             raise RuntimeError(f"parameter {self.names[key]!r} got a gradient after average_gradients() and before "
                                "step(): the step's gradients were final; call backward before average_gradients()")
-        if key in self.pushed:
-            raise RuntimeError(f"parameter {self.names[key]!r} got a second gradient before step(): geomx pushes "
-                               "each gradient as backward produces it, so call step() after every backward")
+        if key in self._got:  # refused under every plan, so that a loop runs under any the topology names
+            raise RuntimeError(f"parameter {self.names[key]!r} got a second gradient before step(): for gradient "
+                               "accumulation use `with opt.no_sync():` for the first backwards (as with DDP), then "
+                               "the last backward and step(); otherwise call step() after every backward")
+        self._got.add(key)
+        if not self.strategy.pushes_gradients:
+            return  # this plan sends nothing from backward (local SGD's inner steps): step() applies .grad as it is
         self.await_keys([key])  # a parameter the last forward did not use may still be on its way
         assert param.grad is not None
         self.strategy.on_gradient(key, param.grad)
+        if self.ddp is None:  # (the script's DDP copies its buckets back into .grad after backward)
+            self._sent[key] = (param.grad, param.grad._version)  # a change after this is lost: step() refuses it
+
+    def _refuse_changed_gradients(self, call: str) -> None:
+        """RuntimeError if a gradient backward's hook sent has changed since (clipped, scaled or replaced between
+        backward and ``call``): the algorithm applies what was sent, so the change would be lost without a word.
+        The gradient's version counter tells (every in-place change bumps it)."""
+        changed = [key for key, (grad, version) in self._sent.items()
+                   if self.params[key].grad is not grad or grad._version != version]
+        self._sent.clear()
+        if not changed:
+            return
+        which = repr(self.names[changed[0]]) + (f" and {len(changed) - 1} more" if len(changed) > 1 else "")
+        if self.plan.mode is Strategy.SERVER:
+            why = ("to the global servers, which run the optimizer on them as sent: the change (a clip, a scaling) "
+                   "would be lost. Set training.server_optimizer: none (the optimizer on every worker) and call "
+                   "opt.average_gradients() before changing the gradients, or use HFA")
+        else:
+            why = ("to be averaged: step() would apply the average of what was sent, and the change (a clip, a "
+                   "scaling) would be lost. Call opt.average_gradients() after backward and before changing the "
+                   "gradients: it makes every .grad the gradient step() applies, as DDP leaves it after backward")
+        raise RuntimeError(f"{self.kv.name}: the gradient of {which} changed between backward and {call}, after "
+                           f"backward's hooks had sent it {why}")
 
     def push_gradients(self) -> None:
         """Push every trained parameter's ``.grad`` now, deepest layer first, as backward's hooks would: for a loop
@@ -286,6 +319,35 @@ class DistributedOptimizer:
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
+    def state_dict(self) -> dict[str, Any]:
+        """The wrapped optimizer's ``state_dict()``. Where the optimizer state lives elsewhere (on the global servers:
+        the wrapped optimizer never steps, so its ``state`` is empty; or an outer optimizer's, under HFA), the dict
+        says so under ``"geomx"`` (and a warning, once), so that a checkpoint of the script's own is not silently
+        without it. ``load_state_dict`` takes the dict back. Usage: ``torch.save(opt.state_dict(), path)``"""
+        state = self.optimizer.state_dict()
+        where = self._optimizer_state_elsewhere()
+        if where is not None:
+            self.warn_once("state_dict", f"opt.state_dict(): {where}")
+            state["geomx"] = {"optimizer_state": where}
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """The wrapped optimizer's ``load_state_dict``, of a dict ``state_dict()`` made (its ``"geomx"`` note aside)."""
+        self.optimizer.load_state_dict({k: v for k, v in state_dict.items() if k != "geomx"})
+
+    def _optimizer_state_elsewhere(self) -> str | None:
+        """Where the optimizer state lives when it is not (all) in the wrapped optimizer, in words; None if it is."""
+        server = self.plan.server_optimizer
+        if server is None:
+            return None
+        checkpoint = ("the job's checkpoints hold it (checkpoint: {dir: ..., every_steps: N} in the topology; "
+                      "geomx launch --resume)")
+        if self.plan.mode is Strategy.SERVER:
+            return (f"the optimizer state is on the global servers ({server.name}, which run the optimizer), not in "
+                    f"this dict, whose 'state' stays empty (the wrapped optimizer never steps here): {checkpoint}")
+        return (f"this dict holds the inner optimizer's state; the outer optimizer's ({server.name}) is on the "
+                f"global servers: {checkpoint}")
+
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """One training step under the configured algorithm; returns ``closure()``'s loss if given."""
         if self._closed:
@@ -298,10 +360,12 @@ class DistributedOptimizer:
             self._joins.count(training=True)
         grads = (g for g in (self.params[key].grad for key in self.trained) if g is not None)  # read if scaled
         self._skip_update = grad_scaler_skips(self.__dict__, grads, self._averaged)  # a GradScaler's call
+        self._refuse_changed_gradients("step()")  # (after average_gradients() nothing was recorded)
         self._step_taken = False
         self.strategy.step()
         self.updated()  # (a strategy that sends its model called it before the send)
         self._averaged = False
+        self._got.clear()
         self._forward_started = False
         self.steps_done += 1
         self.recorder.step()
@@ -338,6 +402,7 @@ class DistributedOptimizer:
         Usage: ``loss.backward(); opt.average_gradients(); clip_grad_norm_(model.parameters(), 1.0); opt.step()``"""
         if self._closed:
             raise RuntimeError("this DistributedOptimizer is closed")
+        self._refuse_changed_gradients("average_gradients()")
         self.strategy.average_gradients()
         self._averaged = True
 
