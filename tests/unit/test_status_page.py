@@ -308,3 +308,42 @@ def test_ssp_staleness_from_the_global_servers_answers():
             found[("geomx_staleness_rounds_bucket", "2")], found[("geomx_staleness_rounds_bucket", "+Inf")]) == \
         (6, 6, 10, 10)
     assert found[("geomx_staleness_rounds_sum", None)] == 8
+
+
+def test_a_pulse_reports_its_counters_and_notes_and_relays_its_partys_members_upward_only():
+    """What a node's heartbeats carry: its van's byte counters, the step and busy share noted (busy kept in 0..1),
+    and a local server's relay of its party's members to every scheduler but the one that sent it."""
+    from geomx.cluster.heartbeat import Pulse
+    from geomx.config import Timeouts
+    from geomx.protocol.wire import Kind, Message
+    from geomx.transport.counters import LAN, WAN, ByteCounters
+
+    class FakeVan:
+        name, identity = "dc1/server", "dc1/server/1"
+
+        def __init__(self) -> None:
+            self.counters = ByteCounters()
+            self.sent: list[tuple[str, Message]] = []
+
+        def send(self, peer: str, message: Message) -> None:
+            self.sent.append((peer, message))
+
+    van = FakeVan()
+    van.counters.add("gs", WAN, "sent", 700)
+    van.counters.add("w0", LAN, "recv", 300)
+    pulse = Pulse(van, requests=None, timeouts=Timeouts(heartbeat_s=120.0, heartbeat_interval_s=60.0))  # type: ignore[arg-type]
+    try:
+        pulse.watch("dc1/scheduler")
+        pulse.watch("global_scheduler")
+        pulse.note(step=12, busy=1.7)
+        relay = {"dc1/worker0": {"role": "worker", "state": "training", "step": 9}}
+        answer = Message(Kind.HEARTBEAT, body={"dead": {}, "party": relay}).reply(body={"dead": {}, "party": relay})
+        answer.sender = b"dc1/scheduler"
+        assert pulse(answer)
+        up, back = pulse.report("global_scheduler"), pulse.report("dc1/scheduler")
+        assert (up.wan_sent, up.lan_recv, up.step, up.busy) == (700, 300, 12, 1.0)
+        assert up.party == relay and back.party is None
+        beats = [decode_body(HeartbeatBody, m.body) for _, m in van.sent if m.kind is Kind.HEARTBEAT]
+        assert beats and all(b.wan_sent == 700 for b in beats)  # every heartbeat carries the report
+    finally:
+        pulse.stop()

@@ -65,6 +65,7 @@ class Pulse:
         self._stopped_self = False
         self._notes: dict[str, int | float] = {}  # step, busy: what the node's owner last noted
         self._party: dict[str, dict[str, Any]] = {}  # a local server: its party's members, from its scheduler
+        self._party_from: str | None = None  # ... that scheduler (never sent back to it)
         self._rounds: tuple[list[int], float] | None = None  # a server: its rounds' durations (counts, sum)
         self._leads: dict[str, dict[str, int]] = {}  # a server: its answers per client, by rounds ahead
         self._stop = threading.Event()
@@ -106,15 +107,17 @@ class Pulse:
         if leads is not None:
             self._leads = leads
 
-    def report(self) -> HeartbeatBody:
-        """This node's report, as its next heartbeat carries it."""
+    def report(self, to: str | None = None) -> HeartbeatBody:
+        """This node's report, as its next heartbeat to scheduler ``to`` carries it (the party relay goes to every
+        scheduler but the one it came from)."""
         counts = self._van.counters.snapshot()
         notes, rounds = dict(self._notes), self._rounds
         step, busy = notes.get("step"), notes.get("busy")
         return HeartbeatBody(lan_sent=int(counts["lan"]["sent"]), lan_recv=int(counts["lan"]["recv"]),
                              wan_sent=int(counts["wan"]["sent"]), wan_recv=int(counts["wan"]["recv"]),
                              step=int(step) if step is not None else None,
-                             busy=float(busy) if busy is not None else None, party=self._party or None,
+                             busy=float(busy) if busy is not None else None,
+                             party=(self._party or None) if to != self._party_from else None,
                              round_counts=rounds[0] if rounds else None, round_seconds=rounds[1] if rounds else None,
                              leads=self._leads or None)
 
@@ -133,7 +136,7 @@ class Pulse:
         dead = (message.body or {}).get("dead", {})
         party = (message.body or {}).get("party")
         if isinstance(party, dict):  # a party scheduler's view of its members, relayed to the global scheduler
-            self._party = party
+            self._party, self._party_from = party, sender
         with self._lock:
             self._targets[sender] = time.monotonic()
             if isinstance(dead, dict):
@@ -144,7 +147,8 @@ class Pulse:
         return True
 
     def _beat(self, scheduler_id: str) -> None:
-        self._van.send(scheduler_id, Message(Kind.HEARTBEAT, priority=PRIORITY, body=encode_body(self.report())))
+        body = encode_body(self.report(scheduler_id))
+        self._van.send(scheduler_id, Message(Kind.HEARTBEAT, priority=PRIORITY, body=body))
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval):
