@@ -56,10 +56,6 @@ def _as_list(value: Any) -> list[Any]:
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
-def _takes_nothing(message: Message) -> bool:
-    return False
-
-
 class KVStore:
     """A worker's connection to its party's local server (or, in flat mode, to the global servers)."""
 
@@ -78,7 +74,7 @@ class KVStore:
         self._van = Van(identity, config.party, config.topology, self._on_message, bind_host=config.bind_host,
                         name=f"{config.party}/worker")
         self._requests = Requests(self._van)
-        self._handles = _takes_nothing  # the push route's message hook, once joined (messages may come before)
+        self._handles: Callable[[Message], bool] = lambda _message: False  # the push route's hook, once joined
         self.ranks: PartyRanks | None = None  # a collective party's rank, once joined (geomx.worker.ranks)
         self._van.start()
         # flat, or a collective party's rank: the global servers under the global scheduler; HiPS: the party's
@@ -338,7 +334,7 @@ class KVStore:
         the process exits at once with its error, the launcher stops the job, and no shutdown round waits for
         workers that will never join it.
         """
-        self._exit_hook = functools.partial(_close_at_exit, self)
+        self._exit_hook = lambda: self.close(crashed=hasattr(sys, "last_value"))  # (set after an uncaught error)
         atexit.register(self._exit_hook)
 
     def close(self, crashed: bool = False) -> None:
@@ -384,11 +380,6 @@ def _refuse_in_collective(store: KVStore, what: str) -> None:
         raise RuntimeError(f"kv.{what} in a lan: collective party: the kvstore API keeps GeoMX's semantics in "
                            "parties with a local server; a collective party trains through "
                            "geomx.torch.DistributedOptimizer")
-
-
-def _close_at_exit(store: KVStore) -> None:
-    """``KVStore.close_at_exit``'s hook: after an uncaught exception the interpreter has set ``sys.last_value``."""
-    store.close(crashed=hasattr(sys, "last_value"))
 
 
 def create(kind: str = "dist_sync", config: NodeConfig | None = None, *, close_at_exit: bool = True) -> KVStore:

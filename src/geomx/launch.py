@@ -17,9 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -30,7 +28,9 @@ from typing import IO, Any
 
 from .cluster.addresses import announce_when_listening as announce_tier
 from .cluster.addresses import claim
+from .cluster.ports import PortReservations, free_port
 from .cluster.processes import KILL_WAIT_S, STOP_GRACE_S, alive, descendants, die_with_parent, signal_tree
+from .cluster.processes import job_processes as job_processes  # (where fault injection has always found it)
 from .cluster.status_page import announce_when_listening
 from .config import (
     ConfigError,
@@ -44,7 +44,7 @@ from .config import (
     job_training,
     node_env,
 )
-from .runs.summary import summarize
+from .runs.summary import summarize, summary_text
 from .server.compose import check_plugins
 
 # Environment defaults for every launched process (the user's environment wins):
@@ -81,82 +81,6 @@ class LaunchResult:
     failed: str | None
     summary: dict[str, Any] = field(default_factory=dict)
     exit_codes: dict[str, int] = field(default_factory=dict)  # label -> return code (-N: ended by signal N)
-
-
-def _ephemeral_low() -> int:
-    """The lowest port the kernel hands out for bind(0) and outgoing connections (Linux; the usual default else)."""
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
-class PortReservations:
-    """Ports picked for this job's schedulers, each held by a bound, never listening socket until closed.
-
-    A port that is picked, released and bound later by the scheduler can be taken by anyone in between (seen
-    with two test suites at once: a scheduler exited with "Address already in use"). Held here instead, any
-    other pick (a plain bind, as :meth:`take` does) is refused the port, while the scheduler's own bind
-    succeeds: ZeroMQ sets SO_REUSEADDR, and Linux lets sockets that all set it share a port as long as at most
-    one of them listens. Ports are picked below the kernel's ephemeral range: a port from bind(0) lies *in*
-    that range, where any process's outgoing connection may take it. Falls back to bind(0) if the low ports
-    are all taken.
-
-    Usage::
-
-        with PortReservations("127.0.0.1") as ports:
-            scheduler = f"127.0.0.1:{ports.take()}"
-            ...  # start the scheduler and run the job; the port is released at the end
-    """
-
-    def __init__(self, host: str = "127.0.0.1") -> None:
-        self.host = host
-        self._held: list[socket.socket] = []
-
-    def take(self) -> int:
-        """A port nobody else holds, reserved until :meth:`close`."""
-        low = _ephemeral_low()
-        pick = random.SystemRandom()
-        for port in [pick.randrange(10_000, low) for _ in range(64)] if low > 11_000 else []:
-            with contextlib.suppress(OSError):
-                return self._hold(port)
-        return self._hold(0)
-
-    def hold(self, port: int) -> int:
-        """``port`` itself, reserved until :meth:`close`; OSError if anyone else holds or uses it."""
-        return self._hold(port)
-
-    def _hold(self, port: int) -> int:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        try:
-            sock.bind((self.host, port))  # without SO_REUSEADDR: refused if anyone holds or uses the port
-        except OSError:
-            sock.close()
-            raise
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # after the bind: lets the scheduler bind
-        self._held.append(sock)
-        return int(sock.getsockname()[1])
-
-    def close(self) -> None:
-        """Release every held port (a scheduler already listening on one keeps it)."""
-        for sock in self._held:
-            sock.close()
-        self._held.clear()
-
-    def __enter__(self) -> PortReservations:
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self.close()
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port the OS says is free now, released at once: for a caller that cannot hold it.
-
-    Prefer :class:`PortReservations` where the caller lives as long as the process that will bind the port.
-    """
-    with PortReservations(host) as ports:
-        return ports.take()
 
 
 def plan_processes(topology: Topology, topology_path: Path, command: list[str], run_dir: Path, *,
@@ -382,66 +306,9 @@ class Launcher:
         return result
 
 
-def _status(result: LaunchResult) -> str:
-    if result.exit_code == 0:
-        return "ok"
-    if result.failed is None:
-        return "interrupted"
-    return f"FAILED ({result.failed})"
-
-
-def _traffic_lines(s: dict[str, Any]) -> list[str]:
-    """The LAN and WAN lines: the stats files' totals (``runs.summary.traffic``), "unknown" where no process wrote
-    its counters, and the processes whose count is the last one taken while they ran (the job did not end cleanly)."""
-    if s.get("wan_bytes") is None:
-        unknown = "unknown (no process wrote its counters)"
-        return [f"LAN traffic   : {unknown}", f"WAN traffic   : {unknown}"]
-    per_party = ", ".join(f"{k} {v / 1e6:.2f} MB" for k, v in s.get("wan_bytes_sent_by_party", {}).items())
-    lines = [f"LAN traffic   : {s['lan_bytes'] / 1e6:.2f} MB",
-             f"WAN traffic   : {s['wan_bytes'] / 1e6:.2f} MB  (sent per party: {per_party})"]
-    if s.get("not_final"):
-        lines.append(f"counted until : their last count for {', '.join(s['not_final'])} (stopped before a clean "
-                     "exit): at least these")
-    return lines
-
-
 def format_summary(result: LaunchResult) -> str:
-    s = result.summary
-    lines = ["", "=== geomx run summary ===",
-             f"status        : {_status(result)}",
-             f"wall time     : {result.wall_s:.1f} s",
-             *_traffic_lines(s)]
-    for party in s.get("wan_bytes_sent_by_party", {}):  # a collective party: one WAN stream per rank
-        streams = {name.split("/", 1)[1]: sent for name, sent in s.get("wan_bytes_sent_by_process", {}).items()
-                   if name.startswith(f"{party}/")}
-        if len(streams) > 1:
-            shown = ", ".join(f"{name} {sent / 1e6:.2f} MB" for name, sent in sorted(streams.items()))
-            lines.append(f"WAN streams   : {party} {len(streams)} ({shown})")
-    for name, record in s.get("last_metrics", {}).items():
-        shown = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items()
-                          if k != "time")
-        lines.append(f"{name:<14}: {shown}")
-    return "\n".join(lines)
-
-
-def job_processes(run_dirs: set[str]) -> dict[int, dict[str, str]]:
-    """pid -> the GEOMX_* environment of every live process launched into one of ``run_dirs`` (Linux /proc).
-
-    How fault injection, the fuzzer and the soak find a job's processes (e.g. to SIGKILL a party).
-    Usage: ``[pid for pid, env in job_processes({str(run_dir)}).items() if env["GEOMX_PARTY"] == "dc1"]``.
-    """
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            pairs = (item.split("=", 1) for item in (entry / "environ").read_text().split("\0") if "=" in item)
-            env = {key: value for key, value in pairs if key.startswith("GEOMX_")}
-        except (OSError, UnicodeDecodeError):
-            continue
-        if env.get("GEOMX_RUN_DIR") in run_dirs:
-            found[int(entry.name)] = env
-    return found
+    """The summary a launch prints (``geomx.runs.summary.summary_text``)."""
+    return summary_text(result.exit_code, result.failed, result.wall_s, result.summary)
 
 
 def reserve_status_page(topology: Topology, specs: list[ProcessSpec], host: str,

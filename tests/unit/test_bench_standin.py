@@ -117,8 +117,7 @@ def test_periodic_strategies_step_through_the_seam() -> None:
     from geomx.algorithms.hfa.strategy import PeriodicAverage
 
     calls: list[str] = []
-    loop = SimpleNamespace(synchronize=lambda: calls.append("sync"), update=lambda: calls.append("optimizer"),
-                           updated=lambda: None)
+    loop = SimpleNamespace(synchronize=lambda: calls.append("sync"), update=lambda: calls.append("optimizer"))
     strategy = PeriodicAverage(loop, k1=3)  # type: ignore[arg-type]
     strategy.step()
     assert calls == ["sync", "optimizer"]

@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from geomx.config import CheckpointSpec, topology_from_dict
-from geomx.core.checkpoints import MODEL, SUMS, checkpoint_if_due, plan_settings, restore_optimizer, resume, values_of
+from geomx.config import CheckpointSpec, plan_settings, topology_from_dict
+from geomx.core.checkpoints import MODEL, SUMS, checkpoint_if_due, restore_optimizer, resume, values_of
 from geomx.core.rounds import SliceValue
 from geomx.core.strategy import STEP_KEY
 from geomx.protocol.wire import Kind

@@ -80,9 +80,6 @@ class Loop:
     def update(self) -> None:
         self.optimizer.step()
 
-    def updated(self) -> None:
-        """(no checkpoints here)"""
-
     def backward(self, *grads: list[float]) -> None:
         for param, grad in zip(self.params, grads, strict=True):
             param.grad = torch.tensor(grad)

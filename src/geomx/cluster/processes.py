@@ -194,3 +194,23 @@ def die_with_parent() -> Callable[[], None] | None:
             os._exit(143)
 
     return arm
+
+
+def job_processes(run_dirs: set[str]) -> dict[int, dict[str, str]]:
+    """pid -> the GEOMX_* environment of every live process launched into one of ``run_dirs`` (Linux /proc).
+
+    How fault injection, the fuzzer and the soak find a job's processes (e.g. to SIGKILL a party).
+    Usage: ``[pid for pid, env in job_processes({str(run_dir)}).items() if env["GEOMX_PARTY"] == "dc1"]``.
+    """
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            pairs = (item.split("=", 1) for item in (entry / "environ").read_text().split("\0") if "=" in item)
+            env = {key: value for key, value in pairs if key.startswith("GEOMX_")}
+        except (OSError, UnicodeDecodeError):
+            continue
+        if env.get("GEOMX_RUN_DIR") in run_dirs:
+            found[int(entry.name)] = env
+    return found

@@ -17,6 +17,7 @@ from __future__ import annotations
 from .env import ENV_ALIASES, job_status, job_topology, job_training, node_config, node_config_from_env, node_env
 from .errors import ConfigError
 from .fields import named
+from .settings import plan_settings, settings_difference
 from .specs import (
     OUTAGE_ORIGINS,
     CheckpointSpec,
@@ -74,6 +75,8 @@ __all__ = [
     "node_env",
     "parse_bandwidth",
     "parse_duration",
+    "plan_settings",
+    "settings_difference",
     "topology_from_dict",
     "topology_to_dict",
 ]

@@ -19,44 +19,19 @@ Usage (inside a global server)::
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from typing import Any
 
 import numpy as np
 
-from ..config import CheckpointSpec, Topology
+from ..config import CheckpointSpec, settings_difference
 from ..optim import Optimizer
 from ..protocol.wire import Kind, SliceId
 from ..runs.checkpoint import MODEL, SUMS, CheckpointWriter, Snapshot, load_latest, shard_dir
 from .rounds import RoundTable, SliceValue
 from .strategy import STEP_KEY
 
-__all__ = ["MODEL", "SUMS", "checkpoint_if_due", "plan_settings", "restore_optimizer", "resume", "settings_difference",
-           "values_of"]
-
-
-def plan_settings(topology: Topology) -> dict[str, Any]:
-    """The training settings a checkpoint records and a resumed job must share: what the servers' values mean
-    and how the optimizer state goes on (the sync policy, the server optimizer, the WAN codec, HFA, ESync, P3).
-    Usage: ``plan_settings(config.topology)["sync"]`` -> ``"dist_sync"``"""
-    training = topology.training
-    return {"mode": topology.mode.value, "sync": training.sync,
-            "server_optimizer": training.server_optimizer,
-            "server_optimizer_params": {name: value for name, value in training.server_optimizer_params},
-            "compression": training.compression,
-            "hfa": dataclasses.asdict(topology.hfa) if topology.hfa is not None else None,
-            "esync": training.esync, "p3": training.p3}
-
-
-def settings_difference(saved: dict[str, Any], current: dict[str, Any]) -> str | None:
-    """What differs between a checkpoint's settings and this job's, named (None: nothing; an older checkpoint that
-    recorded none is taken as it is)."""
-    if not saved:
-        return None
-    changed = [f"{name}: the checkpoint's {saved.get(name)!r}, this job's {current.get(name)!r}"
-               for name in sorted(set(saved) | set(current)) if saved.get(name) != current.get(name)]
-    return "; ".join(changed) or None
+__all__ = ["MODEL", "SUMS", "checkpoint_if_due", "restore_optimizer", "resume", "values_of"]
 
 log = logging.getLogger("geomx.server")
 

@@ -60,12 +60,9 @@ class Loop(Protocol):
 
     def update(self) -> None:
         """The wrapped optimizer's step on ``.grad``, unless a GradScaler found them not finite this step (then the
-        update is skipped, and the algorithm's schedule goes on as if it had run)."""
-
-    def updated(self) -> None:
-        """This step's own state is final (after ``update``): the worker's checkpoint of it may be taken now. A
-        strategy that sends its model calls it before the send, so a global round never completes before every
-        worker's checkpoint of it exists; the wrapper calls it after ``step`` for the others."""
+        update is skipped, and the algorithm's schedule goes on as if it had run). This step's own state is then
+        final: the worker's checkpoint of it is written here when due, before anything the strategy sends next (so
+        the global servers never complete a round whose workers' checkpoints are missing)."""
 
 
 class WorkerStrategy:

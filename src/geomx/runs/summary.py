@@ -52,3 +52,46 @@ def summarize(run_dir: Path, wall_s: float) -> dict[str, Any]:
     metrics = read_metrics(run_dir)
     last = {name: records[-1] for name, records in metrics.items() if records}
     return {"wall_s": wall_s, **traffic(read_stats(run_dir)), "last_metrics": last}
+
+
+def _status(exit_code: int, failed: str | None) -> str:
+    if exit_code == 0:
+        return "ok"
+    if failed is None:
+        return "interrupted"
+    return f"FAILED ({failed})"
+
+
+def _traffic_lines(s: dict[str, Any]) -> list[str]:
+    """The LAN and WAN lines: the stats files' totals (``runs.summary.traffic``), "unknown" where no process wrote
+    its counters, and the processes whose count is the last one taken while they ran (the job did not end cleanly)."""
+    if s.get("wan_bytes") is None:
+        unknown = "unknown (no process wrote its counters)"
+        return [f"LAN traffic   : {unknown}", f"WAN traffic   : {unknown}"]
+    per_party = ", ".join(f"{k} {v / 1e6:.2f} MB" for k, v in s.get("wan_bytes_sent_by_party", {}).items())
+    lines = [f"LAN traffic   : {s['lan_bytes'] / 1e6:.2f} MB",
+             f"WAN traffic   : {s['wan_bytes'] / 1e6:.2f} MB  (sent per party: {per_party})"]
+    if s.get("not_final"):
+        lines.append(f"counted until : their last count for {', '.join(s['not_final'])} (stopped before a clean "
+                     "exit): at least these")
+    return lines
+
+
+def summary_text(exit_code: int, failed: str | None, wall_s: float, s: dict[str, Any]) -> str:
+    """What ``geomx launch`` prints at the end: status, wall time, traffic, each party's WAN streams and the workers'
+    last metrics (``s``: ``summarize``'s). Usage: ``print(summary_text(0, None, 35.3, summarize(run_dir, 35.3)))``"""
+    lines = ["", "=== geomx run summary ===",
+             f"status        : {_status(exit_code, failed)}",
+             f"wall time     : {wall_s:.1f} s",
+             *_traffic_lines(s)]
+    for party in s.get("wan_bytes_sent_by_party", {}):  # a collective party: one WAN stream per rank
+        streams = {name.split("/", 1)[1]: sent for name, sent in s.get("wan_bytes_sent_by_process", {}).items()
+                   if name.startswith(f"{party}/")}
+        if len(streams) > 1:
+            shown = ", ".join(f"{name} {sent / 1e6:.2f} MB" for name, sent in sorted(streams.items()))
+            lines.append(f"WAN streams   : {party} {len(streams)} ({shown})")
+    for name, record in s.get("last_metrics", {}).items():
+        shown = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items()
+                          if k != "time")
+        lines.append(f"{name:<14}: {shown}")
+    return "\n".join(lines)

@@ -33,8 +33,8 @@ from ..cluster.membership import GLOBAL_SCHEDULER_ID, Tier, is_not_scheduler, jo
 from ..codecs import Codec, CodecError, TensorInfo, default_registry
 from ..codecs.base import Direction, TensorKind
 from ..codecs.messages import decode_message, payload_fields
-from ..config import Mode, NodeConfig, Role
-from ..core.checkpoints import plan_settings, restore_optimizer, resume, values_of
+from ..config import Mode, NodeConfig, Role, plan_settings
+from ..core.checkpoints import restore_optimizer, resume, values_of
 from ..core.clients import Clients, collective_client
 from ..core.early import EarlyAnswers
 from ..core.inits import Inits

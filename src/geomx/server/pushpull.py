@@ -23,9 +23,9 @@ import numpy as np
 from ..codecs import CodecError
 from ..codecs.base import TensorKind
 from ..codecs.messages import decode_message, payload_fields
-from ..config import Mode
+from ..config import Mode, plan_settings
 from ..core.capabilities import all_answer_plain_sums
-from ..core.checkpoints import MODEL, SUMS, checkpoint_if_due, plan_settings
+from ..core.checkpoints import MODEL, SUMS, checkpoint_if_due
 from ..core.early import send_early
 from ..core.inits import value_mismatch
 from ..core.plugins import Answer, AwaitAnswer, SendUp, SendUpAndAnswer, SliceId

@@ -14,12 +14,16 @@ and every worker starts from it; the step it INITs under ``STEP_KEY`` tells ever
 checkpoints to take the optimizer state from (a worker without that one is refused by name). A checkpoint of
 another model or other training settings is refused naming the difference.
 
+Under HFA the global servers hold the global model and the outer optimizer's state; each worker writes its inner
+optimizer's state (and the model's buffers) at the steps of the servers' checkpoints (every ``every_steps`` global
+rounds: K1 x K2 steps each), and a resumed worker takes the global model from INIT, its step from the servers'
+completed rounds, and that step's state from its own checkpoint.
+
 Usage (inside the wrapper)::
 
-    mine = WorkerCheckpoints(spec, rank=0, settings=plan_settings(topology))
-    mine.maybe_write(step, model, optimizer)           # after every step
-    step = mine.newest()                               # --resume: the master's choice
-    mine.load(step, model, optimizer)                  # every worker, that step
+    opt.checkpoints = worker_checkpoints(opt, config, sharded=False)   # None where the servers hold it all
+    opt.start_step = init_from_checkpoints(opt, config)                # INIT the model, resumed or fresh
+    opt.checkpoints.maybe_write(step, model, optimizer)                # after every optimizer step
 """
 
 from __future__ import annotations
@@ -28,14 +32,15 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
-from ..config import CheckpointSpec, ConfigError
-from ..core.checkpoints import settings_difference
+from ..config import CheckpointSpec, ConfigError, NodeConfig, plan_settings, settings_difference
+from ..core.strategy import STEP_KEY, WorkerStrategy
 from ..runs.checkpoint import CheckpointError, manifests, sha256, write_atomically
+from .plan import Plan, Strategy
 
 log = logging.getLogger("geomx.torch")
 
@@ -158,3 +163,63 @@ class WorkerCheckpoints:
         optimizer.load_state_dict(saved["optimizer"])
         log.info("resumed this worker's %s from %s", "model and optimizer state" if self.with_model
                  else "optimizer state and buffers", source)
+
+
+class Resumable(Protocol):
+    """What resuming needs of the wrapper (``geomx.torch.DistributedOptimizer``)."""
+
+    kv: Any
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    params: list[nn.Parameter]
+    strategy: WorkerStrategy
+    plan: Plan
+    checkpoints: WorkerCheckpoints | None
+
+
+def worker_checkpoints(loop: Resumable, config: NodeConfig, sharded: bool) -> WorkerCheckpoints | None:
+    """This worker's own checkpoints, where its optimizer steps: the model and the optimizer state where the global
+    servers hold gradient sums (FSA with the optimizer on the workers), the optimizer state where they hold the
+    global model (HFA's inner optimizer); None where the optimizer runs on the global servers (their checkpoints
+    hold it; the wrapped optimizer never steps), or without checkpoint.dir."""
+    spec = config.topology.checkpoint
+    if spec.dir is None or loop.plan.mode is Strategy.SERVER:
+        return None
+    per_round = loop.strategy.steps_of(1)
+    if per_round is None:
+        if loop.kv.is_master_worker:
+            log.warning("geomx.torch: under %s the global servers' checkpoints hold the global model, but the step "
+                        "and the workers' optimizer state are not checkpointed yet: a resumed job's loop starts at "
+                        "step 0 and its optimizer afresh", loop.plan.describe())
+        return None
+    if sharded:
+        raise ConfigError(f"party {config.party}: checkpoints of a model sharded by FSDP2 with its optimizer on the "
+                          "ranks are not written yet (each rank's shards would need one): set "
+                          "training.server_optimizer: translate under FSA, or no checkpoint.dir")
+    return WorkerCheckpoints(spec, loop.kv.global_rank, plan_settings(config.topology),
+                             every=spec.every_steps * per_round, with_model=loop.strategy.keeps_model)
+
+
+def init_from_checkpoints(loop: Resumable, config: NodeConfig) -> int:
+    """INIT the model's keys (the master's values win) and return the step the job starts at: 0 on a fresh start;
+    on ``--resume`` the checkpoint's, with every worker's model and optimizer state restored (module docstring).
+    The step travels under ``STEP_KEY`` where the global servers' rounds tell steps (not under ESync or streaming)."""
+    mine = loop.checkpoints
+    keeps_model = loop.strategy.keeps_model
+    master = loop.kv.is_master_worker
+    resumed = None  # the master's own checkpoint's step, where the workers hold the model
+    if config.resume and mine is not None and keeps_model and master:
+        resumed = mine.newest()  # its model is what the master INITs: every worker's start
+        mine.load(resumed, loop.model, loop.optimizer)
+    loop.kv.init(list(range(len(loop.params))), [p.data for p in loop.params])
+    if config.topology.checkpoint.dir is None or loop.strategy.steps_of(1) is None:
+        return 0
+    told = torch.tensor([float(resumed or 0)], dtype=torch.float64)
+    loop.kv.init(STEP_KEY, told)  # the master's step, or a resumed global server's completed rounds
+    step = int(told.item()) if keeps_model else loop.strategy.steps_of(int(told.item()))
+    assert step is not None, "checked above: the strategy tells steps from rounds"
+    if config.resume and mine is not None and not (keeps_model and master):
+        mine.load(step, loop.model, loop.optimizer)  # the optimizer state (and the model where it is the workers')
+    if config.resume and master:
+        log.info("geomx.torch: the job resumes at step %d", step)
+    return step

@@ -38,12 +38,11 @@ from ..algorithms.registry import strategy_class
 from ..collective.ddp import check_group, unwrap
 from ..collective.fsdp import fsdp1_refusal, fsdp_shards, is_sharded
 from ..config import ConfigError, NodeConfig, node_config
-from ..core.checkpoints import plan_settings
-from ..core.strategy import SIGNATURE_KEY, STEP_KEY, WorkerStrategy
+from ..core.strategy import SIGNATURE_KEY, WorkerStrategy
 from ..kv import KVStore, create
 from ..runs.runlog import file_name
 from .amp import grad_scaler_skips
-from .checkpoint import WorkerCheckpoints
+from .checkpoint import init_from_checkpoints, worker_checkpoints
 from .hooks import Hook, layer_of_params, uncompiled
 from .join import UnevenLoops
 from .metrics import StepRecorder, TensorBoardSink
@@ -148,8 +147,8 @@ class DistributedOptimizer:
         self._config = config
         self.start_step = 0  # the job's step this worker starts at: a resumed job's checkpoint step (--resume)
         self.steps_done = 0  # the job's steps completed, counted from start_step
-        self._step_taken = False  # this step's checkpoint was considered (``updated``)
-        self.checkpoints = self._worker_checkpoints(config, shards is not None)
+        self._step_taken = False  # this step's checkpoint was considered (``update``)
+        self.checkpoints = worker_checkpoints(self, config, sharded=shards is not None)
         if self.kv.is_master_worker:  # the servers' codec and optimizer, before any round
             if self.plan.compression:
                 self.kv.set_gradient_compression(self.plan.compression)
@@ -179,60 +178,8 @@ class DistributedOptimizer:
         problem = compare(mine, masters, self.model)
         if problem:
             raise ModelMismatchError(f"{self.kv.name}: the workers' models differ: {problem}")
-        config = self._config
-        mine = self.checkpoints
-        keeps_model = self.strategy.keeps_model
-        resumed = None  # the master's own checkpoint's step, where the workers hold the model (--resume)
-        if config.resume and mine is not None and keeps_model and self.kv.is_master_worker:
-            resumed = mine.newest()  # its model is what the master INITs: every worker's start
-            mine.load(resumed, self.model, self.optimizer)
-        self.kv.init(list(range(len(self.params))), [p.data for p in self.params])
-        if self._knows_steps():
-            told = torch.tensor([float(resumed or 0)], dtype=torch.float64)
-            self.kv.init(STEP_KEY, told)  # the master's step, or a resumed global server's completed rounds
-            step = int(told.item()) if keeps_model else self.strategy.steps_of(int(told.item()))
-            assert step is not None, "_knows_steps: the strategy tells steps from rounds"
-            self.start_step = self.steps_done = step
-            if config.resume and mine is not None and not (keeps_model and self.kv.is_master_worker):
-                mine.load(step, self.model, self.optimizer)  # the optimizer state (and the model where it is here)
-            if config.resume and self.kv.is_master_worker:
-                log.info("geomx.torch: the job resumes at step %d", self.start_step)
+        self.start_step = self.steps_done = init_from_checkpoints(self, self._config)
         self.strategy.init_keys()
-
-    def _worker_checkpoints(self, config: NodeConfig, sharded: bool) -> WorkerCheckpoints | None:
-        """This worker's own checkpoints, where its optimizer steps: the model and the optimizer state where the
-        global servers hold gradient sums (FSA with the optimizer on the workers), the optimizer state where they
-        hold the global model (HFA's inner optimizer); None where the optimizer runs on the global servers (their
-        checkpoints hold it) or without checkpoint.dir."""
-        spec = config.topology.checkpoint
-        if spec.dir is None or self.plan.mode is Strategy.SERVER:
-            return None
-        per_round = self.strategy.steps_of(1)
-        if per_round is None:
-            if self.kv.is_master_worker:
-                log.warning("geomx.torch: under %s the global servers' checkpoints hold the global model, but the "
-                            "step and the workers' optimizer state are not checkpointed yet: a resumed job's loop "
-                            "starts at step 0 and its optimizer afresh", self.plan.describe())
-            return None
-        if sharded:
-            raise ConfigError(f"party {config.party}: checkpoints of a model sharded by FSDP2 with its optimizer on "
-                              "the ranks are not written yet (each rank's shards would need one): set "
-                              "training.server_optimizer: translate under FSA, or no checkpoint.dir")
-        return WorkerCheckpoints(spec, self.kv.global_rank, plan_settings(config.topology),
-                                 every=spec.every_steps * per_round, with_model=self.strategy.keeps_model)
-
-    def _knows_steps(self) -> bool:
-        """Whether this job tells its workers its step (under STEP_KEY): with checkpoints, where the global servers'
-        rounds tell steps (not under ESync or streaming yet)."""
-        return self._config.topology.checkpoint.dir is not None and self.strategy.steps_of(1) is not None
-
-    def updated(self) -> None:
-        """This step's own state is final: write this worker's checkpoint of it if one is due (once a step)."""
-        if self._step_taken:
-            return
-        self._step_taken = True
-        if self.checkpoints is not None:
-            self.checkpoints.maybe_write(self.steps_done + 1, self.model, self.optimizer)
 
     # -- hooks --------------------------------------------------------------------------------------------
     def _on_gradient(self, key: int, param: torch.Tensor) -> None:
@@ -363,7 +310,6 @@ class DistributedOptimizer:
         self._refuse_changed_gradients("step()")  # (after average_gradients() nothing was recorded)
         self._step_taken = False
         self.strategy.step()
-        self.updated()  # (a strategy that sends its model called it before the send)
         self._averaged = False
         self._got.clear()
         self._forward_started = False
@@ -372,9 +318,13 @@ class DistributedOptimizer:
         return loss
 
     def update(self) -> None:
-        """The wrapped optimizer's step (the strategy's call), unless a GradScaler found the gradients not finite."""
+        """The wrapped optimizer's step (the strategy's call), unless a GradScaler found the gradients not finite;
+        then this worker's checkpoint of the step, when due (before the strategy sends anything more)."""
         if not self._skip_update:
             self.optimizer.step()
+        if self.checkpoints is not None and not self._step_taken:
+            self._step_taken = True
+            self.checkpoints.maybe_write(self.steps_done + 1, self.model, self.optimizer)
 
     @contextmanager
     def no_sync(self) -> Iterator[None]:

@@ -141,7 +141,6 @@ class CollectivePeriodicAverage(AveragedStep):
         if self.fragment_trips is not None:  # the leaving fragment's copy, made while the step computed
             self.fragment_trips.copied()
         self.inner_step()
-        self.loop.updated()  # before the sync: the global round cannot complete before this rank's checkpoint
         self.local_steps += 1
         if self.local_steps % self.k1 == 0:
             self.sync()

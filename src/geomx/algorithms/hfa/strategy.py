@@ -43,7 +43,6 @@ class PeriodicAverage(WorkerStrategy):
         loop = self.loop
         loop.synchronize()
         self.inner_step()
-        loop.updated()  # before the sync: the global round cannot complete before this worker's checkpoint
         self.local_steps += 1
         if self.local_steps % self.round_steps == 0:
             self.sync(finishing=False)
