@@ -217,3 +217,23 @@ def test_under_contention_shallow_layers_arrive_first_with_p3(geomx_job, tmp_pat
     # comes from timing under load
     assert len(counts[True]) == 2 and sum(counts[True]) >= 3, counts
     assert sum(counts[False]) < sum(counts[True]), counts
+
+
+@pytest.mark.parametrize("late", [False, True], ids=["compiled-module-wrapped", "compiled-after-wrapping"])
+def test_a_compiled_model_trains_every_parameter_as_the_uncompiled_one(geomx_job, tmp_path, late):
+    """``torch.compile`` (inductor) with the optimizer on the global servers, whose answers land before the forward
+    that needs them: every parameter trains, to the single-process reference's weights, under the uncompiled
+    model's names. Wrapped compiled, one wait at the compiled module's door keeps its graph whole; wrapped before
+    compiling, the wrapper's hooks run eagerly inside the compiled forward (never traced into the graph)."""
+    path = topology(tmp_path, {"server_optimizer": "translate"}, parties={"dc0": 1, "dc1": 1})
+    job = geomx_job(SCRIPT, "--compile", "inductor", *(["--compile-late"] if late else []), topology=path)
+    job.assert_ok()
+    workers = job.workers()
+    _, final = jobkit.reference_run(2)
+    assert sorted(workers) == [0, 1]
+    for tensors, report in workers.values():
+        assert report["mode"] == "SERVER"
+        assert report["names"] == ["0.weight", "0.bias", "2.weight", "2.bias"]
+        for index, (got, want, start) in enumerate(zip(tensors["final"], final, tensors["after_init"], strict=True)):
+            assert not torch.equal(got, start), f"parameter {index} was not trained"
+            torch.testing.assert_close(got, want, msg=lambda m, i=index: f"parameter {i}: {m}")

@@ -227,7 +227,8 @@ STORES = {"fsa-local": lambda: OneWorkerStore(TrainingSpec(server_optimizer="non
 def wrapped_sgd(plan: str) -> tuple[nn.Module, DistributedOptimizer, OneWorkerStore]:
     model, _ = model_and_adam()
     store = STORES[plan]()
-    return model, DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, kv=store), store  # type: ignore[arg-type]
+    opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, kv=store)  # type: ignore[arg-type]
+    return model, opt, store
 
 
 @pytest.mark.parametrize("change", ["clip", "scale", "replace"])
@@ -325,11 +326,11 @@ def test_state_dict_says_where_the_optimizer_state_lives_when_it_is_not_here(cap
     assert "checkpoint: {dir: ..., every_steps: N} in the topology" in state["geomx"]["optimizer_state"]
     assert sum("opt.state_dict(): the optimizer state is on the global servers" in r.message
                for r in caplog.records) == 1
-    opt.load_state_dict(state)  # the note aside, torch's own dict
-    local = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    opt.load_state_dict(state)  # torch's own, the note ignored
     model, _ = model_and_adam()
     local = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    opt = DistributedOptimizer(local, model, kv=OneWorkerStore(TrainingSpec(server_optimizer="none")))  # type: ignore[arg-type]
+    store = OneWorkerStore(TrainingSpec(server_optimizer="none"))
+    opt = DistributedOptimizer(local, model, kv=store)  # type: ignore[arg-type]
     model(torch.randn(5, 4)).sum().backward()
     opt.step()
     state = opt.state_dict()

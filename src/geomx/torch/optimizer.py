@@ -45,6 +45,7 @@ from .amp import grad_scaler_skips
 from .checkpoint import init_from_checkpoints, worker_checkpoints
 from .hooks import Hook, layer_of_params, uncompiled
 from .join import UnevenLoops
+from .loop_checks import refuse_changed, state_elsewhere
 from .metrics import StepRecorder, TensorBoardSink
 from .plan import Plan, Strategy, make_plan
 from .signature import compare, signature
@@ -202,27 +203,7 @@ class DistributedOptimizer:
         self.strategy.on_gradient(key, param.grad)
         if self.ddp is None:  # (the script's DDP copies its buckets back into .grad after backward)
             self._sent[key] = (param.grad, param.grad._version)  # a change after this is lost: step() refuses it
-
-    def _refuse_changed_gradients(self, call: str) -> None:
-        """RuntimeError if a gradient backward's hook sent has changed since (clipped, scaled or replaced between
-        backward and ``call``): the algorithm applies what was sent, so the change would be lost without a word.
-        The gradient's version counter tells (every in-place change bumps it)."""
-        changed = [key for key, (grad, version) in self._sent.items()
-                   if self.params[key].grad is not grad or grad._version != version]
-        self._sent.clear()
-        if not changed:
-            return
-        which = repr(self.names[changed[0]]) + (f" and {len(changed) - 1} more" if len(changed) > 1 else "")
-        if self.plan.mode is Strategy.SERVER:
-            why = ("to the global servers, which run the optimizer on them as sent: the change (a clip, a scaling) "
-                   "would be lost. Set training.server_optimizer: none (the optimizer on every worker) and call "
-                   "opt.average_gradients() before changing the gradients, or use HFA")
-        else:
-            why = ("to be averaged: step() would apply the average of what was sent, and the change (a clip, a "
-                   "scaling) would be lost. Call opt.average_gradients() after backward and before changing the "
-                   "gradients: it makes every .grad the gradient step() applies, as DDP leaves it after backward")
-        raise RuntimeError(f"{self.kv.name}: the gradient of {which} changed between backward and {call}, after "
-                           f"backward's hooks had sent it {why}")
+            # (loop_checks.refuse_changed)
 
     def push_gradients(self) -> None:
         """Push every trained parameter's ``.grad`` now, deepest layer first, as backward's hooks would: for a loop
@@ -270,30 +251,14 @@ class DistributedOptimizer:
         """The wrapped optimizer's ``state_dict()``. Where the optimizer state lives elsewhere (on the global servers:
         the wrapped optimizer never steps, so its ``state`` is empty; or an outer optimizer's, under HFA), the dict
         says so under ``"geomx"`` (and a warning, once), so that a checkpoint of the script's own is not silently
-        without it. ``load_state_dict`` takes the dict back. Usage: ``torch.save(opt.state_dict(), path)``"""
+        without it. ``load_state_dict`` (the wrapped one's) takes the dict back, ignoring the note.
+        Usage: ``torch.save(opt.state_dict(), path)``"""
         state = self.optimizer.state_dict()
-        where = self._optimizer_state_elsewhere()
+        where = state_elsewhere(self.plan)
         if where is not None:
             self.warn_once("state_dict", f"opt.state_dict(): {where}")
             state["geomx"] = {"optimizer_state": where}
         return state
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """The wrapped optimizer's ``load_state_dict``, of a dict ``state_dict()`` made (its ``"geomx"`` note aside)."""
-        self.optimizer.load_state_dict({k: v for k, v in state_dict.items() if k != "geomx"})
-
-    def _optimizer_state_elsewhere(self) -> str | None:
-        """Where the optimizer state lives when it is not (all) in the wrapped optimizer, in words; None if it is."""
-        server = self.plan.server_optimizer
-        if server is None:
-            return None
-        checkpoint = ("the job's checkpoints hold it (checkpoint: {dir: ..., every_steps: N} in the topology; "
-                      "geomx launch --resume)")
-        if self.plan.mode is Strategy.SERVER:
-            return (f"the optimizer state is on the global servers ({server.name}, which run the optimizer), not in "
-                    f"this dict, whose 'state' stays empty (the wrapped optimizer never steps here): {checkpoint}")
-        return (f"this dict holds the inner optimizer's state; the outer optimizer's ({server.name}) is on the "
-                f"global servers: {checkpoint}")
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """One training step under the configured algorithm; returns ``closure()``'s loss if given."""
@@ -307,7 +272,7 @@ class DistributedOptimizer:
             self._joins.count(training=True)
         grads = (g for g in (self.params[key].grad for key in self.trained) if g is not None)  # read if scaled
         self._skip_update = grad_scaler_skips(self.__dict__, grads, self._averaged)  # a GradScaler's call
-        self._refuse_changed_gradients("step()")  # (after average_gradients() nothing was recorded)
+        refuse_changed(self, "step()")  # a gradient changed after its hook sent it (after average_gradients(): none)
         self._step_taken = False
         self.strategy.step()
         self._averaged = False
@@ -352,7 +317,7 @@ class DistributedOptimizer:
         Usage: ``loss.backward(); opt.average_gradients(); clip_grad_norm_(model.parameters(), 1.0); opt.step()``"""
         if self._closed:
             raise RuntimeError("this DistributedOptimizer is closed")
-        self._refuse_changed_gradients("average_gradients()")
+        refuse_changed(self, "average_gradients()")
         self.strategy.average_gradients()
         self._averaged = True
 

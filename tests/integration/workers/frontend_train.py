@@ -100,6 +100,10 @@ def main() -> None:
     parser.add_argument("--inf-step", type=int, default=2)
     parser.add_argument("--same-seed", action="store_true", help="every worker builds the same model (as a script "
                         "seeded once would): the far parties' INITs carry its digest, not the values")
+    parser.add_argument("--compile", default=None, help="torch.compile the model with this backend (inductor, "
+                        "aot_eager ...) and wrap the compiled module; the loop calls the compiled one")
+    parser.add_argument("--compile-late", action="store_true", help="with --compile: wrap the uncompiled module "
+                        "(the wrapper's hooks then meet the compiler inside the compiled forward)")
     args = parser.parse_args()
     rank, num_workers = gx.worker_place()
     device = torch.device(args.device)
@@ -130,7 +134,8 @@ def main() -> None:
         inner = torch.optim.Adam(model.parameters(), lr=args.lr)
     else:
         inner = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    opt = gx.DistributedOptimizer(inner, model)
+    net = torch.compile(model, backend=args.compile) if args.compile else model  # what the loop calls
+    opt = gx.DistributedOptimizer(inner, model if args.compile_late else net)
     after = [p.detach().to("cpu", copy=True) for p in model.parameters()]
     slices = [opt.kv.slices(key) for key in range(len(after))]  # how each parameter travels (P3: cut small)
     inputs, targets = jobkit.make_data(args.steps, num_workers)
@@ -155,16 +160,16 @@ def main() -> None:
                              strict=True))
             with model.no_sync() if args.ddp else opt.no_sync():
                 for x, y in parts[:-1]:
-                    (F.mse_loss(model(x).float(), y) / len(parts)).backward()
-            loss = F.mse_loss(model(parts[-1][0]).float(), parts[-1][1]) / len(parts)
+                    (F.mse_loss(net(x).float(), y) / len(parts)).backward()
+            loss = F.mse_loss(net(parts[-1][0]).float(), parts[-1][1]) / len(parts)
         elif scaler is not None:
             with torch.autocast(device.type, dtype=torch.float16):
-                loss = F.mse_loss(model(inputs[step, rank]).float(), targets[step, rank])
+                loss = F.mse_loss(net(inputs[step, rank]).float(), targets[step, rank])
             if rank == args.inf_rank and step == args.inf_step:
                 loss = loss * float("inf")
             scales.append(scaler.get_scale())
         else:
-            loss = F.mse_loss(model(inputs[step, rank]).float(), targets[step, rank])
+            loss = F.mse_loss(net(inputs[step, rank]).float(), targets[step, rank])
         (loss if scaler is None else scaler.scale(loss)).backward()
         if device_s:
             time.sleep(device_s)
@@ -197,7 +202,8 @@ def main() -> None:
                                                        **(record if args.record else {})},
                               {"device": str(next(model.parameters()).device), "name": opt.kv.name,
                                "global_rank": rank, "is_master_worker": opt.is_master_worker, "scales": scales,
-                               "mode": opt.plan.mode.name, "overlap": opt.overlap, "trained_steps": trained,
+                               "mode": opt.plan.mode.name, "overlap": opt.overlap, "names": opt.names,
+                               "trained_steps": trained,
                                "slices": slices, "ddp_comm_hook": model._get_ddp_logging_data().get("comm_hook", "")
                                if args.ddp else None})
 
