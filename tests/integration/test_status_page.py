@@ -117,7 +117,7 @@ class RunningJob:
 @pytest.fixture(scope="module")
 def running_job(tmp_path_factory: pytest.TempPathFactory):
     folder = tmp_path_factory.mktemp("status-page")
-    path = write_topology(folder / "status.yaml", parties={"dc0": 2, "dc1": 2})
+    path = write_topology(folder / "status.yaml", parties={"dc0": 2, "dc1": 2}, training={"compression": "fp16"})
     raw = yaml.safe_load(path.read_text())
     extra = {"security": {"secret": SECRET}, "checkpoint": {"dir": str(folder / "ckpt"), "every_steps": 10}}
     path.write_text(yaml.safe_dump({**raw, **extra}, sort_keys=False))
@@ -159,6 +159,9 @@ def test_the_status_page_metrics_and_geomx_status_during_a_job(running_job):
     inf = ("geomx_round_duration_seconds_bucket", (("le", "+Inf"), ("party", "dc0"), ("rank", "0"),
                                                     ("role", "global_server")))
     assert after[inf] == after[count] > 0
+    # the WAN codec (fp16) keeps about half of each encoded message off the link
+    for party in ("dc0", "dc1"):
+        assert after[("geomx_wan_codec_saved_bytes_total", (("party", party),))] > 0, party
     # how far ahead of its round each answer let a party run: always 0 under FSA (SSP's staleness otherwise)
     for party in ("dc0", "dc1"):
         labels = (("party", party), ("rank", "0"), ("role", "local_server"))
@@ -174,6 +177,7 @@ def test_the_status_page_metrics_and_geomx_status_during_a_job(running_job):
 
     data = wait_for(f"every member on the page with its step: {EVERYONE}", everyone)
     assert data["job"]["phase"] == "training" and data["job"]["algorithm"] == "dist_sync"
+    assert data["job"]["codec"] == "fp16"
     rows = [m for party in data["parties"] for m in party["members"]]
     assert all(m["state"] == "training" and m["heartbeat_age_s"] < 10 and m["step"] for m in rows), rows
     workers = [m for m in rows if m["role"] == "worker"]

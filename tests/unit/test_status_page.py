@@ -347,3 +347,28 @@ def test_a_pulse_reports_its_counters_and_notes_and_relays_its_partys_members_up
         assert beats and all(b.wan_sent == 700 for b in beats)  # every heartbeat carries the report
     finally:
         pulse.stop()
+
+
+def test_what_the_codecs_saved_per_link_class_reaches_the_metrics_and_the_page():
+    from prometheus_client import generate_latest
+
+    from geomx.transport.counters import LAN, WAN, ByteCounters
+
+    counters = ByteCounters()
+    counters.add_saved(WAN, 3000)
+    counters.add_saved(WAN, -50)  # a codec that made a message larger saves nothing, and takes nothing back
+    counters.add_saved(LAN, 7)
+    assert counters.saved_bytes() == {"lan": 7, "wan": 3000}
+    clock = Clock()
+    board = StatusBoard(topology(), clock=clock)
+    for member in ("ls0", "gs0"):
+        board.seen(member, "dc0")
+    board.heard("ls0", HeartbeatBody(wan_saved=3000, lan_saved=7))
+    board.heard("gs0", HeartbeatBody(wan_saved=1000))
+    rows = [MemberRow("ls0", "dc0/server", "local_server", "dc0", 0, "training")]
+    data = board.snapshot(rows, {}, "training")
+    assert data["parties"][0]["codec_saved_bytes"] == {"wan": 4000}
+    assert "the codec saved 4.00 kB of WAN" in render_html(data)
+    text = generate_latest(StatusServer("127.0.0.1", 0, lambda: data).registry).decode()
+    assert 'geomx_wan_codec_saved_bytes_total{party="dc0"} 4000.0' in text
+    assert 'geomx_wan_codec_saved_bytes_total{party="dc1"} 0.0' in text

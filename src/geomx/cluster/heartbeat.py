@@ -110,7 +110,7 @@ class Pulse:
     def report(self, to: str | None = None) -> HeartbeatBody:
         """This node's report, as its next heartbeat to scheduler ``to`` carries it (the party relay goes to every
         scheduler but the one it came from)."""
-        counts = self._van.counters.snapshot()
+        counts, saved = self._van.counters.snapshot(), self._van.counters.saved_bytes()
         notes, rounds = dict(self._notes), self._rounds
         step, busy = notes.get("step"), notes.get("busy")
         return HeartbeatBody(lan_sent=int(counts["lan"]["sent"]), lan_recv=int(counts["lan"]["recv"]),
@@ -119,7 +119,7 @@ class Pulse:
                              busy=float(busy) if busy is not None else None,
                              party=(self._party or None) if to != self._party_from else None,
                              round_counts=rounds[0] if rounds else None, round_seconds=rounds[1] if rounds else None,
-                             leads=self._leads or None)
+                             leads=self._leads or None, lan_saved=saved["lan"], wan_saved=saved["wan"])
 
     def dead(self) -> dict[str, str]:
         with self._lock:

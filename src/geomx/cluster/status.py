@@ -258,6 +258,8 @@ class StatusBoard:
                     "step": min(steps) if steps else None,
                     "wan_bytes": {"sent": _sum(samples, "wan_sent"), "recv": _sum(samples, "wan_recv")},
                     "lan_bytes": {"sent": _sum(samples, "lan_sent"), "recv": _sum(samples, "lan_recv")},
+                    # the WAN's only: a worker's own LAN savings beat to its party's scheduler, not here
+                    "codec_saved_bytes": {"wan": _sum(samples, "wan_saved")},
                     "wan_rate_bps": {d: round(8 * sum(self._rate(m, f"wan_{d}", now) for m in ids), 1)
                                      for d in ("sent", "recv")},
                     "answers_ahead": _merged(m["answers_ahead"] for m in members if m["party"] == name),

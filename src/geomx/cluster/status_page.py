@@ -62,6 +62,11 @@ def _traffic(data: dict[str, Any]) -> Iterator[Metric]:
             for direction, value in party[f"{link}_bytes"].items():
                 family.add_metric([party["name"], direction], value)
         yield family
+    saved = CounterMetricFamily("geomx_wan_codec_saved_bytes", "bytes the codecs kept off the party's WAN link (an "
+                                "encoded message's dense size less its frames)", labels=["party"])
+    for party in data["parties"]:
+        saved.add_metric([party["name"]], party["codec_saved_bytes"]["wan"])
+    yield saved
     rate = GaugeMetricFamily("geomx_wan_rate_bytes_per_second", "a party's WAN rate over its members' last two "
                              "heartbeats", labels=["party", "direction"])
     for party in data["parties"]:
@@ -144,6 +149,12 @@ def _rate(bps: float) -> str:
     return f"{bps:.0f} bit/s"
 
 
+def _saved(party: dict[str, Any]) -> str:
+    """``; the codec saved ...`` for a party whose WAN codec kept bytes off its link, else nothing."""
+    saved = party["codec_saved_bytes"]["wan"]
+    return f"; the codec saved {_bytes(saved)} of WAN" if saved else ""
+
+
 def _staleness(party: dict[str, Any]) -> str:
     """``; answers ahead ...`` for a party some of whose answers came before their round (SSP), else nothing."""
     counts = {int(k): v for k, v in (party.get("answers_ahead") or {}).items()}
@@ -184,8 +195,8 @@ def render_html(data: dict[str, Any]) -> str:
         parts.append(f"<h2>{name}{' (central)' if party['central'] else ''}</h2><p class='traffic'>step "
                      f"{_cell(party['step'])}; WAN sent {_bytes(wan['sent'])} ({_rate(rate['sent'])}), received "
                      f"{_bytes(wan['recv'])} ({_rate(rate['recv'])}); LAN {_bytes(sum(party['lan_bytes'].values()))}"
-                     f"{_staleness(party)}</p><table class='party' id='party-{name}' data-party='{name}'>"
-                     "<tr><th>member</th><th>role</th>"
+                     f"{_saved(party)}{_staleness(party)}</p>"
+                     f"<table class='party' id='party-{name}' data-party='{name}'><tr><th>member</th><th>role</th>"
                      "<th>state</th><th>step</th><th>busy</th><th>mean round</th><th>heartbeat age</th>"
                      "<th>WAN sent</th><th>WAN received</th></tr>")
         for m in party["members"]:

@@ -91,7 +91,8 @@ class HeartbeatBody:
     contribution to its answer, per ``ROUND_BUCKETS_S`` bucket and one more above the last, and ``round_seconds``
     their summed durations; ``leads``: a global server's answers per client (by name), how many of them let it run
     how many rounds ahead of its round (``"0"``: the round was complete; more only under SSP: its staleness).
-    An empty body is a plain heartbeat."""
+    ``lan_saved``, ``wan_saved``: bytes its codecs kept off each link class (an encoded message's dense size less
+    its frames). An empty body is a plain heartbeat."""
 
     lan_sent: int = 0
     lan_recv: int = 0
@@ -103,6 +104,8 @@ class HeartbeatBody:
     round_counts: list[int] | None = None
     round_seconds: float | None = None
     leads: dict[str, dict[str, int]] | None = None
+    lan_saved: int = 0
+    wan_saved: int = 0
 
 
 def encode_body(body: Any) -> dict[str, Any]:

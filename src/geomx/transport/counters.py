@@ -5,6 +5,7 @@ Usage::
     counters = ByteCounters()
     counters.add("dc1/server/ab12", WAN, "sent", 4096)
     counters.snapshot()["wan"]                      # {"sent": 4096, "recv": 0}
+    counters.add_saved(WAN, 3000); counters.saved_bytes()   # {"lan": 0, "wan": 3000}: what a codec kept off
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ class ByteCounters:
     by_class: dict[str, dict[str, int]] = field(
         default_factory=lambda: {LAN: {"sent": 0, "recv": 0}, WAN: {"sent": 0, "recv": 0}})
     by_peer: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # bytes a codec kept off each link class: the decoded size of each encoded message sent, less its frames
+    saved: dict[str, int] = field(default_factory=lambda: {LAN: 0, WAN: 0})
     # the I/O thread and a DGT receiver thread (UDP receipts) both add
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
@@ -47,6 +50,16 @@ class ByteCounters:
             if entry is None:
                 entry = self.by_peer[peer] = {"class": link_class, "sent": 0, "recv": 0}
             entry[direction] += nbytes
+
+    def add_saved(self, link_class: str, nbytes: int) -> None:
+        """A codec sent a message ``nbytes`` smaller than its dense tensor over ``link_class`` (never below 0)."""
+        with self._lock:
+            self.saved[link_class] += max(0, nbytes)
+
+    def saved_bytes(self) -> dict[str, int]:
+        """``{"lan": ..., "wan": ...}``: what the codecs saved on each link class so far."""
+        with self._lock:
+            return dict(self.saved)
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:

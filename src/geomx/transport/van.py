@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import queue
 import threading
@@ -158,6 +159,10 @@ class Van:
             self._links.outages.training_started(time.monotonic())
         frames = encode(message)
         outgoing = Outgoing(peer, frames, frames_nbytes(frames))
+        if message.encoded is not None and message.dtype is not None:  # what the codec saved (the status page's)
+            dense = math.prod(message.shape) * message.dtype.itemsize
+            sent = sum(f.nbytes if hasattr(f, "nbytes") else len(f) for f in message.encoded)
+            self.counters.add_saved(self._peers[peer].link_class, dense - sent)
         if self.tracer is not None:
             outgoing.tag = (message.kind.name, message.key, message.slice, message.round, message.is_reply)
             self.tracer.event("queue", peer, *outgoing.tag, outgoing.nbytes)
