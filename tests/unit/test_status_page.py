@@ -9,6 +9,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -331,7 +332,8 @@ def test_a_pulse_reports_its_counters_and_notes_and_relays_its_partys_members_up
     van = FakeVan()
     van.counters.add("gs", WAN, "sent", 700)
     van.counters.add("w0", LAN, "recv", 300)
-    pulse = Pulse(van, requests=None, timeouts=Timeouts(heartbeat_s=120.0, heartbeat_interval_s=60.0))  # type: ignore[arg-type]
+    slow = Timeouts(heartbeat_s=120.0, heartbeat_interval_s=60.0)  # no beat of its own during the test
+    pulse = Pulse(van, requests=None, timeouts=slow)  # type: ignore[arg-type]
     try:
         pulse.watch("dc1/scheduler")
         pulse.watch("global_scheduler")
@@ -352,8 +354,12 @@ def test_a_pulse_reports_its_counters_and_notes_and_relays_its_partys_members_up
 def test_what_the_codecs_saved_per_link_class_reaches_the_metrics_and_the_page():
     from prometheus_client import generate_latest
 
-    from geomx.transport.counters import LAN, WAN, ByteCounters
+    from geomx.protocol.wire import Kind, Message
+    from geomx.transport.counters import LAN, WAN, ByteCounters, codec_saving
 
+    dense = np.zeros(1000, dtype=np.float32)
+    half = Message(Kind.PUSHPULL, codec=1, encoded=[dense.astype(np.float16)], dtype=dense.dtype, shape=dense.shape)
+    assert codec_saving(half) == 2000 and codec_saving(Message(Kind.PUSHPULL, tensor=dense)) is None
     counters = ByteCounters()
     counters.add_saved(WAN, 3000)
     counters.add_saved(WAN, -50)  # a codec that made a message larger saves nothing, and takes nothing back

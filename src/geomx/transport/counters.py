@@ -10,12 +10,24 @@ Usage::
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..protocol.wire import Message
+
 LAN = "lan"
 WAN = "wan"
+
+
+def codec_saving(message: Message) -> int | None:
+    """How many bytes ``message``'s codec kept off the link: its dense tensor's size less its encoded frames (None
+    for a message not encoded)."""
+    if message.encoded is None or message.dtype is None:
+        return None
+    sent = sum(f.nbytes if hasattr(f, "nbytes") else len(f) for f in message.encoded)
+    return math.prod(message.shape) * message.dtype.itemsize - sent
 
 
 @dataclass

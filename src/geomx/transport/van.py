@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import queue
 import threading
@@ -31,7 +30,7 @@ import zmq
 
 from ..config import Topology
 from ..protocol.wire import Kind, Message, WireError, decode, encode, frames_nbytes
-from .counters import LAN, WAN, ByteCounters, DatagramCounts
+from .counters import LAN, WAN, ByteCounters, DatagramCounts, codec_saving
 from .dispatch import DISPATCH_POLL_S, dispatch
 from .emulator import OutageSchedule
 from .frames import receive_frames, send_frames
@@ -159,10 +158,8 @@ class Van:
             self._links.outages.training_started(time.monotonic())
         frames = encode(message)
         outgoing = Outgoing(peer, frames, frames_nbytes(frames))
-        if message.encoded is not None and message.dtype is not None:  # what the codec saved (the status page's)
-            dense = math.prod(message.shape) * message.dtype.itemsize
-            sent = sum(f.nbytes if hasattr(f, "nbytes") else len(f) for f in message.encoded)
-            self.counters.add_saved(self._peers[peer].link_class, dense - sent)
+        if (saving := codec_saving(message)) is not None:  # what the codec kept off the link (the status page's)
+            self.counters.add_saved(self._peers[peer].link_class, saving)
         if self.tracer is not None:
             outgoing.tag = (message.kind.name, message.key, message.slice, message.round, message.is_reply)
             self.tracer.event("queue", peer, *outgoing.tag, outgoing.nbytes)
