@@ -2,10 +2,11 @@
 waits for (P3's overlap), and a hook that copies of the model drop and ``torch.compile`` never traces.
 
 A model compiled with ``torch.compile`` is trained through the module it wraps (``uncompiled``): the same parameter
-names as without compiling, and one wait at the compiled module's door (run by PyTorch outside the compiled code)
-instead of one per layer, so the compiled graph stays whole. Any hook Dynamo does meet (a model compiled after it was
-wrapped, ``model.compile()``) runs eagerly: traced, the store's pulls would be compiled into the graph and land
-wrong values (measured: weights 0.02 away from the uncompiled run's after 6 steps with the optimizer on the servers).
+names as without compiling (a checkpoint's keys do not depend on it), the same per-module waits. Dynamo meets those
+hooks inside the compiled forward and runs them eagerly (``_eager``: a graph break each), never tracing the store's
+pulls, sockets and futures into the graph (it tried, recompiling each hook up to its limit). The breaks also keep
+torch 2.13 inductor's CPU backward of a conv-ReLU-conv-ReLU-MaxPool2d-Linear-ReLU-Linear stack right: compiled
+whole, it gives every layer before the pool a zero gradient (with or without geomx; docs/pytorch.md).
 
 Usage (``DistributedOptimizer``'s setup)::
 

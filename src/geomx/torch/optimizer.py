@@ -83,7 +83,7 @@ class DistributedOptimizer:
         model, compiled = uncompiled(model)  # torch.compile(model) or torch.compile(DDP(model)): trained through
         model, self.ddp = unwrap(model)  # the module it wraps (the same names as uncompiled; geomx.torch.hooks)
         if compiled is None:
-            model, compiled = uncompiled(model)  # DDP(torch.compile(model))
+            model, _ = uncompiled(model)  # DDP(torch.compile(model))
         self.model = model
         refusal = fsdp1_refusal(model)
         if refusal is not None:  # before the job is joined: its flat parameters are shards that look whole
@@ -102,9 +102,9 @@ class DistributedOptimizer:
                                      f"(shape {tuple(p.shape)}): pass the model the optimizer trains")
                 trained.add(id(p))
         self.trained = [k for k, p in enumerate(self.params) if id(p) in trained and p.requires_grad]
+        # compiled or not, each module waits for its own answers: under torch.compile the hooks run eagerly, each a
+        # graph break (geomx.torch.hooks), which also keeps torch 2.13 inductor's MaxPool2d backward right
         layers, waits = layer_of_params(model, self.params)
-        if compiled is not None:  # one wait at the compiled module's door, outside its graph: the graph stays whole
-            waits = {compiled: list(range(len(self.params)))}
         # training.priorities false: one priority for all, FIFO in the order sent (the bench's P3 control)
         self.priority = [-layer for layer in layers] if config.topology.training.priorities else [0] * len(layers)
         deepest = max(layers, default=0)

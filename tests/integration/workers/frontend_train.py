@@ -43,6 +43,20 @@ class DeepHead(nn.Module):
         return out.reshape(x.shape[0], -1, jobkit.OUT_FEATURES).mean(dim=1)
 
 
+class ConvHead(nn.Module):
+    """Each input as a 4 x 8 image through conv-ReLU-conv-ReLU-MaxPool2d-Linear-ReLU-Linear: the stack whose backward
+    torch 2.13's inductor (CPU) compiles wrong when it compiles it whole (zero gradients before the pool)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 4, 3, padding=1), nn.ReLU(),
+                                 nn.MaxPool2d(2), nn.Flatten(), nn.Linear(jobkit.IN_FEATURES, 8), nn.ReLU(),
+                                 nn.Linear(8, jobkit.OUT_FEATURES))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x.reshape(-1, 1, 4, jobkit.IN_FEATURES // 4))
+
+
 class Float32(nn.Module):
     """Casts its input to float32 (before a float32 layer in a model of another dtype)."""
 
@@ -65,6 +79,8 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=jobkit.HIDDEN)
     parser.add_argument("--deep-head", type=int, default=0,
                         help="instead: a tiny first layer and a deepest layer of 8 x 3 x N weights (P3's case)")
+    parser.add_argument("--conv-head", action="store_true", help="instead: a small CNN over 4 x 8 images (ConvHead)")
+    parser.add_argument("--batch", type=int, default=jobkit.BATCH, help="the first N examples of each batch")
     parser.add_argument("--step-s", type=float, default=0.0,
                         help="emulated device time per step (a sleep after backward: the model itself is tiny)")
     parser.add_argument("--slow-rank", type=int, default=-1, help="this global rank's device is --slowdown x slower")
@@ -118,6 +134,8 @@ def main() -> None:
                                      nn.Linear(hidden, jobkit.OUT_FEATURES))
     if args.deep_head:
         model = DeepHead(args.deep_head)
+    if args.conv_head:
+        model = ConvHead()
     model.to(getattr(torch, args.dtype))
     if args.float32_head:
         model = nn.Sequential(model[0], model[1], Float32(), model[2].float())
@@ -139,6 +157,7 @@ def main() -> None:
     after = [p.detach().to("cpu", copy=True) for p in model.parameters()]
     slices = [opt.kv.slices(key) for key in range(len(after))]  # how each parameter travels (P3: cut small)
     inputs, targets = jobkit.make_data(args.steps, num_workers)
+    inputs, targets = inputs[:, :, :args.batch], targets[:, :, :args.batch]
     inputs, targets = inputs.to(device, getattr(torch, args.dtype)), targets.to(device)
     device_s = args.step_s * (args.slowdown if rank == args.slow_rank else 1.0)
     pushed = [torch.zeros_like(p) for p in model.parameters()]  # this worker's own gradients, summed over steps
