@@ -84,8 +84,8 @@ def _written(tmp_path: Path, make_server: Any, holds: str, settings: dict[str, A
     table = make_server("gs", ["ls0"]).table
     table.restore(Kind.PUSHPULL, 0, 0, 2)
     stored = {(0, 0): SliceValue(np.ones(3, dtype=np.float32)), (STEP_KEY, 0): SliceValue(np.zeros(1))}
-    writer = CheckpointWriter(spec, 0, "gs")
-    checkpoint_if_due(writer, stored, table, None, holds, settings)
+    writer = CheckpointWriter(spec, 0, "gs", settings)
+    checkpoint_if_due(writer, stored, table, None, holds)
     assert writer.wait_idle(30)
     return spec
 

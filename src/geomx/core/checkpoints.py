@@ -14,7 +14,7 @@ model and step) is taken as on a fresh start.
 Usage (inside a global server)::
 
     snapshot = resume(name, spec, shard, table, plan_settings(topology))  # --resume; None (logged) if none
-    checkpoint_if_due(writer, stored, table, optimizer, holds, settings)    # after every applied round
+    checkpoint_if_due(writer, stored, table, optimizer, holds)              # after every applied round
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def restore_optimizer(name: str, snapshot: Snapshot | None, optimizer: Optimizer
 
 
 def checkpoint_if_due(writer: CheckpointWriter | None, stored: dict[SliceId, SliceValue], table: RoundTable,
-                      optimizer: Optimizer | None, holds: str = MODEL, settings: dict[str, Any] | None = None) -> None:
+                      optimizer: Optimizer | None, holds: str = MODEL) -> None:
     """Checkpoint when due; the step is the completed rounds of the least advanced slice that the workers push (a
     slice without a round, such as the PyTorch wrapper's model signature or a frozen parameter, is saved but
     holds no step back: with it, its server would never checkpoint)."""
@@ -106,6 +106,6 @@ def checkpoint_if_due(writer: CheckpointWriter | None, stored: dict[SliceId, Sli
         layout, state = optimizer.state() if optimizer is not None else ({}, {})
         return Snapshot(step, {sid: np.array(kept.value, copy=True) for sid, kept in stored.items()},
                         rounds, optimizer.spec() if optimizer is not None else None, state, layout,
-                        holds=holds, settings=dict(settings or {}))
+                        holds=holds, settings=writer.settings)
 
     writer.maybe_write(step, take)

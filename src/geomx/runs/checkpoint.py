@@ -12,7 +12,7 @@ workers push has taken at least that many optimizer steps (``geomx.core.checkpoi
 
 Usage::
 
-    writer = CheckpointWriter(spec, shard=0, name="global_server0")
+    writer = CheckpointWriter(spec, shard=0, name="global_server0", settings=plan_settings(topology))
     writer.maybe_write(step, lambda: Snapshot(step, values, rounds, optimizer_spec, optimizer_state))
     snapshot = load_latest(spec.dir, shard=0)          # None if there is no valid checkpoint
 """
@@ -120,10 +120,7 @@ def write(folder: Path, shard: int, snapshot: Snapshot, keep: int = 3) -> Path:
             os.fsync(fd)
         finally:
             os.close(fd)
-    for old in manifests(target)[keep:]:
-        for stale in (old, old.with_suffix(".npz")):
-            with contextlib.suppress(FileNotFoundError):
-                stale.unlink()
+    prune(target, keep, ".npz")
     return path
 
 
@@ -143,13 +140,7 @@ def load(manifest_path: Path) -> Snapshot:
         if manifest["format"] not in READABLE_FORMATS:
             raise CheckpointError(f"{manifest_path}: format {manifest['format']} (this geomx reads "
                                   f"{', '.join(map(str, READABLE_FORMATS))})")
-        data = manifest_path.with_name(str(manifest["data"]))
-        if not data.is_file():
-            raise CheckpointError(f"{manifest_path}: its data file {data.name} is missing")
-        actual = sha256(data)
-        if actual != manifest["sha256"]:
-            raise CheckpointError(f"{data}: checksum mismatch (sha256 {actual[:12]}…, the manifest says "
-                                  f"{str(manifest['sha256'])[:12]}…); the file is corrupt")
+        data = checked_data(manifest_path, manifest)
         with np.load(data, allow_pickle=False) as npz:
             arrays = {name: npz[name] for name in npz.files}
         values: dict[SliceId, np.ndarray] = {}
@@ -177,7 +168,7 @@ def load_latest(folder: Path, shard: int, shards: int = 1) -> Snapshot | None:
     checkpointed (a model whose slices were saved at different steps is none); each refused one is logged with the
     reason."""
     for manifest in manifests(shard_dir(folder, shard)):
-        step = _step_of(manifest)
+        step = step_of(manifest)
         missing = [other for other in range(shards) if other != shard
                    and not _verifies(shard_dir(folder, other) / manifest.name)]
         if missing:
@@ -191,16 +182,37 @@ def load_latest(folder: Path, shard: int, shards: int = 1) -> Snapshot | None:
     return None
 
 
+def checked_data(manifest_path: Path, manifest: dict[str, Any]) -> Path:
+    """The data file ``manifest`` (read from ``manifest_path``) names, once it is there with the checksum the manifest
+    records; CheckpointError says which is not (a global server's ``.npz``, a worker's ``.pt``)."""
+    data = manifest_path.with_name(str(manifest["data"]))
+    if not data.is_file():
+        raise CheckpointError(f"{manifest_path}: its data file {data.name} is missing")
+    actual = sha256(data)
+    if actual != manifest["sha256"]:
+        raise CheckpointError(f"{data}: checksum mismatch (sha256 {actual[:12]}…, the manifest says "
+                              f"{str(manifest['sha256'])[:12]}…); the file is corrupt")
+    return data
+
+
+def prune(target: Path, keep: int, data_suffix: str) -> None:
+    """Delete all but the newest ``keep`` checkpoints in ``target`` (each manifest with its ``data_suffix`` file)."""
+    for old in manifests(target)[keep:]:
+        for stale in (old, old.with_suffix(data_suffix)):
+            stale.unlink(missing_ok=True)
+
+
 def _verifies(manifest: Path) -> bool:
     """Whether ``manifest`` exists and its data file has the checksum it records (another shard's, at resume)."""
     try:
-        recorded = json.loads(manifest.read_text())
-        return sha256(manifest.with_name(str(recorded["data"]))) == recorded["sha256"]
-    except (OSError, ValueError, KeyError, TypeError):
+        checked_data(manifest, json.loads(manifest.read_text()))
+        return True
+    except (CheckpointError, OSError, ValueError, KeyError, TypeError):
         return False
 
 
-def _step_of(manifest: Path) -> int:
+def step_of(manifest: Path) -> int:
+    """The step a manifest's name says (``ckpt-<step>.json``)."""
     match = _NAME.fullmatch(manifest.name)
     assert match is not None, "manifests() lists only ckpt-<step>.json"
     return int(match.group(1))
@@ -215,10 +227,11 @@ class CheckpointWriter:
     copies of the model exist and the newest due checkpoint is always written.
     """
 
-    def __init__(self, spec: CheckpointSpec, shard: int, name: str) -> None:
+    def __init__(self, spec: CheckpointSpec, shard: int, name: str, settings: dict[str, Any] | None = None) -> None:
         if spec.dir is None:
             raise ValueError("CheckpointWriter needs checkpoint.dir")
         self.spec = spec
+        self.settings = dict(settings or {})  # the job's training settings, recorded in every manifest
         self.folder = spec.dir
         self.shard = shard
         self.name = name

@@ -182,7 +182,8 @@ class ParameterServer:
         self.route.start()
         spec = self.config.topology.checkpoint
         if self.is_global and spec.dir is not None:
-            self.checkpoints = CheckpointWriter(spec, self.config.rank or 0, self.name)
+            self.checkpoints = CheckpointWriter(spec, self.config.rank or 0, self.name,
+                                                plan_settings(self.config.topology))
         log.info("[%s] serving %d clients%s", self.name, len(self.clients),
                  f", upstream {len(self.upstream)} global servers" if self.upstream else "")
         with self.lock:

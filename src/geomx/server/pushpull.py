@@ -23,7 +23,7 @@ import numpy as np
 from ..codecs import CodecError
 from ..codecs.base import TensorKind
 from ..codecs.messages import decode_message, payload_fields
-from ..config import Mode, plan_settings
+from ..config import Mode
 from ..core.capabilities import all_answer_plain_sums
 from ..core.checkpoints import MODEL, SUMS, checkpoint_if_due
 from ..core.early import send_early
@@ -238,8 +238,7 @@ class PushPulls:
         host.release(rnd, stored.value, fields=answer or self._reply_fields(rnd, stored.value))
         if host.checkpoints is not None:  # the values are the model where an optimizer or a model average ran here
             holds = MODEL if host.optimizer is not None or host.aggregation.answers_weights else SUMS
-            checkpoint_if_due(host.checkpoints, host.stored, host.table, host.optimizer, holds,
-                              plan_settings(host.config.topology))
+            checkpoint_if_due(host.checkpoints, host.stored, host.table, host.optimizer, holds)
 
     def _rescaled(self, rnd: Round, total: np.ndarray) -> np.ndarray:
         """After a drop or a departure: the sum as the tier's policy applies it, given the workers behind the

@@ -39,7 +39,7 @@ from torch import nn
 
 from ..config import CheckpointSpec, ConfigError, NodeConfig, plan_settings, settings_difference
 from ..core.strategy import STEP_KEY, WorkerStrategy
-from ..runs.checkpoint import CheckpointError, manifests, sha256, write_atomically
+from ..runs.checkpoint import CheckpointError, checked_data, manifests, prune, sha256, step_of, write_atomically
 from .plan import Plan, Strategy
 
 log = logging.getLogger("geomx.torch")
@@ -104,15 +104,13 @@ class WorkerCheckpoints:
                     "sha256": sha256(data), "model": _shapes(state), "settings": self.settings}
         path = self.folder / f"ckpt-{step:09d}.json"
         write_atomically(path, lambda handle: handle.write(json.dumps(manifest, indent=1).encode()))
-        for old in manifests(self.folder)[self.spec.keep:]:
-            for stale in (old, old.with_suffix(".pt")):
-                stale.unlink(missing_ok=True)
+        prune(self.folder, self.spec.keep, ".pt")
         self.written.append(step)
         return path
 
     def steps(self) -> list[int]:
         """The steps of this worker's checkpoints on disk, newest first (not yet verified)."""
-        return [int(path.stem.split("-")[1]) for path in manifests(self.folder)]
+        return [step_of(path) for path in manifests(self.folder)]
 
     def newest(self) -> int:
         """The newest step whose checkpoint verifies (each refused one logged); CheckpointError if there is none."""
@@ -129,14 +127,9 @@ class WorkerCheckpoints:
         path = self.folder / f"ckpt-{step:09d}.json"
         try:
             manifest = json.loads(path.read_text())
-            data = path.with_name(str(manifest["data"]))
             if manifest["format"] != FORMAT_VERSION:
                 raise CheckpointError(f"{path}: format {manifest['format']} (this geomx reads {FORMAT_VERSION})")
-            actual = sha256(data)
-            if actual != manifest["sha256"]:
-                raise CheckpointError(f"{data}: checksum mismatch (sha256 {actual[:12]}…, the manifest says "
-                                      f"{str(manifest['sha256'])[:12]}…); the file is corrupt")
-            return manifest, torch.load(data, map_location="cpu", weights_only=True)
+            return manifest, torch.load(checked_data(path, manifest), map_location="cpu", weights_only=True)
         except CheckpointError:
             raise
         except FileNotFoundError as exc:
