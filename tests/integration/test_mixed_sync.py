@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import jobkit
 import pytest
 import torch
@@ -52,6 +54,13 @@ def test_a_fast_party_leaves_while_the_slow_party_still_trains(geomx_job):
     workers = _outputs(job)
     assert_the_slowed_party_blocks_only_under_fsa(workers, fsa=False)
     initial = workers[0][0]["initial"]
+    # the global server counted every party's pushes by staleness: the slowed party's first one came after some
+    # of the fast party's were applied (dc1 sleeps before each step)
+    stats = json.loads((job.run_dir / "stats" / "global_server0.json").read_text())
+    stale = {name: {int(k): n for k, n in counts.items()} for name, counts in stats["push_staleness"].items()}
+    assert sorted(stale) == ["dc0/server", "dc1/server"], stale
+    assert all(sum(counts.values()) == STEPS * len(initial) for counts in stale.values()), stale
+    assert max(stale["dc1/server"]) > 0, stale
     total_pushed = [sum(workers[r][0]["pushed"][i] for r in workers) for i in range(len(initial))]
     expected = [w0 - jobkit.LR * g for w0, g in zip(initial, total_pushed, strict=True)]
     slow = {rank: tensors for rank, (tensors, report) in workers.items() if report["party"] == "dc1"}

@@ -185,10 +185,17 @@ def test_the_status_page_metrics_and_geomx_status_during_a_job(running_job):
     assert all(0 <= m["busy"] <= 1 and m["lan_bytes"]["sent"] > 0 for m in workers), workers
     for party in data["parties"]:
         assert party["step"] == min(m["step"] for m in party["members"] if m["role"] == "worker")
+    # FSA gives every party the same model: each worker digests it at steps all digest, relayed up to the page
+    model = wait_for("the parties' model digests at a common step", lambda: (m := status()["job"]["model"])[
+        "step"] is not None and sorted(m["parties"]) == ["dc0", "dc1"] and m)
+    assert model["agree"] and model["disagreements"] == 0, model
+    assert len({d for found in model["parties"].values() for d in found}) == 1, model
     relayed = samples(fetch(url + "metrics"))  # the relayed workers are in the metrics too
+    assert relayed[("geomx_model_disagreements_total", ())] == 0
     for party in ("dc0", "dc1"):
         labels = (("party", party), ("rank", "1"), ("role", "worker"))
         assert 0 <= relayed[("geomx_busy_ratio", labels)] <= 1 and relayed[("geomx_steps_total", labels)] > 0
+        assert relayed[("geomx_model_digest_step", labels)] >= 0
 
     page = fetch(url)
     assert "id='party-dc0'" in page and "id='party-dc1'" in page

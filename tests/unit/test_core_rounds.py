@@ -436,3 +436,33 @@ def test_a_round_of_pushes_is_timed_from_its_first_contribution_to_its_answers()
     now[0] += 100.0
     table.contribute(push("b", [1.0], request_id=4))
     assert table.times.counts[-1] == 1  # above the last bound
+
+
+# -- push staleness (MixedSync: pushes applied on arrival) -----------------------------------------------
+def test_a_pushs_staleness_is_the_updates_of_its_slice_applied_since_its_senders_last_answer() -> None:
+    from geomx.algorithms.mixed_sync.server import Asynchronous
+
+    _, table = make(["a", "b"], policy=Asynchronous())
+    table.contribute(push("a", [1]))  # a's first push: nothing applied before it
+    for _ in range(3):  # a three times faster than b: each of its pushes follows its own answer
+        table.contribute(push("a", [1]))
+    table.contribute(push("b", [1]))  # b's model is the initial one: 4 of a's updates were applied since
+    table.contribute(push("a", [1]))  # b's update came since a's last answer
+    table.contribute(push("b", [1]))  # a's one
+    other = push("a", [1], key=3)  # another key counts its own updates
+    table.contribute(other)
+    assert table.reports()["staleness"] == {"A": {"0": 5, "1": 1}, "B": {"1": 1, "4": 1}}
+    assert table.reports()["leads"] == {"A": {"0": 6}, "B": {"0": 2}}
+
+
+def test_a_resumed_count_is_not_staleness_and_a_synchronous_policy_counts_none() -> None:
+    from geomx.algorithms.mixed_sync.server import Asynchronous
+
+    _, table = make(["a"], policy=Asynchronous())
+    table.restore(Kind.PUSHPULL, 0, 0, 40)  # rounds before the restart: every client has the checkpoint's value
+    table.contribute(push("a", [1]))
+    assert table.reports()["staleness"] == {"A": {"0": 1}}
+    _, table = make(["a", "b"], policy=FullySynchronous())
+    table.contribute(push("a", [1]))
+    table.contribute(push("b", [1]))
+    assert table.reports()["staleness"] == {}

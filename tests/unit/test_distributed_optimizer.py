@@ -359,3 +359,23 @@ def test_a_compiled_module_trains_through_the_module_it_wraps():
         finals.append([p.detach().clone() for p in model.parameters()])
     for got, want in zip(*finals, strict=True):
         torch.testing.assert_close(got, want)
+
+
+def test_the_model_is_digested_for_the_heartbeats_only_where_every_party_holds_the_same_one():
+    from geomx.torch.digest import model_digest
+
+    model, inner = model_and_adam()
+    store = OneWorkerStore(TrainingSpec())
+    noted: list[dict[str, str]] = []
+    store.pulse = SimpleNamespace(note=lambda models=None, **fields: models is not None and noted.append(models))
+    opt = DistributedOptimizer(inner, model, kv=store)  # type: ignore[arg-type]
+    before = model_digest([p.data for p in model.parameters()])
+    model(torch.randn(5, 4)).sum().backward()
+    opt.step()  # the first step digests the model it starts from: step 0's
+    assert noted == [{"0": before}]
+    torch.manual_seed(1)
+    model = nn.Linear(4, 2)
+    store = OneWorkerStore(TrainingSpec(sync="dist_async"))
+    store.set_optimizer = lambda spec: None  # type: ignore[attr-defined]
+    opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, kv=store)  # type: ignore[arg-type]
+    assert opt.digests is None  # MixedSync: every party trains a model of its own

@@ -68,6 +68,8 @@ class Pulse:
         self._party_from: str | None = None  # ... that scheduler (never sent back to it)
         self._rounds: tuple[list[int], float] | None = None  # a server: its rounds' durations (counts, sum)
         self._leads: dict[str, dict[str, int]] = {}  # a server: its answers per client, by rounds ahead
+        self._staleness: dict[str, dict[str, int]] = {}  # a global server: its pushes per client, by staleness
+        self._models: dict[str, str] = {}  # a worker: its model's digests at its last digested steps
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"{van.name}-heartbeat", daemon=True)
 
@@ -94,10 +96,12 @@ class Pulse:
             self._self_listeners.append(listener)
 
     def note(self, *, step: int | None = None, busy: float | None = None,
-             rounds: tuple[list[int], float] | None = None, leads: dict[str, dict[str, int]] | None = None) -> None:
+             rounds: tuple[list[int], float] | None = None, leads: dict[str, dict[str, int]] | None = None,
+             staleness: dict[str, dict[str, int]] | None = None, models: dict[str, str] | None = None) -> None:
         """What the next heartbeats report besides the byte counters (any thread; cheap: a dict update).
         ``rounds``: a server's round durations (``geomx.core.rounds.RoundTimes``: counts per bucket, their sum);
-        ``leads``: its answers per client by rounds ahead (``RoundTable.leads_report``)."""
+        ``leads``, ``staleness``: its answers per client by rounds ahead, its pushes per client by staleness
+        (``RoundTable.reports``); ``models``: a worker's model digests by step (``geomx.torch.digest``)."""
         if step is not None:
             self._notes["step"] = int(step)
         if busy is not None:
@@ -106,6 +110,10 @@ class Pulse:
             self._rounds = (list(rounds[0]), float(rounds[1]))
         if leads is not None:
             self._leads = leads
+        if staleness is not None:
+            self._staleness = staleness
+        if models is not None:
+            self._models = dict(models)
 
     def report(self, to: str | None = None) -> HeartbeatBody:
         """This node's report, as its next heartbeat to scheduler ``to`` carries it (the party relay goes to every
@@ -119,7 +127,8 @@ class Pulse:
                              busy=float(busy) if busy is not None else None,
                              party=(self._party or None) if to != self._party_from else None,
                              round_counts=rounds[0] if rounds else None, round_seconds=rounds[1] if rounds else None,
-                             leads=self._leads or None, lan_saved=saved["lan"], wan_saved=saved["wan"])
+                             leads=self._leads or None, lan_saved=saved["lan"], wan_saved=saved["wan"],
+                             push_staleness=self._staleness or None, models=self._models or None)
 
     def dead(self) -> dict[str, str]:
         with self._lock:

@@ -108,7 +108,7 @@ class Scheduler:
         self._complete = threading.Event()
         self._finished = threading.Event()
         self._watch: Watch | None = None  # members' heartbeats, from the moment the book is published
-        self.board = StatusBoard(config.topology)  # the status page's data (a party's: relayed to its server)
+        self.board = StatusBoard(config.topology, owner=self.name)  # the status page's data (a party's: relayed)
         self._bad_reports: set[str] = set()  # members whose heartbeat report was malformed (logged once each)
         self.van = Van(identity, config.party, config.topology, self._on_message,
                        bind_host=config.bind_host, bind_port=config.bind_port, name=self.name)
@@ -157,7 +157,7 @@ class Scheduler:
         self.van.send(sender, message.reply(body=answer))
         if message.body:
             try:
-                self.board.heard(sender, decode_body(HeartbeatBody, message.body))
+                self.board.heard(sender, decode_body(HeartbeatBody, message.body), name=watch.names.get(sender))
             except BodyError as exc:
                 if sender not in self._bad_reports:
                     self._bad_reports.add(sender)

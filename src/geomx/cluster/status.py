@@ -7,8 +7,10 @@ the two into ``/status.json``. A party's workers beat to their party's scheduler
 relays their records (``members``) in its heartbeat answers to the party's local server, whose next heartbeats
 carry them to the global scheduler (``HeartbeatBody.party``), a heartbeat interval or two late. The HTML page
 and the Prometheus metrics (``geomx.cluster.status_page``) are rendered from that same snapshot, so the three
-never disagree. Checkpoints are read from the folder's file
-names (``checkpoint.dir/gs<shard>/ckpt-<step>.json``) when the page is asked for, never on the scheduler's loop.
+never disagree. Workers' model digests (where every party should hold the same model) are compared across members
+by a ``DigestBook`` (``geomx.cluster.digests``), which names the parties that disagree in the log. Checkpoints
+are read from the folder's file names (``checkpoint.dir/gs<shard>/ckpt-<step>.json``) when the page is asked for,
+never on the scheduler's loop.
 The snapshot holds no secret: only the names of the algorithm, codec and tiers.
 
 Usage::
@@ -31,6 +33,7 @@ from typing import Any
 
 from ..config import Topology
 from ..protocol.bodies import ROUND_BUCKETS_S, HeartbeatBody
+from .digests import DigestBook
 
 STATES = ("waiting", "training", "rejoining", "left", "dead")
 RATE_WINDOW_S = 30.0  # a member silent for longer adds nothing to its party's rate
@@ -103,7 +106,8 @@ def checkpoints(folder: Path | None, shards: int, now: float | None = None) -> d
 
 
 def _merged(counts: Iterable[dict[str, int] | None]) -> dict[str, int] | None:
-    """Answers per rounds ahead, summed over a party's clients (None: no global server counted any)."""
+    """Counts by a number (answers per rounds ahead, pushes per staleness), summed over a party's clients (None: no
+    global server counted any)."""
     total: dict[int, int] = {}
     for entry in counts:
         for ahead, count in (entry or {}).items():
@@ -136,11 +140,13 @@ def _relay_record(name: str, party: str, record: dict[str, Any]) -> dict[str, An
     if state not in STATES or not isinstance(role, str):
         return None
     step, rank = number("step"), number("rank")
+    models = record.get("models")
     return {"id": str(record.get("id", name)), "name": name, "role": role, "party": party,
             "rank": int(rank) if rank is not None else None, "state": state,
             "heartbeat_age_s": number("heartbeat_age_s"), "step": int(step) if step is not None else None,
             "busy": number("busy"), "wan_bytes": counts("wan_bytes"), "lan_bytes": counts("lan_bytes"),
-            "rounds": None}
+            "rounds": None, "models": {k: v for k, v in models.items() if isinstance(v, str)}
+            if isinstance(models, dict) else None}
 
 
 def _party_names(topology: Topology, rows: list[MemberRow]) -> list[str]:
@@ -154,7 +160,7 @@ class StatusBoard:
     """The members' latest reports, and the snapshot the status page serves. Thread-safe: heartbeats arrive on the
     scheduler's I/O thread, snapshots are asked for on the HTTP server's threads. See the module docstring."""
 
-    def __init__(self, topology: Topology, clock: Any = time.monotonic) -> None:
+    def __init__(self, topology: Topology, clock: Any = time.monotonic, owner: str = "scheduler") -> None:
         self._topology = topology
         self._clock = clock
         self._started = clock()
@@ -164,6 +170,7 @@ class StatusBoard:
         self._party: dict[str, str] = {}  # member id -> party, for every member ever heard (its bytes still count)
         self._since: dict[str, float] = {}  # member id -> when it was first seen (its age before any heartbeat)
         self.job = job_summary(topology)
+        self.digests = DigestBook(owner)  # the workers' model digests, compared across members
 
     def seen(self, member_id: str, party: str) -> None:
         """``member_id`` registered now (a heartbeat age counts from here until its first heartbeat)."""
@@ -171,14 +178,21 @@ class StatusBoard:
             self._since.setdefault(member_id, self._clock())
             self._party[member_id] = party
 
-    def heard(self, member_id: str, body: HeartbeatBody, party: str | None = None) -> None:
-        """A heartbeat with its report (counters are cumulative: the newest replaces the older)."""
+    def heard(self, member_id: str, body: HeartbeatBody, party: str | None = None, name: str | None = None) -> None:
+        """A heartbeat with its report (counters are cumulative: the newest replaces the older); ``name``: the
+        member's, for its model digests."""
         with self._lock:
             if member_id in self._latest:
                 self._previous[member_id] = self._latest[member_id]
             self._latest[member_id] = _Sample(self._clock(), body)
             if party is not None:
                 self._party[member_id] = party
+            where = self._party.get(member_id, "")
+            if body.models:
+                self.digests.add(where, name or member_id, body.models)
+            for who, record in (body.party or {}).items():  # a party's workers, relayed
+                if isinstance(record, dict) and isinstance(record.get("models"), dict):
+                    self.digests.add(where, who, record["models"])
 
     def _rate(self, member_id: str, field: str, now: float) -> float:
         latest, previous = self._latest.get(member_id), self._previous.get(member_id)
@@ -194,7 +208,8 @@ class StatusBoard:
                 "state": row.state, "heartbeat_age_s": None if heard is None else round(now - heard, 3),
                 "step": body.step, "busy": body.busy,
                 "wan_bytes": {"sent": body.wan_sent, "recv": body.wan_recv},
-                "lan_bytes": {"sent": body.lan_sent, "recv": body.lan_recv}, "rounds": _rounds(body)}
+                "lan_bytes": {"sent": body.lan_sent, "recv": body.lan_recv}, "rounds": _rounds(body),
+                "models": body.models}
 
     def members(self, rows: list[MemberRow]) -> dict[str, dict[str, Any]]:
         """Name -> record of each of ``rows`` (a party scheduler's relay of its members, up to ``RELAY_MAX``)."""
@@ -218,11 +233,12 @@ class StatusBoard:
                     found.append(entry)
         return found
 
-    def _leads(self) -> dict[str, dict[int, int]]:
-        """Client name -> {rounds ahead: answers}, summed over the global servers' reports."""
+    def _by_client(self, field: str) -> dict[str, dict[int, int]]:
+        """Client name -> {number: count}, summed over the global servers' reports of ``field`` (``leads``: answers
+        by rounds ahead; ``push_staleness``: pushes by staleness)."""
         total: dict[str, dict[int, int]] = {}
         for sample in self._latest.values():
-            for client, counts in (sample.body.leads or {}).items():
+            for client, counts in (getattr(sample.body, field) or {}).items():
                 entry = total.setdefault(client, {})
                 for ahead, count in counts.items():
                     if ahead.isdigit():
@@ -239,10 +255,17 @@ class StatusBoard:
             known = {m["name"] for m in members}
             members += [m for name in _party_names(topology, rows) for m in self._relayed(name, now)
                         if m["name"] not in known]
-            leads = self._leads()
-            for m in members:  # how far ahead of its round each answer let a client run (SSP's staleness)
-                m["answers_ahead"] = {str(k): v for k, v in sorted(leads[m["name"]].items())} \
-                    if m["name"] in leads else None
+            # how far ahead of its round each answer let a client run (SSP's staleness); how many updates of its
+            # slice each push missed (MixedSync's); each member's newest model digest
+            for field, report in (("answers_ahead", self._by_client("leads")),
+                                  ("push_staleness", self._by_client("push_staleness"))):
+                for m in members:
+                    m[field] = {str(k): v for k, v in sorted(report[m["name"]].items())} \
+                        if m["name"] in report else None
+            for m in members:
+                m["model"] = self.digests.latest(m["party"], m["name"]) or self.digests.latest(m["party"], m["id"])
+                del m["models"]
+            model = self.digests.summary()
             parties = []
             for name in _party_names(topology, rows):
                 spec = next((p for p in topology.parties if p.name == name), None) if topology.parties_known else None
@@ -263,9 +286,10 @@ class StatusBoard:
                     "wan_rate_bps": {d: round(8 * sum(self._rate(m, f"wan_{d}", now) for m in ids), 1)
                                      for d in ("sent", "recv")},
                     "answers_ahead": _merged(m["answers_ahead"] for m in members if m["party"] == name),
+                    "push_staleness": _merged(m["push_staleness"] for m in members if m["party"] == name),
                     "members": [m for m in members if m["party"] == name]})
         rounds = [m["step"] for m in members if m["role"] == "global_server" and m["step"] is not None]
         return {"job": {**self.job, "phase": phase, "uptime_s": round(now - self._started, 3),
-                        "global_round": min(rounds) if rounds else None},
+                        "global_round": min(rounds) if rounds else None, "model": model},
                 "parties": parties, "missing": dict(missing),
                 "checkpoint": checkpoints(topology.checkpoint.dir, topology.num_global_servers)}

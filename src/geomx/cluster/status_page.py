@@ -35,6 +35,7 @@ log = logging.getLogger("geomx.cluster.status")
 Snapshot = Callable[[], dict[str, Any]]
 REFRESH_S = 2  # the page reloads itself this often
 STALENESS_BUCKETS = (0, 1, 2, 4, 8, 16)  # rounds ahead: the staleness histogram's bounds
+PUSH_STALENESS_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64)  # updates missed: the push staleness histogram's bounds
 _MEMBER = ("party", "rank", "role")
 
 
@@ -89,6 +90,11 @@ def _members(data: dict[str, Any]) -> Iterator[Metric]:
     stale = HistogramMetricFamily("geomx_staleness_rounds", "the global servers' answers to this client, by how "
                                   "many rounds ahead of its round each let it run (above 0 only under SSP)",
                                   labels=list(_MEMBER))
+    pushes = HistogramMetricFamily("geomx_push_staleness_updates", "the global servers' pushes from this client, by "
+                                   "how many updates of their slice were applied since its last answer for it "
+                                   "(counted under MixedSync)", labels=list(_MEMBER))
+    model = GaugeMetricFamily("geomx_model_digest_step", "the step of a worker's newest model digest (where every "
+                              "party should hold the same model then)", labels=list(_MEMBER))
     for party in data["parties"]:
         for member in party["members"]:
             labels = [member["party"], str(member["rank"] if member["rank"] is not None else ""), member["role"]]
@@ -104,13 +110,17 @@ def _members(data: dict[str, Any]) -> Iterator[Metric]:
                 bounds = [*(f"{le:g}" for le in times["le"]), "+Inf"]
                 rounds.add_metric(labels, list(zip(bounds, itertools.accumulate(times["counts"]), strict=True)),
                                   times["seconds"])
-            ahead = member.get("answers_ahead")
-            if ahead:
-                counts = {int(k): v for k, v in ahead.items()}
-                buckets = [(f"{le}", sum(v for k, v in counts.items() if k <= le)) for le in STALENESS_BUCKETS]
-                stale.add_metric(labels, [*buckets, ("+Inf", sum(counts.values()))],
-                                 sum(k * v for k, v in counts.items()))
-    yield from (age, state, steps, busy, rounds, stale)
+            for family, field, bounds in ((stale, "answers_ahead", STALENESS_BUCKETS),
+                                          (pushes, "push_staleness", PUSH_STALENESS_BUCKETS)):
+                found = member.get(field)
+                if found:
+                    counts = {int(k): v for k, v in found.items()}
+                    buckets = [(f"{le}", sum(v for k, v in counts.items() if k <= le)) for le in bounds]
+                    family.add_metric(labels, [*buckets, ("+Inf", sum(counts.values()))],
+                                      sum(k * v for k, v in counts.items()))
+            if member.get("model"):
+                model.add_metric(labels, member["model"]["step"])
+    yield from (age, state, steps, busy, rounds, stale, pushes, model)
 
 
 def _job(data: dict[str, Any]) -> Iterator[Metric]:
@@ -123,6 +133,10 @@ def _job(data: dict[str, Any]) -> Iterator[Metric]:
                                      "global server")
         rounds.add_metric([], job["global_round"])
         yield rounds
+    disagreements = CounterMetricFamily("geomx_model_disagreements", "steps at which the workers' model digests "
+                                        "differed (where every party should hold the same model)")
+    disagreements.add_metric([], job["model"]["disagreements"])
+    yield disagreements
     checkpoint = data["checkpoint"]
     if checkpoint and checkpoint["shards"]:
         step = GaugeMetricFamily("geomx_checkpoint_step", "step of each global server's newest checkpoint",
@@ -156,12 +170,26 @@ def _saved(party: dict[str, Any]) -> str:
 
 
 def _staleness(party: dict[str, Any]) -> str:
-    """``; answers ahead ...`` for a party some of whose answers came before their round (SSP), else nothing."""
-    counts = {int(k): v for k, v in (party.get("answers_ahead") or {}).items()}
-    if not any(k > 0 for k in counts):
-        return ""
-    mean = sum(k * v for k, v in counts.items()) / sum(counts.values())
-    return f"; answers ahead of their round: mean {mean:.2f}, max {max(counts)}"
+    """``; answers ahead ...`` for a party some of whose answers came before their round (SSP), and ``; pushes
+    stale by ...`` for one whose pushes were counted by staleness (MixedSync), else nothing."""
+    shown = ""
+    for field, what, always in (("answers_ahead", "answers ahead of their round", False),
+                                ("push_staleness", "pushes stale by", True)):
+        counts = {int(k): v for k, v in (party.get(field) or {}).items()}
+        if counts and (always or any(k > 0 for k in counts)):
+            mean = sum(k * v for k, v in counts.items()) / sum(counts.values())
+            shown += f"; {what}: mean {mean:.2f}, max {max(counts)}" + (" updates" if always else "")
+    return shown
+
+
+def _model(job: dict[str, Any]) -> str | None:
+    """The parties' model digests at their newest common step, and whether they agree (None: none reported)."""
+    model = job["model"]
+    if model["step"] is None:
+        return None
+    digests = ", ".join(f"{party} {' / '.join(d[:12] for d in found)}" for party, found in model["parties"].items())
+    verdict = "the same everywhere" if model["agree"] else "DISAGREE"
+    return f"model at step {model['step']}: {digests} ({verdict}; {model['disagreements']} steps disagreed)"
 
 
 def _mean_round(member: dict[str, Any]) -> str | None:
@@ -187,6 +215,8 @@ def render_html(data: dict[str, Any]) -> str:
              ".dead{background:#fdd}.rejoining,.waiting{background:#ffd}.left{color:#888}</style></head><body>",
              f"<h1>geomx job</h1><p id='job'>{facts}; global round: {_cell(job['global_round'])}; "
              f"up {job['uptime_s']:.0f} s</p><p id='checkpoint'>last checkpoint: {ckpt_line}</p>"]
+    if _model(job):
+        parts.append(f"<p id='model'>{_cell(_model(job))}</p>")
     if data["missing"]:
         parts.append(f"<p id='missing'>waiting for: {_cell(data['missing'])}</p>")
     for party in data["parties"]:
@@ -197,15 +227,16 @@ def render_html(data: dict[str, Any]) -> str:
                      f"{_bytes(wan['recv'])} ({_rate(rate['recv'])}); LAN {_bytes(sum(party['lan_bytes'].values()))}"
                      f"{_saved(party)}{_staleness(party)}</p>"
                      f"<table class='party' id='party-{name}' data-party='{name}'><tr><th>member</th><th>role</th>"
-                     "<th>state</th><th>step</th><th>busy</th><th>mean round</th><th>heartbeat age</th>"
+                     "<th>state</th><th>step</th><th>busy</th><th>mean round</th><th>model</th><th>heartbeat age</th>"
                      "<th>WAN sent</th><th>WAN received</th></tr>")
         for m in party["members"]:
             busy = None if m["busy"] is None else f"{100 * m['busy']:.0f}%"
             age = None if m["heartbeat_age_s"] is None else f"{m['heartbeat_age_s']:.1f} s"
+            model = None if not m.get("model") else f"{m['model']['step']}: {m['model']['digest'][:12]}"
             parts.append(f"<tr class='member {html.escape(m['state'])}' data-party='{name}'><td>{_cell(m['name'])}"
                          f"</td><td>{_cell(m['role'])}</td><td class='state'>{_cell(m['state'])}</td>"
                          f"<td>{_cell(m['step'])}</td><td>{_cell(busy)}</td><td>{_cell(_mean_round(m))}</td>"
-                         f"<td>{_cell(age)}</td>"
+                         f"<td class='model'>{_cell(model)}</td><td>{_cell(age)}</td>"
                          f"<td>{_bytes(m['wan_bytes']['sent'])}</td><td>{_bytes(m['wan_bytes']['recv'])}</td></tr>")
         parts.append("</table>")
     parts.append("<p><a href='status.json'>status.json</a> · <a href='metrics'>metrics</a></p></body></html>")
@@ -219,6 +250,8 @@ def render_text(data: dict[str, Any]) -> str:
              f"{job['mode']}; {job['phase']}, global round {_text(job['global_round'])}, up {job['uptime_s']:.0f} s",
              "checkpoint: " + ("not configured" if ckpt is None else "none yet" if ckpt["step"] is None
                                else f"step {ckpt['step']}, {ckpt['age_s']:.0f} s ago")]
+    if _model(job):
+        lines.append(str(_model(job)))
     if data["missing"]:
         lines.append(f"waiting for: {data['missing']}")
     for party in data["parties"]:

@@ -42,6 +42,9 @@ class SyncPolicy(Capabilities, ABC):
     # as they come, or answers before a round completes): the answer must then be weights, so the global
     # servers need an optimizer; an answered sum of gradients would mean nothing.
     needs_server_optimizer: ClassVar[bool] = False
+    # Whether the round table counts each push's staleness (rounds of its slice released since its sender's last
+    # answer for it): where pushes are applied as they come, so that a party may push on a model others moved.
+    counts_staleness: ClassVar[bool] = False
     # (``options`` and ``answers_plain_sums``: geomx.core.capabilities; a policy answers plain sums only where
     # every round's answer is the sum of all awaited clients' pushes, released when the last one is in.)
     answers_plain_sums = False

@@ -8,8 +8,10 @@ A round that misses its deadline fails, naming whom it waited for.
 
 A client's pushes for later rounds (it got its answer early: ``SyncPolicy.may_answer``) queue in order behind
 the open round. The table counts, per client, how far ahead of the last completed round each answer let
-it run (``leads``): 0 for an answer at its round's release. The table knows no algorithm and no
-socket: the host sends, so a unit test drives it in one process with a fake host.
+it run (``leads``): 0 for an answer at its round's release. Where its policy says so
+(``SyncPolicy.counts_staleness``: pushes applied on arrival), it also counts each push's staleness
+(``staleness``): how many rounds of its slice were released since its sender's last answer for that slice. The
+table knows no algorithm and no socket: the host sends, so a unit test drives it in one process with a fake host.
 
 Usage (inside a server, under its lock)::
 
@@ -49,6 +51,7 @@ MODEL_CHANGE = "model_change"
 SAME = "same"
 
 RoundId = tuple[MessageKind, int, int]
+STALENESS_MAX = 1000  # a push staler than this counts as this stale (the report's keys stay few)
 
 
 @dataclass
@@ -74,6 +77,8 @@ class Round:
     exempt: set[str] = field(default_factory=set)  # clients that joined after this round opened: not awaited
     early: str | None = None  # the client that got the others' sum early (geomx.core.early): answered without it
     same: set[str] = field(default_factory=set)  # INIT: clients that hold the value already (answered without it)
+    seen: dict[str, int] = field(default_factory=dict)  # client -> rounds released when it last got an answer
+    base: int = 0  # rounds released before this server started (a resumed count): what a new client has seen
 
     def describe(self) -> str:
         return f"{self.kind.name} round {self.number} of key {self.key} slice {self.slice}"
@@ -129,6 +134,7 @@ class RoundTable:
         self.rounds: dict[RoundId, Round] = {}
         self.answered_early: set[tuple[str, int]] = set()  # (sender, request id) of pushes answered early
         self.leads: dict[str, Counter[int]] = {}  # client -> {rounds ahead an answer let it run: answers}
+        self.staleness: dict[str, Counter[int]] = {}  # client -> {rounds released since its last answer: pushes}
         self.times = RoundTimes()  # rounds of pushes answered, by duration
 
     # -- collect ------------------------------------------------------------------------------------------
@@ -137,7 +143,7 @@ class RoundTable:
 
     def restore(self, kind: MessageKind, key: int, index: int, number: int) -> None:
         """Start (key, slice)'s rounds of ``kind`` at ``number`` (a resumed checkpoint's count)."""
-        self.rounds[(kind, key, index)] = Round(kind, key, index, number=number)
+        self.rounds[(kind, key, index)] = Round(kind, key, index, number=number, base=number)
 
     def completed(self, kind: MessageKind, key: int, index: int) -> int:
         """How many rounds of ``kind`` of (key, slice) were released."""
@@ -165,6 +171,9 @@ class RoundTable:
         if not rnd.contributions:
             rnd.started_at = self.clock()
         rnd.contributions[client] = message
+        if message.kind is Kind.PUSHPULL and self.policy.counts_staleness:
+            stale = min(rnd.number - rnd.seen.get(client, rnd.base), STALENESS_MAX)
+            self.staleness.setdefault(client, Counter())[stale] += 1
         if message.kind is Kind.PUSHPULL and message.tensor is not None:
             if rnd.accum is None:
                 tensor = message.tensor
@@ -194,6 +203,7 @@ class RoundTable:
         if self.policy.may_answer(ahead):
             self.answered_early.add(mark)
             self._count_lead(client, ahead)
+            rnd.seen[client] = rnd.number  # the last applied value
             self.host.answer_early(rnd, message)
 
     def _count_lead(self, client: str, ahead: int) -> None:
@@ -202,6 +212,12 @@ class RoundTable:
     def leads_report(self) -> dict[str, dict[str, int]]:
         """Per client (by display name): how many of its answers let it run how many rounds ahead."""
         return {self.host.display(c): {str(k): v for k, v in sorted(n.items())} for c, n in self.leads.items()}
+
+    def reports(self) -> dict[str, dict[str, dict[str, int]]]:
+        """What the heartbeats and the stats file report per client (by display name): ``leads``
+        (``leads_report``) and ``staleness``, how many of its pushes were how many updates of their slice stale."""
+        return {"leads": self.leads_report(), "staleness": {self.host.display(c): {
+            str(k): v for k, v in sorted(n.items())} for c, n in self.staleness.items()}}
 
     def awaited(self, rnd: Round) -> set[str]:
         return self.clients.awaited(rnd.exempt)
@@ -262,6 +278,7 @@ class RoundTable:
                 continue
             if message.kind is Kind.PUSHPULL and not error:
                 self._count_lead(client, 0)
+                rnd.seen[client] = rnd.number + 1  # this round's value
             if error:
                 reply = message.error(f"{self.host.name}: {error}")
             elif client == rnd.early:  # it has the others' sum already and adds its own (geomx.core.early)

@@ -45,6 +45,7 @@ class Loop(Protocol):
     pending: set[int]  # keys whose answers are on their way (landed lazily, before the forward needing them)
     pushed: set[int]  # keys pushed during this step's backward
     ddp: Any  # the script's DistributedDataParallel around the model (a collective party's), or None
+    steps_done: int  # the job's steps completed (from its start step)
 
     def await_keys(self, keys: Sequence[int]) -> None:
         """Land the answers of ``keys`` still on their way."""
@@ -77,6 +78,9 @@ class WorkerStrategy:
     # the global servers' values are not the model (gradient sums): the workers' checkpoints hold it, with the
     # optimizer state; otherwise a worker's checkpoint holds only its optimizer's state (geomx.torch.checkpoint)
     keeps_model = False
+    # under a synchronous sync policy, every party holds the same model at the start of each step once every answer
+    # on its way has landed (the status page compares their digests: geomx.torch.digest); see ``common_model_step``
+    same_model_everywhere = False
 
     def __init__(self, loop: Loop) -> None:
         self.loop = loop
@@ -89,6 +93,13 @@ class WorkerStrategy:
         servers' checkpoint); None where rounds do not tell steps. This base: one round a step (FSA)."""
         return rounds
 
+
+    def common_model_step(self) -> int | None:
+        """The job's step whose model this worker holds at the start of ``step()`` (once every answer on its way has
+        landed) where, under a synchronous sync policy, every party holds that same model; None where it holds a
+        model of its own then (between global rounds) or never one every party holds. This base: every step's
+        (``loop.steps_done``) where the strategy declares ``same_model_everywhere``, else None."""
+        return self.loop.steps_done if self.same_model_everywhere else None
 
     def on_gradient(self, key: int, grad: torch.Tensor) -> None:
         """A gradient is ready (only with ``pushes_gradients``): push it."""

@@ -90,7 +90,11 @@ class HeartbeatBody:
     that scheduler alone; ``round_counts``: a server's completed rounds (one per slice) by duration, from its first
     contribution to its answer, per ``ROUND_BUCKETS_S`` bucket and one more above the last, and ``round_seconds``
     their summed durations; ``leads``: a global server's answers per client (by name), how many of them let it run
-    how many rounds ahead of its round (``"0"``: the round was complete; more only under SSP: its staleness).
+    how many rounds ahead of its round (``"0"``: the round was complete; more only under SSP: its staleness);
+    ``push_staleness``: a global server's pushes per client (by name) by their staleness, the updates of their
+    slice applied since the client's last answer for it (counted where pushes apply on arrival: MixedSync);
+    ``models``: a worker's digests of its model (``geomx.torch.digest``) at its last few digested steps (step ->
+    hex digest), where its algorithm gives every party the same model then (a party relays them in ``party``).
     ``lan_saved``, ``wan_saved``: bytes its codecs kept off each link class (an encoded message's dense size less
     its frames). An empty body is a plain heartbeat."""
 
@@ -106,6 +110,8 @@ class HeartbeatBody:
     leads: dict[str, dict[str, int]] | None = None
     lan_saved: int = 0
     wan_saved: int = 0
+    push_staleness: dict[str, dict[str, int]] | None = None
+    models: dict[str, str] | None = None
 
 
 def encode_body(body: Any) -> dict[str, Any]:

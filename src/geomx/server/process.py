@@ -215,8 +215,8 @@ class ParameterServer:
             self.van.send(scheduler, Message(Kind.SHUTDOWN, body=goodbye))
         self.van.flush(self.timeouts.shutdown_s)
         with self.lock:
-            leads = self.table.leads_report()
-        stats.close(answer_leads=leads)
+            reports = self.table.reports()
+        stats.close(answer_leads=reports["leads"], push_staleness=reports["staleness"])
         self.van.stop()
         if self._fatal:
             log.error("[%s] stopped: %s", self.name, self._fatal)
@@ -233,8 +233,9 @@ class ParameterServer:
                 self.table.expire(self.timeouts.round_s, self.timeouts.request_s)
                 rounds = [self.table.completed(Kind.PUSHPULL, *sid) for sid in self.stored]
                 times = (list(self.table.times.counts), self.table.times.seconds)
-                leads = self.table.leads_report() if self.is_global else None
-            pulse.note(step=min((r for r in rounds if r), default=0), rounds=times, leads=leads)
+                reports = self.table.reports() if self.is_global else {}
+            pulse.note(step=min((r for r in rounds if r), default=0), rounds=times, leads=reports.get("leads"),
+                       staleness=reports.get("staleness"))
 
     def stop_fatally(self, text: str) -> None:
         """Fail every open round with ``text`` (its clients see who died) and stop the server (under the lock)."""

@@ -43,6 +43,7 @@ from ..kv import KVStore, create
 from ..runs.runlog import file_name
 from .amp import grad_scaler_skips
 from .checkpoint import init_from_checkpoints, worker_checkpoints
+from .digest import ModelDigests
 from .hooks import Hook, layer_of_params, uncompiled
 from .join import UnevenLoops
 from .loop_checks import refuse_changed, state_elsewhere
@@ -156,6 +157,8 @@ class DistributedOptimizer:
             if self.plan.server_optimizer is not None:
                 self.kv.set_optimizer(self.plan.server_optimizer)
         self._check_and_init()
+        # the model's digests for the status page, where every party holds the same model (geomx.torch.digest)
+        self.digests = ModelDigests.of(self, config.topology.timeouts.heartbeat_interval_s)
         run_dir = config.run_dir
         sink = (TensorBoardSink(run_dir / "tensorboard" / file_name(self.kv.name))
                 if config.topology.training.tensorboard and run_dir is not None else None)
@@ -274,6 +277,8 @@ class DistributedOptimizer:
         self._skip_update = grad_scaler_skips(self.__dict__, grads, self._averaged)  # a GradScaler's call
         refuse_changed(self, "step()")  # a gradient changed after its hook sent it (after average_gradients(): none)
         self._step_taken = False
+        if self.digests is not None:
+            self.digests.before_step()
         self.strategy.step()
         self._averaged = False
         self._got.clear()

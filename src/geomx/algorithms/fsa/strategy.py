@@ -24,6 +24,7 @@ class ServerOptimizerStep(WorkerStrategy):
     """Push every gradient as backward makes it; the answers (new weights) land before the next forward."""
 
     pushes_gradients = True
+    same_model_everywhere = True  # every party's answers are the same round's (under FSA's synchronous policy)
 
     def step(self) -> None:
         self.push_missing()

@@ -23,6 +23,7 @@ class Asynchronous(SyncPolicy):
     name = "dist_async"
     clients_leave_independently = True
     needs_server_optimizer = True
+    counts_staleness = True  # a push is applied on whatever the others pushed since its party's last answer
 
     def round_complete(self, contributors: Collection[str], expected: Collection[str]) -> bool:
         return len(contributors) >= 1
