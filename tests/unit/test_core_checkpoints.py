@@ -78,6 +78,27 @@ def test_a_slice_nobody_pushes_is_saved_but_holds_no_step_back(tmp_path: Path, m
     np.testing.assert_array_equal(values_of(snapshot)[(1 << 30, 0)].value, np.zeros(4))
 
 
+def test_under_a_model_average_every_slice_holds_the_step_back(tmp_path: Path, make_server: Any) -> None:
+    """Streaming HFA: a fragment not yet global (no round) holds the step back, and a checkpoint is only of a step
+    no fragment has passed; the wrapper's keys (never pushed) hold nothing back."""
+    spec = CheckpointSpec(dir=tmp_path, every_steps=1)
+    server = make_server("gs", ["ls0"])
+    table = server.table
+    stored = {(0, 0): SliceValue(np.ones(3, dtype=np.float32)), (1, 0): SliceValue(np.ones(2, dtype=np.float32)),
+              (STEP_KEY, 0): SliceValue(np.zeros(1))}
+    writer = CheckpointWriter(spec, 0, "gs")
+    table.restore(Kind.PUSHPULL, 0, 0, 1)  # fragment 0 went global; fragment 1 not yet
+    checkpoint_if_due(writer, stored, table, None, MODEL, every_slice=True)
+    assert writer.last_step < 0  # none queued
+    table.restore(Kind.PUSHPULL, 1, 0, 1)
+    table.restore(Kind.PUSHPULL, 0, 0, 2)  # fragment 0 a cycle further: its values are of another step
+    checkpoint_if_due(writer, stored, table, None, MODEL, every_slice=True)
+    assert writer.last_step < 0  # none queued
+    table.restore(Kind.PUSHPULL, 1, 0, 2)
+    checkpoint_if_due(writer, stored, table, None, MODEL, every_slice=True)
+    assert writer.wait_idle(30) and writer.written == [2]
+
+
 def _written(tmp_path: Path, make_server: Any, holds: str, settings: dict[str, Any]) -> CheckpointSpec:
     """A checkpoint of step 2 holding ``holds``, written under ``settings``, with the wrapper's step key."""
     spec = CheckpointSpec(dir=tmp_path, every_steps=2)

@@ -76,6 +76,8 @@ def test_another_model_or_other_settings_are_refused_naming_the_difference(tmp_p
         WorkerCheckpoints(spec, rank=3, settings=SETTINGS).newest()
 
 
-def test_time_alone_cannot_align_the_workers_checkpoints(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"set checkpoint\.every_steps"):
-        WorkerCheckpoints(CheckpointSpec(dir=tmp_path, every_s=60.0), rank=0, settings=SETTINGS)
+def test_time_cannot_align_the_workers_checkpoints(tmp_path: Path) -> None:
+    """By time (alone, or beside every_steps) the global servers would checkpoint steps no worker has."""
+    for spec in (CheckpointSpec(dir=tmp_path, every_s=60.0), CheckpointSpec(dir=tmp_path, every_steps=5, every_s=60)):
+        with pytest.raises(ConfigError, match=r"every_seconds \(60\) cannot be used.*every_steps alone"):
+            WorkerCheckpoints(spec, rank=0, settings=SETTINGS)

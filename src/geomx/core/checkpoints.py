@@ -29,7 +29,7 @@ from ..optim import Optimizer
 from ..protocol.wire import Kind, SliceId
 from ..runs.checkpoint import MODEL, SUMS, CheckpointWriter, Snapshot, load_latest, shard_dir
 from .rounds import RoundTable, SliceValue
-from .strategy import STEP_KEY
+from .strategy import STEP_KEY, WRAPPER_KEYS
 
 __all__ = ["MODEL", "SUMS", "checkpoint_if_due", "restore_optimizer", "resume", "values_of"]
 
@@ -93,14 +93,20 @@ def restore_optimizer(name: str, snapshot: Snapshot | None, optimizer: Optimizer
 
 
 def checkpoint_if_due(writer: CheckpointWriter | None, stored: dict[SliceId, SliceValue], table: RoundTable,
-                      optimizer: Optimizer | None, holds: str = MODEL) -> None:
+                      optimizer: Optimizer | None, holds: str = MODEL, every_slice: bool = False) -> None:
     """Checkpoint when due; the step is the completed rounds of the least advanced slice that the workers push (a
-    slice without a round, such as the PyTorch wrapper's model signature or a frozen parameter, is saved but
-    holds no step back: with it, its server would never checkpoint)."""
+    slice without a round, such as the PyTorch wrapper's model signature or a frozen parameter under FSA, is saved
+    but holds no step back: with it, its server would never checkpoint). ``every_slice``: every model slice has
+    rounds (a model average pushes frozen parameters too), so one without any holds the step back as well (a slice
+    whose turn to go global has not come yet; the wrapper's keys aside), and a checkpoint is only of a step every
+    slice has reached and none has passed (a slice already a round further would make it of two steps)."""
     if writer is None or not stored:
         return
     rounds = {sid: table.completed(Kind.PUSHPULL, *sid) for sid in stored}
-    step = min((count for count in rounds.values() if count), default=0)
+    counted = [count for sid, count in rounds.items() if count or (every_slice and sid[0] < WRAPPER_KEYS)]
+    step = min(counted, default=0)
+    if every_slice and counted and max(counted) != step:
+        return
 
     def take() -> Snapshot:
         layout, state = optimizer.state() if optimizer is not None else ({}, {})

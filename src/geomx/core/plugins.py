@@ -227,6 +227,9 @@ class Aggregation(Capabilities):
 
     push_kind = "gradient"  # what the upward sum is, for the WAN codec ("gradient" or "delta")
     answers_weights = False  # the top tier answers with weights even without an optimizer
+    # every model slice takes part in every global round (a model average pushes frozen parameters too): a slice
+    # without a completed round holds a checkpoint's step back (one whose turn to go global has not come yet)
+    rounds_every_slice = False
     # (``answers_plain_sums``: the top tier's answer without an optimizer is the completed sum itself, adopted
     # as it is below; ``options``: geomx.core.capabilities.)
 

@@ -93,6 +93,12 @@ class WorkerStrategy:
         servers' checkpoint); None where rounds do not tell steps. This base: one round a step (FSA)."""
         return rounds
 
+    def checkpoint_number(self, step: int) -> int | None:
+        """The number this worker's checkpoint of its state after ``step`` goes by: the step itself where rounds tell
+        steps (``steps_of``); where they do not (each worker's own steps per round, say), the global rounds
+        completed once this step's round is, the number of the global servers' checkpoint it pairs with, and None
+        for a step that ends no round (no checkpoint then). This base: ``step``."""
+        return step
 
     def common_model_step(self) -> int | None:
         """The job's step whose model this worker holds at the start of ``step()`` (once every answer on its way has

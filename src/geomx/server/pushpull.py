@@ -238,7 +238,8 @@ class PushPulls:
         host.release(rnd, stored.value, fields=answer or self._reply_fields(rnd, stored.value))
         if host.checkpoints is not None:  # the values are the model where an optimizer or a model average ran here
             holds = MODEL if host.optimizer is not None or host.aggregation.answers_weights else SUMS
-            checkpoint_if_due(host.checkpoints, host.stored, host.table, host.optimizer, holds)
+            checkpoint_if_due(host.checkpoints, host.stored, host.table, host.optimizer, holds,
+                              every_slice=host.aggregation.rounds_every_slice)
 
     def _rescaled(self, rnd: Round, total: np.ndarray) -> np.ndarray:
         """After a drop or a departure: the sum as the tier's policy applies it, given the workers behind the

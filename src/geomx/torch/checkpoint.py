@@ -16,8 +16,10 @@ another model or other training settings is refused naming the difference.
 
 Under HFA the global servers hold the global model and the outer optimizer's state; each worker writes its inner
 optimizer's state (and the model's buffers) at the steps of the servers' checkpoints (every ``every_steps`` global
-rounds: K1 x K2 steps each), and a resumed worker takes the global model from INIT, its step from the servers'
-completed rounds, and that step's state from its own checkpoint.
+rounds: K1 x K2 steps each; under streaming a cycle of every fragment), and a resumed worker takes the global model
+from INIT, its step from the servers' completed rounds, and that step's state from its own checkpoint. Under ESync
+a round is of each worker's own steps, so a worker's checkpoints go by global rounds (``ckpt-<rounds>``), each
+recording the worker's step (``loop_step``), which is where it resumes.
 
 Usage (inside the wrapper)::
 
@@ -75,10 +77,11 @@ class WorkerCheckpoints:
                  with_model: bool = True) -> None:
         if spec.dir is None:
             raise ValueError("WorkerCheckpoints needs checkpoint.dir")
-        if spec.every_steps <= 0:  # time alone would let each worker checkpoint at other steps
-            raise ConfigError("checkpoint.every_seconds alone cannot be used where the workers hold the model and "
-                              "the optimizer state (the wrapper's default FSA plan: its optimizer steps on every "
-                              "worker): their checkpoints must be of the same steps; set checkpoint.every_steps")
+        if spec.every_steps <= 0 or spec.every_s > 0:  # by time, each would checkpoint at steps of its own
+            raise ConfigError(f"checkpoint.every_seconds ({spec.every_s:g}) cannot be used where the workers hold "
+                              "part of what a resume needs (the model and the optimizer state under the wrapper's "
+                              "default FSA plan, the inner optimizer's state under HFA): the global servers and "
+                              "every worker must checkpoint the same steps, so set checkpoint.every_steps alone")
         self.spec = spec
         self.every = every if every is not None else spec.every_steps  # steps between two checkpoints
         self.with_model = with_model  # load restores the parameters too (else the global servers hand them out)
@@ -86,26 +89,30 @@ class WorkerCheckpoints:
         self.settings = settings
         self.written: list[int] = []
 
-    def maybe_write(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer) -> bool:
-        """Write this worker's checkpoint of ``step`` (steps completed) if one is due; True if written."""
-        if step <= 0 or step % self.every:
+    def maybe_write(self, number: int, model: nn.Module, optimizer: torch.optim.Optimizer,
+                    step: int | None = None) -> bool:
+        """Write this worker's checkpoint ``number`` (its steps completed, or under ESync the global rounds:
+        ``WorkerStrategy.checkpoint_number``) if one is due; ``step``: the loop's step, where not ``number``.
+        True if written."""
+        if number <= 0 or number % self.every:
             return False
-        self.write(step, model, optimizer)
+        self.write(number, model, optimizer, step)
         return True
 
-    def write(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer) -> Path:
-        """Write the checkpoint of ``step`` now (atomically); keep the newest ``keep``. Returns the manifest."""
+    def write(self, number: int, model: nn.Module, optimizer: torch.optim.Optimizer, step: int | None = None) -> Path:
+        """Write checkpoint ``number`` now (atomically); keep the newest ``keep``. Returns the manifest."""
         self.folder.mkdir(parents=True, exist_ok=True)
         state = model.state_dict()
-        data = self.folder / f"ckpt-{step:09d}.pt"
+        data = self.folder / f"ckpt-{number:09d}.pt"
         write_atomically(data, lambda handle: torch.save({"model": state, "optimizer": optimizer.state_dict()},
                                                          handle))
-        manifest = {"format": FORMAT_VERSION, "step": step, "time": time.time(), "data": data.name,
-                    "sha256": sha256(data), "model": _shapes(state), "settings": self.settings}
-        path = self.folder / f"ckpt-{step:09d}.json"
+        manifest = {"format": FORMAT_VERSION, "step": number, "loop_step": number if step is None else step,
+                    "time": time.time(), "data": data.name, "sha256": sha256(data), "model": _shapes(state),
+                    "settings": self.settings}
+        path = self.folder / f"ckpt-{number:09d}.json"
         write_atomically(path, lambda handle: handle.write(json.dumps(manifest, indent=1).encode()))
         prune(self.folder, self.spec.keep, ".pt")
-        self.written.append(step)
+        self.written.append(number)
         return path
 
     def steps(self) -> list[int]:
@@ -137,9 +144,9 @@ class WorkerCheckpoints:
         except (OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
             raise CheckpointError(f"{path}: unreadable checkpoint ({type(exc).__name__}: {exc})") from None
 
-    def load(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        """Load the checkpoint of ``step`` into ``model`` and ``optimizer``; CheckpointError names what is missing
-        or different (another model, other training settings)."""
+    def load(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
+        """Load checkpoint ``step`` (its number) into ``model`` and ``optimizer`` and return the loop's step it was
+        written at; CheckpointError names what is missing or different (another model, other training settings)."""
         manifest, saved = self._read(step)
         source = self.folder / f"ckpt-{step:09d}.json"
         difference = model_difference(manifest["model"], _shapes(model.state_dict()))
@@ -156,6 +163,7 @@ class WorkerCheckpoints:
         optimizer.load_state_dict(saved["optimizer"])
         log.info("resumed this worker's %s from %s", "model and optimizer state" if self.with_model
                  else "optimizer state and buffers", source)
+        return int(manifest.get("loop_step", manifest["step"]))
 
 
 class Resumable(Protocol):
@@ -178,25 +186,20 @@ def worker_checkpoints(loop: Resumable, config: NodeConfig, sharded: bool) -> Wo
     spec = config.topology.checkpoint
     if spec.dir is None or loop.plan.mode is Strategy.SERVER:
         return None
-    per_round = loop.strategy.steps_of(1)
-    if per_round is None:
-        if loop.kv.is_master_worker:
-            log.warning("geomx.torch: under %s the global servers' checkpoints hold the global model, but the step "
-                        "and the workers' optimizer state are not checkpointed yet: a resumed job's loop starts at "
-                        "step 0 and its optimizer afresh", loop.plan.describe())
-        return None
+    per_round = loop.strategy.steps_of(1)  # None (ESync): the checkpoints go by global rounds, every_steps of them
     if sharded:
         raise ConfigError(f"party {config.party}: checkpoints of a model sharded by FSDP2 with its optimizer on the "
                           "ranks are not written yet (each rank's shards would need one): set "
                           "training.server_optimizer: translate under FSA, or no checkpoint.dir")
     return WorkerCheckpoints(spec, loop.kv.global_rank, plan_settings(config.topology),
-                             every=spec.every_steps * per_round, with_model=loop.strategy.keeps_model)
+                             every=spec.every_steps * (per_round or 1), with_model=loop.strategy.keeps_model)
 
 
 def init_from_checkpoints(loop: Resumable, config: NodeConfig) -> int:
     """INIT the model's keys (the master's values win) and return the step the job starts at: 0 on a fresh start;
     on ``--resume`` the checkpoint's, with every worker's model and optimizer state restored (module docstring).
-    The step travels under ``STEP_KEY`` where the global servers' rounds tell steps (not under ESync or streaming)."""
+    The step travels under ``STEP_KEY``: the master's, or a resumed global server's completed rounds (each worker's
+    own step under ESync, whose rounds are of as many steps as each worker's speed gets: its checkpoint of them)."""
     mine = loop.checkpoints
     keeps_model = loop.strategy.keeps_model
     master = loop.kv.is_master_worker
@@ -205,14 +208,18 @@ def init_from_checkpoints(loop: Resumable, config: NodeConfig) -> int:
         resumed = mine.newest()  # its model is what the master INITs: every worker's start
         mine.load(resumed, loop.model, loop.optimizer)
     loop.kv.init(list(range(len(loop.params))), [p.data for p in loop.params])
-    if config.topology.checkpoint.dir is None or loop.strategy.steps_of(1) is None:
+    if config.topology.checkpoint.dir is None:
         return 0
     told = torch.tensor([float(resumed or 0)], dtype=torch.float64)
     loop.kv.init(STEP_KEY, told)  # the master's step, or a resumed global server's completed rounds
-    step = int(told.item()) if keeps_model else loop.strategy.steps_of(int(told.item()))
-    assert step is not None, "checked above: the strategy tells steps from rounds"
+    rounds = int(told.item())
+    step = rounds if keeps_model else loop.strategy.steps_of(rounds)
+    number = rounds if step is None else step  # ESync: this worker's checkpoint of those rounds tells its step
     if config.resume and mine is not None and not (keeps_model and master):
-        mine.load(step, loop.model, loop.optimizer)  # the optimizer state (and the model where it is the workers')
+        # the optimizer state (and the model where it is the workers'); the step where rounds do not tell it
+        step = mine.load(number, loop.model, loop.optimizer)
+    if step is None:  # a fresh start, or no checkpoints of this worker's
+        return 0
     if config.resume and master:
         log.info("geomx.torch: the job resumes at step %d", step)
     return step

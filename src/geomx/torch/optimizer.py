@@ -294,7 +294,9 @@ class DistributedOptimizer:
             self.optimizer.step()
         if self.checkpoints is not None and not self._step_taken:
             self._step_taken = True
-            self.checkpoints.maybe_write(self.steps_done + 1, self.model, self.optimizer)
+            number = self.strategy.checkpoint_number(self.steps_done + 1)
+            if number is not None:
+                self.checkpoints.maybe_write(number, self.model, self.optimizer, step=self.steps_done + 1)
 
     @contextmanager
     def no_sync(self) -> Iterator[None]:

@@ -24,6 +24,13 @@ import geomx.torch as gx
 LR = 0.01
 
 
+def adam_steps(optimizer: torch.optim.Optimizer) -> int | None:
+    """The steps Adam's state counts (a resumed state goes on counting from its checkpoint's); None if it has none
+    (the optimizer runs on the global servers)."""
+    state = optimizer.state.get(optimizer.param_groups[0]["params"][0])
+    return int(state["step"]) if state else None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=10)
@@ -35,6 +42,8 @@ def main() -> None:
     model = jobkit.make_model()
     opt = gx.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=LR), model)
     run_dir = Path(opt.kv.config.run_dir or ".")
+    after_init = [p.detach().clone() for p in model.parameters()]  # the model the job (re)starts from
+    adam_start = adam_steps(opt.optimizer)  # None on a fresh start; a resumed inner Adam's count
     inputs, targets = jobkit.make_data(args.steps, num_workers)
     for step in range(opt.start_step, args.steps):
         if step == args.kill_step and rank == 0:
@@ -48,8 +57,10 @@ def main() -> None:
         F.mse_loss(model(inputs[step, rank]), targets[step, rank]).backward()
         opt.step()
     opt.close()
-    jobkit.save_worker_output(run_dir, rank, {"final": [p.detach().clone() for p in model.parameters()]},
-                              {"start_step": opt.start_step, "plan": opt.plan.describe()})
+    jobkit.save_worker_output(run_dir, rank, {"final": [p.detach().clone() for p in model.parameters()],
+                                                    "after_init": after_init},
+                              {"start_step": opt.start_step, "plan": opt.plan.describe(),
+                               "adam_start": adam_start, "adam_steps": adam_steps(opt.optimizer)})
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ class CollectiveESync(CollectivePeriodicAverage):
         self.done = False  # some worker's data ended and its round is over: the job's last
         self.control = OwnedSlice(CONTROL_KEY, 0, 1, 0, 1)
         self.control_global = torch.zeros(1)  # the flag's global value, as of the last round
+        self.rounds = 0  # the party's global rounds so far (K2 = 1: each of its rounds)
 
     def init_keys(self) -> None:
         super().init_keys()
@@ -46,6 +47,13 @@ class CollectiveESync(CollectivePeriodicAverage):
         if kv.ranks.owns(CONTROL_KEY, 0):
             self.rules.set_global_model(self.control.id, self.control_global.numpy())  # a view: kept current
         self.round_started = time.monotonic()  # the first round's time counts local steps, not the init
+
+    def steps_of(self, rounds: int) -> int | None:
+        return None  # the party's steps per round are assigned by its speed: rounds tell no step
+
+    def checkpoint_number(self, step: int) -> int | None:
+        """The global rounds completed once this step's round is, if ``step`` ends one (checkpoints go by rounds)."""
+        return self.rounds + 1 if self.steps_in_round + 1 == self.round_steps else None
 
     def step(self) -> None:
         if self.done:
@@ -63,6 +71,7 @@ class CollectiveESync(CollectivePeriodicAverage):
         ranks = loop.kv.ranks
         per_step = (time.monotonic() - self.round_started) / max(self.steps_in_round, 1)
         self.sync()  # the model's global round (K2 = 1: every local round is one)
+        self.rounds += 1
         started = time.monotonic()
         flag = torch.full((1,), (1.0 if finishing else 0.0) / ranks.group.world_size)
         ranks.group.all_reduce(flag)  # the party's mean flag, as a local server sums its workers' pushes

@@ -31,9 +31,14 @@ class ESync(PeriodicAverage):
     def __init__(self, loop: Loop, k1: int | None = None) -> None:
         super().__init__(loop, k1)
         self.done = False  # a worker ran out of data: the job's last round is over
+        self.rounds = 0  # global rounds this worker took part in (K2 = 1: each of its syncs)
 
     def steps_of(self, rounds: int) -> int | None:
         return None  # each worker's local steps per round are assigned by its speed: rounds tell no step
+
+    def checkpoint_number(self, step: int) -> int | None:
+        """The global rounds completed once this step's round is, if ``step`` ends one (checkpoints go by rounds)."""
+        return self.rounds + 1 if self.local_steps + 1 == self.round_steps else None
 
     def init_keys(self) -> None:
         self.loop.kv.init(CONTROL_KEY, torch.zeros(1))
@@ -50,6 +55,7 @@ class ESync(PeriodicAverage):
         loop = self.loop
         per_step = (time.monotonic() - self.round_started) / max(self.round_steps, 1)
         super().sync(finishing)
+        self.rounds += 1
         loop.kv.push(CONTROL_KEY, torch.full((1,), (1.0 if finishing else 0.0) / loop.kv.num_workers), priority=1)
         started = time.monotonic()
         control = torch.zeros(1)

@@ -56,6 +56,7 @@ class HfaAggregation(Aggregation):
 
     push_kind = "delta"
     answers_weights = True
+    rounds_every_slice = True
     answers_plain_sums = False  # the global model (or its change), not the sum of the parties' deltas
     options: ClassVar[dict[str, type]] = {"fragments": int, "fragment_delay": int, "fragment_alpha": float}
 

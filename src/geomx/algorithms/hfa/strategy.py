@@ -35,8 +35,7 @@ class PeriodicAverage(WorkerStrategy):
         self.round_started = time.monotonic()  # the first round's time counts local steps, not the init wait
 
     def steps_of(self, rounds: int) -> int | None:
-        """K1 steps a local round and K2 local rounds a global one; under streaming a checkpoint's rounds are its
-        fragments' (not told: None)."""
+        """K1 steps a local round and K2 local rounds a global one (under streaming: a cycle of every fragment)."""
         return global_round_steps(self.loop, self.k1, rounds)
 
     def step(self) -> None:
@@ -62,9 +61,9 @@ class PeriodicAverage(WorkerStrategy):
         loop.pending.update(range(len(loop.params)))
 
 
-def global_round_steps(loop: Loop, k1: int, rounds: int) -> int | None:
-    """The steps ``rounds`` global rounds of HFA stand for: K1 x K2 each; None under streaming (fragments), where
-    each fragment counts its own. Usage: ``global_round_steps(loop, 4, rounds=3)`` -> 60 with K2 = 5."""
-    if int(dict(loop.kv.config.topology.training.plugin_options).get("fragments", "1") or 1) > 1:
-        return None
+def global_round_steps(loop: Loop, k1: int, rounds: int) -> int:
+    """The steps ``rounds`` global rounds of HFA stand for: K1 x K2 each. Under streaming a slice still goes global
+    once every K2 local rounds (its fragment's), so when every slice has completed ``rounds`` global rounds (a
+    checkpoint's step: its least advanced slice's) the workers stand at the end of cycle ``rounds``, K1 x K2 x rounds
+    steps in. Usage: ``global_round_steps(loop, 4, rounds=3)`` -> 60 with K2 = 5."""
     return rounds * k1 * loop.kv.hfa.k2
