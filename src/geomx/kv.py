@@ -23,6 +23,7 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -34,6 +35,7 @@ from .codecs import default_registry
 from .config import Mode, NodeConfig, Role, node_config
 from .core.early import EarlyAnswers
 from .core.sharding import ShardPlanner
+from .core.strategy import STEP_KEY
 from .core.worker_plugins import WorkerContext
 from .optim import Optimizer
 from .protocol.bodies import ConfigureBody, InitBody, PullBody, decode_body, encode_body
@@ -44,7 +46,7 @@ from .transport.rpc import Requests
 from .transport.trace import Tracer
 from .transport.van import Van
 from .worker.compose import compose_worker
-from .worker.ranks import PartyRanks, SliceLink
+from .worker.ranks import PartyRanks, SliceLink, refuse_per_key_api
 from .worker.slices import KeyTable, copy_out, payload, push_codec, to_numpy
 
 log = logging.getLogger("geomx.kv")
@@ -56,7 +58,7 @@ def _as_list(value: Any) -> list[Any]:
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
-class KVStore:
+class KVStore(AbstractContextManager["KVStore"]):
     """A worker's connection to its party's local server (or, in flat mode, to the global servers)."""
 
     def __init__(self, kind: str, config: NodeConfig) -> None:
@@ -168,7 +170,7 @@ class KVStore:
 
         The tensor is copied first, so the caller may change it (zero the gradient) right away.
         """
-        _refuse_in_collective(self, "push")
+        refuse_per_key_api(self.ranks, "push")
         self._push(key, value, priority, snapshot=True)
 
     def _push(self, key: int | Sequence[int], value: torch.Tensor | Sequence[torch.Tensor], priority: int,
@@ -186,7 +188,7 @@ class KVStore:
 
     def pull(self, key: int | Sequence[int], out: torch.Tensor | Sequence[torch.Tensor], priority: int = 0) -> None:
         """Write the latest value of ``key`` into ``out`` (after a push: that round's result)."""
-        _refuse_in_collective(self, "pull")
+        refuse_per_key_api(self.ranks, "pull")
         for k, o in zip(_as_list(key), _as_list(out), strict=True):
             futures = self._pending.pop(k, None)
             if futures is not None:
@@ -237,7 +239,7 @@ class KVStore:
 
         No copy of ``value`` is made: the call returns only after the server has received it.
         """
-        _refuse_in_collective(self, "pushpull")
+        refuse_per_key_api(self.ranks, "pushpull")
         self._push(key, value, priority, snapshot=False)
         self.pull(key, value if out is None else out, priority)
 
@@ -288,6 +290,15 @@ class KVStore:
         """
         assign = functools.partial(self._steps.assign, seconds_per_step, base_steps)
         return assign() if self.ranks is None else self.ranks.first_rank_says(assign, "ESync's step assignment")
+
+    def start_step(self, mine: int = 0) -> int:
+        """The step the job goes on from, the same on every worker (call once, after ``init``): a resumed global
+        server's checkpoint step where it holds the model (an optimizer on the servers), else the master worker's
+        ``mine`` (its own checkpoint's step, where the loop keeps the model; 0 on a fresh start).
+        Usage: ``for step in range(kv.start_step(), steps):``"""
+        told = torch.tensor([float(mine)], dtype=torch.float64)
+        self.init(STEP_KEY, told)  # as the PyTorch wrapper does (geomx.torch.checkpoint)
+        return int(told.item())
 
     def barrier(self) -> None:
         """Wait until every worker of every party reaches this barrier."""
@@ -367,19 +378,8 @@ class KVStore:
             if self.ranks is not None:
                 self.ranks.group.close()
 
-    def __enter__(self) -> KVStore:
-        return self
-
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _refuse_in_collective(store: KVStore, what: str) -> None:
-    """The per-key API is a party with a local server's: refused, naming the way, in a collective party."""
-    if store.ranks is not None:
-        raise RuntimeError(f"kv.{what} in a lan: collective party: the kvstore API keeps GeoMX's semantics in "
-                           "parties with a local server; a collective party trains through "
-                           "geomx.torch.DistributedOptimizer")
 
 
 def create(kind: str = "dist_sync", config: NodeConfig | None = None, *, close_at_exit: bool = True) -> KVStore:

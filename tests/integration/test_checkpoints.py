@@ -50,7 +50,7 @@ def reference_after(steps: int, num_workers: int = 2) -> list[torch.Tensor]:
 
 def assert_values_equal_reference(snapshot, steps: int) -> None:
     reference = reference_after(steps)
-    assert sorted(snapshot.values) == [(i, 0) for i in range(len(reference))]
+    assert sorted(sid for sid in snapshot.values if sid[0] < 1 << 40) == [(i, 0) for i in range(len(reference))]
     for index, want in enumerate(reference):
         got = torch.from_numpy(snapshot.values[(index, 0)]).reshape(want.shape)
         torch.testing.assert_close(got, want, msg=lambda m, i=index: f"checkpoint step {steps}, param {i}: {m}")

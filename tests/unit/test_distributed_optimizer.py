@@ -379,3 +379,24 @@ def test_the_model_is_digested_for_the_heartbeats_only_where_every_party_holds_t
     store.set_optimizer = lambda spec: None  # type: ignore[attr-defined]
     opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, kv=store)  # type: ignore[arg-type]
     assert opt.digests is None  # MixedSync: every party trains a model of its own
+
+
+def test_under_hfa_the_model_is_digested_only_at_the_start_of_a_step_after_a_global_round(monkeypatch):
+    """K1 = 2, K2 = 1: steps 0, 2, 4 start from the global model every party holds, 1, 3 from the party's own;
+    under streaming no step does."""
+    monkeypatch.setattr("geomx.torch.digest.BUDGET", 1e9)  # a digest costs nothing: every step may take one
+    model, opt, store = wrapped_sgd("hfa")
+    noted: list[dict[str, str]] = []
+    store.pulse = SimpleNamespace(note=lambda models=None, **fields: models is not None and noted.append(models))
+    assert opt.digests is not None
+    opt.digests._interval_s = 0.0  # no heartbeat interval to spread them over
+    for _ in range(5):
+        opt.zero_grad()
+        model(torch.randn(5, 4)).sum().backward()
+        opt.step()
+    assert sorted(noted[-1], key=int) == ["0", "2", "4"]
+    streaming = LocalSGDStore(TrainingSpec(plugin_options=(("fragments", "2"),)))
+    streaming.hfa = HFASpec(k1=2, k2=2)
+    streaming.config = dataclasses.replace(streaming.config, topology=dataclasses.replace(
+        streaming.config.topology, hfa=streaming.hfa))
+    assert DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, kv=streaming).digests is None

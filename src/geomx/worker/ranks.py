@@ -299,3 +299,12 @@ def _wire_like(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
 def _same(reply: Message) -> bool:
     """Whether an INIT's answer says the rank holds the global value already (its digest matched; no value came)."""
     return bool((reply.body or {}).get(SAME)) and reply.tensor is None and reply.encoded is None
+
+
+def refuse_per_key_api(ranks: PartyRanks | None, what: str) -> None:
+    """The kvstore API's per-key calls are a party with a local server's: refused, naming the way, where the
+    worker is a rank of a collective party (``ranks``)."""
+    if ranks is not None:
+        raise RuntimeError(f"kv.{what} in a lan: collective party: the kvstore API keeps GeoMX's semantics in "
+                           "parties with a local server; a collective party trains through "
+                           "geomx.torch.DistributedOptimizer")

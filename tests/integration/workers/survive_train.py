@@ -87,14 +87,11 @@ def main() -> None:
         kv.set_optimizer(geomx.optim.SGD(lr=jobkit.LR, momentum=jobkit.MOMENTUM))
     kv.init(list(range(len(params))), [p.data for p in params])
     after = [p.detach().clone() for p in params]
-    first = 0
     report: dict = {"name": kv.name, "global_rank": rank}
+    # where the job checkpoints, the step it goes on from: the resumed global server's (it holds the model)
     checkpoints = kv.config.topology.checkpoint.dir
+    first = kv.start_step() if checkpoints is not None else 0
     if args.resume_from_checkpoint:
-        assert checkpoints is not None
-        snapshot = load_latest(checkpoints, shard=0)
-        assert snapshot is not None, "resumed without a checkpoint"
-        first = snapshot.step
         report["resumed_at"] = first
     inputs, targets = jobkit.make_data(args.steps, kv.num_all_workers)
     try:

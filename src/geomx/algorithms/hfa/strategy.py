@@ -38,6 +38,16 @@ class PeriodicAverage(WorkerStrategy):
         """K1 steps a local round and K2 local rounds a global one (under streaming: a cycle of every fragment)."""
         return global_round_steps(self.loop, self.k1, rounds)
 
+    def common_model_step(self) -> int | None:
+        """At the start of the step after a global round every party holds the global model (unless streaming or
+        an overlapped round lets each keep its own part: then never one every party holds)."""
+        options = dict(self.loop.kv.config.topology.training.plugin_options)
+        per_round = self.steps_of(1)
+        if per_round is None or int(options.get("fragments", 1)) > 1 or int(options.get("fragment_delay", 0)):
+            return None
+        steps = self.loop.steps_done  # (a job starts, or resumes, at a global round)
+        return steps if steps % per_round == 0 else None
+
     def step(self) -> None:
         loop = self.loop
         loop.synchronize()
