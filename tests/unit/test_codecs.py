@@ -33,6 +33,7 @@ from geomx.codecs import (
 from geomx.codecs.base import MAX_DECODE_BYTES
 from geomx.codecs.bsc import index_dtype, top_k_sampled
 from geomx.codecs.int8 import MAX_SCALE
+from geomx.protocol.wire import MAX_CODEC_ID
 
 F32 = np.dtype(np.float32)
 FP16_STEP = 2.0**-11  # relative half-spacing of float16 (10 mantissa bits)
@@ -686,7 +687,7 @@ def test_mutated_valid_payloads_decode_or_raise_codec_error(name: str, data: st.
 
 class _Stub(Codec):
     name: ClassVar[str] = "stub"
-    codec_id: ClassVar[int] = 200
+    codec_id: ClassVar[int] = 60
 
     def encode(self, array: np.ndarray, info: TensorInfo) -> Encoded:
         return Encoded(self.codec_id, [], {})
@@ -702,13 +703,15 @@ def test_registry_refuses_duplicate_names_and_ids() -> None:
     registry = default_registry()
     registry.register(_Stub)
     with pytest.raises(CodecError, match="name 'stub' is already registered"):
-        registry.register(type("Again", (_Stub,), {"codec_id": 201}))
-    with pytest.raises(CodecError, match=r"id 200 .* already taken"):
+        registry.register(type("Again", (_Stub,), {"codec_id": 61}))
+    with pytest.raises(CodecError, match=r"id 60 .* already taken"):
         registry.register(type("SameId", (_Stub,), {"name": "other"}))
     with pytest.raises(CodecError, match=r"id 0 .* already taken by Dense"):
         registry.register(type("ClaimsDense", (_Stub,), {"name": "fake_dense", "codec_id": 0}))
     with pytest.raises(CodecError, match="codec_id"):
         registry.register(type("BadId", (_Stub,), {"name": "bad_id", "codec_id": -7}))
+    with pytest.raises(CodecError, match=r"BigId.codec_id must be in \[0, 63\] .* got 64"):
+        registry.register(type("BigId", (_Stub,), {"name": "big_id", "codec_id": MAX_CODEC_ID + 1}))
     with pytest.raises(TypeError):
         registry.register(int)  # type: ignore[arg-type]
     registry.register(type("Composite2", (ErrorFeedback,), {"name": "ef2"}))  # composites share COMPOSITE_ID

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from ..protocol.wire import MAX_CODEC_ID
 from .base import COMPOSITE_ID, Codec, CodecError, Encoded
 from .bf16 import BF16
 from .bsc import BSC
@@ -37,8 +38,22 @@ from .mpq import MPQ
 BUILTINS: tuple[type[Codec], ...] = (Dense, FP16, BSC, Int8, BF16, ErrorFeedback, SizeAdaptive, MPQ)
 
 
+def check_wire_id(cls: type[Codec]) -> None:
+    """CodecError unless ``cls.codec_id`` is one the wire carries (0..MAX_CODEC_ID) or COMPOSITE_ID."""
+    codec_id = getattr(cls, "codec_id", None)
+    if (isinstance(codec_id, bool) or not isinstance(codec_id, int)
+            or not (0 <= codec_id <= MAX_CODEC_ID or codec_id == COMPOSITE_ID)):
+        raise CodecError(f"{cls.__qualname__}.codec_id must be in [0, {MAX_CODEC_ID}] (the ids the wire "
+                         f"carries: protocol.wire.MAX_CODEC_ID) or COMPOSITE_ID, got {codec_id!r}")
+
+
+for _builtin in BUILTINS:  # at import: a built-in numbered beyond the wire's range fails here, not mid-job
+    check_wire_id(_builtin)
+
+
 class Registry:
-    """Codec classes by name (unique) and by wire id (unique; composites have no id of their own)."""
+    """Codec classes by name (unique) and by wire id (unique, in the wire's range 0..MAX_CODEC_ID; composites have
+    no id of their own)."""
 
     def __init__(self) -> None:
         self._by_name: dict[str, type[Codec]] = {}
@@ -46,15 +61,13 @@ class Registry:
         self._decoders: dict[int, Codec] = {}
 
     def register(self, cls: type[Codec]) -> type[Codec]:
-        """Add ``cls``; refuses a name or a wire id that is already taken. Returns ``cls`` (decorator use)."""
+        """Add ``cls``; refuses a taken name or wire id, or an id the wire cannot carry. Returns ``cls``."""
         if not (isinstance(cls, type) and issubclass(cls, Codec)) or inspect.isabstract(cls):
             raise TypeError(f"{cls!r} is not a concrete Codec subclass")
         name, codec_id = getattr(cls, "name", None), getattr(cls, "codec_id", None)
         if not isinstance(name, str) or not name or name != name.lower():
             raise CodecError(f"{cls.__qualname__}.name must be a non-empty lower-case string, got {name!r}")
-        if not isinstance(codec_id, int) or not (codec_id >= 0 or codec_id == COMPOSITE_ID) or codec_id > 255:
-            raise CodecError(f"{cls.__qualname__}.codec_id must be in [0, 255] (one header byte) or "
-                             f"COMPOSITE_ID, got {codec_id!r}")
+        check_wire_id(cls)
         if name in self._by_name:
             raise CodecError(f"codec name {name!r} is already registered by {self._by_name[name].__qualname__}")
         if codec_id != COMPOSITE_ID and codec_id in self._by_id:
