@@ -2,12 +2,18 @@
 
 ``geomx.kv`` and ``geomx.optim`` load on first use, so the scheduler processes never import torch.
 
+The root holds the public faces: ``kv`` (the KVStore API), ``optim`` (the server optimizers), ``cli`` (the
+``geomx`` command), ``launch`` (a topology's processes, started and watched), ``node`` (the schedulers' and
+servers' entry point). Below them one folder per layer, top to bottom: ``bench``, ``torch`` (the PyTorch front
+end), ``server`` and ``worker``, ``algorithms``, ``collective`` (a party's ranks as one process group), ``core``,
+``cluster``, ``transport`` and ``codecs``, ``runs`` (run files, reports), ``protocol``, ``config`` and ``zoo``
+(the examples' models and data).
+
 Usage::
 
     import geomx
     kv = geomx.kv.create("dist_sync")
-    kv.set_optimizer(geomx.optim.Adam(lr=1e-3))
-"""
+    kv.set_optimizer(geomx.optim.Adam(lr=1e-3))"""
 
 from __future__ import annotations
 

@@ -12,6 +12,11 @@ Built-ins (spec ``{"type": name, ...}``; wire id in brackets):
 * ``error_feedback``, ``size_adaptive``, ``mpq`` — composites; their payloads carry the id of the
   codec that encoded them.
 
+Modules: ``base`` (the ``Codec`` interface, ``Encoded`` payloads, their checks), one module per codec above
+(``dense``, ``fp16``, ``bsc``, ``int8``, ``bf16``, ``error_feedback``, ``mpq``; ``composite`` is ``size_adaptive``),
+``half`` (float32 <-> float16 at one speed for every value), ``registry`` (names and wire ids to classes, specs to
+instances), ``messages`` (between codec payloads and wire messages).
+
 Usage::
 
     from geomx.codecs import TensorInfo, make_codec

@@ -4,7 +4,10 @@ Everything else in geomx receives the frozen objects built here. GeoMX's documen
 (``DMLC_ROLE``, ``DMLC_PS_ROOT_URI`` ...) are accepted as aliases of our ``GEOMX_*`` names; when both are
 set, the ``GEOMX_*`` name wins. One module per job: ``specs`` (the typed specs), ``topology`` (the job and
 one process's view of it), ``units`` (bandwidths, durations), ``yaml_io`` (topology files), ``env`` (the
-environment).
+environment), ``fields`` (each field declared once: YAML key, variable, alias, kind), ``kinds`` (how one value is
+read and written), ``errors`` (``ConfigError``), ``combinations`` (the one table of features that do not combine),
+``settings`` (the training settings a checkpoint records), ``status`` (the status page's settings),
+``reference`` (the configuration reference, generated from the fields).
 
 Usage::
 

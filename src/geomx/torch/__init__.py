@@ -3,6 +3,13 @@
 Inside this package ``import torch`` still means PyTorch (absolute imports). The synchronization
 algorithm, WAN codec and P3 come from the topology's ``training`` block or GEOMX_* variables.
 
+``optimizer`` (``DistributedOptimizer``: the mechanism), ``plan`` (which way the loop runs, decided once), ``hooks``
+(the hooks on the model: priorities, P3's waits), ``data`` (each worker's part of the data), ``amp`` (a
+``GradScaler`` under the wrapper), ``join`` (uneven loops in a collective party), ``loop_checks`` (what a DDP loop
+may do that the wrapper cannot carry out, named), ``signature`` (a model's fingerprint, checked at start),
+``digest`` (model digests for the status page), ``checkpoint`` (a worker's own checkpoints), ``metrics``
+(per-step metrics in the run folder), ``progress`` (progress bars on a terminal).
+
 Usage::
 
     import geomx.torch as gx

@@ -1,2 +1,8 @@
 """HFA: hierarchical frequency aggregation (a local average every K1 steps, a global one every K2 local
-rounds), with DiLoCo's outer optimizer and streaming fragments."""
+rounds), with DiLoCo's outer optimizer and streaming fragments.
+
+``rules`` (the local server's counting and deltas), ``server`` (the aggregation: weighted deltas up, the global
+model or its change down), ``strategy`` (the PyTorch wrapper's side: local steps, the model averaged every K1),
+``collective`` (a ``lan: collective`` party: inner steps data-parallel, global rounds of owned slices),
+``windows`` (a blocking global round a window of owned slices at a time), ``trips`` (streaming's overlapped
+global rounds, each fragment's round trip on a thread)."""
