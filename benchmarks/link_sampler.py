@@ -2,7 +2,7 @@
 flow's TCP state (RTT, congestion window), sampled from inside the two namespaces (not part of `geomx bench`).
 
 A row's table says how long a step took; this says why the link was not full. It watches for the bench's
-namespaces (``geomx.bench.netns``, prefix ``gxw``), enters each with ``setns(2)`` from a thread of its own, and
+namespaces (``geomx.bench.wan.netns``, prefix ``gxw``), enters each with ``setns(2)`` from a thread of its own, and
 every ``--every-ms`` reads the veth end's transmit counter (``/proc/thread-self/net/dev``: the thread's
 namespace) and every ``--ss-every-ms`` the flows' state (``ss -tin`` started from that thread, so in that
 namespace). Linux only, root (the bench needs root anyway). Nothing of geomx is imported: it watches a run from
@@ -173,7 +173,7 @@ def main() -> int:
     rec = verbs.add_parser("record", help="sample the link while a bench runs")
     rec.add_argument("out", type=Path)
     rec.add_argument("--seconds", type=float, default=300.0, help="stop after this long")
-    rec.add_argument("--prefix", default="gxw", help="the namespaces to watch (geomx.bench.netns's prefix)")
+    rec.add_argument("--prefix", default="gxw", help="the namespaces to watch (geomx.bench.wan.netns's prefix)")
     rec.add_argument("--every-ms", type=float, default=5.0)
     rec.add_argument("--ss-every-ms", type=float, default=250.0)
     view = verbs.add_parser("show", help="print a recording")

@@ -18,7 +18,7 @@ import jobkit
 import pytest
 from harness import worker_command, write_topology
 
-from geomx.bench import netns
+from geomx.bench.wan import netns
 
 REASON = netns.unavailable_reason()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
@@ -103,7 +103,7 @@ def test_teardown_after_an_exception():
 
 
 def test_teardown_on_sigterm(tmp_path):
-    code = ("import sys; from geomx.bench import netns\n"
+    code = ("import sys; from geomx.bench.wan import netns\n"
             f"with netns.wan_link({RATE_MBIT}, prefix={PREFIX!r}) as link:\n"
             "    print(link.ns_a, link.ns_b, flush=True)\n"
             "    sys.stdin.readline()\n")  # blocks until the test closes stdin (it never does: SIGTERM comes first)

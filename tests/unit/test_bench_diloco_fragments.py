@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import torch
 
-from geomx.bench import wan_job
+from geomx.bench.wan import job as wan_job
 from geomx.bench.workers.diloco import fragments_of, load_global_model
 
 

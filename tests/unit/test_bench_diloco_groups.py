@@ -14,9 +14,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from geomx.bench import wan_goals, wan_job, wan_runs
-from geomx.bench.wan_lm import make_model as make_lm
-from geomx.bench.wan_systems import INT8, H, systems_for
+from geomx.bench.wan import goals as wan_goals
+from geomx.bench.wan import job as wan_job
+from geomx.bench.wan import runs as wan_runs
+from geomx.bench.wan.lm import make_model as make_lm
+from geomx.bench.wan.systems import INT8, H, systems_for
 from geomx.bench.workers.diloco import Placement, fsdp_units, load_global_model, placement_of, shard_model
 from geomx.torch.plan import keeps_residuals
 

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from geomx.bench import netns, wan_goals, wan_job, wan_jobs
-from geomx.bench import wan as bench_wan
+from geomx.bench.wan import goals as wan_goals
+from geomx.bench.wan import job as wan_job
+from geomx.bench.wan import jobs as wan_jobs
+from geomx.bench.wan import netns
+from geomx.bench.wan import section as bench_wan
 
 
 def _records(*points: tuple[int, float, float]) -> list[dict]:
@@ -185,8 +188,8 @@ def test_the_same_h_goal_is_said_for_hfa_outer_dense_and_with_its_codec():
 
 
 def test_the_wrapper_rows_run_the_wrapper_with_the_optimizer_where_the_topology_puts_it(tmp_path):
-    from geomx.bench.wan_runs import geomx_topology, geomx_worker
-    from geomx.bench.wan_systems import systems_for
+    from geomx.bench.wan.runs import geomx_topology, geomx_worker
+    from geomx.bench.wan.systems import systems_for
 
     fsa, default, server = systems_for(wan_job.MLP, ["geomx_fsa", "geomx_fsa_wrapper",
                                                      "geomx_fsa_wrapper_translate"])

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from geomx.bench.wan import stream_line
-from geomx.bench.wan_runs import wan_streams
+from geomx.bench.wan.runs import wan_streams
+from geomx.bench.wan.section import stream_line
 
 
 def write_stats(run_dir: Path, name: str, party: str, wan_sent: int) -> None:

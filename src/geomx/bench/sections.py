@@ -30,7 +30,7 @@ class BenchPlan:
     quick: bool
     sync_scenarios: tuple[str, ...] = ()
     wan_job: str | None = None  # the wan section's job: mlp, lm or all (None: mlp with quick, all otherwise)
-    wan_congestion: str | None = None  # e.g. "cubic" (geomx.bench.netns)
+    wan_congestion: str | None = None  # e.g. "cubic" (geomx.bench.wan.netns)
 
 
 class Interrupted(KeyboardInterrupt):

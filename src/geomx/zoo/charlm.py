@@ -3,7 +3,7 @@
 The text is the Python standard library's own source code (top-level ``.py`` files, in name order), found at run
 time through ``sysconfig``: it ships with every Python installation, nothing is downloaded. The same interpreter
 gives the same text (another Python version: another text, so another validation loss).
-``examples/lm.py`` trains it with the PyTorch wrapper; the WAN bench's second job (``geomx.bench.wan_lm``) uses it too.
+``examples/lm.py`` trains it with the PyTorch wrapper; the WAN bench's second job (``geomx.bench.wan.lm``) uses it too.
 
 Usage::
 

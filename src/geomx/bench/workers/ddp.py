@@ -1,4 +1,4 @@
-"""Bench peer: the WAN job (``geomx.bench.wan_job``) under torch DDP over gloo, or DDP + PyTorch's local SGD.
+"""Bench peer: the WAN job (``geomx.bench.wan.job``) under torch DDP over gloo, or DDP + PyTorch's local SGD.
 
 One process per rank (``geomx bench --only wan`` starts ranks 0-1 in namespace A, 2-3 in B)::
 
@@ -9,7 +9,7 @@ Plain DDP all-reduces the gradients of all ranks every step. With ``--local-sgd-
 ``post_localSGD_hook`` all-reduces gradients only inside each data center's subgroup (ranks {0,1} and
 {2,3}: PyTorch's hierarchical local SGD) and ``PeriodicModelAverager`` averages the model over all ranks
 every H steps. Rank 0 evaluates the job's model (for local SGD right after each averaging round) and
-writes JSON lines (see ``geomx.bench.wan_job.JobLog``).
+writes JSON lines (see ``geomx.bench.wan.job.JobLog``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from geomx.bench import wan_job, wan_jobs
+from geomx.bench.wan import job as wan_job
+from geomx.bench.wan import jobs as wan_jobs
 from geomx.bench.workers.teardown import leave_process_group
 
 

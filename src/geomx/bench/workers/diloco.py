@@ -1,4 +1,4 @@
-"""Bench peer: the WAN job (``geomx.bench.wan_job``) under torchft's DiLoCo: four replica groups of one rank each,
+"""Bench peer: the WAN job (``geomx.bench.wan.job``) under torchft's DiLoCo: four replica groups of one rank each,
 or (``--group-size 2``) two replica groups of two ranks each, FSDP2 inside each group as torchtitan runs it.
 
 Needs the optional extra ``geomx[peers]`` (torchft). One process per rank, a ``torchft_lighthouse`` in data
@@ -51,7 +51,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from geomx.bench import wan_job, wan_jobs
+from geomx.bench.wan import job as wan_job
+from geomx.bench.wan import jobs as wan_jobs
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

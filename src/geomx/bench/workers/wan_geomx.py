@@ -1,4 +1,4 @@
-"""Bench worker: the WAN job (``geomx.bench.wan_job``) under geomx, one process per worker, started by ``geomx launch``.
+"""Bench worker: the WAN job (``geomx.bench.wan.job``) under geomx, one process per worker, started by ``geomx launch``.
 
 The algorithm comes from the topology (``hfa: {k1, k2}`` for HFA; emulator off in ``geomx bench --only wan``);
 the loop only chooses what it pushes::
@@ -26,7 +26,8 @@ from pathlib import Path
 import torch
 
 import geomx
-from geomx.bench import wan_job, wan_jobs
+from geomx.bench.wan import job as wan_job
+from geomx.bench.wan import jobs as wan_jobs
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

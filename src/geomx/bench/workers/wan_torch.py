@@ -1,4 +1,4 @@
-"""Bench worker: the WAN job (``geomx.bench.wan_job``) through the PyTorch wrapper, ``gx.DistributedOptimizer``.
+"""Bench worker: the WAN job (``geomx.bench.wan.job``) through the PyTorch wrapper, ``gx.DistributedOptimizer``.
 
 The same job, data and evaluation as ``wan_geomx`` (the kvstore loop); the algorithm and where the optimizer
 runs come from the topology, as for any user of the wrapper: under FSA the job's SGD steps on every worker on
@@ -19,7 +19,8 @@ from pathlib import Path
 import torch
 
 import geomx.torch as gx
-from geomx.bench import wan_job, wan_jobs
+from geomx.bench.wan import job as wan_job
+from geomx.bench.wan import jobs as wan_jobs
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -1,5 +1,5 @@
 """The wan section's goals (``geomx bench --only wan``): each said with the figure measured in the same run (met /
-NOT met / not measured), never asserted. ``wan.py`` prints them under each job's table.
+NOT met / not measured), never asserted. ``section`` prints them under each job's table.
 
 Usage::
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .wan_systems import H
+from .systems import H
 
 # the torchft peer as torchtitan runs it (one replica group per data center) and geomx's collective rows against it
 GROUPS_PEER = "diloco_groups"

@@ -187,13 +187,13 @@ class Link:
         """
         recv_ns, send_ns, recv_addr = ((self.ns_a, self.ns_b, self.addr_a) if reverse
                                        else (self.ns_b, self.ns_a, self.addr_b))
-        receiver = subprocess.Popen(self.exec_in(recv_ns, [sys.executable, "-m", "geomx.bench.netns", "recv",
+        receiver = subprocess.Popen(self.exec_in(recv_ns, [sys.executable, "-m", "geomx.bench.wan.netns", "recv",
                                                            "--host", recv_addr]),
                                     stdout=subprocess.PIPE, text=True)
         try:
             assert receiver.stdout is not None
             port = int(receiver.stdout.readline().strip())  # the receiver prints its port once listening
-            _run(self.exec_in(send_ns, [sys.executable, "-m", "geomx.bench.netns", "send", "--host", recv_addr,
+            _run(self.exec_in(send_ns, [sys.executable, "-m", "geomx.bench.wan.netns", "send", "--host", recv_addr,
                                         "--port", str(port), "--seconds", str(seconds)]))
             out, _ = receiver.communicate(timeout=COMMAND_TIMEOUT_S)
             return float(json.loads(out)["mbit"])
@@ -295,7 +295,7 @@ def wan_link(rate_mbit: float | None = None, prefix: str = DEFAULT_PREFIX,
             destroy(link)
 
 
-# --- the throughput probe's two ends (run inside the namespaces as `python -m geomx.bench.netns recv|send`) ---
+# --- the throughput probe's two ends (run inside the namespaces as `python -m geomx.bench.wan.netns recv|send`) ---
 
 def _receive(host: str) -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:
@@ -323,8 +323,9 @@ def _send(host: str, port: int, seconds: float) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The probe's ends, and ``cleanup`` (delete leftovers of crashed runs): ``python -m geomx.bench.netns cleanup``."""
-    parser = argparse.ArgumentParser(prog="python -m geomx.bench.netns")
+    """The probe's ends, and ``cleanup`` (delete leftovers of crashed runs):
+    ``python -m geomx.bench.wan.netns cleanup``."""
+    parser = argparse.ArgumentParser(prog="python -m geomx.bench.wan.netns")
     sub = parser.add_subparsers(dest="what", required=True)
     recv = sub.add_parser("recv")
     recv.add_argument("--host", required=True)

@@ -2,7 +2,7 @@
 
 A :class:`Job` bundles what a runner needs (model, optimizer, data, loss, the job's evaluation and which way it
 improves); ``job("mlp")`` is the digits MLP below, ``job("lm")`` the character transformer of
-``wan_lm``. The digits MLP 64-1024-1024-10 (1.13M parameters, 4.5 MB of fp32 gradients: bandwidth-bound on a WAN),
+``lm``. The digits MLP 64-1024-1024-10 (1.13M parameters, 4.5 MB of fp32 gradients: bandwidth-bound on a WAN),
 4 workers (ranks 0-1 in data center A, 2-3 in B), each on its own shard of ``digits_split()``, batch 32,
 SGD with momentum 0.9 at a constant learning rate (the same "schedule" everywhere: a server optimizer
 cannot follow a per-step schedule), initial weights from seed 0 on every rank.
@@ -31,8 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..zoo.data import Dataset, digits_split, steps_per_epoch
-from ..zoo.models import accuracy
+from ...zoo.data import Dataset, digits_split, steps_per_epoch
+from ...zoo.models import accuracy
 
 HIDDEN = 1024
 WORLD = 4

@@ -1,5 +1,5 @@
-"""The WAN bench's jobs by name (``--job mlp|lm``): the digits MLP (``geomx.bench.wan_job``) and the character LM
-(``geomx.bench.wan_lm``), kept apart from both so that neither imports the other.
+"""The WAN bench's jobs by name (``--job mlp|lm``): the digits MLP (``geomx.bench.wan.job``) and the character LM
+(``geomx.bench.wan.lm``), kept apart from both so that neither imports the other.
 
 Usage::
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import argparse
 
-from .wan_job import MLP, Job
-from .wan_lm import LM
+from .job import MLP, Job
+from .lm import LM
 
 JOBS_BY_NAME: dict[str, Job] = {MLP.name: MLP, LM.name: LM}
 JOBS = tuple(JOBS_BY_NAME)

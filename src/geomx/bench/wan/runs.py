@@ -1,7 +1,7 @@
 """Run one system of the WAN job across a namespace link (or on loopback) and collect its raw figures.
 
 Each system is a set of processes: ranks 0-1 (and geomx's global tier, torchft's lighthouse) inside namespace
-A, ranks 2-3 inside B, all logging JSON lines (``geomx.bench.wan_job.JobLog``) into one folder. A run is cut
+A, ranks 2-3 inside B, all logging JSON lines (``geomx.bench.wan.job.JobLog``) into one folder. A run is cut
 ``cap_s`` after its training began (rank 0's log appeared; its records so far stay valid: the figures then
 say ``cut``). Every process is started in its own
 session and killed with its group when the run ends, whatever the reason.
@@ -213,7 +213,7 @@ def start_geomx(system: System, a: Place, b: Place, logs: Path, procs: ProcessSe
 def wan_streams(out: Path) -> dict[str, dict[str, int]]:
     """geomx's WAN bytes sent by each process of each party (``run-<party>`` folders; a collective party's ranks
     each have a stream of their own): {party: {process: bytes}}; empty for the peers."""
-    from ..runs.runlog import read_stats
+    from ...runs.runlog import read_stats
 
     streams: dict[str, dict[str, int]] = {}
     for run_dir in sorted(out.glob("run-*")):
@@ -251,7 +251,7 @@ def run_system(system: System, link: Link | None, out: Path, epochs: int, cap_s:
     wall = time.monotonic() - started
     after = link.counters() if link else None
     records: list[dict[str, Any]] = []
-    from .wan_job import read_log
+    from .job import read_log
     if (out / "rank0.jsonl").exists():
         records = read_log(out / "rank0.jsonl")
     raw: dict[str, Any] = {"system": system.name, "records": records, "cut_at_cap": cut, "failed": failed,

@@ -3,16 +3,16 @@ geomx's configurations, each a ``System`` row with its settings; the extra rows 
 
 Usage::
 
-    systems_for(wan_job.MLP)                               # the default rows, with the job's codec momentum
-    systems_for(wan_job.MLP, ["ddp", "geomx_fsa_64k"])      # just these, in this order
+    systems_for(job.MLP)                                   # the default rows, with the job's codec momentum
+    systems_for(job.MLP, ["ddp", "geomx_fsa_64k"])          # just these, in this order
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from .wan_job import Job
-from .wan_runs import System
+from .job import Job
+from .runs import System
 
 H = 10  # the sync period of local SGD, DiLoCo and HFA (K1 * K2)
 # DGC momentum correction asked for explicitly (the codec's default became 0 for Adam loops): the FSA row's

@@ -11,7 +11,7 @@ lower is better, and the target is DDP-on-loopback's final validation loss plus 
 
 Usage::
 
-    from geomx.bench.wan_jobs import job
+    from geomx.bench.wan.jobs import job
     lm = job("lm")
     model = lm.make_model(); shard, val, steps = lm.shard_and_test(rank, 4)
 """
@@ -23,9 +23,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..zoo.charlm import CharTransformer, Windows, encode, next_char_loss, stdlib_text
-from ..zoo.data import Dataset, steps_per_epoch
-from .wan_job import BATCH, SEED, Job, calibrate
+from ...zoo.charlm import CharTransformer, Windows, encode, next_char_loss, stdlib_text
+from ...zoo.data import Dataset, steps_per_epoch
+from .job import BATCH, SEED, Job, calibrate
 
 CONTEXT = 64
 DIM = 128

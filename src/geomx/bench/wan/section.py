@@ -1,13 +1,13 @@
 """``geomx bench --only wan``: geomx against DDP, PyTorch's local SGD and torchft DiLoCo on a kernel-shaped link.
 
 Two network namespaces (one per data center) joined by a veth pair with ``tbf`` on both ends
-(``geomx.bench.netns``), first at 100 Mbit/s, then at 20 Mbit/s (each rate checked with a TCP probe first). Every
-system trains the same job (``geomx.bench.wan_job``; ranks 0-1 in A, 2-3 in B, same seeds, batch, optimizer) for the
+(``geomx.bench.wan.netns``), first at 100 Mbit/s, then at 20 Mbit/s (each rate checked with a TCP probe first). Every
+system trains the same job (``geomx.bench.wan.job``; ranks 0-1 in A, 2-3 in B, same seeds, batch, optimizer) for the
 same epochs; geomx runs as two per-party launches with its emulator off. Two jobs (``--job``):
 
 * ``mlp``: the digits MLP 64-1024-1024-10 (4.5 MB of gradients, SGD + momentum) to DDP-on-loopback's final
   accuracy minus 0.01;
-* ``lm``: ``examples/lm.py``'s character transformer (``geomx.bench.wan_lm``: 2 blocks of width 128, 1.2 MB of
+* ``lm``: ``examples/lm.py``'s character transformer (``geomx.bench.wan.lm``: 2 blocks of width 128, 1.2 MB of
   gradients, Adam) to DDP-on-loopback's final validation loss plus 0.05 nats.
 
 DDP also runs on loopback, unshaped: the LAN reference whose final value, one margin worse, is the target.
@@ -40,15 +40,15 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from ..sections import BenchPlan
+from .goals import fmt as _fmt
+from .goals import goal_lines
+from .goals import ratio as _ratio
+from .job import MLP, Job
+from .jobs import JOBS, job
 from .netns import NetnsError, unavailable_reason, wan_link
-from .sections import BenchPlan
-from .wan_goals import fmt as _fmt
-from .wan_goals import goal_lines
-from .wan_goals import ratio as _ratio
-from .wan_job import MLP, Job
-from .wan_jobs import JOBS, job
-from .wan_runs import System, run_system
-from .wan_systems import DDP, EXTRA_SYSTEMS, SYSTEMS, H, systems_for
+from .runs import System, run_system
+from .systems import DDP, EXTRA_SYSTEMS, SYSTEMS, H, systems_for
 
 
 @dataclass(frozen=True)
