@@ -11,13 +11,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from geomx.algorithms.hfa.rules import LocalFrequencyAggregation
+from geomx.algorithms.hfa.rules import LocalFrequencyAggregation, streaming_options
 from geomx.algorithms.hfa.server import HfaAggregation
 from geomx.codecs import default_registry
 from geomx.config import ConfigError, TrainingSpec, topology_from_dict
 from geomx.core.encoding import Encoding
-from geomx.core.plugins import Answer, AwaitAnswer, Route, SendUp, SendUpAndAnswer
+from geomx.core.plugins import Answer, AwaitAnswer, Route, SendUp, SendUpAndAnswer, SendUpAndAwait
 from geomx.core.rounds import SliceValue
+from geomx.core.strategy import SIGNATURE_KEY, STEP_KEY
 from geomx.protocol.wire import Kind, Message
 from geomx.server.compose import check_plugins
 from geomx.server.pushpull import PushPulls
@@ -34,6 +35,17 @@ def test_fragments_split_the_slices_by_size_and_go_global_at_staggered_rounds() 
     assert [r for r in range(1, 9) if hfa.goes_global((0, 0), r)] == [2, 6]
     assert [r for r in range(1, 9) if hfa.goes_global((2, 0), r)] == [4, 8]
     assert hfa.fragment((9, 0)) == 1  # a slice the split did not see goes by its key
+
+
+def test_the_wrappers_keys_take_no_fragment() -> None:
+    """A tiny model beside the wrapper's signature (98 elements) and step: the split is the model's two slices, one
+    fragment each (counted as slices, the signature was a fragment alone and both layers the other: nothing
+    streamed); the wrapper's keys go global at the rounds a multiple of K2, as without streaming."""
+    hfa = LocalFrequencyAggregation(k2=6, party_weight=0.5, fragments=2)
+    hfa.assign_fragments({(0, 0): 1, (1, 0): 1, (SIGNATURE_KEY, 0): 98, (STEP_KEY, 0): 1})
+    assert [hfa.fragment((0, 0)), hfa.fragment((1, 0))] == [0, 1]
+    for key in (SIGNATURE_KEY, STEP_KEY):
+        assert [r for r in range(1, 13) if hfa.goes_global((key, 0), r)] == [6, 12]
 
 
 def test_fragments_of_many_slices_are_runs_that_ranks_dealt_in_turn_share_evenly() -> None:
@@ -119,6 +131,19 @@ def test_without_delay_a_global_round_waits_for_the_global_model(make_server: An
     np.testing.assert_array_equal(step.send, [2, 4])
 
 
+def test_without_delay_alpha_mixes_the_global_model_with_the_rounds_average(make_server: Any) -> None:
+    """torchft's fragment_update_alpha at fragment_sync_delay 0: the round waits for the new global model, then
+    answers ``(1 - alpha) * global + alpha * average`` (once ignored without a delay)."""
+    hfa = local_hfa(make_server, delay=0, alpha=0.25)
+    hfa.upward((0, 0), floats(1, 1))
+    step = hfa.upward((0, 0), floats(4, 8))
+    assert isinstance(step, SendUpAndAwait)
+    np.testing.assert_array_equal(step.send, [4, 8])
+    hfa.adopted((0, 0), floats(8, 0))
+    np.testing.assert_allclose(hfa.resumed((0, 0)), [0.75 * 8 + 0.25 * 4, 0.25 * 8])
+    assert hfa.in_flight == {} and hfa.local is not None and hfa.local.global_model((0, 0)).tolist() == [8, 0]
+
+
 class PushPullHost:
     """What PushPulls asks of a local server, around the unit tests' fake server and a real aggregation."""
 
@@ -177,6 +202,21 @@ def test_the_server_answers_an_overlapped_round_at_once_and_a_due_round_when_the
     reply.set_result(message.reply(tensor=floats(7, 9)))
     then(reply)
     assert answered(server)[-1] == (2, [7, 9], None) and server.stored[(0, 0)].value.tolist() == [7, 9]
+
+
+def test_the_server_answers_a_mixing_round_once_the_global_model_is_in(make_server: Any) -> None:
+    server, host, pushpulls = overlapping_server(make_server)
+    hfa = host.aggregation
+    hfa.delay, hfa.alpha = 0, np.float32(0.5)
+    pushpulls.complete(push_round(host, floats(1, 1)))
+    pushpulls.complete(push_round(host, floats(2, 4)))  # global: sent up, the workers wait for the mix
+    assert answered(server) == [(0, [1, 1], None)] and (0, 0) in pushpulls.waiting
+    (peer, message, then), = server.calls
+    assert peer == "gs" and message.tensor.tolist() == [2, 4]
+    reply: Future[Message] = Future()
+    reply.set_result(message.reply(tensor=floats(6, 8)))
+    then(reply)
+    assert answered(server)[-1] == (1, [4, 6], None) and hfa.local.global_model((0, 0)).tolist() == [6, 8]
 
 
 def test_a_failed_overlapped_send_answers_the_waiting_round_and_every_later_one_with_its_error(
@@ -245,6 +285,16 @@ def test_overlapped_fragments_never_meet_a_route_they_would_skip(route: dict[str
     route: the routes (TSEngine between parties, DGT) do not combine with HFA at all, refused at load."""
     with pytest.raises(ConfigError, match="does not combine with HFA"):
         topology_from_dict({**HFA_TOPOLOGY, **route, "training": {"fragments": 2, "fragment_delay": 1}})
+
+
+def test_a_ranks_streaming_options_are_refused_with_the_servers_words() -> None:
+    """A collective party's ranks read the options through ``streaming_options`` (no local server checks them)."""
+    topology = topology_from_dict({**HFA_TOPOLOGY, "training": {"fragment_alpha": 1.5}})
+    with pytest.raises(ConfigError) as refused:
+        check_plugins(topology.training, topology)
+    with pytest.raises(ValueError) as on_rank:
+        streaming_options(dict(topology.training.plugin_options), 4)
+    assert str(on_rank.value) in str(refused.value)
 
 
 def test_streaming_options_need_hfa() -> None:

@@ -211,14 +211,22 @@ class SendUpAndAnswer:
 
 
 @dataclass(frozen=True)
+class SendUpAndAwait:
+    """Send ``send`` up and answer once the tier above answers, with what ``Aggregation.resumed`` makes of its
+    answer (adopted first): a global round whose answer is mixed with the round's own sum."""
+
+    send: np.ndarray
+
+
+@dataclass(frozen=True)
 class AwaitAnswer:
     """Answer once the tier above answers an earlier overlapped send of this slice (``Aggregation.resumed``
     then gives the answer)."""
 
 
-# What a lower tier does with a completed round (``Aggregation.upward``): exactly one of these four cases,
+# What a lower tier does with a completed round (``Aggregation.upward``): exactly one of these five cases,
 # which the server takes apart with ``match`` (geomx.server.pushpull).
-Upward = Answer | SendUp | SendUpAndAnswer | AwaitAnswer
+Upward = Answer | SendUp | SendUpAndAnswer | SendUpAndAwait | AwaitAnswer
 
 
 class Aggregation(Capabilities):

@@ -28,7 +28,7 @@ from ..core.capabilities import all_answer_plain_sums
 from ..core.checkpoints import MODEL, SUMS, checkpoint_if_due
 from ..core.early import send_early
 from ..core.inits import value_mismatch
-from ..core.plugins import Answer, AwaitAnswer, SendUp, SendUpAndAnswer, SliceId
+from ..core.plugins import Answer, AwaitAnswer, SendUp, SendUpAndAnswer, SendUpAndAwait, SliceId
 from ..core.rounds import Round, SliceValue
 from ..protocol.wire import Kind, Message
 from .host import PartHost
@@ -145,12 +145,15 @@ class PushPulls:
                 self._send(rnd, send, answer=None)
             case SendUpAndAnswer(send=send, answer=answer):
                 self._send(rnd, send, answer)
+            case SendUpAndAwait(send=send):  # answered with what the aggregation makes of the tier above's answer
+                self._send(rnd, send, answer=None, awaits=True)
             case _:
                 assert_never(step)
 
-    def _send(self, rnd: Round, send: np.ndarray, answer: np.ndarray | None) -> None:
+    def _send(self, rnd: Round, send: np.ndarray, answer: np.ndarray | None, awaits: bool = False) -> None:
         """Send ``send`` (encoded) up for ``rnd``: through the route, answered with the tier above's answer; or,
-        with an ``answer`` now (overlapped), straight to the owner, its answer adopted when it arrives."""
+        with an ``answer`` now (overlapped), straight to the owner, its answer adopted when it arrives; or,
+        ``awaits``, straight to the owner, ``rnd`` answered once its answer is adopted (``Aggregation.resumed``)."""
         host = self.host
         sid = (rnd.key, rnd.slice)
         dtype = host.stored[sid].value.dtype  # what init declared; sums of narrow floats were kept in fp32
@@ -167,8 +170,11 @@ class PushPulls:
         first = next(iter(rnd.contributions.values()))
         message = Message(Kind.PUSHPULL, key=rnd.key, slice=rnd.slice, num_slices=first.num_slices, round=rnd.number,
                           priority=first.priority, **fields)
-        if answer is not None:  # overlapped: the contributors go on now, the answer is adopted later
-            self._answer_here(rnd, answer)
+        if answer is not None or awaits:  # overlapped: the contributors go on now, the answer is adopted later
+            if answer is not None:
+                self._answer_here(rnd, answer)
+            else:  # or they wait for it, as for an overlap's due round
+                self.waiting[sid] = (rnd, rnd.number)
             host.call(host.owner(rnd.key, rnd.slice), message, lambda result: self._answer_arrived(sid, result))
             return
         if host.route.send_up(rnd, fields):

@@ -17,7 +17,8 @@ outer optimizer included) do not know the difference.
 Overlapped (``fragment_delay`` tau, Streaming DiLoCo): a fragment's deltas leave from buffers of their own and
 every rank trains on; tau local rounds later the owners land the answers, one spread brings every rank the
 fragment's new global model (the job's model), and each rank mixes it with its own,
-``(1 - fragment_alpha) * global + fragment_alpha * own``, as a local server answers its workers. Whole-model
+``(1 - fragment_alpha) * global + fragment_alpha * own``, as a local server answers its workers (without an
+overlap, the round's own answer is mixed so, as torchft's ``fragment_update_alpha`` at delay 0). Whole-model
 ranks on the CPU over gloo do all of a fragment's round trip on its thread, from a buffer the size of one fragment
 (``trips.FragmentTrips``), and their blocking global rounds go out a few windows of the owned slices at a time
 (``windows.WindowedRounds``); elsewhere (CUDA, FSDP2) both go through the owned chunk.
@@ -43,7 +44,7 @@ from ...collective.overlap import OverlappedMean
 from ...collective.owners import OwnedSlice
 from ...core.strategy import AveragedStep, Loop
 from ...protocol.tensors import wire_dtype
-from .rules import LocalFrequencyAggregation
+from .rules import LocalFrequencyAggregation, streaming_options
 from .strategy import global_round_steps
 from .trips import FragmentTrips
 from .windows import WindowedRounds
@@ -55,10 +56,11 @@ class CollectivePeriodicAverage(AveragedStep):
     def __init__(self, loop: Loop) -> None:
         super().__init__(loop)
         hfa = loop.kv.hfa
-        options = dict(loop.kv.config.topology.training.plugin_options)
+        # read and checked as a local server's plug-in reads them (a bad one refused here with the same words)
+        streaming = streaming_options(dict(loop.kv.config.topology.training.plugin_options), hfa.k2)
         self.k1 = hfa.k1
         self.rules = LocalFrequencyAggregation(k2=hfa.k2, party_weight=loop.kv.num_workers / loop.kv.num_all_workers,
-                                               fragments=int(options.get("fragments", "1")))
+                                               fragments=streaming.fragments)
         self.bucket: PartyModel | None = None
         self.mean: OverlappedMean | None = None  # whole-model ranks: gradients all-reduced as backward makes them
         self.stage: HostChunk | None = None  # the owned chunk on the host, where the rules' numpy arithmetic reads it
@@ -66,8 +68,8 @@ class CollectivePeriodicAverage(AveragedStep):
         self.global_slices: list[torch.Tensor] = []  # each owned slice's global model, as ``bucket.pieces``
         self.local_steps = 0
         self.local_rounds = 0
-        self.delay = int(options.get("fragment_delay", "0") or 0)  # local rounds a fragment's global round overlaps
-        self.alpha = float(options.get("fragment_alpha", "0") or 0)  # the party's model's share in the mix
+        self.delay = streaming.delay  # local rounds a fragment's global round overlaps
+        self.alpha = streaming.alpha  # the party's model's share in the mix (at delay 0 too, as torchft's)
         # overlapped global rounds: the local round that lands them -> the pieces sent and their round trip (sent,
         # answered and decoded into the pieces on the ``trips`` thread)
         self.in_flight: dict[int, tuple[list[tuple[OwnedSlice, torch.Tensor]], Future[None]]] = {}
@@ -184,7 +186,7 @@ class CollectivePeriodicAverage(AveragedStep):
         with the party's own under overlap."""
         bucket = self.bucket
         assert bucket is not None
-        mine = self.alpha if self.delay else 0.0
+        mine = self.alpha  # with or without an overlap, as a local server mixes (torchft's fragment_update_alpha)
         for share in bucket.layout.owned:  # the party's model: every slice that landed, mixed under overlap
             for owned in share:
                 if self._lands(owned.id, count):

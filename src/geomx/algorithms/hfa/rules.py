@@ -16,7 +16,12 @@ worker's, sent explicitly.
 Streaming (Streaming DiLoCo's fragments): with ``fragments`` F > 1 the slices are split into F groups of about
 equal size, and group f goes global at the local rounds r with ``r % K2 == ((f + 1) * K2 // F) % K2``: each
 slice still goes global once every K2 rounds, but the WAN carries 1/F of the model every K2/F rounds instead
-of all of it at once. Every party computes the same split from the same slices (``assign_fragments``).
+of all of it at once. Every party computes the same split from the same slices (``assign_fragments``), over the
+model's own: a key at or above ``WRAPPER_KEYS`` (the PyTorch wrapper's model signature, its step) takes no
+fragment; should one go through a round, it goes global at the rounds a multiple of K2, as without streaming.
+
+The streaming options (``fragments``, ``fragment_delay``, ``fragment_alpha``) are read and checked by
+``streaming_options`` on every node alike: a local server's plug-in and a collective party's rank.
 
 Usage (inside the local server)::
 
@@ -28,12 +33,51 @@ Usage (inside the local server)::
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from ...core.options import parse_options
+from ...core.strategy import WRAPPER_KEYS
 from ...protocol.wire import SliceId
 
 RUNS_PER_FRAGMENT = 4  # streaming: the model is cut into about this many runs of consecutive slices per fragment
+STREAMING_OPTIONS: dict[str, type] = {"fragments": int, "fragment_delay": int, "fragment_alpha": float}
+
+
+@dataclass(frozen=True)
+class Streaming:
+    """Streaming HFA's options: ``fragments`` F, the overlap ``delay`` tau (local rounds), the mix ``alpha``."""
+
+    fragments: int = 1
+    delay: int = 0
+    alpha: float = 0.0
+
+
+def streaming_options(options: Mapping[str, Any], k2: int | None = None) -> Streaming:
+    """The streaming options of ``options`` (parsed from text where they are text), checked: their ranges, and with
+    the job's ``k2`` known, fragments <= K2 and delay < K2 (a slice's overlap ends before it goes global again;
+    other fragments may go global meanwhile: each slice keeps its own overlap, unlike torchft's one counter, which
+    needs delay < K2 / fragments). ValueError (OptionError for text that is no number) names what is wrong, with
+    the same words on every node."""
+    texts = {name: value for name, value in options.items() if name in STREAMING_OPTIONS and isinstance(value, str)}
+    given = {**options, **parse_options("the hfa aggregation", STREAMING_OPTIONS, texts)}
+    fragments, delay = int(given.get("fragments", 1)), int(given.get("fragment_delay", 0))
+    alpha = float(given.get("fragment_alpha", 0.0))
+    if fragments < 1:
+        raise ValueError(f"fragments must be at least 1, got {fragments}")
+    if delay < 0:
+        raise ValueError(f"fragment_delay must be at least 0, got {delay}")
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"fragment_alpha must be between 0 and 1, got {alpha}")
+    if k2 is not None and fragments > k2:
+        raise ValueError(f"fragments ({fragments}) must not exceed HFA's K2 ({k2}): each fragment goes global at its "
+                         "own round of the K2")
+    if k2 is not None and delay >= k2:
+        raise ValueError(f"fragment_delay ({delay}) must be below HFA's K2 ({k2}): a slice's overlap ends before it "
+                         "goes global again")
+    return Streaming(fragments, delay, alpha)
 
 
 class LocalFrequencyAggregation:
@@ -68,7 +112,11 @@ class LocalFrequencyAggregation:
         pattern), and a run is long enough that a collective party, which deals its slices to its ranks in turn,
         gives every rank an even share of every group (groups dealt slice by slice gave each group to one rank:
         one WAN stream of the party's several). A model of few large slices gets the slice-by-slice split.
-        Deterministic, so every party that holds the same slices makes the same split."""
+        Only the model's slices are split: keys at or above ``WRAPPER_KEYS`` (the wrapper's signature, which a
+        server party holds and a rank may not yet have declared) are left out, so a tiny model's fragment is
+        never the signature alone. Deterministic, so every party and rank that holds the same model makes the
+        same split."""
+        sizes = {sid: size for sid, size in sizes.items() if sid[0] < WRAPPER_KEYS}
         limit = sum(sizes.values()) / (RUNS_PER_FRAGMENT * self.fragments)
         runs: list[list[SliceId]] = []
         totals: list[int] = []  # each run's elements
@@ -86,7 +134,10 @@ class LocalFrequencyAggregation:
             loads[group] += size
 
     def fragment(self, sid: SliceId) -> int:
-        """The group of ``sid`` (a slice the split did not see goes by its key)."""
+        """The group of ``sid``: the split's; a wrapper key's is the last (it goes global at the rounds a multiple
+        of K2); a model slice the split did not see goes by its key."""
+        if sid[0] >= WRAPPER_KEYS:
+            return self.fragments - 1
         return self._fragment.get(sid, sid[0] % self.fragments)
 
     def goes_global(self, sid: SliceId, count: int) -> bool:

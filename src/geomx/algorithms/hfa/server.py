@@ -14,7 +14,8 @@ Streaming outer sync (Streaming DiLoCo, Douillard et al. 2025), by three plug-in
   party's average at once and go on; the tau-th round after answers with the new global model mixed with the
   party's average of that round, ``(1 - alpha) * global + alpha * average``, waiting for the WAN only if the
   answer has not arrived by then (torchft's ``fragment_sync_delay``);
-- ``fragment_alpha`` alpha: that mix (0: the global model alone, as torchft's default).
+- ``fragment_alpha`` alpha: that mix (0: the global model alone, as torchft's default); without an overlap the
+  fragment's own round answers with the mix, once the new global model is in (torchft mixes at delay 0 too).
 
 Usage (the composition root)::
 
@@ -33,10 +34,20 @@ import numpy as np
 from ...codecs import CodecError, SizeAdaptive
 from ...codecs.messages import payload_fields
 from ...config import Mode, NodeConfig, Role, Topology
-from ...core.plugins import Aggregation, Answer, AwaitAnswer, PluginHost, SendUp, SendUpAndAnswer, SliceId, Upward
+from ...core.plugins import (
+    Aggregation,
+    Answer,
+    AwaitAnswer,
+    PluginHost,
+    SendUp,
+    SendUpAndAnswer,
+    SendUpAndAwait,
+    SliceId,
+    Upward,
+)
 from ...core.rounds import MODEL_CHANGE, Round
 from ...protocol.wire import Message
-from .rules import LocalFrequencyAggregation
+from .rules import STREAMING_OPTIONS, LocalFrequencyAggregation, streaming_options
 
 log = logging.getLogger("geomx.server")
 
@@ -58,7 +69,7 @@ class HfaAggregation(Aggregation):
     answers_weights = True
     rounds_every_slice = True
     answers_plain_sums = False  # the global model (or its change), not the sum of the parties' deltas
-    options: ClassVar[dict[str, type]] = {"fragments": int, "fragment_delay": int, "fragment_alpha": float}
+    options: ClassVar[dict[str, type]] = STREAMING_OPTIONS
 
     def __init__(self, host: PluginHost, local: LocalFrequencyAggregation | None, hips: bool, delay: int = 0,
                  alpha: float = 0.0) -> None:
@@ -82,31 +93,14 @@ class HfaAggregation(Aggregation):
 
     @classmethod
     def check_options(cls, options: Mapping[str, Any], topology: Topology | None = None) -> None:
-        """The streaming options' ranges; with the job's K2 known, fragments <= K2 and delay < K2 (a slice's
-        overlap ends before it goes global again; other fragments may go global meanwhile: each slice keeps its
-        own overlap, unlike torchft's one counter, which needs delay < K2 / fragments)."""
-        fragments = options.get("fragments", 1)
-        delay = options.get("fragment_delay", 0)
-        alpha = options.get("fragment_alpha", 0.0)
-        if fragments < 1:
-            raise ValueError(f"fragments must be at least 1, got {fragments}")
-        if delay < 0:
-            raise ValueError(f"fragment_delay must be at least 0, got {delay}")
-        if not 0.0 <= alpha <= 1.0:
-            raise ValueError(f"fragment_alpha must be between 0 and 1, got {alpha}")
-        hfa = topology.hfa if topology is not None else None
-        if hfa is None:
-            return
-        if fragments > hfa.k2:
-            raise ValueError(f"fragments ({fragments}) must not exceed HFA's K2 ({hfa.k2}): each fragment goes "
-                             "global at its own round of the K2")
-        if delay >= hfa.k2:
-            raise ValueError(f"fragment_delay ({delay}) must be below HFA's K2 ({hfa.k2}): a slice's overlap ends "
-                             "before it goes global again")
+        """The streaming options' ranges; with the job's K2 known, fragments <= K2 and delay < K2
+        (``rules.streaming_options``, which a collective party's ranks run alike)."""
+        streaming_options(options, topology.hfa.k2 if topology is not None and topology.hfa is not None else None)
 
     def upward(self, sid: SliceId, total: np.ndarray) -> Upward:
         """A local round answers with the party's average; every K2-th of a slice's rounds (its fragment's)
-        sends the delta up and answers with the global model, or, overlapped, with the average now and the mix
+        sends the delta up and answers with the global model (mixed with the round's average where alpha > 0,
+        as torchft's ``fragment_update_alpha`` at delay 0), or, overlapped, with the average now and the mix
         ``delay`` rounds later."""
         local = self.local
         assert local is not None
@@ -122,13 +116,17 @@ class HfaAggregation(Aggregation):
             return Answer(self._mix(flight.arrived, total))
         if delta is None:
             return Answer(total)
+        if not self.delay and self.alpha:  # the global model mixed with this round's average, once it is in
+            self.in_flight[sid] = InFlight(due=local.rounds(sid), waiting=total)
+            return SendUpAndAwait(delta)
         if not self.delay:
             return SendUp(delta)
         self.in_flight[sid] = InFlight(due=local.rounds(sid) + self.delay)
         return SendUpAndAnswer(delta, total)
 
     def resumed(self, sid: SliceId) -> np.ndarray:
-        """The overlap's due round waited for the new global model: the mix."""
+        """The overlap's due round (or, without an overlap, the mixing round itself) waited for the new global
+        model: the mix."""
         flight = self.in_flight.pop(sid)
         assert flight.arrived is not None and flight.waiting is not None
         return self._mix(flight.arrived, flight.waiting)

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 import torch
 
 from ...core.strategy import Loop, WorkerStrategy
+from .rules import streaming_options
 
 
 class PeriodicAverage(WorkerStrategy):
@@ -40,10 +41,10 @@ class PeriodicAverage(WorkerStrategy):
 
     def common_model_step(self) -> int | None:
         """At the start of the step after a global round every party holds the global model (unless streaming or
-        an overlapped round lets each keep its own part: then never one every party holds)."""
-        options = dict(self.loop.kv.config.topology.training.plugin_options)
+        an overlapped round or a mix lets each keep its own part: then never one every party holds)."""
+        streaming = streaming_options(dict(self.loop.kv.config.topology.training.plugin_options))
         per_round = self.steps_of(1)
-        if per_round is None or int(options.get("fragments", 1)) > 1 or int(options.get("fragment_delay", 0)):
+        if per_round is None or streaming.fragments > 1 or streaming.delay or streaming.alpha:
             return None
         steps = self.loop.steps_done  # (a job starts, or resumes, at a global round)
         return steps if steps % per_round == 0 else None
