@@ -1,4 +1,4 @@
-"""GeoMX's FSA example on real data: a small CNN on scikit-learn's digits, trained across data centers.
+"""GeoMX's FSA example on real data: a small CNN on the UCI digits geomx ships, trained across data centers.
 
 The loop is the seeds' loop: forward, backward, push every gradient, pull every parameter; the global
 servers run the optimizer. Run it through the launcher:
