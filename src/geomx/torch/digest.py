@@ -35,7 +35,6 @@ KEEP = 8  # digests a heartbeat carries
 BUDGET = 0.02  # the share of a worker's time digests may take
 _INTS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _ODD = 0x9E3779B1  # position weights: an odd multiplier spreads neighbouring positions apart
-_weights: dict[torch.device, torch.Tensor] = {}
 
 
 def _fold(tensor: torch.Tensor) -> int:
@@ -44,9 +43,7 @@ def _fold(tensor: torch.Tensor) -> int:
     size = flat.element_size()
     bits = flat.view(_INTS[size]) if size in _INTS else flat.view(torch.uint8)
     device = bits.device
-    columns = _weights.get(device)
-    if columns is None:
-        columns = _weights[device] = torch.arange(1, COLUMNS + 1, dtype=torch.int64, device=device) * _ODD
+    columns = torch.arange(1, COLUMNS + 1, dtype=torch.int64, device=device) * _ODD  # (4096 elements: cheap)
     total = 0
     for start in range(0, bits.numel(), CHUNK):
         chunk = bits[start:start + CHUNK].to(torch.int64)
