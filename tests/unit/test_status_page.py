@@ -369,12 +369,15 @@ def test_what_the_codecs_saved_per_link_class_reaches_the_metrics_and_the_page()
     board = StatusBoard(topology(), clock=clock)
     for member in ("ls0", "gs0"):
         board.seen(member, "dc0")
-    board.heard("ls0", HeartbeatBody(wan_saved=3000, lan_saved=7))
+    # a worker's LAN savings beat to its party's scheduler: its local server relays them here
+    relay = {"dc0/worker0": {"role": "worker", "state": "training", "saved_bytes": {"lan": 2000, "wan": 0}}}
+    board.heard("ls0", HeartbeatBody(wan_saved=3000, lan_saved=7, party=relay))
     board.heard("gs0", HeartbeatBody(wan_saved=1000))
     rows = [MemberRow("ls0", "dc0/server", "local_server", "dc0", 0, "training")]
     data = board.snapshot(rows, {}, "training")
-    assert data["parties"][0]["codec_saved_bytes"] == {"wan": 4000}
-    assert "the codec saved 4.00 kB of WAN" in render_html(data)
+    assert data["parties"][0]["codec_saved_bytes"] == {"wan": 4000, "lan": 2007}
+    assert "the codecs saved 4.00 kB of WAN and 2.01 kB of LAN" in render_html(data)
     text = generate_latest(StatusServer("127.0.0.1", 0, lambda: data).registry).decode()
     assert 'geomx_wan_codec_saved_bytes_total{party="dc0"} 4000.0' in text
+    assert 'geomx_lan_codec_saved_bytes_total{party="dc0"} 2007.0' in text
     assert 'geomx_wan_codec_saved_bytes_total{party="dc1"} 0.0' in text

@@ -131,10 +131,10 @@ def _relay_record(name: str, party: str, record: dict[str, Any]) -> dict[str, An
         value = record.get(key)
         return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
-    def counts(key: str) -> dict[str, int]:
+    def counts(key: str, names: tuple[str, str] = ("sent", "recv")) -> dict[str, int]:
         value = record.get(key)
         found = value if isinstance(value, dict) else {}
-        return {d: int(v) if isinstance(v := found.get(d), int) else 0 for d in ("sent", "recv")}
+        return {d: int(v) if isinstance(v := found.get(d), int) else 0 for d in names}
 
     state, role = record.get("state"), record.get("role")
     if state not in STATES or not isinstance(role, str):
@@ -145,7 +145,7 @@ def _relay_record(name: str, party: str, record: dict[str, Any]) -> dict[str, An
             "rank": int(rank) if rank is not None else None, "state": state,
             "heartbeat_age_s": number("heartbeat_age_s"), "step": int(step) if step is not None else None,
             "busy": number("busy"), "wan_bytes": counts("wan_bytes"), "lan_bytes": counts("lan_bytes"),
-            "rounds": None, "models": {k: v for k, v in models.items() if isinstance(v, str)}
+            "saved_bytes": counts("saved_bytes", ("lan", "wan")), "rounds": None, "models": {k: v for k, v in models.items() if isinstance(v, str)}
             if isinstance(models, dict) else None}
 
 
@@ -208,7 +208,8 @@ class StatusBoard:
                 "state": row.state, "heartbeat_age_s": None if heard is None else round(now - heard, 3),
                 "step": body.step, "busy": body.busy,
                 "wan_bytes": {"sent": body.wan_sent, "recv": body.wan_recv},
-                "lan_bytes": {"sent": body.lan_sent, "recv": body.lan_recv}, "rounds": _rounds(body),
+                "lan_bytes": {"sent": body.lan_sent, "recv": body.lan_recv},
+                "saved_bytes": {"lan": body.lan_saved, "wan": body.wan_saved}, "rounds": _rounds(body),
                 "models": body.models}
 
     def members(self, rows: list[MemberRow]) -> dict[str, dict[str, Any]]:
@@ -281,8 +282,9 @@ class StatusBoard:
                     "step": min(steps) if steps else None,
                     "wan_bytes": {"sent": _sum(samples, "wan_sent"), "recv": _sum(samples, "wan_recv")},
                     "lan_bytes": {"sent": _sum(samples, "lan_sent"), "recv": _sum(samples, "lan_recv")},
-                    # the WAN's only: a worker's own LAN savings beat to its party's scheduler, not here
-                    "codec_saved_bytes": {"wan": _sum(samples, "wan_saved")},
+                    # the party's servers' own, and its workers' LAN savings as its servers relay them
+                    "codec_saved_bytes": {"wan": _sum(samples, "wan_saved"), "lan": _sum(samples, "lan_saved") + sum(
+                        m["saved_bytes"]["lan"] for m in members if m["party"] == name and m["name"] not in known)},
                     "wan_rate_bps": {d: round(8 * sum(self._rate(m, f"wan_{d}", now) for m in ids), 1)
                                      for d in ("sent", "recv")},
                     "answers_ahead": _merged(m["answers_ahead"] for m in members if m["party"] == name),

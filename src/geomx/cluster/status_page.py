@@ -63,11 +63,13 @@ def _traffic(data: dict[str, Any]) -> Iterator[Metric]:
             for direction, value in party[f"{link}_bytes"].items():
                 family.add_metric([party["name"], direction], value)
         yield family
-    saved = CounterMetricFamily("geomx_wan_codec_saved_bytes", "bytes the codecs kept off the party's WAN link (an "
-                                "encoded message's dense size less its frames)", labels=["party"])
-    for party in data["parties"]:
-        saved.add_metric([party["name"]], party["codec_saved_bytes"]["wan"])
-    yield saved
+    for link in ("wan", "lan"):
+        saved = CounterMetricFamily(f"geomx_{link}_codec_saved_bytes", f"bytes the codecs kept off the party's "
+                                    f"{link.upper()} links (an encoded message's dense size less its frames)",
+                                    labels=["party"])
+        for party in data["parties"]:
+            saved.add_metric([party["name"]], party["codec_saved_bytes"].get(link, 0))
+        yield saved
     rate = GaugeMetricFamily("geomx_wan_rate_bytes_per_second", "a party's WAN rate over its members' last two "
                              "heartbeats", labels=["party", "direction"])
     for party in data["parties"]:
@@ -164,9 +166,10 @@ def _rate(bps: float) -> str:
 
 
 def _saved(party: dict[str, Any]) -> str:
-    """``; the codec saved ...`` for a party whose WAN codec kept bytes off its link, else nothing."""
-    saved = party["codec_saved_bytes"]["wan"]
-    return f"; the codec saved {_bytes(saved)} of WAN" if saved else ""
+    """``; the codecs saved ...`` for a party whose codecs kept bytes off its links, else nothing."""
+    saved = party["codec_saved_bytes"]
+    links = [f"{_bytes(saved[link])} of {link.upper()}" for link in ("wan", "lan") if saved.get(link)]
+    return f"; the codecs saved {' and '.join(links)}" if links else ""
 
 
 def _staleness(party: dict[str, Any]) -> str:
