@@ -145,8 +145,8 @@ def _relay_record(name: str, party: str, record: dict[str, Any]) -> dict[str, An
             "rank": int(rank) if rank is not None else None, "state": state,
             "heartbeat_age_s": number("heartbeat_age_s"), "step": int(step) if step is not None else None,
             "busy": number("busy"), "wan_bytes": counts("wan_bytes"), "lan_bytes": counts("lan_bytes"),
-            "saved_bytes": counts("saved_bytes", ("lan", "wan")), "rounds": None, "models": {k: v for k, v in models.items() if isinstance(v, str)}
-            if isinstance(models, dict) else None}
+            "saved_bytes": counts("saved_bytes", ("lan", "wan")), "rounds": None,
+            "models": {k: v for k, v in models.items() if isinstance(v, str)} if isinstance(models, dict) else None}
 
 
 def _party_names(topology: Topology, rows: list[MemberRow]) -> list[str]:
