@@ -70,3 +70,25 @@ def test_build_report_accepts_the_examples_epoch_records(tmp_path):
     assert rows[0]["final_accuracy"] == 0.5 and rows[0]["steps"] == 12
     # no process has written its counters: unknown, not 0 (the record's wan_mb is a point of the curve only)
     assert rows[0]["lan_mb"] is None and rows[0]["wan_mb"] is None
+
+
+def test_a_process_restarted_under_the_same_name_keeps_its_predecessors_count(tmp_path):
+    """A party restarted into the same run folder: its processes' names are the dead ones'. Each keeps a file of
+    its own, and the totals count both (before, the new file replaced the dead one's bytes)."""
+    import os
+
+    from geomx.runs.runlog import StatsFile, read_stats, stats_path
+    from geomx.runs.summary import traffic
+
+    dead = stats_path(tmp_path, "dc1/server")
+    dead.parent.mkdir(parents=True)
+    dead.write_text(json.dumps({"name": "dc1/server", "pid": os.getpid() + 1, "party": "dc1", "final": False,
+                                "lan": {"sent": 10, "recv": 0}, "wan": {"sent": 300, "recv": 0}}))
+    counts = {"party": "dc1", "lan": {"sent": 5, "recv": 0}, "wan": {"sent": 40, "recv": 0}}
+    stats = StatsFile(tmp_path, "dc1/server", lambda: counts).start()
+    stats.flush()  # a rewrite goes to its own file again
+    stats.close()
+    assert sorted(p.name for p in (tmp_path / "stats").glob("*.json")) == ["dc1_server.1.json", "dc1_server.json"]
+    totals = traffic(read_stats(tmp_path))
+    assert (totals["lan_bytes"], totals["wan_bytes"]) == (15, 340)
+    assert totals["wan_bytes_sent_by_process"] == {"dc1/server": 340}

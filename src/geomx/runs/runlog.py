@@ -43,16 +43,39 @@ def cpu_seconds() -> dict[str, float]:
     return {"user": usage.ru_utime, "sys": usage.ru_stime}
 
 
-def write_stats(run_dir: Path, name: str, stats: dict[str, Any]) -> Path:
-    """Atomically write one process's counters, with its peak resident memory (``peak_rss_bytes``) and CPU time
-    so far (``cpu_s``: user and sys, every thread's; ``cpu_sys_s``: the sys part, see ``cpu_seconds``)."""
-    cpu = cpu_seconds()
+def stats_path(run_dir: Path, name: str) -> Path:
+    """Where this process keeps its counters: ``RUN/stats/<name>.json``, or where an earlier process of the same
+    name wrote there (a party restarted into the same run folder), the first free ``<name>.<n>.json``: each
+    process's bytes count once, and the dead one's are not overwritten."""
     folder = run_dir / "stats"
-    folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{file_name(name)}.json"
+    mine = os.getpid()
+    number = 1
+    while path.exists() and _writer(path) != mine:
+        path = folder / f"{file_name(name)}.{number}.json"
+        number += 1
+    return path
+
+
+def _writer(path: Path) -> int | None:
+    """The pid that wrote a stats file (None: unreadable, or written before files said so)."""
+    try:
+        pid = json.loads(path.read_text()).get("pid")
+    except (OSError, ValueError):
+        return None
+    return pid if isinstance(pid, int) else None
+
+
+def write_stats(run_dir: Path, name: str, stats: dict[str, Any], path: Path | None = None) -> Path:
+    """Atomically write one process's counters (to ``path``, by default ``stats_path``'s), with its pid, its peak
+    resident memory (``peak_rss_bytes``) and CPU time so far (``cpu_s``: user and sys, every thread's;
+    ``cpu_sys_s``: the sys part, see ``cpu_seconds``)."""
+    cpu = cpu_seconds()
+    path = path or stats_path(run_dir, name)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps({"name": name, "peak_rss_bytes": peak_rss_bytes(), "cpu_s": cpu["user"] + cpu["sys"],
-                               "cpu_sys_s": cpu["sys"], **stats}))
+    tmp.write_text(json.dumps({"name": name, "pid": os.getpid(), "peak_rss_bytes": peak_rss_bytes(),
+                               "cpu_s": cpu["user"] + cpu["sys"], "cpu_sys_s": cpu["sys"], **stats}))
     tmp.replace(path)
     return path
 
@@ -83,6 +106,7 @@ class StatsFile:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._path: Path | None = None  # chosen at the first write (``stats_path``)
 
     def start(self) -> StatsFile:
         """Write once now, then every ``every_s`` seconds until ``close``."""
@@ -105,7 +129,9 @@ class StatsFile:
             if self._closed:
                 return None
             self._closed = final
-            return write_stats(self.run_dir, self.name, {**self._read(), **extra, "final": final})
+            if self._path is None:
+                self._path = stats_path(self.run_dir, self.name)
+            return write_stats(self.run_dir, self.name, {**self._read(), **extra, "final": final}, self._path)
 
     def close(self, **extra: Any) -> Path | None:
         """Stop the rewrites and write the final counters (with ``extra``). Safe to call twice."""

@@ -37,8 +37,9 @@ def traffic(stats: list[dict[str, Any]]) -> dict[str, Any]:
         party = str(entry.get("party", "?"))
         sent = int(entry.get("wan", {}).get("sent", 0))
         wan_by_party[party] = wan_by_party.get(party, 0) + sent
-        if sent:
-            wan_by_process[str(entry.get("name", party))] = sent
+        if sent:  # (a process restarted under the same name adds to its predecessor's)
+            name = str(entry.get("name", party))
+            wan_by_process[name] = wan_by_process.get(name, 0) + sent
     known = bool(stats)
     return {"lan_bytes": totals["lan"] if known else None, "wan_bytes": totals["wan"] if known else None,
             "wan_bytes_sent_by_party": wan_by_party, "wan_bytes_sent_by_process": wan_by_process,
