@@ -81,3 +81,17 @@ def test_time_cannot_align_the_workers_checkpoints(tmp_path: Path) -> None:
     for spec in (CheckpointSpec(dir=tmp_path, every_s=60.0), CheckpointSpec(dir=tmp_path, every_steps=5, every_s=60)):
         with pytest.raises(ConfigError, match=r"every_seconds \(60\) cannot be used.*every_steps alone"):
             WorkerCheckpoints(spec, rank=0, settings=SETTINGS)
+
+
+def test_the_newest_checkpoint_is_read_once_to_verify_and_load_it(tmp_path: Path, monkeypatch) -> None:
+    """A resuming worker verifies its newest checkpoint and loads it: one read of the data file (a large model's
+    checkpoint was read twice), and the loop's step it was written at."""
+    mine = WorkerCheckpoints(CheckpointSpec(dir=tmp_path, every_steps=2), rank=0, settings=SETTINGS)
+    model, optimizer = trained(2)
+    mine.write(4, model, optimizer, step=9)  # ESync: checkpoint 4 (global rounds) of the loop's step 9
+    reads = []
+    load = torch.load
+    monkeypatch.setattr(torch, "load", lambda *a, **k: reads.append(a) or load(*a, **k))
+    fresh, fresh_optimizer = trained(0)
+    assert mine.load(mine.newest(), fresh, fresh_optimizer) == 9
+    assert len(reads) == 1

@@ -88,6 +88,7 @@ class WorkerCheckpoints:
         self.folder = worker_dir(spec.dir, rank)
         self.settings = settings
         self.written: list[int] = []
+        self._verified: tuple[int, tuple[dict[str, Any], dict[str, Any]]] | None = None  # newest()'s read, for load
 
     def maybe_write(self, number: int, model: nn.Module, optimizer: torch.optim.Optimizer,
                     step: int | None = None) -> bool:
@@ -123,7 +124,7 @@ class WorkerCheckpoints:
         """The newest step whose checkpoint verifies (each refused one logged); CheckpointError if there is none."""
         for step in self.steps():
             try:
-                self._read(step)
+                self._verified = (step, self._read(step))  # what load() of it takes, not read again
                 return step
             except CheckpointError as exc:
                 log.error("refused checkpoint: %s; trying the previous one", exc)
@@ -147,7 +148,8 @@ class WorkerCheckpoints:
     def load(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
         """Load checkpoint ``step`` (its number) into ``model`` and ``optimizer`` and return the loop's step it was
         written at; CheckpointError names what is missing or different (another model, other training settings)."""
-        manifest, saved = self._read(step)
+        verified, self._verified = self._verified, None
+        manifest, saved = verified[1] if verified is not None and verified[0] == step else self._read(step)
         source = self.folder / f"ckpt-{step:09d}.json"
         difference = model_difference(manifest["model"], _shapes(model.state_dict()))
         if difference is not None:
