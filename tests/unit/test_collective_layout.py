@@ -62,7 +62,7 @@ def test_layout_packs_every_element_once_and_unpacks_it_back(world_size: int) ->
                          dict(enumerate(t.numel() for t in tensors)))
     buffer = layout.empty(torch.float32, "cpu")
     layout.pack(tensors, buffer)
-    assert sorted(buffer.tolist()) == sorted([0.0] * (layout.numel - sum(layout.shares))
+    assert sorted(buffer.tolist()) == sorted([0.0] * (layout.numel - sum(layout.owned_numel))
                                              + torch.cat([t.view(-1) for t in tensors]).tolist())
     for rank in range(world_size):  # a rank's pieces are its owned slices, views into its chunk
         for owned, piece in layout.pieces(layout.chunk(buffer, rank), rank):
@@ -82,7 +82,7 @@ def test_layout_refuses_mismatched_tensors() -> None:
     with pytest.raises(ValueError, match=r"declare no slices of keys \[2\]"):
         OwnerLayout(_owners([10, 20], 2, slice_elems=8), {0: 10, 1: 20, 2: 5})
     only = OwnerLayout(_owners([10, 20], 2, slice_elems=8), {1: 20})  # another key of the owners stays out
-    assert only.numel == 2 * max(only.shares) and sum(only.shares) == 20
+    assert only.numel == 2 * max(only.owned_numel) and sum(only.owned_numel) == 20
 
 
 def _rank(rank: int, store: str, shapes: list[tuple[int, ...]], out: multiprocessing.Queue) -> None:

@@ -87,7 +87,7 @@ def test_owners_prefer_the_rank_holding_a_slice_so_only_boundary_slices_move() -
     assert (4, 256, 288, 0, 1) in crossing or (4, 288, 320, 1, 0) in crossing
     moved = sum(m.numel for m in plan.moves if m.source != m.target)
     assert moved <= 4 * 64, moved  # a slice per boundary at most
-    assert layout.shares[0] == pytest.approx(layout.shares[1], abs=2 * 64)
+    assert layout.owned_numel[0] == pytest.approx(layout.owned_numel[1], abs=2 * 64)
     unpreferred = Reshard(*_plan(2, 64, prefer=False), 0)
     assert sum(m.numel for m in unpreferred.moves if m.source != m.target) > moved
 

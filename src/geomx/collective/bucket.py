@@ -122,7 +122,7 @@ class ModelBucket:
         group = group or self.group
         world = group.world_size
         chosen = [[owned for owned in self.layout.owned[rank] if only is None or only(owned)] for rank in range(world)]
-        width = max(sum(owned.numel for owned in share) for share in chosen)
+        width = max(sum(owned.numel for owned in rank_slices) for rank_slices in chosen)
         flats = {key: tensor.detach().view(-1) for key, tensor in zip(self.layout.keys, tensors, strict=True)}
         with torch.no_grad():
             for begin in range(0, width, SPREAD_WINDOW):
@@ -133,9 +133,9 @@ class ModelBucket:
                     offset = self._offset[owned.id]
                     mine[at:at + high - low].copy_(self.chunk[offset + low:offset + high])
                 group.all_gather(gathered, mine)
-                for rank, share in enumerate(chosen):
+                for rank, rank_slices in enumerate(chosen):
                     window = gathered[rank * size:(rank + 1) * size]
-                    for owned, low, high, at in _segments(share, begin, begin + size):
+                    for owned, low, high, at in _segments(rank_slices, begin, begin + size):
                         flats[owned.key][owned.start + low:owned.start + high].copy_(window[at:at + high - low])
 
     def share(self, tensors: Sequence[torch.Tensor], only: Callable[[OwnedSlice], bool] | None = None,
@@ -186,10 +186,10 @@ class ModelBucket:
             param.grad.mul_(scale)
 
 
-def _runs(share: Iterable[OwnedSlice]) -> Iterator[tuple[int, int, int]]:
-    """``(key, start, stop)`` of each run of adjacent slices in ``share`` (a rank's, in declaration order)."""
+def _runs(rank_slices: Iterable[OwnedSlice]) -> Iterator[tuple[int, int, int]]:
+    """``(key, start, stop)`` of each run of adjacent slices in ``rank_slices`` (a rank's, in declaration order)."""
     run: list[int] | None = None
-    for owned in share:
+    for owned in rank_slices:
         if run is not None and run[0] == owned.key and run[2] == owned.start:
             run[2] = owned.stop
             continue
@@ -200,11 +200,11 @@ def _runs(share: Iterable[OwnedSlice]) -> Iterator[tuple[int, int, int]]:
         yield run[0], run[1], run[2]
 
 
-def _segments(share: Sequence[OwnedSlice], begin: int, end: int) -> Iterator[tuple[OwnedSlice, int, int, int]]:
-    """The parts of ``share``'s slices, laid back to back, that fall in ``[begin, end)``: each slice with the
+def _segments(rank_slices: Sequence[OwnedSlice], begin: int, end: int) -> Iterator[tuple[OwnedSlice, int, int, int]]:
+    """The parts of the slices in ``rank_slices``, laid back to back, that fall in ``[begin, end)``: each slice with the
     range ``[low, high)`` of its elements there and where that range starts in the window."""
     at = 0
-    for owned in share:
+    for owned in rank_slices:
         low, high = max(at, begin), min(at + owned.numel, end)
         if low < high:
             yield owned, low - at, high - at, low - begin

@@ -17,7 +17,7 @@ each lane's exchanges still come in one order on every rank.
 Usage::
 
     group = PartyGroup.join(torchrun, party="dc1", timeout_s=60.0, backend="gloo")
-    group.reduce_scatter(chunk, buffer)     # chunk: the party's sum of this rank's share of buffer
+    group.reduce_scatter(chunk, buffer)     # chunk: the party's sum of this rank's chunk of buffer
     group.all_gather(buffer, chunk)
 """
 

@@ -2,7 +2,7 @@
 call: a reduce-scatter gives each rank the party's sum of the slices it owns, an all-gather gives every rank the
 answers its peers brought back.
 
-The buffer holds ``world_size`` chunks of equal length (the largest rank's share; the others padded): chunk
+The buffer holds ``world_size`` chunks of equal length (the most a rank owns; the others padded): chunk
 ``r`` holds rank ``r``'s owned slices (``geomx.collective.owners``), back to back in declaration order. Packing
 copies each slice once (as DDP copies gradients into its buckets); a rank's slices are views into its chunk, so
 what it sends over the WAN and what it receives never need another copy.
@@ -38,28 +38,28 @@ class OwnerLayout:
         self.position = {key: i for i, key in enumerate(self.keys)}
         self.numels = [numels[key] for key in self.keys]
         self.owned = [[s for s in owners.owned(rank) if s.key in self.position] for rank in range(self.world_size)]
-        declared = {s.key for share in self.owned for s in share}
+        declared = {s.key for rank_slices in self.owned for s in rank_slices}
         if declared != set(self.keys):
             raise ValueError(f"the owners declare no slices of keys {sorted(set(self.keys) - declared)[:10]}")
-        for share in self.owned:
-            for s in share:
+        for rank_slices in self.owned:
+            for s in rank_slices:
                 if s.stop > numels[s.key]:
                     raise ValueError(f"key {s.key} slice {s.index} ends at {s.stop}, past its "
                                      f"{numels[s.key]} elements")
-        self.shares = [sum(s.numel for s in share) for share in self.owned]
-        self.chunk_numel = max(self.shares, default=0)
+        self.owned_numel = [sum(s.numel for s in rank_slices) for rank_slices in self.owned]  # per rank
+        self.chunk_numel = max(self.owned_numel, default=0)
         # (rank, offset in the rank's chunk) of every owned slice
         self.offsets: list[list[int]] = []
-        for share in self.owned:
+        for rank_slices in self.owned:
             offset, offsets = 0, []
-            for s in share:
+            for s in rank_slices:
                 offsets.append(offset)
                 offset += s.numel
             self.offsets.append(offsets)
         # where each key's slices sit in the buffer: (start, stop) in the key's tensor, offset in the buffer
         self.places: dict[int, list[tuple[int, int, int]]] = {key: [] for key in self.keys}
-        for rank, (share, offsets) in enumerate(zip(self.owned, self.offsets, strict=True)):
-            for s, offset in zip(share, offsets, strict=True):
+        for rank, (rank_slices, offsets) in enumerate(zip(self.owned, self.offsets, strict=True)):
+            for s, offset in zip(rank_slices, offsets, strict=True):
                 self.places[s.key].append((s.start, s.stop, rank * self.chunk_numel + offset))
 
     @property

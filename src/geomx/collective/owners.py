@@ -66,7 +66,7 @@ class SliceOwners:
     def add_many(self, keys: Sequence[tuple[int, Sequence[tuple[int, int]], int]],
                  prefer: Callable[[int, int, int], int | None] | None = None) -> None:
         """Declare keys together, ``(key, slices, itemsize)`` each (itemsize 0: a key that never travels per
-        step): their slices are placed largest first, so the shares come out even. ``prefer(key, start, stop)``,
+        step): their slices are placed largest first, so the ranks' loads come out even. ``prefer(key, start, stop)``,
         if given, names the rank a slice should go to (None: no preference); those slices are placed first."""
         entries = []
         for key, slices, itemsize in keys:
@@ -86,8 +86,8 @@ class SliceOwners:
             self.loads[rank] += nbytes
             self._owner[(key, index)] = rank
             self._owned[rank].append(OwnedSlice(key, index, count, start, stop))
-        for share in self._owned:  # a rank's slices in declaration order: the order of its chunk in a layout
-            share.sort(key=lambda s: (self._keys[s.key], s.index))
+        for rank_slices in self._owned:  # a rank's slices in declaration order: the order of its chunk in a layout
+            rank_slices.sort(key=lambda s: (self._keys[s.key], s.index))
 
     def owner(self, key: int, index: int) -> int:
         """The rank owning slice ``index`` of ``key``."""

@@ -52,8 +52,8 @@ class Move:
 def moves(shards: LocalShards, layout: OwnerLayout) -> list[Move]:
     """Every move of the party, in key order (the layout's), then by position."""
     found = []
-    for target, (share, offsets) in enumerate(zip(layout.owned, layout.offsets, strict=True)):
-        for owned, offset in zip(share, offsets, strict=True):
+    for target, (rank_slices, offsets) in enumerate(zip(layout.owned, layout.offsets, strict=True)):
+        for owned, offset in zip(rank_slices, offsets, strict=True):
             for source, (low, high) in enumerate(shards.ranges[owned.key]):
                 start, stop = max(low, owned.start), min(high, owned.stop)
                 if start < stop:

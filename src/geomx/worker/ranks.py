@@ -189,16 +189,16 @@ class PartyRanks:
         at most)."""
         self.local_shards = local_shards if self.local_shards is None else self.local_shards.merged(local_shards)
         # the INIT values as the servers hold them: exact
-        bucket = ShardedBucket(local_shards, self.layout(keys), self.group, like=_wire_like(map(local_flat, values)))
-        views = bucket.views(values)
-        bucket.own(views)  # every party: the values to send (central) or the bytes its digests describe
+        model = ShardedBucket(local_shards, self.layout(keys), self.group, like=_wire_like(map(local_flat, values)))
+        views = model.views(values)
+        model.own(views)  # every party: the values to send (central) or the bytes its digests describe
         futures = [self._send_init(owned.key, owned.index, host_numpy(piece))
-                   for owned, piece in bucket.pieces]
-        for (owned, piece), future in zip(bucket.pieces, futures, strict=True):
+                   for owned, piece in model.pieces]
+        for (owned, piece), future in zip(model.pieces, futures, strict=True):
             reply = self.link.reply(future, owned.key, owned.index, "INIT")
             if not _same(reply):  # else the piece holds the global value already
                 piece.copy_(self.link.data(reply, owned.key, owned.index))
-        bucket.spread(views)
+        model.spread(views)
 
     def _send_init(self, key: int, index: int, piece: np.ndarray) -> Any:
         """INIT one slice this rank owns (with ``piece``'s values in the central party); the answer's future."""
@@ -290,8 +290,8 @@ class PartyRanks:
 
 
 def _wire_like(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
-    """An empty tensor of ``tensors``' device and of the dtype the servers hold their bucket in (the widest of theirs,
-    float32 for bfloat16: ``geomx.protocol.tensors``): what a rank's owned chunk is kept in."""
+    """An empty tensor of ``tensors``' device and of the dtype the servers hold the party's model in (the widest of
+    theirs, float32 for bfloat16: ``geomx.protocol.tensors``): what a rank's owned chunk is kept in."""
     held = bucket_like(list(tensors))
     return held.new_empty(0, dtype=wire_dtype(held.dtype))
 
