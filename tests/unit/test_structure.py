@@ -82,18 +82,12 @@ def test_the_launcher_schedulers_and_servers_do_not_import_torch() -> None:
     assert out.stdout.strip() == "[]"
 
 
-# Folders whose face is not kept here yet: cluster/ is being changed by another line of work (issue 47, item 7).
-FACES_PENDING = {"cluster"}
-
-
 def test_every_folder_face_names_its_modules() -> None:
     """A package's ``__init__.py`` docstring (its folder face) names each of its modules and subpackages, as
     ``name`` (or ``name.py``) in double backquotes, so a reader finds every part from the face."""
     unnamed = {}
     for init in sorted(SRC.rglob("__init__.py")):
         folder = init.parent
-        if str(folder.relative_to(SRC)) in FACES_PENDING:
-            continue
         face = ast.get_docstring(ast.parse(init.read_text())) or ""
         parts = sorted([p.stem for p in folder.glob("*.py") if p.stem != "__init__"]
                        + [p.name for p in folder.iterdir() if (p / "__init__.py").is_file()])
