@@ -64,7 +64,7 @@ class KVStore(AbstractContextManager["KVStore"]):
     def __init__(self, kind: str, config: NodeConfig) -> None:
         if config.role is not Role.WORKER:
             raise ValueError(f"kv.create runs on workers; this process has role {config.role.value}")
-        sync_policy(kind)  # validates the type string
+        self.policy = sync_policy(kind)  # validates the type string; the rules of the top tier's rounds
         check_plugins(config.topology.training, config.topology)  # bad names, codecs, options: named before joining
         self.type = kind
         self.config = config

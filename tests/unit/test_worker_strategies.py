@@ -190,3 +190,17 @@ def test_the_job_model_is_the_workers_own_under_fsa_and_the_held_global_model_un
     assert fsa_loop.synchronized == 1 and [t.tolist() for t in into] == [[1.0, 2.0], [4.0]]
     PeriodicAverage(Loop(store)).load_job_model(into)
     assert [t.tolist() for t in into] == [[9.0, 9.0], [7.0]]
+
+
+def test_a_resumed_step_is_the_rounds_under_a_synchronous_tier_and_their_mean_under_an_asynchronous_one() -> None:
+    """Under MixedSync each party's push is a round of its own: 2 parties at step 10 make 20 rounds (the resumed
+    job started at step 20 before)."""
+    from geomx.algorithms.registry import sync_policy
+    from geomx.config import Mode
+
+    store = Store()
+    for kind, mode, step in (("dist_sync", Mode.HIPS, 20), ("dist_async", Mode.HIPS, 10),
+                             ("dist_async", Mode.FLAT, 5)):
+        store.policy = sync_policy(kind)  # type: ignore[attr-defined]
+        store.config = SimpleNamespace(topology=SimpleNamespace(mode=mode, parties=("dc0", "dc1")))  # type: ignore
+        assert ServerOptimizerStep(Loop(store)).steps_of(20) == step, (kind, mode)

@@ -17,6 +17,7 @@ import time
 
 import torch
 
+from ...config import Mode
 from ...core.strategy import AveragedStep, Loop, WorkerStrategy
 
 
@@ -25,6 +26,17 @@ class ServerOptimizerStep(WorkerStrategy):
 
     pushes_gradients = True
     same_model_everywhere = True  # every party's answers are the same round's (under FSA's synchronous policy)
+
+    def steps_of(self, rounds: int) -> int | None:
+        """A synchronous top tier's round is a step of every party. An asynchronous one (MixedSync, DCASGD) applies
+        each party's push as a round of its own, so the least advanced slice's rounds are about the parties' steps
+        summed (every worker's, in a flat job): each resumes at their mean (their own steps are not recorded)."""
+        kv = self.loop.kv
+        policy = getattr(kv, "policy", None)
+        if policy is None or policy.synchronous:
+            return rounds
+        topology = kv.config.topology
+        return rounds // max(1, kv.num_all_workers if topology.mode is Mode.FLAT else len(topology.parties))
 
     def step(self) -> None:
         self.push_missing()
