@@ -31,7 +31,7 @@ import torch
 from .algorithms.registry import SYNC_POLICIES, sync_policy
 from .cluster.heartbeat import pulse_for
 from .cluster.membership import Tier, is_server, join, new_node_id, scheduler_id
-from .codecs import default_registry
+from .codecs import default_registry, worker_codec
 from .config import Mode, NodeConfig, Role, node_config
 from .core.early import EarlyAnswers
 from .core.sharding import ShardPlanner
@@ -268,10 +268,7 @@ class KVStore(AbstractContextManager["KVStore"]):
         """
         if not self.is_master_worker:
             raise RuntimeError("only the master worker (rank 0 of the central party) may set the compression")
-        spec = dict(spec)
-        if spec.get("type") in ("bsc", "mpq") and "size_lower_bound" not in spec:
-            spec["size_lower_bound"] = self._topology.size_lower_bound
-        default_registry().make_codec(spec)  # a bad spec fails here, with the codec's own message
+        spec, _ = worker_codec(self._codecs, spec, self._topology.size_lower_bound)  # a bad spec fails here
         self._configure(ConfigureBody(compression=spec), "set the compression")
 
     def _configure(self, body: ConfigureBody | dict[str, Any], what: str) -> None:

@@ -15,7 +15,8 @@ Built-ins (spec ``{"type": name, ...}``; wire id in brackets):
 Modules: ``base`` (the ``Codec`` interface, ``Encoded`` payloads, their checks), one module per codec above
 (``dense``, ``fp16``, ``bsc``, ``int8``, ``bf16``, ``error_feedback``, ``mpq``; ``composite`` is ``size_adaptive``),
 ``half`` (float32 <-> float16 at one speed for every value), ``registry`` (names and wire ids to classes, specs to
-instances), ``messages`` (between codec payloads and wire messages).
+instances, a worker's compression spec to its codec: ``worker_codec``), ``messages`` (between codec payloads and
+wire messages).
 
 Usage::
 
@@ -34,7 +35,7 @@ from .error_feedback import ErrorFeedback
 from .fp16 import FP16
 from .int8 import Int8
 from .mpq import MPQ
-from .registry import Registry, default_registry, make_codec
+from .registry import Registry, default_registry, make_codec, worker_codec
 
 __all__ = [
     "BF16",
@@ -55,4 +56,5 @@ __all__ = [
     "TensorInfo",
     "default_registry",
     "make_codec",
+    "worker_codec",
 ]

@@ -109,10 +109,13 @@ class Codec(ABC):
     Subclasses set ``name`` (the spec's "type") and ``codec_id`` (unique on the wire; 0 is DENSE,
     ``COMPOSITE_ID`` for codecs that only delegate). Constructor parameters are the spec's parameters:
     ``Registry.make_codec`` validates them against the constructor's signature and type hints.
+    ``size_bound``: True if the spec takes ``size_lower_bound`` (tensors below it travel dense); a worker fills in
+    the topology's where the spec names none (``registry.worker_codec``).
     """
 
     name: ClassVar[str]
     codec_id: ClassVar[int]
+    size_bound: ClassVar[bool] = False
 
     @abstractmethod
     def encode(self, array: np.ndarray, info: TensorInfo) -> Encoded:

@@ -136,6 +136,7 @@ class BSC(Codec):
 
     name: ClassVar[str] = "bsc"
     codec_id: ClassVar[int] = 2
+    size_bound: ClassVar[bool] = True  # the spec's size_lower_bound gates whole tensors (from_spec)
 
     def __init__(self, threshold: float = 0.01, momentum: float = 0.0, exact: bool = False,
                  warmup_steps: int = 0, seed: int = 0) -> None:

@@ -25,6 +25,7 @@ class MPQ(SizeAdaptive):
     """``SizeAdaptive(small=FP16(), large=sparsifier, bound=size_lower_bound)``."""
 
     name: ClassVar[str] = "mpq"
+    size_bound: ClassVar[bool] = True
 
     def __init__(self, sparsifier: BSC | None = None, size_lower_bound: int = DEFAULT_SIZE_LOWER_BOUND) -> None:
         super().__init__(small=FP16(), large=BSC() if sparsifier is None else sparsifier, bound=size_lower_bound)

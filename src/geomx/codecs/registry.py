@@ -93,6 +93,12 @@ class Registry:
             raise CodecError(f"unknown codec id {name_or_id}; known: {sorted(self._by_id)}")
         return cls
 
+    def wants_size_bound(self, name: object) -> bool:
+        """Whether the codec a spec's "type" names takes ``size_lower_bound`` (its class's ``size_bound``); False
+        for a name that is not a registered codec's (``make_codec`` then says what is wrong)."""
+        cls = self._by_name.get(name.lower()) if isinstance(name, str) else None
+        return cls is not None and cls.size_bound
+
     def make_codec(self, spec: Mapping[str, object]) -> Codec:
         """A configured codec from ``{"type": name, **params}``; CodecError says what is wrong."""
         if not isinstance(spec, Mapping) or not isinstance(spec.get("type"), str):
@@ -182,6 +188,19 @@ def default_registry() -> Registry:
     for cls in BUILTINS:
         registry.register(cls)
     return registry
+
+
+def worker_codec(registry: Registry, spec: Mapping[str, object], size_lower_bound: int) -> tuple[dict[str, Any], Codec]:
+    """A worker's WAN compression ``spec`` as the servers are sent it, and the codec it builds: a codec that wants a
+    size bound (``Codec.size_bound``) and names none gets ``size_lower_bound`` (the topology's). A bad spec raises
+    CodecError with the codec's own message.
+
+    Usage: ``spec, codec = worker_codec(registry, {"type": "bsc", "threshold": 0.01}, topology.size_lower_bound)``
+    """
+    spec = dict(spec)
+    if registry.wants_size_bound(spec.get("type")) and "size_lower_bound" not in spec:
+        spec["size_lower_bound"] = size_lower_bound
+    return spec, registry.make_codec(spec)
 
 
 def make_codec(spec: Mapping[str, object]) -> Codec:

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..codecs import Codec, Registry
+from ..codecs import Codec, Registry, worker_codec
 from ..codecs.base import TensorKind
 from ..codecs.messages import decode_message
 from ..collective.bucket import ModelBucket, PartyModel, bucket_like
@@ -90,7 +90,7 @@ class PartyRanks:
         self.local_shards: LocalShards | None = None  # the keys an FSDP2 script sharded, once init has seen them
         # the central party's owners carry the initial values (rank 0's, broadcast first: it is the master)
         self.carries_values = central
-        self.size_lower_bound = size_lower_bound  # the topology's, for Bi-Sparse and MPQ as the master sets them
+        self.size_lower_bound = size_lower_bound  # the topology's, for codecs with a size bound, as the master's
         self.codec: Codec | None = None  # the job's WAN codec: each rank encodes the slices it owns (residuals too)
         # FSA's early answers (geomx.core.early): the other parties' sum of a slice, ahead of the round's answer;
         # stored by the van's thread, taken by the training thread once the round's tensor-less answer arrives (by
@@ -100,10 +100,7 @@ class PartyRanks:
 
     def use_compression(self, spec: dict[str, Any]) -> None:
         """Encode this rank's pushes with the job's WAN codec ``spec`` (as a local server encodes its party's)."""
-        spec = dict(spec)
-        if spec.get("type") in ("bsc", "mpq") and "size_lower_bound" not in spec:
-            spec["size_lower_bound"] = self.size_lower_bound
-        self.codec = self.link.codecs.make_codec(spec)
+        _, self.codec = worker_codec(self.link.codecs, spec, self.size_lower_bound)
 
     @classmethod
     def join(cls, config: NodeConfig, rank: int, link: SliceLink) -> PartyRanks:
