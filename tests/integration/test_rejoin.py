@@ -197,7 +197,7 @@ def test_a_collective_party_killed_restarts_and_its_ranks_rejoin_with_the_curren
                               global_scheduler=global_scheduler, topology=path)
 
     survivor = threading.Thread(target=launch, args=("survivor", "dc0", "--until-file", str(rejoined),
-                                                     "--after", "10"))
+                                                     "--after", "20"))  # room for rank 1's own init under load
     survivor.start()
     launch("lost", "dc1", "--steps", "1000", "--die-rank", "2", "--die-step", "6")  # global rank 2: dc1's rank 1
     launch("rejoining", "dc1", "--steps", "12", "--rejoined-file", str(rejoined))
