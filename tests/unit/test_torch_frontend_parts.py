@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 from geomx import optim
+from geomx.algorithms.registry import check_names
 from geomx.config import ConfigError, HFASpec, TrainingSpec
-from geomx.server.compose import check_names
 from geomx.torch import Strategy, make_plan, translate
 from geomx.torch.data import shard_indices
 from geomx.torch.hooks import layer_of_params

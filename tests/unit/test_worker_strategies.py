@@ -12,6 +12,7 @@ import torch
 from geomx.algorithms.esync.strategy import CONTROL_KEY, ESync
 from geomx.algorithms.fsa.strategy import LocalOptimizerStep, ServerOptimizerStep
 from geomx.algorithms.hfa.strategy import PeriodicAverage
+from geomx.algorithms.modes import Lan, Strategy
 from geomx.algorithms.registry import STRATEGIES, strategy_class
 from geomx.core.strategy import WorkerStrategy
 
@@ -86,14 +87,22 @@ class Loop:
 
 
 def test_the_registry_names_a_strategy_for_every_plan_mode() -> None:
-    from geomx.torch.plan import Strategy
+    from geomx.algorithms.fsa.collective import CollectiveLocalStep
+    from geomx.algorithms.fsa.sharded import ShardedServerStep
+    from geomx.algorithms.hfa.collective import CollectivePeriodicAverage
+    from geomx.torch.plan import Strategy as PlanStrategy
 
-    assert set(STRATEGIES) == ({mode.name for mode in Strategy} | {f"COLLECTIVE_{mode.name}" for mode in Strategy}
-                               | {"SHARDED_SERVER", "SHARDED_LOCAL"})  # FSA from FSDP2's shards
-    assert strategy_class("HFA") is PeriodicAverage and strategy_class("ESYNC") is ESync
-    assert all(issubclass(strategy_class(mode), WorkerStrategy) for mode in STRATEGIES)
-    with pytest.raises(ValueError, match="unknown wrapper strategy 'DILOCO'"):
-        strategy_class("DILOCO")
+    assert PlanStrategy is Strategy  # the plan's mode is the registry's key
+    assert set(STRATEGIES) == {(mode, lan) for mode in Strategy for lan in Lan}  # every mode in every LAN tier
+    assert strategy_class(Strategy.HFA, Lan.SERVER) is PeriodicAverage
+    assert strategy_class(Strategy.ESYNC, Lan.SERVER) is ESync
+    assert strategy_class(Strategy.LOCAL, Lan.COLLECTIVE) is CollectiveLocalStep
+    assert strategy_class(Strategy.SERVER, Lan.SHARDED) is ShardedServerStep  # FSA from FSDP2's shards
+    # HFA (and ESync) average FSDP2's shards with the collective strategy of a whole model
+    assert strategy_class(Strategy.HFA, Lan.SHARDED) is CollectivePeriodicAverage
+    assert all(issubclass(strategy_class(*pair), WorkerStrategy) for pair in STRATEGIES)
+    with pytest.raises(ValueError, match=r"no wrapper strategy for Strategy\.HFA in a DILOCO party"):
+        strategy_class(Strategy.HFA, "DILOCO")  # type: ignore[arg-type]
 
 
 def test_the_server_optimizer_step_pushes_every_gradient_and_zeros_for_a_missing_one() -> None:

@@ -1,5 +1,6 @@
 """One folder per algorithm, each with its pure rules (``rules.py``), its server plug-in (``server.py``) and its
-worker side (``worker.py``), as far as it has them; ``registry`` names them all for the composition roots.
+worker side (``worker.py``), as far as it has them; ``registry`` names them all for the composition roots and
+the PyTorch wrapper, whose strategies it keys by ``modes`` (the plan's mode and the party's LAN tier).
 
 | folder | what it is |
 |---|---|

@@ -8,10 +8,12 @@ their plug-ins up here. A new algorithm is one folder under ``geomx/algorithms/`
 - ``EXTENSIONS``: request kinds an algorithm adds to a server (ESync's state rounds);
 - ``ROUTES``: how a value travels up and down between the tiers (TSEngine, DGT);
 - ``PUSH_ROUTES`` and ``STEP_ASSIGNERS``: the worker side (TSEngine's relay, ESync's step assignment);
-- ``STRATEGIES``: what the PyTorch wrapper's ``step()`` does (``geomx.core.strategy``), by the plan's mode.
-  They are named, not imported, so that servers and schedulers never import torch;
+- ``STRATEGIES``: what the PyTorch wrapper's ``step()`` does (``geomx.core.strategy``), by the plan's mode and
+  the party's LAN tier (``geomx.algorithms.modes``). They are named, not imported, so that servers and
+  schedulers never import torch;
 - ``MESSAGE_KINDS``: the message kinds algorithms declare for themselves (each in its folder's ``kinds.py``),
-  so that ``check_message_kinds`` can refuse two that share a number.
+  so that ``check_message_kinds`` can refuse two that share a number;
+- ``check_names``: a training block's sync and server optimizer names, checked against the registries.
 
 Usage::
 
@@ -19,8 +21,9 @@ Usage::
     aggregation = AGGREGATIONS["hfa"].from_config(node_config, server, **options)
     route = ROUTES["tsengine"](node_config, server)
     push_route = PUSH_ROUTES["relay"](node_config, context)
-    strategy = strategy_class("HFA")(loop)
+    strategy = strategy_class(Strategy.HFA, Lan.SERVER)(loop)
     check_message_kinds()                    # ValueError if two algorithms' kinds share a number
+    check_names(topology.training)           # ConfigError for a sync or server optimizer no registry holds
 """
 
 from __future__ import annotations
@@ -28,11 +31,12 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Iterable
 
-from ..config import NodeConfig
+from ..config import ConfigError, NodeConfig, TrainingSpec, named
 from ..core.plugins import Aggregation, Extension, PluginHost, Route
 from ..core.policy import SyncPolicy
 from ..core.strategy import WorkerStrategy
 from ..core.worker_plugins import PushRoute, StepAssigner, WorkerContext
+from ..optim import OPTIMIZERS
 from ..protocol.wire import PluginKind, check_plugin_kinds
 from .dgt.server import dgt_from_config
 from .esync.kinds import STATE
@@ -41,6 +45,7 @@ from .esync.worker import state_round_steps_from_config
 from .fsa.server import FullySynchronous
 from .hfa.server import HfaAggregation
 from .mixed_sync.server import Asynchronous
+from .modes import Lan, Strategy
 from .ssp.server import BoundedStaleness
 from .tsengine.kinds import RELAY
 from .tsengine.server import tsengine_from_config
@@ -101,28 +106,49 @@ def sync_policy(kind: str) -> SyncPolicy:
         raise ValueError(f"unknown kvstore type {kind!r}; valid: {sorted(SYNC_POLICIES)}") from None
 
 
-# The PyTorch wrapper's strategy per plan mode (``geomx.torch.plan.Strategy``'s names), as "module:class".
-STRATEGIES: dict[str, str] = {
-    "SERVER": "geomx.algorithms.fsa.strategy:ServerOptimizerStep",
-    "LOCAL": "geomx.algorithms.fsa.strategy:LocalOptimizerStep",
-    "HFA": "geomx.algorithms.hfa.strategy:PeriodicAverage",
-    "ESYNC": "geomx.algorithms.esync.strategy:ESync",
+# The PyTorch wrapper's strategy per (plan mode, party's LAN tier), as "module:class" (imported when chosen).
+STRATEGIES: dict[tuple[Strategy, Lan], str] = {
+    (Strategy.SERVER, Lan.SERVER): "geomx.algorithms.fsa.strategy:ServerOptimizerStep",
+    (Strategy.LOCAL, Lan.SERVER): "geomx.algorithms.fsa.strategy:LocalOptimizerStep",
+    (Strategy.HFA, Lan.SERVER): "geomx.algorithms.hfa.strategy:PeriodicAverage",
+    (Strategy.ESYNC, Lan.SERVER): "geomx.algorithms.esync.strategy:ESync",
     # a lan: collective party's ranks (geomx.collective): the same algorithms over torch.distributed collectives
-    "COLLECTIVE_SERVER": "geomx.algorithms.fsa.collective:CollectiveServerStep",
-    "COLLECTIVE_LOCAL": "geomx.algorithms.fsa.collective:CollectiveLocalStep",
-    # ... whose script sharded the model with FSDP2 (fully_shard): FSA (MixedSync, SSP, DCASGD) from the shards
-    "SHARDED_SERVER": "geomx.algorithms.fsa.sharded:ShardedServerStep",
-    "SHARDED_LOCAL": "geomx.algorithms.fsa.sharded:ShardedLocalStep",
-    "COLLECTIVE_HFA": "geomx.algorithms.hfa.collective:CollectivePeriodicAverage",
-    "COLLECTIVE_ESYNC": "geomx.algorithms.esync.collective:CollectiveESync",
+    (Strategy.SERVER, Lan.COLLECTIVE): "geomx.algorithms.fsa.collective:CollectiveServerStep",
+    (Strategy.LOCAL, Lan.COLLECTIVE): "geomx.algorithms.fsa.collective:CollectiveLocalStep",
+    (Strategy.HFA, Lan.COLLECTIVE): "geomx.algorithms.hfa.collective:CollectivePeriodicAverage",
+    (Strategy.ESYNC, Lan.COLLECTIVE): "geomx.algorithms.esync.collective:CollectiveESync",
+    # ... whose script sharded the model with FSDP2 (fully_shard): FSA (MixedSync, SSP, DCASGD) from the shards;
+    # HFA and ESync average the ranks' shards with the same strategies as a whole model
+    (Strategy.SERVER, Lan.SHARDED): "geomx.algorithms.fsa.sharded:ShardedServerStep",
+    (Strategy.LOCAL, Lan.SHARDED): "geomx.algorithms.fsa.sharded:ShardedLocalStep",
+    (Strategy.HFA, Lan.SHARDED): "geomx.algorithms.hfa.collective:CollectivePeriodicAverage",
+    (Strategy.ESYNC, Lan.SHARDED): "geomx.algorithms.esync.collective:CollectiveESync",
 }
 
 
-def strategy_class(mode: str) -> type[WorkerStrategy]:
-    """The wrapper's strategy for a plan mode (imported now: it needs torch); ValueError lists the valid ones."""
+def strategy_class(mode: Strategy, lan: Lan) -> type[WorkerStrategy]:
+    """The wrapper's strategy for a plan mode in a party of LAN tier ``lan`` (imported now: it needs torch);
+    ValueError names a pair the table lacks."""
     try:
-        module, _, name = STRATEGIES[mode].partition(":")
+        module, _, name = STRATEGIES[mode, lan].partition(":")
     except KeyError:
-        raise ValueError(f"unknown wrapper strategy {mode!r}; valid: {sorted(STRATEGIES)}") from None
+        raise ValueError(f"no wrapper strategy for {mode} in a {lan} party") from None
     cls: type[WorkerStrategy] = getattr(importlib.import_module(module), name)
     return cls
+
+
+def check_names(spec: TrainingSpec) -> None:
+    """Refuse a training block naming a sync or server optimizer no registry holds, listing the valid names.
+
+    The config layer takes any name (it imports no plug-in); the registries know which exist, so the names are
+    checked here, where they are reachable: at `geomx launch` (``geomx.server.compose.check_plugins``) and when
+    the torch wrapper makes its plan.
+    Usage: ``check_names(topology.training)``.
+    """
+    if spec.sync not in SYNC_POLICIES:
+        raise ConfigError(f"{named(spec, 'sync', 'training')} is unknown; valid: {sorted(SYNC_POLICIES)}")
+    if spec.server_optimizer in ("auto", "none", "translate"):
+        return
+    choices = ["auto", "none", "translate", *sorted(OPTIMIZERS)]
+    if spec.server_optimizer not in choices:
+        raise ConfigError(f"{named(spec, 'server_optimizer', 'training')} is unknown; valid: {choices}")

@@ -311,7 +311,7 @@ class CheckpointSpec:
             raise ConfigError("checkpoint.dir is set: say how often with every_steps and/or every_seconds")
 
 
-# Names in a training block: the registries (algorithms, optim) say which exist (server.compose.check_names).
+# Names in a training block: the registries (algorithms, optim) say which exist (algorithms.registry.check_names).
 _NAME = re.compile(r"[a-z0-9_]+")
 
 

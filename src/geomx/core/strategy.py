@@ -6,7 +6,7 @@ under the configured algorithm is a ``WorkerStrategy``'s: the wrapper holds one,
 calls it without asking which it holds (as torchft's ``LocalSGD`` and ``DiLoCo`` are small classes over its
 ``Manager``). A strategy overrides only the part that differs from its parent; the strategies live in their
 algorithms' folders (``geomx/algorithms/<name>/strategy.py``) and ``geomx.algorithms.registry.STRATEGIES``
-names them.
+names them, by the plan's mode and the party's LAN tier (``geomx.algorithms.modes``).
 
 Usage::
 

@@ -15,14 +15,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..algorithms.registry import AGGREGATIONS, EXTENSIONS, ROUTES, SYNC_POLICIES, check_message_kinds
+from ..algorithms.registry import AGGREGATIONS, EXTENSIONS, ROUTES, SYNC_POLICIES, check_message_kinds, check_names
 from ..codecs import FP16, CodecError, make_codec
 from ..config import ConfigError, NodeConfig, Topology, TrainingSpec, named
 from ..core.encoding import Encoding
 from ..core.options import parse_options, undeclared
 from ..core.plugins import Aggregation, Completion, Extension, Handler, PluginHost, Route, RouteChain
 from ..core.policy import SyncPolicy
-from ..optim import OPTIMIZERS
 from ..protocol.wire import Kind, MessageKind
 
 # Until the master's CONFIGURE names another, rounds of pushes wait for every client (and a local tier's
@@ -184,19 +183,3 @@ def configured_policy(name: str, options: Mapping[str, str] | None = None) -> Sy
     """The policy the master names later (CONFIGURE's ``sync``), from the same registry, with the job's plug-in
     ``options``; ConfigError (a ValueError) lists the valid names."""
     return build_policy(name, options or {})
-
-
-def check_names(spec: TrainingSpec) -> None:
-    """Refuse a training block naming a sync or server optimizer no registry holds, listing the valid names.
-
-    The config layer takes any name (it imports no plug-in); the registries know which exist, so the names are
-    checked here, where they are reachable: at `geomx launch` and when the torch wrapper makes its plan.
-    Usage: ``check_names(topology.training)``.
-    """
-    if spec.sync not in SYNC_POLICIES:
-        raise ConfigError(f"{named(spec, 'sync', 'training')} is unknown; valid: {sorted(SYNC_POLICIES)}")
-    if spec.server_optimizer in ("auto", "none", "translate"):
-        return
-    choices = ["auto", "none", "translate", *sorted(OPTIMIZERS)]
-    if spec.server_optimizer not in choices:
-        raise ConfigError(f"{named(spec, 'server_optimizer', 'training')} is unknown; valid: {choices}")

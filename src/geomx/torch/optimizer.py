@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..algorithms.modes import Lan
 from ..algorithms.registry import strategy_class
 from ..collective.ddp import check_group, unwrap
 from ..collective.fsdp import fsdp1_refusal, fsdp_shards, is_sharded
@@ -48,7 +49,7 @@ from .hooks import Hook, layer_of_params, uncompiled
 from .join import UnevenLoops
 from .loop_checks import refuse_changed, state_elsewhere
 from .metrics import StepRecorder, TensorBoardSink
-from .plan import Plan, Strategy, make_plan
+from .plan import Plan, make_plan
 from .signature import compare, signature
 
 log = logging.getLogger("geomx.torch")
@@ -142,10 +143,8 @@ class DistributedOptimizer:
         elif any(is_sharded(p) for p in self.params):
             raise ConfigError(f"party {config.party}: the model is sharded by FSDP2 (fully_shard), which needs the "
                               "party's ranks to be one torch.distributed group: set lan: collective for it")
-        mode = f"COLLECTIVE_{self.plan.mode.name}" if collective else self.plan.mode.name
-        if shards is not None and self.plan.mode in (Strategy.SERVER, Strategy.LOCAL):  # (a collective party's)
-            mode = f"SHARDED_{self.plan.mode.name}"  # FSA from FSDP2's shards (geomx.algorithms.fsa.sharded)
-        self.strategy: WorkerStrategy = strategy_class(mode)(self)
+        lan = Lan.SHARDED if shards is not None else Lan.COLLECTIVE if collective else Lan.SERVER
+        self.strategy: WorkerStrategy = strategy_class(self.plan.mode, lan)(self)
         self._config = config
         self.start_step = 0  # the job's step this worker starts at: a resumed job's checkpoint step (--resume)
         self.steps_done = 0  # the job's steps completed, counted from start_step

@@ -1,6 +1,7 @@
 """Which way the wrapped training loop runs, decided once from the configuration and the torch optimizer.
 
-The loop never changes; the topology's ``training`` block (or GEOMX_* variables) and ``hfa`` decide:
+The loop never changes; the topology's ``training`` block (or GEOMX_* variables) and ``hfa`` decide the
+mode (``Strategy``, in ``geomx.algorithms.modes`` so that the registry keys the wrapper's strategies by it):
 
 - ``SERVER``: MixedSync, SSP, DCASGD, or FSA with ``server_optimizer: translate`` or a named one. Workers push
   gradients, the global servers run the optimizer (the wrapped torch optimizer translated, or the configured
@@ -20,7 +21,6 @@ Usage::
 
 from __future__ import annotations
 
-import enum
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -29,11 +29,11 @@ from typing import Any
 import torch
 
 from .. import optim
-from ..algorithms.registry import SYNC_POLICIES
+from ..algorithms.modes import Strategy
+from ..algorithms.registry import SYNC_POLICIES, check_names
 from ..codecs import CodecError, make_codec
 from ..config import ConfigError, HFASpec, TrainingSpec
 from ..config.combinations import check, plan_facts
-from ..server.compose import check_names
 
 log = logging.getLogger("geomx.torch")
 
@@ -55,13 +55,6 @@ def keeps_residuals(compression: Mapping[str, Any] | None) -> bool:
         return make_codec(compression).keeps_residual()
     except CodecError:
         return False
-
-
-class Strategy(enum.Enum):
-    SERVER = "server optimizer"
-    LOCAL = "local optimizer on averaged gradients"
-    HFA = "hierarchical frequency aggregation"
-    ESYNC = "ESync"
 
 
 @dataclass(frozen=True)
