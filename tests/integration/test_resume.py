@@ -140,15 +140,15 @@ def test_streaming_hfa_resumes_at_the_last_cycle_from_the_global_model(tmp_path)
             assert torch.equal(got.flatten(), torch.from_numpy(snapshot.values[(index, 0)]).flatten()), index
 
 
-@pytest.mark.parametrize("lan", ["server", "collective"])
-def test_esync_resumes_each_worker_at_its_own_step(tmp_path, lan):
+def test_esync_resumes_each_worker_at_its_own_step(tmp_path):
     """ESync: each worker's steps per round are its own (assigned by speed), so the global servers' rounds tell no
     step; each worker checkpoints by global rounds, recording its own step, and a resumed worker starts from the
     checkpoint's global model at the step its checkpoint of those rounds records, with that step's inner Adam.
     Before, the resumed loop started at step 0 with a fresh inner optimizer (and a collective party's ranks took
-    rounds x K1 for their step)."""
-    parties = {"dc0": 1, "dc1": 1 if lan == "server" else 2}
-    options = {"parties": parties, "hfa": {"k1": 2, "k2": 1}, "lan": {"dc1": lan},
+    rounds x K1 for their step). dc0 is a party with a local server, dc1 a collective one of two ranks: both
+    worker sides of ESync in one job."""
+    parties = {"dc0": 1, "dc1": 2}
+    options = {"parties": parties, "hfa": {"k1": 2, "k2": 1}, "lan": {"dc1": "collective"},
                "training": {"server_optimizer": "outer_nesterov", "esync": True},
                "timeouts": {"request": "20s", "round": "20s", "shutdown": "5s"}}
     folder = tmp_path / "checkpoints"
