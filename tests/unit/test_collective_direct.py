@@ -1,7 +1,7 @@
 """``PartyGroup``'s direct path on gloo (all-gathers and reduce-scatters rank to rank, ``isend`` / ``irecv``, one
 tag per call) between real processes: a reduce-scatter is exactly the rank-order sum, an all-gather exactly every
 rank's chunk, calls in flight together stay apart, the results match gloo's own collectives, and a dead peer or a
-wrong size fails by the party's name. ``ModelBucket.share`` (each owner's slices straight from its tensors to the
+wrong size fails by the party's name. ``WholePartyModel.share`` (each owner's slices straight from its tensors to the
 other ranks') brings exactly the chosen slices, as the chunk and an all-gather would. The direct path replaces
 gloo's collectives for speed, so it must give the same answers, and fail the same way, on sizes that no vector
 width divides."""
@@ -237,9 +237,9 @@ def _owner_values(key: int, start: int, stop: int) -> torch.Tensor:
 
 
 def _shares(group: Any, rank: int, world: int) -> tuple[dict[bool, list[Any]], list[Any]]:
-    """``ModelBucket.share`` rank to rank and through the chunk; then two ``send_recv_async`` in flight at once
+    """``WholePartyModel.share`` rank to rank and through the chunk; then two ``send_recv_async`` in flight at once
     around a ring, waited last first: (each path's tensors, the ring's two receipts)."""
-    from geomx.collective.bucket import ModelBucket
+    from geomx.collective.bucket import WholePartyModel
 
     layout = _share_layout(world)
     chosen = lambda owned: owned.key != 1 and owned.index != 1  # noqa: E731 (a streaming fragment, say)
@@ -249,7 +249,7 @@ def _shares(group: Any, rank: int, world: int) -> tuple[dict[bool, list[Any]], l
         tensors = [torch.full((n,), float("nan")) for n in SHARE_KEYS.values()]
         for owned in layout.owned[rank]:  # the owner's values, where it wrote its answers
             tensors[owned.key][owned.start:owned.stop] = _owner_values(owned.key, owned.start, owned.stop)
-        ModelBucket(layout, group, like=tensors[0]).share(tensors, only=chosen)
+        WholePartyModel(layout, group, like=tensors[0]).share(tensors, only=chosen)
         got[direct] = [t.numpy().copy() for t in tensors]
     group.direct = True
     a, b = torch.full((5,), float(rank)), torch.full((7,), float(rank) + 0.5)
@@ -264,7 +264,7 @@ def _shares(group: Any, rank: int, world: int) -> tuple[dict[bool, list[Any]], l
 
 def test_share_brings_every_rank_each_owners_chosen_slices_and_nothing_else(
         exchanged: tuple[int, dict[int, Any]]) -> None:
-    """``ModelBucket.share``, rank to rank: each chosen slice equals its owner's on every rank; a slice not
+    """``WholePartyModel.share``, rank to rank: each chosen slice equals its owner's on every rank; a slice not
     chosen keeps what the rank held (its own, or NaN); the same as through the chunk and an all-gather."""
     world, answers = exchanged
     layout = _share_layout(world)

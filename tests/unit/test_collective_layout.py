@@ -227,7 +227,7 @@ class _LockstepGroup:
 @pytest.mark.parametrize("window", [1 << 23, 37])  # one all-gather, or many that cut slices
 @pytest.mark.parametrize("partial", [False, True])
 def test_a_spread_moves_every_owners_chosen_slices_and_only_those(monkeypatch, window: int, partial: bool) -> None:
-    """``ModelBucket.spread`` (``only=``: a streaming fragment): the chosen slices of every owner land, the others
+    """``WholePartyModel.spread`` (``only=``: a streaming fragment): the chosen slices of every owner land, the others
     stay; in windows of any size."""
     from geomx.collective import bucket as bucket_module
 
@@ -235,7 +235,7 @@ def test_a_spread_moves_every_owners_chosen_slices_and_only_those(monkeypatch, w
     numels = [300, 50, 420]
     layout = OwnerLayout(_owners(numels, 2, slice_elems=100), dict(enumerate(numels)))
     given: dict[tuple[int, int], torch.Tensor] = {}
-    buckets = [bucket_module.ModelBucket(layout, _LockstepGroup(r, 2, given), like=torch.zeros(1)) for r in (1, 0)]
+    buckets = [bucket_module.WholePartyModel(layout, _LockstepGroup(r, 2, given), like=torch.zeros(1)) for r in (1, 0)]
     for bucket in buckets:  # each owner's chunk: its slices' values, 1000 * rank + position
         bucket.own([torch.arange(n, dtype=torch.float32) + 1000 * bucket.group.rank for n in numels])
 

@@ -51,7 +51,7 @@ class StubRounds:
 
 
 class StubBucket:
-    """``ModelBucket``'s part the windows use: the layout, the rank, and the share (recorded)."""
+    """``WholePartyModel``'s part the windows use: the layout, the rank, and the share (recorded)."""
 
     def __init__(self, layout: OwnerLayout, rank: int) -> None:
         self.layout = layout

@@ -4,8 +4,8 @@ group (gloo on the CPU, NCCL on GPUs); across parties each rank syncs the slices
 ``owners`` says which rank owns each slice, ``layout`` packs a model's tensors so that one reduce-scatter gives
 every rank the party's sum of its own slices and one all-gather gives everyone the answers, ``group`` joins the
 party's process group from torchrun's variables with the topology's timeouts. ``bucket`` is a rank's view of the
-party's model (``PartyModel``; ``ModelBucket`` where every rank holds the whole model), ``sharded`` the same under
-FSDP2 (``ShardedBucket``), ``fsdp`` which part of each parameter a rank holds under FSDP2, ``reshard`` moves
+party's model (``PartyModel``; ``WholePartyModel`` where every rank holds the whole model), ``sharded`` the same under
+FSDP2 (``ShardedPartyModel``), ``fsdp`` which part of each parameter a rank holds under FSDP2, ``reshard`` moves
 elements between FSDP2's shards and the slices' owners, ``host`` keeps a CUDA rank's owned chunk in pinned host
 memory, ``overlap`` all-reduces the party's mean gradient by DDP bucket while backward runs, ``ddp`` settles which
 of a script's DDP and geomx averages the party's gradients."""

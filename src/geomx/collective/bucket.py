@@ -1,14 +1,14 @@
 """A collective rank's view of the model: the owner-ordered buffer of ``geomx.collective.layout``, this rank's
 chunk of it, and the slices it owns with their views, allocated once.
 
-``PartyModel`` is what a strategy asks of it, whether every rank holds the whole model (``ModelBucket``: DDP's
-form) or its FSDP2 shard (``geomx.collective.sharded.ShardedBucket``): the tensors this rank holds (``views``),
+``PartyModel`` is what a strategy asks of it, whether every rank holds the whole model (``WholePartyModel``: DDP's
+form) or its FSDP2 shard (``geomx.collective.sharded.ShardedPartyModel``): the tensors this rank holds (``views``),
 its owned slices gathered into ``chunk`` from them (``own``), and the owners' chunks written back into them
 (``spread``).
 
 Usage (inside a collective strategy)::
 
-    bucket = ModelBucket(layout, group, like=params[0])
+    bucket = WholePartyModel(layout, group, like=params[0])
     bucket.layout.pack_key(key, grad, bucket.buffer)       # each gradient as backward makes it, then
     bucket.group.reduce_scatter_async(bucket.chunk, bucket.buffer).wait()   # chunk: this rank's slices' sums
     for owned, piece in bucket.pieces: ...                 # send piece, write the answer into it
@@ -63,7 +63,7 @@ class PartyModel(Protocol):
         ...
 
 
-class ModelBucket:
+class WholePartyModel:
     """One flat buffer for the whole model and this rank's chunk, on the model's device: the ``PartyModel`` of a
     party whose ranks each hold the whole model.
 
@@ -216,7 +216,7 @@ def _segments(rank_slices: Sequence[OwnedSlice], begin: int, end: int) -> Iterat
 def bucket_like(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     """An empty tensor of the device and dtype a bucket of ``tensors`` is kept in: theirs, or, where a model mixes
     dtypes (bfloat16 weights, float32 norms), the widest, so that no float32 parameter's sum is rounded to bfloat16.
-    Usage: ``ModelBucket(layout, group, like=bucket_like(params))``"""
+    Usage: ``WholePartyModel(layout, group, like=bucket_like(params))``"""
     dtype = functools.reduce(torch.promote_types, (t.dtype for t in tensors))
     return tensors[0].detach().new_empty(0, dtype=dtype)
 

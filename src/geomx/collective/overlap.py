@@ -3,7 +3,7 @@ strategies whose ranks each hold the whole model and step on the party's mean (c
 
 Buckets are ``backward_buckets``' (keys deepest first, about ``bucket_bytes`` each); a bucket's all-reduce starts
 as soon as its last gradient is in and every bucket before it has started, so the collectives come in one order on
-every rank. ``finish`` packs zeros for a parameter without a gradient (it counts as 0, as in ``ModelBucket``),
+every rank. ``finish`` packs zeros for a parameter without a gradient (it counts as 0, as in ``WholePartyModel``),
 waits, and writes the mean into every ``param.grad``. A second gradient for a key before ``finish`` (gradient
 accumulation over several backwards) abandons the overlap for that step: ``finish`` all-reduces what ``.grad``
 holds then.
@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from .bucket import ModelBucket, backward_buckets, bucket_like
+from .bucket import WholePartyModel, backward_buckets, bucket_like
 from .group import PartyGroup, Pending
 from .layout import OwnerLayout
 
@@ -39,7 +39,7 @@ class OverlappedMean:
         numels = {key: p.numel() for key, p in enumerate(self.params)}
         like = bucket_like(self.params)
         self.group = group
-        self.buckets = [ModelBucket(layout_of(keys), group, like=like)
+        self.buckets = [WholePartyModel(layout_of(keys), group, like=like)
                         for keys in backward_buckets(numels, like.element_size(), bucket_bytes)]
         self.bucket_of = {key: index for index, bucket in enumerate(self.buckets) for key in bucket.layout.keys}
         self.missing: list[set[int]] = []

@@ -9,7 +9,7 @@ by position; its inbox the moves from each rank, in the same order. That is exac
 with these split sizes delivers, so no index travels. A move whose source is its target (a slice inside the
 owner's own shard: the owners prefer those) is a local copy, outside the collective.
 
-Usage (one rank; ``geomx.collective.sharded.ShardedBucket`` runs it)::
+Usage (one rank; ``geomx.collective.sharded.ShardedPartyModel`` runs it)::
 
     plan = Reshard(shards, layout, rank)
     plan.pack_for_owners(views, outbox)                      # views: this rank's flat shard of each key

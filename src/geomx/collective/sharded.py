@@ -6,9 +6,9 @@ where every slice lies inside its owner's shard); ``spread`` takes the owners' v
 buffers are the size of the elements that cross ranks, allocated once. Gradients need nothing: FSDP2
 reduce-scattered and averaged them in backward.
 
-Usage (inside a collective strategy; ``kv.ranks.model_bucket`` picks this form for DTensor parameters)::
+Usage (inside a collective strategy; ``kv.ranks.party_model`` picks this form for DTensor parameters)::
 
-    bucket = ShardedBucket(shards, layout, group, like=local_flat(params[0]))
+    bucket = ShardedPartyModel(shards, layout, group, like=local_flat(params[0]))
     views = bucket.views(params)          # this rank's shard of each parameter, flat
     bucket.own(views)                     # bucket.chunk: this rank's owned slices of the party's model
     for owned, piece in bucket.pieces: ...
@@ -28,7 +28,7 @@ from .owners import OwnedSlice
 from .reshard import Reshard
 
 
-class ShardedBucket:
+class ShardedPartyModel:
     """This rank's owned slices and the all-to-all buffers between them and its FSDP2 shards."""
 
     def __init__(self, shards: LocalShards, layout: OwnerLayout, group: PartyGroup, like: torch.Tensor) -> None:

@@ -10,7 +10,7 @@ Usage (inside ``KVStore``; the collective strategies reach it as ``kv.ranks``)::
     ranks = PartyRanks.join(node_config, rank, SliceLink(requests, keys, route, codecs, timeout_s))
     ranks.init([0, 1], [weight, bias])            # every rank ends with the master's values
     ranks.exchange(pieces, priority)              # this rank's slices: pushed, answers written back in place
-    bucket = ranks.model_bucket(params)           # the model as this rank holds it (whole, or FSDP2 shards)
+    bucket = ranks.party_model(params)           # the model as this rank holds it (whole, or FSDP2 shards)
 
 Under FSDP2 (``geomx.collective.fsdp``) the parameters are DTensors and a rank holds its shard of each: ``init``
 prefers as owner of each slice the rank whose shard holds it, moves the central party's initial values from the
@@ -32,12 +32,12 @@ import torch
 from ..codecs import Codec, Registry, worker_codec
 from ..codecs.base import TensorKind
 from ..codecs.messages import decode_message
-from ..collective.bucket import ModelBucket, PartyModel, bucket_like
+from ..collective.bucket import PartyModel, WholePartyModel, bucket_like
 from ..collective.fsdp import LocalShards, fsdp_shards, local_flat
 from ..collective.group import PartyGroup
 from ..collective.layout import OwnerLayout
 from ..collective.owners import OwnedSlice, SliceOwners
-from ..collective.sharded import ShardedBucket
+from ..collective.sharded import ShardedPartyModel
 from ..config import ConfigError, NodeConfig
 from ..core.inits import value_digest
 from ..core.rounds import ALONE, EARLY, MODEL_CHANGE, SAME
@@ -186,7 +186,7 @@ class PartyRanks:
         at most)."""
         self.local_shards = local_shards if self.local_shards is None else self.local_shards.merged(local_shards)
         # the INIT values as the servers hold them: exact
-        model = ShardedBucket(local_shards, self.layout(keys), self.group, like=_wire_like(map(local_flat, values)))
+        model = ShardedPartyModel(local_shards, self.layout(keys), self.group, like=_wire_like(map(local_flat, values)))
         views = model.views(values)
         model.own(views)  # every party: the values to send (central) or the bytes its digests describe
         futures = [self._send_init(owned.key, owned.index, host_numpy(piece))
@@ -209,13 +209,13 @@ class PartyRanks:
                                                     digest=digest)))
         return self.link.requests.call(self.link.keys.server_for(key, index), message)
 
-    def model_bucket(self, params: Sequence[torch.Tensor]) -> PartyModel:
+    def party_model(self, params: Sequence[torch.Tensor]) -> PartyModel:
         """The model as this rank holds it, with its owned slices: whole on every rank, or FSDP2's local shards. Its
         chunk is in the dtype the servers hold (float32 for a bfloat16 model: ``geomx.protocol.tensors``)."""
         like = _wire_like(local_flat(p) if self.local_shards is not None else p.data for p in params)
         if self.local_shards is not None:
-            return ShardedBucket(self.local_shards, self.layout(), self.group, like=like)
-        return ModelBucket(self.layout(), self.group, like=like)
+            return ShardedPartyModel(self.local_shards, self.layout(), self.group, like=like)
+        return WholePartyModel(self.layout(), self.group, like=like)
 
     def exchange(self, pieces: Sequence[tuple[OwnedSlice, torch.Tensor]], priority: Sequence[int],
                  kind: TensorKind = "gradient", bases: Sequence[torch.Tensor] | None = None) -> None:

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from ...collective.bucket import ModelBucket, backward_buckets, bucket_like
+from ...collective.bucket import WholePartyModel, backward_buckets, bucket_like
 from ...collective.ddp import keep_local
 from ...collective.group import Pending
 from ...collective.host import HostChunk
@@ -49,7 +49,7 @@ class CollectiveServerStep(WorkerStrategy):
         super().__init__(loop)
         # training.bucket_mb / GEOMX_BUCKET_MB
         self.bucket_bytes = bucket_bytes if bucket_bytes is not None else loop.kv.config.topology.training.bucket_bytes
-        self.buckets: list[ModelBucket] = []
+        self.buckets: list[WholePartyModel] = []
         self.stages: list[HostChunk] = []  # each bucket's owned chunk on the host (itself on the CPU; pinned on CUDA)
         self.bucket_of: dict[int, int] = {}
         self.missing: list[set[int]] = []  # per bucket: trained keys whose gradient has not come this step
@@ -69,7 +69,8 @@ class CollectiveServerStep(WorkerStrategy):
                 self.bucket_of[key] = len(self.buckets)
             # rank to rank (gloo), the reduce-scatter sums into this rank's part of the bucket and the all-gather
             # sends from there: no chunk of its own, no copy of it per step
-            self.buckets.append(ModelBucket(ranks.layout(keys), ranks.group, like=like, in_place=ranks.group.direct))
+            self.buckets.append(WholePartyModel(ranks.layout(keys), ranks.group, like=like,
+                                                in_place=ranks.group.direct))
             self.stages.append(HostChunk(self.buckets[-1].chunk, self.buckets[-1].pieces))
         self.trained = set(loop.trained)
         self._new_step()
@@ -155,14 +156,14 @@ class CollectiveServerStep(WorkerStrategy):
         loop.pushed.clear()
         self._new_step()
 
-    def fill(self, bucket: ModelBucket) -> None:
+    def fill(self, bucket: WholePartyModel) -> None:
         """The answers are new weights; keys nobody trains keep their values."""
         loop = self.loop
         for owned, piece in bucket.pieces:
             if owned.key not in self.trained:
                 piece.copy_(loop.params[owned.key].data.reshape(-1)[owned.start:owned.stop])
 
-    def targets(self, bucket: ModelBucket) -> list[torch.Tensor]:
+    def targets(self, bucket: WholePartyModel) -> list[torch.Tensor]:
         """Where a bucket's gathered answers go: the parameters."""
         return [self.loop.params[key].data for key in bucket.layout.keys]
 
@@ -173,12 +174,12 @@ class CollectiveLocalStep(AveragedStep, CollectiveServerStep):
 
     keeps_model = True  # the servers hold gradient sums: the model and the optimizer state are the workers'
 
-    def fill(self, bucket: ModelBucket) -> None:
+    def fill(self, bucket: WholePartyModel) -> None:
         for owned, piece in bucket.pieces:
             if owned.key not in self.trained:
                 piece.zero_()
 
-    def targets(self, bucket: ModelBucket) -> list[torch.Tensor]:
+    def targets(self, bucket: WholePartyModel) -> list[torch.Tensor]:
         params = self.loop.params
         for key in bucket.layout.keys:
             if params[key].grad is None:

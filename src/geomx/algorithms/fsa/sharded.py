@@ -3,7 +3,7 @@ rank syncs the gradients of the shards it holds with the global servers; nobody 
 DCASGD and SSP, whose workers do what FSA's do (only the servers differ), run these too.
 
 Per step, as data: FSDP2's backward reduce-scatters the party's gradients and averages them, so each rank holds
-the party's mean gradient of its shards -> the slices it owns (``ShardedBucket.own``: owners are the shards'
+the party's mean gradient of its shards -> the slices it owns (``ShardedPartyModel.own``: owners are the shards'
 holders wherever a slice lies inside one shard, so little or nothing crosses ranks), times the party's ranks: the
 party's sum, what a local server would push -> (WAN) one push per owned slice to the global server holding it ->
 the answers, written back into the shards (``spread``): the gradients' global sum, which every rank divides by the
@@ -38,7 +38,7 @@ class ShardedServerStep(WorkerStrategy):
 
     def init_keys(self) -> None:
         loop = self.loop
-        self.bucket = loop.kv.ranks.model_bucket(loop.params)  # FSDP2's shards: a ShardedBucket
+        self.bucket = loop.kv.ranks.party_model(loop.params)  # FSDP2's shards: a ShardedPartyModel
         self.stage = HostChunk(self.bucket.chunk, self.bucket.pieces)
         self.trained = set(loop.trained)
 

@@ -2,8 +2,8 @@
 every step, as DDP), and every ``K1 * K2`` steps a global round in which each rank sends the weighted delta of the
 slices it owns and brings back their new global model, then one all-gather.
 
-With a model sharded by FSDP2 the same strategy runs over the shards (``kv.ranks.model_bucket`` gives it a
-``ShardedBucket`` instead of a ``ModelBucket``): FSDP2 already averaged the gradients, each rank's job model is
+With a model sharded by FSDP2 the same strategy runs over the shards (``kv.ranks.party_model`` gives it a
+``ShardedPartyModel`` instead of a ``WholePartyModel``): FSDP2 already averaged the gradients, each rank's job model is
 its shards, and a global round moves the owned slices from the shards to their owners and the answers back (an
 all-to-all each way) instead of an all-gather: nobody holds the whole model. Under the script's own DDP the inner
 steps are DDP's (its all-reduce, its buckets and hooks): the strategy only steps and runs the global rounds.
@@ -38,7 +38,7 @@ from contextlib import nullcontext
 
 import torch
 
-from ...collective.bucket import ModelBucket, PartyModel
+from ...collective.bucket import PartyModel, WholePartyModel
 from ...collective.host import HostChunk
 from ...collective.overlap import OverlappedMean
 from ...collective.owners import OwnedSlice
@@ -84,9 +84,9 @@ class CollectivePeriodicAverage(AveragedStep):
     def init_keys(self) -> None:
         loop = self.loop
         kv = loop.kv
-        self.bucket = bucket = kv.ranks.model_bucket(loop.params)
+        self.bucket = bucket = kv.ranks.party_model(loop.params)
         # under FSDP2 the shards' gradients come averaged already, and so do they under the script's own DDP
-        if isinstance(bucket, ModelBucket) and loop.ddp is None:
+        if isinstance(bucket, WholePartyModel) and loop.ddp is None:
             self.mean = OverlappedMean(kv.ranks.group, loop.params, kv.ranks.layout,  # DDP's buckets, bucket_mb each
                                        kv.config.topology.training.bucket_bytes, trained=loop.trained)
             self.pushes_gradients = True  # read by the wrapper after init_keys: backward's hooks call on_gradient
@@ -97,7 +97,7 @@ class CollectivePeriodicAverage(AveragedStep):
         self.job_model = [view.to(wire_dtype(view.dtype), copy=True) for view in views]
         if self.rules.needs_fragments:  # every rank and party splits all the slices alike
             self.rules.assign_fragments(kv.ranks.slice_sizes())
-        if isinstance(bucket, ModelBucket) and loop.params[0].device.type == "cpu" and kv.ranks.group.direct:
+        if isinstance(bucket, WholePartyModel) and loop.params[0].device.type == "cpu" and kv.ranks.group.direct:
             if not self.delay:
                 self.windows = WindowedRounds(self.rules, kv.ranks, bucket, self.job_model)
                 return
@@ -109,7 +109,7 @@ class CollectivePeriodicAverage(AveragedStep):
         # on the host, where the rules' numpy arithmetic reads them (the model itself may be on a GPU)
         self.stage = HostChunk(bucket.chunk, bucket.pieces)
         self.stage.down()
-        if isinstance(bucket, ModelBucket) and not self.stage.copies:  # whole tensors on the CPU: the owned slices'
+        if isinstance(bucket, WholePartyModel) and not self.stage.copies:  # whole tensors on the CPU: the owned slices'
             # global models are the job model's own ranges (they hold the same values), not a copy of them
             self.global_slices = [self.job_model[owned.key][owned.start:owned.stop] for owned, _ in bucket.pieces]
         else:
@@ -214,7 +214,7 @@ class CollectivePeriodicAverage(AveragedStep):
         # (the host stage copies it whole, or the spread moves every piece): then it leaves from its own array
         in_place = not self.delay
         # whole tensors on the CPU: each delta is computed from the model's own range into its piece, in one pass
-        fused = (in_place and not stage.copies and isinstance(bucket, ModelBucket)  # a bfloat16 model's through
+        fused = (in_place and not stage.copies and isinstance(bucket, WholePartyModel)  # a bfloat16 model's through
                  and all(v.dtype == m.dtype for v, m in zip(views, self.job_model, strict=True)))  # the float32 chunk
         if not fused:
             bucket.own(views, only=leaving)
@@ -240,8 +240,9 @@ class CollectivePeriodicAverage(AveragedStep):
         for owned, answer in landing:  # each owned slice's global model
             self.global_slices[self.piece_of[owned.id]].copy_(answer)
         # a fragment's slices only where the bucket moves just those (FSDP2's all-to-all moves every piece)
-        lands = (lambda owned: self._lands(owned.id, count)) if streaming and isinstance(bucket, ModelBucket) else None
-        if isinstance(bucket, ModelBucket) and not stage.copies:  # each owner's answers are its job model's ranges:
+        whole = isinstance(bucket, WholePartyModel)
+        lands = (lambda owned: self._lands(owned.id, count)) if streaming and whole else None
+        if whole and not stage.copies:  # each owner's answers are its job model's ranges:
             bucket.share(self.job_model, only=lands)  # from there to the other ranks' (over gloo, rank to rank)
             return True
         for (owned, piece), model in zip(stage.pieces, self.global_slices, strict=True):

@@ -13,8 +13,8 @@ Parties therefore count by their workers; a party of 4 weighs twice a party of 2
 counted per (key, slice), not by key 0 alone, and the global model every party starts from is the master
 worker's, sent explicitly.
 
-Streaming (Streaming DiLoCo's fragments): with ``fragments`` F > 1 the slices are split into F groups of about
-equal size, and group f goes global at the local rounds r with ``r % K2 == ((f + 1) * K2 // F) % K2``: each
+Streaming (Streaming DiLoCo's fragments): with ``fragments`` F > 1 the slices are split into F fragments of about
+equal size, and fragment f goes global at the local rounds r with ``r % K2 == ((f + 1) * K2 // F) % K2``: each
 slice still goes global once every K2 rounds, but the WAN carries 1/F of the model every K2/F rounds instead
 of all of it at once. Every party computes the same split from the same slices (``assign_fragments``), over the
 model's own: a key at or above ``WRAPPER_KEYS`` (the PyTorch wrapper's model signature, its step) takes no
@@ -104,13 +104,13 @@ class LocalFrequencyAggregation:
         return self.fragments > 1 and not self._fragment
 
     def assign_fragments(self, sizes: Mapping[SliceId, int]) -> None:
-        """Split the slices (``sizes``: elements of each) into ``fragments`` groups of about equal size. The
+        """Split the slices (``sizes``: elements of each) into ``fragments`` fragments of about equal size. The
         slices, in (key, index) order (the model's layers in order), are cut into runs of consecutive slices of
         at most ``total / (RUNS_PER_FRAGMENT * fragments)`` elements (a larger slice is a run alone); then the
-        runs go largest first, each to the smallest group so far (ties: the lower group; equal sizes: the earlier
-        run). Equal runs are dealt in turn, so a group spans the model's depth (Streaming DiLoCo's strided
+        runs go largest first, each to the smallest fragment so far (ties: the lower one; equal sizes: the earlier
+        run). Equal runs are dealt in turn, so a fragment spans the model's depth (Streaming DiLoCo's strided
         pattern), and a run is long enough that a collective party, which deals its slices to its ranks in turn,
-        gives every rank an even share of every group (groups dealt slice by slice gave each group to one rank:
+        gives every rank an even part of every fragment (fragments dealt slice by slice gave each to one rank:
         one WAN stream of the party's several). A model of few large slices gets the slice-by-slice split.
         Only the model's slices are split: keys at or above ``WRAPPER_KEYS`` (the wrapper's signature, which a
         server party holds and a rank may not yet have declared) are left out, so a tiny model's fragment is
@@ -128,13 +128,13 @@ class LocalFrequencyAggregation:
             totals[-1] += sizes[sid]
         loads = [0] * self.fragments
         for size, run in sorted(zip(totals, runs, strict=True), key=lambda r: (-r[0], r[1][0])):
-            group = min(range(self.fragments), key=lambda g: (loads[g], g))
+            fragment = min(range(self.fragments), key=lambda f: (loads[f], f))
             for sid in run:
-                self._fragment[sid] = group
-            loads[group] += size
+                self._fragment[sid] = fragment
+            loads[fragment] += size
 
     def fragment(self, sid: SliceId) -> int:
-        """The group of ``sid``: the split's; a wrapper key's is the last (it goes global at the rounds a multiple
+        """The fragment of ``sid``: the split's; a wrapper key's is the last (it goes global at the rounds a multiple
         of K2); a model slice the split did not see goes by its key."""
         if sid[0] >= WRAPPER_KEYS:
             return self.fragments - 1

@@ -7,7 +7,7 @@ over about 1 / (fragments x ranks) of the model) while the rank computes its nex
 only before its parameters change again (``copied``, before the optimizer's step). On the trip's thread: their
 deltas, in place; sent, encoded by the job's codec; the answers decoded into the same buffer and written into the
 job's model (the slices' global models are its ranges); then every owner's new slices go from its job model to the
-other ranks' (``ModelBucket.share``, over a group of the trips' own). When the fragment lands, the rank only mixes
+other ranks' (``WholePartyModel.share``, over a group of the trips' own). When the fragment lands, the rank only mixes
 it into its model. A rank holds, beyond plain training, the job's model (DiLoCo's copy of the global model) and one
 buffer per fragment in flight: with ``fragments`` 4 and 2 ranks, one eighth of the model each, where a chunk of
 every owned slice (half the model) and a spread's scratch stood before.
@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 import torch
 
-from ...collective.bucket import ModelBucket
+from ...collective.bucket import WholePartyModel
 from ...collective.group import PartyGroup
 from ...collective.owners import OwnedSlice
 from .rules import LocalFrequencyAggregation
@@ -50,7 +50,7 @@ class SliceRounds(Protocol):
 class FragmentTrips:
     """The overlapped global rounds of one rank, ``delay`` local rounds each, one at a time in the order they left."""
 
-    def __init__(self, rules: LocalFrequencyAggregation, ranks: SliceRounds, bucket: ModelBucket,
+    def __init__(self, rules: LocalFrequencyAggregation, ranks: SliceRounds, bucket: WholePartyModel,
                  job_model: Sequence[torch.Tensor], delay: int, group: PartyGroup) -> None:
         self.rules, self.ranks, self.bucket, self.delay, self.group = rules, ranks, bucket, delay, group
         self.job_model = list(job_model)

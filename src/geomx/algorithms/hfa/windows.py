@@ -8,7 +8,7 @@ model's size again beyond the job's model (blocking HFA's rank peaked at 1.9x th
 streaming's took 1.1-1.2x). Here the deltas are computed, straight from the model, into a window of about
 1/``WINDOWS`` of the model; at most ``DEPTH`` windows are out at once (the next computed while those are on the
 wire), and each lands into the job's model before its buffer takes the next window. Then every owner's new
-slices go from its job model to the other ranks' (``ModelBucket.share``).
+slices go from its job model to the other ranks' (``WholePartyModel.share``).
 
 Usage (by ``CollectivePeriodicAverage`` when it applies: CPU tensors, gloo, no overlapped rounds)::
 
@@ -24,7 +24,7 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from ...collective.bucket import ModelBucket
+from ...collective.bucket import WholePartyModel
 from ...collective.owners import OwnedSlice
 from .rules import LocalFrequencyAggregation
 from .trips import Pieces, SliceRounds
@@ -40,7 +40,7 @@ MIN_WINDOW = 1 << 20
 class WindowedRounds:
     """The blocking global rounds of one rank, through ``depth`` buffers of ``window`` elements."""
 
-    def __init__(self, rules: LocalFrequencyAggregation, ranks: SliceRounds, bucket: ModelBucket,
+    def __init__(self, rules: LocalFrequencyAggregation, ranks: SliceRounds, bucket: WholePartyModel,
                  job_model: Sequence[torch.Tensor], window: int | None = None, depth: int = DEPTH) -> None:
         if depth < 1:
             raise ValueError(f"windows out at once must be at least 1, got {depth}")
