@@ -18,6 +18,7 @@ import jobkit
 import torch
 from harness import Job, worker_command, write_topology
 
+from geomx.core.strategy import WRAPPER_KEYS
 from geomx.launch import launch
 from geomx.runs.checkpoint import load, load_latest, shard_dir
 
@@ -50,7 +51,7 @@ def reference_after(steps: int, num_workers: int = 2) -> list[torch.Tensor]:
 
 def assert_values_equal_reference(snapshot, steps: int) -> None:
     reference = reference_after(steps)
-    assert sorted(sid for sid in snapshot.values if sid[0] < 1 << 40) == [(i, 0) for i in range(len(reference))]
+    assert sorted(sid for sid in snapshot.values if sid[0] < WRAPPER_KEYS) == [(i, 0) for i in range(len(reference))]
     for index, want in enumerate(reference):
         got = torch.from_numpy(snapshot.values[(index, 0)]).reshape(want.shape)
         torch.testing.assert_close(got, want, msg=lambda m, i=index: f"checkpoint step {steps}, param {i}: {m}")

@@ -20,6 +20,7 @@ import pytest
 import torch
 from harness import run_job, write_topology
 
+from geomx.core.strategy import WRAPPER_KEYS
 from geomx.runs.checkpoint import SUMS, load_latest
 from geomx.torch.checkpoint import worker_dir
 
@@ -31,6 +32,12 @@ LR = 0.01  # resume_train.py's
 def reference(steps: int, num_workers: int) -> list[torch.Tensor]:
     """One process: the master's initial model, Adam on the mean loss over every worker's batch."""
     return jobkit.reference_after(steps, STEPS, num_workers, lambda params: torch.optim.Adam(params, lr=LR))
+
+
+def assert_starts_from(snapshot, after_init: list[torch.Tensor]) -> None:
+    """A resumed worker's model at start is, bit for bit, the global servers' checkpoint's (one slice a key)."""
+    for index, got in enumerate(after_init):
+        assert torch.equal(got.flatten(), torch.from_numpy(snapshot.values[(index, 0)]).flatten()), index
 
 
 def with_checkpoints(path, folder, every_steps: int, **options):
@@ -127,7 +134,7 @@ def test_streaming_hfa_resumes_at_the_last_cycle_from_the_global_model(tmp_path)
     assert crashed.result.exit_code != 0
     snapshot = load_latest(folder, 0)
     assert snapshot is not None and snapshot.step == 2 and snapshot.holds == "model", crashed.tail()
-    counts = {sid: count for sid, count in snapshot.rounds.items() if sid[0] < 1 << 40}
+    counts = {sid: count for sid, count in snapshot.rounds.items() if sid[0] < WRAPPER_KEYS}
     assert set(counts.values()) == {2}, counts  # every fragment's global round 2, none's 3
     for rank in (0, 1):
         assert "ckpt-000000008.json" in {p.name for p in worker_dir(folder, rank).glob("*.json")}
@@ -136,8 +143,7 @@ def test_streaming_hfa_resumes_at_the_last_cycle_from_the_global_model(tmp_path)
     resumed.assert_ok()
     for tensors, report in resumed.workers().values():
         assert report["start_step"] == report["adam_start"] == 8 and report["adam_steps"] == 12, report
-        for index, got in enumerate(tensors["after_init"]):  # bit for bit: the checkpoint's global model
-            assert torch.equal(got.flatten(), torch.from_numpy(snapshot.values[(index, 0)]).flatten()), index
+        assert_starts_from(snapshot, tensors["after_init"])
 
 
 def test_esync_resumes_each_worker_at_its_own_step(tmp_path):
@@ -168,5 +174,4 @@ def test_esync_resumes_each_worker_at_its_own_step(tmp_path):
     resumed.assert_ok()
     for rank, (tensors, report) in resumed.workers().items():
         assert report["start_step"] == report["adam_start"] == loop_steps[rank], (rank, report)
-        for index, got in enumerate(tensors["after_init"]):  # bit for bit: the checkpoint's global model
-            assert torch.equal(got.flatten(), torch.from_numpy(snapshot.values[(index, 0)]).flatten()), index
+        assert_starts_from(snapshot, tensors["after_init"])

@@ -13,6 +13,7 @@ Usage::
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Sequence
 
@@ -39,15 +40,18 @@ class PeriodicAverage(WorkerStrategy):
         """K1 steps a local round and K2 local rounds a global one (under streaming: a cycle of every fragment)."""
         return global_round_steps(self.loop, self.k1, rounds)
 
-    def common_model_step(self) -> int | None:
-        """At the start of the step after a global round every party holds the global model (unless streaming or
-        an overlapped round or a mix lets each keep its own part: then never one every party holds)."""
+    @functools.cached_property
+    def common_every(self) -> int | None:
+        """The steps of a global round after which every party holds the global model; None: never (streaming, an
+        overlapped round or a mix, where each keeps its own part). Read once: ``common_model_step`` asks every step."""
         streaming = streaming_options(dict(self.loop.kv.config.topology.training.plugin_options))
-        per_round = self.steps_of(1)
-        if per_round is None or streaming.fragments > 1 or streaming.delay or streaming.alpha:
-            return None
+        mixed = streaming.fragments > 1 or streaming.delay or streaming.alpha
+        return None if mixed else self.steps_of(1)
+
+    def common_model_step(self) -> int | None:
+        """At the start of the step after a global round every party holds the global model (``common_every``)."""
         steps = self.loop.steps_done  # (a job starts, or resumes, at a global round)
-        return steps if steps % per_round == 0 else None
+        return steps if self.common_every is not None and steps % self.common_every == 0 else None
 
     def step(self) -> None:
         loop = self.loop
