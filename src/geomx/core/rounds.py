@@ -211,13 +211,16 @@ class RoundTable:
 
     def leads_report(self) -> dict[str, dict[str, int]]:
         """Per client (by display name): how many of its answers let it run how many rounds ahead."""
-        return {self.host.display(c): {str(k): v for k, v in sorted(n.items())} for c, n in self.leads.items()}
+        return self._by_display(self.leads)
 
     def reports(self) -> dict[str, dict[str, dict[str, int]]]:
         """What the heartbeats and the stats file report per client (by display name): ``leads``
         (``leads_report``) and ``staleness``, how many of its pushes were how many updates of their slice stale."""
-        return {"leads": self.leads_report(), "staleness": {self.host.display(c): {
-            str(k): v for k, v in sorted(n.items())} for c, n in self.staleness.items()}}
+        return {"leads": self.leads_report(), "staleness": self._by_display(self.staleness)}
+
+    def _by_display(self, counts: dict[str, Counter[int]]) -> dict[str, dict[str, int]]:
+        """``counts`` per client as a report: keyed by display name, each count's key as text, in order."""
+        return {self.host.display(c): {str(k): v for k, v in sorted(n.items())} for c, n in counts.items()}
 
     def awaited(self, rnd: Round) -> set[str]:
         return self.clients.awaited(rnd.exempt)
