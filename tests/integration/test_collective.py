@@ -166,14 +166,18 @@ def simulate_collective_hfa(initial: list[torch.Tensor], parties: dict[str, int]
     ("outer_nesterov", None),
     # 2 fragments of K2=4, each overlapping the next local round: fragment 0 leaves at rounds 2 and 6 and lands at
     # 3 and 7, fragment 1 leaves at 4, lands at 5; alpha 0.25, not 0.5: the mix swapped must not pass
-    ("outer_nesterov", {"fragments": 2, "fragment_delay": 1, "fragment_alpha": 0.25})],
-    ids=["outer_nesterov", "streaming_overlapped"])
+    ("outer_nesterov", {"fragments": 2, "fragment_delay": 1, "fragment_alpha": 0.25}),
+    # the same through the staged host mirror (the GPU's shape of the round machine: host buffers apart from the
+    # model, copies on the copier thread), blocking: windows through staged buffers
+    ("outer_nesterov", {"host_mirror": "staged"})],
+    ids=["outer_nesterov", "streaming_overlapped", "staged_blocking"])
 def test_hfa_in_collective_parties_matches_the_simulation(geomx_job, tmp_path, outer, streaming):
     """HFA (and DiLoCo's outer Nesterov) with DDP inside each collective party; a server party of one beside
     two collective parties weighs by its workers. Streaming: fragments on staggered rounds, their global rounds
     overlapping the next local round on every rank, then mixed with the party's model."""
     parties = {"dc0": 2, "dc1": 2, "dc2": 1}
-    k2, steps = (4, 14) if streaming else (K2, 12)
+    options = streaming or {}
+    k2, steps = (4, 14) if "fragments" in options else (K2, 12)
     path = topology(tmp_path, {"dc0": "collective", "dc1": "collective"},
                     {"server_optimizer": outer, **(streaming or {})},
                     parties=parties, hfa={"k1": K1, "k2": k2}, slice_elems=SLICE_ELEMS)
@@ -181,7 +185,6 @@ def test_hfa_in_collective_parties_matches_the_simulation(geomx_job, tmp_path, o
     job.assert_ok()
     workers = job.workers()
     assert sorted(workers) == list(range(5)), "every worker reports"
-    options = streaming or {}
     expected, _ = simulate_collective_hfa(workers[0][0]["after_init"], parties, outer, k2, steps,
                                        fragments=options.get("fragments", 1), delay=options.get("fragment_delay", 0),
                                        alpha=options.get("fragment_alpha", 0.0))
@@ -190,7 +193,7 @@ def test_hfa_in_collective_parties_matches_the_simulation(geomx_job, tmp_path, o
         assert report["mode"] == "HFA"
         for got, want in zip(tensors["final"], expected[party_of[rank]], strict=True):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=f"worker {rank}")
-    if streaming:  # the last round mixed: the parties' models differ
+    if "fragments" in options:  # the last round mixed: the parties' models differ
         assert not torch.equal(workers[0][0]["final"][0], workers[4][0]["final"][0])
 
 
@@ -466,10 +469,10 @@ def test_fsdp_in_collective_parties_trains_as_the_same_job_without_it(geomx_job,
     round, alpha 0.25) over 2 collective parties x 2 ranks, the model sharded by FSDP2 (fully_shard per layer and
     on the root; uneven rows, 384-element slices across the shards' boundaries) or not: the same weights on every
     rank after init and after 14 steps, the same job's model (``load_job_model``, into a model sharded alike), and
-    the same WAN bytes. Under FSDP2 each rank syncs the
-    slices it owns from the shards; nobody gathers the model (the script does, to save it). (In bfloat16:
-    ``test_bf16.py``.)"""
-    fsdp_matches_the_job_without_it(geomx_job, tmp_path, "float32")
+    the same WAN bytes. Under FSDP2 each rank syncs the slices it owns from the shards; nobody gathers the model (the
+    script does, to save it). The FSDP2 job's rounds go through the staged host mirror (the GPU's shape: host
+    buffers apart from the chunk, copies on the copier thread). (In bfloat16, in place: ``test_bf16.py``.)"""
+    fsdp_matches_the_job_without_it(geomx_job, tmp_path, "float32", host_mirror="staged")
 
 
 @pytest.mark.parametrize(("server_optimizer", "mode"), [("auto", "LOCAL"), ("translate", "SERVER")],
@@ -501,15 +504,18 @@ def fsdp_fsa_job(geomx_job, tmp_path: Path, server_optimizer: str, mode: str, *a
                                            msg=lambda m, r=rank, n=name, i=index: f"worker {r} {n} {i}: {m}")
 
 
-def fsdp_matches_the_job_without_it(geomx_job, tmp_path: Path, dtype: str, *args: str) -> None:
-    """The FSDP2 test's two jobs, with the model in ``dtype`` (the script's ``args`` added), and their checks."""
+def fsdp_matches_the_job_without_it(geomx_job, tmp_path: Path, dtype: str, *args: str,
+                                    host_mirror: str = "auto") -> None:
+    """The FSDP2 test's two jobs, with the model in ``dtype`` (the script's ``args`` added), and their checks;
+    ``host_mirror``: the FSDP2 job's (the job without it runs in place)."""
     parties, steps, k2 = {"dc0": 2, "dc1": 2}, 14, 4
     streaming = {"fragments": 2, "fragment_delay": 1, "fragment_alpha": 0.25}
     workers, wan = {}, {}
     for fsdp in (False, True):
         name = "fsdp" if fsdp else "ddp"
+        mirror = {"host_mirror": host_mirror} if fsdp else {}
         path = topology(tmp_path / name, {"dc0": "collective", "dc1": "collective"},
-                        {"server_optimizer": "outer_nesterov", **streaming}, parties=parties,
+                        {"server_optimizer": "outer_nesterov", **streaming, **mirror}, parties=parties,
                         hfa={"k1": K1, "k2": k2}, slice_elems=384)
         job = geomx_job("fsdp_train.py", "--steps", str(steps), "--dtype", dtype, *(["--fsdp"] if fsdp else []),
                         *args, topology=path, name=name)

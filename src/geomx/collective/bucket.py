@@ -37,6 +37,8 @@ class PartyModel(Protocol):
     """
 
     layout: OwnerLayout
+    group: PartyGroup
+    whole: bool  # every rank holds the whole model (else its FSDP2 shards)
     chunk: torch.Tensor  # this rank's owned slices, back to back (``layout``'s chunk)
     pieces: list[tuple[OwnedSlice, torch.Tensor]]  # each owned slice with its view into ``chunk``
 
@@ -62,6 +64,12 @@ class PartyModel(Protocol):
         accepts (a form may move more)."""
         ...
 
+    def share(self, tensors: Sequence[torch.Tensor], only: Callable[[OwnedSlice], bool] | None = None,
+              group: PartyGroup | None = None) -> None:
+        """Every rank's ``tensors`` = each slice as its owner's ``tensors`` hold it (``only``: at least those);
+        ``group``: the party's group to move them over (a ``sibling`` off the rank's own thread)."""
+        ...
+
 
 class WholePartyModel:
     """One flat buffer for the whole model and this rank's chunk, on the model's device: the ``PartyModel`` of a
@@ -72,6 +80,8 @@ class WholePartyModel:
     of a scratch of their own). ``in_place``: the chunk is this rank's own part of the buffer (a view), so a
     reduce-scatter leaves the sums where the all-gather sends them from: no chunk of its own, no copy into the
     buffer before the all-gather (FSA's per-step path, on a group whose collectives go rank to rank)."""
+
+    whole = True
 
     def __init__(self, layout: OwnerLayout, group: PartyGroup, like: torch.Tensor, in_place: bool = False) -> None:
         self.layout = layout

@@ -31,6 +31,8 @@ from .reshard import Reshard
 class ShardedPartyModel:
     """This rank's owned slices and the all-to-all buffers between them and its FSDP2 shards."""
 
+    whole = False
+
     def __init__(self, shards: LocalShards, layout: OwnerLayout, group: PartyGroup, like: torch.Tensor) -> None:
         self.local_shards = shards
         self.layout = layout
@@ -80,3 +82,9 @@ class ShardedPartyModel:
         if plan.crosses:
             self.group.all_to_all(self._sending, self._receiving, plan.out_splits, plan.in_splits)
         plan.land_in_shards(self._sending, self.chunk, views)
+
+    def share(self, views: Sequence[torch.Tensor], only: Callable[[OwnedSlice], bool] | None = None,
+              group: PartyGroup | None = None) -> None:
+        """The shards ``views`` as their owners hold them: ``own`` then ``spread`` (on the rank's own group)."""
+        self.own(views, only)
+        self.spread(views, only)

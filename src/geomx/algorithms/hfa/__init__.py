@@ -4,5 +4,5 @@ rounds), with DiLoCo's outer optimizer and streaming fragments.
 ``rules`` (the local server's counting and deltas), ``server`` (the aggregation: weighted deltas up, the global
 model or its change down), ``strategy`` (the PyTorch wrapper's side: local steps, the model averaged every K1),
 ``collective`` (a ``lan: collective`` party: inner steps data-parallel, global rounds of owned slices),
-``windows`` (a blocking global round a window of owned slices at a time), ``trips`` (streaming's overlapped
-global rounds, each fragment's round trip on a thread)."""
+``machine`` (every global round of a collective rank: blocking in windows or overlapped on a thread, a whole
+model or FSDP2 shards, any device)."""
