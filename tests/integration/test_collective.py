@@ -169,7 +169,7 @@ def simulate_collective_hfa(initial: list[torch.Tensor], parties: dict[str, int]
     ("outer_nesterov", {"fragments": 2, "fragment_delay": 1, "fragment_alpha": 0.25}),
     # the same through the staged host mirror (the GPU's shape of the round machine: host buffers apart from the
     # model, copies on the copier thread), blocking: windows through staged buffers
-    ("outer_nesterov", {"host_mirror": "staged"})],
+    ("outer_nesterov", {"staged": True})],
     ids=["outer_nesterov", "streaming_overlapped", "staged_blocking"])
 def test_hfa_in_collective_parties_matches_the_simulation(geomx_job, tmp_path, outer, streaming):
     """HFA (and DiLoCo's outer Nesterov) with DDP inside each collective party; a server party of one beside
@@ -472,7 +472,7 @@ def test_fsdp_in_collective_parties_trains_as_the_same_job_without_it(geomx_job,
     the same WAN bytes. Under FSDP2 each rank syncs the slices it owns from the shards; nobody gathers the model (the
     script does, to save it). The FSDP2 job's rounds go through the staged host mirror (the GPU's shape: host
     buffers apart from the chunk, copies on the copier thread). (In bfloat16, in place: ``test_bf16.py``.)"""
-    fsdp_matches_the_job_without_it(geomx_job, tmp_path, "float32", host_mirror="staged")
+    fsdp_matches_the_job_without_it(geomx_job, tmp_path, "float32", staged=True)
 
 
 @pytest.mark.parametrize(("server_optimizer", "mode"), [("auto", "LOCAL"), ("translate", "SERVER")],
@@ -505,15 +505,15 @@ def fsdp_fsa_job(geomx_job, tmp_path: Path, server_optimizer: str, mode: str, *a
 
 
 def fsdp_matches_the_job_without_it(geomx_job, tmp_path: Path, dtype: str, *args: str,
-                                    host_mirror: str = "auto") -> None:
+                                    staged: bool = False) -> None:
     """The FSDP2 test's two jobs, with the model in ``dtype`` (the script's ``args`` added), and their checks;
-    ``host_mirror``: the FSDP2 job's (the job without it runs in place)."""
+    ``staged``: the FSDP2 job's rounds through the staged host mirror (the job without it runs in place)."""
     parties, steps, k2 = {"dc0": 2, "dc1": 2}, 14, 4
     streaming = {"fragments": 2, "fragment_delay": 1, "fragment_alpha": 0.25}
     workers, wan = {}, {}
     for fsdp in (False, True):
         name = "fsdp" if fsdp else "ddp"
-        mirror = {"host_mirror": host_mirror} if fsdp else {}
+        mirror = {"staged": True} if fsdp and staged else {}
         path = topology(tmp_path / name, {"dc0": "collective", "dc1": "collective"},
                         {"server_optimizer": "outer_nesterov", **streaming, **mirror}, parties=parties,
                         hfa={"k1": K1, "k2": k2}, slice_elems=384)

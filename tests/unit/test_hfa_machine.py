@@ -136,7 +136,8 @@ def test_the_staged_mirror_sends_and_lands_what_the_in_place_one_does_bit_for_bi
         if k2 > 1:
             rules.assign_fragments({owned.id: owned.numel for share in layout.owned for owned in share})
         stub = StubRounds()
-        machine = RoundMachine(rules, stub, StubModel(layout, 0), job_model, MIRRORS[mirror](),  # type: ignore[arg-type]
+        party_model = StubModel(layout, 0)
+        machine = RoundMachine(rules, stub, party_model, job_model, MIRRORS[mirror](),  # type: ignore[arg-type]
                                delay=delay, window=150)
         models = []
         generator = torch.Generator().manual_seed(2)

@@ -7,7 +7,7 @@ differs only in its mirror:
 - ``InPlaceMirror`` (a model on the CPU): host *is* the device. A leaving slice is read in place (a blocking round
   computes its delta straight from the model), or, where the model trains on while the round is out, copied on a
   copier thread; the slices' global models are the job model's own ranges (``copies`` False).
-- ``StagedMirror`` (the CPU, ``training.host_mirror: staged``): separate host buffers, filled and emptied by the
+- ``StagedMirror`` (the CPU, ``training.staged: true``): separate host buffers, filled and emptied by the
   copier thread as the CUDA mirror's side stream does: the GPU's shape of the path, runnable (and tested bit for
   bit against the in-place one) on a machine without a GPU.
 - ``CudaMirror``: page-locked host buffers; each copy runs on a side stream after the compute stream's work so far,

@@ -311,8 +311,6 @@ class CheckpointSpec:
             raise ConfigError("checkpoint.dir is set: say how often with every_steps and/or every_seconds")
 
 
-HOST_MIRRORS = ("auto", "staged")  # training.host_mirror (geomx.collective.mirror)
-
 # Names in a training block: the registries (algorithms, optim) say which exist (algorithms.registry.check_names).
 _NAME = re.compile(r"[a-z0-9_]+")
 
@@ -362,9 +360,9 @@ class TrainingSpec:
     bucket_mb: float = setting(25.0, kind=FLOAT, expects="number", env="GEOMX_BUCKET_MB",
                                doc="a collective party's gradient buckets, in MB (as DDP's bucket_cap_mb): each "
                                    "is reduce-scattered as soon as backward has filled it")
-    host_mirror: str = setting("auto", kind=STR, expects="str", env="GEOMX_HOST_MIRROR",
-                               doc="how a collective rank's owned slices reach the host: auto (in place on the CPU, "
-                                   "pinned buffers and a side stream on CUDA) or staged (the GPU's shape on the CPU)")
+    staged: bool = setting(False, kind=BOOL, expects="bool", env="GEOMX_STAGED",
+                           doc="a collective rank's global rounds through host buffers apart from the model (the "
+                               "GPU's shape of the path, on the CPU; a CUDA model always stages)")
     # Plug-in options: keys of the ``training`` block no field above declares and GEOMX_<NAME> variables nothing
     # reads, as (name, text) pairs. The composition root (geomx.server.compose) hands each plug-in the ones it declares
     # and refuses the rest; this model knows none of them.
@@ -391,9 +389,6 @@ class TrainingSpec:
                               f"({self.server_optimizer!r}); no parameter may be called that")
         if self.compression is not None and not isinstance(self.compression.get("type"), str):
             raise ConfigError(f"training.compression needs a 'type', got {self.compression!r}")
-        if self.host_mirror not in HOST_MIRRORS:
-            raise ConfigError(f"training.host_mirror must be one of {', '.join(HOST_MIRRORS)}, got "
-                              f"{self.host_mirror!r}")
         if self.p3_slice_elems < 1:
             raise ConfigError(f"training.p3_slice_elems must be positive, got {self.p3_slice_elems}")
         if self.metrics_every < 1:

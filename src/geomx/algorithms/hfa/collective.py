@@ -17,7 +17,7 @@ outer optimizer included) do not know the difference.
 Every global round goes through one mechanism, ``machine.RoundMachine``: blocking or overlapped (``fragment_delay``
 tau, Streaming DiLoCo: a fragment's deltas leave from a buffer of their own and every rank trains on; tau local
 rounds later the answers land), a whole model or FSDP2 shards, on the CPU or a GPU (only the host mirror differs:
-``geomx.collective.mirror``; ``training.host_mirror: staged`` runs the GPU's shape of it on the CPU). When slices
+``geomx.collective.mirror``; ``training.staged: true`` runs the GPU's shape of it on the CPU). When slices
 land, each rank mixes the job's model into its own, ``(1 - fragment_alpha) * global + fragment_alpha * own``, as a
 local server answers its workers (without an overlap too, as torchft's ``fragment_update_alpha`` at delay 0).
 
@@ -79,7 +79,7 @@ class CollectivePeriodicAverage(AveragedStep):
         if self.rules.needs_fragments:  # every rank and party splits all the slices alike
             self.rules.assign_fragments(kv.ranks.slice_sizes())
         training = kv.config.topology.training
-        mirror = mirror_for(loop.params[0].device, staged=training.host_mirror == "staged")
+        mirror = mirror_for(loop.params[0].device, staged=training.staged)
         # overlapped whole models share the landed slices off the rank's thread: over a group of the trips' own
         group = kv.ranks.group.sibling(kv.config.topology.timeouts.round_s) if self.delay and bucket.whole else None
         self.machine = RoundMachine(self.rules, kv.ranks, bucket, job_model, mirror, self.delay, group)
