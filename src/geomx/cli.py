@@ -75,7 +75,7 @@ def _bench(args: argparse.Namespace) -> int:
     from .bench.runner import run_bench
 
     return run_bench(quick=args.quick, out_dir=Path(args.out), sections=args.only, sync_scenarios=args.scenario,
-                     wan_job=args.job, wan_congestion=args.congestion)
+                     wan_job=args.job, wan_congestion=args.congestion, scale_path=args.path)
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -123,6 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="wan section: which job (default: mlp with --quick, all otherwise)")
     bench.add_argument("--congestion", help="wan section: the link's TCP congestion control, e.g. cubic (default: the "
                                             "host's)")
+    bench.add_argument("--path", choices=["cpu", "staged"], default="cpu",
+                       help="scale section: HFA's rounds in place (cpu) or through the staged host mirror, the GPU's "
+                            "shape (staged)")
     bench.set_defaults(func=_bench)
     report = sub.add_parser("report", help="plots (loss, accuracy, WAN bytes against wall time) and a table of runs")
     report.add_argument("runs", nargs="+", help="run folders (geomx launch --run-dir)")

@@ -23,7 +23,7 @@ def test_the_scaling_compares_the_extra_over_plain_of_both_sizes(monkeypatch: py
                                                                  tmp_path: Path) -> None:
     half = 100 * MB  # the half model: plain 700 MB at peak, the job 820 MB: 120 MB of extra
     monkeypatch.setattr(scale, "measure_plain", lambda steps, work, preset, step_ms: _row("plain", half, 700 * MB))
-    monkeypatch.setattr(scale, "measure", lambda config, rate, h, rounds, work, preset, step_ms:
+    monkeypatch.setattr(scale, "measure", lambda config, rate, h, rounds, work, preset, step_ms, mirror:
                         _row(config, half, 820 * MB))
     whole = 200 * MB  # the model: plain 1300 MB, the job 1530 MB: 230 MB of extra
     section = {"plain": _row("plain", whole, 1300 * MB), "rows": [_row("streaming_int8", whole, 1530 * MB)]}
@@ -69,3 +69,25 @@ def test_cpu_time_per_process_is_in_the_stats_and_the_table(tmp_path: Path) -> N
                                             "inner_step": "stand-in", "step_ms": 40, "latency": "25ms", "rounds": 1},
                                   "rows": [row]}))
     assert "rank loop CPU s" in text and "1.5 + 0.5" in text and "4.2 + 1.0" in text
+
+
+def test_the_staged_path_reaches_the_jobs_topology_and_every_row_says_its_path(monkeypatch: pytest.MonkeyPatch,
+                                                                              tmp_path: Path) -> None:
+    """``--path staged``: HFA's rounds through the staged host mirror (``training.staged``); every row records the
+    path its rounds took (FSA's never take the round machine: ``cpu``)."""
+    import yaml
+
+    staged = yaml.safe_load(scale.topology(tmp_path / "s.yaml", "streaming_int8", "1Gbit", 100, "staged").read_text())
+    plain = yaml.safe_load(scale.topology(tmp_path / "c.yaml", "streaming_int8", "1Gbit", 100).read_text())
+    assert staged["training"]["staged"] is True and "staged" not in plain["training"]
+    assert staged["training"]["compression"] == plain["training"]["compression"], "nothing else changes"
+    monkeypatch.setattr(scale, "measure_plain", lambda *args: {"error": "not run"})
+    monkeypatch.setattr(scale, "measure", lambda config, rate, h, rounds, work, preset, step_ms, mirror="cpu":
+                        {"error": "not run"} if config == "fsa" else
+                        {**_row(config, MB, 2 * MB), "blocked_s_per_round": 0.5, "path": mirror})
+    monkeypatch.setattr(scale, "plot", lambda *args: None)
+    section = scale.measure_grid(("blocking",), ("1Gbit",), (100,), 2, tmp_path, fsa_rates=("10Gbit",),
+                                 mirror="staged")
+    assert section["setup"]["path"] == "staged"
+    assert [(row["config"], row["path"]) for row in section["rows"]] == [("blocking", "staged"), ("fsa", "cpu")]
+    assert "HFA's rounds through the staged path" in "\n".join(scale.lines(section))

@@ -52,14 +52,14 @@ def format_report(report: dict[str, Any]) -> str:
 
 def run_bench(quick: bool, out_dir: Path, sections: list[str] | None = None,
               sync_scenarios: list[str] | None = None, wan_job: str | None = None,
-              wan_congestion: str | None = None) -> int:
+              wan_congestion: str | None = None, scale_path: str = "cpu") -> int:
     """Run the chosen sections (default: every ``default`` row of the table), print the report, write bench.json.
 
     ``sync_scenarios``: run only those scenarios' rows of the sync section (e.g. ``["wide"]``: the bandwidth-bound
     CNN's flat-PS FSA, HFA and HFA + outer, ~4 minutes).
     """
     plan = BenchPlan(quick=quick, sync_scenarios=tuple(sync_scenarios or ()), wan_job=wan_job,
-                     wan_congestion=wan_congestion)
+                     wan_congestion=wan_congestion, scale_path=scale_path)
     rows = chosen(sections)
     out_dir = Path(out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)

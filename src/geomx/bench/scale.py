@@ -19,6 +19,7 @@ Usage::
 
     geomx bench --only scale                                           # the whole grid (~40 minutes)
     python -m geomx.bench.scale --configs blocking streaming_int8 --rates 1Gbit --h 100 --out bench-results
+    python -m geomx.bench.scale --configs streaming_int8 --rates 1Gbit --h 100 --path staged   # the GPU's shape
 """
 
 from __future__ import annotations
@@ -60,16 +61,19 @@ PARTIES, RANKS = 2, 2
 FSA = {"training": {"server_optimizer": "auto"}}
 FSA_STEPS = 12
 FSA_RATES = ("10Gbit",)
+PATHS = ("cpu", "staged")  # the round machine's host mirror: in place, or the GPU's shape (training.staged)
 PLAIN_STEPS = 50  # the control's steps (no sync: a few seconds give its memory and its jitter)
 HALF = "gpt43m"  # gpt85m at half its depth: the memory's scaling
 
 
-def topology(path: Path, config: str, rate: str, h: int) -> Path:
-    """The job's topology: 2 collective parties of 2 ranks, the WAN at ``rate`` and 25 ms, HFA with K1 * K2 = H."""
+def topology(path: Path, config: str, rate: str, h: int, mirror: str = "cpu") -> Path:
+    """The job's topology: 2 collective parties of 2 ranks, the WAN at ``rate`` and 25 ms, HFA with K1 * K2 = H;
+    ``mirror`` ``staged``: HFA's rounds through the staged host mirror (the GPU's shape of the path)."""
     spec = FSA if config == "fsa" else CONFIGS[config]
+    training = {**spec["training"], **({"staged": True} if mirror == "staged" else {})}
     raw: dict[str, Any] = {
         "parties": {f"dc{p}": {"workers": RANKS, "lan": "collective"} for p in range(PARTIES)}, "central": "dc0",
-        "links": {"wan": {"bandwidth": rate, "latency": LATENCY}}, "training": spec["training"],
+        "links": {"wan": {"bandwidth": rate, "latency": LATENCY}}, "training": training,
         "timeouts": {"register": "300s", "request": "600s", "round": "600s", "shutdown": "120s"}}
     if config != "fsa":
         raw["hfa"] = {"k1": h // spec["fragments"], "k2": spec["fragments"]}
@@ -104,11 +108,12 @@ def summarize(ranks: list[dict[str, Any]], rounds: int) -> dict[str, Any]:
                                 for part in ("user", "sys")} if all("loop_cpu_s" in r for r in ranks) else None}
 
 
-def measure(config: str, rate: str, h: int, rounds: int, work: Path, preset: str, step_ms: float) -> dict[str, Any]:
+def measure(config: str, rate: str, h: int, rounds: int, work: Path, preset: str, step_ms: float,
+            mirror: str = "cpu") -> dict[str, Any]:
     """One run of the grid; ``error`` says why it has no figures."""
-    name = f"{config}-{rate}-h{h}"
+    name = f"{config}-{rate}-h{h}-{mirror}"
     out = work / name
-    path = topology(work / f"{name}.yaml", config, rate, h)
+    path = topology(work / f"{name}.yaml", config, rate, h, mirror)
     log = io.StringIO()
     result = launch(path, _worker(preset, h * rounds, step_ms, out, "geomx"), run_dir=work / f"run-{name}", out=log)
     files = sorted(out.glob("rank*.json"))
@@ -126,7 +131,8 @@ def measure(config: str, rate: str, h: int, rounds: int, work: Path, preset: str
     if config == "fsa":  # the sync's rate: the far party's gradients up per step (INIT's model left out) / its time
         up_bits = 8 * (figures["far_party_wan_mb"]["sent"] * 1e6 - model) / rounds
         figures["sync_over_link"] = up_bits / figures["blocked_s_per_round"] / parse_bandwidth(rate)
-    return {**figures, "rounds": rounds, "h": h, "rate": rate, "config": config}
+    return {**figures, "rounds": rounds, "h": h, "rate": rate, "config": config,
+            "path": "cpu" if config == "fsa" else mirror}  # FSA's rounds do not go through the round machine
 
 
 def measure_plain(steps: int, work: Path, preset: str, step_ms: float) -> dict[str, Any]:
@@ -148,16 +154,17 @@ def measure_plain(steps: int, work: Path, preset: str, step_ms: float) -> dict[s
 
 def measure_grid(configs: tuple[str, ...], rates: tuple[str, ...], hs: tuple[int, ...], rounds: int, out_dir: Path,
                  preset: str = "gpt85m", step_ms: float = 40.0, fsa_rates: tuple[str, ...] = (),
-                 half: str | None = None) -> dict[str, Any]:
+                 half: str | None = None, mirror: str = "cpu") -> dict[str, Any]:
     """Every (config, rate, H), one after the other, then FSA at each of ``fsa_rates``, then the plot; with
-    ``half`` (a preset half the model's size), the memory's scaling (``measure_scaling``)."""
+    ``half`` (a preset half the model's size), the memory's scaling (``measure_scaling``); ``mirror``: the path
+    HFA's rounds take (``PATHS``), recorded in every row as ``path``."""
     work = out_dir / "scale"
     work.mkdir(parents=True, exist_ok=True)
     section: dict[str, Any] = {"setup": {"preset": preset, "step_ms": step_ms, "rounds": rounds, "latency": LATENCY,
                                          "parties": PARTIES, "ranks": RANKS, "lan": "collective",
-                                         "inner_step": "stand-in (a wait)"}, "rows": [], "errors": []}
+                                         "inner_step": "stand-in (a wait)", "path": mirror}, "rows": [], "errors": []}
     try:
-        _measure_rows(section, configs, rates, hs, rounds, work, preset, step_ms, fsa_rates)
+        _measure_rows(section, configs, rates, hs, rounds, work, preset, step_ms, fsa_rates, mirror)
     except KeyboardInterrupt:  # SIGINT/SIGTERM: the rows finished so far are written, marked interrupted
         section["interrupted"] = True
         raise Interrupted(section) from None
@@ -165,7 +172,7 @@ def measure_grid(configs: tuple[str, ...], rates: tuple[str, ...], hs: tuple[int
     if half is not None and configs:  # the best configuration measured (streaming + int8 when it ran)
         best = "streaming_int8" if "streaming_int8" in configs else configs[-1]
         try:
-            section["scaling"] = measure_scaling(section, half, best, rates[0], hs[0], rounds, work, step_ms)
+            section["scaling"] = measure_scaling(section, half, best, rates[0], hs[0], rounds, work, step_ms, mirror)
         except KeyboardInterrupt:
             section["interrupted"] = True
             raise Interrupted(section) from None
@@ -173,7 +180,8 @@ def measure_grid(configs: tuple[str, ...], rates: tuple[str, ...], hs: tuple[int
 
 
 def _measure_rows(section: dict[str, Any], configs: tuple[str, ...], rates: tuple[str, ...], hs: tuple[int, ...],
-                  rounds: int, work: Path, preset: str, step_ms: float, fsa_rates: tuple[str, ...]) -> None:
+                  rounds: int, work: Path, preset: str, step_ms: float, fsa_rates: tuple[str, ...],
+                  mirror: str = "cpu") -> None:
     """``measure_grid``'s runs, each row added to ``section`` as it finishes."""
     say(f"[scale] plain: {PARTIES * RANKS} ranks, no sync ...")
     plain = measure_plain(PLAIN_STEPS, work, preset, step_ms)
@@ -183,11 +191,11 @@ def _measure_rows(section: dict[str, Any], configs: tuple[str, ...], rates: tupl
     for h in hs:
         for rate in rates:
             for config in configs:
-                say(f"[scale] {config}, WAN {rate} {LATENCY}, H={h}, {rounds} outer rounds ...")
-                row = measure(config, rate, h, rounds, work, preset, step_ms)
+                say(f"[scale] {config}, WAN {rate} {LATENCY}, H={h}, {rounds} outer rounds, path {mirror} ...")
+                row = measure(config, rate, h, rounds, work, preset, step_ms, mirror)
                 if "error" in row:
                     section["errors"].append(f"{config} {rate} H={h}: {row['error']}")
-                    row.update(config=config, rate=rate, h=h)
+                    row.update(config=config, rate=rate, h=h, path=mirror)
                 else:
                     say(f"[scale]   utilization {row['utilization']:.1%}, blocked {row['blocked_s_per_round']:.2f} s "
                         "per outer round")
@@ -197,7 +205,7 @@ def _measure_rows(section: dict[str, Any], configs: tuple[str, ...], rates: tupl
         row = measure("fsa", rate, 1, FSA_STEPS, work, preset, step_ms)
         if "error" in row:
             section["errors"].append(f"fsa {rate}: {row['error']}")
-            row.update(config="fsa", rate=rate, h=1)
+            row.update(config="fsa", rate=rate, h=1, path="cpu")
         else:
             say(f"[scale]   utilization {row['utilization']:.1%}, {row['blocked_s_per_round']:.2f} s of sync per "
                 f"step, {row['sync_over_link']:.0%} of the link's rate")
@@ -205,14 +213,14 @@ def _measure_rows(section: dict[str, Any], configs: tuple[str, ...], rates: tupl
 
 
 def measure_scaling(section: dict[str, Any], half: str, config: str, rate: str, h: int, rounds: int, work: Path,
-                    step_ms: float) -> dict[str, Any]:
+                    step_ms: float, mirror: str = "cpu") -> dict[str, Any]:
     """The memory of a model half the size, for the goal "a model twice the size needs at most twice the memory":
     plain and ``config`` again with preset ``half``; each size's rank peak over plain PyTorch's (the extra the sync
     costs) and the ratios of the two sizes."""
     say(f"[scale] memory's scaling: plain and {config} with {half} ...")
     (work / half).mkdir(parents=True, exist_ok=True)
     small = {"plain": measure_plain(PLAIN_STEPS, work / half, half, step_ms),
-             config: measure(config, rate, h, rounds, work / half, half, step_ms)}
+             config: measure(config, rate, h, rounds, work / half, half, step_ms, mirror)}
     large = {"plain": section.get("plain", {}),
              config: next((r for r in section["rows"] if (r["config"], r["rate"], r["h"]) == (config, rate, h)), {})}
     figures: dict[str, Any] = {"config": config, "rate": rate, "h": h, "half_preset": half, "errors": [
@@ -268,8 +276,10 @@ def plot(section: dict[str, Any], path: Path) -> str | None:
 def run(plan: BenchPlan, out_dir: Path) -> dict[str, Any]:
     """The section's entry point: quick, the two goal rows at 1 Gbit/s and H=100; else the whole grid."""
     if plan.quick:
-        return measure_grid(("blocking", "streaming_int8"), ("1Gbit",), (100,), 2, out_dir, half=HALF)
-    return measure_grid(tuple(CONFIGS), RATES, H_VALUES, 3, out_dir, fsa_rates=FSA_RATES, half=HALF)
+        return measure_grid(("blocking", "streaming_int8"), ("1Gbit",), (100,), 2, out_dir, half=HALF,
+                            mirror=plan.scale_path)
+    return measure_grid(tuple(CONFIGS), RATES, H_VALUES, 3, out_dir, fsa_rates=FSA_RATES, half=HALF,
+                        mirror=plan.scale_path)
 
 
 def _cpu(spent: dict[str, float] | None) -> str:
@@ -284,7 +294,7 @@ def lines(section: dict[str, Any]) -> list[str]:
     out = [f"[scale] {setup['preset']} ({fmt(plain.get('params', 0) / 1e6 or None, '.1f', 'M')} parameters), "
            f"{setup['parties']} parties x {setup['ranks']} ranks ({setup['lan']}), inner step: "
            f"{setup['inner_step']} of {setup['step_ms']:.0f} ms, WAN latency {setup['latency']} one way, "
-           f"{setup['rounds']} outer rounds per run",
+           f"{setup['rounds']} outer rounds per run, HFA's rounds through the {setup.get('path', 'cpu')} path",
            f"[scale] plain (no sync): utilization {fmt(plain.get('utilization'), '.1%')}, rank memory "
            f"{fmt(plain.get('rank_rss_over_model'), '.2f', 'x')} the model"]
     rows = []
@@ -330,11 +340,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--preset", default="gpt85m")
     parser.add_argument("--step-ms", type=float, default=40.0)
     parser.add_argument("--half", default=None, help=f"a preset half the model's size: the memory's scaling ({HALF})")
+    parser.add_argument("--path", choices=PATHS, default="cpu",
+                        help="HFA's rounds in place (cpu) or through the staged host mirror, the GPU's shape (staged)")
     parser.add_argument("--out", default="bench-results")
     args = parser.parse_args(argv)
     out_dir = Path(args.out)
     section = measure_grid(tuple(args.configs), tuple(args.rates), tuple(args.h), args.rounds, out_dir, args.preset,
-                           args.step_ms, tuple(args.fsa_rates), args.half)
+                           args.step_ms, tuple(args.fsa_rates), args.half, args.path)
     write_and_print("scale", section, out_dir, lines)
 
 

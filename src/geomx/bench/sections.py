@@ -25,12 +25,14 @@ from typing import Any
 class BenchPlan:
     """How much to run: ``quick`` (fewer steps and repetitions) or the full bench; each section sizes itself
     from it. ``sync_scenarios``: run only these scenarios' rows of the sync section (empty: all); ``wan_job``:
-    the wan section's job; ``wan_congestion``: its link's TCP congestion control (None: the host's)."""
+    the wan section's job; ``wan_congestion``: its link's TCP congestion control (None: the host's);
+    ``scale_path``: the scale section's path for HFA's rounds (``cpu``, or ``staged``: the GPU's shape)."""
 
     quick: bool
     sync_scenarios: tuple[str, ...] = ()
     wan_job: str | None = None  # the wan section's job: mlp, lm or all (None: mlp with quick, all otherwise)
     wan_congestion: str | None = None  # e.g. "cubic" (geomx.bench.wan.netns)
+    scale_path: str = "cpu"  # geomx.bench.scale.PATHS
 
 
 class Interrupted(KeyboardInterrupt):
