@@ -104,8 +104,10 @@ class KVStore(AbstractContextManager["KVStore"]):
         self._van.name = me.name
         self._van.tracer = Tracer.for_node(config.trace, config.run_dir, me.name)
         self.pulse = pulse_for(self._van, self._requests, config.topology.timeouts)  # pulse.note(step=...): heartbeats
+        # with the model digests this worker took last (the wrapper's, where parties hold one model: geomx.torch.digest)
         self._stats_file = StatsFile(config.run_dir, me.name, lambda: {"role": "worker", "party": config.party,
-                                                                      **self._van.counters.snapshot()}).start()
+                                                                      **self._van.counters.snapshot(),
+                                                                      "models": self.pulse.models()}).start()
         self.party = config.party
         self.hfa = config.topology.hfa  # the API's kv.hfa (HFASpec(k1, k2) or None): the training loop's K1
         self.num_workers = config.num_workers

@@ -26,8 +26,11 @@ def run_node(config: NodeConfig) -> int:
         gc.freeze()  # the modules live as long as the process: no collection needs to scan them again
         scheduler = Scheduler(config)
         # its counters too (registration, heartbeats, barriers cross the WAN): every byte of the job has a sender
+        # the global scheduler's: the parties' model digests compared, as the status page last showed them
+        models = (lambda: {"models": scheduler.board.model_digests()}) if config.role is Role.GLOBAL_SCHEDULER \
+            else dict
         with StatsFile(config.run_dir, scheduler.name, lambda: {"role": config.role.value, "party": config.party,
-                                                                **scheduler.van.counters.snapshot()}):
+                                                                **scheduler.van.counters.snapshot(), **models()}):
             return scheduler.run()
     if config.role in (Role.GLOBAL_SERVER, Role.LOCAL_SERVER):
         from .server import ParameterServer

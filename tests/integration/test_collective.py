@@ -44,7 +44,9 @@ def test_fsa_in_collective_parties_equals_single_process_sgd(geomx_job, tmp_path
     from geomx.transport.trace import read_trace
 
     monkeypatch.setenv("GEOMX_TRACE", "1")
-    path = topology(tmp_path, lan, {"server_optimizer": server_optimizer, "bucket_mb": bucket_mb}, slice_elems=512)
+    # heartbeats (and so the model digests, about one each) every 50 ms: a few digests in a job of a few seconds
+    path = topology(tmp_path, lan, {"server_optimizer": server_optimizer, "bucket_mb": bucket_mb}, slice_elems=512,
+                    timeouts={"heartbeat_interval": "50ms"})
     job = geomx_job(SCRIPT, "--accumulate", str(accumulate), topology=path)
     job.assert_ok()
     early = [e for e in read_trace([job.run_dir]) if e["node"].startswith("global_server")
@@ -58,6 +60,25 @@ def test_fsa_in_collective_parties_equals_single_process_sgd(geomx_job, tmp_path
     assert {report["mode"] for _, report in workers.values()} == {mode}
     jobkit.assert_fsa_equivalent(workers, num_workers=4)
     assert "dc0/scheduler" not in job.output and "[dc0/server]" not in job.output  # no local tier for dc0
+    assert_model_digests_agree(job)
+
+
+def assert_model_digests_agree(job) -> None:
+    """Every worker holds the job's model at the steps its strategy says every party does: its model digests (each
+    worker's last few, in its stats file) agree at every step workers of two parties or more digested, and one
+    such step is past the start (the job's topology sets a short heartbeat interval: about one digest each)."""
+    from geomx.runs.runlog import read_stats
+
+    digests: dict[int, dict[str, str]] = {}
+    for stats in read_stats(job.run_dir):
+        if stats.get("role") == "worker":
+            assert stats["models"], f"{stats['name']} digested its model"
+            for step, digest in stats["models"].items():
+                digests.setdefault(int(step), {})[stats["name"]] = digest
+    compared = {step: found for step, found in digests.items() if len({name.split("/")[0] for name in found}) > 1}
+    assert any(step > 0 for step in compared), digests
+    assert all(len(set(found.values())) == 1 for found in compared.values()), compared
+    assert "disagree on the model" not in job.output
 
 
 @pytest.mark.parametrize("lan", ["collective", "server"])
@@ -179,8 +200,8 @@ def test_hfa_in_collective_parties_matches_the_simulation(geomx_job, tmp_path, o
     options = streaming or {}
     k2, steps = (4, 14) if "fragments" in options else (K2, 12)
     path = topology(tmp_path, {"dc0": "collective", "dc1": "collective"},
-                    {"server_optimizer": outer, **(streaming or {})},
-                    parties=parties, hfa={"k1": K1, "k2": k2}, slice_elems=SLICE_ELEMS)
+                    {"server_optimizer": outer, **(streaming or {})}, parties=parties, hfa={"k1": K1, "k2": k2},
+                    slice_elems=SLICE_ELEMS, timeouts={"heartbeat_interval": "50ms"})
     job = geomx_job(SCRIPT, "--steps", str(steps), "--momentum", "0", topology=path)
     job.assert_ok()
     workers = job.workers()
@@ -193,6 +214,8 @@ def test_hfa_in_collective_parties_matches_the_simulation(geomx_job, tmp_path, o
         assert report["mode"] == "HFA"
         for got, want in zip(tensors["final"], expected[party_of[rank]], strict=True):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=f"worker {rank}")
+    if "fragments" not in options:  # after each global round every party holds the global model
+        assert_model_digests_agree(job)
     if "fragments" in options:  # the last round mixed: the parties' models differ
         assert not torch.equal(workers[0][0]["final"][0], workers[4][0]["final"][0])
 

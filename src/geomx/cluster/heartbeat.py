@@ -115,6 +115,10 @@ class Pulse:
         if models is not None:
             self._models = dict(models)
 
+    def models(self) -> dict[str, str]:
+        """The model digests noted last (step -> digest): what the next heartbeats carry."""
+        return dict(self._models or {})
+
     def report(self, to: str | None = None) -> HeartbeatBody:
         """This node's report, as its next heartbeat to scheduler ``to`` carries it (the party relay goes to every
         scheduler but the one it came from)."""

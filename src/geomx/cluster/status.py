@@ -172,6 +172,11 @@ class StatusBoard:
         self.job = job_summary(topology)
         self.digests = DigestBook(owner)  # the workers' model digests, compared across members
 
+    def model_digests(self) -> dict[str, Any]:
+        """The parties' model digests compared (``DigestBook.summary``), for the scheduler's stats file."""
+        with self._lock:
+            return self.digests.summary()
+
     def seen(self, member_id: str, party: str) -> None:
         """``member_id`` registered now (a heartbeat age counts from here until its first heartbeat)."""
         with self._lock:

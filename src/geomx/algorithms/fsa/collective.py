@@ -44,6 +44,7 @@ class CollectiveServerStep(WorkerStrategy):
     """The global servers run the optimizer and answer with new weights."""
 
     pushes_gradients = True
+    same_model_everywhere = True  # every rank holds the whole model, each step the same round's (FSA)
 
     def __init__(self, loop: Loop, bucket_bytes: int | None = None) -> None:
         super().__init__(loop)

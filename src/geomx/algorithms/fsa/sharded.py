@@ -33,6 +33,9 @@ from .strategy import refused_average, warn_no_gradient
 class ShardedServerStep(WorkerStrategy):
     """The global servers run the optimizer: the answers are the new weights of each rank's shards."""
 
+    # each rank holds its shards of the job's model, not the model: nothing another party's digest could match
+    same_model_everywhere = False
+
     bucket: PartyModel
     stage: HostChunk
 

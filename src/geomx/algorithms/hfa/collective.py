@@ -87,6 +87,15 @@ class CollectivePeriodicAverage(AveragedStep):
     def steps_of(self, rounds: int) -> int | None:
         return global_round_steps(self.loop, self.k1, rounds)
 
+    def common_model_step(self) -> int | None:
+        """At the start of the step after a global round every party holds the global model, where no fragment,
+        overlap or mix keeps a part of the party's own and every rank holds the whole model (FSDP2's shards are
+        not the model: no digest of them could match another party's)."""
+        if self.rules.fragments > 1 or self.delay or self.alpha or (self.bucket is not None and not self.bucket.whole):
+            return None
+        steps = self.loop.steps_done  # (a job starts, or resumes, at a global round)
+        return steps if steps % (self.k1 * self.rules.k2) == 0 else None
+
     def on_gradient(self, key: int, grad: torch.Tensor) -> None:
         assert self.mean is not None, "only whole-model ranks hook the gradients"
         self.mean.on_gradient(key, grad)
