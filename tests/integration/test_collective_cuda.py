@@ -1,5 +1,6 @@
 """Collective parties with the model on a GPU: NCCL inside each party, only each rank's owned slices on the host
-(one pinned chunk per bucket, ``geomx.collective.host``). The same references as the CPU tests
+(FSA: one pinned chunk per bucket, ``geomx.collective.host``; HFA: the round machine's CUDA mirror,
+``geomx.collective.mirror``). The same references as the CPU tests
 (``test_collective``); skipped without CUDA. Two ranks of a party share one GPU here, as on a test machine."""
 
 from __future__ import annotations
@@ -58,6 +59,27 @@ def test_hfa_outer_nesterov_in_collective_parties_on_cuda_matches_the_simulation
     party_of = [party for party, count in parties.items() for _ in range(count)]
     for rank, (tensors, report) in workers.items():
         assert report["device"].startswith("cuda") and report["mode"] == "HFA"
+        for got, want in zip(tensors["final"], expected[party_of[rank]], strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=f"worker {rank}")
+
+
+def test_streaming_hfa_in_collective_parties_on_cuda_matches_the_simulation(geomx_job, tmp_path):
+    """Streaming DiLoCo on the GPU (2 fragments of K2 = 4, each round overlapping the next local round, alpha 0.25):
+    the leaving slices go down on the mirror's side stream while the ranks train on, the trip's copy up and share
+    run on it too; every rank ends with the simulation's weights."""
+    parties = {"dc0": 2, "dc1": 2, "dc2": 1}
+    streaming = {"fragments": 2, "fragment_delay": 1, "fragment_alpha": 0.25}
+    path = topology(tmp_path, {"dc0": "collective", "dc1": "collective"},
+                    {"server_optimizer": "outer_nesterov", **streaming}, parties=parties, hfa={"k1": K1, "k2": 4},
+                    slice_elems=SLICE_ELEMS)
+    job = geomx_job(SCRIPT, "--device", "cuda", "--steps", "14", "--momentum", "0", topology=path)
+    job.assert_ok()
+    workers = job.workers()
+    expected, _ = simulate_collective_hfa(workers[0][0]["after_init"], parties, "outer_nesterov", 4, 14, fragments=2,
+                                          delay=1, alpha=0.25)
+    party_of = [party for party, count in parties.items() for _ in range(count)]
+    for rank, (tensors, report) in workers.items():
+        assert report["mode"] == "HFA"
         for got, want in zip(tensors["final"], expected[party_of[rank]], strict=True):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=f"worker {rank}")
 

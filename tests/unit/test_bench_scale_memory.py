@@ -22,8 +22,8 @@ def _row(config: str, model: int, peak: int) -> dict[str, Any]:
 def test_the_scaling_compares_the_extra_over_plain_of_both_sizes(monkeypatch: pytest.MonkeyPatch,
                                                                  tmp_path: Path) -> None:
     half = 100 * MB  # the half model: plain 700 MB at peak, the job 820 MB: 120 MB of extra
-    monkeypatch.setattr(scale, "measure_plain", lambda steps, work, preset, step_ms: _row("plain", half, 700 * MB))
-    monkeypatch.setattr(scale, "measure", lambda config, rate, h, rounds, work, preset, step_ms, mirror:
+    monkeypatch.setattr(scale, "measure_plain", lambda steps, work, preset, step_ms, **_: _row("plain", half, 700 * MB))
+    monkeypatch.setattr(scale, "measure", lambda config, rate, h, rounds, work, preset, step_ms, mirror, **_:
                         _row(config, half, 820 * MB))
     whole = 200 * MB  # the model: plain 1300 MB, the job 1530 MB: 230 MB of extra
     section = {"plain": _row("plain", whole, 1300 * MB), "rows": [_row("streaming_int8", whole, 1530 * MB)]}
@@ -42,8 +42,8 @@ def test_the_scaling_compares_the_extra_over_plain_of_both_sizes(monkeypatch: py
 
 
 def test_a_failed_half_run_is_reported_not_divided(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setattr(scale, "measure_plain", lambda *args: {"error": "rank 1 died"})
-    monkeypatch.setattr(scale, "measure", lambda *args: _row("streaming_int8", 100 * MB, 820 * MB))
+    monkeypatch.setattr(scale, "measure_plain", lambda *args, **_: {"error": "rank 1 died"})
+    monkeypatch.setattr(scale, "measure", lambda *args, **_: _row("streaming_int8", 100 * MB, 820 * MB))
     section = {"plain": _row("plain", 200 * MB, 1300 * MB), "rows": [_row("streaming_int8", 200 * MB, 1530 * MB)]}
     figures = scale.measure_scaling(section, "gpt43m", "streaming_int8", "1Gbit", 100, 2, tmp_path, 40.0)
     assert "extra_ratio" not in figures and figures["errors"] == ["plain gpt43m: rank 1 died"]
@@ -81,8 +81,8 @@ def test_the_staged_path_reaches_the_jobs_topology_and_every_row_says_its_path(m
     plain = yaml.safe_load(scale.topology(tmp_path / "c.yaml", "streaming_int8", "1Gbit", 100).read_text())
     assert staged["training"]["staged"] is True and "staged" not in plain["training"]
     assert staged["training"]["compression"] == plain["training"]["compression"], "nothing else changes"
-    monkeypatch.setattr(scale, "measure_plain", lambda *args: {"error": "not run"})
-    monkeypatch.setattr(scale, "measure", lambda config, rate, h, rounds, work, preset, step_ms, mirror="cpu":
+    monkeypatch.setattr(scale, "measure_plain", lambda *args, **_: {"error": "not run"})
+    monkeypatch.setattr(scale, "measure", lambda config, rate, h, rounds, work, preset, step_ms, mirror="cpu", **_:
                         {"error": "not run"} if config == "fsa" else
                         {**_row(config, MB, 2 * MB), "blocked_s_per_round": 0.5, "path": mirror})
     monkeypatch.setattr(scale, "plot", lambda *args: None)
@@ -91,3 +91,11 @@ def test_the_staged_path_reaches_the_jobs_topology_and_every_row_says_its_path(m
     assert section["setup"]["path"] == "staged"
     assert [(row["config"], row["path"]) for row in section["rows"]] == [("blocking", "staged"), ("fsa", "cpu")]
     assert "HFA's rounds through the staged path" in "\n".join(scale.lines(section))
+
+
+def test_a_cuda_run_says_so_in_every_row_and_runs_the_real_model() -> None:
+    assert scale._path("streaming_int8", "staged", "cuda") == scale._path("fsa", "cpu", "cuda") == "cuda"
+    assert scale._path("fsa", "staged", "cpu") == "cpu" and scale._path("blocking", "staged", "cpu") == "staged"
+    command = scale._worker("gpt85m", 10, 40.0, Path("out"), "geomx", device="cuda")
+    assert command[-3:] == ["--real", "--device", "cuda"]
+    assert "--real" not in scale._worker("gpt85m", 10, 40.0, Path("out"), "geomx")

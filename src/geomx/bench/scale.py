@@ -81,9 +81,13 @@ def topology(path: Path, config: str, rate: str, h: int, mirror: str = "cpu") ->
     return path
 
 
-def _worker(preset: str, steps: int, step_ms: float, out: Path, sync: str, apply_every: int = 0) -> list[str]:
+def _worker(preset: str, steps: int, step_ms: float, out: Path, sync: str, apply_every: int = 0,
+            device: str = "cpu") -> list[str]:
+    """A rank's command: the stand-in's inner steps, or on ``device`` cuda the real model's (forward, backward,
+    AdamW)."""
+    real = ["--real", "--device", "cuda"] if device == "cuda" else []
     return [sys.executable, "-m", "geomx.bench.workers.scale_step", "--preset", preset, "--steps", str(steps),
-            "--step-ms", str(step_ms), "--sync", sync, "--apply-every", str(apply_every), "--out", str(out)]
+            "--step-ms", str(step_ms), "--sync", sync, "--apply-every", str(apply_every), "--out", str(out), *real]
 
 
 def summarize(ranks: list[dict[str, Any]], rounds: int) -> dict[str, Any]:
@@ -109,13 +113,14 @@ def summarize(ranks: list[dict[str, Any]], rounds: int) -> dict[str, Any]:
 
 
 def measure(config: str, rate: str, h: int, rounds: int, work: Path, preset: str, step_ms: float,
-            mirror: str = "cpu") -> dict[str, Any]:
+            mirror: str = "cpu", device: str = "cpu") -> dict[str, Any]:
     """One run of the grid; ``error`` says why it has no figures."""
     name = f"{config}-{rate}-h{h}-{mirror}"
     out = work / name
     path = topology(work / f"{name}.yaml", config, rate, h, mirror)
     log = io.StringIO()
-    result = launch(path, _worker(preset, h * rounds, step_ms, out, "geomx"), run_dir=work / f"run-{name}", out=log)
+    result = launch(path, _worker(preset, h * rounds, step_ms, out, "geomx", device=device),
+                    run_dir=work / f"run-{name}", out=log)
     files = sorted(out.glob("rank*.json"))
     if result.exit_code != 0 or len(files) != PARTIES * RANKS:
         return {"error": log.getvalue()[-2000:]}
@@ -132,13 +137,19 @@ def measure(config: str, rate: str, h: int, rounds: int, work: Path, preset: str
         up_bits = 8 * (figures["far_party_wan_mb"]["sent"] * 1e6 - model) / rounds
         figures["sync_over_link"] = up_bits / figures["blocked_s_per_round"] / parse_bandwidth(rate)
     return {**figures, "rounds": rounds, "h": h, "rate": rate, "config": config,
-            "path": "cpu" if config == "fsa" else mirror}  # FSA's rounds do not go through the round machine
+            "path": _path(config, mirror, device)}
 
 
-def measure_plain(steps: int, work: Path, preset: str, step_ms: float) -> dict[str, Any]:
+def _path(config: str, mirror: str, device: str) -> str:
+    """The path a row's HFA rounds took: ``cuda``, or on the CPU ``staged`` or ``cpu`` (FSA's rounds never take the
+    round machine: ``cpu`` there)."""
+    return "cuda" if device == "cuda" else "cpu" if config == "fsa" else mirror
+
+
+def measure_plain(steps: int, work: Path, preset: str, step_ms: float, device: str = "cpu") -> dict[str, Any]:
     """The control: the same ranks side by side with no sync (one process per rank)."""
     out = work / "plain"
-    procs = [subprocess.Popen(_worker(preset, steps, step_ms, out, "none", apply_every=25),
+    procs = [subprocess.Popen(_worker(preset, steps, step_ms, out, "none", apply_every=25, device=device),
                               env={**os.environ, "RANK": str(rank)},
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for rank in range(PARTIES * RANKS)]
@@ -154,17 +165,20 @@ def measure_plain(steps: int, work: Path, preset: str, step_ms: float) -> dict[s
 
 def measure_grid(configs: tuple[str, ...], rates: tuple[str, ...], hs: tuple[int, ...], rounds: int, out_dir: Path,
                  preset: str = "gpt85m", step_ms: float = 40.0, fsa_rates: tuple[str, ...] = (),
-                 half: str | None = None, mirror: str = "cpu") -> dict[str, Any]:
+                 half: str | None = None, mirror: str = "cpu", device: str = "cpu") -> dict[str, Any]:
     """Every (config, rate, H), one after the other, then FSA at each of ``fsa_rates``, then the plot; with
     ``half`` (a preset half the model's size), the memory's scaling (``measure_scaling``); ``mirror``: the path
-    HFA's rounds take (``PATHS``), recorded in every row as ``path``."""
+    HFA's rounds take (``PATHS``), recorded in every row as ``path``; ``device`` cuda: the real model's inner steps
+    on the GPU instead of the stand-in's."""
     work = out_dir / "scale"
     work.mkdir(parents=True, exist_ok=True)
     section: dict[str, Any] = {"setup": {"preset": preset, "step_ms": step_ms, "rounds": rounds, "latency": LATENCY,
                                          "parties": PARTIES, "ranks": RANKS, "lan": "collective",
-                                         "inner_step": "stand-in (a wait)", "path": mirror}, "rows": [], "errors": []}
+                                         "inner_step": "real (forward, backward, AdamW) on cuda" if device == "cuda"
+                                         else "stand-in (a wait)", "path": _path("", mirror, device)},
+                                         "rows": [], "errors": []}
     try:
-        _measure_rows(section, configs, rates, hs, rounds, work, preset, step_ms, fsa_rates, mirror)
+        _measure_rows(section, configs, rates, hs, rounds, work, preset, step_ms, fsa_rates, mirror, device)
     except KeyboardInterrupt:  # SIGINT/SIGTERM: the rows finished so far are written, marked interrupted
         section["interrupted"] = True
         raise Interrupted(section) from None
@@ -172,7 +186,8 @@ def measure_grid(configs: tuple[str, ...], rates: tuple[str, ...], hs: tuple[int
     if half is not None and configs:  # the best configuration measured (streaming + int8 when it ran)
         best = "streaming_int8" if "streaming_int8" in configs else configs[-1]
         try:
-            section["scaling"] = measure_scaling(section, half, best, rates[0], hs[0], rounds, work, step_ms, mirror)
+            section["scaling"] = measure_scaling(section, half, best, rates[0], hs[0], rounds, work, step_ms, mirror,
+                                                 device)
         except KeyboardInterrupt:
             section["interrupted"] = True
             raise Interrupted(section) from None
@@ -181,10 +196,10 @@ def measure_grid(configs: tuple[str, ...], rates: tuple[str, ...], hs: tuple[int
 
 def _measure_rows(section: dict[str, Any], configs: tuple[str, ...], rates: tuple[str, ...], hs: tuple[int, ...],
                   rounds: int, work: Path, preset: str, step_ms: float, fsa_rates: tuple[str, ...],
-                  mirror: str = "cpu") -> None:
+                  mirror: str = "cpu", device: str = "cpu") -> None:
     """``measure_grid``'s runs, each row added to ``section`` as it finishes."""
     say(f"[scale] plain: {PARTIES * RANKS} ranks, no sync ...")
-    plain = measure_plain(PLAIN_STEPS, work, preset, step_ms)
+    plain = measure_plain(PLAIN_STEPS, work, preset, step_ms, device=device)
     if "error" in plain:
         section["errors"].append(f"plain: {plain['error']}")
     section["plain"] = plain
@@ -192,20 +207,20 @@ def _measure_rows(section: dict[str, Any], configs: tuple[str, ...], rates: tupl
         for rate in rates:
             for config in configs:
                 say(f"[scale] {config}, WAN {rate} {LATENCY}, H={h}, {rounds} outer rounds, path {mirror} ...")
-                row = measure(config, rate, h, rounds, work, preset, step_ms, mirror)
+                row = measure(config, rate, h, rounds, work, preset, step_ms, mirror, device=device)
                 if "error" in row:
                     section["errors"].append(f"{config} {rate} H={h}: {row['error']}")
-                    row.update(config=config, rate=rate, h=h, path=mirror)
+                    row.update(config=config, rate=rate, h=h, path=_path(config, mirror, device))
                 else:
                     say(f"[scale]   utilization {row['utilization']:.1%}, blocked {row['blocked_s_per_round']:.2f} s "
                         "per outer round")
                 section["rows"].append(row)
     for rate in fsa_rates:
         say(f"[scale] fsa, WAN {rate} {LATENCY}, {FSA_STEPS} steps ...")
-        row = measure("fsa", rate, 1, FSA_STEPS, work, preset, step_ms)
+        row = measure("fsa", rate, 1, FSA_STEPS, work, preset, step_ms, device=device)
         if "error" in row:
             section["errors"].append(f"fsa {rate}: {row['error']}")
-            row.update(config="fsa", rate=rate, h=1, path="cpu")
+            row.update(config="fsa", rate=rate, h=1, path=_path("fsa", mirror, device))
         else:
             say(f"[scale]   utilization {row['utilization']:.1%}, {row['blocked_s_per_round']:.2f} s of sync per "
                 f"step, {row['sync_over_link']:.0%} of the link's rate")
@@ -213,14 +228,14 @@ def _measure_rows(section: dict[str, Any], configs: tuple[str, ...], rates: tupl
 
 
 def measure_scaling(section: dict[str, Any], half: str, config: str, rate: str, h: int, rounds: int, work: Path,
-                    step_ms: float, mirror: str = "cpu") -> dict[str, Any]:
+                    step_ms: float, mirror: str = "cpu", device: str = "cpu") -> dict[str, Any]:
     """The memory of a model half the size, for the goal "a model twice the size needs at most twice the memory":
     plain and ``config`` again with preset ``half``; each size's rank peak over plain PyTorch's (the extra the sync
     costs) and the ratios of the two sizes."""
     say(f"[scale] memory's scaling: plain and {config} with {half} ...")
     (work / half).mkdir(parents=True, exist_ok=True)
-    small = {"plain": measure_plain(PLAIN_STEPS, work / half, half, step_ms),
-             config: measure(config, rate, h, rounds, work / half, half, step_ms, mirror)}
+    small = {"plain": measure_plain(PLAIN_STEPS, work / half, half, step_ms, device=device),
+             config: measure(config, rate, h, rounds, work / half, half, step_ms, mirror, device=device)}
     large = {"plain": section.get("plain", {}),
              config: next((r for r in section["rows"] if (r["config"], r["rate"], r["h"]) == (config, rate, h)), {})}
     figures: dict[str, Any] = {"config": config, "rate": rate, "h": h, "half_preset": half, "errors": [
@@ -342,11 +357,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--half", default=None, help=f"a preset half the model's size: the memory's scaling ({HALF})")
     parser.add_argument("--path", choices=PATHS, default="cpu",
                         help="HFA's rounds in place (cpu) or through the staged host mirror, the GPU's shape (staged)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="cuda: the real model's forward, backward and AdamW on the GPU instead of the stand-in")
     parser.add_argument("--out", default="bench-results")
     args = parser.parse_args(argv)
     out_dir = Path(args.out)
     section = measure_grid(tuple(args.configs), tuple(args.rates), tuple(args.h), args.rounds, out_dir, args.preset,
-                           args.step_ms, tuple(args.fsa_rates), args.half, args.path)
+                           args.step_ms, tuple(args.fsa_rates), args.half, args.path, args.device)
     write_and_print("scale", section, out_dir, lines)
 
 
