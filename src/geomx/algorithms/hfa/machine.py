@@ -150,9 +150,9 @@ class RoundMachine:
             buffer, trip = flight
             trip.result()
             self.spare.append(buffer)
-            self.mirror.hand_over()
         if not self.any_lands(count):
             return False
+        self.mirror.hand_over()  # the compute stream's next work (the mix) after the trips' copies and shares
         if not self.model.whole:  # every owned slice's global model up into the chunk, then into the shards
             with self.writing:
                 self.mirror.up(self.globals, [piece for _, piece in self.model.pieces]).wait()
