@@ -2,7 +2,7 @@
 every step, as DDP), and every ``K1 * K2`` steps a global round in which each rank sends the weighted delta of the
 slices it owns and brings back their new global model, then one all-gather.
 
-With a model sharded by FSDP2 the same strategy runs over the shards (``kv.ranks.party_model`` gives it a
+With a model sharded by FSDP2 the same strategy runs over the shards (``loop.ranks.party_model`` gives it a
 ``ShardedPartyModel`` instead of a ``WholePartyModel``): FSDP2 already averaged the gradients, each rank's job model is
 its shards, and a global round moves the owned slices from the shards to their owners and the answers back (an
 all-to-all each way) instead of an all-gather: nobody holds the whole model. Under the script's own DDP the inner
@@ -84,10 +84,10 @@ class CollectivePeriodicAverage(AveragedStep):
     def init_keys(self) -> None:
         loop = self.loop
         kv = loop.kv
-        self.bucket = bucket = kv.ranks.party_model(loop.params)
+        self.bucket = bucket = loop.ranks.party_model(loop.params)
         # under FSDP2 the shards' gradients come averaged already, and so do they under the script's own DDP
         if isinstance(bucket, WholePartyModel) and loop.ddp is None:
-            self.mean = OverlappedMean(kv.ranks.group, loop.params, kv.ranks.layout,  # DDP's buckets, bucket_mb each
+            self.mean = OverlappedMean(loop.ranks.group, loop.params, loop.ranks.layout,  # DDP's buckets of bucket_mb
                                        kv.config.topology.training.bucket_bytes, trained=loop.trained)
             self.pushes_gradients = True  # read by the wrapper after init_keys: backward's hooks call on_gradient
         views = bucket.views(loop.params)
@@ -96,14 +96,14 @@ class CollectivePeriodicAverage(AveragedStep):
         # its copy in the dtype the servers hold (float32 for a bfloat16 model: DiLoCo's outer model in float32)
         self.job_model = [view.to(wire_dtype(view.dtype), copy=True) for view in views]
         if self.rules.needs_fragments:  # every rank and party splits all the slices alike
-            self.rules.assign_fragments(kv.ranks.slice_sizes())
-        if isinstance(bucket, WholePartyModel) and loop.params[0].device.type == "cpu" and kv.ranks.group.direct:
+            self.rules.assign_fragments(loop.ranks.slice_sizes())
+        if isinstance(bucket, WholePartyModel) and loop.params[0].device.type == "cpu" and loop.ranks.group.direct:
             if not self.delay:
-                self.windows = WindowedRounds(self.rules, kv.ranks, bucket, self.job_model)
+                self.windows = WindowedRounds(self.rules, loop.ranks, bucket, self.job_model)
                 return
             if self.rules.fragments > 1:
-                self.fragment_trips = FragmentTrips(self.rules, kv.ranks, bucket, self.job_model, self.delay,
-                                                    kv.ranks.group.sibling(kv.config.topology.timeouts.round_s))
+                self.fragment_trips = FragmentTrips(self.rules, loop.ranks, bucket, self.job_model, self.delay,
+                                                    loop.ranks.group.sibling(kv.config.topology.timeouts.round_s))
                 return
         bucket.own(views)
         # on the host, where the rules' numpy arithmetic reads them (the model itself may be on a GPU)
@@ -230,7 +230,7 @@ class CollectivePeriodicAverage(AveragedStep):
                 due.append((owned, piece if in_place else torch.from_numpy(delta)))
         started = time.monotonic()
         if due and not self.delay:  # each piece: the slice's new global model (a residual codec's change of it, added)
-            loop.kv.ranks.exchange(due, loop.priority, kind="delta", bases=self._bases(due))
+            loop.ranks.exchange(due, loop.priority, kind="delta", bases=self._bases(due))
         elif due:  # encoded, sent and its answers decoded on a thread of its own, while the rank trains on
             self.in_flight[count + self.delay] = (due, self._round_trips().submit(self._round_trip, due))
         landing = due if not self.delay else self._land(count)
@@ -270,7 +270,7 @@ class CollectivePeriodicAverage(AveragedStep):
     def _round_trip(self, due: list[tuple[OwnedSlice, torch.Tensor]]) -> None:
         """An overlapped round on the ``trips`` thread: the deltas out, the slices' new global models back into
         ``due``."""
-        ranks = self.loop.kv.ranks
+        ranks = self.loop.ranks
         ranks.land(due, ranks.send(due, self.loop.priority, kind="delta"), self._bases(due))
 
     def _round_trips(self) -> ThreadPoolExecutor:

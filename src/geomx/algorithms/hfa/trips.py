@@ -14,7 +14,7 @@ every owned slice (half the model) and a spread's scratch stood before.
 
 Usage (by ``CollectivePeriodicAverage`` when it applies: CPU tensors, gloo, fragments > 1, an overlap)::
 
-    trips = FragmentTrips(rules, kv.ranks, bucket, job_model, delay=1, group=kv.ranks.group.sibling(timeout_s))
+    trips = FragmentTrips(rules, loop.ranks, bucket, job_model, delay=1, group=loop.ranks.group.sibling(timeout_s))
     trips.land(count)                        # at a local round: waits for the fragment that lands now, if any
     trips.leave(views, count, priority)      # its leaving slices' copy and round trip started
     trips.copied()                           # before the next optimizer step: the copy is done

@@ -12,7 +12,7 @@ slices go from its job model to the other ranks' (``WholePartyModel.share``).
 
 Usage (by ``CollectivePeriodicAverage`` when it applies: CPU tensors, gloo, no overlapped rounds)::
 
-    rounds = WindowedRounds(rules, kv.ranks, bucket, job_model)
+    rounds = WindowedRounds(rules, loop.ranks, bucket, job_model)
     if rounds.run(views, count, priority):   # local round ``count``: the owned slices due, out and back; shared
         ...                                  # some slice of the party went global: its job model range is new
 """
