@@ -33,12 +33,11 @@ from .cluster.heartbeat import pulse_for
 from .cluster.membership import Tier, is_server, join, new_node_id, scheduler_id
 from .codecs import default_registry, worker_codec
 from .config import Mode, NodeConfig, Role, node_config
-from .core.early import EarlyAnswers
 from .core.sharding import ShardPlanner
 from .core.strategy import STEP_KEY
 from .core.worker_plugins import WorkerContext
 from .optim import Optimizer
-from .protocol.bodies import ConfigureBody, InitBody, PullBody, decode_body, encode_body
+from .protocol.bodies import ConfigureBody, PullBody, decode_body, encode_body
 from .protocol.wire import Kind, Message
 from .runs.runlog import StatsFile, append_metrics
 from .server.compose import check_plugins
@@ -46,8 +45,10 @@ from .transport.rpc import Requests
 from .transport.trace import Tracer
 from .transport.van import Van
 from .worker.compose import compose_worker
-from .worker.ranks import PartyRanks, SliceLink, refuse_per_key_api
-from .worker.slices import KeyTable, copy_out, payload, push_codec, to_numpy
+from .worker.ranks import PartyRanks
+from .worker.sender import SliceSender
+from .worker.slices import KeyTable, copy_out, to_numpy
+from .worker.tier import LanTier, lan_tier
 
 log = logging.getLogger("geomx.kv")
 
@@ -77,7 +78,7 @@ class KVStore(AbstractContextManager["KVStore"]):
                         name=f"{config.party}/worker")
         self._requests = Requests(self._van)
         self._handles: Callable[[Message], bool] = lambda _message: False  # the push route's hook, once joined
-        self.ranks: PartyRanks | None = None  # a collective party's rank, once joined (geomx.worker.ranks)
+        self._tier = LanTier()  # beneath the kvstore: a collective party's rank, once joined (geomx.worker.tier)
         self._van.start()
         # flat, or a collective party's rank: the global servers under the global scheduler; HiPS: the party's
         # local server under its own
@@ -98,6 +99,7 @@ class KVStore(AbstractContextManager["KVStore"]):
                                                        self._timeout))
         self._plugins = plugins  # the caller's tensors keep their dtype whatever the LAN codec; INIT stays exact
         self._route, self._steps = plugins.route, plugins.steps
+        self._sender = SliceSender(self._requests, self._keys, self._route, self._codecs, self._timeout)
         self._handles = self._route.handles
         self.rank = me.rank
         self.name = me.name
@@ -121,26 +123,23 @@ class KVStore(AbstractContextManager["KVStore"]):
         self.is_master_worker = me.master
         self._exit_hook: Callable[[], None] | None = None  # close_at_exit's
         # a collective party (lan: collective): its ranks' process group, which rank owns each slice, and the
-        # requests that carry them (geomx.worker.ranks)
-        if self.collective:
-            link = SliceLink(self._requests, self._keys, self._route, self._codecs, self._timeout)
-            self.ranks = PartyRanks.join(config, me.rank, link)
+        # slices they send (geomx.worker.tier, geomx.worker.ranks)
+        self._tier = lan_tier(config, me.rank, self._sender)
         if self.is_master_worker:  # before any init round completes, so every push meets the right policy
             self._configure(ConfigureBody(sync=kind), f"switch to {kind}")
 
+    @property
+    def ranks(self) -> PartyRanks | None:
+        """A collective party's rank (``geomx.worker.ranks``; the strategies' ``loop.ranks``), else None."""
+        return self._tier.ranks
+
     def _on_message(self, message: Message) -> None:
-        if self.ranks is not None and EarlyAnswers.is_early(message):  # a collective rank's early sum
-            self.ranks.on_early(message)
+        if self._tier.handles(message):  # a collective rank's early sum
             return
         if self._handles(message):
             return
         if not self._requests.resolve(message):
             log.warning("[%s] unexpected %s from %r", self._van.name, message.kind.name, message.sender)
-
-    def _wait(self, futures: list[Future[Message]], key: int, what: str) -> list[Message]:
-        return [self._requests.wait(f, self._timeout, f"{self._requests.names.get(self._keys.server_for(key, i), '?')} "
-                                                      f"to answer {what} of key {key} slice {i}")
-                for i, f in enumerate(futures)]
 
     # -- the MXNet-shaped API -----------------------------------------------------------------------------
     def init(self, key: int | Sequence[int], value: torch.Tensor | Sequence[torch.Tensor]) -> None:
@@ -148,31 +147,24 @@ class KVStore(AbstractContextManager["KVStore"]):
         keys, values = _as_list(key), _as_list(value)
         if len(keys) != len(values):
             raise ValueError(f"init got {len(keys)} keys but {len(values)} values")
-        if self.ranks is not None:
-            self.ranks.init(keys, values)
+        if self._tier.init(keys, values):  # a collective party's ranks: each INITs the slices it owns
             return
         pending = []
         for k, v in zip(keys, values, strict=True):
             info = self._keys.add(k, v)
             data = to_numpy(v, snapshot=True)
-            futures = []
-            for index, (start, stop) in enumerate(info.slices):
-                piece = data[start:stop]
-                message = Message(Kind.INIT, key=k, slice=index, num_slices=len(info.slices),
-                                  tensor=piece if self.is_master_worker else None, dtype=piece.dtype,
-                                  shape=piece.shape,
-                                  body=encode_body(InitBody(shard=info.shards[index], numel=data.size)))
-                futures.append(self._requests.call(self._keys.server_for(k, index), message))
+            futures = [self._sender.init(k, index, data[start:stop], values=self.is_master_worker)
+                       for index, (start, stop) in enumerate(info.slices)]
             pending.append((k, v, info, futures))
         for k, v, info, futures in pending:
-            copy_out(self._codecs, self._wait(futures, k, "INIT"), info, v.data)
+            copy_out(self._codecs, self._sender.replies(futures, k, "INIT"), info, v.data)
 
     def push(self, key: int | Sequence[int], value: torch.Tensor | Sequence[torch.Tensor], priority: int = 0) -> None:
         """Send this round's contribution for ``key``; returns at once. Pull to get the round's result.
 
         The tensor is copied first, so the caller may change it (zero the gradient) right away.
         """
-        refuse_per_key_api(self.ranks, "push")
+        self._tier.refuse_per_key_api("push")
         self._push(key, value, priority, snapshot=True)
 
     def _push(self, key: int | Sequence[int], value: torch.Tensor | Sequence[torch.Tensor], priority: int,
@@ -180,17 +172,13 @@ class KVStore(AbstractContextManager["KVStore"]):
         for k, v in zip(_as_list(key), _as_list(value), strict=True):
             info = self._keys.check(k, v, "push")
             data = to_numpy(v, snapshot=snapshot and not self._route.copies)
-            codec = push_codec(self._plugins.lan_codec, v, self._route.carries_codecs)  # bfloat16: its bits
-            self._pending[k] = [
-                self._route.push(self._keys.server_for(k, index),
-                                 Message(Kind.PUSHPULL, key=k, slice=index, num_slices=len(info.slices),
-                                         priority=priority,
-                                         **payload(codec, k, index, data[start:stop], data.size)))
-                for index, (start, stop) in enumerate(info.slices)]
+            codec = self._sender.codec(self._plugins.lan_codec, v)  # bfloat16: its bits
+            self._pending[k] = [self._sender.push(k, index, data[start:stop], codec, priority)
+                                for index, (start, stop) in enumerate(info.slices)]
 
     def pull(self, key: int | Sequence[int], out: torch.Tensor | Sequence[torch.Tensor], priority: int = 0) -> None:
         """Write the latest value of ``key`` into ``out`` (after a push: that round's result)."""
-        refuse_per_key_api(self.ranks, "pull")
+        self._tier.refuse_per_key_api("pull")
         for k, o in zip(_as_list(key), _as_list(out), strict=True):
             futures = self._pending.pop(k, None)
             if futures is not None:
@@ -220,7 +208,7 @@ class KVStore(AbstractContextManager["KVStore"]):
                                            Message(Kind.PULL, key=key, slice=index, num_slices=len(info.slices),
                                                    priority=priority, body=body))
                        for index in range(len(info.slices))]
-        copy_out(self._codecs, self._wait(futures, key, what), info, out.data if out.requires_grad else out)
+        copy_out(self._codecs, self._sender.replies(futures, key, what), info, out.data if out.requires_grad else out)
 
     def slices(self, key: int) -> list[tuple[int, int, int]]:
         """How ``key`` travels: ``(start, stop, global server index)`` per slice (one message each way per slice).
@@ -241,7 +229,7 @@ class KVStore(AbstractContextManager["KVStore"]):
 
         No copy of ``value`` is made: the call returns only after the server has received it.
         """
-        refuse_per_key_api(self.ranks, "pushpull")
+        self._tier.refuse_per_key_api("pushpull")
         self._push(key, value, priority, snapshot=False)
         self.pull(key, value if out is None else out, priority)
 
@@ -288,7 +276,7 @@ class KVStore(AbstractContextManager["KVStore"]):
         worker of ESync (its ranks step together): its rank 0 reports and tells the others their steps.
         """
         assign = functools.partial(self._steps.assign, seconds_per_step, base_steps)
-        return assign() if self.ranks is None else self.ranks.first_rank_says(assign, "ESync's step assignment")
+        return self._tier.for_party(assign, "ESync's step assignment")
 
     def start_step(self, mine: int = 0) -> int:
         """The step the job goes on from, the same on every worker (call once, after ``init``): a resumed global
@@ -301,15 +289,11 @@ class KVStore(AbstractContextManager["KVStore"]):
 
     def barrier(self) -> None:
         """Wait until every worker of every party reaches this barrier."""
-        if self.ranks is not None:  # a collective party meets inside first; its rank 0 speaks for it
-            self.ranks.group.barrier()
-            if self.ranks.rank != 0:
-                self.ranks.group.barrier()
-                return
-        future = self._requests.call(self._servers[0], Message(Kind.BARRIER))
-        self._requests.wait(future, self._timeout, "the barrier (all workers of all parties)")
-        if self.ranks is not None:
-            self.ranks.group.barrier()
+        def meet() -> None:  # a collective party meets inside first; its rank 0 speaks for it
+            future = self._requests.call(self._servers[0], Message(Kind.BARRIER))
+            self._requests.wait(future, self._timeout, "the barrier (all workers of all parties)")
+
+        self._tier.barrier(meet)
 
     def stats(self) -> dict[str, Any]:
         """Byte counters of this worker and of the servers it talks to (LAN/WAN, sent/received)."""
@@ -363,9 +347,7 @@ class KVStore(AbstractContextManager["KVStore"]):
             self._van.stop(flush_timeout=1.0)
             return
         try:
-            if self.ranks is not None:  # every rank is done with its rounds; rank 0 says goodbye for the party
-                self.ranks.group.barrier()
-            speaks = self.ranks is None or self.ranks.rank == 0
+            speaks = self._tier.leaving()  # a collective party's rank 0 says goodbye for the party
             servers = self._servers if speaks else []
             futures = [self._requests.call(s, Message(Kind.SHUTDOWN)) for s in servers]
             for server, future in zip(servers, futures, strict=True):
@@ -374,8 +356,7 @@ class KVStore(AbstractContextManager["KVStore"]):
         finally:
             self._stats_file.close()
             self._van.stop(flush_timeout=wait)
-            if self.ranks is not None:
-                self.ranks.group.close()
+            self._tier.close()
 
     def __exit__(self, *exc: object) -> None:
         self.close()

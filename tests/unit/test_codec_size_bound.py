@@ -14,7 +14,8 @@ import pytest
 
 from geomx.codecs import BSC, FP16, MPQ, CodecError, Dense, Registry, SizeAdaptive, default_registry, worker_codec
 from geomx.kv import KVStore
-from geomx.worker.ranks import PartyRanks, SliceLink
+from geomx.worker.ranks import PartyRanks
+from geomx.worker.sender import SliceSender
 
 
 class Gated(Dense):
@@ -81,8 +82,8 @@ def test_a_bad_spec_raises_the_codecs_own_error() -> None:
 
 
 def test_collective_ranks_read_the_bound_from_the_codec() -> None:
-    link = SliceLink(requests=None, keys=None, route=None, codecs=registry(), timeout_s=1.0)  # type: ignore[arg-type]
-    ranks = PartyRanks(SimpleNamespace(world_size=2), True, link, size_lower_bound=44)  # type: ignore[arg-type]
+    sender = SliceSender(None, None, None, registry(), timeout_s=1.0)  # type: ignore[arg-type]
+    ranks = PartyRanks(SimpleNamespace(world_size=2), True, sender, size_lower_bound=44)  # type: ignore[arg-type]
     ranks.use_compression({"type": "gated_for_test"})
     assert isinstance(ranks.codec, Gated) and ranks.codec.bound == 44
     ranks.use_compression({"type": "ungated_for_test"})

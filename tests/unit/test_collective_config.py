@@ -135,7 +135,7 @@ def test_rank_0_speaks_for_the_party_and_a_failure_reaches_every_rank_at_once() 
     from geomx.worker.ranks import PartyRanks
 
     def ranks(group: _StubGroup) -> PartyRanks:
-        return PartyRanks(group, central=False, link=None)  # type: ignore[arg-type]
+        return PartyRanks(group, central=False, sender=None)  # type: ignore[arg-type]
 
     first = _StubGroup(0)
     assert ranks(first).first_rank_says(lambda: 7, "the steps") == 7 and first.broadcasts == [7]

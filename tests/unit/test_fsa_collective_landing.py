@@ -94,9 +94,9 @@ def _run(direct: bool, answer_now: bool) -> tuple[CollectiveServerStep, OneRankG
     params = list(model.parameters())
     group = OneRankGroup(direct)
     ranks = FakeRanks(params, group, answer_now)
-    kv = SimpleNamespace(ranks=ranks, num_all_workers=1,
+    kv = SimpleNamespace(num_all_workers=1,
                          config=SimpleNamespace(topology=SimpleNamespace(training=SimpleNamespace(bucket_bytes=200))))
-    loop = SimpleNamespace(kv=kv, params=params, names=[str(k) for k in range(len(params))],
+    loop = SimpleNamespace(kv=kv, ranks=ranks, params=params, names=[str(k) for k in range(len(params))],
                            trained=list(range(len(params))), priority=[0] * len(params), pushed=set(), ddp=None,
                            waited=lambda seconds: None, warn_once=lambda tag, text: None)
     strategy = CollectiveServerStep(loop)  # type: ignore[arg-type]

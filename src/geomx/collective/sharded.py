@@ -6,7 +6,7 @@ where every slice lies inside its owner's shard); ``spread`` takes the owners' v
 buffers are the size of the elements that cross ranks, allocated once. Gradients need nothing: FSDP2
 reduce-scattered and averaged them in backward.
 
-Usage (inside a collective strategy; ``kv.ranks.party_model`` picks this form for DTensor parameters)::
+Usage (inside a collective strategy; ``loop.ranks.party_model`` picks this form for DTensor parameters)::
 
     bucket = ShardedPartyModel(shards, layout, group, like=local_flat(params[0]))
     views = bucket.views(params)          # this rank's shard of each parameter, flat

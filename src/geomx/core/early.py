@@ -24,16 +24,26 @@ round that lost a client on the way (rescaled) answers in full as before. Should
 sum between an early sum and its round's end (the master sets a server optimizer mid-job), the local server that
 used it stops the job with the reason rather than let the parties' models differ.
 
-Usage (global server, after a push joined its round; local server, when it forwards a push and on answers)::
+One client takes the early sums, keyed alike by (global server, key, slice) and the round's number, and settles
+them by one of two policies (``Settle``): a local server answers its workers at once, as soon as it holds both
+sums (``AT_ONCE``); a collective party's rank, whose push is its owned piece itself, adds the others' sum into the
+piece when the round's tensor-less answer arrives (``ON_REPLY``).
+
+Usage (global server, after a push joined its round; local server, when it forwards a push and on answers; a
+collective rank, when a round's answer arrives)::
 
     if early_ok: send_early(server, rnd)
     early.forwarded(owner, key, index, upward_tensor, answer)   # answer(others + upward) once both are in
     if early.settled(owner, reply): return                     # the tensor-less answer of such a round
+    ranks_early = EarlyAnswers(Settle.ON_REPLY)
+    if EarlyAnswers.bare(reply): others = ranks_early.others(server, reply)   # None: this party alone pushed
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
+from enum import Enum
 from typing import Protocol
 
 import numpy as np
@@ -78,17 +88,31 @@ Answer = Callable[[np.ndarray], None]
 SliceOf = tuple[str, int, int]  # (global server, key, slice)
 
 
-class EarlyAnswers:
-    """A local server's side: it answers its workers as soon as it holds both the others' sum and its own push's,
-    whichever comes second, and then only checks the global server's tensor-less answer when it arrives.
+class Settle(Enum):
+    """How a client settles a round answered early."""
 
+    AT_ONCE = "at once"  # a local server: answers its workers once it holds the others' sum and its own push's
+    ON_REPLY = "on reply"  # a collective rank: adds the others' sum into its piece when the bare answer arrives
+
+
+class EarlyAnswers:
+    """A client's side of early answers: the others' sums it was sent, by (global server, key, slice) and round,
+    settled by its policy (``Settle``); thread-safe (the van's thread stores, another may take).
+
+    ``AT_ONCE`` (a local server): it answers its workers as soon as it holds both the others' sum and its own
+    push's, whichever comes second, and then only checks the global server's tensor-less answer when it arrives.
     Per (global server, key, slice) one round at a time is in flight (the next push of a slice follows this
     round's answer, and everything from a global server comes on one ordered connection), so an early sum and
     a forwarded push of the same slice belong to the same round.
+
+    ``ON_REPLY`` (a collective rank): the sums wait until the training thread lands the round's answer
+    (``others``); by round, as the next round's early sum may come before this round's is taken.
     """
 
-    def __init__(self) -> None:
-        self._sums: dict[SliceOf, tuple[int, np.ndarray]] = {}  # early sums before this server's push
+    def __init__(self, settle: Settle = Settle.AT_ONCE) -> None:
+        self.settle = settle
+        self._lock = threading.Lock()
+        self._sums: dict[SliceOf, dict[int, np.ndarray]] = {}  # early sums not taken yet, by round
         self._waiting: dict[SliceOf, tuple[np.ndarray, Answer]] = {}  # pushes before (or without) an early sum
         self._answered: dict[SliceOf, int] = {}  # answered early: the global round, until its answer arrives
 
@@ -97,46 +121,76 @@ class EarlyAnswers:
         """Whether ``message`` (not a reply) is an early answer (the others' sum)."""
         return message.kind is Kind.PUSHPULL and not message.is_reply and EARLY in (message.body or {})
 
-    def forwarded(self, owner: str, key: int, index: int, pushed: np.ndarray, answer: Answer) -> None:
-        """This server pushed ``pushed`` for (key, slice) to ``owner``: ``answer(others + pushed)`` now if the
-        others' sum is here, else when it comes (if it does: not when another party pushes last)."""
-        where = (owner, key, index)
-        if where in self._sums:
-            number, others = self._sums.pop(where)
-            self._answered[where] = number
-            answer(np.add(others, pushed))
-        else:
-            self._waiting[where] = (pushed, answer)
+    @staticmethod
+    def bare(reply: Message) -> bool:
+        """Whether ``reply`` is the tensor-less answer that closes a round answered early (or answers a push with
+        itself, flagged ``ALONE``)."""
+        return reply.tensor is None and reply.encoded is None and EARLY in (reply.body or {})
 
     def store(self, sender: str, message: Message) -> None:
         """The others' sum for (key, slice) from global server ``sender``."""
         assert message.tensor is not None and message.body is not None
         where, number = (sender, message.key, message.slice), int(message.body[EARLY])
-        if where in self._waiting:
-            pushed, answer = self._waiting.pop(where)
+        with self._lock:
+            waiting = self._waiting.pop(where, None) if self.settle is Settle.AT_ONCE else None
+            if waiting is None:
+                self._sums.setdefault(where, {})[number] = message.tensor
+                return
             self._answered[where] = number
-            answer(np.add(message.tensor, pushed))
-        else:
-            self._sums[where] = (number, message.tensor)
+        pushed, answer = waiting
+        answer(np.add(message.tensor, pushed))
+
+    def others(self, sender: str, reply: Message) -> np.ndarray | None:
+        """``ON_REPLY``: the others' sum to add to this party's piece for the round ``reply`` (a ``bare`` answer
+        from ``sender``) closes; None where nobody else pushed (``ALONE``: the answer is the piece as pushed).
+        LookupError if its early sum never came."""
+        body = reply.body or {}
+        if body.get(ALONE):
+            return None
+        where, number = (sender, reply.key, reply.slice), int(body[EARLY])
+        with self._lock:
+            rounds = self._sums.get(where, {})
+            others = rounds.pop(number, None)
+            if not rounds:
+                self._sums.pop(where, None)
+        if others is None:
+            raise LookupError(f"closed round {number} of key {reply.key} slice {reply.slice} early, but its early "
+                              "sum never came")
+        return others
+
+    def forwarded(self, owner: str, key: int, index: int, pushed: np.ndarray, answer: Answer) -> None:
+        """``AT_ONCE``: this server pushed ``pushed`` for (key, slice) to ``owner``: ``answer(others + pushed)`` now
+        if the others' sum is here, else when it comes (if it does: not when another party pushes last)."""
+        where = (owner, key, index)
+        with self._lock:
+            rounds = self._sums.pop(where, None)
+            if not rounds:
+                self._waiting[where] = (pushed, answer)
+                return
+            number = max(rounds)  # the newest (one round at a time is in flight)
+            self._answered[where] = number
+        answer(np.add(rounds[number], pushed))
 
     def settled(self, sender: str, reply: Message) -> bool:
-        """Whether ``reply`` (the global server's answer) closes a round answered early, or answers our push with
-        itself (``ALONE``: answered now; True: nothing more to do); False for an ordinary answer. Raises ValueError
-        if the global server answered a round in full that this server had already answered early (the answer
-        stopped being the plain sum in between)."""
+        """``AT_ONCE``: whether ``reply`` (the global server's answer) closes a round answered early, or answers our
+        push with itself (``ALONE``: answered now; True: nothing more to do); False for an ordinary answer. Raises
+        ValueError if the global server answered a round in full that this server had already answered early (the
+        answer stopped being the plain sum in between)."""
         where = (sender, reply.key, reply.slice)
         if (reply.body or {}).get(ALONE) and reply.tensor is None and reply.encoded is None:
-            waiting = self._waiting.pop(where, None)  # nobody else pushed: the answer is our push
+            with self._lock:
+                waiting = self._waiting.pop(where, None)  # nobody else pushed: the answer is our push
             if waiting is None:
                 raise ValueError(f"the global server answered key {reply.key} slice {reply.slice} with our own "
                                  "push, which this server never sent it")
             pushed, answer = waiting
             answer(pushed)
             return True
-        number = self._answered.pop(where, None)
-        if number is None:
-            self._waiting.pop(where, None)  # answered in full: no early sum comes for this round
-            return False
+        with self._lock:
+            number = self._answered.pop(where, None)
+            if number is None:
+                self._waiting.pop(where, None)  # answered in full: no early sum comes for this round
+                return False
         body = reply.body or {}
         if reply.tensor is not None or reply.encoded is not None or body.get(EARLY) != number:
             raise ValueError(f"the global server answered key {reply.key} slice {reply.slice} in full after its "

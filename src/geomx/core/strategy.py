@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from .ranks import PartyRanks, Store
+
 if TYPE_CHECKING:  # the servers never import torch; only the wrapper's strategies use it at run time
     import torch
 
@@ -34,9 +36,11 @@ STEP_KEY = WRAPPER_KEYS + 2
 
 
 class Loop(Protocol):
-    """What the wrapper offers its strategy: the store, the model's tensors and the bookkeeping of answers."""
+    """What the wrapper offers its strategy: the store, the party's ranks, the model's tensors and the bookkeeping of
+    answers."""
 
-    kv: Any  # the worker's geomx.kv.KVStore
+    kv: Store  # the worker's geomx.kv.KVStore
+    ranks: PartyRanks | None  # a collective party's ranks (geomx.worker.ranks); None in a party with a local server
     optimizer: torch.optim.Optimizer
     params: Sequence[torch.nn.Parameter]
     names: Sequence[str]  # each parameter's name in the model

@@ -48,7 +48,7 @@ class UnevenLoops:
     def of(cls, wrapper: Any) -> UnevenLoops:
         """The wrapper's, with a group of its own (made here: every rank of the party calls this at one point);
         RuntimeError where a rank whose loop has ended could not take its party's steps."""
-        ranks = wrapper.kv.ranks
+        ranks = wrapper.ranks
         if ranks is None:  # a lan: server party (the same script runs in every party): its loops must be even
             log.info("[%s] join(): a lan: server party evens out nothing; its workers run the same steps",
                      wrapper.kv.name)

@@ -128,8 +128,9 @@ class DistributedOptimizer:
         self._joins: UnevenLoops | None = None  # uneven loops in a collective party: made at the first ``join()``
         collective = config.topology.is_collective(config.party)
         shards = None  # the keys an FSDP2 script sharded, in a collective party
+        # the strategies' seam to the party's ranks (geomx.core.ranks), in a collective party; None elsewhere
+        self.ranks = ranks = self.kv.ranks if collective else None
         if collective:  # the party's ranks are one torch.distributed group (lan: collective)
-            ranks = self.kv.ranks
             assert ranks is not None, "a collective party's kvstore joined its group"
             if self.ddp is not None:
                 check_group(self.ddp, ranks.group)
@@ -370,7 +371,7 @@ class DistributedOptimizer:
                 self.kv.close()
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("_") or name in ("optimizer", "kv", "model", "plan", "recorder", "strategy"):
+        if name.startswith("_") or name in ("optimizer", "kv", "ranks", "model", "plan", "recorder", "strategy"):
             raise AttributeError(name)
         return getattr(self.optimizer, name)
 

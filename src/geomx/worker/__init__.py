@@ -2,8 +2,10 @@
 
 ``compose`` picks the plug-ins (their interfaces in ``geomx.core.worker_plugins``, their implementations named
 in ``geomx.algorithms.registry``) once from the typed config; ``slices`` cuts a key's tensor into the slices
-that travel; ``ranks`` is a collective party's rank as the kvstore sees it (its process group, the slices it
-owns, how they meet the global servers). ``kv.py`` names no algorithm: it calls these.
+that travel; ``sender`` sends them (payload, codec, message) and waits for their answers, for the kvstore and a
+collective rank alike; ``tier`` is the kvstore's LAN tier, beneath it: nothing in a party with a local server, a
+collective party's rank otherwise, which is ``ranks`` (its process group, the slices it owns, how they meet the
+global servers). ``kv.py`` names no algorithm: it calls these.
 
 Usage::
 

@@ -2,12 +2,15 @@
 and how its slices meet the global servers.
 
 In a ``lan: collective`` party every rank connects to the global servers itself (as a flat worker would) and
-owns some slices (``geomx.collective.owners``): it INITs and pushes only those, and the party's collectives bring
-the others' answers to it. The global servers see the party's ranks as one client (``Clients.group``).
+owns some slices (``geomx.collective.owners``): it INITs and pushes only those, through the kvstore's own slice
+sender (``geomx.worker.sender``), and the party's collectives bring the others' answers to it. The global servers
+see the party's ranks as one client (``Clients.group``). Early sums are settled by the one client of
+``geomx.core.early``, adding the others' sum into the piece when the round's bare answer arrives.
 
-Usage (inside ``KVStore``; the collective strategies reach it as ``kv.ranks``)::
+Usage (by the kvstore's ``CollectiveTier``, ``geomx.worker.tier``; the collective strategies reach it as
+``loop.ranks``, through the seam ``geomx.core.ranks.PartyRanks``)::
 
-    ranks = PartyRanks.join(node_config, rank, SliceLink(requests, keys, route, codecs, timeout_s))
+    ranks = PartyRanks.join(node_config, rank, SliceSender(requests, keys, route, codecs, timeout_s))
     ranks.init([0, 1], [weight, bias])            # every rank ends with the master's values
     ranks.exchange(pieces, priority)              # this rank's slices: pushed, answers written back in place
     bucket = ranks.party_model(params)           # the model as this rank holds it (whole, or FSDP2 shards)
@@ -21,17 +24,14 @@ whole model, and no rank's values are broadcast (FSDP2 sharded one model: every 
 from __future__ import annotations
 
 import math
-import threading
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from concurrent.futures import Future
 
 import numpy as np
 import torch
 
-from ..codecs import Codec, Registry, worker_codec
+from ..codecs import Codec, worker_codec
 from ..codecs.base import TensorKind
-from ..codecs.messages import decode_message
 from ..collective.bucket import PartyModel, WholePartyModel, bucket_like
 from ..collective.fsdp import LocalShards, fsdp_shards, local_flat
 from ..collective.group import PartyGroup
@@ -39,71 +39,38 @@ from ..collective.layout import OwnerLayout
 from ..collective.owners import OwnedSlice, SliceOwners
 from ..collective.sharded import ShardedPartyModel
 from ..config import ConfigError, NodeConfig
+from ..core.early import EarlyAnswers, Settle
 from ..core.inits import value_digest
-from ..core.rounds import ALONE, EARLY, MODEL_CHANGE, SAME
+from ..core.rounds import MODEL_CHANGE, SAME
 from ..core.strategy import WRAPPER_KEYS
-from ..core.worker_plugins import PushRoute
-from ..protocol.bodies import InitBody, encode_body
-from ..protocol.tensors import host_numpy, readonly_tensor, wire_dtype
-from ..protocol.wire import Kind, Message
-from ..transport.rpc import Requests
-from .slices import KeyTable, payload, push_codec, to_numpy
-
-
-@dataclass
-class SliceLink:
-    """What a rank needs of its kvstore to send slices: requests, the keys' slices, the push route, codecs."""
-
-    requests: Requests
-    keys: KeyTable
-    route: PushRoute
-    codecs: Registry
-    timeout_s: float
-
-    def server_name(self, key: int, index: int) -> str:
-        return self.requests.names.get(self.keys.server_for(key, index), "?")
-
-    def reply(self, future: Any, key: int, index: int, what: str) -> Message:
-        """A slice's answer, waiting at most the request timeout."""
-        return self.requests.wait(future, self.timeout_s, f"{self.server_name(key, index)} to answer {what} of "
-                                                          f"key {key} slice {index}")
-
-    def answer(self, future: Any, key: int, index: int, what: str) -> torch.Tensor:
-        """The data of a slice's answer (a read-only tensor), waiting at most the request timeout."""
-        return self.data(self.reply(future, key, index, what), key, index)
-
-    def data(self, reply: Message, key: int, index: int) -> torch.Tensor:
-        """The decoded data of ``reply`` (a read-only tensor)."""
-        data = decode_message(self.codecs, reply)
-        if data is None:
-            raise RuntimeError(f"{self.server_name(key, index)} answered key {key} slice {index} without data")
-        return readonly_tensor(data)
+from ..protocol.tensors import host_numpy, wire_dtype
+from ..protocol.wire import Message
+from .sender import SliceSender
+from .slices import to_numpy
 
 
 class PartyRanks:
     """This rank's party group, the owners of every slice the kvstore declared, and their traffic."""
 
-    def __init__(self, group: PartyGroup, central: bool, link: SliceLink, size_lower_bound: int = 200_000) -> None:
+    def __init__(self, group: PartyGroup, central: bool, sender: SliceSender, size_lower_bound: int = 200_000) -> None:
         self.group = group
-        self.link = link
+        self.sender = sender
         self.owners = SliceOwners(group.world_size)
         self.local_shards: LocalShards | None = None  # the keys an FSDP2 script sharded, once init has seen them
         # the central party's owners carry the initial values (rank 0's, broadcast first: it is the master)
         self.carries_values = central
         self.size_lower_bound = size_lower_bound  # the topology's, for codecs with a size bound, as the master's
         self.codec: Codec | None = None  # the job's WAN codec: each rank encodes the slices it owns (residuals too)
-        # FSA's early answers (geomx.core.early): the other parties' sum of a slice, ahead of the round's answer;
-        # stored by the van's thread, taken by the training thread once the round's tensor-less answer arrives (by
-        # round: the next round's early sum may come before this thread has taken this round's)
-        self._early: dict[tuple[int, int, int], np.ndarray] = {}
-        self._early_lock = threading.Lock()
+        # early answers (geomx.core.early): the other parties' sum of a slice, ahead of the round's answer; stored by
+        # the van's thread, added to the piece once the round's tensor-less answer arrives
+        self.early = EarlyAnswers(Settle.ON_REPLY)
 
-    def use_compression(self, spec: dict[str, Any]) -> None:
+    def use_compression(self, spec: dict[str, object]) -> None:
         """Encode this rank's pushes with the job's WAN codec ``spec`` (as a local server encodes its party's)."""
-        _, self.codec = worker_codec(self.link.codecs, spec, self.size_lower_bound)
+        _, self.codec = worker_codec(self.sender.codecs, spec, self.size_lower_bound)
 
     @classmethod
-    def join(cls, config: NodeConfig, rank: int, link: SliceLink) -> PartyRanks:
+    def join(cls, config: NodeConfig, rank: int, sender: SliceSender) -> PartyRanks:
         """Join the party's group: gloo for CPU tensors, NCCL as well where CUDA is there; every collective bounded
         by the topology's round timeout."""
         run = config.torchrun
@@ -115,7 +82,7 @@ class PartyRanks:
         if group.world_size != config.num_workers:
             raise ConfigError(f"party {config.party} has {config.num_workers} workers in the topology, but its "
                               f"process group has {group.world_size} ranks")
-        return cls(group, config.party == config.topology.central, link, config.topology.size_lower_bound)
+        return cls(group, config.party == config.topology.central, sender, config.topology.size_lower_bound)
 
     @property
     def rank(self) -> int:
@@ -142,11 +109,15 @@ class PartyRanks:
     def owns(self, key: int, index: int) -> bool:
         return self.owners.owner(key, index) == self.group.rank
 
+    def owner(self, key: int, index: int) -> int:
+        """The rank owning slice ``index`` of ``key``."""
+        return self.owners.owner(key, index)
+
     def init(self, keys: list[int], values: list[torch.Tensor]) -> None:
         """Every rank declares every key; each slice's owner INITs it (with rank 0's values in the central party:
         the master's) and broadcasts the answer to the party. FSDP2 local shards (DTensors) go to their owners and back
         instead (``_init_sharded``)."""
-        table = self.link.keys
+        table = self.sender.keys
         local_shards = fsdp_shards(values, self.group.world_size, [f"key {k}" for k in keys], self.group.party, keys)
         declared = []
         for k, v in zip(keys, values, strict=True):
@@ -171,10 +142,10 @@ class PartyRanks:
                 if self.owns(k, index):
                     pending.append((v, k, index, start, stop, self._send_init(k, index, data[start:stop])))
         for v, k, index, start, stop, future in pending:
-            reply = self.link.reply(future, k, index, "INIT")
+            reply = self.sender.reply(future, k, index, "INIT")
             if _same(reply):
                 continue  # it holds the global value already (its digest matched): nothing came, nothing moves
-            v.data.view(-1)[start:stop].copy_(self.link.data(reply, k, index))
+            v.data.view(-1)[start:stop].copy_(self.sender.data(reply, k, index))
         for k, v in zip(keys, values, strict=True):
             flat = v.data.view(-1)
             for index, (start, stop) in enumerate(table[k].slices):
@@ -192,22 +163,16 @@ class PartyRanks:
         futures = [self._send_init(owned.key, owned.index, host_numpy(piece))
                    for owned, piece in model.pieces]
         for (owned, piece), future in zip(model.pieces, futures, strict=True):
-            reply = self.link.reply(future, owned.key, owned.index, "INIT")
+            reply = self.sender.reply(future, owned.key, owned.index, "INIT")
             if not _same(reply):  # else the piece holds the global value already
-                piece.copy_(self.link.data(reply, owned.key, owned.index))
+                piece.copy_(self.sender.data(reply, owned.key, owned.index))
         model.spread(views)
 
-    def _send_init(self, key: int, index: int, piece: np.ndarray) -> Any:
+    def _send_init(self, key: int, index: int, piece: np.ndarray) -> Future[Message]:
         """INIT one slice this rank owns (with ``piece``'s values in the central party); the answer's future."""
-        info = self.link.keys[key]
         # the digest of what this rank holds, so the same weights do not cross the WAN again (nor come back to the
         # central party, whose values they are: an answer of half the model in flight at once on each of its ranks)
-        digest = value_digest(piece)
-        message = Message(Kind.INIT, key=key, slice=index, num_slices=len(info.slices),
-                          tensor=piece if self.carries_values else None, dtype=piece.dtype, shape=piece.shape,
-                          body=encode_body(InitBody(shard=info.shards[index], numel=math.prod(info.shape),
-                                                    digest=digest)))
-        return self.link.requests.call(self.link.keys.server_for(key, index), message)
+        return self.sender.init(key, index, piece, self.carries_values, digest=value_digest(piece))
 
     def party_model(self, params: Sequence[torch.Tensor]) -> PartyModel:
         """The model as this rank holds it, with its owned slices: whole on every rank, or FSDP2's local shards. Its
@@ -225,27 +190,20 @@ class PartyRanks:
         self.land(pieces, self.send(pieces, priority, kind), bases)
 
     def send(self, pieces: Sequence[tuple[OwnedSlice, torch.Tensor]], priority: Sequence[int],
-             kind: TensorKind = "gradient") -> list[Any]:
+             kind: TensorKind = "gradient") -> list[Future[Message]]:
         """Push each ``piece`` (not to be changed until ``land``), encoded by the job's WAN codec if one is set
         (``kind``: what the piece holds, for the codec); returns the answers' futures."""
-        futures = []
-        for owned, piece in pieces:
-            data = host_numpy(piece)  # a view on the CPU (the answer only lands after the send); bfloat16: a copy
-            # a bfloat16 piece (FSA's party sums) as bfloat16's bits, exact, where the route carries codecs' payloads
-            codec = push_codec(self.codec, piece, self.link.route.carries_codecs)
-            fields = payload(codec, owned.key, owned.index, data, math.prod(self.link.keys.info(owned.key).shape), kind)
-            message = Message(Kind.PUSHPULL, key=owned.key, slice=owned.index, num_slices=owned.num_slices,
-                              priority=priority[owned.key] if owned.key < len(priority) else 0, **fields)
-            futures.append(self.link.route.push(self.link.keys.server_for(owned.key, owned.index), message))
-        return futures
+        # each piece's data: a view on the CPU (the answer only lands after the send); bfloat16: a copy, and it
+        # travels as bfloat16's bits, exact, where the route carries codecs' payloads (FSA's party sums)
+        return [self.sender.push(owned.key, owned.index, host_numpy(piece), self.sender.codec(self.codec, piece),
+                                 priority[owned.key] if owned.key < len(priority) else 0, kind)
+                for owned, piece in pieces]
 
     def on_early(self, message: Message) -> None:
         """The other parties' sum of a slice this rank owns, sent ahead (the van's thread)."""
-        assert message.tensor is not None and message.body is not None
-        with self._early_lock:
-            self._early[(message.key, message.slice, int(message.body[EARLY]))] = message.tensor
+        self.early.store(message.sender.decode(), message)
 
-    def land(self, pieces: Sequence[tuple[OwnedSlice, torch.Tensor]], futures: Sequence[Any],
+    def land(self, pieces: Sequence[tuple[OwnedSlice, torch.Tensor]], futures: Sequence[Future[Message]],
              bases: Sequence[torch.Tensor] | None = None) -> None:
         """Write each answer of ``send`` into its ``piece``, waiting at most the request timeout for each. An
         answer without a tensor closes a round answered early: the answer is the others' sum plus this party's
@@ -253,36 +211,34 @@ class PartyRanks:
         else pushed and the answer is the piece as pushed. An answer flagged as a model
         change (weights under a residual codec: the global model's change since the last answer, compressed) is
         added to the slice's last global model, ``bases`` (one per piece)."""
+        sender = self.sender
         for index, ((owned, piece), future) in enumerate(zip(pieces, futures, strict=True)):
-            reply = self.link.reply(future, owned.key, owned.index, "PUSHPULL")
-            body = reply.body or {}
-            if reply.tensor is None and reply.encoded is None and EARLY in body:
-                if body.get(ALONE):
-                    continue  # this party alone pushed the slice: the answer is the piece as pushed
-                with self._early_lock:
-                    others = self._early.pop((owned.key, owned.index, int(body[EARLY])), None)
-                if others is None:
-                    raise RuntimeError(f"{self.link.server_name(owned.key, owned.index)} closed round {body[EARLY]} "
-                                       f"of key {owned.key} slice {owned.index} early, but its early sum never came")
-                piece.add_(torch.from_numpy(np.asarray(others, dtype=np.float32)).to(piece.device))
-            elif body.get(MODEL_CHANGE):
+            reply = sender.reply(future, owned.key, owned.index, "PUSHPULL")
+            if EarlyAnswers.bare(reply):
+                try:
+                    others = self.early.others(sender.server(owned.key, owned.index), reply)
+                except LookupError as exc:
+                    raise RuntimeError(f"{sender.server_name(owned.key, owned.index)} {exc}") from None
+                if others is not None:  # else this party alone pushed the slice: the answer is the piece as pushed
+                    piece.add_(torch.from_numpy(np.asarray(others, dtype=np.float32)).to(piece.device))
+            elif (reply.body or {}).get(MODEL_CHANGE):
                 if bases is None:
-                    raise RuntimeError(f"{self.link.server_name(owned.key, owned.index)} sent a model change of key "
+                    raise RuntimeError(f"{sender.server_name(owned.key, owned.index)} sent a model change of key "
                                        f"{owned.key} slice {owned.index}, but this rank holds no global model of it")
-                change = self.link.data(reply, owned.key, owned.index).to(piece.device)
+                change = sender.data(reply, owned.key, owned.index).to(piece.device)
                 torch.add(bases[index].to(piece.device), change, out=piece)  # no sum allocated, then copied
             else:
-                piece.copy_(self.link.data(reply, owned.key, owned.index))
+                piece.copy_(sender.data(reply, owned.key, owned.index))
 
     def layout(self, keys: Sequence[int] | None = None) -> OwnerLayout:
         """The owner-ordered layout of ``keys`` (default: the model's, every key below the wrapper's own)."""
-        table = self.link.keys
+        table = self.sender.keys
         chosen = list(keys) if keys is not None else sorted(k for k in table if k < WRAPPER_KEYS)
         return OwnerLayout(self.owners, {k: math.prod(table.info(k).shape) for k in chosen})
 
     def slice_sizes(self) -> dict[tuple[int, int], int]:
         """Elements of every declared slice, by (key, slice), as a local server would hold them."""
-        return {(k, index): stop - start for k, info in self.link.keys.items()
+        return {(k, index): stop - start for k, info in self.sender.keys.items()
                 for index, (start, stop) in enumerate(info.slices)}
 
 
@@ -297,11 +253,3 @@ def _same(reply: Message) -> bool:
     """Whether an INIT's answer says the rank holds the global value already (its digest matched; no value came)."""
     return bool((reply.body or {}).get(SAME)) and reply.tensor is None and reply.encoded is None
 
-
-def refuse_per_key_api(ranks: PartyRanks | None, what: str) -> None:
-    """The kvstore API's per-key calls are a party with a local server's: refused, naming the way, where the
-    worker is a rank of a collective party (``ranks``)."""
-    if ranks is not None:
-        raise RuntimeError(f"kv.{what} in a lan: collective party: the kvstore API keeps GeoMX's semantics in "
-                           "parties with a local server; a collective party trains through "
-                           "geomx.torch.DistributedOptimizer")

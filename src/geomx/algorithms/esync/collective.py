@@ -44,7 +44,7 @@ class CollectiveESync(CollectivePeriodicAverage):
         super().init_keys()
         kv = self.loop.kv
         kv.init(CONTROL_KEY, self.control_global)  # the master's zero; its owner INITs it for the party
-        if kv.ranks.owns(CONTROL_KEY, 0):
+        if self.loop.ranks.owns(CONTROL_KEY, 0):
             self.rules.set_global_model(self.control.id, self.control_global.numpy())  # a view: kept current
         self.round_started = time.monotonic()  # the first round's time counts local steps, not the init
 
@@ -68,14 +68,14 @@ class CollectiveESync(CollectivePeriodicAverage):
     def _end_round(self, finishing: bool) -> None:
         """The party's global round, then the end-of-data flag; the next round's steps unless it was the last."""
         loop = self.loop
-        ranks = loop.kv.ranks
+        ranks = loop.ranks
         per_step = (time.monotonic() - self.round_started) / max(self.steps_in_round, 1)
         self.sync()  # the model's global round (K2 = 1: every local round is one)
         self.rounds += 1
         started = time.monotonic()
         flag = torch.full((1,), (1.0 if finishing else 0.0) / ranks.group.world_size)
         ranks.group.all_reduce(flag)  # the party's mean flag, as a local server sums its workers' pushes
-        owner = ranks.owners.owner(CONTROL_KEY, 0)
+        owner = ranks.owner(CONTROL_KEY, 0)
         if ranks.rank == owner:
             delta = self.rules.after_local_round(self.control.id, flag.numpy())
             assert delta is not None, "K2 = 1: every local round is global"

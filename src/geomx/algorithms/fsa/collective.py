@@ -60,7 +60,7 @@ class CollectiveServerStep(WorkerStrategy):
 
     def init_keys(self) -> None:
         loop = self.loop
-        ranks = loop.kv.ranks
+        ranks = loop.ranks
         if loop.ddp is not None:  # the script's DDP: its all-reduce would repeat this path's reduce-scatter
             keep_local(loop.ddp, ranks.group.party)
         like = bucket_like(loop.params)  # the model's dtype (the widest, where it mixes some)
@@ -103,7 +103,7 @@ class CollectiveServerStep(WorkerStrategy):
         """Push the owned slices of every bucket whose reduce-scatter is done, in bucket order (``block``: wait
         for each started one): from backward's hooks, a bucket's WAN round starts while later buckets still
         compute."""
-        ranks = self.loop.kv.ranks
+        ranks = self.loop.ranks
         while len(self.sent) < len(self.started):
             scatter = self.started[len(self.sent)]
             if not block and not scatter.done():
@@ -118,7 +118,7 @@ class CollectiveServerStep(WorkerStrategy):
         """Write the answers of every pushed bucket whose answers are all in into it and start its all-gather, in
         bucket order (``block``: wait for each pushed one). From backward's hooks, nothing waits: a bucket whose
         answers are not all in (or one failed: ``step`` raises it) stops the walk until the next gradient."""
-        ranks = self.loop.kv.ranks
+        ranks = self.loop.ranks
         while len(self.gathers) < len(self.sent):
             index = len(self.gathers)
             pieces, futures = self.sent[index]

@@ -41,7 +41,7 @@ class ShardedServerStep(WorkerStrategy):
 
     def init_keys(self) -> None:
         loop = self.loop
-        self.bucket = loop.kv.ranks.party_model(loop.params)  # FSDP2's shards: a ShardedPartyModel
+        self.bucket = loop.ranks.party_model(loop.params)  # FSDP2's shards: a ShardedPartyModel
         self.stage = HostChunk(self.bucket.chunk, self.bucket.pieces)
         self.trained = set(loop.trained)
 
@@ -67,7 +67,7 @@ class ShardedServerStep(WorkerStrategy):
         """Push the party's sum of every owned slice of ``grads``; write the answers into ``into``'s shards
         (tensors sharded as the parameters are). Keys nobody trains keep what ``into`` holds."""
         loop = self.loop
-        ranks = loop.kv.ranks
+        ranks = loop.ranks
         started = time.monotonic()
         self.bucket.own(self.bucket.views(grads))
         self.bucket.chunk.mul_(ranks.group.world_size)  # FSDP2 averaged over the party's ranks: their sum

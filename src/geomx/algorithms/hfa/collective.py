@@ -2,7 +2,7 @@
 every step, as DDP), and every ``K1 * K2`` steps a global round in which each rank sends the weighted delta of the
 slices it owns and brings back their new global model, then one all-gather.
 
-With a model sharded by FSDP2 the same strategy runs over the shards (``kv.ranks.party_model`` gives it a
+With a model sharded by FSDP2 the same strategy runs over the shards (``loop.ranks.party_model`` gives it a
 ``ShardedPartyModel`` instead of a ``WholePartyModel``): FSDP2 already averaged the gradients, each rank's job model is
 its shards, and a global round moves the owned slices from the shards to their owners and the answers back (an
 all-to-all each way) instead of an all-gather: nobody holds the whole model. Under the script's own DDP the inner
@@ -66,10 +66,10 @@ class CollectivePeriodicAverage(AveragedStep):
     def init_keys(self) -> None:
         loop = self.loop
         kv = loop.kv
-        self.bucket = bucket = kv.ranks.party_model(loop.params)
+        self.bucket = bucket = loop.ranks.party_model(loop.params)
         # under FSDP2 the shards' gradients come averaged already, and so do they under the script's own DDP
         if bucket.whole and loop.ddp is None:
-            self.mean = OverlappedMean(kv.ranks.group, loop.params, kv.ranks.layout,  # DDP's buckets, bucket_mb each
+            self.mean = OverlappedMean(loop.ranks.group, loop.params, loop.ranks.layout,  # DDP's buckets of bucket_mb
                                        kv.config.topology.training.bucket_bytes, trained=loop.trained)
             self.pushes_gradients = True  # read by the wrapper after init_keys: backward's hooks call on_gradient
         views = bucket.views(loop.params)
@@ -77,12 +77,12 @@ class CollectivePeriodicAverage(AveragedStep):
         # its FSDP2 shards), in the dtype the servers hold (float32 for a bfloat16 model: DiLoCo's outer model)
         job_model = [view.to(wire_dtype(view.dtype), copy=True) for view in views]
         if self.rules.needs_fragments:  # every rank and party splits all the slices alike
-            self.rules.assign_fragments(kv.ranks.slice_sizes())
+            self.rules.assign_fragments(loop.ranks.slice_sizes())
         training = kv.config.topology.training
         mirror = mirror_for(loop.params[0].device, staged=training.staged)
         # overlapped whole models share the landed slices off the rank's thread: over a group of the trips' own
-        group = kv.ranks.group.sibling(kv.config.topology.timeouts.round_s) if self.delay and bucket.whole else None
-        self.machine = RoundMachine(self.rules, kv.ranks, bucket, job_model, mirror, self.delay, group)
+        group = loop.ranks.group.sibling(kv.config.topology.timeouts.round_s) if self.delay and bucket.whole else None
+        self.machine = RoundMachine(self.rules, loop.ranks, bucket, job_model, mirror, self.delay, group)
 
     def steps_of(self, rounds: int) -> int | None:
         return global_round_steps(self.loop, self.k1, rounds)
