@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import harness
 import pytest
 import torch
 import yaml
@@ -45,17 +46,29 @@ def exact_sum(rnd: int) -> torch.Tensor:
     return pushed(0, rnd, NUMEL) + pushed(1, rnd, NUMEL)
 
 
-def test_dgt_without_loss_equals_the_reliable_sum(geomx_job, tmp_path):
-    workers, senders, receiver = run(geomx_job, tmp_path, "noloss", {"channels": 3, "k": 0.5, "deadline": "2s",
-                                                                     "block_bytes": BLOCK_BYTES})
+NO_LOSS_K = 0.25  # 32 of 128 blocks reliable, 96 by UDP per push
+UDP_BLOCKS = round(128 * (1 - NO_LOSS_K))
+
+
+@pytest.fixture(scope="module")
+def no_loss_job(tmp_path_factory: pytest.TempPathFactory):
+    """The job without loss (3 channels, K 0.25), shared by the exact-sum test and the WAN-bytes test."""
+    folder = tmp_path_factory.mktemp("dgt-no-loss")
+    return run_job(lambda *args, **options: harness.run_job(folder, *args, **options), folder, "noloss",
+                   {"channels": 3, "k": NO_LOSS_K, "deadline": "2s", "block_bytes": BLOCK_BYTES})
+
+
+def test_dgt_without_loss_equals_the_reliable_sum(no_loss_job):
+    job, senders, receiver = no_loss_job
+    workers = job.workers()
     for rank in (0, 1):
         for rnd, got in enumerate(workers[rank][0]["pulls"]):
             assert torch.equal(got, exact_sum(rnd)), rnd
     assert len(senders) == 2
-    for report in senders.values():  # half of the blocks really went by UDP, and K stayed put
-        assert report["udp_blocks"] == ROUNDS * 64 and report["udp_sent"] == ROUNDS * 64
-        assert set(report["k_history"]) == {0.5}
-    assert receiver["udp_received"] == 2 * ROUNDS * 64 and receiver["lost"] == 0
+    for report in senders.values():  # the blocks past K really went by UDP, and K stayed put
+        assert report["udp_blocks"] == ROUNDS * UDP_BLOCKS and report["udp_sent"] == ROUNDS * UDP_BLOCKS
+        assert set(report["k_history"]) == {NO_LOSS_K}
+    assert receiver["udp_received"] == 2 * ROUNDS * UDP_BLOCKS and receiver["lost"] == 0
 
 
 def test_dgt_with_seeded_loss_gives_zeros_where_blocks_were_lost(geomx_job, tmp_path):
@@ -88,17 +101,16 @@ def test_dgt_with_seeded_loss_gives_zeros_where_blocks_were_lost(geomx_job, tmp_
     assert sum(c["lost"] for channels in by_sender.values() for c in channels.values()) == receiver["lost"]
 
 
-def test_wan_bytes_count_the_udp_datagrams(geomx_job, tmp_path):
+def test_wan_bytes_count_the_udp_datagrams(no_loss_job, tmp_path):
     """The datagrams are WAN traffic: the run summary, kv.wan_bytes() (what `geomx report` shows) and the
     processes' byte counters include them, on top of the reliable part."""
-    k = 0.25  # 32 of 128 blocks reliable, 96 by UDP per push
-    job, senders, receiver = run_job(geomx_job, tmp_path, "wan", {"channels": 3, "k": k, "deadline": "2s",
-                                                                  "block_bytes": BLOCK_BYTES})
+    job, senders, receiver = no_loss_job
     assert receiver["lost"] == 0
     by_party = {name.split("/")[0]: report for name, report in senders.items()}
     udp_dc1 = by_party["dc1"]["udp_bytes"]  # counted by dc1's DGT sender as it encoded them
-    assert udp_dc1 >= ROUNDS * 96 * BLOCK_BYTES and by_party["dc1"]["udp_sent"] == ROUNDS * 96
-    reliable_dc1 = ROUNDS * 32 * BLOCK_BYTES  # the reliable blocks' values (dc0's master sends the INIT value)
+    assert udp_dc1 >= ROUNDS * UDP_BLOCKS * BLOCK_BYTES and by_party["dc1"]["udp_sent"] == ROUNDS * UDP_BLOCKS
+    # the reliable blocks' values (dc0's master sends the INIT value)
+    reliable_dc1 = ROUNDS * (128 - UDP_BLOCKS) * BLOCK_BYTES
     assert job.summary["wan_bytes_sent_by_party"]["dc1"] >= udp_dc1 + reliable_dc1
     pulls_to_dc1 = ROUNDS * NUMEL * 4  # the global server's answers
     assert job.summary["wan_bytes"] >= udp_dc1 + reliable_dc1 + pulls_to_dc1

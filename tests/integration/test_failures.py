@@ -15,7 +15,7 @@ import time
 
 import jobkit
 import pytest
-from harness import worker_command, write_topology
+from harness import run_job, worker_command, write_topology
 
 import geomx
 from geomx.config import NodeConfig, Role, load_topology
@@ -175,27 +175,38 @@ def test_unreachable_scheduler_fails_within_register_timeout(tmp_path, reserved_
         assert register_s <= elapsed < register_s + 30, outputs
 
 
-def test_forged_replies_from_a_stranger_are_ignored(geomx_job):
+@pytest.fixture(scope="module")
+def stranger_job(tmp_path_factory: pytest.TempPathFactory):
+    """One job of two parties of one worker for both strangers' faults (each at another party's server, in the
+    same step): dc0/worker0 forges replies to dc0/server, dc1/worker0 poisons dc1/server."""
+    return run_job(tmp_path_factory.mktemp("strangers"), "train.py", "--forge-rank", "0", "--poison-rank", "1",
+                   parties={"dc0": 1, "dc1": 1}, timeouts={"request": "20s", "round": "20s", "shutdown": "2s"})
+
+
+def test_forged_replies_from_a_stranger_are_ignored(stranger_job):
     """dc0/worker0 pushes (its server forwards to the global server and waits: dc1 is held back by a
     barrier), then, as a stranger, sends dc0/server ERROR replies for request ids 1..400."""
-    job = geomx_job("train.py", "--forge-rank", "0", parties={"dc0": 1, "dc1": 1},
-                    timeouts={"request": "20s", "round": "20s", "shutdown": "2s"})
+    job = stranger_job
     job.assert_ok()
-    jobkit.assert_fsa_equivalent(job.workers(), num_workers=2)
+    workers = job.workers()
+    jobkit.assert_fsa_equivalent(workers, num_workers=2)
+    assert workers[0][1]["forge"]["sent"] == 2 * 400
 
 
-def test_deeply_nested_json_body_is_dropped(geomx_job):
+def test_deeply_nested_json_body_is_dropped(stranger_job):
     """dc1/worker0, as a stranger, sends dc1/server one frame whose 100 kB JSON body nests 100k arrays.
 
     Regression: json.loads raised RecursionError, which the van did not catch, so this one frame killed
     the server's I/O thread and the job hung until its timeouts (fixed in 67e8293).
     """
-    # the harness's timeouts (60 s): a killed I/O thread still hangs the job into them and fails it, while 5 s
-    # (as before) was less than a round trip took at load average 40 on 2 cores
-    job = geomx_job("train.py", "--poison-rank", "1", parties={"dc0": 1, "dc1": 1})
+    # the job's round and request timeouts (20 s, as the forged-replies test's): a killed I/O thread still hangs
+    # the job into them and fails it, while 5 s (as before) was less than a round trip took at load average 40 on
+    # 2 cores
+    job = stranger_job
     job.assert_ok()
     workers = job.workers()
     jobkit.assert_fsa_equivalent(workers, num_workers=2)
     assert workers[1][1]["poison"]["depth"] == 100_000
-    # the server saw the frame, logged it as malformed and went on
-    assert "dropped a malformed message" in job.output or "could not decode" in job.output
+    # dc1/server saw the frame, logged it as malformed and went on (the forged replies at dc0/server decode)
+    assert any(("dropped a malformed message" in line or "could not decode" in line) and "dc1/server" in line
+               for line in job.output.splitlines()), job.tail()

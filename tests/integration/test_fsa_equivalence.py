@@ -11,8 +11,10 @@ import jobkit
 import pytest
 import torch
 from compressed_train import reference_sgd
+from harness import run_job
 
 from geomx.config import WAN_SLICE_ELEMS
+from geomx.core.sharding import slice_plan
 from geomx.transport.trace import read_trace
 
 
@@ -41,17 +43,29 @@ def test_fsa_with_slices_and_two_global_servers(geomx_job, slice_elems, global_s
         assert received > jobkit.STEPS * jobkit.param_bytes() / 2 * 0.8, (name, body)
 
 
-def test_default_slices_of_a_large_tensor_match_single_process_sgd(geomx_job):
+LARGE_HIDDEN, LARGE_STEPS, LARGE_LR = 16384, 3, 0.01  # a smaller lr than jobkit's: this wide layer diverges at 0.1
+
+
+@pytest.fixture(scope="module")
+def large_tensor_job(tmp_path_factory: pytest.TempPathFactory):
+    """compressed_train.py, dense, with a 32 x 16384 first layer and the default slices, traced (GEOMX_TRACE): one
+    job for the default-slices test and the early-answers test."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("GEOMX_TRACE", "1")
+        return run_job(tmp_path_factory.mktemp("large-tensor"), "compressed_train.py", "--steps", str(LARGE_STEPS),
+                       "--hidden", str(LARGE_HIDDEN), "--compression", "null", "--lr", str(LARGE_LR),
+                       name="default-slices")
+
+
+def test_default_slices_of_a_large_tensor_match_single_process_sgd(large_tensor_job):
     """Two parties' default slice_elems cuts a 32 x 16384 weight (524,288 elements) into slices that travel and
     are summed independently (pushes and answers overlap on a full-duplex link): still one process's SGD."""
-    hidden, steps, lr = 16384, 3, 0.01  # a smaller lr than jobkit's: this wide layer diverges at 0.1
-    assert jobkit.IN_FEATURES * hidden >= 2 * WAN_SLICE_ELEMS  # two parties: at least two slices
-    job = geomx_job("compressed_train.py", "--steps", str(steps), "--hidden", str(hidden), "--compression", "null",
-                    "--lr", str(lr), name="default-slices")
+    assert jobkit.IN_FEATURES * LARGE_HIDDEN >= 2 * WAN_SLICE_ELEMS  # two parties: at least two slices
+    job = large_tensor_job
     job.assert_ok()
     workers = jobkit.load_worker_outputs(job.run_dir)
     assert sorted(workers) == [0, 1, 2, 3]
-    expected = reference_sgd(workers[0][0]["initial"], steps, hidden, lr)
+    expected = reference_sgd(workers[0][0]["initial"], LARGE_STEPS, LARGE_HIDDEN, LARGE_LR)
     for tensors, _ in workers.values():
         for got, want in zip(tensors["final"], expected, strict=True):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
@@ -64,25 +78,24 @@ def test_dcasgd_with_a_single_party_is_momentum_sgd(geomx_job):
     jobkit.assert_fsa_equivalent(job.workers(), num_workers=2)
 
 
-def test_early_answers_keep_fsa_exact(geomx_job, monkeypatch):
+def test_early_answers_keep_fsa_exact(large_tensor_job):
     """Servers that only sum send the last party of each slice the other party's sum before its push arrives
     (geomx.core.early): its local server adds its own sum. Both parties still hold bit-identical models, and
-    those are one process's SGD. The trace shows the early answers: the global server's only non-reply pushes."""
-    steps, hidden, lr = 3, 64, 0.05
-    monkeypatch.setenv("GEOMX_TRACE", "1")
-    job = geomx_job("compressed_train.py", "--steps", str(steps), "--hidden", str(hidden), "--compression", "null",
-                    "--lr", str(lr), name="early", slice_elems=512)
+    those are one process's SGD. The trace shows the early answers: the global server's only non-reply pushes.
+    (The default-slices test's job, traced: its first layer travels as two slices.)"""
+    job = large_tensor_job
     job.assert_ok()
     early = [e for e in read_trace([job.run_dir]) if e["node"].startswith("global_server")
              and e["event"] == "queue" and e["kind"] == "PUSHPULL" and not e["reply"]]
-    first_layer_slices = hidden * jobkit.IN_FEATURES // 512  # 4; the other tensors add one slice each
-    assert len(early) >= steps * (first_layer_slices + 3), len(early)  # one per slice and step
-    assert {e["peer"].split("/")[0] for e in early} <= {"dc0", "dc1"}
     workers = jobkit.load_worker_outputs(job.run_dir)
+    slices = sum(len(slice_plan(t.numel(), WAN_SLICE_ELEMS)) for t in workers[0][0]["initial"])  # 2 + 3
+    assert slices == 5, slices
+    assert len(early) >= LARGE_STEPS * slices, len(early)  # one per slice and step
+    assert {e["peer"].split("/")[0] for e in early} <= {"dc0", "dc1"}
     finals = [tensors["final"] for tensors, _ in workers.values()]
     for other in finals[1:]:  # every worker of both parties: the very same bits
         for got, want in zip(other, finals[0], strict=True):
             assert torch.equal(got, want)
-    expected = reference_sgd(workers[0][0]["initial"], steps, hidden, lr)
+    expected = reference_sgd(workers[0][0]["initial"], LARGE_STEPS, LARGE_HIDDEN, LARGE_LR)
     for got, want in zip(finals[0], expected, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)

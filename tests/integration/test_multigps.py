@@ -7,7 +7,6 @@ import json
 import jobkit
 import pytest
 import torch
-import yaml
 from harness import EXAMPLES_DIR
 
 from geomx.algorithms.dgt.datagrams import read_reports
@@ -40,19 +39,11 @@ def test_two_global_servers_equal_one_with_bisparse(geomx_job):
 
 
 @pytest.mark.parametrize("intra_ts", [False, True], ids=["p3_dgt", "p3_dgt_intra_tsengine"])
-def test_p3_and_dgt_over_two_global_servers_equal_single_process_sgd(geomx_job, tmp_path, intra_ts):
+def test_p3_and_dgt_over_two_global_servers_equal_single_process_sgd(p3_job, intra_ts):
     """The PyTorch wrapper with P3 (64-element slices) and DGT without loss, over two global servers; also with
-    TSEngine inside the parties (the workers' side of the local servers)."""
-    from test_torch_frontend import SCRIPT, topology
-
-    path = topology(tmp_path, {"p3": True, "p3_slice_elems": 64}, global_servers=2,
-                    tsengine={"inter": False, "intra": True} if intra_ts else None)
-    raw = yaml.safe_load(path.read_text())
-    # a late UDP block would be folded into the next round and change the result: a deadline no loaded
-    # machine misses (CI once saw 5.7% of a tensor differ with the default 50 ms)
-    raw["dgt"] = {"channels": 2, "k": 0.5, "block_bytes": 64, "deadline": "2s"}
-    path.write_text(yaml.safe_dump(raw))
-    job = geomx_job(SCRIPT, "--steps", "5", topology=path)
+    TSEngine inside the parties (the workers' side of the local servers). The jobs are conftest's ``p3_job``
+    (test_torch_frontend's P3 test checks them too)."""
+    job = p3_job(intra_ts)
     job.assert_ok()
     jobkit.assert_fsa_equivalent(job.workers(), num_workers=4)
     reports = read_reports(job.run_dir)

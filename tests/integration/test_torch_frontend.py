@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import yaml
-from harness import write_topology
+from harness import run_job, write_topology
 from test_hfa import simulate as simulate_hfa
 
 from geomx.algorithms.tsengine.rules import read_reports as read_ts_reports
@@ -47,11 +47,16 @@ def single_process(optimizer: str, steps: int = jobkit.STEPS) -> list[torch.Tens
 
 @pytest.mark.parametrize(("server_optimizer", "mode"), [("auto", "LOCAL"), ("translate", "SERVER")],
                          ids=["sgd-on-the-workers", "sgd-translated-to-the-servers"])
-def test_wrapped_loop_equals_the_kvstore_loop_under_fsa(geomx_job, standard_hips_job, tmp_path, server_optimizer,
-                                                        mode):
+def test_wrapped_loop_equals_the_kvstore_loop_under_fsa(geomx_job, standard_hips_job, tmp_path, request,
+                                                        server_optimizer, mode):
     """Same model, data and SGD as the kvstore loop (train.py, SGD on the global server): under FSA the wrapper
-    steps torch's SGD on every worker on the mean gradient (auto), or translates it onto the servers."""
-    job = geomx_job(SCRIPT, topology=topology(tmp_path, {"server_optimizer": server_optimizer}))
+    steps torch's SGD on every worker on the mean gradient (auto), or translates it onto the servers. The
+    translated case is the P3 test's job (conftest's ``p3_job``: P3 and DGT without loss change only the order, so
+    the weights are the same)."""
+    if server_optimizer == "translate":
+        job = request.getfixturevalue("p3_job")(False)
+    else:
+        job = geomx_job(SCRIPT, topology=topology(tmp_path, {"server_optimizer": server_optimizer}))
     job.assert_ok()
     workers = job.workers()
     assert sorted(workers) == [0, 1, 2, 3]
@@ -88,14 +93,12 @@ def test_one_worker_equals_single_process_training(geomx_job, optimizer, server_
 
 
 @pytest.mark.parametrize("intra_ts", [False, True], ids=["p3", "p3_intra_tsengine"])
-def test_p3_changes_only_the_order_and_the_next_forward_starts_early(geomx_job, tmp_path, intra_ts):
+def test_p3_changes_only_the_order_and_the_next_forward_starts_early(p3_job, intra_ts):
     """P3 slices (64 elements here) over a slow WAN and two global servers (slices spread over both): the same
     weights as without P3, and forwards that start while deeper layers' updates are still on their way. Also
-    with TSEngine inside the parties (every slice's push held, paired, relayed)."""
-    path = topology(tmp_path, {"p3": True, "p3_slice_elems": 64}, global_servers=2,
-                    links={"wan": {"bandwidth": "20Mbit", "latency": "10ms"}},
-                    tsengine={"inter": False, "intra": True, "max_greed": 0.5} if intra_ts else None)
-    job = geomx_job(SCRIPT, "--steps", "5", topology=path)
+    with TSEngine inside the parties (every slice's push held, paired, relayed). (conftest's ``p3_job``: the same
+    jobs carry DGT without loss, test_multigps's P3 + DGT test.)"""
+    job = p3_job(intra_ts)
     job.assert_ok()
     workers = job.workers()
     jobkit.assert_fsa_equivalent(workers, num_workers=4)
@@ -219,24 +222,55 @@ def test_under_contention_shallow_layers_arrive_first_with_p3(geomx_job, tmp_pat
     assert sum(counts[False]) < sum(counts[True]), counts
 
 
+@pytest.fixture(scope="module")
+def compiled_job(tmp_path_factory: pytest.TempPathFactory):
+    """``torch.compile`` (inductor), the optimizer on the global servers, two parties of one worker: dc0's worker
+    wraps the compiled module, dc1's the module it compiled (``--compile-late-rank 1``). One job for both cases of
+    the compiled-model test."""
+    folder = tmp_path_factory.mktemp("compiled")
+    path = topology(folder, {"server_optimizer": "translate"}, parties={"dc0": 1, "dc1": 1})
+    return run_job(folder, SCRIPT, "--compile", "inductor", "--compile-late-rank", "1", topology=path)
+
+
 @pytest.mark.parametrize("late", [False, True], ids=["compiled-module-wrapped", "compiled-after-wrapping"])
-def test_a_compiled_model_trains_every_parameter_as_the_uncompiled_one(geomx_job, tmp_path, late):
+def test_a_compiled_model_trains_every_parameter_as_the_uncompiled_one(compiled_job, late):
     """``torch.compile`` (inductor) with the optimizer on the global servers, whose answers land before the forward
     that needs them: every parameter trains, to the single-process reference's weights, under the uncompiled
     model's names, whether the wrapper gets the compiled module or the one it wraps (its hooks run eagerly inside
-    the compiled forward either way, never traced into the graph)."""
-    path = topology(tmp_path, {"server_optimizer": "translate"}, parties={"dc0": 1, "dc1": 1})
-    job = geomx_job(SCRIPT, "--compile", "inductor", *(["--compile-late"] if late else []), topology=path)
+    the compiled forward either way, never traced into the graph). Both ways run in ``compiled_job``, one per
+    worker: each case checks its own worker (rank 0 wrapped the compiled module, rank 1 the one it compiled)."""
+    job = compiled_job
     job.assert_ok()
     workers = job.workers()
     _, final = jobkit.reference_run(2)
     assert sorted(workers) == [0, 1]
-    for tensors, report in workers.values():
-        assert report["mode"] == "SERVER"
-        assert report["names"] == ["0.weight", "0.bias", "2.weight", "2.bias"]
-        for index, (got, want, start) in enumerate(zip(tensors["final"], final, tensors["after_init"], strict=True)):
-            assert not torch.equal(got, start), f"parameter {index} was not trained"
-            torch.testing.assert_close(got, want, msg=lambda m, i=index: f"parameter {i}: {m}")
+    tensors, report = workers[1 if late else 0]
+    assert report["compile_late"] is late, report
+    assert report["mode"] == "SERVER"
+    assert report["names"] == ["0.weight", "0.bias", "2.weight", "2.bias"]
+    for index, (got, want, start) in enumerate(zip(tensors["final"], final, tensors["after_init"], strict=True)):
+        assert not torch.equal(got, start), f"parameter {index} was not trained"
+        torch.testing.assert_close(got, want, msg=lambda m, i=index: f"parameter {i}: {m}")
+
+
+def single_process_cnn(steps: int, batch: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The uncompiled CNN trained in one process as the FSA job trains it (frontend_train.py ``--conv-head``): the
+    master's initial model, torch's SGD with momentum on the mean loss over both workers' first ``batch`` examples.
+    Returns (initial weights, final weights)."""
+    from frontend_train import ConvHead
+
+    torch.manual_seed(jobkit.seed_for(0))
+    jobkit.make_model()  # frontend_train.py builds the MLP first: the CNN's weights are the generator's next draws
+    model = ConvHead()
+    initial = [p.detach().clone() for p in model.parameters()]
+    optimizer = torch.optim.SGD(model.parameters(), lr=jobkit.LR, momentum=jobkit.MOMENTUM)
+    inputs, targets = jobkit.make_data(steps, 2)
+    for step in range(steps):
+        optimizer.zero_grad()
+        F.mse_loss(model(inputs[step, :, :batch].reshape(-1, jobkit.IN_FEATURES)),
+                   targets[step, :, :batch].reshape(-1, jobkit.OUT_FEATURES)).backward()
+        optimizer.step()
+    return initial, [p.detach().clone() for p in model.parameters()]
 
 
 def test_a_compiled_cnn_trains_its_conv_layers_as_the_uncompiled_one(geomx_job, tmp_path):
@@ -244,18 +278,18 @@ def test_a_compiled_cnn_trains_its_conv_layers_as_the_uncompiled_one(geomx_job, 
     the default plan (torch 2.13's inductor compiles the backward of conv-ReLU-conv-ReLU-MaxPool2d-Linear-ReLU-Linear
     wrong when it gets it whole, at some batch sizes (5 here, not 8): zero gradients before the pool, with or without
     geomx; the wrapper's hooks, traced into the graph with nothing to wait for, left it whole). Run eagerly, a graph
-    break at each layer, they keep it right: the same weights as the uncompiled CNN's, every parameter trained."""
-    finals = {}
-    for compile_ in (False, True):
-        path = topology(tmp_path / str(compile_), parties={"dc0": 1, "dc1": 1})
-        job = geomx_job(SCRIPT, "--conv-head", "--batch", "5", *(["--compile", "inductor"] if compile_ else []),
-                        topology=path,
-                        name=f"compiled-{compile_}")
-        job.assert_ok()
-        workers = job.workers()
-        assert sorted(workers) == [0, 1] and workers[0][1]["mode"] == "LOCAL"
-        finals[compile_] = workers[0][0]
-    for index, (got, want, start) in enumerate(zip(finals[True]["final"], finals[False]["final"],
-                                                   finals[True]["after_init"], strict=True)):
+    break at each layer, they keep it right: the same weights as the uncompiled CNN's (trained in this process on
+    both workers' batches, as FSA does), every parameter trained."""
+    job = geomx_job(SCRIPT, "--conv-head", "--batch", "5", "--compile", "inductor",
+                    topology=topology(tmp_path, parties={"dc0": 1, "dc1": 1}), name="compiled-cnn")
+    job.assert_ok()
+    workers = job.workers()
+    assert sorted(workers) == [0, 1] and workers[0][1]["mode"] == "LOCAL"
+    compiled = workers[0][0]
+    initial, uncompiled = single_process_cnn(jobkit.STEPS, 5)
+    for got, want in zip(compiled["after_init"], initial, strict=True):
+        assert torch.equal(got, want), "the reference does not start from the job's model"
+    for index, (got, want, start) in enumerate(zip(compiled["final"], uncompiled, compiled["after_init"],
+                                                   strict=True)):
         assert not torch.equal(got, start), f"parameter {index} was not trained"
         torch.testing.assert_close(got, want, msg=lambda m, i=index: f"parameter {i}: {m}")

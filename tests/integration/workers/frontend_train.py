@@ -118,8 +118,9 @@ def main() -> None:
                         "seeded once would): the far parties' INITs carry its digest, not the values")
     parser.add_argument("--compile", default=None, help="torch.compile the model with this backend (inductor, "
                         "aot_eager ...) and wrap the compiled module; the loop calls the compiled one")
-    parser.add_argument("--compile-late", action="store_true", help="with --compile: wrap the uncompiled module "
-                        "(the wrapper's hooks then meet the compiler inside the compiled forward)")
+    parser.add_argument("--compile-late-rank", type=int, default=-1, help="with --compile: this global rank wraps "
+                        "the uncompiled module (the wrapper's hooks then meet the compiler inside the compiled "
+                        "forward), the others the compiled one")
     args = parser.parse_args()
     rank, num_workers = gx.worker_place()
     device = torch.device(args.device)
@@ -153,7 +154,8 @@ def main() -> None:
     else:
         inner = torch.optim.AdamW(model.parameters(), lr=args.lr)
     net = torch.compile(model, backend=args.compile) if args.compile else model  # what the loop calls
-    opt = gx.DistributedOptimizer(inner, model if args.compile_late else net)
+    compile_late = rank == args.compile_late_rank
+    opt = gx.DistributedOptimizer(inner, model if compile_late else net)
     after = [p.detach().to("cpu", copy=True) for p in model.parameters()]
     slices = [opt.kv.slices(key) for key in range(len(after))]  # how each parameter travels (P3: cut small)
     inputs, targets = jobkit.make_data(args.steps, num_workers)
@@ -222,7 +224,7 @@ def main() -> None:
                               {"device": str(next(model.parameters()).device), "name": opt.kv.name,
                                "global_rank": rank, "is_master_worker": opt.is_master_worker, "scales": scales,
                                "mode": opt.plan.mode.name, "overlap": opt.overlap, "names": opt.names,
-                               "trained_steps": trained,
+                               "trained_steps": trained, "compile_late": compile_late,
                                "slices": slices, "ddp_comm_hook": model._get_ddp_logging_data().get("comm_hook", "")
                                if args.ddp else None})
 
