@@ -60,6 +60,7 @@ class CollectivePeriodicAverage(AveragedStep):
         self.machine: RoundMachine | None = None
         self.local_steps = 0
         self.local_rounds = 0
+        self.streaming = streaming
         self.delay = streaming.delay  # local rounds a fragment's global round overlaps
         self.alpha = streaming.alpha  # the party's model's share in the mix (at delay 0 too, as torchft's)
 
@@ -91,7 +92,7 @@ class CollectivePeriodicAverage(AveragedStep):
         """At the start of the step after a global round every party holds the global model, where no fragment,
         overlap or mix keeps a part of the party's own and every rank holds the whole model (FSDP2's shards are
         not the model: no digest of them could match another party's)."""
-        if self.rules.fragments > 1 or self.delay or self.alpha or (self.bucket is not None and not self.bucket.whole):
+        if self.streaming.keeps_own_part or (self.bucket is not None and not self.bucket.whole):
             return None
         steps = self.loop.steps_done  # (a job starts, or resumes, at a global round)
         return steps if steps % (self.k1 * self.rules.k2) == 0 else None

@@ -38,7 +38,6 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Any, Protocol
 
 import torch
 
@@ -46,6 +45,7 @@ from ...collective.bucket import PartyModel
 from ...collective.group import PartyGroup
 from ...collective.mirror import Copy, HostMirror
 from ...collective.owners import OwnedSlice
+from ...core.ranks import PartyRanks, Pieces
 from .rules import LocalFrequencyAggregation
 
 WINDOWS = 32  # a blocking round's window is about 1/WINDOWS of the model (a larger slice is a window alone)
@@ -55,22 +55,10 @@ DEPTH = 4  # windows out at once: 1/8 of the model per rank, enough to keep a 10
 # each new one waiting for an answer: its 100 Mbit/s round took 30 ms longer); the memory it costs is small
 MIN_WINDOW = 1 << 20
 
-Pieces = Sequence[tuple[OwnedSlice, torch.Tensor]]
-
-
-class SliceRounds(Protocol):
-    """What the machine asks of the rank's kvstore (``geomx.worker.ranks.PartyRanks``): its owned slices out, and
-    their answers back into the same pieces."""
-
-    def send(self, pieces: Pieces, priority: Sequence[int], kind: Any = "gradient") -> list[Any]: ...
-
-    def land(self, pieces: Pieces, futures: Sequence[Any], bases: Sequence[torch.Tensor] | None = None) -> None: ...
-
-
 class RoundMachine:
     """One rank's global rounds: blocking or overlapped, a whole model or FSDP2 shards, on any device."""
 
-    def __init__(self, rules: LocalFrequencyAggregation, ranks: SliceRounds, model: PartyModel,
+    def __init__(self, rules: LocalFrequencyAggregation, ranks: PartyRanks, model: PartyModel,
                  job_model: Sequence[torch.Tensor], mirror: HostMirror, delay: int = 0,
                  group: PartyGroup | None = None, window: int | None = None, depth: int = DEPTH) -> None:
         if depth < 1:
@@ -88,6 +76,9 @@ class RoundMachine:
         # a blocking round's buffer: a window, or one larger slice; never more than this rank owns
         self.size = max([min(self.window, sum(owned.numel for owned in self.owned)),
                          *(owned.numel for owned in self.owned)])
+        # each owned slice's place in ``owned``, and (a whole model) its range of the job model, on the device
+        self.at = {owned.id: at for at, owned in enumerate(self.owned)}
+        self.ranges = self._job_ranges() if model.whole else []
         self.globals = self._global_models()
         for owned, model_of in zip(self.owned, self.globals, strict=True):
             rules.set_global_model(owned.id, model_of.numpy())  # a view: written in place after each round
@@ -111,7 +102,7 @@ class RoundMachine:
     def _global_models(self) -> list[torch.Tensor]:
         """Each owned slice's global model, on the host: the job model's range, or a host buffer's piece filled
         from it (from the shards through the chunk, under FSDP2)."""
-        ranges = self._job_ranges()
+        ranges = self.ranges if self.model.whole else self._job_ranges()
         if self.model.whole and not self.mirror.copies:
             return ranges
         host = self.mirror.host(sum(owned.numel for owned in self.owned), self.dtype)
@@ -213,8 +204,7 @@ class RoundMachine:
 
     def _answers(self, pieces: Pieces, futures: Sequence[object]) -> None:
         """The answers of ``pieces``' sends into the pieces, then into their slices' global models."""
-        index = {owned.id: at for at, owned in enumerate(self.owned)}
-        bases = [self.globals[index[owned.id]] for owned, _ in pieces]  # a residual codec's answers change these
+        bases = [self.globals[self.at[owned.id]] for owned, _ in pieces]  # a residual codec's answers change these
         self.ranks.land(pieces, futures, bases)
         with self.writing:
             for (_, answer), base in zip(pieces, bases, strict=True):
@@ -229,8 +219,7 @@ class RoundMachine:
         with self.mirror.side(), self.writing:
             if self.mirror.copies:
                 mine = [at for at, owned in enumerate(self.owned) if went(owned)]
-                ranges = self._job_ranges()
-                self.mirror.up([self.globals[at] for at in mine], [ranges[at] for at in mine]).wait()
+                self.mirror.up([self.globals[at] for at in mine], [self.ranges[at] for at in mine]).wait()
             self.model.share(self.job_model, only=went, group=self.group)
 
     def _trip(self, copy: Copy, due: list[tuple[OwnedSlice, torch.Tensor]], sent: int,

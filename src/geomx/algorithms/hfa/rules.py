@@ -54,6 +54,12 @@ class Streaming:
     delay: int = 0
     alpha: float = 0.0
 
+    @property
+    def keeps_own_part(self) -> bool:
+        """Whether a party keeps a part of its own model past a global round (fragments, an overlap, a mix): then
+        no step has every party holding the global model."""
+        return self.fragments > 1 or bool(self.delay) or bool(self.alpha)
+
 
 def streaming_options(options: Mapping[str, Any], k2: int | None = None) -> Streaming:
     """The streaming options of ``options`` (parsed from text where they are text), checked: their ranges, and with

@@ -45,8 +45,7 @@ class PeriodicAverage(WorkerStrategy):
         """The steps of a global round after which every party holds the global model; None: never (streaming, an
         overlapped round or a mix, where each keeps its own part). Read once: ``common_model_step`` asks every step."""
         streaming = streaming_options(dict(self.loop.kv.config.topology.training.plugin_options))
-        mixed = streaming.fragments > 1 or streaming.delay or streaming.alpha
-        return None if mixed else self.steps_of(1)
+        return None if streaming.keeps_own_part else self.steps_of(1)
 
     def common_model_step(self) -> int | None:
         """At the start of the step after a global round every party holds the global model (``common_every``)."""
