@@ -19,7 +19,7 @@ from .config import ConfigError
 
 
 def _launch(args: argparse.Namespace) -> int:
-    from .launch import format_summary, launch
+    from .launch import LaunchInterrupted, format_summary, launch
 
     command = list(args.command)
     try:
@@ -29,6 +29,8 @@ def _launch(args: argparse.Namespace) -> int:
     except (ConfigError, ValueError) as exc:
         print(f"geomx launch: {exc}", file=sys.stderr)
         return 2
+    except LaunchInterrupted as stop:  # Ctrl-C or SIGTERM: the job is stopped; its summary says what it did
+        result = stop.result
     print(format_summary(result))
     return result.exit_code
 

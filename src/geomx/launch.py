@@ -83,6 +83,20 @@ class LaunchResult:
     exit_codes: dict[str, int] = field(default_factory=dict)  # label -> return code (-N: ended by signal N)
 
 
+class LaunchInterrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM stopped the job, and the caller had Python's own handler for it (a library caller, a test
+    runner): the job's processes are ended, then this is raised, carrying the job's ``result`` (exit code 130) and
+    the ``signum``. ``geomx launch`` catches it and prints the summary.
+
+    Usage: ``except LaunchInterrupted as stop: print(format_summary(stop.result)); raise``
+    """
+
+    def __init__(self, result: LaunchResult, signum: int) -> None:
+        super().__init__(f"the job was stopped by signal {signum}")
+        self.result = result
+        self.signum = signum
+
+
 def plan_processes(topology: Topology, topology_path: Path, command: list[str], run_dir: Path, *,
                    host: str = "127.0.0.1", global_scheduler: str | None = None,
                    parties: list[str] | None = None, resume: bool = False,
@@ -237,12 +251,18 @@ class Launcher:
         self._signal = signum
         self._on_interrupt(signum, frame)
 
-    def _pass_on(self, previous: dict[int, Any]) -> None:
+    def _pass_on(self, previous: dict[int, Any], result: LaunchResult) -> None:
         """After the job stopped for a signal: hand it to the handler that was there before ``run`` (a command
         running several jobs, ``StopOnSignals``), so that command stops too instead of starting its next job.
-        Python's own Ctrl-C handler is not called: ``geomx launch`` prints its summary and exits 130."""
-        handler = previous.get(self._signal) if self._signal is not None else None
-        if callable(handler) and handler is not signal.default_int_handler:
+        Where that handler was Python's own (Ctrl-C's ``KeyboardInterrupt``, SIGTERM's default), the caller gets
+        ``LaunchInterrupted`` with the result: it stops too, and ``geomx launch`` prints its summary and exits 130.
+        An ignored signal stays ignored."""
+        if self._signal is None:
+            return
+        handler = previous.get(self._signal)
+        if handler in (signal.default_int_handler, signal.SIG_DFL):
+            raise LaunchInterrupted(result, self._signal)
+        if callable(handler):
             handler(self._signal, None)
 
     def run(self) -> LaunchResult:
@@ -302,7 +322,7 @@ class Launcher:
         result = LaunchResult(code, wall, failed, summarize(self.run_dir, wall),
                               {spec.label: proc.returncode for spec, proc in self._procs
                                if proc.returncode is not None})
-        self._pass_on(previous)
+        self._pass_on(previous, result)
         return result
 
 

@@ -15,8 +15,10 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from geomx.cluster.processes import StopOnSignals
-from geomx.launch import Launcher, ProcessSpec
+from geomx.launch import Launcher, LaunchInterrupted, ProcessSpec
 
 # writes its pid where the other process looks, then stops itself
 FROZEN = """
@@ -119,10 +121,34 @@ def test_a_signal_stops_the_job_then_the_command_that_ran_it(tmp_path):
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handlers are given back
 
 
+@pytest.mark.parametrize(("sig", "default"), [(signal.SIGINT, signal.default_int_handler),
+                                              (signal.SIGTERM, signal.SIG_DFL)], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_reaches_a_library_caller_of_the_launcher_once_its_job_is_stopped(tmp_path, sig, default):
+    """A caller with Python's own handlers (a script calling ``launch()``, a test runner): the signal stops the job,
+    then reaches the caller as ``LaunchInterrupted`` (a KeyboardInterrupt carrying the job's result) instead of
+    being swallowed, so a Ctrl-C'd loop of jobs ends instead of starting its next one."""
+    marker = tmp_path / "grandchild.pid"
+    launcher = Launcher([ProcessSpec("spawner", [sys.executable, "-c", SPAWNING, str(marker)], {}, is_worker=True)],
+                        tmp_path / "run", out=io.StringIO())
+    sender = threading.Thread(target=lambda: (_wait_for(marker), os.kill(os.getpid(), sig)))
+    previous = signal.signal(sig, default)
+    try:
+        sender.start()
+        with pytest.raises(LaunchInterrupted) as stopped:
+            launcher.run()
+    finally:
+        sender.join()
+        signal.signal(sig, previous)
+    grandchild = int(marker.read_text())
+    assert stopped.value.signum == sig and stopped.value.result.exit_code == 130
+    assert all(_gone(pid) for pid in [*launcher.pids().values(), grandchild])
+    assert signal.getsignal(sig) is default  # given back before the raise
+
+
 # a launcher (its own process) whose one job process writes its pid and waits to be stopped
 LAUNCHER = """
 import io, pathlib, sys
-from geomx.launch import Launcher, ProcessSpec
+from geomx.launch import LaunchInterrupted, Launcher, ProcessSpec
 child = ("import os, sys, time; open(sys.argv[1] + '.tmp', 'w').write(str(os.getpid())); "
          "os.replace(sys.argv[1] + '.tmp', sys.argv[1]); time.sleep(600)")
 spec = ProcessSpec("sleeper", [sys.executable, "-c", child, sys.argv[1]], {}, is_worker=True)
