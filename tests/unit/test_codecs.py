@@ -26,6 +26,7 @@ from geomx.codecs import (
     Int8,
     Registry,
     SizeAdaptive,
+    Sparse2Bit,
     TensorInfo,
     default_registry,
     make_codec,
@@ -89,6 +90,14 @@ def check_bsc(codec: Codec, x: np.ndarray, decoded: np.ndarray) -> None:
     assert np.all((decoded.reshape(-1) == 0) | (pending == 0))  # each element either sent or kept
 
 
+def check_sparse2bit(codec: Codec, x: np.ndarray, decoded: np.ndarray) -> None:
+    """First step: what was sent plus the residual is exactly the input (in float32)."""
+    assert isinstance(codec, Sparse2Bit)
+    residual = codec.residual(info())
+    assert residual is not None
+    np.testing.assert_array_equal(decoded.reshape(-1) + residual, x.astype(np.float32).reshape(-1))
+
+
 ROUND_TRIP_CASES = [
     ({"type": "dense"}, check_dense),
     ({"type": "fp16"}, check_fp16),
@@ -98,6 +107,7 @@ ROUND_TRIP_CASES = [
     ({"type": "bsc", "threshold": 0.1, "size_lower_bound": 0}, check_bsc),
     ({"type": "bsc", "threshold": 0.1, "size_lower_bound": 0, "exact": True}, check_bsc),
     ({"type": "mpq", "threshold": 0.1, "size_lower_bound": 10**9}, check_fp16),  # everything "tiny"
+    ({"type": "sparse2bit", "density": 0.2, "chunk": 5}, check_sparse2bit),
 ]
 
 shapes = hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=9)
@@ -112,7 +122,8 @@ def tensors(draw: st.DrawFn) -> np.ndarray:
 
 
 @pytest.mark.parametrize(("spec", "check"), ROUND_TRIP_CASES,
-                         ids=["dense", "fp16", "bf16", "int8", "ef-int8", "bsc", "bsc-exact", "mpq-tiny"])
+                         ids=["dense", "fp16", "bf16", "int8", "ef-int8", "bsc", "bsc-exact", "mpq-tiny",
+                              "sparse2bit"])
 @settings(max_examples=40, deadline=None)
 @given(x=tensors())
 def test_round_trip(spec: dict[str, Any], check: Any, x: np.ndarray) -> None:
@@ -643,9 +654,9 @@ meta_values = st.one_of(st.integers(-2**62, 2**62), st.integers(0, 64), st.float
 
 
 @settings(max_examples=300, deadline=None)
-@given(codec_id=st.one_of(st.sampled_from([0, 1, 2, 3]), st.integers(-5, 300)),
+@given(codec_id=st.one_of(st.sampled_from([0, 1, 2, 3, 4, 5]), st.integers(-5, 300)),
        frames=st.lists(st.binary(max_size=48), max_size=3),
-       meta=st.dictionaries(st.sampled_from(["n", "k", "block", "x"]), meta_values, max_size=4),
+       meta=st.dictionaries(st.sampled_from(["n", "k", "kt", "chunk", "block", "x"]), meta_values, max_size=5),
        shape=hnp.array_shapes(min_dims=0, max_dims=2, min_side=0, max_side=8))
 def test_fuzzed_payloads_decode_or_raise_codec_error(codec_id: int, frames: list[bytes], meta: dict[str, Any],
                                                      shape: tuple[int, ...]) -> None:
@@ -660,7 +671,8 @@ def test_fuzzed_payloads_decode_or_raise_codec_error(codec_id: int, frames: list
 VALID_PAYLOADS = {
     name: make_codec(spec).encode(np.linspace(-3, 3, 40, dtype=np.float32), info())
     for name, spec in {"dense": {"type": "dense"}, "fp16": {"type": "fp16"}, "int8": {"type": "int8", "block": 8},
-                       "bsc": {"type": "bsc", "threshold": 0.2, "size_lower_bound": 0}}.items()}
+                       "bsc": {"type": "bsc", "threshold": 0.2, "size_lower_bound": 0},
+                       "sparse2bit": {"type": "sparse2bit", "density": 0.1, "chunk": 16}}.items()}
 
 
 @settings(max_examples=200, deadline=None)
@@ -722,8 +734,9 @@ def test_registry_lookups() -> None:
     registry = default_registry()
     assert registry.codec_class("bsc") is BSC and registry.codec_class(2) is BSC
     assert registry.codec_class("FP16") is FP16 and registry.codec_class(3) is Int8
-    assert registry.names() == ["bf16", "bsc", "dense", "error_feedback", "fp16", "int8", "mpq", "size_adaptive"]
-    assert registry.codec_class(4) is BF16
+    assert registry.names() == ["bf16", "bsc", "dense", "error_feedback", "fp16", "int8", "mpq", "size_adaptive",
+                                "sparse2bit"]
+    assert registry.codec_class(4) is BF16 and registry.codec_class(5) is Sparse2Bit
     with pytest.raises(CodecError, match="known"):
         registry.codec_class("2bit")
     with pytest.raises(CodecError, match="unknown codec id"):

@@ -109,9 +109,10 @@ def test_valid_messages_still_decode(sent: Message) -> None:
 
 @st.composite
 def codec_payloads(draw: st.DrawFn) -> list[bytes]:
-    """A local server's compressed push: fp16, int8 or Bi-Sparse over a small float32 tensor."""
+    """A local server's compressed push: fp16, int8, Bi-Sparse or sparse 2-bit over a small float32 tensor."""
     spec = draw(st.sampled_from([{"type": "fp16"}, {"type": "int8"},
-                                 {"type": "bsc", "threshold": 0.5, "size_lower_bound": 0}]))
+                                 {"type": "bsc", "threshold": 0.5, "size_lower_bound": 0},
+                                 {"type": "sparse2bit", "density": 0.2, "chunk": 8}]))
     array = draw(hnp.arrays(np.float32, st.integers(1, 40), elements=st.floats(-4, 4, width=32)))
     codec = default_registry().make_codec(spec)
     fields = payload_fields(codec, array, TensorInfo(0, 0, "gradient", "push"))

@@ -9,14 +9,16 @@ Built-ins (spec ``{"type": name, ...}``; wire id in brackets):
   the spec adds GeoMX's size gate (tensors below ``size_lower_bound`` go dense).
 * ``int8`` [3] — per-block absmax int8; use inside ``error_feedback``.
 * ``bf16`` [4] — bfloat16 on the wire, rounded to nearest even: exact for a bfloat16 model's values.
+* ``sparse2bit`` [5] — SparseLoCo's pseudo-gradient codec: top-k per chunk, 2-bit values on two levels per chunk,
+  an exact residual both ways (``density`` 0.02, ``chunk`` 4096: 0.036 bytes per element).
 * ``error_feedback``, ``size_adaptive``, ``mpq`` — composites; their payloads carry the id of the
   codec that encoded them.
 
 Modules: ``base`` (the ``Codec`` interface, ``Encoded`` payloads, their checks), one module per codec above
-(``dense``, ``fp16``, ``bsc``, ``int8``, ``bf16``, ``error_feedback``, ``mpq``; ``composite`` is ``size_adaptive``),
-``half`` (float32 <-> float16 at one speed for every value), ``registry`` (names and wire ids to classes, specs to
-instances, a worker's compression spec to its codec: ``worker_codec``), ``messages`` (between codec payloads and
-wire messages).
+(``dense``, ``fp16``, ``bsc``, ``int8``, ``bf16``, ``sparse2bit``, ``error_feedback``, ``mpq``; ``composite`` is
+``size_adaptive``), ``half`` (float32 <-> float16 at one speed for every value), ``registry`` (names and wire ids
+to classes, specs to instances, a worker's compression spec to its codec: ``worker_codec``), ``messages`` (between
+codec payloads and wire messages).
 
 Usage::
 
@@ -36,6 +38,7 @@ from .fp16 import FP16
 from .int8 import Int8
 from .mpq import MPQ
 from .registry import Registry, default_registry, make_codec, worker_codec
+from .sparse2bit import Sparse2Bit
 
 __all__ = [
     "BF16",
@@ -53,6 +56,7 @@ __all__ = [
     "Int8",
     "Registry",
     "SizeAdaptive",
+    "Sparse2Bit",
     "TensorInfo",
     "default_registry",
     "make_codec",

@@ -34,8 +34,9 @@ from .error_feedback import ErrorFeedback
 from .fp16 import FP16
 from .int8 import Int8
 from .mpq import MPQ
+from .sparse2bit import Sparse2Bit
 
-BUILTINS: tuple[type[Codec], ...] = (Dense, FP16, BSC, Int8, BF16, ErrorFeedback, SizeAdaptive, MPQ)
+BUILTINS: tuple[type[Codec], ...] = (Dense, FP16, BSC, Int8, BF16, Sparse2Bit, ErrorFeedback, SizeAdaptive, MPQ)
 
 
 def check_wire_id(cls: type[Codec]) -> None:
@@ -182,7 +183,7 @@ class Registry:
 
 
 def default_registry() -> Registry:
-    """A fresh registry holding the built-in codecs (dense, fp16, bsc, int8, bf16, error_feedback,
+    """A fresh registry holding the built-in codecs (dense, fp16, bsc, int8, bf16, sparse2bit, error_feedback,
     size_adaptive, mpq)."""
     registry = Registry()
     for cls in BUILTINS:

@@ -1,12 +1,14 @@
 """Integration worker for HFA: local SGD steps, and every K1 steps push param / num_local_workers and pull.
 
-This is GeoMX's cnn_hfa.py loop on jobkit's model and data. The master may install an outer optimizer.
+This is GeoMX's cnn_hfa.py loop on jobkit's model and data. The master may install an outer optimizer and a WAN codec
+(``--compression``, JSON).
 Saves initial and final weights to $GEOMX_RUN_DIR/out/worker<global rank>.*
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 
 import jobkit
 import torch
@@ -19,13 +21,17 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--outer", choices=["none", "outer_nesterov"], default="none")
+    parser.add_argument("--compression", default="null", help="JSON codec spec, or null for dense")
     args = parser.parse_args()
+    spec = json.loads(args.compression)
     kv = geomx.kv.create("dist_sync")
     assert kv.hfa is not None, "run with hfa in the topology (or MXNET_KVSTORE_USE_HFA=1)"
     rank = kv.global_rank
     torch.manual_seed(jobkit.seed_for(rank))
     model = jobkit.make_model()
     params = list(model.parameters())
+    if kv.is_master_worker and spec is not None:
+        kv.set_gradient_compression(spec)
     if kv.is_master_worker and args.outer != "none":
         kv.set_optimizer(geomx.optim.OuterNesterov())
     kv.init(list(range(len(params))), [p.data for p in params])
