@@ -250,7 +250,8 @@ class KVStore(AbstractContextManager["KVStore"]):
         Local servers encode what they push, global servers what they answer; the LAN stays dense. Types:
         ``fp16``, ``bsc`` (Bi-Sparse; tensors below ``size_lower_bound`` — MXNET_KVSTORE_SIZE_LOWER_BOUND,
         default 200000 — travel dense), ``mpq`` (fp16 below the bound, Bi-Sparse above), ``int8``,
-        ``error_feedback``. Residual codecs (bsc, mpq) compress both directions without a server optimizer
+        ``error_feedback``, ``sparse2bit`` (top-k per chunk in 2 bits, for HFA's deltas). Residual codecs (bsc,
+        mpq, sparse2bit) compress both directions without a server optimizer
         (workers step on the pulled aggregate, as in GeoMX's example: use plain SGD, the codec's momentum
         correction is the momentum) and under HFA (the global model's changes come back); a server
         optimizer's weights (MixedSync) come back dense. The fp16 switch for LAN and WAN is the topology's
