@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import jobkit
 import pytest
@@ -149,11 +151,14 @@ def test_unreachable_scheduler_fails_within_register_timeout(tmp_path, reserved_
     started = time.monotonic()
     procs = {name: subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for name, (argv, env) in commands.items()}
-    outputs = {}
+
+    def ended(name: str) -> tuple[int, float, str, str]:  # each process's own end, not the one waited for first
+        out, err = procs[name].communicate(timeout=register_s + 120)
+        return procs[name].returncode, time.monotonic() - started, out, err
+
     try:
-        for name, proc in procs.items():
-            out, err = proc.communicate(timeout=register_s + 60)
-            outputs[name] = (proc.returncode, time.monotonic() - started, out, err)
+        with ThreadPoolExecutor(len(procs)) as pool:
+            outputs = dict(zip(procs, pool.map(ended, procs), strict=True))
     finally:
         for proc in procs.values():
             if proc.poll() is None:
@@ -170,8 +175,10 @@ def test_unreachable_scheduler_fails_within_register_timeout(tmp_path, reserved_
     assert f"the global scheduler at 127.0.0.1:{global_port} did not complete this node's registration within " \
            f"{register_s:g} s: nothing listens there" in server_err, server_err
     assert "Traceback" not in server_err, server_err
-    for elapsed in (worker_s, server_s):
-        # it waited for the scheduler (not some other crash), then gave up promptly
+    # each waited for its scheduler (not some other crash), then gave up promptly: the worker from the moment it
+    # began to join (its start, torch's import, takes as long as the machine's load makes it)
+    joining = float(re.search(r"joining at ([0-9.]+)", worker_out).group(1))  # type: ignore[union-attr]
+    for elapsed in (worker_s - (joining - started), server_s):
         assert register_s <= elapsed < register_s + 30, outputs
 
 

@@ -136,13 +136,13 @@ def test_a_signal_reaches_a_library_caller_of_the_launcher_once_its_job_is_stopp
         sender.start()
         with pytest.raises(LaunchInterrupted) as stopped:
             launcher.run()
+        assert signal.getsignal(sig) is default  # given back before the raise
     finally:
         sender.join()
-        signal.signal(sig, previous)
+        signal.signal(sig, previous)  # the test runner's own (xdist's workers ignore SIGINT)
     grandchild = int(marker.read_text())
     assert stopped.value.signum == sig and stopped.value.result.exit_code == 130
     assert all(_gone(pid) for pid in [*launcher.pids().values(), grandchild])
-    assert signal.getsignal(sig) is default  # given back before the raise
 
 
 # a launcher (its own process) whose one job process writes its pid and waits to be stopped
