@@ -21,7 +21,8 @@ SHARED_JOB_MODULES = frozenset({"test_fsa_equivalence.py", "test_multigps.py", "
 SHARED_JOB_SCOPE = "tests/integration::standard-jobs"
 
 
-@pytest.hookimpl(tryfirst=True)
+# optionalhook: with ``-p no:xdist`` (or -n0 without the plugin) pytest does not know the hook and would refuse it
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     if config.getvalue("dist") != "loadscope":
         return None

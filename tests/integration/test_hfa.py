@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 import jobkit
 import pytest
 import torch
-import torch.nn.functional as F
 
 from geomx.algorithms.tsengine.rules import read_reports
 
@@ -36,17 +35,8 @@ def simulate(initial: list[torch.Tensor], outer: str, k2: int = K2, steps: int =
     global_model = [w.clone() for w in initial]
     velocity: list[torch.Tensor | None] = [None for _ in initial]
     in_flight: dict[int, tuple[int, torch.Tensor]] = {}  # key -> (the round that ends its overlap, new model)
-    inputs, targets = jobkit.make_data(steps, total)
-    model = jobkit.make_model()
     local_rounds = 0
-    for step in range(1, steps + 1):
-        for rank in range(total):
-            with torch.no_grad():
-                for p, w in zip(model.parameters(), workers[rank], strict=True):
-                    p.copy_(w)
-            model.zero_grad()
-            F.mse_loss(model(inputs[step - 1, rank]), targets[step - 1, rank]).backward()
-            workers[rank] = [w - jobkit.LR * p.grad for w, p in zip(workers[rank], model.parameters(), strict=True)]
+    for step in jobkit.local_sgd(workers, steps):
         if step % K1:
             continue
         local_rounds += 1

@@ -10,7 +10,6 @@ import json
 import jobkit
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from geomx.codecs import Sparse2Bit, TensorInfo
 from geomx.core.sharding import ShardPlanner
@@ -39,16 +38,7 @@ def simulate(initial: list[torch.Tensor], push: bool = True, pull: bool = True) 
     value = [w.copy() for w in held]  # V: the global server's
     planner = ShardPlanner(1, SLICE_ELEMS)  # the slices every server cuts (one global server)
     slices = [[(span.start, span.stop) for span in planner.place(w.numel(), 4)] for w in initial]
-    inputs, targets = jobkit.make_data(STEPS, total)
-    model = jobkit.make_model()
-    for step in range(1, STEPS + 1):
-        for rank in range(total):
-            with torch.no_grad():
-                for p, w in zip(model.parameters(), workers[rank], strict=True):
-                    p.copy_(w)
-            model.zero_grad()
-            F.mse_loss(model(inputs[step - 1, rank]), targets[step - 1, rank]).backward()
-            workers[rank] = [w - jobkit.LR * p.grad for w, p in zip(workers[rank], model.parameters(), strict=True)]
+    for step in jobkit.local_sgd(workers, STEPS):
         if step % K1:
             continue
         for key, w0 in enumerate(initial):

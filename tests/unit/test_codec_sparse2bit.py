@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from geomx.codecs import CodecError, Encoded, ErrorFeedback, Int8, Sparse2Bit, TensorInfo, default_registry, make_codec
+from geomx.codecs.base import ResidualCodec
 from geomx.codecs.messages import decode_message, payload_fields
 from geomx.codecs.sparse2bit import index_bits, keep_count, pack, unpack
 from geomx.protocol.wire import Kind, Message, decode, encode, frames_nbytes
@@ -36,35 +37,38 @@ def rounds(draw: st.DrawFn) -> list[np.ndarray]:
     return [draw(hnp.arrays(np.float32, n, elements=elements)) for _ in range(draw(st.integers(1, 4)))]
 
 
+def assert_conserves(codec: ResidualCodec, inputs: list[np.ndarray]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Push ``inputs`` through ``codec`` as one slice's rounds and check each: what was sent plus the new residual is
+    the input plus the old residual, in float32 bit for bit. Returns every round's (input + old residual, sent, new
+    residual), for the caller's own checks."""
+    rounds_seen = []
+    residual = np.zeros(inputs[0].size, np.float32)
+    for g in inputs:
+        x = g + residual
+        sent = codec.decode(codec.encode(g, PUSH), g.shape, F32)
+        residual = codec.residual(PUSH)
+        assert residual is not None
+        assert np.array_equal(sent + residual, x)
+        rounds_seen.append((x, sent, residual))
+    return rounds_seen
+
+
 @settings(max_examples=120, deadline=None)
 @given(inputs=rounds(), chunk=st.sampled_from([1, 2, 7, 64, 300]), density=st.sampled_from([0.02, 0.1, 0.5, 1.0]))
 def test_error_feedback_conserves_the_signal_bit_for_bit(inputs: list[np.ndarray], chunk: int, density: float) -> None:
     """Every round: what was sent plus the new residual is the input plus the old residual, in float32 bit for bit,
     and the residual is exactly (in float64) the input minus what was sent: no rounding lost or invented."""
     codec = Sparse2Bit(density=density, chunk=chunk)
-    residual = np.zeros(inputs[0].size, np.float32)
-    for g in inputs:
-        x = g + residual
-        sent = codec.decode(codec.encode(g, PUSH), g.shape, F32)
-        residual = codec.residual(PUSH)
-        assert residual is not None
-        assert np.array_equal(sent + residual, x)
+    for x, sent, residual in assert_conserves(codec, inputs):
         assert np.array_equal(x.astype(np.float64) - sent.astype(np.float64), residual.astype(np.float64))
-        assert np.count_nonzero(sent) <= keep_count(density, chunk) * -(-g.size // chunk)
+        assert np.count_nonzero(sent) <= keep_count(density, chunk) * -(-x.size // chunk)
 
 
 @settings(max_examples=60, deadline=None)
 @given(inputs=rounds(), block=st.sampled_from([1, 7, 256]))
 def test_error_feedback_around_int8_conserves_the_signal_bit_for_bit(inputs: list[np.ndarray], block: int) -> None:
     """The wrapper too (int8 rounds to nearest: each value within half a step of what is sent)."""
-    codec = ErrorFeedback(Int8(block=block))
-    residual = np.zeros(inputs[0].size, np.float32)
-    for g in inputs:
-        x = g + residual
-        sent = codec.decode(codec.encode(g, PUSH), g.shape, F32)
-        residual = codec.residual(PUSH)
-        assert residual is not None
-        assert np.array_equal(sent + residual, x)
+    assert_conserves(ErrorFeedback(Int8(block=block)), inputs)
 
 
 def test_each_direction_keeps_its_own_residual_and_the_sum_tracks_the_inputs() -> None:

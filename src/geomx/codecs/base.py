@@ -12,7 +12,8 @@ header, so a receiver decodes without negotiation. Two rules keep that true:
   memory proportional to a claimed size is allocated.
 
 Stateful codecs (momentum, residuals) keep their state per ``(key, slice, direction)`` inside the
-instance. Two threads may encode different slices at once; one slice must not be encoded concurrently.
+instance, in a ``SliceStates`` (residual carriers: ``ResidualCodec``, whose ``Residuals`` is one). Two threads
+may encode different slices at once; one slice must not be encoded concurrently.
 
 Usage::
 
@@ -24,9 +25,9 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, Protocol
+from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar
 
 import numpy as np
 
@@ -42,6 +43,7 @@ TensorKind = Literal["gradient", "weights", "delta"]
 Direction = Literal["push", "pull"]
 StateKey = tuple[int, int, str]  # (key, slice, direction): where stateful codecs keep their state
 MetaValue = int | float | str
+S = TypeVar("S")  # what a stateful codec keeps per slice (SliceStates)
 
 
 class SpecReader(Protocol):
@@ -148,6 +150,71 @@ class Codec(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
+
+
+class SliceStates(Generic[S]):
+    """A stateful codec's state, one per ``(key, slice, direction)``, refused once the slice changes size.
+
+    Why refuse: a slice whose size changed belongs to a re-initialised key (a new model, another slicing), and state
+    carried over from the old one would add stale, misaligned mass; the caller must ``reset()`` the codec instead.
+    ``size_of`` reads how many elements a state was made for. Shared by every codec that keeps per-slice state, so
+    they all refuse with the same message.
+    """
+
+    def __init__(self, size_of: Callable[[S], int]) -> None:
+        self._size_of = size_of
+        self._states: dict[StateKey, S] = {}
+
+    def get(self, info: TensorInfo, numel: int) -> S | None:
+        """The slice's state (None before its first ``put``); CodecError if it was made for another element count."""
+        state = self._states.get(info.state_key)
+        if state is not None and (size := self._size_of(state)) != numel:
+            raise CodecError(f"key {info.key} slice {info.slice} had {size} elements and now has {numel}; "
+                             f"call reset() after re-initialising a key")
+        return state
+
+    def peek(self, info: TensorInfo) -> S | None:
+        """The slice's state without the size check (for readers: tests, diagnostics), or None."""
+        return self._states.get(info.state_key)
+
+    def put(self, info: TensorInfo, state: S) -> None:
+        self._states[info.state_key] = state
+
+    def clear(self) -> None:
+        self._states.clear()
+
+
+class Residuals(SliceStates[np.ndarray]):
+    """Each slice's residual: a flat float32 array of what earlier rounds did not send."""
+
+    def __init__(self) -> None:
+        super().__init__(lambda residual: int(residual.size))
+
+    def copy(self, info: TensorInfo) -> np.ndarray | None:
+        """A copy of the slice's residual (the caller may keep or change it), or None before its first encode."""
+        residual = self.peek(info)
+        return None if residual is None else residual.copy()
+
+
+class ResidualCodec(Codec):
+    """A codec that carries what it did not send into the slice's next round, kept in ``_residuals``.
+
+    ``keeps_residual`` is True (so ErrorFeedback refuses to wrap it: unsent mass would be carried twice),
+    ``residual(info)`` shows the unsent mass, ``reset`` forgets it. Subclasses call ``super().__init__()``.
+    """
+
+    def __init__(self) -> None:
+        self._residuals = Residuals()
+
+    def keeps_residual(self) -> bool:
+        return True
+
+    def residual(self, info: TensorInfo) -> np.ndarray | None:
+        """A copy of the slice's residual (flat float32: what is not sent yet), or None before its first encode."""
+        return self._residuals.copy(info)
+
+    def reset(self) -> None:
+        self._residuals.clear()
 
 
 # ---- helpers shared by the codecs: input normalisation and payload validation -------------------------

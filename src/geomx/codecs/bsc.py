@@ -69,8 +69,8 @@ from .base import (
     Codec,
     CodecError,
     Encoded,
+    SliceStates,
     SpecReader,
-    StateKey,
     TensorInfo,
     check_finite,
     check_frame_count,
@@ -152,7 +152,7 @@ class BSC(Codec):
         self.warmup_steps = warmup_steps
         self.seed = seed
         self._rng = np.random.default_rng(seed)
-        self._state: dict[StateKey, _ResidualState] = {}
+        self._state: SliceStates[_ResidualState] = SliceStates(lambda state: int(state.accumulated.size))
 
     @classmethod
     def split_spec(cls, params: Mapping[str, object], registry: SpecReader, spec_name: str = "bsc") -> tuple[BSC, int]:
@@ -243,14 +243,14 @@ class BSC(Codec):
 
     def pending(self, info: TensorInfo) -> np.ndarray | None:
         """A copy of the slice's accumulated, not yet sent values (flat float32), or None before its first encode."""
-        state = self._state.get(info.state_key)
+        state = self._state.peek(info)
         return None if state is None else state.accumulated.copy()
 
     def reset(self) -> None:
         self._state.clear()
 
     def _state_of(self, info: TensorInfo, n: int) -> _ResidualState:
-        state = self._state.get(info.state_key)
+        state = self._state.get(info, n)
         if state is None:
             # Momentum correction stands in for the optimizer's momentum on raw gradients. A delta (HFA's
             # model change after local optimizer steps) already carries the optimizer's momentum; adding
@@ -258,10 +258,7 @@ class BSC(Codec):
             with_momentum = info.direction == "push" and info.kind == "gradient" and self.momentum > 0
             velocity = np.zeros(n, np.float32) if with_momentum else None
             state = _ResidualState(velocity=velocity, accumulated=np.zeros(n, np.float32))
-            self._state[info.state_key] = state
-        elif state.accumulated.size != n:
-            raise CodecError(f"key {info.key} slice {info.slice} had {state.accumulated.size} elements and now has "
-                             f"{n}; call reset() after re-initialising a key")
+            self._state.put(info, state)
         return state
 
     def __repr__(self) -> str:

@@ -26,13 +26,14 @@ from .base import (
     Codec,
     CodecError,
     Encoded,
+    ResidualCodec,
     TensorInfo,
     check_kind,
     float_vector,
 )
 
 
-class ErrorFeedback(Codec):
+class ErrorFeedback(ResidualCodec):
     """Wraps ``inner``; keeps one float32 residual per (key, slice, direction)."""
 
     name: ClassVar[str] = "error_feedback"
@@ -42,23 +43,20 @@ class ErrorFeedback(Codec):
         if inner.keeps_residual():
             raise CodecError(f"{inner!r} already carries its own residual; wrapping it in error feedback "
                              f"would send unsent mass twice")
+        super().__init__()
         self.inner = inner
-        self._residuals: dict[tuple[int, int, str], np.ndarray] = {}
 
     def encode(self, array: np.ndarray, info: TensorInfo) -> Encoded:
         check_kind(info, self.name)
         shape = np.shape(array)
         x = float_vector(array, f"key {info.key} slice {info.slice}")
-        residual = self._residuals.get(info.state_key)
+        residual = self._residuals.get(info, x.size)
         if residual is not None:
-            if residual.size != x.size:
-                raise CodecError(f"key {info.key} slice {info.slice} had {residual.size} elements and now has "
-                                 f"{x.size}; call reset() after re-initialising a key")
             x = x + residual  # a new array: the caller's tensor is never modified
         encoded = self.inner.encode(x.reshape(shape), info)  # raises (state untouched) on NaN or inf
         decoded = self.inner.decode(encoded, shape, np.dtype(np.float32)).reshape(-1)
         # the residual: into ``x`` where it is ours (the sum above), a new array where it is the caller's
-        self._residuals[info.state_key] = np.subtract(x, decoded, out=x if residual is not None else None)
+        self._residuals.put(info, np.subtract(x, decoded, out=x if residual is not None else None))
         return encoded
 
     def decode(self, encoded: Encoded, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
@@ -70,16 +68,8 @@ class ErrorFeedback(Codec):
     def wire_ids(self) -> frozenset[int]:
         return self.inner.wire_ids()
 
-    def keeps_residual(self) -> bool:
-        return True
-
-    def residual(self, info: TensorInfo) -> np.ndarray | None:
-        """A copy of the slice's residual (flat float32), or None before its first encode."""
-        residual = self._residuals.get(info.state_key)
-        return None if residual is None else residual.copy()
-
     def reset(self) -> None:
-        self._residuals.clear()
+        super().reset()
         self.inner.reset()
 
     def __repr__(self) -> str:

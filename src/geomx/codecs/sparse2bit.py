@@ -46,10 +46,9 @@ from typing import Any, ClassVar
 import numpy as np
 
 from .base import (
-    Codec,
     CodecError,
     Encoded,
-    StateKey,
+    ResidualCodec,
     TensorInfo,
     check_finite,
     check_frame_count,
@@ -171,7 +170,7 @@ def unpack(packed: np.ndarray, count: int, width: int) -> np.ndarray:
     return np.packbits(wide, axis=1).view(">u4").reshape(-1).astype(np.uint32)
 
 
-class Sparse2Bit(Codec):
+class Sparse2Bit(ResidualCodec):
     """Top-k per chunk, 2-bit values on two bfloat16 levels per chunk, an exact residual per (key, slice, direction).
     """
 
@@ -183,23 +182,17 @@ class Sparse2Bit(Codec):
             raise CodecError(f"sparse2bit density={density} is the fraction of each chunk kept: it must be in (0, 1]")
         if not 1 <= chunk <= MAX_CHUNK:
             raise CodecError(f"sparse2bit chunk={chunk} must be in [1, {MAX_CHUNK}]")
+        super().__init__()
         self.density = density
         self.chunk = chunk
-        self._residuals: dict[StateKey, np.ndarray] = {}
 
     def encode(self, array: np.ndarray, info: TensorInfo) -> Encoded:
         """x = input + residual; keep, quantize, and leave ``x - sent`` as the residual (in place: x becomes it)."""
         check_kind(info, self.name)
         g = float_vector(array, f"key {info.key} slice {info.slice}")
         check_finite(g, f"key {info.key} slice {info.slice}")  # before touching the state
-        residual = self._residuals.get(info.state_key)
-        if residual is None:
-            x = g.copy()
-        elif residual.size != g.size:
-            raise CodecError(f"key {info.key} slice {info.slice} had {residual.size} elements and now has "
-                             f"{g.size}; call reset() after re-initialising a key")
-        else:
-            x = np.add(residual, g, out=residual)
+        residual = self._residuals.get(info, g.size)
+        x = g.copy() if residual is None else np.add(residual, g, out=residual)
         n, chunk = x.size, self.chunk
         full = n // chunk * chunk
         k, kt = keep_count(self.density, chunk), keep_count(self.density, n - full)
@@ -216,7 +209,7 @@ class Sparse2Bit(Codec):
             x[positions] -= sent.reshape(-1)  # exact (module docstring): the residual is what was not sent
             level_pairs.append(np.stack([lo, hi], axis=1).reshape(-1))
             entries.append(((columns.astype(np.uint32) << 2) | codes).reshape(-1))
-        self._residuals[info.state_key] = x
+        self._residuals.put(info, x)
         pairs = np.concatenate(level_pairs) if level_pairs else np.zeros(0, np.float32)
         packed = pack(np.concatenate(entries) if entries else np.zeros(0, np.uint32), index_bits(chunk) + 2)
         frames = [(pairs.view(np.uint32) >> 16).astype(np.uint16), packed]
@@ -259,17 +252,6 @@ class Sparse2Bit(Codec):
         chunks = rows + (1 if tail else 0)
         nbytes = 4 * chunks + -(-count * (index_bits(self.chunk) + 2) // 8)
         return nbytes / (numel * int(np.dtype(dtype).itemsize))
-
-    def keeps_residual(self) -> bool:
-        return True
-
-    def residual(self, info: TensorInfo) -> np.ndarray | None:
-        """A copy of the slice's residual (flat float32: what is not sent yet), or None before its first encode."""
-        residual = self._residuals.get(info.state_key)
-        return None if residual is None else residual.copy()
-
-    def reset(self) -> None:
-        self._residuals.clear()
 
     def __repr__(self) -> str:
         return f"Sparse2Bit(density={self.density}, chunk={self.chunk})"
