@@ -6,7 +6,10 @@ test here gets a hard timeout: a hung job fails its test instead of hanging the 
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -18,15 +21,51 @@ for _folder in (_HERE, _HERE / "workers"):
     if str(_folder) not in sys.path:
         sys.path.insert(0, str(_folder))
 
-from harness import Job, run_job, write_topology  # noqa: E402
+from harness import WARM_WORKERS_VARIABLE, Job, run_job, write_topology  # noqa: E402
+from warm_workers import WarmWorkers  # noqa: E402
 
 TEST_TIMEOUT_S = 240
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        if _HERE in Path(str(item.path)).resolve().parents and item.get_closest_marker("timeout") is None:
-            item.add_marker(pytest.mark.timeout(TEST_TIMEOUT_S))
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "cold_workers: this module's job workers start as `python script.py`, not "
+                                       "forked warm (they are found by /proc environ, stopped, or in a namespace)")
+
+
+@pytest.fixture(scope="session")
+def warm_workers():
+    """The warm-worker server of this pytest process (``warm_workers.py``, started on first use), or None where
+    ``TESTS_COLD_WORKERS=1`` asks for every worker to start cold."""
+    if os.environ.get("TESTS_COLD_WORKERS") == "1":
+        yield None
+        return
+    # a short folder: a Unix socket's path has at most 107 bytes
+    folder = Path(tempfile.mkdtemp(prefix="warm-", dir=os.environ.get("TMPDIR", "/tmp")))
+    server = WarmWorkers(folder / "sock")
+    try:
+        yield server
+    finally:
+        server.close()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _module_workers(request: pytest.FixtureRequest, warm_workers: WarmWorkers | None):
+    """Every job's workers forked warm (``harness.worker_command`` reads the variable), from before the module's own
+    fixtures, unless the module is marked ``cold_workers``."""
+    with pytest.MonkeyPatch.context() as env:
+        if warm_workers is None or request.node.get_closest_marker("cold_workers") is not None:
+            env.delenv(WARM_WORKERS_VARIABLE, raising=False)
+        else:
+            env.setenv(WARM_WORKERS_VARIABLE, str(warm_workers.ensure()))
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _test_workers(warm_workers: WarmWorkers | None) -> None:
+    """The server started again if a test before this one ended it (at the same socket)."""
+    if warm_workers is not None and os.environ.get(WARM_WORKERS_VARIABLE):
+        warm_workers.ensure()
 
 
 @pytest.fixture

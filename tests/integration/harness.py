@@ -9,6 +9,7 @@ folders on ``sys.path`` and wraps these helpers in fixtures.
 from __future__ import annotations
 
 import io
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ if str(WORKERS_DIR) not in sys.path:
 
 import jobkit  # noqa: E402  (needs WORKERS_DIR on sys.path)
 
+WARM_WORKERS_VARIABLE = "TESTS_WARM_WORKERS"  # the warm-worker server's socket (not GEOMX_*: jobs read those)
 DEFAULT_TIMEOUTS = {"register": "60s", "request": "60s", "round": "60s", "shutdown": "15s"}
 
 
@@ -90,11 +92,15 @@ class Job:
 
 
 def worker_command(script: str | Path, *args: str) -> list[str]:
-    """``[python, script, *args]``; a relative ``script`` is one of ``workers/``."""
+    """``[python, script, *args]``; a relative ``script`` is one of ``workers/``. Where the test runs with warm
+    workers (``TESTS_WARM_WORKERS``, set by ``conftest.py``), ``[python, warm_stub.py, SOCKET, script, *args]``:
+    the worker is forked from a process that has imported torch (``warm_workers.py``)."""
     path = Path(script)
     if not path.is_absolute():
         path = WORKERS_DIR / path
-    return [sys.executable, str(path), *map(str, args)]
+    warm = os.environ.get(WARM_WORKERS_VARIABLE)
+    stub = [str(INTEGRATION_DIR / "warm_stub.py"), warm] if warm else []
+    return [sys.executable, *stub, str(path), *map(str, args)]
 
 
 def run_job(workdir: Path, script: str | Path, *args: str, name: str = "job", party: str | None = None,

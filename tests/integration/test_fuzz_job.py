@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 
 import jobkit
+import pytest
 from harness import REPO_ROOT, worker_command, write_topology
 
 from geomx.algorithms.tsengine.rules import read_reports as read_ts_reports
@@ -18,6 +19,9 @@ from geomx.runs.runlog import read_stats
 
 sys.path.insert(0, str(REPO_ROOT / "scripts"))
 from fuzz_job import LiveJob, junk, spray
+
+# cold: the fuzzer finds every process's ports by its pid, and a warm worker's pid is its stub's
+pytestmark = pytest.mark.cold_workers
 
 SECRET = "fuzzing-is-fun-0123456789"
 FRAMES = 1500

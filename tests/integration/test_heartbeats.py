@@ -10,9 +10,13 @@ import re
 import threading
 
 import jobkit
+import pytest
 import torch
 import torch.nn.functional as F
 from harness import run_job, write_topology
+
+# cold: a worker SIGSTOPs its party's processes, found by their /proc environ (a warm worker's is its server's)
+pytestmark = pytest.mark.cold_workers
 
 HEARTBEAT_S = 3.0
 LONG_S = 90.0  # round and request timeouts: the job must stop long before these could fire

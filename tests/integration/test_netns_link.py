@@ -21,7 +21,8 @@ from harness import worker_command, write_topology
 from geomx.bench.wan import netns
 
 REASON = netns.unavailable_reason()
-pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
+# cold: a worker forked warm would run in the warm-worker server's namespace, not the one its stub runs in
+pytestmark = [pytest.mark.skipif(REASON is not None, reason=REASON or ""), pytest.mark.cold_workers]
 PREFIX = "gxt"  # not the bench's prefix: a test never deletes a running bench's namespaces
 RATE_MBIT = 50.0
 

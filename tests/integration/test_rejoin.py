@@ -27,6 +27,9 @@ import torch
 import yaml
 from harness import Job, run_job, write_topology
 
+# cold: a worker SIGKILLs its party's processes, found by their /proc environ (a warm worker's is its server's)
+pytestmark = pytest.mark.cold_workers
+
 HEARTBEAT_S = 3.0
 TIMEOUTS = {"heartbeat": f"{HEARTBEAT_S:g}s", "heartbeat_interval": "0.25s", "round": "60s", "request": "60s",
             "shutdown": "20s"}
