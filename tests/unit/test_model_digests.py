@@ -63,6 +63,27 @@ def test_digests_are_taken_at_multiples_of_a_power_of_two_about_one_a_heartbeat(
     assert never.recent == {}
 
 
+
+def test_the_final_model_is_digested_at_close_whatever_the_period() -> None:
+    """A job of few fast steps digests step 0 and then maybe nothing: a party whose steps were slower keeps a shorter
+    period, so no later step was compared. ``at_close`` digests the last step on every party, once."""
+    now = [0.0]
+    loop, noted = FakeLoop(), []
+    digests = ModelDigests(loop, lambda: loop.steps_done, noted.append, interval_s=1.0, clock=lambda: now[0])
+    for _ in range(5):  # steps of 0.1 s: period 8, only step 0 digested
+        digests.before_step()
+        loop.steps_done += 1
+        now[0] += 0.1
+    assert sorted(digests.recent) == ["0"]
+    loop.params[0].data.add_(1.0)
+    digests.at_close()
+    digests.at_close()  # once
+    assert sorted(digests.recent, key=int) == ["0", "5"] and len(noted) == 2
+    assert digests.recent["5"] == model_digest(loop.params) != digests.recent["0"]
+    never = ModelDigests(loop, lambda: None, noted.append, interval_s=1.0)
+    never.at_close()
+    assert never.recent == {}
+
 def topology():
     return topology_from_dict({"parties": {"dc0": 1, "dc1": 1, "dc2": 1}})
 

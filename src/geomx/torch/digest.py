@@ -16,6 +16,7 @@ Usage (the wrapper's ``step()``, before the strategy's)::
 
     digests = ModelDigests.of(opt, interval_s=1.0)     # None where parties hold models of their own
     digests.before_step()
+    digests.at_close()                                 # the final model, in close()
 """
 
 from __future__ import annotations
@@ -102,6 +103,18 @@ class ModelDigests:
         step = self._step_of()
         if step is None or step % self.period:
             return
+        self._take(step)
+
+    def at_close(self) -> None:
+        """At the end of training (the wrapper's ``close()``, once the last updates landed): digest the final model
+        whatever the period, where every party holds it. Every party ends at the same step, so the job's last
+        model is always compared, however few steps it ran or however the parties' periods differ."""
+        step = self._step_of()
+        if step is not None and str(step) not in self.recent:
+            self._take(step)
+
+    def _take(self, step: int) -> None:
+        """Digest the model at ``step`` once every answer on its way has landed and tell the heartbeats."""
         self._loop.synchronize()
         started = self._clock()
         self.recent[str(step)] = model_digest([p.data for p in self._loop.params])
@@ -109,4 +122,5 @@ class ModelDigests:
             del self.recent[min(self.recent, key=int)]
         self._note(dict(self.recent))
         self._cost_s = self._clock() - started
-        self._last += self._cost_s  # its own time is not a step's
+        if self._last is not None:
+            self._last += self._cost_s  # its own time is not a step's

@@ -362,6 +362,8 @@ class DistributedOptimizer:
         try:
             self.strategy.finish()
             self.synchronize()
+            if self.digests is not None:  # the final model, compared across parties however few steps ran
+                self.digests.at_close()
             self.recorder.close()
         finally:
             self._closed = True
