@@ -34,7 +34,7 @@ import zmq
 
 from geomx.algorithms.registry import MESSAGE_KINDS
 from geomx.config import SecuritySpec, Topology, load_topology
-from geomx.launch import Launcher, LaunchResult, default_run_dir, format_summary, plan_processes
+from geomx.launch import Launcher, LaunchResult, PortReservations, default_run_dir, format_summary, plan_processes
 from geomx.protocol.wire import Flag, Kind, Message, encode
 from geomx.transport.security import PLAIN_USER
 
@@ -184,7 +184,8 @@ class LiveJob:
 
     def __init__(self, topology_path: Path, command: list[str], run_dir: Path, resume: bool = False) -> None:
         self.topology: Topology = load_topology(topology_path)
-        specs = plan_processes(self.topology, topology_path, command, run_dir, resume=resume)
+        self._ports = PortReservations()  # the schedulers' ports, held until the job ends (geomx.cluster.ports)
+        specs = plan_processes(self.topology, topology_path, command, run_dir, resume=resume, ports=self._ports)
         self.output = io.StringIO()
         self.launcher = Launcher(specs, run_dir, shutdown_grace_s=self.topology.timeouts.shutdown_s + 10,
                                  out=self.output)
@@ -193,7 +194,10 @@ class LiveJob:
         self._thread.start()
 
     def _run(self) -> None:
-        self.result = self.launcher.run()
+        try:
+            self.result = self.launcher.run()
+        finally:
+            self._ports.close()
 
     def wait_for_ports(self, timeout: float) -> dict[str, set[int]]:
         """Process label -> its listening ports, once every process of the job listens on one."""

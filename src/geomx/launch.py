@@ -28,7 +28,8 @@ from typing import IO, Any
 
 from .cluster.addresses import announce_when_listening as announce_tier
 from .cluster.addresses import claim
-from .cluster.ports import PortReservations, free_port
+from .cluster.ports import PortReservations, distinct_free_ports
+from .cluster.ports import free_port as free_port  # (a public name here: tests and benchmarks use it)
 from .cluster.processes import KILL_WAIT_S, STOP_GRACE_S, alive, descendants, die_with_parent, signal_tree
 from .cluster.processes import job_processes as job_processes  # (where fault injection has always found it)
 from .cluster.status_page import announce_when_listening
@@ -115,7 +116,7 @@ def plan_processes(topology: Topology, topology_path: Path, command: list[str], 
     selected = [] if global_only else parties or [p.name for p in topology.parties]
     for name in selected:
         topology.party(name)  # raises on unknown party
-    pick_port = ports.take if ports is not None else lambda: free_port(host)
+    pick_port = ports.take if ports is not None else distinct_free_ports(host)
     global_address = global_scheduler or f"{host}:{pick_port()}"
     node_cmd = [sys.executable, "-m", "geomx.node"]
     specs: list[ProcessSpec] = []

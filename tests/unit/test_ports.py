@@ -7,6 +7,7 @@ import socket
 import pytest
 import zmq
 
+from geomx.cluster import ports as ports_module
 from geomx.launch import PortReservations, free_port
 
 
@@ -46,3 +47,19 @@ def test_two_takes_give_two_ports_released_at_the_end_and_free_port_releases_its
     plain_bind(first)
     plain_bind(second)
     plain_bind(free_port())
+
+
+def test_a_plan_without_held_ports_never_gives_two_schedulers_the_same_port(monkeypatch, tmp_path):
+    """Released at once, a picked port can come up again for the next scheduler of the same plan: the picker
+    remembers what it gave (here the OS's picks repeat on purpose)."""
+    from geomx import launch as launch_module
+    from geomx.config import topology_from_dict
+    from geomx.launch import plan_processes
+
+    repeats = iter([20001, 20001, 20001, 20002, 20002, 20003, 20004, 20005, 20006])
+    for module in (ports_module, launch_module):
+        monkeypatch.setattr(module, "free_port", lambda host="127.0.0.1": next(repeats))
+    topology = topology_from_dict({"parties": {"dc0": 1, "dc1": 1}})
+    specs = plan_processes(topology, tmp_path / "t.yaml", ["python", "train.py"], tmp_path)
+    addresses = {value for spec in specs for key, value in spec.env.items() if key.endswith("SCHEDULER")}
+    assert len(addresses) == 3, [spec.env for spec in specs]

@@ -5,6 +5,7 @@ Usage::
     with PortReservations("127.0.0.1") as ports:
         scheduler = f"127.0.0.1:{ports.take()}"
     free_port("127.0.0.1")                      # one port, released at once (a caller that cannot hold it)
+    pick = distinct_free_ports("127.0.0.1")     # several such ports, never the same one twice
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import random
 import socket
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -89,3 +91,22 @@ def free_port(host: str = "127.0.0.1") -> int:
     """
     with PortReservations(host) as ports:
         return ports.take()
+
+
+def distinct_free_ports(host: str = "127.0.0.1") -> Callable[[], int]:
+    """A picker of free ports released at once (:func:`free_port`) that never gives the same port twice.
+
+    A job's plan picks a port per scheduler before any of them binds: released at once, the same port can come
+    up again for the next scheduler (seen in CI: a party's scheduler exited with "Address already in use" on the
+    global scheduler's port). Usage: ``pick = distinct_free_ports(); first, second = pick(), pick()``
+    """
+    given: set[int] = set()
+
+    def pick() -> int:
+        port = free_port(host)
+        while port in given:
+            port = free_port(host)
+        given.add(port)
+        return port
+
+    return pick
