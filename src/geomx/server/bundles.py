@@ -12,8 +12,8 @@ has its answer the bundle is answered in one message, its parts in the bundle's 
 Early answers (``geomx.core.early``): an early sum goes to a slice's owning rank as its own message, and the
 round's bare answer, which settles it, comes later in the bundle's reply. Both leave the server's priority queue
 toward the same rank (``geomx.transport.links``: highest priority first, in order within one priority), so the
-bundle's reply travels at the lowest priority of its parts and of every early sum sent for one of them while it
-was open: it never overtakes an early sum it settles.
+bundle's reply travels at the lowest priority of its parts and of every early sum of their rounds (sent before the
+bundle came or while it is open): it never overtakes an early sum it settles.
 
 Usage (inside the server, under its lock)::
 
@@ -54,6 +54,7 @@ class Bundles:
         self._ids = itertools.count(1)
         self.parts: dict[tuple[str, int], tuple[_Open, int, int]] = {}  # (sender, part id): bundle, index, own id
         self.slices: dict[tuple[str, int, int], _Open] = {}  # (sender, key, slice) of a part waiting: its bundle
+        self.early: dict[tuple[str, int, int], int] = {}  # (client, key, slice) sent an early sum: at what priority
 
     def on_bundle(self, message: Message) -> None:
         """A client's bundle (decoded: ``geomx.protocol.wire`` checked its parts): each part dispatched alone."""
@@ -65,31 +66,37 @@ class Bundles:
             part.sender = message.sender
             self.parts[(sender, part.request_id)] = (bundle, index, own)
             self.slices[(sender, part.key, part.slice)] = bundle
+            early = self.early.get((sender, part.key, part.slice))  # sent before the bundle came: still queued?
+            if early is not None:
+                bundle.priority = min(bundle.priority, early)
         for part in parts:
             self.dispatch(part)
 
     def sending(self, peer: str, message: Message) -> bool:
         """``message`` is about to go to ``peer``: True if it answers a bundle's part (kept; the bundle is answered
-        once every part is); an early sum for a part keeps its bundle's reply behind it (False: it goes)."""
+        once every part is). An early sum goes (False), and keeps the reply of a bundle with its slice behind it."""
+        where = (peer, message.key, message.slice)
         if not message.is_reply:
             if EarlyAnswers.is_early(message):
-                bundle = self.slices.get((peer, message.key, message.slice))
+                self.early[where] = message.priority
+                bundle = self.slices.get(where)
                 if bundle is not None:
                     bundle.priority = min(bundle.priority, message.priority)
             return False
+        self.early.pop(where, None)  # the round's answer: its early sum, if any, is settled
         entry = self.parts.pop((peer, message.request_id), None)
         if entry is None:
             return False
         bundle, index, own = entry
-        if self.slices.get((peer, message.key, message.slice)) is bundle:
-            del self.slices[(peer, message.key, message.slice)]
+        if self.slices.get(where) is bundle:
+            del self.slices[where]
         message.request_id = own
         bundle.answers[index] = message
         bundle.left -= 1
         if bundle.left == 0:
             answers = [answer for answer in bundle.answers if answer is not None]
             self.send(peer, Message(Kind.BUNDLE, request_id=bundle.request_id, priority=bundle.priority,
-                                             flags=Flag.REPLY, parts=answers))
+                                    flags=Flag.REPLY, parts=answers))
         return True
 
     def __len__(self) -> int:
