@@ -58,6 +58,7 @@ def test_fsa_in_collective_parties_equals_single_process_sgd(geomx_job, tmp_path
         assert all("/worker/" in e["peer"] for e in early), {e["peer"] for e in early}
     else:  # the servers answer with weights: none goes early
         assert early == []
+    assert_ranks_push_bundles(job, lan)
     workers = job.workers()
     assert {report["mode"] for _, report in workers.values()} == {mode}
     jobkit.assert_fsa_equivalent(workers, num_workers=4)
@@ -79,6 +80,28 @@ def assert_model_digests_agree(job) -> None:
     assert any(step > 0 for step in compared), digests
     assert all(len(set(found.values())) == 1 for found in compared.values()), compared
     assert "disagree on the model" not in job.output
+
+
+def assert_ranks_push_bundles(job: Any, lan: dict[str, str]) -> None:
+    """A collective party's rank sends the slices it owns of a bucket for one global server as one BUNDLE (each
+    rank owns several slices here), answered as one; a party with a local server sends a PUSHPULL per slice, and
+    the global server answers a bundle only with a bundle."""
+    from geomx.transport.trace import read_trace
+
+    events = read_trace([job.run_dir])
+    for party, tier in lan.items():
+        up = [e for e in events if e["node"].startswith(f"{party}/") and e["event"] == "queue" and not e["reply"]
+              and "/global_server/" in e["peer"]]
+        kinds = {e["kind"] for e in up}
+        if tier == "collective":
+            assert "BUNDLE" in kinds, (party, kinds)
+            bundles = [e for e in up if e["kind"] == "BUNDLE"]
+            assert len(bundles) >= jobkit.STEPS, (party, len(bundles))
+        else:
+            assert "BUNDLE" not in kinds and "PUSHPULL" in kinds, (party, kinds)
+    answers = [e for e in events if e["node"].startswith("global_server") and e["event"] == "queue" and e["reply"]]
+    bundled = {e["peer"] for e in answers if e["kind"] == "BUNDLE"}
+    assert bundled and all("/worker/" in peer for peer in bundled), bundled
 
 
 @pytest.mark.parametrize("lan", ["collective", "server"])

@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from geomx.protocol import kinds, wire
 from geomx.protocol.wire import (
@@ -92,6 +94,37 @@ def test_a_forged_bundle_is_refused_by_name(forge: Any, named: str) -> None:
     frames = bundle_frames([push(1), push(2)])
     with pytest.raises(WireError, match=named.replace("[", r"\[").replace("]", r"\]")):
         decode(forge(frames))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_a_mutated_bundle_raises_only_wire_error(data: st.DataObject) -> None:
+    """Bytes flipped, frames dropped, repeated or swapped, the body rewritten: decoding raises WireError or yields
+    a bundle of PUSHPULLs; nothing else (a server's van drops what raises WireError, naming why, and goes on)."""
+    frames = bundle_frames([push(1), encoded_push(2), push(3, size=0)])
+    for _ in range(data.draw(st.integers(1, 3))):
+        how = data.draw(st.integers(0, 4))
+        index = data.draw(st.integers(0, len(frames) - 1)) if frames else 0
+        if how == 0 and frames and frames[index]:
+            raw = bytearray(frames[index])
+            raw[data.draw(st.integers(0, len(raw) - 1))] = data.draw(st.integers(0, 255))
+            frames[index] = bytes(raw)
+        elif how == 1 and frames:
+            del frames[index]
+        elif how == 2 and frames:
+            frames.insert(index, frames[data.draw(st.integers(0, len(frames) - 1))])
+        elif how == 3 and len(frames) > 1:
+            other = data.draw(st.integers(0, len(frames) - 1))
+            frames[index], frames[other] = frames[other], frames[index]
+        elif how == 4 and len(frames) > 1:
+            counts = data.draw(st.lists(st.integers(-1, 12), max_size=4)) if data.draw(st.booleans()) else 3
+            frames[1] = json.dumps({"parts": counts}).encode()
+    try:
+        message = decode(frames)
+    except WireError:
+        return
+    if message.kind is Kind.BUNDLE:
+        assert all(part.kind is Kind.PUSHPULL and not part.is_reply for part in message.parts or [])
 
 
 def test_a_bundle_inside_a_bundle_is_refused() -> None:
