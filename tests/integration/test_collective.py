@@ -58,6 +58,7 @@ def test_fsa_in_collective_parties_equals_single_process_sgd(geomx_job, tmp_path
         assert all("/worker/" in e["peer"] for e in early), {e["peer"] for e in early}
     else:  # the servers answer with weights: none goes early
         assert early == []
+    assert_ranks_push_bundles(job, lan)
     workers = job.workers()
     assert {report["mode"] for _, report in workers.values()} == {mode}
     jobkit.assert_fsa_equivalent(workers, num_workers=4)
@@ -79,6 +80,28 @@ def assert_model_digests_agree(job) -> None:
     assert any(step > 0 for step in compared), digests
     assert all(len(set(found.values())) == 1 for found in compared.values()), compared
     assert "disagree on the model" not in job.output
+
+
+def assert_ranks_push_bundles(job: Any, lan: dict[str, str]) -> None:
+    """A collective party's rank sends the slices it owns of a bucket for one global server as one BUNDLE (each
+    rank owns several slices here), answered as one; a party with a local server sends a PUSHPULL per slice, and
+    the global server answers a bundle only with a bundle."""
+    from geomx.transport.trace import read_trace
+
+    events = read_trace([job.run_dir])
+    for party, tier in lan.items():
+        up = [e for e in events if e["node"].startswith(f"{party}/") and e["event"] == "queue" and not e["reply"]
+              and "/global_server/" in e["peer"]]
+        kinds = {e["kind"] for e in up}
+        if tier == "collective":
+            assert "BUNDLE" in kinds, (party, kinds)
+            bundles = [e for e in up if e["kind"] == "BUNDLE"]
+            assert len(bundles) >= jobkit.STEPS, (party, len(bundles))
+        else:
+            assert "BUNDLE" not in kinds and "PUSHPULL" in kinds, (party, kinds)
+    answers = [e for e in events if e["node"].startswith("global_server") and e["event"] == "queue" and e["reply"]]
+    bundled = {e["peer"] for e in answers if e["kind"] == "BUNDLE"}
+    assert bundled and all("/worker/" in peer for peer in bundled), bundled
 
 
 @pytest.mark.parametrize("lan", ["collective", "server"])
@@ -483,13 +506,18 @@ def bisparse_hfa_job(geomx_job: Any, tmp_path: Path, *args: str) -> None:
     assert job.summary["wan_bytes"] <= 0.8 * dense, (job.summary["wan_bytes"], dense)
 
 
-def test_a_collective_party_sends_the_wan_bytes_of_a_server_party_spread_over_its_ranks(geomx_job, tmp_path):
+def test_a_collective_party_sends_the_wan_bytes_of_a_server_party_spread_over_its_ranks(geomx_job, tmp_path,
+                                                                                       monkeypatch):
     """The same FSA job with every party's LAN tier a local server, then a collective group: each party's WAN
-    bytes within 2%, and a collective party's ranks each carry their share over their own connection. Early
-    answers off in both: a local server gets the others' sum ahead and then a tensor-less answer, one more header
-    per slice that a collective party, not one connection, never gets (6% more WAN bytes at 128-element slices)."""
+    bytes within 2% (and a bundle's own header and body, under 128 bytes, for each bundle a rank sent), and a
+    collective party's ranks each carry their share over their own connection. Early answers off in both: a local
+    server gets the others' sum ahead and then a tensor-less answer, one more header per slice that a collective
+    party, not one connection, never gets (6% more WAN bytes at 128-element slices)."""
+    from geomx.transport.trace import read_trace
+
     jobs = {}
     for lan in ("server", "collective"):
+        monkeypatch.setenv("GEOMX_TRACE", "1" if lan == "collective" else "0")
         path = topology(tmp_path / lan, {"dc0": lan, "dc1": lan}, top={"early_answers": False}, slice_elems=128)
         jobs[lan] = geomx_job(SCRIPT, topology=path, name=lan)
         jobs[lan].assert_ok()
@@ -497,8 +525,13 @@ def test_a_collective_party_sends_the_wan_bytes_of_a_server_party_spread_over_it
     server, collective = ({party: sum(link["sent"] for link in links_to_global_servers(read_stats(jobs[lan].run_dir),
                                                                                       party))
                            for party in ("dc0", "dc1")} for lan in ("server", "collective"))
+    events = read_trace([jobs["collective"].run_dir])
     for party in ("dc0", "dc1"):
-        assert abs(collective[party] - server[party]) <= 0.02 * server[party], (party, server, collective)
+        bundles = sum(1 for e in events if e["node"].startswith(f"{party}/") and e["event"] == "queue"
+                      and e["kind"] == "BUNDLE" and not e["reply"])
+        assert bundles >= jobkit.STEPS, (party, bundles)
+        allowed = 0.02 * server[party] + 128 * bundles
+        assert abs(collective[party] - server[party]) <= allowed, (party, bundles, server, collective)
     ranks = {entry["name"]: entry["wan"]["sent"] for entry in read_stats(jobs["collective"].run_dir)
              if entry.get("party") == "dc1" and entry.get("role") == "worker"}
     assert len(ranks) == 2 and min(ranks.values()) > 0.9 * max(ranks.values()), ranks  # balanced within 10%

@@ -34,6 +34,7 @@ class Recorder:
     def __init__(self, carries_codecs: bool = True) -> None:
         self.carries_codecs = carries_codecs
         self.sent: list[tuple[str, Message]] = []
+        self.together: list[tuple[str, list[tuple[int, int]]]] = []  # what push_together sent as one, per server
         self.names = {"gs0": "global server 0", "gs1": "global server 1"}
 
     def push(self, server: str, message: Message) -> Future[Message]:
@@ -41,6 +42,11 @@ class Recorder:
         return Future()
 
     call = push
+
+    def push_together(self, server: str, messages: list[Message]) -> list[Future[Message]]:
+        """A bundle's parts: each recorded as the message it is (``geomx.protocol.wire``: a part is exactly that)."""
+        self.together.append((server, [(m.key, m.slice) for m in messages]))
+        return [self.push(server, message) for message in messages]
 
     def wait(self, future: Future[Message], timeout: float, what: str) -> Message:
         if not future.done():
@@ -93,7 +99,12 @@ def test_the_kvstore_and_a_rank_send_a_slice_as_the_same_message(spec: dict[str,
     assert {server for server, _ in store_record.sent} == set(SERVERS)
     if spec is not None or dtype == torch.bfloat16:  # encoded: a codec's payload, not the plain tensor
         assert all(message.encoded is not None for _, message in store_record.sent)
-    assert _wire(store_record.sent) == _wire(rank_record.sent)
+    assert sorted(_wire(store_record.sent)) == sorted(_wire(rank_record.sent))  # a rank's: grouped by server
+    # the rank sends each server's slices together (one BUNDLE on the direct route), the kvstore each alone
+    assert sorted(rank_record.together) == sorted(
+        (server, [(KEY, i) for i in range(len(info.slices)) if rank_sender.server(KEY, i) == server])
+        for server in SERVERS)
+    assert store_record.together == []
 
 
 def test_a_route_that_carries_no_codec_payload_gets_a_bfloat16_slice_plain_from_both() -> None:

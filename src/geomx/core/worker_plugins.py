@@ -15,6 +15,7 @@ Usage::
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -51,6 +52,14 @@ class PushRoute:
     def push(self, server: str, message: Message) -> Future[Message]:
         """Send ``message`` (a PUSHPULL of one slice, for ``server``); the future resolves with the round's value."""
         return self._context.requests.call(server, message)
+
+    def push_together(self, server: str, messages: Sequence[Message]) -> list[Future[Message]]:
+        """Send ``messages`` (PUSHPULLs of slices ``server`` holds) as few messages as fit (``Requests.call_together``:
+        BUNDLEs); one future per message. A route that sends pushes its own way (overrides ``push``) sends them one
+        by one through it."""
+        if type(self).push is not PushRoute.push:
+            return [self.push(server, message) for message in messages]
+        return self._context.requests.call_together(server, messages)
 
     def handles(self, message: Message) -> bool:
         """Take ``message`` if it belongs to the route (True), before the worker matches it to a request."""

@@ -12,7 +12,14 @@ A message travels as ZeroMQ frames ``[header, body, *data]``:
 
 A message's kind is one of the core's (``Kind``: registration, pushes, pulls, …) or one an algorithm declares
 for itself (``PluginKind``, numbered in ``PLUGIN_KINDS``): this layer knows no algorithm, only which numbers are
-theirs. Every field is validated on decode; anything wrong raises ``WireError`` naming the field.
+theirs (``geomx.protocol.kinds``). Every field is validated on decode; anything wrong raises ``WireError`` naming
+the field.
+
+A ``BUNDLE`` carries several PUSHPULLs for one server as one message (or, flagged ``REPLY``, their answers, each
+a PUSHPULL answer or an ERROR): its header has no tensor, its body is ``{"parts": [n0, n1, ...]}`` (each part's
+frame count) and its data frames are the parts' own frames, each part exactly the message it would be alone. At
+most ``MAX_BUNDLE_PARTS`` parts; no bundle inside a bundle. ``bundled`` cuts a sender's messages into bundles of
+at most ``MAX_BUNDLE_BYTES`` of payload each (a larger message travels alone).
 
 Usage::
 
@@ -20,6 +27,7 @@ Usage::
     message = decode(frames)
     MINE = PluginKind(40, "myalgo.mine")               # in an algorithm's folder: geomx.algorithms.myalgo.kinds
     assert decode(encode(Message(MINE))).kind == MINE  # ==, never ``is``: decoded, it is a new int
+    decode(encode(Message(Kind.BUNDLE, parts=[push0, push1]))).parts     # [push0, push1], decoded
 """
 
 from __future__ import annotations
@@ -27,15 +35,17 @@ from __future__ import annotations
 import enum
 import json
 import math
-import operator
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeAlias
+from typing import Any
 
 import numpy as np
 
-PROTOCOL_VERSION = 2  # 2: the algorithms' kinds moved out of Kind into PLUGIN_KINDS
+from .kinds import PLUGIN_KINDS, Kind, MessageKind, PluginKind
+from .kinds import check_plugin_kinds as check_plugin_kinds  # re-exported: the kinds' home is kinds.py
+
+PROTOCOL_VERSION = 3  # 2: the algorithms' kinds moved out of Kind into PLUGIN_KINDS; 3: Kind.BUNDLE
 MAX_NDIM = 8
 MAX_BODY_BYTES = 1 << 20
 
@@ -46,98 +56,6 @@ SliceId = tuple[int, int]
 
 class WireError(ValueError):
     """A frame sequence that is not a valid geomx message."""
-
-
-class Kind(enum.IntEnum):
-    """What a message asks for (or answers, with ``Flag.REPLY``)."""
-
-    REGISTER = 1  # node -> scheduler: who I am, where I listen; reply: the address book
-    INIT = 2  # client -> server: declare a key (the master's copy carries the initial value)
-    PUSHPULL = 3  # client -> server: contribute to this round; reply: the round's result
-    PULL = 4  # client -> server: the current value
-    CONFIGURE = 5  # master worker -> servers: JSON {"optimizer": spec, "sync": name}
-    BARRIER = 6  # client -> server: a round without data
-    STATS = 7  # anyone -> node: its byte counters (JSON)
-    SHUTDOWN = 8  # client -> server / node -> scheduler: I am done
-    ERROR = 9  # reply carrying {"error": "..."} in the body
-    HEARTBEAT = 10  # reserved for failure detection
-    MEMBERS = 11  # global scheduler -> global servers: a restarted party's local server replaces its dead one
-
-
-# The header numbers an algorithm may give its own message kinds (``PluginKind``). Below them: ``Kind``'s, the
-# core's (the numbers it does not use yet are kept free for it to grow; 0 is never a kind).
-PLUGIN_KINDS = range(32, 256)
-
-
-class PluginKind(int):
-    """A message kind that an algorithm declares for itself, so that the wire needs no change per algorithm.
-
-    An int in ``PLUGIN_KINDS`` with a ``name`` for logs and traces. It compares and hashes as its number: a
-    received message's kind (decoded without a name, since the wire knows no algorithm) equals the declared
-    one and finds its handler in a dict keyed by it. Compare kinds with ``==`` or look them up; never with
-    ``is``. Two algorithms must not declare the same number: ``check_plugin_kinds`` refuses that (the
-    algorithms' registry lists every declared kind).
-
-    Usage::
-
-        OVERLAY = PluginKind(40, "myalgo.overlay")
-        handlers = {OVERLAY: on_overlay}
-        handlers[decode(frames).kind]          # a received OVERLAY (an unnamed PluginKind(40)) finds on_overlay
-    """
-
-    _name: str
-
-    def __new__(cls, value: int, name: str | None = None) -> PluginKind:
-        if isinstance(value, bool):
-            raise ValueError(f"a plugin message kind is a number in {_span(PLUGIN_KINDS)}, not {value!r}")
-        number = operator.index(value)
-        if number not in PLUGIN_KINDS:
-            raise ValueError(f"plugin message kind {number} ({name or 'unnamed'}) is outside {_span(PLUGIN_KINDS)}, "
-                             f"the numbers reserved for algorithms' kinds (1..{max(Kind)} are the core's Kind)")
-        self = super().__new__(cls, number)
-        self._name = name if name else f"kind {number}"
-        return self
-
-    @property
-    def name(self) -> str:
-        """The declared name (``"myalgo.overlay"``), or ``"kind N"`` for one decoded from the wire."""
-        return self._name
-
-    def __repr__(self) -> str:
-        return f"PluginKind({int(self)}, {self._name!r})"
-
-    def __str__(self) -> str:
-        return str(int(self))  # as IntEnum's: the number (f-strings and %s included)
-
-    def __getnewargs__(self) -> tuple[int, str]:  # type: ignore[override]
-        return int(self), self._name
-
-
-# What ``Message.kind`` holds: a core kind, or an algorithm's.
-MessageKind: TypeAlias = Kind | PluginKind
-
-
-def _span(numbers: range) -> str:
-    return f"{numbers.start}..{numbers.stop - 1}"
-
-
-def check_plugin_kinds(kinds: Iterable[PluginKind]) -> None:
-    """ValueError naming both when two declared kinds share a number: on the wire they would be one kind, and
-    the second algorithm's handler would take the first one's messages.
-
-    Usage::
-
-        check_plugin_kinds([PluginKind(40, "a.one"), PluginKind(41, "b.one")])   # fine
-        check_plugin_kinds([PluginKind(40, "a.one"), PluginKind(40, "b.one")])   # ValueError: both 40
-    """
-    seen: dict[int, PluginKind] = {}
-    for kind in kinds:
-        if not isinstance(kind, PluginKind):
-            raise ValueError(f"{kind!r} is not a PluginKind")
-        other = seen.setdefault(int(kind), kind)
-        if other is not kind and other.name != kind.name:
-            raise ValueError(f"message kinds {other.name!r} and {kind.name!r} share the number {int(kind)}; "
-                             f"give one of them another number in {_span(PLUGIN_KINDS)}")
 
 
 class Flag(enum.IntFlag):
@@ -208,6 +126,7 @@ class Message:
     dtype: np.dtype[Any] | None = None  # set with SHAPE_ONLY (and mirrors tensor.dtype otherwise)
     shape: tuple[int, ...] = ()
     sender: bytes = field(default=b"", compare=False)
+    parts: list[Message] | None = None  # a BUNDLE's: its PUSHPULLs (a request's) or their answers (a reply's)
 
     @property
     def is_reply(self) -> bool:
@@ -227,6 +146,8 @@ class Message:
 
 def encode(message: Message) -> list[bytes | memoryview]:
     """Frames for ``message``. Tensor data is referenced, not copied: keep it alive and unchanged until sent."""
+    if message.kind is Kind.BUNDLE:
+        return _encode_bundle(message)
     data: list[bytes | memoryview]
     flags = int(message.flags)
     if not isinstance(message.kind, (Kind, PluginKind)):
@@ -282,7 +203,7 @@ def _buffer(frame: Any) -> memoryview:
     raise WireError(f"frame of type {type(frame).__name__} is not a buffer")
 
 
-def decode(frames: Sequence[Any], max_message_bytes: int = 1 << 31) -> Message:
+def decode(frames: Sequence[Any], max_message_bytes: int = 1 << 31, _inside: bool = False) -> Message:
     """Parse and validate frames into a Message; raises WireError saying what is wrong."""
     if len(frames) < 2:
         raise WireError(f"a message has at least 2 frames (header, body), got {len(frames)}")
@@ -322,6 +243,13 @@ def decode(frames: Sequence[Any], max_message_bytes: int = 1 << 31) -> Message:
             raise WireError(f"body is not valid JSON: {type(exc).__name__}: {str(exc)[:200]}") from None
         if not isinstance(body, dict):
             raise WireError("body must be a JSON object")
+    if kind_value is Kind.BUNDLE:
+        if _inside:
+            raise WireError("a bundle inside a bundle")
+        if codec or code or ndim or key or index or round_:
+            raise WireError("a bundle's header carries no tensor, key, slice or round of its own")
+        parts = _decode_parts(body, frames[2:], bool(flags & _REPLY), max_message_bytes)
+        return Message(Kind.BUNDLE, request_id=request_id, priority=priority, flags=_FLAGS[flags], parts=parts)
     dtype: np.dtype[Any] | None = None
     tensor: np.ndarray | None = None
     encoded: list[np.ndarray] | None = None
@@ -370,3 +298,87 @@ def decode(frames: Sequence[Any], max_message_bytes: int = 1 << 31) -> Message:
 def frames_nbytes(frames: Sequence[Any]) -> int:
     """Total payload bytes of a frame list (what the byte counters count)."""
     return sum(len(_buffer(f)) for f in frames)
+
+
+MAX_BUNDLE_PARTS = 1024
+MAX_BUNDLE_BYTES = 1 << 20  # a bundle's payload, as ``bundled`` cuts them (a larger message travels alone)
+BUNDLE_PARTS = "parts"  # a bundle's body: each part's frame count, in order
+
+
+def payload_nbytes(message: Message) -> int:
+    """The bytes of ``message``'s tensor or encoded frames (0 for none)."""
+    if message.encoded is not None:
+        return sum(frame.nbytes for frame in message.encoded)
+    return 0 if message.tensor is None else int(message.tensor.nbytes)
+
+
+def bundled(messages: Sequence[Message], max_bytes: int = MAX_BUNDLE_BYTES,
+            max_parts: int = MAX_BUNDLE_PARTS) -> list[list[Message]]:
+    """``messages`` in order, cut into runs of at most ``max_parts`` messages and ``max_bytes`` of payload each
+    (a message larger than ``max_bytes`` is a run of its own): each run of two or more travels as one BUNDLE."""
+    runs: list[list[Message]] = []
+    size = 0
+    for message in messages:
+        nbytes = payload_nbytes(message)
+        if not runs or len(runs[-1]) >= max_parts or size + nbytes > max_bytes:
+            runs.append([])
+            size = 0
+        runs[-1].append(message)
+        size += nbytes
+    return runs
+
+
+def _check_part(part: Message, index: int, reply: bool) -> None:
+    if part.kind is Kind.BUNDLE:
+        raise WireError(f"bundle part {index}: a bundle inside a bundle")
+    if part.is_reply != reply:
+        raise WireError(f"bundle part {index}: a {'reply' if reply else 'request'} bundle holds "
+                        f"{'replies' if reply else 'requests'} only")
+    if part.kind is not Kind.PUSHPULL and not (reply and part.kind is Kind.ERROR):
+        raise WireError(f"bundle part {index}: a bundle carries PUSHPULLs and their answers, not {part.kind.name}")
+
+
+def _encode_bundle(message: Message) -> list[bytes | memoryview]:
+    parts = message.parts or []
+    if not 1 <= len(parts) <= MAX_BUNDLE_PARTS:
+        raise WireError(f"a bundle holds 1..{MAX_BUNDLE_PARTS} parts, not {len(parts)}")
+    frames: list[bytes | memoryview] = []
+    counts = []
+    for index, part in enumerate(parts):
+        _check_part(part, index, message.is_reply)
+        encoded = encode(part)
+        counts.append(len(encoded))
+        frames += encoded
+    header = _HEADER.pack(_MAGIC, PROTOCOL_VERSION, int(Kind.BUNDLE), int(message.flags) & _REPLY, 0, 0, 0,
+                          message.priority, 0, 0, 1, message.request_id, 0)
+    return [header, json.dumps({BUNDLE_PARTS: counts}, separators=(",", ":")).encode(), *frames]
+
+
+def _decode_parts(body: dict[str, Any] | None, frames: Sequence[Any], reply: bool,
+                  max_message_bytes: int) -> list[Message]:
+    """A bundle's parts, each decoded and checked as a message of its own."""
+    unknown = sorted(set(body or {}) - {BUNDLE_PARTS})
+    if unknown:
+        raise WireError(f"bundle body has unknown keys {unknown}; it holds only {BUNDLE_PARTS!r}")
+    counts = (body or {}).get(BUNDLE_PARTS)
+    if not isinstance(counts, list) or not 1 <= len(counts) <= MAX_BUNDLE_PARTS:
+        raise WireError(f"bundle body needs {BUNDLE_PARTS!r}: a list of 1..{MAX_BUNDLE_PARTS} frame counts")
+    if not all(type(count) is int and 2 <= count <= 2 + MAX_ENCODED_FRAMES for count in counts):
+        raise WireError(f"bundle part frame counts must be integers in 2..{2 + MAX_ENCODED_FRAMES}")
+    if sum(counts) != len(frames):
+        raise WireError(f"bundle of {len(counts)} parts declares {sum(counts)} frames but carries {len(frames)} "
+                        "(truncated, or its part count is wrong)")
+    if frames_nbytes(frames) > max_message_bytes:
+        raise WireError(f"bundle of {frames_nbytes(frames)} bytes exceeds the limit {max_message_bytes}")
+    parts = []
+    start = 0
+    for index, count in enumerate(counts):
+        try:
+            part = decode(frames[start:start + count], max_message_bytes, _inside=True)
+        except WireError as exc:
+            raise WireError(f"bundle part {index}: {exc}") from None
+        _check_part(part, index, reply)
+        parts.append(part)
+        start += count
+    return parts
+

@@ -47,6 +47,7 @@ from ..runs.runlog import StatsFile
 from ..transport.rpc import Requests
 from ..transport.trace import Tracer
 from ..transport.van import Van
+from .bundles import Bundles
 from .compose import compose
 from .configure import Configure, build_optimizer
 from .departures import Departures
@@ -107,9 +108,11 @@ class ParameterServer:
         self.departures = Departures(self)
         self.pushpulls = PushPulls(self)
         self.upstream_link = Upstream(self, held=self.pushpulls.on_held_pull)
+        self.bundles = Bundles(self._handle, lambda peer, message: self.van.send(peer, message))
         self.handlers: dict[MessageKind, Callable[[Message], None]] = {
             Kind.INIT: self.inits.request, Kind.PUSHPULL: self.pushpulls.on_pushpull,
             Kind.PULL: self.upstream_link.on_pull, Kind.BARRIER: self.table.contribute,
+            Kind.BUNDLE: self.bundles.on_bundle,
             Kind.SHUTDOWN: self.departures.on_shutdown, Kind.CONFIGURE: Configure(self).on_configure,
             **plugins.requests(),
         }
@@ -266,8 +269,9 @@ class ParameterServer:
     def refuse(self, message: Message, text: str) -> None:
         sender = message.sender.decode()
         log.warning("[%s] refused %s from %s: %s", self.name, message.kind.name, self.display(sender), text)
-        if self.van.knows(sender):
-            self.van.send(sender, message.error(f"{self.name}: {text}"))
+        error = message.error(f"{self.name}: {text}")
+        if not self.bundles.sending(sender, error) and self.van.knows(sender):
+            self.van.send(sender, error)
 
     def _handle(self, message: Message) -> None:
         sender = message.sender.decode()
@@ -321,7 +325,8 @@ class ParameterServer:
 
     def send(self, peer: str, message: Message) -> None:
         self.route.outgoing(peer, message)
-        self.van.send(peer, message)
+        if not self.bundles.sending(peer, message):  # a bundle's part: answered with the bundle (server/bundles.py)
+            self.van.send(peer, message)
 
     def push(self, message: Message) -> None:
         self.pushpulls.on_pushpull(message)

@@ -5,16 +5,18 @@ Usage::
     requests = Requests(van)
     future = requests.call("dc1/server", Message(Kind.PULL, key=3))
     reply = requests.wait(future, timeout=30, what="PULL key 3 from dc1/server")
+    futures = requests.call_together("global_server/0", pushes)   # as few BUNDLEs as fit; one future per push
 """
 
 from __future__ import annotations
 
 import itertools
 import threading
+from collections.abc import Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 
-from ..protocol.wire import Kind, Message
+from ..protocol.wire import Kind, Message, bundled
 from .van import Van
 
 
@@ -51,6 +53,46 @@ class Requests:
             return future
         self._van.send(peer, message)
         return future
+
+    def call_together(self, peer: str, messages: Sequence[Message]) -> list[Future[Message]]:
+        """Send ``messages`` (PUSHPULLs) to ``peer`` as one BUNDLE per run ``bundled`` cuts them into (a run of one
+        as itself, by ``call``); one future per message, resolved with its own answer or failed with its own
+        refusal, as ``call``'s would be. A bundle travels at the lowest priority of its parts."""
+        futures: list[Future[Message]] = []
+        for run in bundled(messages):
+            if len(run) == 1:
+                futures.append(self.call(peer, run[0]))
+                continue
+            parts: list[Future[Message]] = [Future() for _ in run]
+            with self._lock:
+                for message in run:
+                    message.request_id = next(self._ids)
+            bundle = self.call(peer, Message(Kind.BUNDLE, priority=min(m.priority for m in run), parts=list(run)))
+            bundle.add_done_callback(lambda done, run=run, parts=parts: self._split(peer, run, parts, done))
+            futures += parts
+        return futures
+
+    def _split(self, peer: str, run: list[Message], parts: list[Future[Message]], done: Future[Message]) -> None:
+        """A bundle's answer, or its failure, handed to each part's future."""
+        name = self.names.get(peer, peer)
+        error = done.exception()
+        answers: list[Message] = []
+        if error is None:
+            reply = done.result()
+            answers = reply.parts or []
+            if reply.kind is not Kind.BUNDLE or [a.request_id for a in answers] != [m.request_id for m in run]:
+                error = RemoteError(f"{name} answered a bundle of {len(run)} requests with {len(answers)} answers "
+                                    "that are not theirs")
+            for answer in answers:
+                answer.sender = reply.sender
+        for index, future in enumerate(parts):
+            if error is not None:
+                future.set_exception(error)
+            elif answers[index].kind is Kind.ERROR:
+                text = (answers[index].body or {}).get("error", "unspecified error")
+                future.set_exception(RemoteError(f"{name} refused the request: {text}"))
+            else:
+                future.set_result(answers[index])
 
     def resolve(self, message: Message) -> bool:
         """Complete the request this reply answers. False if it answers nothing we wait for.

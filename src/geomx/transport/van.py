@@ -43,6 +43,7 @@ from .udp import UdpSender
 __all__ = ["DISPATCH_POLL_S", "LAN", "WAN", "ByteCounters", "DatagramCounts", "Delivery", "Handler", "Hook", "Van"]
 
 log = logging.getLogger("geomx.transport.van")
+_PUSHES = (Kind.PUSHPULL, Kind.BUNDLE)  # what starts training, for the WAN outages' clock
 
 Handler = Callable[[Message], None]
 Hook = Callable[[Message], bool]  # True: the message was consumed
@@ -154,7 +155,7 @@ class Van:
             return
         if peer not in self._peers:
             raise KeyError(f"{self.name}: no connection to peer {peer!r}")
-        if message.kind is Kind.PUSHPULL and self._links.outages:
+        if message.kind in _PUSHES and self._links.outages:
             self._links.outages.training_started(time.monotonic())
         frames = encode(message)
         outgoing = Outgoing(peer, frames, frames_nbytes(frames))
@@ -380,7 +381,7 @@ class Van:
             message.sender = sender.encode()
             if self.tracer is not None:
                 self.tracer.message("in", sender, message, nbytes)
-            if message.kind is Kind.PUSHPULL and self._links.outages:
+            if message.kind in _PUSHES and self._links.outages:
                 self._links.outages.training_started(time.monotonic())
             if message.kind is Kind.HEARTBEAT and self.heartbeat_hook is not None and self.heartbeat_hook(message):
                 continue

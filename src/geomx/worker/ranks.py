@@ -192,12 +192,15 @@ class PartyRanks:
     def send(self, pieces: Sequence[tuple[OwnedSlice, torch.Tensor]], priority: Sequence[int],
              kind: TensorKind = "gradient") -> list[Future[Message]]:
         """Push each ``piece`` (not to be changed until ``land``), encoded by the job's WAN codec if one is set
-        (``kind``: what the piece holds, for the codec); returns the answers' futures."""
+        (``kind``: what the piece holds, for the codec), those for one global server as one message (a BUNDLE; a
+        single piece as a plain PUSHPULL); returns the answers' futures, one per piece."""
         # each piece's data: a view on the CPU (the answer only lands after the send); bfloat16: a copy, and it
         # travels as bfloat16's bits, exact, where the route carries codecs' payloads (FSA's party sums)
-        return [self.sender.push(owned.key, owned.index, host_numpy(piece), self.sender.codec(self.codec, piece),
+        # the pieces for one global server leave together, as few BUNDLEs as fit (geomx.protocol.wire.bundled)
+        return self.sender.push_together([
+            self.sender.pushpull(owned.key, owned.index, host_numpy(piece), self.sender.codec(self.codec, piece),
                                  priority[owned.key] if owned.key < len(priority) else 0, kind)
-                for owned, piece in pieces]
+            for owned, piece in pieces])
 
     def on_early(self, message: Message) -> None:
         """The other parties' sum of a slice this rank owns, sent ahead (the van's thread)."""

@@ -10,6 +10,7 @@ Usage::
     sender = SliceSender(requests, keys, route, codecs, timeout_s=30.0)
     codec = sender.codec(configured, tensor)          # the configured codec; bfloat16's bits where it fits
     future = sender.push(key, index, piece, codec, priority=0)
+    futures = sender.push_together([sender.pushpull(key, i, piece, codec, 0) for i, piece in owned])  # bundled
     data = sender.data(sender.reply(future, key, index, "PUSHPULL"), key, index)
 """
 
@@ -70,10 +71,27 @@ class SliceSender:
              kind: TensorKind = "gradient") -> Future[Message]:
         """Push slice ``index`` of ``key`` (``piece``: its data on the host, not to be changed until its frames are
         sent) through the push route, encoded by ``codec`` (``kind``: what it holds); the answer's future."""
+        return self.route.push(self.server(key, index), self.pushpull(key, index, piece, codec, priority, kind))
+
+    def pushpull(self, key: int, index: int, piece: np.ndarray, codec: Codec | None, priority: int,
+                 kind: TensorKind = "gradient") -> Message:
+        """The PUSHPULL of slice ``index`` of ``key`` that ``push`` sends."""
         info = self.keys.info(key)
-        message = Message(Kind.PUSHPULL, key=key, slice=index, num_slices=len(info.slices), priority=priority,
-                          **payload(codec, key, index, piece, math.prod(info.shape), kind))
-        return self.route.push(self.server(key, index), message)
+        return Message(Kind.PUSHPULL, key=key, slice=index, num_slices=len(info.slices), priority=priority,
+                       **payload(codec, key, index, piece, math.prod(info.shape), kind))
+
+    def push_together(self, messages: Sequence[Message]) -> list[Future[Message]]:
+        """Push ``messages`` (``pushpull``'s), those for one server as few messages as fit (``PushRoute.push_together``:
+        BUNDLEs on the direct route); the answers' futures, in order."""
+        by_server: dict[str, list[int]] = {}
+        for position, message in enumerate(messages):
+            by_server.setdefault(self.server(message.key, message.slice), []).append(position)
+        futures: list[Future[Message] | None] = [None] * len(messages)
+        for server, positions in by_server.items():
+            sent = self.route.push_together(server, [messages[p] for p in positions])
+            for position, future in zip(positions, sent, strict=True):
+                futures[position] = future
+        return [future for future in futures if future is not None]
 
     def reply(self, future: Future[Message], key: int, index: int, what: str) -> Message:
         """A slice's answer, waiting at most the request timeout."""
