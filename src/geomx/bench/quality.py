@@ -11,9 +11,10 @@ the same validation windows. Rows:
   DiLoCo's outer Nesterov (``diloco``, ``streaming``, ``diloco_int8``, ``diloco_bsc``, ``diloco_sparse2bit``).
 
 Each record: ``val_loss`` (the last evaluation), its ratio to ``ddp``'s, ``bytes_per_param`` (WAN bytes the
-non-central party sent, from the run's stats files, per outer step, over the parameter count: per step for the
-FSA-like rows), ``wan_mb`` (the job's WAN bytes, both ways) and ``wall_s``; plots of validation loss against tokens
-and against WAN bytes (``OUT/quality_tokens.png``, ``OUT/quality_wan.png``; the curves also in ``OUT/quality.csv``).
+non-central party sent to the global servers, from the run's stats files, per outer step, over the parameter count:
+per step for the FSA-like rows), ``wan_mb`` (the job's WAN bytes, both ways) and ``wall_s``; plots of validation
+loss against tokens and against WAN bytes (``OUT/quality_tokens.png``, ``OUT/quality_wan.png``; the curves also in
+``OUT/quality.csv``).
 ``--quick`` runs the rows the goals name (``GOAL_ROWS``) at the same budget.
 
 Usage::
@@ -109,7 +110,7 @@ ROWS: tuple[QualityRow, ...] = (
     QualityRow("fsa_bsc", training={"compression": BSC}),
     QualityRow("mixed", training={"sync": "dist_async"}, optimizer="adam"),
     QualityRow("mixed_dcasgd", training={"sync": "dist_async",
-                                         "server_optimizer": {"type": "dcasgd", "lr": 0.3, "momentum": 0.9}}),
+                                         "server_optimizer": {"type": "dcasgd", "lr": 0.3, "momentum": 0.0}}),
     QualityRow("ssp", training={"sync": "dist_ssp", "staleness": 2}, optimizer="adam"),
 )
 ROW_NAMES = tuple(row.name for row in ROWS)
@@ -152,6 +153,19 @@ def outer_steps(row: QualityRow, budget: Budget) -> int:
     """The WAN rounds a party makes: one per step (FSA-like rows), one per K1 x K2 steps under HFA (streaming: a
     cycle of every fragment)."""
     return max(1, budget.steps // budget.outer_every) if row.hfa else budget.steps
+
+
+def sent_to_global_servers(stats: list[dict[str, Any]]) -> dict[str, int]:
+    """Bytes each party's processes sent to the global servers over the WAN (the stats files' per-peer counters):
+    the model's data, without the scheduler's registration, barriers and heartbeats (at 1 s a heartbeat, those
+    would weigh on a small model's figure in proportion to the job's wall time, not to what the codec sends)."""
+    sent: dict[str, int] = {}
+    for entry in stats:
+        party = str(entry.get("party", "?"))
+        to_servers = sum(int(peer.get("sent", 0)) for name, peer in entry.get("peers", {}).items()
+                         if "global_server" in name and peer.get("class") == "wan")
+        sent[party] = sent.get(party, 0) + to_servers
+    return sent
 
 
 def bytes_per_param(sent_by_party: dict[str, int], central: str, rounds: int, params: int) -> float | None:
@@ -216,13 +230,13 @@ def measure_row(row: QualityRow, budget: Budget, out_dir: Path, params: int, com
         result, _ = run_job(name, path, command(WORKER, args), out_dir)
         if result.exit_code != 0:
             raise RuntimeError(f"{name} failed ({result.failed}); see {log}")
-        sent = traffic(read_stats(out_dir / "runs" / name))
-        wan = float(sent["wan_bytes"] or 0)
-        per_param = bytes_per_param(sent["wan_bytes_sent_by_party"], CENTRAL, rounds, params)
+        stats = read_stats(out_dir / "runs" / name)
+        wan = float(traffic(stats)["wan_bytes"] or 0)
+        per_param = bytes_per_param(sent_to_global_servers(stats), CENTRAL, rounds, params)
         wall, estimated = result.wall_s, False
     else:
         if row.kind == "single":
-            cmd = [sys.executable, str(WORKER), *args]
+            cmd = command(WORKER, args)
         else:
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
                    str(budget.world), str(WORKER), *args]
@@ -297,7 +311,8 @@ def measure_rows(names: tuple[str, ...], budget: Budget, out_dir: Path,
                  command: Command = python_command) -> dict[str, Any]:
     """Run the named rows in ``ROWS`` order at ``budget``; the section's dict (``run``'s).
 
-    ``command(script, args)``: how a geomx row's workers start the worker script (a test forks them warm)."""
+    ``command(script, args)``: how the single row and a geomx row's workers start the worker script (a test forks
+    them warm); ddp's ranks start under ``torch.distributed.run``."""
     unknown = sorted(set(names) - set(ROW_NAMES))
     if unknown:
         raise ValueError(f"unknown quality rows {unknown}; valid: {', '.join(ROW_NAMES)}")
@@ -345,8 +360,9 @@ def lines(section: dict[str, Any]) -> list[str]:
               ("~" if r["bytes_estimated"] else "") + fmt(r["bytes_per_param"], ".4f"), fmt(r["wan_mb"], ".2f"),
               fmt(r["wall_s"], ".1f")] for r in section["rows"].values()]
     out += table(["row", "val_loss", "vs ddp", "bytes/param", "WAN MB", "wall s"], cells)
-    out.append("note: bytes/param = WAN bytes dc1 sent / outer steps (FSA-like rows: steps) / parameters; ~: DDP's "
-               "ring all-reduce, computed (2 (N-1)/N x 4), not measured; WAN MB: the job's, both ways.")
+    out.append("note: bytes/param = WAN bytes dc1 sent to the global servers / outer steps (FSA-like rows: steps) / "
+               "parameters; ~: DDP's ring all-reduce, computed (2 (N-1)/N x 4),")
+    out.append("      not measured; WAN MB: the job's, both ways, control traffic included; vs ddp: val_loss / ddp's.")
     for name, goal in section.get("goals", {}).items():
         shown = fmt(goal.get("ratio", goal.get("bytes_per_param")), ".4f")
         out.append(f"goal {name}: {shown} (limit {goal['limit']}): {'met' if goal['met'] else 'not met'}")
