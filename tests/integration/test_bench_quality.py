@@ -22,7 +22,8 @@ from geomx.runs.summary import traffic
 pytestmark = pytest.mark.timeout(300)
 
 # H = 2: an outer step every 2 steps, two in 4; small batches and few validation windows
-TINY = replace(quality.BUDGET, steps=4, batch_size=4, eval_every=2, eval_windows=64, hfa=(1, 2), timeout_s=240)
+TINY = replace(quality.BUDGET, steps=4, batch_size=4, eval_every=2, eval_windows=64, hfa=(1, 2), max_chars=300_000,
+               timeout_s=240)
 
 
 def test_quality_section_runs_single_fsa_and_int8_diloco_and_reads_bytes_from_the_stats_files(tmp_path: Path):

@@ -49,27 +49,29 @@ class Budget:
     """The model, the token budget and the settings every row shares: the one place they are chosen.
 
     Why this size: ``tiny`` (87.7K parameters, context 64, width 64, 2 blocks) takes ~19 ms for a rank's step of
-    16 windows on one loaded core of the 2-core machine, so 4 ranks x 500 steps (2.05M training tokens, ~2.3
-    passes over the 0.9M training characters) take a minute or two per row, and 12 rows fit in well under the
-    40 minutes ``--quick``'s 6 rows are allowed. Over that budget its validation loss falls from ln 128 = 4.85 to
-    about 1.6-1.7 nats per character (below the text's unigram entropy of ~3.3 by far): a loss where a worse
-    synchronization shows. A larger model (dim 96, 3 blocks: 255K) takes 2-2.6x longer a step: the 12 rows would not
-    fit. AdamW at a constant 3e-3 (``examples/lm.py``'s rate) for every row, so that no schedule has to be
-    translated onto the global servers (MixedSync and SSP run Adam there: only Adam translates).
+    16 windows on one core, so the single row's 1500 steps take ~2 minutes on the loaded 2-core machine and a geomx
+    row's 4 ranks about as long: ``--quick``'s 6 rows fit in 40 minutes with room for a load of 10, the 12 rows in
+    about an hour. A larger model (dim 96, 3 blocks: 255K) takes 2-2.6x longer a step and would not fit. 1500
+    steps of 64 windows (6.1M tokens, 1.7 passes over 3.6M training characters): at 500 steps the single row was
+    still falling fast (1.79 nats per character from ln 128 = 4.85), a budget where an algorithm's early lag
+    would count more than what it converges to. AdamW at a constant 3e-3 (``examples/lm.py``'s rate) for every
+    row: no schedule has to be translated onto the global servers (MixedSync and SSP run Adam there: only Adam
+    translates).
 
     DiLoCo at this budget: DiLoCo's outer optimizer (Nesterov, lr 0.7, momentum 0.9, geomx's ``outer_nesterov``)
-    with H = K1 x K2 = 25 inner steps: 20 outer steps in 500 (the paper's H = 500 would leave one). In a
-    collective party the inner steps are data-parallel (the party's gradients averaged every step), as a DiLoCo
-    replica of 2 ranks, so only K1 x K2 matters; K2 = 5 lets streaming cut the model into 5 fragments.
+    with H = K1 x K2 = 25 inner steps: 60 outer steps (the paper's H = 500 would leave 3). In a collective party
+    the inner steps are data-parallel (the party's gradients averaged every step), as a DiLoCo replica of 2 ranks,
+    so only K1 x K2 matters; K2 = 5 lets streaming cut the model into 5 fragments.
     """
 
     preset: str = "tiny"
-    steps: int = 500
+    steps: int = 1500
     batch_size: int = 16  # windows of 64 characters per rank per step: the global batch is 64 windows
     world: int = 4  # 2 parties x 2 ranks; single trains on the global batch
-    eval_every: int = 50  # a multiple of K1 x K2: the distributed rows evaluate a global model
+    eval_every: int = 100  # a multiple of K1 x K2: the distributed rows evaluate a global model
     eval_windows: int = 512  # the first 512 validation windows (32K characters), the same for every row
     lr: float = 3e-3
+    max_chars: int = 4_000_000  # of the standard library's text: 3.6M training characters, 1.7 passes
     hfa: tuple[int, int] = (5, 5)  # K1, K2: an outer step every 25 inner steps
     seed: int = 0
     timeout_s: float = 900.0  # one row's job
@@ -95,6 +97,10 @@ class QualityRow:
 
 
 OUTER = {"server_optimizer": "outer_nesterov"}  # lr 0.7, momentum 0.9: DiLoCo's
+# Residual codecs on DiLoCo's deltas: the outer step is plain averaging (outer SGD, lr 1, no momentum), SparseLoCo's
+# setting, where the error feedback stands for the outer momentum. With Nesterov 0.9 on top, both diverged at 500
+# steps (validation loss 17.6 with Bi-Sparse, 7.47 with sparse2bit, from 3.3 and 2.8 at step 200); averaged: 2.47, 2.41
+AVERAGE = {"server_optimizer": {"type": "outer_nesterov", "lr": 1.0, "momentum": 0.0}}
 BSC = {"type": "bsc", "threshold": 0.01}  # Bi-Sparse, 1% of the elements each way
 ROWS: tuple[QualityRow, ...] = (
     QualityRow("single", "single"),
@@ -104,9 +110,9 @@ ROWS: tuple[QualityRow, ...] = (
     QualityRow("streaming", training={**OUTER, "fragments": 5, "fragment_delay": 1, "fragment_alpha": 0.5},
                hfa=True),
     QualityRow("diloco_int8", training={**OUTER, "compression": {"type": "int8", "block": 256}}, hfa=True),
-    QualityRow("diloco_bsc", training={**OUTER, "compression": BSC}, hfa=True),
-    QualityRow("diloco_sparse2bit", training={**OUTER, "compression": {"type": "sparse2bit", "density": 0.02,
-                                                                        "chunk": 4096}}, hfa=True),
+    QualityRow("diloco_bsc", training={**AVERAGE, "compression": BSC}, hfa=True),
+    QualityRow("diloco_sparse2bit", training={**AVERAGE, "compression": {"type": "sparse2bit", "density": 0.02,
+                                                                          "chunk": 4096}}, hfa=True),
     QualityRow("fsa_bsc", training={"compression": BSC}),
     QualityRow("mixed", training={"sync": "dist_async"}, optimizer="adam"),
     QualityRow("mixed_dcasgd", training={"sync": "dist_async",
@@ -140,7 +146,8 @@ def worker_args(row: QualityRow, budget: Budget, curve: Path) -> list[str]:
     return ["--mode", mode, "--out", str(curve), "--preset", budget.preset, "--steps", str(budget.steps),
             "--batch-size", str(budget.batch_size), "--world", str(budget.world), "--optimizer", row.optimizer,
             "--lr", str(budget.lr), "--eval-every", str(budget.eval_every), "--eval-windows",
-            str(budget.eval_windows), "--seed", str(budget.seed), "--timeout-s", str(budget.timeout_s)]
+            str(budget.eval_windows), "--seed", str(budget.seed), "--timeout-s", str(budget.timeout_s),
+            "--max-chars", str(budget.max_chars)]
 
 
 def parameters(preset: str) -> int:
