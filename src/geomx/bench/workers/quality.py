@@ -11,9 +11,10 @@ Three ways to run it (``geomx.bench.quality`` starts them)::
 Every row reads the same global batches in the same order: step ``s`` takes the windows ``order[s*G:(s+1)*G]`` of
 one seeded permutation of the training windows per epoch (``G``: ``--batch-size`` x ``--world``), and rank ``r``
 of ``--world`` takes the ``r``-th of ``--world`` equal parts of it (``single`` takes all of it). The model starts from
-the same seed everywhere. The process that holds the job's model (single: itself; DDP: rank 0; geomx: the master
-worker, through ``opt.load_job_model``) evaluates it on the same first ``--eval-windows`` validation windows every
-``--eval-every`` steps and at step 0, and writes one JSON line per evaluation to ``--out``:
+the same seed everywhere, and every rank's rate follows the same schedule (``--schedule``). The process that holds
+the job's model (single: itself; DDP: rank 0; geomx: the master worker, through ``opt.load_job_model``) evaluates
+it on the same ``--eval-windows`` validation windows (spread evenly over the held-out text) every ``--eval-every``
+steps and at step 0, and writes one JSON line per evaluation to ``--out``:
 ``{"step", "tokens", "val_loss", "accuracy", "elapsed_s"}`` (tokens: the whole job's training tokens so far).
 """
 
@@ -23,12 +24,14 @@ import argparse
 import copy
 import datetime
 import json
+import math
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch.utils.data import Dataset, Subset
 
 from geomx.zoo.charlm import VOCAB, CharTransformer, Windows, build, encode, evaluate, stdlib_text
 
@@ -43,6 +46,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--world", type=int, default=4, help="ranks of the distributed rows (single: its batch)")
     parser.add_argument("--optimizer", choices=("adamw", "adam"), default="adamw")
     parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--schedule", choices=("cosine", "constant"), default="cosine",
+                        help="cosine: from --lr to a tenth of it over --steps (constant: where the servers step)")
     parser.add_argument("--weight-decay", type=float, default=0.01, help="AdamW's")
     parser.add_argument("--max-chars", type=int, default=1_000_000)
     parser.add_argument("--eval-every", type=int, default=50)
@@ -52,11 +57,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def texts(max_chars: int, context: int) -> tuple[Windows, Windows]:
-    """The training and validation windows: the first 90% of the text and the rest."""
+def texts(max_chars: int, context: int, eval_windows: int) -> tuple[Windows, Subset[tuple[torch.Tensor, torch.Tensor]]]:
+    """The training windows (the first 90% of the text) and ``eval_windows`` validation windows spread evenly over
+    the rest (the held-out files, not the first of them alone)."""
     ids = encode(stdlib_text(max_chars))
     cut = int(len(ids) * 0.9)
-    return Windows(ids[:cut], context), Windows(ids[cut:], context)
+    held = Windows(ids[cut:], context)
+    stride = max(1, len(held) // eval_windows)
+    return Windows(ids[:cut], context), Subset(held, list(range(0, len(held), stride))[:eval_windows])
+
+
+def learning_rate(args: argparse.Namespace, step: int) -> float:
+    """Step ``step``'s (0-based) rate: cosine from ``--lr`` to a tenth of it, or ``--lr`` throughout."""
+    if args.schedule == "constant":
+        return float(args.lr)
+    return float(args.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * step / args.steps))))
 
 
 def global_batches(count: int, global_batch: int, steps: int, seed: int) -> Iterator[torch.Tensor]:
@@ -92,7 +107,8 @@ def make_optimizer(args: argparse.Namespace, model: torch.nn.Module) -> torch.op
 class Curve:
     """The evaluations' JSON lines file, written by the one process that evaluates."""
 
-    def __init__(self, path: str, val: Windows, windows: int, tokens_per_step: int) -> None:
+    def __init__(self, path: str, val: Dataset[tuple[torch.Tensor, torch.Tensor]], windows: int,
+                 tokens_per_step: int) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.file = open(self.path, "w")  # noqa: SIM115 (open for the whole run, closed by close())
@@ -115,8 +131,9 @@ class Curve:
 
 def train(args: argparse.Namespace, model: torch.nn.Module, train_windows: Windows, rank: int, world: int,
           step_fn: Callable[[torch.Tensor], None], curve: Curve | None,
-          job_model: Callable[[], torch.nn.Module]) -> None:
-    """The shared loop: each step's part of the global batch, one optimizer step, an evaluation when due.
+          job_model: Callable[[], torch.nn.Module], optimizer: torch.optim.Optimizer) -> None:
+    """The shared loop: each step's part of the global batch, the step's rate, one optimizer step, an evaluation
+    when due.
 
     ``step_fn(loss)``: backward and the step; ``job_model()``: the model to evaluate (called on every rank: under
     geomx only the master evaluates, but every rank keeps the same loop)."""
@@ -124,6 +141,8 @@ def train(args: argparse.Namespace, model: torch.nn.Module, train_windows: Windo
     global_batch = args.batch_size * args.world
     for step, batch in enumerate(global_batches(len(train_windows), global_batch, args.steps, args.seed), 1):
         mine = rank_part(batch, rank, world)
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(args, step - 1)
         loss = F.cross_entropy(model(inputs[mine]).reshape(-1, VOCAB), targets[mine].reshape(-1))
         step_fn(loss)
         if step % args.eval_every == 0 or step == args.steps:
@@ -135,7 +154,7 @@ def train(args: argparse.Namespace, model: torch.nn.Module, train_windows: Windo
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(1)
-    train_windows, val = texts(args.max_chars, build(args.preset).position.num_embeddings)
+    train_windows, val = texts(args.max_chars, build(args.preset).position.num_embeddings, args.eval_windows)
     torch.manual_seed(args.seed)
     model = build(args.preset)
     tokens_per_step = args.batch_size * args.world * model.position.num_embeddings
@@ -149,7 +168,7 @@ def main(argv: list[str] | None = None) -> None:
             loss.backward()
             optimizer.step()
 
-        train(args, model, train_windows, 0, 1, single_step, curve, lambda: model)
+        train(args, model, train_windows, 0, 1, single_step, curve, lambda: model, optimizer)
         curve.close()
     elif args.mode == "ddp":
         run_ddp(args, model, train_windows, val, tokens_per_step)
@@ -157,7 +176,10 @@ def main(argv: list[str] | None = None) -> None:
         run_geomx(args, model, train_windows, val, tokens_per_step)
 
 
-def run_ddp(args: argparse.Namespace, model: CharTransformer, train_windows: Windows, val: Windows,
+Held = Dataset[tuple[torch.Tensor, torch.Tensor]]
+
+
+def run_ddp(args: argparse.Namespace, model: CharTransformer, train_windows: Windows, val: Held,
             tokens_per_step: int) -> None:
     """DDP over gloo, started by torchrun (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``)."""
     import torch.distributed as dist
@@ -180,18 +202,19 @@ def run_ddp(args: argparse.Namespace, model: CharTransformer, train_windows: Win
         loss.backward()  # DDP's all-reduce runs inside
         optimizer.step()
 
-    train(args, ddp, train_windows, rank, world, ddp_step, curve, lambda: model)
+    train(args, ddp, train_windows, rank, world, ddp_step, curve, lambda: model, optimizer)
     if curve is not None:
         curve.close()
     leave_process_group()
 
 
-def run_geomx(args: argparse.Namespace, model: CharTransformer, train_windows: Windows, val: Windows,
+def run_geomx(args: argparse.Namespace, model: CharTransformer, train_windows: Windows, val: Held,
               tokens_per_step: int) -> None:
     """Through the PyTorch wrapper: the algorithm, codec and LAN tier come from the topology ``geomx launch`` got."""
     import geomx.torch as gx
 
-    opt = gx.DistributedOptimizer(make_optimizer(args, model), model)
+    inner = make_optimizer(args, model)
+    opt = gx.DistributedOptimizer(inner, model)
     rank, world = opt.global_rank, args.world
     held = copy.deepcopy(model)
     curve = Curve(args.out, val, args.eval_windows, tokens_per_step) if opt.is_master_worker else None
@@ -209,7 +232,7 @@ def run_geomx(args: argparse.Namespace, model: CharTransformer, train_windows: W
             opt.load_job_model(held)  # under HFA / streaming: the global model as the party holds it
         return held
 
-    train(args, model, train_windows, rank, world, geomx_step, curve, job_model)
+    train(args, model, train_windows, rank, world, geomx_step, curve, job_model, inner)
     if curve is not None:
         curve.close()
     opt.close()
