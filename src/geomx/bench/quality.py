@@ -20,6 +20,7 @@ loss against tokens and against WAN bytes (``OUT/quality_tokens.png``, ``OUT/qua
 Usage::
 
     geomx bench --only quality --quick
+    python -m geomx.bench.quality fsa streaming ssp    # chosen rows: bench-results/quality.json and the table
     section = measure_rows(("single", "fsa"), replace(BUDGET, steps=4, eval_every=2), Path("out"))
 """
 
@@ -30,7 +31,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,7 @@ from ..runs.runlog import read_stats
 from ..runs.summary import traffic
 from .jobs import load_avg, run_job, write_topology
 from .sections import BenchPlan, Interrupted
-from .tables import fmt, say, table
+from .tables import fmt, say, table, write_and_print
 
 WORKER = Path(__file__).parent / "workers" / "quality.py"
 CENTRAL = "dc0"
@@ -381,7 +382,6 @@ def lines(section: dict[str, Any]) -> list[str]:
     return out
 
 
-if __name__ == "__main__":
-    chosen = tuple(sys.argv[1:]) or GOAL_ROWS
-    result = measure_rows(chosen, replace(BUDGET), Path("bench-results"))
-    print("\n".join(lines(result)))
+if __name__ == "__main__":  # chosen rows at BUDGET: bench-results/quality.json, the table, the plots
+    write_and_print("quality", measure_rows(tuple(sys.argv[1:]) or GOAL_ROWS, BUDGET, Path("bench-results")),
+                    Path("bench-results"), lines)
