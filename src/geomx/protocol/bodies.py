@@ -114,6 +114,19 @@ class HeartbeatBody:
     models: dict[str, str] | None = None
 
 
+# PUSHPULL body key beside a codec's: the samples (tokens) the pusher processed since its last contribution (a
+# worker's to its local server, a local server's party total to a global server); decoupled rounds merge by them
+TOKENS = "tokens"
+
+
+def push_tokens(body: dict[str, Any] | None) -> int | None:
+    """The ``TOKENS`` of a PUSHPULL body (None: not reported); BodyError unless a non-negative integer."""
+    value = (body or {}).get(TOKENS)
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+        raise BodyError(f"PUSHPULL.{TOKENS}: expected a non-negative integer, got {value!r}")
+    return value
+
+
 def encode_body(body: Any) -> dict[str, Any]:
     """``body`` (a body dataclass: this module's or an algorithm's) as a JSON body; fields left None are left out."""
     if not dataclasses.is_dataclass(body) or isinstance(body, type):
