@@ -1,7 +1,8 @@
 """Integration worker for HFA: local SGD steps, and every K1 steps push param / num_local_workers and pull.
 
 This is GeoMX's cnn_hfa.py loop on jobkit's model and data. The master may install an outer optimizer and a WAN codec
-(``--compression``, JSON).
+(``--compression``, JSON). ``--tokens`` (JSON, party -> samples per step): each push reports its worker's samples
+since its last one, as decoupled rounds weigh the parties by them.
 Saves initial and final weights to $GEOMX_RUN_DIR/out/worker<global rank>.*
 """
 
@@ -22,6 +23,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--outer", choices=["none", "outer_nesterov"], default="none")
     parser.add_argument("--compression", default="null", help="JSON codec spec, or null for dense")
+    parser.add_argument("--tokens", default="{}", help="JSON: party -> samples per step each of its workers reports")
     args = parser.parse_args()
     spec = json.loads(args.compression)
     kv = geomx.kv.create("dist_sync")
@@ -38,13 +40,15 @@ def main() -> None:
     initial = [p.detach().clone() for p in params]
     local = torch.optim.SGD(params, lr=jobkit.LR)
     inputs, targets = jobkit.make_data(args.steps, kv.num_all_workers)
+    per_step = json.loads(args.tokens).get(kv.party)
+    tokens = None if per_step is None else per_step * kv.hfa.k1  # since this worker's last push
     for step in range(1, args.steps + 1):
         local.zero_grad()
         F.mse_loss(model(inputs[step - 1, rank]), targets[step - 1, rank]).backward()
         local.step()
         if step % kv.hfa.k1 == 0:
             for idx, param in enumerate(params):
-                kv.push(idx, param.data / kv.num_workers, priority=-idx)
+                kv.push(idx, param.data / kv.num_workers, priority=-idx, tokens=tokens)
             for idx, param in enumerate(params):
                 kv.pull(idx, param.data, priority=-idx)
     job_model = [torch.empty_like(p) for p in params]  # the job's model as the party's local server holds it
