@@ -184,3 +184,23 @@ def test_decoupled_rounds_weigh_the_parties_by_their_tokens(geomx_job):
     for rank, tensors in workers.items():
         for got, want in zip(tensors["final"], expected[rank], strict=True):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=f"worker {rank}")
+
+
+def test_below_every_party_a_fast_party_never_waits_for_a_slow_one(geomx_job):
+    """quorum 1 of 2, grace 0: dc0 closes its global rounds alone and lands their answers when they arrive; slow
+    dc1's pushes, a round or more late, are answered at once and folded in or dropped (the round table's unit tests
+    check the arithmetic with a fake clock). dc0's loop takes a fraction of dc1's, which sleeps 0.3 s a step; with
+    quorum 2 it would wait for dc1 at every global round."""
+    job = geomx_job("hfa_train.py", "--steps", str(STEPS), "--outer", "outer_nesterov", "--sleep",
+                    json.dumps({"dc1": 0.3}), parties=PARTIES, hfa={"k1": K1, "k2": K2},
+                    training={"quorum": 1, "grace": 0, "stale_rounds": 1})
+    job.assert_ok()
+    loops = {meta["party"]: meta["loop_s"] for _, meta in jobkit.load_worker_outputs(job.run_dir).values()}
+    assert loops["dc1"] >= STEPS * 0.3
+    assert loops["dc0"] < loops["dc1"] / 2, f"dc0 waited for dc1: {loops}"
+    report = outer_rounds(job)
+    [fast] = [name for name in report["on_time"] if "dc0" in name]
+    [slow] = [name for name in report["missed"] if "dc1" in name]
+    assert report["missed"][slow] > 0 and report["closed_by_grace"] > 0
+    assert report["late_folded"].get(slow, 0) + report["dropped"].get(slow, 0) > 0, report
+    assert fast not in report["missed"]

@@ -10,9 +10,11 @@ import pytest
 
 from geomx.algorithms.fsa.server import FullySynchronous
 from geomx.algorithms.hfa.quorum import GRACE_AUTO_MAX_S, Decoupled, QuorumRounds, decoupled_options
-from geomx.algorithms.hfa.server import HfaAggregation
+from geomx.algorithms.hfa.rules import LocalFrequencyAggregation
+from geomx.algorithms.hfa.server import HfaAggregation, lands_on_arrival
 from geomx.config import ConfigError, topology_from_dict
 from geomx.core.clients import Clients
+from geomx.core.plugins import Answer, AwaitAnswer, SendUpAndAnswer
 from geomx.core.rounds import Round, RoundTable
 from geomx.protocol.bodies import TOKENS
 from geomx.protocol.wire import Kind, Message
@@ -217,3 +219,60 @@ def test_decoupled_options_are_parsed_once_for_every_node() -> None:
     without_hfa = topology_from_dict({"parties": {"dc0": 1}, "training": {"quorum": 1}})
     with pytest.raises(ConfigError, match=r"\['quorum'\].*taken by no plug-in"):
         check_plugins(without_hfa.training, without_hfa)
+
+
+def local_server(make_server: Any, k2: int = 4, quorum: int = 1, parties: int = 2) -> HfaAggregation:
+    """A local server's HFA under a quorum of ``quorum`` of ``parties`` (no fragment_delay), global model zeros."""
+    server = make_server("dc0/server", ["w0", "w1"], upstream=["gs"])
+    decoupled = Decoupled(quorum=quorum, grace=0.0)
+    hfa = HfaAggregation(server, LocalFrequencyAggregation(k2=k2, party_weight=1.0), hips=True, decoupled=decoupled)
+    hfa.on_arrival = lands_on_arrival(decoupled, parties, delay=0, k2=k2)
+    hfa.adopted((0, 0), np.zeros(2, dtype=np.float32))
+    return hfa
+
+
+def local_round(hfa: HfaAggregation, average: list[float], tokens: list[int | None]) -> Any:
+    """One local round of slice (0, 0): the workers' pushes (with their tokens) collected, then ``upward``."""
+    rnd = Round(Kind.PUSHPULL, 0, 0)
+    for index, count in enumerate(tokens):
+        rnd.contributions[f"w{index}"] = Message(Kind.PUSHPULL, body=None if count is None else {TOKENS: count})
+    hfa.collected(rnd)
+    return hfa.upward((0, 0), np.array(average, dtype=np.float32))
+
+
+def test_below_every_party_the_answer_lands_at_the_first_local_round_after_it_arrives(make_server: Any) -> None:
+    """The party never waits for the global round: it goes on from its average and lands the new model when it is
+    in; only the round before the slice's next global one waits for it (the next delta needs it)."""
+    hfa = local_server(make_server, k2=4)
+    for _ in range(3):
+        assert isinstance(local_round(hfa, [1, 1], [5, 5]), Answer)
+    sent = local_round(hfa, [2, 4], [5, 5])  # round 4: global, the workers go on at once
+    assert isinstance(sent, SendUpAndAnswer)
+    np.testing.assert_array_equal(sent.send, [2, 4])  # unweighted: the global server weighs it by tokens
+    np.testing.assert_array_equal(sent.answer, [2, 4])
+    assert hfa.up_body((0, 0)) == {TOKENS: 40}  # 4 local rounds of 2 workers x 5 samples
+    assert hfa.up_body((0, 0)) == {TOKENS: 0}, "counted from the last global push on"
+    step = local_round(hfa, [3, 3], [1, None])  # round 5: no answer yet: the party's average, no wait
+    assert isinstance(step, Answer)
+    np.testing.assert_array_equal(step.answer, [3, 3])
+    hfa.adopted((0, 0), np.array([7, 7], dtype=np.float32))
+    landed = local_round(hfa, [4, 4], [1, 1])  # round 6: the answer is in: it lands
+    assert isinstance(landed, Answer) and hfa.in_flight == {}
+    np.testing.assert_array_equal(landed.answer, [7, 7])
+    assert hfa.tokens == {(0, 0): 4}, "a push that reports no tokens counts 1"
+
+
+def test_the_round_before_the_next_global_one_waits_for_a_missing_answer(make_server: Any) -> None:
+    hfa = local_server(make_server, k2=2)
+    local_round(hfa, [1, 1], [1, 1])
+    assert isinstance(local_round(hfa, [2, 2], [1, 1]), SendUpAndAnswer)  # round 2: global
+    assert isinstance(local_round(hfa, [3, 3], [1, 1]), AwaitAnswer)  # round 3: the last before round 4
+    hfa.adopted((0, 0), np.array([5, 5], dtype=np.float32))
+    np.testing.assert_array_equal(hfa.resumed((0, 0)), [5, 5])
+
+
+@pytest.mark.parametrize(("quorum", "parties", "delay", "k2", "lands"), [
+    (1, 2, 0, 4, True), (2, 2, 0, 4, False), (0, 2, 0, 4, False), (1, 2, 1, 4, False), (1, 2, 0, 1, False)])
+def test_answers_land_on_arrival_only_below_every_party_without_an_overlap_of_its_own(
+        quorum: int, parties: int, delay: int, k2: int, lands: bool) -> None:
+    assert lands_on_arrival(Decoupled(quorum=quorum), parties, delay, k2) is lands

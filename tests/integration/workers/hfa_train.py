@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 
 import jobkit
 import torch
@@ -24,6 +25,7 @@ def main() -> None:
     parser.add_argument("--outer", choices=["none", "outer_nesterov"], default="none")
     parser.add_argument("--compression", default="null", help="JSON codec spec, or null for dense")
     parser.add_argument("--tokens", default="{}", help="JSON: party -> samples per step each of its workers reports")
+    parser.add_argument("--sleep", default="{}", help="JSON: party -> seconds each of its workers sleeps a step")
     args = parser.parse_args()
     spec = json.loads(args.compression)
     kv = geomx.kv.create("dist_sync")
@@ -42,7 +44,10 @@ def main() -> None:
     inputs, targets = jobkit.make_data(args.steps, kv.num_all_workers)
     per_step = json.loads(args.tokens).get(kv.party)
     tokens = None if per_step is None else per_step * kv.hfa.k1  # since this worker's last push
+    pause = json.loads(args.sleep).get(kv.party, 0.0)
+    started = time.monotonic()
     for step in range(1, args.steps + 1):
+        time.sleep(pause)
         local.zero_grad()
         F.mse_loss(model(inputs[step - 1, rank]), targets[step - 1, rank]).backward()
         local.step()
@@ -51,12 +56,13 @@ def main() -> None:
                 kv.push(idx, param.data / kv.num_workers, priority=-idx, tokens=tokens)
             for idx, param in enumerate(params):
                 kv.pull(idx, param.data, priority=-idx)
+    loop_s = time.monotonic() - started
     job_model = [torch.empty_like(p) for p in params]  # the job's model as the party's local server holds it
     kv.pull_job_model(list(range(len(params))), job_model)
     jobkit.save_worker_output(kv.config.run_dir, rank, {"initial": initial,
                                                         "final": [p.detach().clone() for p in params],
                                                         "job_model": job_model},
-                              {"party": kv.party, "num_workers": kv.num_workers})
+                              {"party": kv.party, "num_workers": kv.num_workers, "loop_s": loop_s})
     kv.close()
 
 

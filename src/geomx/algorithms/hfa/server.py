@@ -68,6 +68,12 @@ class InFlight:
     waiting: np.ndarray | None = None  # the due round's average, while that round waits for the answer
 
 
+def lands_on_arrival(decoupled: Decoupled, parties: int, delay: int, k2: int) -> bool:
+    """Whether a local server's global rounds land when their answers arrive (see ``HfaAggregation.on_arrival``):
+    under a quorum of fewer than every party, without a ``fragment_delay`` of its own, where K2 > 1."""
+    return decoupled.on and decoupled.quorum < parties and not delay and k2 > 1
+
+
 class HfaAggregation(Aggregation):
     """HFA's tiers: a local server's model averages and deltas, a global server's model and its changes."""
 
@@ -81,6 +87,9 @@ class HfaAggregation(Aggregation):
                  alpha: float = 0.0, decoupled: Decoupled | None = None) -> None:
         self.host = host
         self.decoupled = decoupled or Decoupled()  # rounds closed by a quorum, merged by tokens (off: quorum 0)
+        # a quorum of fewer than every party, and no overlap of its own: a global round's answer lands at the first
+        # local round after it arrives (at the latest the one before the slice's next global round)
+        self.on_arrival = False
         self.tokens: dict[SliceId, int] = {}  # a local server's: its party's tokens since its last global push
         self.local = local  # a local server's counting and deltas (None on a global server)
         self.hips = hips  # every party has a local server (a model change is meaningful only then)
@@ -99,8 +108,10 @@ class HfaAggregation(Aggregation):
         weight = 1.0 if decoupled.on else config.num_workers / topology.num_all_workers
         local = None if config.role is Role.GLOBAL_SERVER else LocalFrequencyAggregation(
             topology.hfa.k2, weight, options.get("fragments", 1))
-        return cls(host, local, hips=topology.mode is Mode.HIPS, delay=options.get("fragment_delay", 0),
-                   alpha=options.get("fragment_alpha", 0.0), decoupled=decoupled)
+        aggregation = cls(host, local, hips=topology.mode is Mode.HIPS, delay=options.get("fragment_delay", 0),
+                          alpha=options.get("fragment_alpha", 0.0), decoupled=decoupled)
+        aggregation.on_arrival = lands_on_arrival(decoupled, len(topology.parties), aggregation.delay, topology.hfa.k2)
+        return aggregation
 
     @classmethod
     def check_options(cls, options: Mapping[str, Any], topology: Topology | None = None) -> None:
@@ -156,7 +167,7 @@ class HfaAggregation(Aggregation):
             local.assign_fragments({sid: held.value.size for sid, held in self.host.stored.items()})
         delta = local.after_local_round(sid, total)
         flight = self.in_flight.get(sid)
-        if flight is not None and local.rounds(sid) == flight.due:
+        if flight is not None and (local.rounds(sid) == flight.due or (self.on_arrival and flight.arrived is not None)):
             if flight.arrived is None:
                 flight.waiting = total
                 return AwaitAnswer()
@@ -164,6 +175,9 @@ class HfaAggregation(Aggregation):
             return Answer(self._mix(flight.arrived, total))
         if delta is None:
             return Answer(total)
+        if self.on_arrival:  # the workers go on; the answer lands when it is in
+            self.in_flight[sid] = InFlight(due=local.rounds(sid) + local.k2 - 1)
+            return SendUpAndAnswer(delta, total)
         if not self.delay and self.alpha:  # the global model mixed with this round's average, once it is in
             self.in_flight[sid] = InFlight(due=local.rounds(sid), waiting=total)
             return SendUpAndAwait(delta)
