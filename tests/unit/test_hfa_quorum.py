@@ -210,6 +210,17 @@ def test_bad_decoupled_options_are_refused_by_name(training: dict[str, Any], pro
         check_plugins(topology.training, topology)
 
 
+@pytest.mark.parametrize(("extra", "problem"), [
+    ({"parties": {"dc0": 1, "dc1": {"workers": 2, "lan": "collective"}}}, r"\['dc1'\] are lan: collective"),
+    ({"tsengine": {"inter": False, "intra": True}}, "do not run with tsengine yet"),
+])
+def test_decoupled_rounds_refuse_what_they_do_not_run_yet(extra: dict[str, Any], problem: str) -> None:
+    topology = topology_from_dict({"parties": {"dc0": 1, "dc1": 1}, "hfa": {"k1": 2, "k2": 4},
+                                   "training": {"quorum": 1}, **extra})
+    with pytest.raises(ConfigError, match=problem):
+        check_plugins(topology.training, topology)
+
+
 def test_decoupled_options_are_parsed_once_for_every_node() -> None:
     topology = topology_from_dict({"parties": {"dc0": 1, "dc1": 1}, "hfa": {"k1": 2, "k2": 4},
                                    "training": {"quorum": 1, "grace": "0.25", "stale_rounds": 2}})

@@ -122,6 +122,9 @@ class HfaAggregation(Aggregation):
         if decoupled.on and topology is not None and topology.collective_parties:
             raise ValueError(f"quorum: decoupled rounds take parties with a local server for now; "
                              f"{sorted(topology.collective_parties)} are lan: collective")
+        if decoupled.on and topology is not None and topology.tsengine is not None:
+            raise ValueError("quorum: decoupled rounds do not run with tsengine yet (its relays merge the workers' "
+                             "pushes, and their tokens with them)")
 
     def round_rule(self) -> RoundRule | None:
         """Decoupled: a global server's rounds close by the quorum rule."""
