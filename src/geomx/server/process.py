@@ -237,7 +237,7 @@ class ParameterServer:
                 times = (list(self.table.times.counts), self.table.times.seconds)
                 reports = self.table.reports() if self.is_global else {}
             pulse.note(step=min((r for r in rounds if r), default=0), rounds=times, leads=reports.get("leads"),
-                       staleness=reports.get("staleness"))
+                       staleness=reports.get("staleness"), outer_rounds=reports.get("rounds", {}).get("by_party"))
 
     def stop_fatally(self, text: str) -> None:
         """Fail every open round with ``text`` (its clients see who died) and stop the server (under the lock)."""

@@ -167,7 +167,11 @@ class QuorumRounds:
         """What the stats file and the heartbeats carry: counts per party (by display name) and the last rounds."""
         def named(counts: Counter[str]) -> dict[str, int]:
             return {display(c): n for c, n in sorted(counts.items())}
-        return {"quorum": self.options.quorum, "grace_s": self.grace(), "stale_rounds": self.options.stale_rounds,
+        counters = {"on_time": self.in_quorum, "missed": self.missed, "late_folded": self.late, "dropped": self.dropped}
+        clients = sorted({c for counts in counters.values() for c in counts})
+        by_party = {display(c): {status: counts[c] for status, counts in counters.items()} for c in clients}
+        return {"by_party": by_party,
+                "quorum": self.options.quorum, "grace_s": self.grace(), "stale_rounds": self.options.stale_rounds,
                 "rounds": self.closed_rounds, "closed_by_grace": self.by_grace, "on_time": named(self.in_quorum),
                 "missed": named(self.missed), "late_folded": named(self.late), "dropped": named(self.dropped),
                 "last_rounds": list(self.history)}
