@@ -28,11 +28,12 @@ class Streaming:
 
 
 def simulate(initial: list[torch.Tensor], outer: str, k2: int = K2, steps: int = STEPS,
-             streaming: Streaming | None = None,
-             shares: dict[str, float] | None = None) -> tuple[list[list[torch.Tensor]], list[torch.Tensor]]:
+             streaming: Streaming | None = None, shares: dict[str, float] | None = None,
+             batches: list[int] | None = None) -> tuple[list[list[torch.Tensor]], list[torch.Tensor]]:
     """Every worker's final weights under HFA (streaming: fragments at staggered rounds, overlapped), and the
     global model every party holds at the end, computed in one process. ``shares``: each party's weight in the
-    global average (default: its share of the workers; decoupled rounds: of the tokens)."""
+    global average (default: its share of the workers; decoupled rounds: of the tokens); ``batches``: each rank's
+    batch size (jobkit.local_sgd)."""
     streaming = streaming or Streaming()
     ranks_of = {"dc0": [0, 1], "dc1": [2]}
     total = sum(PARTIES.values())
@@ -42,7 +43,7 @@ def simulate(initial: list[torch.Tensor], outer: str, k2: int = K2, steps: int =
     velocity: list[torch.Tensor | None] = [None for _ in initial]
     in_flight: dict[int, tuple[int, torch.Tensor]] = {}  # key -> (the round that ends its overlap, new model)
     local_rounds = 0
-    for step in jobkit.local_sgd(workers, steps):
+    for step in jobkit.local_sgd(workers, steps, batches):
         if step % K1:
             continue
         local_rounds += 1
@@ -170,16 +171,17 @@ def test_decoupled_rounds_with_every_party_on_time_equal_synchronous_rounds_bit_
 
 
 def test_decoupled_rounds_weigh_the_parties_by_their_tokens(geomx_job):
-    """Each party's workers report other samples per step: the global average weighs dc1 (one worker, 10 samples a
-    step) above dc0 (two workers, 3 each): 10 / 16 against today's 1 / 3."""
-    tokens = {"dc0": 3, "dc1": 10}
-    job = geomx_job("hfa_train.py", "--steps", str(STEPS), "--outer", "outer_nesterov", "--tokens",
-                    json.dumps(tokens), parties=PARTIES, hfa={"k1": K1, "k2": K2}, training={"quorum": 2})
+    """The parties train on batches of other sizes and their workers report them: the global average weighs dc1
+    (one worker, batches of 8) above dc0 (two workers, batches of 2): 8 / 12 against the workers' 1 / 3."""
+    batch = {"dc0": 2, "dc1": 8}
+    job = geomx_job("hfa_train.py", "--steps", str(STEPS), "--outer", "outer_nesterov", "--batch",
+                    json.dumps(batch), parties=PARTIES, hfa={"k1": K1, "k2": K2}, training={"quorum": 2})
     workers = final_weights(job)
-    count = sum(PARTIES[p] * tokens[p] for p in PARTIES)
-    expected, _ = simulate(workers[0]["initial"], "outer_nesterov",
-                           shares={p: PARTIES[p] * tokens[p] / count for p in PARTIES})
-    by_workers, _ = simulate(workers[0]["initial"], "outer_nesterov")
+    count = sum(PARTIES[p] * batch[p] for p in PARTIES)
+    batches = [batch["dc0"], batch["dc0"], batch["dc1"]]  # ranks 0 and 1 are dc0's, rank 2 is dc1's
+    expected, _ = simulate(workers[0]["initial"], "outer_nesterov", batches=batches,
+                           shares={p: PARTIES[p] * batch[p] / count for p in PARTIES})
+    by_workers, _ = simulate(workers[0]["initial"], "outer_nesterov", batches=batches)
     assert not torch.allclose(expected[0][0], by_workers[0][0], rtol=1e-3, atol=1e-4), "the weights must matter"
     for rank, tensors in workers.items():
         for got, want in zip(tensors["final"], expected[rank], strict=True):

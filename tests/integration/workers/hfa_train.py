@@ -1,8 +1,8 @@
 """Integration worker for HFA: local SGD steps, and every K1 steps push param / num_local_workers and pull.
 
 This is GeoMX's cnn_hfa.py loop on jobkit's model and data. The master may install an outer optimizer and a WAN codec
-(``--compression``, JSON). ``--tokens`` (JSON, party -> samples per step): each push reports its worker's samples
-since its last one, as decoupled rounds weigh the parties by them.
+(``--compression``, JSON). ``--batch`` (JSON, party -> batch size, the first samples of jobkit's batch): each push
+reports its worker's samples since its last one, as decoupled rounds weigh the parties by them.
 Saves initial and final weights to $GEOMX_RUN_DIR/out/worker<global rank>.*
 """
 
@@ -24,7 +24,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--outer", choices=["none", "outer_nesterov"], default="none")
     parser.add_argument("--compression", default="null", help="JSON codec spec, or null for dense")
-    parser.add_argument("--tokens", default="{}", help="JSON: party -> samples per step each of its workers reports")
+    parser.add_argument("--batch", default="{}", help="JSON: party -> batch size of its workers (reported as tokens)")
     parser.add_argument("--sleep", default="{}", help="JSON: party -> seconds each of its workers sleeps a step")
     args = parser.parse_args()
     spec = json.loads(args.compression)
@@ -42,14 +42,14 @@ def main() -> None:
     initial = [p.detach().clone() for p in params]
     local = torch.optim.SGD(params, lr=jobkit.LR)
     inputs, targets = jobkit.make_data(args.steps, kv.num_all_workers)
-    per_step = json.loads(args.tokens).get(kv.party)
-    tokens = None if per_step is None else per_step * kv.hfa.k1  # since this worker's last push
+    batch = json.loads(args.batch).get(kv.party)
+    tokens = None if batch is None else batch * kv.hfa.k1  # the samples since this worker's last push
     pause = json.loads(args.sleep).get(kv.party, 0.0)
     started = time.monotonic()
     for step in range(1, args.steps + 1):
         time.sleep(pause)
         local.zero_grad()
-        F.mse_loss(model(inputs[step - 1, rank]), targets[step - 1, rank]).backward()
+        F.mse_loss(model(inputs[step - 1, rank, :batch]), targets[step - 1, rank, :batch]).backward()
         local.step()
         if step % kv.hfa.k1 == 0:
             for idx, param in enumerate(params):
