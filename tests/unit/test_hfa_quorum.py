@@ -185,8 +185,22 @@ def test_grace_auto_follows_the_last_full_rounds_spread_within_its_bound() -> No
     assert server.table.completed(Kind.PUSHPULL, 0, 0) == 1
     server.tick(1.45)  # the grace (0.3) since the quorum (1.1) has passed: dc2 missed it
     assert server.table.completed(Kind.PUSHPULL, 0, 0) == 2
-    server.push("dc2", [1.0], tokens=1, at=1.1 + 2 * GRACE_AUTO_MAX_S)  # one round late, by a long way
-    assert server.rule.grace() == GRACE_AUTO_MAX_S  # the window grows again, bounded
+    server.push("dc2", [1.0], tokens=1, at=1.1 + 0.8)  # one round late, by 0.8 s
+    assert server.rule.grace() == pytest.approx(0.8)  # the window grows again to catch it
+    for party, at in zip(PARTIES, (3.0, 3.1, 3.6), strict=True):  # round 2 waits for dc2 now
+        server.push(party, [1.0], tokens=1, at=at)
+    assert server.table.completed(Kind.PUSHPULL, 0, 0) == 3 and server.rule.report()["closed_by_grace"] == 1
+
+
+def test_grace_auto_gives_up_on_parties_later_than_its_bound() -> None:
+    """Spreads beyond the bound are parties the window would not catch: it does not wait for them."""
+    server = GlobalServer(Decoupled(quorum=2, grace=None), [0.0])
+    server.push("dc0", [1.0], tokens=1, at=0.0)
+    server.push("dc1", [1.0], tokens=1, at=0.1)
+    server.tick(0.1 + GRACE_AUTO_MAX_S)  # no spread seen yet: it waited the bound
+    assert server.table.completed(Kind.PUSHPULL, 0, 0) == 1
+    server.push("dc2", [1.0], tokens=1, at=0.1 + 3 * GRACE_AUTO_MAX_S)  # one round late, beyond the bound
+    assert server.rule.grace() == 0.0
 
 
 def test_without_a_quorum_nothing_changes() -> None:

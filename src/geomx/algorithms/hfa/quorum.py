@@ -5,9 +5,10 @@ The options (the topology's ``training`` block or ``GEOMX_<NAME>``; with no ``qu
 
 - ``quorum`` Q: the parties whose on-time contributions close a round (1 <= Q <= parties);
 - ``grace``: how long a round that has its quorum still waits for the others: seconds, or ``auto``: the largest of
-  the last ``SPREAD_ROUNDS`` spreads, at most ``GRACE_AUTO_MAX_S`` (that bound before any spread is seen); a spread
-  is the time from a round's Q-th arrival to its last, in a round every party made, or to the arrival of a push
-  that came one round late (so the window grows again when parties just miss it);
+  the last ``SPREAD_ROUNDS`` spreads within ``GRACE_AUTO_MAX_S`` (that bound before any spread is seen; 0 when
+  every recent spread was beyond it: waiting the bound would not have caught those parties); a spread is the time
+  from a round's Q-th arrival to its last, in a round every party made, or to the arrival of a push that came one
+  round late (so the window grows again when parties just miss it);
 - ``stale_rounds`` S: a contribution that arrives after its round closed (its party has missed ``late`` releases of
   the slice since its last answer) is folded into the open round if ``late <= S``, else dropped; either way it is
   answered at once with the current global model, so its party never waits for a round it missed.
@@ -111,7 +112,9 @@ class QuorumRounds:
         """The grace window now: the option's seconds, or auto's (see the module docstring)."""
         if self.options.grace is not None:
             return self.options.grace
-        return min(GRACE_AUTO_MAX_S, max(self.spreads)) if self.spreads else GRACE_AUTO_MAX_S
+        if not self.spreads:
+            return GRACE_AUTO_MAX_S
+        return max((s for s in self.spreads if s <= GRACE_AUTO_MAX_S), default=0.0)
 
     def admit(self, rnd: Round, client: str, now: float) -> Admission:
         """A push of ``client`` for ``rnd`` (open): on time, late (folded, answered now) or dropped."""
