@@ -80,7 +80,8 @@ class GlobalServer:
 def weighted(parts: list[tuple[list[float], int]]) -> np.ndarray:
     """The simulation's merge: every delta times its tokens' share, in float64."""
     total = sum(tokens for _, tokens in parts)
-    return sum(np.array(delta, dtype=np.float64) * tokens / total for delta, tokens in parts)  # type: ignore[return-value]
+    merged = sum(np.array(delta, dtype=np.float64) * tokens / total for delta, tokens in parts)
+    return np.asarray(merged)
 
 
 def test_a_round_every_party_makes_closes_at_once_without_grace() -> None:

@@ -13,9 +13,9 @@ it run (``leads``): 0 for an answer at its round's release. Where its policy say
 (``staleness``): how many rounds of its slice were released since its sender's last answer for that slice. The
 table knows no algorithm and no socket: the host sends, so a unit test drives it in one process with a fake host.
 
-A round rule (``RoundRule``, decoupled rounds: ``geomx.algorithms.hfa.quorum``) closes rounds of pushes itself: a
-push is on time, late (folded into the open round, answered at once with the last applied value) or dropped
-(answered at once); it says when a round is ready, given the time (the watchdog calls ``complete_ready``).
+A round rule (``RoundRule``: an algorithm's decoupled rounds) closes rounds of pushes itself: a push is on time, late
+(folded into the open round, answered at once with the last applied value) or dropped (answered at once); it says
+when a round is ready, given the time (the watchdog calls ``complete_ready``).
 
 Usage (inside a server, under its lock)::
 
