@@ -72,10 +72,13 @@ class PeriodicAverage(WorkerStrategy):
         self.loop.kv.pull_job_model(list(range(len(into))), list(into))
 
     def sync(self, finishing: bool) -> None:
-        """Push every model tensor (its share of the party's average); the answers land lazily."""
+        """Push every model tensor (its share of the party's average), with the samples the script counted since the
+        last sync (``step(tokens=)``), if it counts; the answers land lazily."""
         loop = self.loop
+        tokens, loop.tokens = loop.tokens, None
+        counted = {} if tokens is None else {"tokens": tokens}
         for key, param in enumerate(loop.params):
-            loop.kv.push(key, param.data / loop.kv.num_workers, priority=loop.priority[key])
+            loop.kv.push(key, param.data / loop.kv.num_workers, priority=loop.priority[key], **counted)
         loop.pending.update(range(len(loop.params)))
 
 
