@@ -159,21 +159,26 @@ class KVStore(AbstractContextManager["KVStore"]):
         for k, v, info, futures in pending:
             copy_out(self._codecs, self._sender.replies(futures, k, "INIT"), info, v.data)
 
-    def push(self, key: int | Sequence[int], value: torch.Tensor | Sequence[torch.Tensor], priority: int = 0) -> None:
+    def push(self, key: int | Sequence[int], value: torch.Tensor | Sequence[torch.Tensor], priority: int = 0,
+             tokens: int | None = None) -> None:
         """Send this round's contribution for ``key``; returns at once. Pull to get the round's result.
 
-        The tensor is copied first, so the caller may change it (zero the gradient) right away.
+        The tensor is copied first, so the caller may change it (zero the gradient) right away. ``tokens``: the
+        samples (tokens) this worker processed since its last push of ``key``; decoupled HFA rounds weigh each
+        party by them (``training.quorum``; a push that reports none counts as 1).
         """
         self._tier.refuse_per_key_api("push")
-        self._push(key, value, priority, snapshot=True)
+        if tokens is not None and (not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0):
+            raise ValueError(f"tokens must be a non-negative integer, got {tokens!r}")
+        self._push(key, value, priority, snapshot=True, tokens=tokens)
 
     def _push(self, key: int | Sequence[int], value: torch.Tensor | Sequence[torch.Tensor], priority: int,
-              snapshot: bool) -> None:
+              snapshot: bool, tokens: int | None = None) -> None:
         for k, v in zip(_as_list(key), _as_list(value), strict=True):
             info = self._keys.check(k, v, "push")
             data = to_numpy(v, snapshot=snapshot and not self._route.copies)
             codec = self._sender.codec(self._plugins.lan_codec, v)  # bfloat16: its bits
-            self._pending[k] = [self._sender.push(k, index, data[start:stop], codec, priority)
+            self._pending[k] = [self._sender.push(k, index, data[start:stop], codec, priority, tokens=tokens)
                                 for index, (start, stop) in enumerate(info.slices)]
 
     def pull(self, key: int | Sequence[int], out: torch.Tensor | Sequence[torch.Tensor], priority: int = 0) -> None:

@@ -5,6 +5,7 @@ The algorithm is chosen by the topology's ``training`` block only; the worker sc
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -131,6 +132,27 @@ def test_mixed_sync_with_dcasgd_from_the_topology(geomx_job, tmp_path):
     for worker in ("dc0_worker0", "dc0_worker1"):
         events = list((job.run_dir / "tensorboard" / worker).glob("events.out.tfevents.*"))
         assert len(events) == 1 and events[0].stat().st_size > 200, (worker, events)
+
+
+def test_decoupled_hfa_through_the_wrapper_weighs_the_parties_by_their_steps_tokens(geomx_job, tmp_path):
+    """quorum 2 (every party): the script reports each step's batch, opt.step(tokens=batch); dc0's two workers
+    train on batches of 2, dc1's one on batches of 8: the global average weighs dc1 8 / 12, as the simulation."""
+    from test_hfa import K1, K2, PARTIES, STEPS
+
+    batch = {"dc0": 2, "dc1": 8}
+    path = topology(tmp_path, {"server_optimizer": "outer_nesterov", "quorum": 2}, parties=PARTIES,
+                    hfa={"k1": K1, "k2": K2})
+    job = geomx_job(SCRIPT, "--steps", str(STEPS), "--momentum", "0", "--party-batch", json.dumps(batch),
+                    topology=path)
+    job.assert_ok()
+    workers = job.workers()
+    count = sum(PARTIES[p] * batch[p] for p in PARTIES)
+    expected, _ = simulate_hfa(workers[0][0]["after_init"], "outer_nesterov", K2, STEPS,
+                               shares={p: PARTIES[p] * batch[p] / count for p in PARTIES},
+                               batches=[batch["dc0"], batch["dc0"], batch["dc1"]])
+    for rank, (tensors, _) in workers.items():
+        for got, want in zip(tensors["final"], expected[rank], strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=f"worker {rank}")
 
 
 @pytest.mark.parametrize(("outer", "streaming"), [("none", False), ("outer_nesterov", True)],

@@ -25,13 +25,15 @@ class Store:
         self.num_workers, self.num_all_workers = num_workers, num_all_workers
         self.hfa = SimpleNamespace(k1=k1, k2=1)
         self.pushes: list[tuple[int, list[float]]] = []
+        self.tokens: list[int | None] = []  # each push's reported samples
         self.pulls: list[int] = []
         self.answers: dict[int, torch.Tensor] = {}
         self.inits: list[int] = []
         self.assigned = 5
 
-    def push(self, key: int, value: torch.Tensor, priority: int = 0) -> None:
+    def push(self, key: int, value: torch.Tensor, priority: int = 0, tokens: int | None = None) -> None:
         self.pushes.append((key, value.flatten().tolist()))
+        self.tokens.append(tokens)
 
     def pull(self, key: int, out: torch.Tensor, priority: int = 0) -> None:
         self.pulls.append(key)
@@ -64,6 +66,7 @@ class Loop:
         self.synchronized = 0
         self.warnings: list[str] = []
         self.seconds_waited = 0.0
+        self.tokens: int | None = None
 
     def await_keys(self, keys: Sequence[int]) -> None:
         self.pending.difference_update(keys)
@@ -169,6 +172,22 @@ def test_a_periodic_average_steps_locally_and_pushes_its_share_every_k1_steps() 
         assert loop.synchronized == step  # the last average lands before each local step
         assert store.pushes == ([] if step < 3 else [(0, [-1.0, 1.0]), (1, [2.0])])  # weights / workers
     assert loop.pending == {0, 1} and strategy.local_steps == 0
+    assert store.tokens == [None, None]  # the script counted no samples: none reported
+
+
+def test_a_periodic_average_reports_the_samples_counted_since_its_last_sync() -> None:
+    """``DistributedOptimizer.step(tokens=n)`` adds to ``loop.tokens``; each sync reports them with every push and
+    starts counting again (decoupled HFA rounds weigh the parties by them)."""
+    store = Store(num_workers=2, k1=2)
+    loop = Loop(store)
+    strategy = PeriodicAverage(loop)
+    for step, samples in enumerate((8, 8, 5, 3), start=1):
+        loop.tokens = (loop.tokens or 0) + samples  # as step(tokens=samples) counts
+        loop.backward([0.0, 0.0], [0.0])
+        strategy.step()
+        if step % 2 == 0:
+            assert loop.tokens is None
+    assert store.tokens == [16, 16, 8, 8]
 
 
 def test_esync_adds_the_end_of_data_flag_and_assigned_steps_then_stops_when_a_worker_is_done() -> None:

@@ -69,6 +69,7 @@ class Pulse:
         self._rounds: tuple[list[int], float] | None = None  # a server: its rounds' durations (counts, sum)
         self._leads: dict[str, dict[str, int]] = {}  # a server: its answers per client, by rounds ahead
         self._staleness: dict[str, dict[str, int]] = {}  # a global server: its pushes per client, by staleness
+        self._outer_rounds: dict[str, dict[str, int]] = {}  # a global server: its decoupled rounds per client
         self._models: dict[str, str] = {}  # a worker: its model's digests at its last digested steps
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"{van.name}-heartbeat", daemon=True)
@@ -97,11 +98,13 @@ class Pulse:
 
     def note(self, *, step: int | None = None, busy: float | None = None,
              rounds: tuple[list[int], float] | None = None, leads: dict[str, dict[str, int]] | None = None,
-             staleness: dict[str, dict[str, int]] | None = None, models: dict[str, str] | None = None) -> None:
+             staleness: dict[str, dict[str, int]] | None = None, models: dict[str, str] | None = None,
+             outer_rounds: dict[str, dict[str, int]] | None = None) -> None:
         """What the next heartbeats report besides the byte counters (any thread; cheap: a dict update).
         ``rounds``: a server's round durations (``geomx.core.rounds.RoundTimes``: counts per bucket, their sum);
         ``leads``, ``staleness``: its answers per client by rounds ahead, its pushes per client by staleness
-        (``RoundTable.reports``); ``models``: a worker's model digests by step (``geomx.torch.digest``)."""
+        (``RoundTable.reports``); ``models``: a worker's model digests by step (``geomx.torch.digest``);
+        ``outer_rounds``: a global server's decoupled rounds per client, by status."""
         if step is not None:
             self._notes["step"] = int(step)
         if busy is not None:
@@ -114,6 +117,8 @@ class Pulse:
             self._staleness = staleness
         if models is not None:
             self._models = dict(models)
+        if outer_rounds is not None:
+            self._outer_rounds = outer_rounds
 
     def models(self) -> dict[str, str]:
         """The model digests noted last (step -> digest): what the next heartbeats carry."""
@@ -132,7 +137,8 @@ class Pulse:
                              party=(self._party or None) if to != self._party_from else None,
                              round_counts=rounds[0] if rounds else None, round_seconds=rounds[1] if rounds else None,
                              leads=self._leads or None, lan_saved=saved["lan"], wan_saved=saved["wan"],
-                             push_staleness=self._staleness or None, models=self._models or None)
+                             push_staleness=self._staleness or None, models=self._models or None,
+                             outer_rounds=self._outer_rounds or None)
 
     def dead(self) -> dict[str, str]:
         with self._lock:

@@ -251,6 +251,16 @@ class StatusBoard:
                         entry[int(ahead)] = entry.get(int(ahead), 0) + count
         return total
 
+    def _outer_rounds(self) -> dict[str, dict[str, int]]:
+        """Client name -> {status: rounds}, summed over the global servers' decoupled rounds (``outer_rounds``)."""
+        total: dict[str, dict[str, int]] = {}
+        for sample in self._latest.values():
+            for client, counts in (sample.body.outer_rounds or {}).items():
+                entry = total.setdefault(client, {})
+                for status, count in counts.items():
+                    entry[status] = entry.get(status, 0) + count
+        return total
+
     def snapshot(self, rows: list[MemberRow], missing: dict[str, int], phase: str) -> dict[str, Any]:
         """``/status.json``: the job, each party with its members (``rows``, in order, then the ones its servers
         relay) and traffic, checkpoints."""
@@ -268,7 +278,9 @@ class StatusBoard:
                 for m in members:
                     m[field] = {str(k): v for k, v in sorted(report[m["name"]].items())} \
                         if m["name"] in report else None
+            outer = self._outer_rounds()  # decoupled rounds: on time, missed, folded in late, dropped
             for m in members:
+                m["outer_rounds"] = outer.get(m["name"])
                 m["model"] = self.digests.latest(m["party"], m["name"]) or self.digests.latest(m["party"], m["id"])
                 del m["models"]
             model = self.digests.summary()

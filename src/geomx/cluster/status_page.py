@@ -95,6 +95,8 @@ def _members(data: dict[str, Any]) -> Iterator[Metric]:
     pushes = HistogramMetricFamily("geomx_push_staleness_updates", "the global servers' pushes from this client, by "
                                    "how many updates of their slice were applied since its last answer for it "
                                    "(counted under MixedSync)", labels=list(_MEMBER))
+    outer = CounterMetricFamily("geomx_outer_rounds", "the global servers' decoupled rounds for this client, by "
+                                "status: on_time, missed, late_folded, dropped", labels=[*_MEMBER, "status"])
     model = GaugeMetricFamily("geomx_model_digest_step", "the step of a worker's newest model digest (where every "
                               "party should hold the same model then)", labels=list(_MEMBER))
     for party in data["parties"]:
@@ -122,7 +124,9 @@ def _members(data: dict[str, Any]) -> Iterator[Metric]:
                                       sum(k * v for k, v in counts.items()))
             if member.get("model"):
                 model.add_metric(labels, member["model"]["step"])
-    yield from (age, state, steps, busy, rounds, stale, pushes, model)
+            for status, count in sorted((member.get("outer_rounds") or {}).items()):
+                outer.add_metric([*labels, status], count)
+    yield from (age, state, steps, busy, rounds, stale, pushes, outer, model)
 
 
 def _job(data: dict[str, Any]) -> Iterator[Metric]:

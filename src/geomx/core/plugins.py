@@ -28,7 +28,7 @@ from ..protocol.wire import Message, MessageKind, SliceId
 from ..transport.van import Van
 from .capabilities import Capabilities, all_answer_plain_sums
 from .clients import Clients
-from .rounds import Round, RoundTable, SliceValue
+from .rounds import Round, RoundRule, RoundTable, SliceValue
 
 Handler = Callable[[Message], None]
 Completion = Callable[[Round], None]
@@ -249,6 +249,23 @@ class Aggregation(Capabilities):
     @classmethod
     def check_options(cls, options: Mapping[str, Any], topology: Topology | None = None) -> None:
         """ValueError naming what is wrong with ``options`` (parsed) for a job of ``topology`` (if known)."""
+
+    def round_rule(self) -> RoundRule | None:
+        """A rule that closes this tier's rounds of pushes instead of the sync policy (decoupled rounds), if any."""
+        return None
+
+    def collected(self, rnd: Round) -> None:
+        """A lower tier's round of pushes is complete, before ``upward``: what its contributions report (their
+        bodies) is the aggregation's to read."""
+
+    def up_body(self, sid: SliceId) -> dict[str, Any] | None:
+        """Body keys of the push a lower tier sends up for (key, slice) (beside a codec's), if any."""
+        return None
+
+    def merge(self, rnd: Round) -> np.ndarray | None:
+        """The top tier's merge of ``rnd``'s contributions (and late pushes folded in), where it is not the plain
+        sum ``rnd.accum`` rescaled by the policy (None)."""
+        return None
 
     def upward(self, sid: SliceId, total: np.ndarray) -> Upward:
         """What a lower tier does with a completed round's ``total`` (see ``Upward``)."""

@@ -13,6 +13,10 @@ it run (``leads``): 0 for an answer at its round's release. Where its policy say
 (``staleness``): how many rounds of its slice were released since its sender's last answer for that slice. The
 table knows no algorithm and no socket: the host sends, so a unit test drives it in one process with a fake host.
 
+A round rule (``RoundRule``: an algorithm's decoupled rounds) closes rounds of pushes itself: a push is on time, late
+(folded into the open round, answered at once with the last applied value) or dropped (answered at once); it says
+when a round is ready, given the time (the watchdog calls ``complete_ready``).
+
 Usage (inside a server, under its lock)::
 
     table = RoundTable(host, Clients(["w0", "w1"]), policy)
@@ -26,8 +30,9 @@ import bisect
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Protocol
 
 import numpy as np
@@ -79,9 +84,38 @@ class Round:
     same: set[str] = field(default_factory=set)  # INIT: clients that hold the value already (answered without it)
     seen: dict[str, int] = field(default_factory=dict)  # client -> rounds released when it last got an answer
     base: int = 0  # rounds released before this server started (a resumed count): what a new client has seen
+    arrivals: dict[str, float] = field(default_factory=dict)  # a round rule's: client -> when its push came
+    folded: list[Message] = field(default_factory=list)  # a round rule's late pushes, answered already
 
     def describe(self) -> str:
         return f"{self.kind.name} round {self.number} of key {self.key} slice {self.slice}"
+
+    @property
+    def folded_from(self) -> list[str]:
+        """The senders of the late pushes folded into this round."""
+        return [m.sender.decode() for m in self.folded]
+
+
+class Admission(Enum):
+    """What a round rule makes of a push: it joins its round, is folded in late, or is dropped."""
+    ON_TIME = "on_time"
+    LATE = "late"
+    DROPPED = "dropped"
+
+
+class RoundRule(Protocol):
+    """A rule that closes rounds of pushes itself, by time (decoupled rounds); pure: it reads the time it is given."""
+    def admit(self, rnd: Round, client: str, now: float) -> Admission:
+        """A push of ``client`` for the open ``rnd``."""
+
+    def ready(self, rnd: Round, awaited: Collection[str], now: float) -> bool:
+        """Whether ``rnd`` may close now."""
+
+    def closed(self, rnd: Round, awaited: Collection[str], display: Callable[[str], str]) -> None:
+        """``rnd`` closes (before its answers): record its status."""
+
+    def report(self, display: Callable[[str], str]) -> dict[str, Any]:
+        """The rounds' status, for the stats file and the heartbeats."""
 
 
 class RoundTableHost(Protocol):
@@ -126,11 +160,12 @@ class RoundTable:
     """The open rounds of one server (the caller holds the server lock)."""
 
     def __init__(self, host: RoundTableHost, clients: Clients, policy: SyncPolicy,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, rule: RoundRule | None = None) -> None:
         self.host = host
         self.clients = clients
         self.policy = policy  # for rounds of pushes; every other kind waits for every awaited client
         self.clock = clock
+        self.rule = rule  # closes rounds of pushes instead of the policy (decoupled rounds), if any
         self.rounds: dict[RoundId, Round] = {}
         self.answered_early: set[tuple[str, int]] = set()  # (sender, request id) of pushes answered early
         self.leads: dict[str, Counter[int]] = {}  # client -> {rounds ahead an answer let it run: answers}
@@ -168,6 +203,8 @@ class RoundTable:
             rnd.deferred.append(message)  # belongs to a later round: queued in order
             self._maybe_answer_early(rnd, message)
             return
+        if self.rule is not None and message.kind is Kind.PUSHPULL and self._ruled(rnd, client, message):
+            return
         if not rnd.contributions:
             rnd.started_at = self.clock()
         rnd.contributions[client] = message
@@ -178,7 +215,7 @@ class RoundTable:
             if rnd.accum is None:
                 tensor = message.tensor
                 rnd.accum = from_half(tensor) if tensor.dtype == np.float16 else tensor
-            elif not rnd.accum.flags.writeable:
+            elif not rnd.accum.flags.writeable or self.rule is not None:  # (a rule's merge reads the pushes)
                 rnd.accum = np.add(rnd.accum, message.tensor)
             else:
                 np.add(rnd.accum, message.tensor, out=rnd.accum)
@@ -186,6 +223,25 @@ class RoundTable:
             self._complete(rnd)
         else:
             self._maybe_answer_early(rnd, message)
+
+    def _ruled(self, rnd: Round, client: str, message: Message) -> bool:
+        """The round rule admits a push: True if it was answered at once (late: folded into ``rnd``; dropped)."""
+        assert self.rule is not None
+        now = self.clock()
+        admission = self.rule.admit(rnd, client, now)
+        if admission is Admission.ON_TIME:
+            rnd.arrivals[client] = now
+            return False
+        if admission is Admission.LATE:
+            rnd.folded.append(message)
+            if message.tensor is not None:  # (the plain sum; a rule's aggregation may merge ``folded`` its own way)
+                rnd.accum = message.tensor if rnd.accum is None else np.add(rnd.accum, message.tensor)
+        else:
+            log.info("[%s] dropped a push of %s for %s: %d rounds late", self.host.name, self.host.display(client),
+                     rnd.describe(), rnd.number - rnd.seen.get(client, rnd.base))
+        rnd.seen[client] = rnd.number  # answered with the last applied value
+        self.host.answer_early(rnd, message)
+        return True
 
     def ahead(self, rnd: Round, client: str) -> int:
         """How many rounds beyond ``rnd``'s last completed one ``client``'s pushes collected so far reach."""
@@ -213,10 +269,13 @@ class RoundTable:
         """Per client (by display name): how many of its answers let it run how many rounds ahead."""
         return self._by_display(self.leads)
 
-    def reports(self) -> dict[str, dict[str, dict[str, int]]]:
+    def reports(self) -> dict[str, Any]:
         """What the heartbeats and the stats file report per client (by display name): ``leads``
         (``leads_report``) and ``staleness``, how many of its pushes were how many updates of their slice stale."""
-        return {"leads": self.leads_report(), "staleness": self._by_display(self.staleness)}
+        reports: dict[str, Any] = {"leads": self.leads_report(), "staleness": self._by_display(self.staleness)}
+        if self.rule is not None:
+            reports["rounds"] = self.rule.report(self.host.display)
+        return reports
 
     def _by_display(self, counts: dict[str, Counter[int]]) -> dict[str, dict[str, int]]:
         """``counts`` per client as a report: keyed by display name, each count's key as text, in order."""
@@ -227,6 +286,8 @@ class RoundTable:
 
     def ready(self, rnd: Round) -> bool:
         awaited = self.awaited(rnd)
+        if rnd.kind is Kind.PUSHPULL and self.rule is not None:
+            return self.rule.ready(rnd, awaited, self.clock())
         if rnd.kind is Kind.PUSHPULL:
             return self.policy.round_complete(rnd.contributions.keys(), awaited)
         return awaited <= rnd.contributions.keys()
@@ -256,6 +317,8 @@ class RoundTable:
 
     def _complete(self, rnd: Round) -> None:
         rnd.forwarding = True
+        if self.rule is not None and rnd.kind is Kind.PUSHPULL:
+            self.rule.closed(rnd, self.awaited(rnd), self.host.display)
         self.host.complete(rnd)
 
     # -- release ------------------------------------------------------------------------------------------
@@ -303,6 +366,8 @@ class RoundTable:
         rnd.exempt = set()
         rnd.early = None
         rnd.same = set()
+        rnd.arrivals = {}
+        rnd.folded = []
         rnd.number += 1
         deferred, rnd.deferred = rnd.deferred, []
         for message in deferred:

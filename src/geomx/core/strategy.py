@@ -50,6 +50,7 @@ class Loop(Protocol):
     pushed: set[int]  # keys pushed during this step's backward
     ddp: Any  # the script's DistributedDataParallel around the model (a collective party's), or None
     steps_done: int  # the job's steps completed (from its start step)
+    tokens: int | None  # the samples (tokens) the script counted since the strategy last took them (None: none)
 
     def await_keys(self, keys: Sequence[int]) -> None:
         """Land the answers of ``keys`` still on their way."""

@@ -96,7 +96,9 @@ class HeartbeatBody:
     ``models``: a worker's digests of its model (``geomx.torch.digest``) at its last few digested steps (step ->
     hex digest), where its algorithm gives every party the same model then (a party relays them in ``party``).
     ``lan_saved``, ``wan_saved``: bytes its codecs kept off each link class (an encoded message's dense size less
-    its frames). An empty body is a plain heartbeat."""
+    its frames). ``outer_rounds``: a global server's decoupled rounds per client (by name): how many it was on time
+    for, missed, had folded in late, had dropped (``geomx.algorithms.hfa.quorum``). An empty body is a plain
+    heartbeat."""
 
     lan_sent: int = 0
     lan_recv: int = 0
@@ -112,6 +114,20 @@ class HeartbeatBody:
     wan_saved: int = 0
     push_staleness: dict[str, dict[str, int]] | None = None
     models: dict[str, str] | None = None
+    outer_rounds: dict[str, dict[str, int]] | None = None
+
+
+# PUSHPULL body key beside a codec's: the samples (tokens) the pusher processed since its last contribution (a
+# worker's to its local server, a local server's party total to a global server); decoupled rounds merge by them
+TOKENS = "tokens"
+
+
+def push_tokens(body: dict[str, Any] | None) -> int | None:
+    """The ``TOKENS`` of a PUSHPULL body (None: not reported); BodyError unless a non-negative integer."""
+    value = (body or {}).get(TOKENS)
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+        raise BodyError(f"PUSHPULL.{TOKENS}: expected a non-negative integer, got {value!r}")
+    return value
 
 
 def encode_body(body: Any) -> dict[str, Any]:

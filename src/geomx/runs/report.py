@@ -46,7 +46,13 @@ COLUMNS = {
     "lan_mb": "the whole job's LAN traffic (MB): bytes every process sent inside its party, from RUN/stats "
               "(rewritten every second by each process, final at its exit; '-' while the run has none)",
     "net_wait_s": "that worker's seconds blocked on the network (front end only)",
+    # decoupled outer rounds (training.quorum; only where a run has them), from the global servers' stats files
+    "outer_rounds": "the global servers' decoupled rounds closed (one per slice and round)",
+    "outer_missed": "rounds a party missed (closed by the quorum and the grace without it), summed over the parties",
+    "outer_folded": "late deltas folded into a later round, summed over the parties",
+    "outer_dropped": "deltas dropped beyond stale_rounds, summed over the parties",
 }
+OUTER_COLUMNS = ("outer_rounds", "outer_missed", "outer_folded", "outer_dropped")
 
 
 @dataclass
@@ -63,6 +69,7 @@ class Series:
     lan_bytes: int | None = None  # the job's, from RUN/stats (None without stats files)
     wan_total_bytes: int | None = None  # the job's, from RUN/stats (None without stats files)
     net_wait_s: float | None = None
+    outer: dict[str, int] | None = None  # the job's decoupled rounds (OUTER_COLUMNS), None where it ran none
 
 
 def _elapsed(record: dict[str, Any], first_time: float) -> float:
@@ -105,9 +112,24 @@ def load_run(run_dir: Path, label: str | None = None) -> Series:
         series.wall_s = max(series.wall_s, t)
         if isinstance(record.get("net_wait_s"), (int, float)):
             series.net_wait_s = float(record["net_wait_s"])
-    totals = traffic(read_stats(Path(run_dir)))  # one file per process, counting what it sent: each byte once
+    stats = read_stats(Path(run_dir))
+    totals = traffic(stats)  # one file per process, counting what it sent: each byte once
     series.lan_bytes, series.wan_total_bytes = totals["lan_bytes"], totals["wan_bytes"]
+    series.outer = outer_rounds(stats)
     return series
+
+
+def outer_rounds(stats: list[dict[str, Any]]) -> dict[str, int] | None:
+    """The decoupled rounds of a run (``OUTER_COLUMNS``), summed over its global servers' stats files (their
+    ``outer_rounds``, ``geomx.algorithms.hfa.quorum``); None where no server ran any."""
+    reports = [entry["outer_rounds"] for entry in stats if isinstance(entry.get("outer_rounds"), dict)]
+    if not reports:
+        return None
+
+    def total(key: str) -> int:
+        return sum(sum(r.get(key, {}).values()) for r in reports)
+    return {"outer_rounds": sum(int(r.get("rounds", 0)) for r in reports), "outer_missed": total("missed"),
+            "outer_folded": total("late_folded"), "outer_dropped": total("dropped")}
 
 
 def summary_row(series: Series) -> dict[str, Any]:
@@ -123,6 +145,7 @@ def summary_row(series: Series) -> dict[str, Any]:
         "wan_mb": None if series.wan_total_bytes is None else round(series.wan_total_bytes / 1e6, 6),
         "lan_mb": None if series.lan_bytes is None else round(series.lan_bytes / 1e6, 6),
         "net_wait_s": None if series.net_wait_s is None else round(series.net_wait_s, 3),
+        **(series.outer or {}),
     }
 
 
@@ -177,6 +200,8 @@ def build_report(run_dirs: list[Path], out_dir: Path, labels: list[str] | None =
         if _plot(runs, attribute, ylabel, out_dir / name, scale):
             plots[attribute] = name
     rows = [summary_row(s) for s in runs]
+    if any(s.outer for s in runs):  # every row gets the decoupled rounds' columns ('-' for a run without them)
+        rows = [{**row, **{c: row.get(c) for c in OUTER_COLUMNS}} for row in rows]
     (out_dir / "report.md").write_text(_table(rows))
     (out_dir / "report.json").write_text(json.dumps({"rows": rows, "columns": COLUMNS, "plots": plots,
                                                      "series": [asdict(s) for s in runs]}, indent=1))

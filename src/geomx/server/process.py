@@ -76,7 +76,7 @@ class ParameterServer:
         # aggregation says what a tier does with a sum; extensions add request kinds of an algorithm's own;
         # the codec slot says what values are encoded with (geomx.core.encoding).
         plugins = compose(config, self)
-        self.table = RoundTable(self, self.clients, plugins.policy)
+        self.table = RoundTable(self, self.clients, plugins.policy, rule=plugins.aggregation.round_rule())
         self.route = plugins.route
         self.aggregation = plugins.aggregation
         self.extensions = plugins.extensions
@@ -219,7 +219,8 @@ class ParameterServer:
         self.van.flush(self.timeouts.shutdown_s)
         with self.lock:
             reports = self.table.reports()
-        stats.close(answer_leads=reports["leads"], push_staleness=reports["staleness"])
+        stats.close(answer_leads=reports["leads"], push_staleness=reports["staleness"],
+                    **({"outer_rounds": reports["rounds"]} if "rounds" in reports else {}))
         self.van.stop()
         if self._fatal:
             log.error("[%s] stopped: %s", self.name, self._fatal)
@@ -231,14 +232,15 @@ class ParameterServer:
         """Fail rounds that wait longer than the configured timeout, naming who is missing; note this server's
         step (its least advanced slice's completed rounds) for its heartbeats' reports."""
         pulse = pulse_for(self.van, self.requests, self.timeouts)
-        while not self._stop_watchdog.wait(0.5):
+        ruled = self.table.rule is not None  # rounds that close by time (PushPulls.close_by_time) meanwhile
+        while not (self.pushpulls.close_by_time(self._stop_watchdog) if ruled else self._stop_watchdog.wait(0.5)):
             with self.lock:
                 self.table.expire(self.timeouts.round_s, self.timeouts.request_s)
                 rounds = [self.table.completed(Kind.PUSHPULL, *sid) for sid in self.stored]
                 times = (list(self.table.times.counts), self.table.times.seconds)
                 reports = self.table.reports() if self.is_global else {}
             pulse.note(step=min((r for r in rounds if r), default=0), rounds=times, leads=reports.get("leads"),
-                       staleness=reports.get("staleness"))
+                       staleness=reports.get("staleness"), outer_rounds=reports.get("rounds", {}).get("by_party"))
 
     def stop_fatally(self, text: str) -> None:
         """Fail every open round with ``text`` (its clients see who died) and stop the server (under the lock)."""

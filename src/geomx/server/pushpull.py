@@ -15,6 +15,7 @@ Usage (the server's handler and completion for the kind)::
 from __future__ import annotations
 
 import logging
+import threading
 from concurrent.futures import Future
 from typing import Any, assert_never, cast
 
@@ -30,10 +31,12 @@ from ..core.early import send_early
 from ..core.inits import value_mismatch
 from ..core.plugins import Answer, AwaitAnswer, SendUp, SendUpAndAnswer, SendUpAndAwait, SliceId
 from ..core.rounds import Round, SliceValue
+from ..protocol.bodies import BodyError, push_tokens
 from ..protocol.wire import Kind, Message
 from .host import PartHost
 
 log = logging.getLogger("geomx.server")
+RULE_TICK_S = 0.02  # how often a round rule (decoupled rounds) is asked whether a round may close by now
 
 
 class PushPulls:
@@ -60,6 +63,10 @@ class PushPulls:
             host.refuse(message, f"PUSHPULL of key {message.key} carries no tensor")
             return
         problem = value_mismatch(stored.value.shape, stored.value.dtype, message)
+        try:
+            push_tokens(message.body)
+        except BodyError as exc:
+            problem = str(exc)
         if problem:
             host.refuse(message, problem)
             return
@@ -70,6 +77,16 @@ class PushPulls:
             if rnd is not None:
                 send_early(host, rnd, host.table.awaited(rnd),
                            address=lambda client: host.clients.address(client, (rnd.key, rnd.slice)))
+
+    def close_by_time(self, stop: threading.Event) -> bool:
+        """For half a second, every ``RULE_TICK_S``: close the rounds the round rule says are ready by now (the
+        watchdog's, where a rule closes rounds by time); True once ``stop`` is set."""
+        for _ in range(round(0.5 / RULE_TICK_S)):
+            with self.host.lock:
+                self.host.table.complete_ready()
+            if stop.wait(RULE_TICK_S):
+                return True
+        return False
 
     def on_held_pull(self, message: Message) -> None:
         """A request for the job's model as this party holds it (``PullBody.held``; no WAN): answered once no
@@ -113,7 +130,8 @@ class PushPulls:
         host = self.host
         assert rnd.accum is not None
         full_sum, rnd.accum = rnd.accum, None
-        total = self._rescaled(rnd, full_sum)
+        merged = host.aggregation.merge(rnd) if host.is_global else None
+        total = self._rescaled(rnd, full_sum) if merged is None else merged
         if rnd.early is not None and (total is not full_sum or rnd.early not in rnd.contributions
                                       or not self.answers_early()):
             # a client is missing, or the answer is no longer the plain sum (the master set an optimizer or a
@@ -135,6 +153,7 @@ class PushPulls:
         if failure is not None:  # the tier above lost an overlapped send of this slice: every round says so
             host.release(rnd, None, failure)
             return
+        host.aggregation.collected(rnd)
         step = host.aggregation.upward(sid, total)
         match step:
             case AwaitAnswer():  # answered once the tier above answers an earlier overlapped send
@@ -167,6 +186,9 @@ class PushPulls:
             except CodecError as exc:
                 host.release(rnd, None, f"cannot compress key {rnd.key} slice {rnd.slice}: {exc}")
                 return
+        body = host.aggregation.up_body(sid)
+        if body:
+            fields["body"] = {**(fields.get("body") or {}), **body}
         first = next(iter(rnd.contributions.values()))
         message = Message(Kind.PUSHPULL, key=rnd.key, slice=rnd.slice, num_slices=first.num_slices, round=rnd.number,
                           priority=first.priority, **fields)

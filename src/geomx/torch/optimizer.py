@@ -149,6 +149,7 @@ class DistributedOptimizer:
         self._config = config
         self.start_step = 0  # the job's step this worker starts at: a resumed job's checkpoint step (--resume)
         self.steps_done = 0  # the job's steps completed, counted from start_step
+        self.tokens: int | None = None  # samples step(tokens=) counted since the strategy last took them
         self._step_taken = False  # this step's checkpoint was considered (``update``)
         self.checkpoints = worker_checkpoints(self, config, sharded=shards is not None)
         if self.kv.is_master_worker:  # the servers' codec and optimizer, before any round
@@ -263,8 +264,10 @@ class DistributedOptimizer:
             state["geomx"] = {"optimizer_state": where}
         return state
 
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        """One training step under the configured algorithm; returns ``closure()``'s loss if given."""
+    def step(self, closure: Callable[[], Any] | None = None, tokens: int | None = None) -> Any:
+        """One training step under the configured algorithm; returns ``closure()``'s loss if given. ``tokens``: the
+        samples (tokens) the step trained on, by which decoupled HFA rounds (``training.quorum``) weigh the parties."""
+        self.tokens = self.tokens if tokens is None else (self.tokens or 0) + tokens
         if self._closed:
             raise RuntimeError("this DistributedOptimizer is closed")
         loss = None

@@ -28,7 +28,7 @@ from ..codecs import Codec, Registry
 from ..codecs.base import TensorKind
 from ..codecs.messages import decode_message
 from ..core.worker_plugins import PushRoute
-from ..protocol.bodies import InitBody, encode_body
+from ..protocol.bodies import TOKENS, InitBody, encode_body
 from ..protocol.tensors import readonly_tensor
 from ..protocol.wire import Kind, Message
 from ..transport.rpc import Requests
@@ -68,17 +68,22 @@ class SliceSender:
         return self.requests.call(self.server(key, index), message)
 
     def push(self, key: int, index: int, piece: np.ndarray, codec: Codec | None, priority: int,
-             kind: TensorKind = "gradient") -> Future[Message]:
+             kind: TensorKind = "gradient", tokens: int | None = None) -> Future[Message]:
         """Push slice ``index`` of ``key`` (``piece``: its data on the host, not to be changed until its frames are
-        sent) through the push route, encoded by ``codec`` (``kind``: what it holds); the answer's future."""
-        return self.route.push(self.server(key, index), self.pushpull(key, index, piece, codec, priority, kind))
+        sent) through the push route, encoded by ``codec`` (``kind``: what it holds; ``tokens``: the samples behind
+        it, reported in the body); the answer's future."""
+        return self.route.push(self.server(key, index),
+                               self.pushpull(key, index, piece, codec, priority, kind, tokens))
 
     def pushpull(self, key: int, index: int, piece: np.ndarray, codec: Codec | None, priority: int,
-                 kind: TensorKind = "gradient") -> Message:
+                 kind: TensorKind = "gradient", tokens: int | None = None) -> Message:
         """The PUSHPULL of slice ``index`` of ``key`` that ``push`` sends."""
         info = self.keys.info(key)
+        fields = payload(codec, key, index, piece, math.prod(info.shape), kind)
+        if tokens is not None:
+            fields["body"] = {**(fields.get("body") or {}), TOKENS: tokens}
         return Message(Kind.PUSHPULL, key=key, slice=index, num_slices=len(info.slices), priority=priority,
-                       **payload(codec, key, index, piece, math.prod(info.shape), kind))
+                       **fields)
 
     def push_together(self, messages: Sequence[Message]) -> list[Future[Message]]:
         """Push ``messages`` (``pushpull``'s), those for one server as few messages as fit (``PushRoute.push_together``:

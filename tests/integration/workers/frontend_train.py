@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import threading
 import time
@@ -81,6 +82,8 @@ def main() -> None:
                         help="instead: a tiny first layer and a deepest layer of 8 x 3 x N weights (P3's case)")
     parser.add_argument("--conv-head", action="store_true", help="instead: a small CNN over 4 x 8 images (ConvHead)")
     parser.add_argument("--batch", type=int, default=jobkit.BATCH, help="the first N examples of each batch")
+    parser.add_argument("--party-batch", default="{}", help="JSON: party -> its workers' batch, instead of --batch, "
+                        "reported to opt.step(tokens=)")
     parser.add_argument("--step-s", type=float, default=0.0,
                         help="emulated device time per step (a sleep after backward: the model itself is tiny)")
     parser.add_argument("--slow-rank", type=int, default=-1, help="this global rank's device is --slowdown x slower")
@@ -160,6 +163,9 @@ def main() -> None:
     slices = [opt.kv.slices(key) for key in range(len(after))]  # how each parameter travels (P3: cut small)
     inputs, targets = jobkit.make_data(args.steps, num_workers)
     inputs, targets = inputs[:, :, :args.batch], targets[:, :, :args.batch]
+    tokens = json.loads(args.party_batch).get(opt.kv.party)  # this party's batch, reported as the step's tokens
+    if tokens is not None:
+        inputs, targets = inputs[:, :, :tokens], targets[:, :, :tokens]
     inputs, targets = inputs.to(device, getattr(torch, args.dtype)), targets.to(device)
     device_s = args.step_s * (args.slowdown if rank == args.slow_rank else 1.0)
     pushed = [torch.zeros_like(p) for p in model.parameters()]  # this worker's own gradients, summed over steps
@@ -207,7 +213,7 @@ def main() -> None:
             scaler.step(opt)
             scaler.update()
         else:
-            opt.step()
+            opt.step(tokens=tokens)
         if args.record:
             record["held"] += [p.cpu() for p in before_step]
             record["local"] += local  # this worker's own gradient, as backward made it (what it pushes)

@@ -98,11 +98,12 @@ def reference_after(steps: int, total_steps: int, num_workers: int,
     return [p.detach().clone() for p in model.parameters()]
 
 
-def local_sgd(workers: list[list[torch.Tensor]], steps: int) -> Iterator[int]:
+def local_sgd(workers: list[list[torch.Tensor]], steps: int, batches: list[int] | None = None) -> Iterator[int]:
     """The local steps of a simulated HFA job: for each step 1..``steps``, every rank's weights ``workers[rank]``
     take one plain SGD step (LR, no momentum) on its own batch of ``make_data(steps, len(workers))``, then the step
     is yielded. The caller syncs between yields by assigning into ``workers`` (a round's averages or answers); the
-    next step reads them. One loop for every simulation, so they all step the same arithmetic as the workers."""
+    next step reads them. One loop for every simulation, so they all step the same arithmetic as the workers.
+    ``batches``: each rank's batch size, the first samples of its batch (default: all ``BATCH``)."""
     inputs, targets = make_data(steps, len(workers))
     model = make_model()
     for step in range(1, steps + 1):
@@ -111,7 +112,8 @@ def local_sgd(workers: list[list[torch.Tensor]], steps: int) -> Iterator[int]:
                 for p, w in zip(model.parameters(), weights, strict=True):
                     p.copy_(w)
             model.zero_grad()
-            F.mse_loss(model(inputs[step - 1, rank]), targets[step - 1, rank]).backward()
+            batch = BATCH if batches is None else batches[rank]
+            F.mse_loss(model(inputs[step - 1, rank, :batch]), targets[step - 1, rank, :batch]).backward()
             workers[rank] = [w - LR * p.grad for w, p in zip(weights, model.parameters(), strict=True)]
         yield step
 

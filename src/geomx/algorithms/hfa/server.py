@@ -17,6 +17,10 @@ Streaming outer sync (Streaming DiLoCo, Douillard et al. 2025), by three plug-in
 - ``fragment_alpha`` alpha: that mix (0: the global model alone, as torchft's default); without an overlap the
   fragment's own round answers with the mix, once the new global model is in (torchft mixes at delay 0 too).
 
+Decoupled rounds (``quorum``, ``grace``, ``stale_rounds``: ``geomx.algorithms.hfa.quorum``): a global server's rounds
+close by the quorum rule, and merge the parties' deltas weighted by the tokens each reports; a local server sends
+its unweighted delta and its party's tokens since its last global contribution (a push reporting none counts 1).
+
 Usage (the composition root)::
 
     aggregation = HfaAggregation.from_config(node_config, server, fragments=4, fragment_delay=1)
@@ -45,8 +49,10 @@ from ...core.plugins import (
     SliceId,
     Upward,
 )
-from ...core.rounds import MODEL_CHANGE, Round
+from ...core.rounds import MODEL_CHANGE, Round, RoundRule
+from ...protocol.bodies import TOKENS, push_tokens
 from ...protocol.wire import Message
+from .quorum import DECOUPLED_OPTIONS, Decoupled, QuorumRounds, decoupled_options
 from .rules import STREAMING_OPTIONS, LocalFrequencyAggregation, streaming_options
 
 log = logging.getLogger("geomx.server")
@@ -62,6 +68,12 @@ class InFlight:
     waiting: np.ndarray | None = None  # the due round's average, while that round waits for the answer
 
 
+def lands_on_arrival(decoupled: Decoupled, parties: int, delay: int, k2: int) -> bool:
+    """Whether a local server's global rounds land when their answers arrive (see ``HfaAggregation.on_arrival``):
+    under a quorum of fewer than every party, without a ``fragment_delay`` of its own, where K2 > 1."""
+    return decoupled.on and decoupled.quorum < parties and not delay and k2 > 1
+
+
 class HfaAggregation(Aggregation):
     """HFA's tiers: a local server's model averages and deltas, a global server's model and its changes."""
 
@@ -69,11 +81,16 @@ class HfaAggregation(Aggregation):
     answers_weights = True
     rounds_every_slice = True
     answers_plain_sums = False  # the global model (or its change), not the sum of the parties' deltas
-    options: ClassVar[dict[str, type]] = STREAMING_OPTIONS
+    options: ClassVar[dict[str, type]] = {**STREAMING_OPTIONS, **DECOUPLED_OPTIONS}
 
     def __init__(self, host: PluginHost, local: LocalFrequencyAggregation | None, hips: bool, delay: int = 0,
-                 alpha: float = 0.0) -> None:
+                 alpha: float = 0.0, decoupled: Decoupled | None = None) -> None:
         self.host = host
+        self.decoupled = decoupled or Decoupled()  # rounds closed by a quorum, merged by tokens (off: quorum 0)
+        # a quorum of fewer than every party, and no overlap of its own: a global round's answer lands at the first
+        # local round after it arrives (at the latest the one before the slice's next global round)
+        self.on_arrival = False
+        self.tokens: dict[SliceId, int] = {}  # a local server's: its party's tokens since its last global push
         self.local = local  # a local server's counting and deltas (None on a global server)
         self.hips = hips  # every party has a local server (a model change is meaningful only then)
         self.delay = delay  # local rounds a fragment's global round overlaps (0: the workers wait for it)
@@ -86,16 +103,61 @@ class HfaAggregation(Aggregation):
         cls.check_options(options, config.topology)
         topology = config.topology
         assert topology.hfa is not None
+        decoupled = decoupled_options(options, len(topology.parties))
+        # decoupled: the delta goes up unweighted; the global server weighs it by the party's tokens
+        weight = 1.0 if decoupled.on else config.num_workers / topology.num_all_workers
         local = None if config.role is Role.GLOBAL_SERVER else LocalFrequencyAggregation(
-            topology.hfa.k2, config.num_workers / topology.num_all_workers, options.get("fragments", 1))
-        return cls(host, local, hips=topology.mode is Mode.HIPS, delay=options.get("fragment_delay", 0),
-                   alpha=options.get("fragment_alpha", 0.0))
+            topology.hfa.k2, weight, options.get("fragments", 1))
+        aggregation = cls(host, local, hips=topology.mode is Mode.HIPS, delay=options.get("fragment_delay", 0),
+                          alpha=options.get("fragment_alpha", 0.0), decoupled=decoupled)
+        aggregation.on_arrival = lands_on_arrival(decoupled, len(topology.parties), aggregation.delay, topology.hfa.k2)
+        return aggregation
 
     @classmethod
     def check_options(cls, options: Mapping[str, Any], topology: Topology | None = None) -> None:
         """The streaming options' ranges; with the job's K2 known, fragments <= K2 and delay < K2
         (``rules.streaming_options``, which a collective party's ranks run alike)."""
         streaming_options(options, topology.hfa.k2 if topology is not None and topology.hfa is not None else None)
+        decoupled = decoupled_options(options, len(topology.parties) if topology is not None else None)
+        if decoupled.on and topology is not None and topology.collective_parties:
+            raise ValueError(f"quorum: decoupled rounds take parties with a local server for now; "
+                             f"{sorted(topology.collective_parties)} are lan: collective")
+        if decoupled.on and topology is not None and topology.tsengine is not None:
+            raise ValueError("quorum: decoupled rounds do not run with tsengine yet (its relays merge the workers' "
+                             "pushes, and their tokens with them)")
+
+    def round_rule(self) -> RoundRule | None:
+        """Decoupled: a global server's rounds close by the quorum rule."""
+        return QuorumRounds(self.decoupled) if self.decoupled.on and self.local is None else None
+
+    def collected(self, rnd: Round) -> None:
+        """Decoupled: a local round's tokens (its workers' reports; 1 each that reports none) join the party's."""
+        if self.decoupled.on:
+            sid = (rnd.key, rnd.slice)
+            reported = (push_tokens(m.body) for m in rnd.contributions.values())
+            self.tokens[sid] = self.tokens.get(sid, 0) + sum(1 if t is None else t for t in reported)
+
+    def up_body(self, sid: SliceId) -> dict[str, Any] | None:
+        """Decoupled: the party's tokens since its last global push of ``sid``."""
+        return {TOKENS: self.tokens.pop(sid, 0)} if self.decoupled.on else None
+
+    def merge(self, rnd: Round) -> np.ndarray | None:
+        """Decoupled: the deltas (on time, then folded in late) weighted by their tokens' share, summed in that
+        order: ``sum_p delta_p * float32(t_p / sum t)`` (each party's share as a local server weighs it today)."""
+        if not self.decoupled.on:
+            return None
+        parts = [*rnd.contributions.values(), *rnd.folded]
+        tokens = [push_tokens(m.body) or 0 for m in parts]
+        count = sum(tokens)
+        total: np.ndarray | None = None
+        for message, share in zip(parts, tokens, strict=True):
+            if message.tensor is None:
+                continue
+            term = np.multiply(message.tensor, np.float32(share / count if count else 1 / len(parts)),
+                               dtype=np.float32)
+            total = term if total is None else np.add(total, term)
+        assert total is not None, f"{rnd.describe()} closed without a tensor"
+        return total
 
     def upward(self, sid: SliceId, total: np.ndarray) -> Upward:
         """A local round answers with the party's average; every K2-th of a slice's rounds (its fragment's)
@@ -108,7 +170,7 @@ class HfaAggregation(Aggregation):
             local.assign_fragments({sid: held.value.size for sid, held in self.host.stored.items()})
         delta = local.after_local_round(sid, total)
         flight = self.in_flight.get(sid)
-        if flight is not None and local.rounds(sid) == flight.due:
+        if flight is not None and (local.rounds(sid) == flight.due or (self.on_arrival and flight.arrived is not None)):
             if flight.arrived is None:
                 flight.waiting = total
                 return AwaitAnswer()
@@ -116,6 +178,9 @@ class HfaAggregation(Aggregation):
             return Answer(self._mix(flight.arrived, total))
         if delta is None:
             return Answer(total)
+        if self.on_arrival:  # the workers go on; the answer lands when it is in
+            self.in_flight[sid] = InFlight(due=local.rounds(sid) + local.k2 - 1)
+            return SendUpAndAnswer(delta, total)
         if not self.delay and self.alpha:  # the global model mixed with this round's average, once it is in
             self.in_flight[sid] = InFlight(due=local.rounds(sid), waiting=total)
             return SendUpAndAwait(delta)
@@ -158,7 +223,7 @@ class HfaAggregation(Aggregation):
         info = self.host.tensor_info(rnd.key, rnd.slice, "delta", "pull")
         if isinstance(codec, SizeAdaptive):
             codec = codec.choose(value, info)
-        if (codec is None or not codec.keeps_residual() or not self.hips
+        if (codec is None or not codec.keeps_residual() or not self.hips or self.decoupled.on
                 or self.host.table.policy.clients_leave_independently):
             return None
         change = np.subtract(value, previous, dtype=np.float32)

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 import torch
 
 from ...core.strategy import Loop, WorkerStrategy
+from .quorum import decoupled_options
 from .rules import streaming_options
 
 
@@ -44,8 +45,11 @@ class PeriodicAverage(WorkerStrategy):
     def common_every(self) -> int | None:
         """The steps of a global round after which every party holds the global model; None: never (streaming, an
         overlapped round or a mix, where each keeps its own part). Read once: ``common_model_step`` asks every step."""
-        streaming = streaming_options(dict(self.loop.kv.config.topology.training.plugin_options))
-        return None if streaming.keeps_own_part else self.steps_of(1)
+        topology = self.loop.kv.config.topology
+        options = dict(topology.training.plugin_options)
+        decoupled = decoupled_options(options)  # a quorum below every party: answers land as they arrive
+        keeps_own = streaming_options(options).keeps_own_part or 0 < decoupled.quorum < len(topology.parties)
+        return None if keeps_own else self.steps_of(1)
 
     def common_model_step(self) -> int | None:
         """At the start of the step after a global round every party holds the global model (``common_every``)."""
@@ -68,10 +72,13 @@ class PeriodicAverage(WorkerStrategy):
         self.loop.kv.pull_job_model(list(range(len(into))), list(into))
 
     def sync(self, finishing: bool) -> None:
-        """Push every model tensor (its share of the party's average); the answers land lazily."""
+        """Push every model tensor (its share of the party's average), with the samples the script counted since the
+        last sync (``step(tokens=)``), if it counts; the answers land lazily."""
         loop = self.loop
+        tokens, loop.tokens = loop.tokens, None
+        counted = {} if tokens is None else {"tokens": tokens}
         for key, param in enumerate(loop.params):
-            loop.kv.push(key, param.data / loop.kv.num_workers, priority=loop.priority[key])
+            loop.kv.push(key, param.data / loop.kv.num_workers, priority=loop.priority[key], **counted)
         loop.pending.update(range(len(loop.params)))
 
 
