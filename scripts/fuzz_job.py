@@ -80,8 +80,16 @@ def templates(rng: random.Random) -> list[list[bytes]]:
                                {"role": "worker", "party": "dc0", "address": "tcp://127.0.0.1:1"},
                                {"error": "x"}, {"sync": "dist_async"}, {"seconds_per_step": {"w": 1}, "base_steps": 1},
                                {"dead": {"x": "y"}}])
+            flags = rng.choice([Flag.NONE, Flag.REPLY])
+            parts = None
+            if kind is Kind.BUNDLE:  # a bundle of PUSHPULLs (or their answers), each a slice's round
+                parts = [Message(Kind.PUSHPULL, key=rng.randrange(0, 16), slice=0, num_slices=1,
+                                 request_id=rng.randrange(0, 2**64), flags=flags,
+                                 tensor=np.frombuffer(rng.randbytes(4 * rng.randrange(1, 16)), dtype=np.float32))
+                         for _ in range(rng.randrange(1, 4))]
+                tensor, body = None, None
             message = Message(kind, key=rng.randrange(0, 16), request_id=rng.randrange(0, 2**64),
-                              flags=rng.choice([Flag.NONE, Flag.REPLY]), tensor=tensor, body=body)
+                              flags=flags, tensor=tensor, body=body, parts=parts)
             out.append([bytes(memoryview(f)) for f in encode(message)])
     return out
 

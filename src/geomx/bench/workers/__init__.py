@@ -4,4 +4,5 @@ The WAN section's (``geomx.bench.wan``): ``wan_geomx`` (the job under geomx's kv
 job through the PyTorch wrapper), ``ddp`` (the job under DDP, or DDP with local SGD), ``diloco`` (the job under
 torchft's DiLoCo). The others': ``transport`` (``kv.pushpull`` timed), ``gloo`` (gloo's ``all_reduce`` timed),
 ``frontend`` (the front-end section's CNN loops), ``lan_step`` (one party's step under each LAN tier),
-``scale_step`` (the scale job's loop on one rank); ``teardown`` (how a worker that ran DDP ends)."""
+``scale_step`` (the scale job's loop on one rank), ``quality`` (the quality section's
+character-transformer rows); ``teardown`` (how a worker that ran DDP ends)."""
