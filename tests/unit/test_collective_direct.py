@@ -239,7 +239,7 @@ def _owner_values(key: int, start: int, stop: int) -> torch.Tensor:
 def _shares(group: Any, rank: int, world: int) -> tuple[dict[bool, list[Any]], list[Any]]:
     """``WholePartyModel.share`` rank to rank and through the chunk; then two ``send_recv_async`` in flight at once
     around a ring, waited last first: (each path's tensors, the ring's two receipts)."""
-    from geomx.collective.bucket import WholePartyModel
+    from geomx.collective.party_model import WholePartyModel
 
     layout = _share_layout(world)
     chosen = lambda owned: owned.key != 1 and owned.index != 1  # noqa: E731 (a streaming fragment, say)

@@ -183,7 +183,7 @@ def test_a_dead_rank_fails_the_partys_next_collective_by_name_within_the_timeout
 
 
 def test_backward_buckets_go_deepest_first_and_cut_by_bytes() -> None:
-    from geomx.collective.bucket import backward_buckets
+    from geomx.collective.party_model import backward_buckets
 
     numels = {0: 100, 1: 10, 2: 300, 3: 5}
     assert backward_buckets(numels, 4, bucket_bytes=1 << 20) == [[3, 2, 1, 0]]
@@ -192,7 +192,7 @@ def test_backward_buckets_go_deepest_first_and_cut_by_bytes() -> None:
 
 
 def test_a_bucket_of_a_model_mixing_dtypes_is_kept_in_the_widest() -> None:
-    from geomx.collective.bucket import bucket_like
+    from geomx.collective.party_model import bucket_like
 
     weights, norm = torch.zeros(3, dtype=torch.bfloat16), torch.zeros(2)
     assert bucket_like([weights, weights]).dtype == torch.bfloat16  # as DDP all-reduces a bfloat16 model
@@ -229,13 +229,13 @@ class _LockstepGroup:
 def test_a_spread_moves_every_owners_chosen_slices_and_only_those(monkeypatch, window: int, partial: bool) -> None:
     """``WholePartyModel.spread`` (``only=``: a streaming fragment): the chosen slices of every owner land, the others
     stay; in windows of any size."""
-    from geomx.collective import bucket as bucket_module
+    from geomx.collective import party_model as party_model_module
 
-    monkeypatch.setattr(bucket_module, "SPREAD_WINDOW", window)
+    monkeypatch.setattr(party_model_module, "SPREAD_WINDOW", window)
     numels = [300, 50, 420]
     layout = OwnerLayout(_owners(numels, 2, slice_elems=100), dict(enumerate(numels)))
     given: dict[tuple[int, int], torch.Tensor] = {}
-    buckets = [bucket_module.WholePartyModel(layout, _LockstepGroup(r, 2, given), like=torch.zeros(1)) for r in (1, 0)]
+    buckets = [party_model_module.WholePartyModel(layout, _LockstepGroup(r, 2, given), like=torch.zeros(1)) for r in (1, 0)]
     for bucket in buckets:  # each owner's chunk: its slices' values, 1000 * rank + position
         bucket.own([torch.arange(n, dtype=torch.float32) + 1000 * bucket.group.rank for n in numels])
 

@@ -21,9 +21,9 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from .bucket import WholePartyModel, backward_buckets, bucket_like
 from .group import PartyGroup, Pending
 from .layout import OwnerLayout
+from .party_model import WholePartyModel, backward_buckets, bucket_like
 
 
 class OverlappedMean:

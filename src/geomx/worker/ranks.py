@@ -32,11 +32,11 @@ import torch
 
 from ..codecs import Codec, worker_codec
 from ..codecs.base import TensorKind
-from ..collective.bucket import PartyModel, WholePartyModel, bucket_like
 from ..collective.fsdp import LocalShards, fsdp_shards, local_flat
 from ..collective.group import PartyGroup
 from ..collective.layout import OwnerLayout
 from ..collective.owners import OwnedSlice, SliceOwners
+from ..collective.party_model import PartyModel, WholePartyModel, bucket_like
 from ..collective.sharded import ShardedPartyModel
 from ..config import ConfigError, NodeConfig
 from ..core.early import EarlyAnswers, Settle

@@ -31,11 +31,11 @@ from typing import Any
 
 import torch
 
-from ...collective.bucket import WholePartyModel, backward_buckets, bucket_like
 from ...collective.ddp import keep_local
 from ...collective.group import Pending
 from ...collective.host import HostChunk
 from ...collective.owners import OwnedSlice
+from ...collective.party_model import WholePartyModel, backward_buckets, bucket_like
 from ...core.strategy import AveragedStep, Loop, WorkerStrategy
 from .strategy import refused_average, warn_no_gradient
 

@@ -24,8 +24,8 @@ import time
 
 import torch
 
-from ...collective.bucket import PartyModel
 from ...collective.host import HostChunk
+from ...collective.party_model import PartyModel
 from ...core.strategy import AveragedStep, WorkerStrategy
 from .strategy import refused_average, warn_no_gradient
 
@@ -36,13 +36,13 @@ class ShardedServerStep(WorkerStrategy):
     # each rank holds its shards of the job's model, not the model: nothing another party's digest could match
     same_model_everywhere = False
 
-    bucket: PartyModel
+    party_model: PartyModel
     stage: HostChunk
 
     def init_keys(self) -> None:
         loop = self.loop
-        self.bucket = loop.ranks.party_model(loop.params)  # FSDP2's shards: a ShardedPartyModel
-        self.stage = HostChunk(self.bucket.chunk, self.bucket.pieces)
+        self.party_model = loop.ranks.party_model(loop.params)  # FSDP2's shards: a ShardedPartyModel
+        self.stage = HostChunk(self.party_model.chunk, self.party_model.pieces)
         self.trained = set(loop.trained)
 
     def step(self) -> None:
@@ -69,16 +69,16 @@ class ShardedServerStep(WorkerStrategy):
         loop = self.loop
         ranks = loop.ranks
         started = time.monotonic()
-        self.bucket.own(self.bucket.views(grads))
-        self.bucket.chunk.mul_(ranks.group.world_size)  # FSDP2 averaged over the party's ranks: their sum
+        self.party_model.own(self.party_model.views(grads))
+        self.party_model.chunk.mul_(ranks.group.world_size)  # FSDP2 averaged over the party's ranks: their sum
         self.stage.down()
         ranks.exchange([(owned, piece) for owned, piece in self.stage.pieces if owned.key in self.trained],
                        loop.priority)
         self.stage.up()
-        views = self.bucket.views(into)
+        views = self.party_model.views(into)
         # an untrained key's owned slices hold its gradients, not answers: spread them into a copy, thrown away
         targets = [view if key in self.trained else view.clone() for key, view in enumerate(views)]
-        self.bucket.spread(targets)
+        self.party_model.spread(targets)
         loop.waited(time.monotonic() - started)
 
 

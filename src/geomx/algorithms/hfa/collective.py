@@ -34,9 +34,9 @@ from collections.abc import Sequence
 
 import torch
 
-from ...collective.bucket import PartyModel
 from ...collective.mirror import mirror_for
 from ...collective.overlap import OverlappedMean
+from ...collective.party_model import PartyModel
 from ...core.strategy import AveragedStep, Loop
 from ...protocol.tensors import wire_dtype
 from .machine import RoundMachine
@@ -55,7 +55,7 @@ class CollectivePeriodicAverage(AveragedStep):
         self.k1 = hfa.k1
         self.rules = LocalFrequencyAggregation(k2=hfa.k2, party_weight=loop.kv.num_workers / loop.kv.num_all_workers,
                                                fragments=streaming.fragments)
-        self.bucket: PartyModel | None = None
+        self.party_model: PartyModel | None = None
         self.mean: OverlappedMean | None = None  # whole-model ranks: gradients all-reduced as backward makes them
         self.machine: RoundMachine | None = None
         self.local_steps = 0
@@ -67,13 +67,13 @@ class CollectivePeriodicAverage(AveragedStep):
     def init_keys(self) -> None:
         loop = self.loop
         kv = loop.kv
-        self.bucket = bucket = loop.ranks.party_model(loop.params)
+        self.party_model = party_model = loop.ranks.party_model(loop.params)
         # under FSDP2 the shards' gradients come averaged already, and so do they under the script's own DDP
-        if bucket.whole and loop.ddp is None:
+        if party_model.whole and loop.ddp is None:
             self.mean = OverlappedMean(loop.ranks.group, loop.params, loop.ranks.layout,  # DDP's buckets of bucket_mb
                                        kv.config.topology.training.bucket_bytes, trained=loop.trained)
             self.pushes_gradients = True  # read by the wrapper after init_keys: backward's hooks call on_gradient
-        views = bucket.views(loop.params)
+        views = party_model.views(loop.params)
         # the job's model: the global model of the last global round, as this rank holds the model (all of it, or
         # its FSDP2 shards), in the dtype the servers hold (float32 for a bfloat16 model: DiLoCo's outer model)
         job_model = [view.to(wire_dtype(view.dtype), copy=True) for view in views]
@@ -82,8 +82,9 @@ class CollectivePeriodicAverage(AveragedStep):
         training = kv.config.topology.training
         mirror = mirror_for(loop.params[0].device, staged=training.staged)
         # overlapped whole models share the landed slices off the rank's thread: over a group of the trips' own
-        group = loop.ranks.group.sibling(kv.config.topology.timeouts.round_s) if self.delay and bucket.whole else None
-        self.machine = RoundMachine(self.rules, loop.ranks, bucket, job_model, mirror, self.delay, group)
+        whole_overlap = self.delay and party_model.whole
+        group = loop.ranks.group.sibling(kv.config.topology.timeouts.round_s) if whole_overlap else None
+        self.machine = RoundMachine(self.rules, loop.ranks, party_model, job_model, mirror, self.delay, group)
 
     def steps_of(self, rounds: int) -> int | None:
         return global_round_steps(self.loop, self.k1, rounds)
@@ -92,7 +93,7 @@ class CollectivePeriodicAverage(AveragedStep):
         """At the start of the step after a global round every party holds the global model, where no fragment,
         overlap or mix keeps a part of the party's own and every rank holds the whole model (FSDP2's shards are
         not the model: no digest of them could match another party's)."""
-        if self.streaming.keeps_own_part or (self.bucket is not None and not self.bucket.whole):
+        if self.streaming.keeps_own_part or (self.party_model is not None and not self.party_model.whole):
             return None
         steps = self.loop.steps_done  # (a job starts, or resumes, at a global round)
         return steps if steps % (self.k1 * self.rules.k2) == 0 else None
@@ -109,11 +110,11 @@ class CollectivePeriodicAverage(AveragedStep):
     def average(self) -> None:
         """The party's mean gradient in every ``.grad``: DDP's all-reduce of the buckets backward filled, FSDP2's
         own under a sharded model; the script's own DDP made it already."""
-        assert self.bucket is not None, "init_keys runs first"
+        assert self.party_model is not None, "init_keys runs first"
         if self.mean is not None:
             self.mean.finish()
         elif self.loop.ddp is None:
-            self.bucket.average_gradients(self.loop.params)
+            self.party_model.average_gradients(self.loop.params)
 
     def step(self) -> None:
         assert self.machine is not None, "init_keys runs first"
@@ -127,9 +128,9 @@ class CollectivePeriodicAverage(AveragedStep):
         """A local round: the round landing now is waited for and mixed into the party's model; the owned slices
         due leave (blocking: out and back first, then mixed). Whether any slice lands is the same answer on every
         rank (the rules know every rank's slices), so every rank joins the same moves."""
-        machine, bucket = self.machine, self.bucket
-        assert machine is not None and bucket is not None
-        views = bucket.views(self.loop.params)
+        machine, party_model = self.machine, self.party_model
+        assert machine is not None and party_model is not None
+        views = party_model.views(self.loop.params)
         self.local_rounds += 1
         count = self.local_rounds
         started = time.monotonic()
@@ -145,13 +146,13 @@ class CollectivePeriodicAverage(AveragedStep):
     def _mix(self, views: list[torch.Tensor], count: int) -> None:
         """The party's model takes every slice that landed at local round ``count``: the new global model, mixed
         with the party's own (``alpha``)."""
-        bucket, machine = self.bucket, self.machine
-        assert bucket is not None and machine is not None
+        party_model, machine = self.party_model, self.machine
+        assert party_model is not None and machine is not None
         mine = self.alpha  # with or without an overlap, as a local server mixes (torchft's fragment_update_alpha)
-        for share in bucket.layout.owned:  # the party's model: every slice that landed, mixed under overlap
-            for owned in share:
+        for rank_slices in party_model.layout.owned:  # the party's model: every slice that landed, mixed under overlap
+            for owned in rank_slices:
                 if machine.lands(owned, count):
-                    low, high = bucket.held(owned.key)
+                    low, high = party_model.held(owned.key)
                     start, stop = max(low, owned.start) - low, min(high, owned.stop) - low
                     if start >= stop:
                         continue
@@ -171,7 +172,7 @@ class CollectivePeriodicAverage(AveragedStep):
 
     def load_job_model(self, into: Sequence[torch.Tensor]) -> None:
         """The global model of the last global round, as every rank of the party holds it (no traffic)."""
-        assert self.bucket is not None and self.machine is not None, "init_keys runs first"
+        assert self.party_model is not None and self.machine is not None, "init_keys runs first"
         with self.machine.reading() as job_model:  # a trip may be writing it on its thread: read between writes
-            for out, model in zip(self.bucket.views(into), job_model, strict=True):
+            for out, model in zip(self.party_model.views(into), job_model, strict=True):
                 out.copy_(model)

@@ -41,10 +41,10 @@ from contextlib import contextmanager
 
 import torch
 
-from ...collective.bucket import PartyModel
 from ...collective.group import PartyGroup
 from ...collective.mirror import Copy, HostMirror
 from ...collective.owners import OwnedSlice
+from ...collective.party_model import PartyModel
 from ...core.ranks import PartyRanks, Pieces
 from .rules import LocalFrequencyAggregation
 
@@ -70,7 +70,7 @@ class RoundMachine:
         self.job_model = list(job_model)
         self.group = group or model.group  # where a whole model's shares run (a sibling's, off the rank's thread)
         self.owned = model.layout.owned[model.group.rank]
-        total = sum(owned.numel for share in model.layout.owned for owned in share)
+        total = sum(owned.numel for rank_slices in model.layout.owned for owned in rank_slices)
         self.window = window if window is not None else max(MIN_WINDOW, -(-total // WINDOWS))
         self.dtype = self.job_model[0].dtype
         # a blocking round's buffer: a window, or one larger slice; never more than this rank owns
@@ -125,7 +125,7 @@ class RoundMachine:
 
     def any_lands(self, count: int) -> bool:
         """Whether any slice of the party lands at ``count`` (the same answer on every rank)."""
-        return any(self.lands(owned, count) for share in self.model.layout.owned for owned in share)
+        return any(self.lands(owned, count) for rank_slices in self.model.layout.owned for owned in rank_slices)
 
     def copied(self) -> None:
         """Wait for the last leaving slices' copy (raising what it raised): before the parameters change again."""
@@ -154,7 +154,8 @@ class RoundMachine:
         """Local round ``count``: counted for every owned slice; those going global leave (blocking: out and back
         now). Every rank of the party takes part where any rank's slices leave (they join the same moves)."""
         leaving = [owned for owned in self.owned if self.rules.count_round(owned.id)]
-        if not any(self.rules.goes_global(owned.id, count) for share in self.model.layout.owned for owned in share):
+        if not any(self.rules.goes_global(owned.id, count)
+                   for rank_slices in self.model.layout.owned for owned in rank_slices):
             return
         sources = self._sources(views, leaving)
         if not self.delay:
