@@ -235,7 +235,8 @@ def test_a_spread_moves_every_owners_chosen_slices_and_only_those(monkeypatch, w
     numels = [300, 50, 420]
     layout = OwnerLayout(_owners(numels, 2, slice_elems=100), dict(enumerate(numels)))
     given: dict[tuple[int, int], torch.Tensor] = {}
-    buckets = [party_model_module.WholePartyModel(layout, _LockstepGroup(r, 2, given), like=torch.zeros(1)) for r in (1, 0)]
+    buckets = [party_model_module.WholePartyModel(layout, _LockstepGroup(r, 2, given), like=torch.zeros(1))
+               for r in (1, 0)]
     for bucket in buckets:  # each owner's chunk: its slices' values, 1000 * rank + position
         bucket.own([torch.arange(n, dtype=torch.float32) + 1000 * bucket.group.rank for n in numels])
 
