@@ -176,6 +176,7 @@ class Sparse2Bit(ResidualCodec):
 
     name: ClassVar[str] = "sparse2bit"
     codec_id: ClassVar[int] = 5
+    meta_fields: ClassVar[tuple[str, ...]] = ("n", "chunk", "k", "kt")  # on the wire: 16 bytes, not 51 of JSON
 
     def __init__(self, density: float = 0.02, chunk: int = 4096) -> None:
         if not 0 < density <= 1:
@@ -244,13 +245,14 @@ class Sparse2Bit(ResidualCodec):
         return to_dtype(out, dtype, owned=True).reshape(shape)
 
     def estimate_ratio(self, numel: int, dtype: Any) -> float:
-        """Encoded bytes over dense: 4 bytes of levels per chunk and the packed entries."""
+        """Encoded bytes over dense: 4 bytes of levels per chunk, the packed entries and the meta's frame (on the
+        wire: ``codecs.messages``)."""
         if numel == 0:
             return 1.0
         rows, tail = divmod(numel, self.chunk)
         count = rows * keep_count(self.density, self.chunk) + keep_count(self.density, tail)
         chunks = rows + (1 if tail else 0)
-        nbytes = 4 * chunks + -(-count * (index_bits(self.chunk) + 2) // 8)
+        nbytes = 4 * chunks + -(-count * (index_bits(self.chunk) + 2) // 8) + 4 * len(self.meta_fields)
         return nbytes / (numel * int(np.dtype(dtype).itemsize))
 
     def __repr__(self) -> str:
