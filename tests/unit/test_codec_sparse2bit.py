@@ -126,6 +126,19 @@ def test_ties_and_zeros_still_send_exactly_k_per_chunk() -> None:
     assert np.array_equal(sent + codec.residual(PUSH), x)
 
 
+def test_the_servers_answers_keep_pull_density_of_each_chunk() -> None:
+    """``pull_density``: the global server's answer (the sum of every party's sparse delta, whose union holds up to P
+    times ``density``) keeps that share of each chunk; the pushes keep ``density``; 0 (the default) means density."""
+    x = np.random.default_rng(9).standard_normal(4096 * 2 + 100).astype(np.float32)
+    both = make_codec({"type": "sparse2bit", "density": 0.02, "chunk": 4096, "pull_density": 0.04})
+    assert (both.encode(x, PUSH).meta["k"], both.encode(x, PULL).meta["k"]) == (82, 164)
+    assert both.encode(x, PULL).meta["kt"] == 4
+    same = make_codec({"type": "sparse2bit", "density": 0.02, "chunk": 4096})
+    assert same.encode(x, PULL).meta["k"] == 82
+    with pytest.raises(CodecError, match="pull_density"):
+        make_codec({"type": "sparse2bit", "pull_density": 1.5})
+
+
 def test_an_outlier_does_not_flatten_its_chunk() -> None:
     x = np.linspace(1.0, 1.2, 100, dtype=np.float32)
     x[7] = 1e6
