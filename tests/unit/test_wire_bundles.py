@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from geomx.protocol import kinds, wire
-from geomx.protocol.compact import compact
+from geomx.protocol.compact import compact, expand
 from geomx.protocol.wire import (
     MAX_BUNDLE_PARTS,
     PROTOCOL_VERSION,
@@ -137,6 +137,19 @@ def test_a_mutated_bundle_raises_only_wire_error(data: st.DataObject) -> None:
         return
     if message.kind is Kind.BUNDLE:
         assert all(part.kind is Kind.PUSHPULL and not part.is_reply for part in message.parts or [])
+
+
+@settings(max_examples=200, deadline=None)
+@given(fields=st.tuples(st.integers(0, 255), st.integers(0, 255), st.integers(0, 255), st.integers(0, 255),
+                        st.integers(-(1 << 31), (1 << 31) - 1), st.integers(-(1 << 63), (1 << 63) - 1),
+                        st.integers(0, (1 << 32) - 1), st.integers(0, (1 << 32) - 1), st.integers(0, (1 << 64) - 1),
+                        st.integers(0, (1 << 64) - 1)),
+       dims=st.lists(st.integers(0, (1 << 64) - 1), max_size=8))
+def test_a_compact_header_expands_to_its_fields_at_every_fields_extremes(fields: tuple[int, ...],
+                                                                         dims: list[int]) -> None:
+    """Every value each field of the fixed header can hold, and up to 8 dimensions of up to 64 bits, round-trip."""
+    full = [*fields[:4], len(dims), *fields[4:]]
+    assert expand(compact(full, dims)) == (full, dims)
 
 
 @pytest.mark.parametrize(("header", "named"), [
