@@ -1,5 +1,6 @@
-"""Bundles on the wire (``Kind.BUNDLE``): several PUSHPULLs as one message, each part exactly the message it would
-be alone; forged bundles refused by name; ``Requests.call_together`` handing each part its own future."""
+"""Bundles on the wire (``Kind.BUNDLE``): several PUSHPULLs as one message, each part the message it would be alone
+but for its compact header; forged bundles and compact headers refused by name; ``Requests.call_together`` handing
+each part its own future."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from geomx.protocol import kinds, wire
+from geomx.protocol.compact import compact, expand
 from geomx.protocol.wire import (
     MAX_BUNDLE_PARTS,
     PROTOCOL_VERSION,
@@ -47,16 +49,26 @@ def bundle_frames(parts: list[Message], reply: bool = False) -> list[bytes]:
     return to_bytes(encode(Message(Kind.BUNDLE, request_id=7, priority=-3, flags=flags, parts=parts)))
 
 
-def test_the_kinds_live_in_their_own_module_and_the_wire_speaks_version_3() -> None:
+def as_part(frames: list[bytes]) -> list[bytes]:
+    """A message's frames as a bundle's part: its header compact (forging a part the encoder would refuse)."""
+    fields = wire._HEADER.unpack_from(frames[0], 0)
+    dims = np.frombuffer(frames[0][wire._HEADER.size:], "<u8").tolist()
+    return [compact(fields[2:], dims), *frames[1:]]
+
+
+def test_the_kinds_live_in_their_own_module_and_the_wire_speaks_version_4() -> None:
     assert wire.Kind is kinds.Kind and wire.PluginKind is kinds.PluginKind and Kind.BUNDLE == 12
-    assert PROTOCOL_VERSION == 3
+    assert PROTOCOL_VERSION == 4  # 4: a bundle's parts' headers are compact
 
 
-def test_each_part_of_a_bundle_is_exactly_the_message_it_would_be_alone() -> None:
+def test_each_part_of_a_bundle_is_the_message_it_would_be_alone_with_a_compact_header() -> None:
     parts = [push(1, priority=-1), push(2, 1, size=6, priority=-2, body={"x": 1}), encoded_push(3)]
     frames = bundle_frames(parts)
     alone = [to_bytes(encode(part)) for part in parts]
-    assert frames[2:] == [frame for message in alone for frame in message]  # the parts' own frames, in order
+    at = 2
+    for message in alone:  # the parts' own frames, in order, each header compact
+        assert len(frames[at]) <= 16 < len(message[0]) and frames[at + 1:at + len(message)] == message[1:]
+        at += len(message)
     assert json.loads(frames[1]) == {"parts": [len(message) for message in alone]}
     message = decode(frames)
     assert message.kind is Kind.BUNDLE and message.request_id == 7 and message.priority == -3
@@ -127,10 +139,43 @@ def test_a_mutated_bundle_raises_only_wire_error(data: st.DataObject) -> None:
         assert all(part.kind is Kind.PUSHPULL and not part.is_reply for part in message.parts or [])
 
 
+@settings(max_examples=200, deadline=None)
+@given(fields=st.tuples(st.integers(0, 255), st.integers(0, 255), st.integers(0, 255), st.integers(0, 255),
+                        st.integers(-(1 << 31), (1 << 31) - 1), st.integers(-(1 << 63), (1 << 63) - 1),
+                        st.integers(0, (1 << 32) - 1), st.integers(0, (1 << 32) - 1), st.integers(0, (1 << 64) - 1),
+                        st.integers(0, (1 << 64) - 1)),
+       dims=st.lists(st.integers(0, (1 << 64) - 1), max_size=8))
+def test_a_compact_header_expands_to_its_fields_at_every_fields_extremes(fields: tuple[int, ...],
+                                                                         dims: list[int]) -> None:
+    """Every value each field of the fixed header can hold, and up to 8 dimensions of up to 64 bits, round-trip."""
+    full = [*fields[:4], len(dims), *fields[4:]]
+    assert expand(compact(full, dims)) == (full, dims)
+
+
+@pytest.mark.parametrize(("header", "named"), [
+    (b"\x03\x00\x00\x01", "shorter than its 5 fixed bytes"),
+    (b"\x03\x00\x00\x01\x01\x00\x02\x00\x01\x0a", "round is cut off"),
+    (b"\x03\x00\x00\x01\x01\x00\x02\x00\x01\x0a\x03", "dimension 0 is cut off"),
+    (b"\x03\x00\x00\x01\x01\x00\x02\x00\x01\x0a\x03\x04\x00", "1 bytes after its last field"),
+    (b"\x03\x00\x00\x01\x01" + b"\xff" * 11, "priority runs past 10 bytes"),
+    (b"\x03\x00\x00\x01\x01\x80\x80\x80\x80\x10", "priority 2147483648 is outside"),
+    (b"\x03\x00\x00\x01\x01\x00\x02\x00" + b"\xff" * 9 + b"\x7f", "num_slices is beyond 64 bits"),
+    (b"\x03\x00\x00\x01\x01\x00\x02\x00\x80\x80\x80\x80\x10", r"num_slices 4294967296 is outside"),
+    (b"\x03\x00\x00\x01\x01\x00\x02\x03\x01\x0a\x03\x04", "slice 3 of 1 is impossible"),
+])
+def test_a_forged_compact_header_is_refused_by_name(header: bytes, named: str) -> None:
+    """A part's compact header: truncated, overlong, out of its field's range, trailing bytes, or (expanded) not a
+    valid header: WireError naming the part and the field."""
+    frames = bundle_frames([push(1), push(2)])
+    assert frames[2] == b"\x03\x00\x00\x01\x01\x00\x02\x00\x01\x0b\x03\x04"  # kind .. ndim, then varints
+    with pytest.raises(WireError, match=f"bundle part 0: .*{named}"):
+        decode([frames[0], frames[1], header, *frames[3:]])
+
+
 def test_a_bundle_inside_a_bundle_is_refused() -> None:
     inner = bundle_frames([push(1), push(2)])
     outer = bundle_frames([push(3), push(4)])
-    nested = [outer[0], json.dumps({"parts": [3, len(inner)]}).encode(), *outer[2:5], *inner]
+    nested = [outer[0], json.dumps({"parts": [3, len(inner)]}).encode(), *outer[2:5], *as_part(inner)]
     with pytest.raises(WireError, match="bundle part 1: a bundle inside a bundle"):
         decode(nested)
     with pytest.raises(WireError, match="a bundle inside a bundle"):
@@ -144,7 +189,7 @@ def test_a_bundle_inside_a_bundle_is_refused() -> None:
 ])
 def test_a_bundle_carries_only_pushpulls_and_their_answers(part: Message, named: str) -> None:
     frames = bundle_frames([push(1), push(3)])
-    alone = to_bytes(encode(part))
+    alone = as_part(to_bytes(encode(part)))
     swapped = [frames[0], json.dumps({"parts": [3, len(alone)]}).encode(), *frames[2:5], *alone]
     with pytest.raises(WireError, match=f"bundle part 1: .*{named}"):
         decode(swapped)

@@ -118,6 +118,11 @@ class Codec(ABC):
     name: ClassVar[str]
     codec_id: ClassVar[int]
     size_bound: ClassVar[bool] = False
+    # a codec whose meta is always these non-negative integers (each below 2**32) names them here: its meta then
+    # travels as one binary frame of uint32s in this order (``codecs.messages``), not as JSON in the body. Why: at
+    # small tensors the JSON (``{"codec_meta":{"n":8192,"chunk":4096,"k":82,"kt":0}}``, 51 bytes) cost more than
+    # sparse2bit's payload; as a frame it is 16 bytes.
+    meta_fields: ClassVar[tuple[str, ...]] = ()
 
     @abstractmethod
     def encode(self, array: np.ndarray, info: TensorInfo) -> Encoded:

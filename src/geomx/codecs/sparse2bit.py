@@ -35,6 +35,7 @@ and zero-padded to a byte. Meta ``{"n", "chunk", "k", "kt"}``.
 Usage::
 
     codec = Sparse2Bit(density=0.02, chunk=4096)    # or make_codec({"type": "sparse2bit", "density": 0.02})
+    answers = Sparse2Bit(density=0.02, pull_density=0.04)  # the server's answers keep two parties' union
     payload = codec.encode(delta, TensorInfo(key=3, slice=0, kind="delta", direction="push"))
 """
 
@@ -176,14 +177,21 @@ class Sparse2Bit(ResidualCodec):
 
     name: ClassVar[str] = "sparse2bit"
     codec_id: ClassVar[int] = 5
+    meta_fields: ClassVar[tuple[str, ...]] = ("n", "chunk", "k", "kt")  # on the wire: 16 bytes, not 51 of JSON
 
-    def __init__(self, density: float = 0.02, chunk: int = 4096) -> None:
+    def __init__(self, density: float = 0.02, chunk: int = 4096, pull_density: float = 0.0) -> None:
         if not 0 < density <= 1:
             raise CodecError(f"sparse2bit density={density} is the fraction of each chunk kept: it must be in (0, 1]")
+        if not 0 <= pull_density <= 1:
+            raise CodecError(f"sparse2bit pull_density={pull_density} must be in [0, 1] (0: the push's density)")
         if not 1 <= chunk <= MAX_CHUNK:
             raise CodecError(f"sparse2bit chunk={chunk} must be in [1, {MAX_CHUNK}]")
         super().__init__()
         self.density = density
+        # the global server's answer (direction pull) is the sum of every party's sparse delta: their union holds up
+        # to P times ``density`` of a chunk, and re-sparsified at ``density`` half of two parties' signal waited in
+        # the server's residual (charlm tiny, H = 5: 1.987 against 1.914 with dense answers). 0: ``density``.
+        self.pull_density = pull_density or density
         self.chunk = chunk
 
     def encode(self, array: np.ndarray, info: TensorInfo) -> Encoded:
@@ -195,7 +203,8 @@ class Sparse2Bit(ResidualCodec):
         x = g.copy() if residual is None else np.add(residual, g, out=residual)
         n, chunk = x.size, self.chunk
         full = n // chunk * chunk
-        k, kt = keep_count(self.density, chunk), keep_count(self.density, n - full)
+        density = self.pull_density if info.direction == "pull" else self.density
+        k, kt = keep_count(density, chunk), keep_count(density, n - full)
         parts = [(x[:full].reshape(-1, chunk), k, 0)] if full else []
         if n > full:
             parts.append((x[full:].reshape(1, -1), kt, full))
@@ -244,17 +253,18 @@ class Sparse2Bit(ResidualCodec):
         return to_dtype(out, dtype, owned=True).reshape(shape)
 
     def estimate_ratio(self, numel: int, dtype: Any) -> float:
-        """Encoded bytes over dense: 4 bytes of levels per chunk and the packed entries."""
+        """A push's encoded bytes over dense: 4 bytes of levels per chunk, the packed entries and the meta's frame
+        (on the wire: ``codecs.messages``)."""
         if numel == 0:
             return 1.0
         rows, tail = divmod(numel, self.chunk)
         count = rows * keep_count(self.density, self.chunk) + keep_count(self.density, tail)
         chunks = rows + (1 if tail else 0)
-        nbytes = 4 * chunks + -(-count * (index_bits(self.chunk) + 2) // 8)
+        nbytes = 4 * chunks + -(-count * (index_bits(self.chunk) + 2) // 8) + 4 * len(self.meta_fields)
         return nbytes / (numel * int(np.dtype(dtype).itemsize))
 
     def __repr__(self) -> str:
-        return f"Sparse2Bit(density={self.density}, chunk={self.chunk})"
+        return f"Sparse2Bit(density={self.density}, chunk={self.chunk}, pull_density={self.pull_density})"
 
 
 def _checked_levels(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

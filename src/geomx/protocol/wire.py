@@ -17,7 +17,8 @@ the field.
 
 A ``BUNDLE`` carries several PUSHPULLs for one server as one message (or, flagged ``REPLY``, their answers, each
 a PUSHPULL answer or an ERROR): its header has no tensor, its body is ``{"parts": [n0, n1, ...]}`` (each part's
-frame count) and its data frames are the parts' own frames, each part exactly the message it would be alone. At
+frame count) and its data frames are the parts' own frames, each part the message it would be alone but for its
+header, which is compact (``geomx.protocol.compact``: 13-16 bytes, not 52, for a part of a model's round). At
 most ``MAX_BUNDLE_PARTS`` parts; no bundle inside a bundle. ``bundled`` cuts a sender's messages into bundles of
 at most ``MAX_BUNDLE_BYTES`` of payload each (a larger message travels alone).
 
@@ -42,10 +43,12 @@ from typing import Any
 
 import numpy as np
 
+from .compact import CompactError, compact, expand
 from .kinds import PLUGIN_KINDS, Kind, MessageKind, PluginKind
 from .kinds import check_plugin_kinds as check_plugin_kinds  # re-exported: the kinds' home is kinds.py
 
-PROTOCOL_VERSION = 3  # 2: the algorithms' kinds moved out of Kind into PLUGIN_KINDS; 3: Kind.BUNDLE
+# 2: the algorithms' kinds moved out of Kind into PLUGIN_KINDS; 3: Kind.BUNDLE; 4: a bundle's parts' compact headers
+PROTOCOL_VERSION = 4
 MAX_NDIM = 8
 MAX_BODY_BYTES = 1 << 20
 
@@ -347,8 +350,10 @@ def _encode_bundle(message: Message) -> list[bytes | memoryview]:
     for index, part in enumerate(parts):
         _check_part(part, index, message.is_reply)
         encoded = encode(part)
+        fields = _HEADER.unpack_from(encoded[0], 0)
+        dims = struct.unpack_from(f"<{fields[6]}Q", encoded[0], _HEADER.size)
         counts.append(len(encoded))
-        frames += encoded
+        frames += [compact(fields[2:], dims), *encoded[1:]]  # magic and version are the bundle's
     header = _HEADER.pack(_MAGIC, PROTOCOL_VERSION, int(Kind.BUNDLE), int(message.flags) & _REPLY, 0, 0, 0,
                           message.priority, 0, 0, 1, message.request_id, 0)
     return [header, json.dumps({BUNDLE_PARTS: counts}, separators=(",", ":")).encode(), *frames]
@@ -374,8 +379,10 @@ def _decode_parts(body: dict[str, Any] | None, frames: Sequence[Any], reply: boo
     start = 0
     for index, count in enumerate(counts):
         try:
-            part = decode(frames[start:start + count], max_message_bytes, _inside=True)
-        except WireError as exc:
+            fields, dims = expand(bytes(_buffer(frames[start])))
+            header = _HEADER.pack(_MAGIC, PROTOCOL_VERSION, *fields) + struct.pack(f"<{len(dims)}Q", *dims)
+            part = decode([header, *frames[start + 1:start + count]], max_message_bytes, _inside=True)
+        except (WireError, CompactError, struct.error) as exc:
             raise WireError(f"bundle part {index}: {exc}") from None
         _check_part(part, index, reply)
         parts.append(part)
