@@ -159,9 +159,10 @@ def test_a_push_beyond_the_staleness_bound_is_answered_and_dropped() -> None:
 
 def test_a_lost_party_leaves_the_quorum_and_its_restart_is_on_time_from_its_init() -> None:
     """quorum 3 of 3, and dc2 dies: the rounds close once every live party is in (a quorum above the live parties
-    shrinks to them, at once: no grace) and count dc2 lost. Restarted, dc2 is a new client of the same name: its
-    INIT brings the current model and counts every round released so far as seen, so its first push is on time
-    for the open round (not dropped as many rounds late); the report shows the party, by its name, lost then back."""
+    shrinks to them, at once: no grace) and count dc2 lost. Restarted, dc2 is a new client of the same name, awaited
+    by the rounds that open after it is back; its INIT brings the current model and counts every round released so
+    far as seen, so its first push is on time for the open round (not dropped as many rounds late). The report shows
+    the party, by its name, lost then back; once it has shut down it is gone, not lost."""
     server = GlobalServer(Decoupled(quorum=3, grace=10.0, stale_rounds=1), [0.0])
     for party in PARTIES:
         server.push(party, [1.0], tokens=1, at=0.0)
@@ -177,10 +178,10 @@ def test_a_lost_party_leaves_the_quorum_and_its_restart_is_on_time_from_its_init
     init.sender = b"dc2#1"
     Inits(server, is_global=True).request(init)
     np.testing.assert_array_equal(server.answered("dc2#1")[-1], server.model)  # the current model
+    before = server.model.copy()
     server.push("dc0", [1.0], tokens=1, at=5.0)
     server.push("dc1", [1.0], tokens=1, at=5.1)
     assert server.table.completed(Kind.PUSHPULL, 0, 0) == 4, "the rejoined party is awaited again"
-    before = server.model.copy()
     server.push("dc2#1", [4.0], tokens=1, at=5.2)
     assert server.table.completed(Kind.PUSHPULL, 0, 0) == 5
     np.testing.assert_allclose(server.model, before + weighted([([1.0], 1), ([1.0], 1), ([4.0], 1)]), rtol=1e-6)
@@ -188,6 +189,10 @@ def test_a_lost_party_leaves_the_quorum_and_its_restart_is_on_time_from_its_init
     assert report["by_party"]["dc2"] == {"on_time": 2, "missed": 0, "lost": 3, "late_folded": 0, "dropped": 0}
     assert [r["lost"] for r in report["last_rounds"]] == [[], ["dc2"], ["dc2"], ["dc2"], []]
     assert report["last_rounds"][-1]["quorum"] == ["dc0", "dc1", "dc2"]
+    server.table.clients.leave("dc2#1")  # it finished and shut down: gone, but not lost
+    server.push("dc0", [1.0], tokens=1, at=6.0)
+    server.push("dc1", [1.0], tokens=1, at=6.1)
+    assert server.rule.report(server.display)["last_rounds"][-1]["lost"] == []
 
 
 def test_the_token_weighted_merge_matches_the_simulation_with_unequal_tokens() -> None:

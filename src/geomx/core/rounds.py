@@ -112,8 +112,8 @@ class RoundRule(Protocol):
         """Whether ``rnd`` may close now."""
 
     def closed(self, rnd: Round, awaited: Collection[str], display: Callable[[str], str],
-               dropped: Collection[str]) -> None:
-        """``rnd`` closes (before its answers): record its status (``dropped``: clients dropped as dead)."""
+               dead: Collection[str]) -> None:
+        """``rnd`` closes (before its answers): record its status (``dead``: the clients dropped as dead)."""
 
     def report(self, display: Callable[[str], str]) -> dict[str, Any]:
         """The rounds' status, for the stats file and the heartbeats."""

@@ -148,14 +148,16 @@ class QuorumRounds:
         reached = self.quorum_at(rnd)
         return None if reached is None else reached + self.grace()
 
-    def closed(self, rnd: Round, awaited: Collection[str], display: Any = str, dropped: Collection[str] = ()) -> None:
-        """``rnd`` closes: its status joins the history; a full round's spread feeds grace: auto. ``dropped``: the
-        clients dropped as dead; one whose party has no client back in the job (none by its name awaited or in the
-        round) counts this round as ``lost``, apart from ``missing`` (awaited, not in time)."""
+    def closed(self, rnd: Round, awaited: Collection[str], display: Any = str, dead: Collection[str] = ()) -> None:
+        """``rnd`` closes: its status joins the history; a full round's spread feeds grace: auto. ``dead``: the
+        clients dropped as dead; one whose party has no client back (none by its name that is awaited, or that
+        pushed and was not dropped: it may have left since) counts this round as ``lost``, apart from ``missing``
+        (awaited, not in time)."""
         on_time = list(rnd.contributions)
         missing = sorted(set(awaited) - set(on_time))
-        live = {display(c) for c in (*awaited, *on_time)}
-        lost = {display(c): c for c in sorted(dropped) if display(c) not in live}  # one client per party
+        pushed = (c for c in (*self.in_quorum, *self.late, *self.dropped) if c not in dead)
+        live = {display(c) for c in (*awaited, *on_time, *pushed)}
+        lost = {display(c): c for c in sorted(dead) if display(c) not in live}  # one client per party
         self.closed_rounds += 1
         self.in_quorum.update(on_time)
         self.missed.update(missing)
