@@ -100,7 +100,11 @@ def test_kill_nine_at_a_random_step(matrix, algorithm, target):
     if target == "global_server":
         assert dc0.result.exit_code != 0 and not dc0.workers(), (label, dc0.tail())
         assert "global_server0 exited with code -9" in dc0.output, (label, dc0.tail())
-        assert "global_scheduler has not answered heartbeats" in dc1.output, (label, dc1.tail())
+        # dc1 names the lost contact: the global scheduler (dc0's launcher stopped it first) or, where the scheduler
+        # declared the global server dead before it stopped, its upstream global server (dc1/server: "... is dead
+        # (...); this party cannot train without it"; seen in 2 of 4 runs of the matrix on 2 cores)
+        assert "global_scheduler has not answered heartbeats" in dc1.output or \
+            "this party cannot train without it" in dc1.output, (label, dc1.tail())
         return
     assert "dc1/server is dead" in dc0.output, (label, dc0.tail())
     if algorithm == "fsa":

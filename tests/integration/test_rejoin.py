@@ -7,6 +7,10 @@
   server takes it as a client. Its worker's ``init`` returns the *current* global model (one dc0 pulled after
   dc1 died, not the master's initial weights) and from then on the global rounds include it again. Everyone ends
   normally; the global scheduler exits 0 (the job is whole).
+* The same under SSP, DiLoCo with a quorum of every party (it shrinks to dc0 while dc1 is lost) and streaming
+  fragments with a quorum of one; under a quorum the global server's round report shows dc1 lost, then back.
+* **A rank of a collective party killed under ``torchrun --max-restarts 1``**: torchrun's agent restarts the party's
+  ranks and they rejoin as the party, while the server party trains on.
 * **Cut off, dropped, restarted** (MixedSync): the WAN emulator cuts dc1 off for longer than the heartbeat
   timeout. dc1 is dropped; when the WAN comes back dc1/server hears it was declared dead and stops, naming why,
   and dc1's worker fails with that message. Restarted, dc1 rejoins as above (its ``init`` gets each key's
@@ -18,6 +22,10 @@
 from __future__ import annotations
 
 import itertools
+import os
+import signal
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -25,7 +33,9 @@ import jobkit
 import pytest
 import torch
 import yaml
-from harness import Job, run_job, write_topology
+from harness import Job, run_job, worker_command, write_topology
+
+from geomx.runs.runlog import read_stats
 
 # cold: a worker SIGKILLs its party's processes, found by their /proc environ (a warm worker's is its server's)
 pytestmark = pytest.mark.cold_workers
@@ -53,12 +63,29 @@ def with_outage(path: Path, party: str, start: float, duration: float) -> Path:
     return cut
 
 
+# Decoupled outer rounds (``training``): DiLoCo with a quorum of every party, which shrinks to the live ones while
+# dc1 is lost; streaming with a quorum of one, its answers landing when they arrive
+DECOUPLED = {"diloco": {"quorum": 2, "grace": "auto"},
+             "streaming": {"quorum": 1, "grace": "0", "stale_rounds": 4, "fragments": 2}}
+HFA = {"hfa": {"k1": 2, "k2": 1}, "esync": {"k1": 2, "k2": 1}, "diloco": {"k1": 2, "k2": 1},
+       "streaming": {"k1": 2, "k2": 2}}
+PER_KEY = ("mixed", "ssp")  # asynchronous or bounded-stale global tiers: each key moves on its own
+
+
+def outer_rounds_of(job: Job) -> dict:
+    """The global server's report of its decoupled rounds (its stats file)."""
+    [report] = [s["outer_rounds"] for s in read_stats(job.run_dir) if "outer_rounds" in s]
+    return report
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(("lost_by", "algorithm"), [("kill", "hfa"), ("kill", "esync"), ("outage", "mixed")])
+@pytest.mark.parametrize(("lost_by", "algorithm"), [("kill", "hfa"), ("kill", "esync"), ("outage", "mixed"),
+                                                    ("kill", "diloco"), ("kill", "streaming"), ("kill", "ssp")])
 def test_a_lost_party_restarts_and_rejoins_with_the_current_model(tmp_path, reserved_port, lost_by, algorithm):
-    hfa = {"k1": 2, "k2": 1} if algorithm in ("hfa", "esync") else None
-    topology = write_topology(tmp_path / "rejoin.yaml", parties={"dc0": 1, "dc1": 1}, timeouts=TIMEOUTS, hfa=hfa)
-    kind = {"mixed": ("--kind", "dist_async"), "esync": ("--esync",)}.get(algorithm, ())
+    topology = write_topology(tmp_path / "rejoin.yaml", parties={"dc0": 1, "dc1": 1}, timeouts=TIMEOUTS,
+                              hfa=HFA.get(algorithm), training=DECOUPLED.get(algorithm))
+    kind = {"mixed": ("--kind", "dist_async"), "ssp": ("--kind", "dist_ssp"), "esync": ("--esync",),
+            "diloco": ("--outer",)}.get(algorithm, ())
     rejoined = tmp_path / "rejoined"
     global_scheduler = f"127.0.0.1:{reserved_port()}"
     jobs: dict[str, Job] = {}
@@ -100,20 +127,27 @@ def test_a_lost_party_restarts_and_rejoins_with_the_current_model(tmp_path, rese
     start = new_tensors["after_init"]
     assert not same(start, new_tensors["before_init"])
     assert not same(start, dc0_tensors["after_init"])
-    if algorithm == "mixed":  # asynchronous WAN tier: each key moves on its own, so ``init`` may read key 0
-        # after dc0's push of step t and key 3 after step t + 1; every key is one dc0 pulled, none a first one
+    if algorithm in PER_KEY:  # ``init`` may read key 0 after dc0's push of step t and key 3 after step t + 1;
+        # every key is one dc0 pulled, none a first one
         firsts = [next((i for i, model in enumerate(dc0_models) if torch.equal(model[k], start[k])), None)
                   for k in range(per)]
         assert None not in firsts and min(firsts) >= 3, (firsts, len(dc0_models))
-    else:  # synchronous global rounds: the whole model is one dc0 pulled
+    elif algorithm != "streaming":  # synchronous global rounds: the whole model is one dc0 pulled (streaming's
+        # pulls are mostly local averages, its fragments' global models landing one at a time)
         matches = [i for i, model in enumerate(dc0_models) if same(model, start)]
         assert matches and matches[0] >= 3, (matches, len(dc0_models))
-    assert new_report["syncs"] == {"hfa": 12 // 2, "mixed": 12}.get(algorithm, new_report["syncs"]) > 0
+    assert new_report["syncs"] == (12 if algorithm in PER_KEY else 12 // 2 if algorithm != "esync" else
+                                   new_report["syncs"]) > 0
     assert not same(new_tensors["final"], start)
-    if algorithm != "mixed":
+    if algorithm not in (*PER_KEY, "streaming"):
         # after the rejoin both parties were in the same global rounds: they pulled the same averages
         common = [m for m in new_models if any(same(m, d) for d in dc0_models)]
         assert len(common) >= 3, (len(common), len(new_models))
+    if algorithm in DECOUPLED:  # the rounds' status: dc1 lost, then back in them
+        dc1 = outer_rounds_of(dc0)["by_party"]["dc1/server"]
+        assert dc1["lost"] > 0 and dc1["on_time"] + dc1["late_folded"] > 0, dc1
+        if algorithm == "diloco":  # its first push after the rejoin is on time (late by the rounds since its INIT)
+            assert dc1["dropped"] == 0, dc1
 
 
 @pytest.mark.slow
@@ -229,5 +263,66 @@ def test_a_collective_party_killed_restarts_and_its_ranks_rejoin_with_the_curren
     for key, value in enumerate(start):
         matches = [i for i, model in enumerate(dc0_models) if torch.equal(model[key], value)]
         assert matches and matches[0] >= 3, (key, matches, len(dc0_models))
+    common = [m for m in syncs(new[1][0]["job_models"], per) if any(same(m, d) for d in dc0_models)]
+    assert len(common) >= 3, (len(common), len(dc0_models))  # global rounds with both parties in them
+
+
+@pytest.mark.slow
+def test_a_collective_party_under_torchrun_max_restarts_survives_a_killed_rank(tmp_path, reserved_port):
+    """docs/collective.md's own-torchrun recipe with ``--max-restarts 1`` for dc1 (two ranks, HFA K1=2, K2=1, beside
+    server party dc0): dc1's rank 1 gets SIGKILL at step 6. torchrun's elastic agent stops rank 0 and starts both
+    again (``TORCHELASTIC_RESTART_COUNT=1``); each rank takes the place of its predecessor once the global scheduler
+    has declared that one dead, the party rejoins with the current global model while dc0 trains on, and the job
+    ends with both parties training: torchrun exits 0, dc0's launch too. ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``,
+    as the docs say: with the agent's shared store the restarted rank 0 read its first attempt's peer address there
+    and failed (gloo: connection refused; pytorch/pytorch#135712), and geomx now refuses that at the first start."""
+    path = write_topology(tmp_path / "torchrun.yaml", parties={"dc0": 1, "dc1": 2}, timeouts=TIMEOUTS,
+                          hfa={"k1": 2, "k2": 1}, lan={"dc1": "collective"})
+    rejoined = tmp_path / "rejoined"
+    global_scheduler = f"127.0.0.1:{reserved_port()}"
+    jobs: dict[str, Job] = {}
+
+    def survive() -> None:
+        jobs["dc0"] = run_job(tmp_path, "collective_rejoin_train.py", "--until-file", str(rejoined), "--after", "20",
+                              name="survivor", party="dc0", global_scheduler=global_scheduler, topology=path)
+
+    survivor = threading.Thread(target=survive)
+    survivor.start()
+    run_dir = tmp_path / "run-dc1"
+    env = {**os.environ, "GEOMX_TOPOLOGY": str(path), "GEOMX_PARTY": "dc1", "GEOMX_GLOBAL_SCHEDULER": global_scheduler,
+           "GEOMX_HOST": "127.0.0.1", "GEOMX_RUN_DIR": str(run_dir), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    script = worker_command("collective_rejoin_train.py", "--steps", "12", "--die-rank", "2", "--die-step", "6",
+                            "--torchrun-restarts", "--rejoined-file", str(rejoined))[1:]
+    torchrun = [str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc-per-node=2",
+                "--max-restarts=1", *script]
+    dc1 = subprocess.Popen(torchrun, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           start_new_session=True)
+    try:
+        output = dc1.communicate(timeout=240)[0]
+    finally:
+        if dc1.poll() is None:
+            os.killpg(dc1.pid, signal.SIGKILL)
+            dc1.wait()
+        if not rejoined.exists():  # dc1 never came back: let dc0's loop end now
+            rejoined.write_text("never")
+    survivor.join(timeout=180)
+    assert not survivor.is_alive(), "dc0's launcher did not return"
+    assert dc1.returncode == 0, output[-4000:]
+    assert rejoined.read_text() != "never", output[-4000:]  # written by rank 0 of torchrun's second attempt
+    dc0 = jobs["dc0"]
+    dc0.assert_ok()  # the global scheduler exits 0: the members it lost were replaced
+    assert dc0.output.count("rejoins in place of the one declared dead") == 2, dc0.tail()
+    assert "dropped dc1/worker" in dc0.output, dc0.tail()
+
+    (dc0_tensors, _), = dc0.workers().values()
+    new = jobkit.load_worker_outputs(run_dir)
+    assert sorted(new) == [1, 2], sorted(new)
+    for tensors, report in new.values():
+        assert report["steps"] == 12, report
+        assert same(tensors["final"], new[1][0]["final"])
+    start = new[1][0]["after_init"]
+    assert not same(start, new[1][0]["before_init"]) and not same(start, dc0_tensors["after_init"])
+    per = len(dc0_tensors["final"])
+    dc0_models = syncs(dc0_tensors["job_models"], per)
     common = [m for m in syncs(new[1][0]["job_models"], per) if any(same(m, d) for d in dc0_models)]
     assert len(common) >= 3, (len(common), len(dc0_models))  # global rounds with both parties in them

@@ -53,6 +53,17 @@ def test_torchrun_variables_are_read_whole_or_refused() -> None:
         torchrun_from_env({"RANK": "2", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "1"})
 
 
+def test_torchrun_restarts_with_the_agents_shared_store_are_refused_at_the_first_start() -> None:
+    """A restarted group would read its first attempt's addresses in the agent's store and fail to connect
+    (pytorch/pytorch#135712, seen in test_rejoin's torchrun case): said at once, naming the way out."""
+    run = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "29500"}
+    with pytest.raises(ConfigError, match="TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"):
+        torchrun_from_env({**run, "TORCHELASTIC_MAX_RESTARTS": "1", "TORCHELASTIC_USE_AGENT_STORE": "True"})
+    for agent in ({"TORCHELASTIC_MAX_RESTARTS": "1", "TORCHELASTIC_USE_AGENT_STORE": "False"},
+                  {"TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_USE_AGENT_STORE": "True"}):
+        assert torchrun_from_env({**run, **agent}) is not None
+
+
 def test_the_launcher_starts_a_collective_party_as_torchrun_would(tmp_path: Path) -> None:
     topology = topology_from_dict(MIXED)
     specs = {s.label: s for s in plan_processes(topology, tmp_path / "t.yaml", ["python", "train.py"], tmp_path)}

@@ -82,6 +82,16 @@ def test_a_global_server_keeps_the_one_value_answers_everyone_and_late_joiners()
     assert refused.refused == ["INIT of key 0 slice 0 is meant for shard 1, but this is shard 0"]
 
 
+def test_a_late_joiner_has_seen_every_round_released_before_its_init() -> None:
+    """Its next push is late (a round rule) or stale (MixedSync's count) only by the rounds released after its INIT,
+    not by every round since the job started: a restarted party's first delta was dropped as many rounds late."""
+    server = FakeServer(["a"], is_global=True)
+    server.inits.request(init("a", [1.0, 2.0]))
+    server.table.restore(Kind.PUSHPULL, 0, 0, 7)  # seven rounds of pushes released
+    server.inits.request(init("c", None))
+    assert server.table.get(Kind.PUSHPULL, 0, 0).seen == {"c": 7}
+
+
 def test_a_local_server_sends_one_init_up_to_the_shard_its_workers_named() -> None:
     server = FakeServer(["w0", "w1"], is_global=False)
     server.inits.shard_owner = {0: "gs0", 1: "gs1"}

@@ -14,8 +14,9 @@ from geomx.algorithms.hfa.rules import LocalFrequencyAggregation
 from geomx.algorithms.hfa.server import HfaAggregation, lands_on_arrival
 from geomx.config import ConfigError, topology_from_dict
 from geomx.core.clients import Clients
+from geomx.core.inits import Inits
 from geomx.core.plugins import Answer, AwaitAnswer, SendUpAndAnswer
-from geomx.core.rounds import Round, RoundTable
+from geomx.core.rounds import Round, RoundTable, SliceValue
 from geomx.protocol.bodies import TOKENS
 from geomx.protocol.wire import Kind, Message
 from geomx.server.compose import check_plugins
@@ -38,6 +39,12 @@ class GlobalServer:
         self.rule = rule
         self.table = RoundTable(self, Clients(PARTIES), FullySynchronous(), clock=lambda: self.now, rule=rule)
         self.answers: list[tuple[str, np.ndarray]] = []
+        self.names: dict[str, str] = {}  # client -> its name, where not the same (a restarted party's)
+        self.stored: dict[tuple[int, int], SliceValue] = {}  # (what a late joiner's INIT reads)
+        self.optimizer = None
+
+    def refuse(self, message: Message, text: str) -> None:
+        raise AssertionError(text)
 
     def send(self, peer: str, message: Message) -> None:
         assert message.tensor is not None
@@ -56,7 +63,7 @@ class GlobalServer:
         self.table.contribute(message)
 
     def display(self, client: str) -> str:
-        return client
+        return self.names.get(client, client)
 
     def all_done(self) -> None:
         raise AssertionError("no shutdown here")
@@ -107,7 +114,7 @@ def test_a_round_closes_when_the_quorum_is_in_and_the_grace_has_passed() -> None
     report = server.rule.report()
     assert report["closed_by_grace"] == 1 and report["missed"] == {"dc2": 1}
     assert report["last_rounds"][-1] == {"key": 0, "slice": 0, "round": 0, "quorum": ["dc0", "dc1"],
-                                         "missing": ["dc2"], "folded": []}
+                                         "missing": ["dc2"], "lost": [], "folded": []}
 
 
 def test_a_late_push_is_answered_at_once_and_folded_into_the_next_round() -> None:
@@ -148,6 +155,44 @@ def test_a_push_beyond_the_staleness_bound_is_answered_and_dropped() -> None:
     server.push("dc1", [1.0], tokens=1, at=4.1)
     np.testing.assert_allclose(server.model, model + 1.0, rtol=1e-6)  # nothing of dc2's
     assert server.rule.report()["dropped"] == {"dc2": 1}
+
+
+def test_a_lost_party_leaves_the_quorum_and_its_restart_is_on_time_from_its_init() -> None:
+    """quorum 3 of 3, and dc2 dies: the rounds close once every live party is in (a quorum above the live parties
+    shrinks to them, at once: no grace) and count dc2 lost. Restarted, dc2 is a new client of the same name, awaited
+    by the rounds that open after it is back; its INIT brings the current model and counts every round released so
+    far as seen, so its first push is on time for the open round (not dropped as many rounds late). The report shows
+    the party, by its name, lost then back; once it has shut down it is gone, not lost."""
+    server = GlobalServer(Decoupled(quorum=3, grace=10.0, stale_rounds=1), [0.0])
+    for party in PARTIES:
+        server.push(party, [1.0], tokens=1, at=0.0)
+    server.table.clients.drop("dc2", "heartbeats stopped")
+    for number in range(1, 4):
+        server.push("dc0", [1.0], tokens=1, at=float(number))
+        server.push("dc1", [1.0], tokens=1, at=number + 0.1)
+        assert server.table.completed(Kind.PUSHPULL, 0, 0) == number + 1, "no wait for the dead party"
+    server.names["dc2#1"] = "dc2"
+    server.table.clients.add("dc2#1")
+    server.stored[(0, 0)] = SliceValue(server.model.copy())
+    init = Message(Kind.INIT, key=0, dtype="float32", shape=(1,), body={"shard": 0})
+    init.sender = b"dc2#1"
+    Inits(server, is_global=True).request(init)
+    np.testing.assert_array_equal(server.answered("dc2#1")[-1], server.model)  # the current model
+    before = server.model.copy()
+    server.push("dc0", [1.0], tokens=1, at=5.0)
+    server.push("dc1", [1.0], tokens=1, at=5.1)
+    assert server.table.completed(Kind.PUSHPULL, 0, 0) == 4, "the rejoined party is awaited again"
+    server.push("dc2#1", [4.0], tokens=1, at=5.2)
+    assert server.table.completed(Kind.PUSHPULL, 0, 0) == 5
+    np.testing.assert_allclose(server.model, before + weighted([([1.0], 1), ([1.0], 1), ([4.0], 1)]), rtol=1e-6)
+    report = server.rule.report(server.display)
+    assert report["by_party"]["dc2"] == {"on_time": 2, "missed": 0, "lost": 3, "late_folded": 0, "dropped": 0}
+    assert [r["lost"] for r in report["last_rounds"]] == [[], ["dc2"], ["dc2"], ["dc2"], []]
+    assert report["last_rounds"][-1]["quorum"] == ["dc0", "dc1", "dc2"]
+    server.table.clients.leave("dc2#1")  # it finished and shut down: gone, but not lost
+    server.push("dc0", [1.0], tokens=1, at=6.0)
+    server.push("dc1", [1.0], tokens=1, at=6.1)
+    assert server.rule.report(server.display)["last_rounds"][-1]["lost"] == []
 
 
 def test_the_token_weighted_merge_matches_the_simulation_with_unequal_tokens() -> None:

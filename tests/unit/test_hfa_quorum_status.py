@@ -29,8 +29,8 @@ def test_the_rules_counts_per_party_reach_the_members_and_the_metrics() -> None:
     assert rule.admit(rnd, "ls1", 1.0) is Admission.DROPPED  # one round late, beyond stale_rounds 0
     names = {"ls0": "dc0/server", "ls1": "dc1/server"}
     by_party = rule.report(names.__getitem__)["by_party"]
-    assert by_party == {"dc0/server": {"on_time": 1, "missed": 0, "late_folded": 0, "dropped": 0},
-                        "dc1/server": {"on_time": 0, "missed": 1, "late_folded": 0, "dropped": 1}}
+    assert by_party == {"dc0/server": {"on_time": 1, "missed": 0, "lost": 0, "late_folded": 0, "dropped": 0},
+                        "dc1/server": {"on_time": 0, "missed": 1, "lost": 0, "late_folded": 0, "dropped": 1}}
     body = decode_body(HeartbeatBody, encode_body(HeartbeatBody(outer_rounds=by_party)))  # as the wire carries it
     board = StatusBoard(topology_from_dict({"parties": {"dc0": 1, "dc1": 1}}))
     for row in ROWS:

@@ -98,14 +98,15 @@ def test_a_run_of_decoupled_rounds_reports_them_and_a_run_without_shows_dashes(t
     record_run(tmp_path / "sync", [2.0, 1.0], [], wan_step=10)
     record_run(tmp_path / "quorum", [2.0, 1.5], [], wan_step=10)
     outer = {"rounds": 12, "closed_by_grace": 4, "on_time": {"dc0/server": 12, "dc1/server": 8},
-             "missed": {"dc1/server": 4}, "late_folded": {"dc1/server": 3}, "dropped": {"dc1/server": 1}}
+             "missed": {"dc1/server": 4}, "late_folded": {"dc1/server": 3}, "dropped": {"dc1/server": 1},
+             "lost": {"dc1/server": 2}}
     write_stats(tmp_path / "quorum", "global_server0", {"role": "x", "party": "dc0", "lan": {"sent": 0, "recv": 0},
                                                         "wan": {"sent": 70, "recv": 1}, "outer_rounds": outer})
     rows = build_report([tmp_path / "sync", tmp_path / "quorum"], tmp_path / "report")
-    assert [(r["outer_rounds"], r["outer_missed"], r["outer_folded"], r["outer_dropped"]) for r in rows] == [
-        (None, None, None, None), (12, 4, 3, 1)]
+    assert [(r["outer_rounds"], r["outer_missed"], r["outer_folded"], r["outer_dropped"], r["outer_lost"])
+            for r in rows] == [(None, None, None, None, None), (12, 4, 3, 1, 2)]
     table = (tmp_path / "report" / "report.md").read_text().splitlines()
-    assert table[0].endswith("| outer_rounds | outer_missed | outer_folded | outer_dropped |")
-    assert table[2].endswith("| - | - | - | - |") and table[3].endswith("| 12 | 4 | 3 | 1 |")
+    assert table[0].endswith("| outer_rounds | outer_missed | outer_folded | outer_dropped | outer_lost |")
+    assert table[2].endswith("| - | - | - | - | - |") and table[3].endswith("| 12 | 4 | 3 | 1 | 2 |")
     only_sync = build_report([tmp_path / "sync"], tmp_path / "report-sync")
     assert "outer_rounds" not in only_sync[0]  # no columns for what no run has

@@ -214,6 +214,12 @@ def torchrun_from_env(env: Mapping[str, str]) -> TorchRun | None:
     if missing:
         raise ConfigError(f"RANK is set but not {', '.join(missing)}: a collective party's rank needs torchrun's "
                           "variables (start it with `geomx launch` or torchrun)")
+    if (_int(env, "TORCHELASTIC_MAX_RESTARTS") or 0) > 0 and _get(env, "TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # torchrun's agent keeps one store for every attempt: a restarted group reads its first attempt's addresses
+        # there and cannot connect (pytorch/pytorch#135712); said at the first start, not at the first restart
+        raise ConfigError("torchrun --max-restarts shares its agent's store with the ranks, where a restarted party "
+                          "would find its first attempt's addresses (pytorch/pytorch#135712): start torchrun with "
+                          "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1")
     numbers = {name: _int(env, name) for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
                                                    "MASTER_PORT")}
     rank, world = numbers["RANK"], numbers["WORLD_SIZE"]

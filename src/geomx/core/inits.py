@@ -4,8 +4,10 @@ Every client sends INIT for every (key, slice) it will push, naming the shard it
 ``geomx.core.sharding``); exactly one of them (the master worker) carries the value. A global server keeps that
 value as the slice's first weights and answers every client with it; a local server checks its workers'
 INITs and sends one INIT up to the owning global server. A client that INITs a slice that already has a
-value (a late joiner, a rejoined party) gets the current value at once. An INIT also says how many elements
-the whole tensor has: codecs gate on that, not on the slice (``tensor_info``).
+value (a late joiner, a rejoined party) gets the current value at once, and counts as having seen the slice's
+rounds released so far (a round rule's lateness and a push's staleness count from there, not from the job's
+start). An INIT also says how many elements the whole tensor has: codecs gate on that, not on the slice
+(``tensor_info``).
 
 Usage (inside a server, under its lock)::
 
@@ -104,6 +106,9 @@ class Inits:
                 return
             client = host.table.clients.client_of(message.sender.decode())
             self._received(sid, client, stored.value)  # a rejoiner holds these weights
+            pushes = host.table.get(Kind.PUSHPULL, *sid)
+            if pushes is not None:  # ... every round released so far: its next push is late only by those to come
+                pushes.seen[client] = pushes.number
             digest = init_digest(message)
             if digest is not None and digest == value_digest(stored.value):  # it holds them already
                 host.send(message.sender.decode(), message.reply(body={SAME: True}))

@@ -111,8 +111,9 @@ class RoundRule(Protocol):
     def ready(self, rnd: Round, awaited: Collection[str], now: float) -> bool:
         """Whether ``rnd`` may close now."""
 
-    def closed(self, rnd: Round, awaited: Collection[str], display: Callable[[str], str]) -> None:
-        """``rnd`` closes (before its answers): record its status."""
+    def closed(self, rnd: Round, awaited: Collection[str], display: Callable[[str], str],
+               dead: Collection[str]) -> None:
+        """``rnd`` closes (before its answers): record its status (``dead``: the clients dropped as dead)."""
 
     def report(self, display: Callable[[str], str]) -> dict[str, Any]:
         """The rounds' status, for the stats file and the heartbeats."""
@@ -318,7 +319,7 @@ class RoundTable:
     def _complete(self, rnd: Round) -> None:
         rnd.forwarding = True
         if self.rule is not None and rnd.kind is Kind.PUSHPULL:
-            self.rule.closed(rnd, self.awaited(rnd), self.host.display)
+            self.rule.closed(rnd, self.awaited(rnd), self.host.display, self.clients.dropped)
         self.host.complete(rnd)
 
     # -- release ------------------------------------------------------------------------------------------

@@ -51,8 +51,9 @@ COLUMNS = {
     "outer_missed": "rounds a party missed (closed by the quorum and the grace without it), summed over the parties",
     "outer_folded": "late deltas folded into a later round, summed over the parties",
     "outer_dropped": "deltas dropped beyond stale_rounds, summed over the parties",
+    "outer_lost": "rounds closed while a party was dead and not back, summed over the parties",
 }
-OUTER_COLUMNS = ("outer_rounds", "outer_missed", "outer_folded", "outer_dropped")
+OUTER_COLUMNS = ("outer_rounds", "outer_missed", "outer_folded", "outer_dropped", "outer_lost")
 
 
 @dataclass
@@ -129,7 +130,7 @@ def outer_rounds(stats: list[dict[str, Any]]) -> dict[str, int] | None:
     def total(key: str) -> int:
         return sum(sum(r.get(key, {}).values()) for r in reports)
     return {"outer_rounds": sum(int(r.get("rounds", 0)) for r in reports), "outer_missed": total("missed"),
-            "outer_folded": total("late_folded"), "outer_dropped": total("dropped")}
+            "outer_folded": total("late_folded"), "outer_dropped": total("dropped"), "outer_lost": total("lost")}
 
 
 def summary_row(series: Series) -> dict[str, Any]:

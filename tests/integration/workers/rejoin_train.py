@@ -1,9 +1,10 @@
 """Integration worker of the rejoin tests: a party dies (kill -9 of all its processes), is restarted, rejoins.
 
-One worker per party. ``--kind dist_sync`` (FSA) or ``dist_async`` (MixedSync): every step pushes its gradient
-and pulls the global server's weights (SGD on the global server). With ``hfa`` in the topology: HFA, local SGD
-steps and every K1 steps a push of the model and a pull of the global average; with ``--esync`` the number of
-local steps before the next average is ESync's assignment (``kv.assign_local_steps``) instead of K1.
+One worker per party. ``--kind dist_sync`` (FSA), ``dist_async`` (MixedSync) or ``dist_ssp`` (SSP): every step
+pushes its gradient and pulls the global server's weights (SGD on the global server). With ``hfa`` in the
+topology: HFA, local SGD steps and every K1 steps a push of the model and a pull of the global average (with
+``--outer``, DiLoCo: the global server's outer Nesterov); with ``--esync`` the number of local steps before the next
+average is ESync's assignment (``kv.assign_local_steps``) instead of K1.
 
 Roles, by flags:
   --die-step N        at step N, SIGKILL (--kill) this worker's whole party (itself last), itself, its party's
@@ -58,6 +59,7 @@ def main() -> None:
     parser.add_argument("--after", type=int, default=10)
     parser.add_argument("--rejoined-file")
     parser.add_argument("--step-seconds", type=float, default=0.02, help="simulated compute time per step")
+    parser.add_argument("--outer", action="store_true", help="HFA: the master installs DiLoCo's outer Nesterov")
     args = parser.parse_args()
     kv = geomx.kv.create(args.kind)
     rank = kv.global_rank
@@ -67,8 +69,8 @@ def main() -> None:
     params = list(model.parameters())
     before = [p.detach().clone() for p in params]
     hfa = kv.hfa
-    if kv.is_master_worker and hfa is None:
-        kv.set_optimizer(geomx.optim.SGD(lr=jobkit.LR))
+    if kv.is_master_worker and (hfa is None or args.outer):
+        kv.set_optimizer(geomx.optim.SGD(lr=jobkit.LR) if hfa is None else geomx.optim.OuterNesterov())
     kv.init(list(range(len(params))), [p.data for p in params])
     after = [p.detach().clone() for p in params]
     if args.rejoined_file:

@@ -102,6 +102,7 @@ class QuorumRounds:
         self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY)
         self.in_quorum: Counter[str] = Counter()  # client -> rounds it was on time for
         self.missed: Counter[str] = Counter()  # client -> rounds closed without it
+        self.lost: Counter[str] = Counter()  # a dead client -> rounds closed while its party was out of the job
         self.late: Counter[str] = Counter()  # client -> contributions folded into a later round
         self.dropped: Counter[str] = Counter()  # client -> contributions beyond stale_rounds, dropped
         self.by_grace = 0  # rounds closed by the quorum and the grace, not by every party
@@ -147,13 +148,20 @@ class QuorumRounds:
         reached = self.quorum_at(rnd)
         return None if reached is None else reached + self.grace()
 
-    def closed(self, rnd: Round, awaited: Collection[str], display: Any = str) -> None:
-        """``rnd`` closes: its status joins the history; a full round's spread feeds grace: auto."""
+    def closed(self, rnd: Round, awaited: Collection[str], display: Any = str, dead: Collection[str] = ()) -> None:
+        """``rnd`` closes: its status joins the history; a full round's spread feeds grace: auto. ``dead``: the
+        clients dropped as dead; one whose party has no client back (none by its name that is awaited, or that
+        pushed and was not dropped: it may have left since) counts this round as ``lost``, apart from ``missing``
+        (awaited, not in time)."""
         on_time = list(rnd.contributions)
         missing = sorted(set(awaited) - set(on_time))
+        pushed = (c for c in (*self.in_quorum, *self.late, *self.dropped) if c not in dead)
+        live = {display(c) for c in (*awaited, *on_time, *pushed)}
+        lost = {display(c): c for c in sorted(dead) if display(c) not in live}  # one client per party
         self.closed_rounds += 1
         self.in_quorum.update(on_time)
         self.missed.update(missing)
+        self.lost.update(lost.values())
         reached = self.quorum_at(rnd)
         if reached is not None:
             self.quorum_times[(rnd.key, rnd.slice)] = reached
@@ -163,18 +171,22 @@ class QuorumRounds:
             self.spreads.append(max(rnd.arrivals[c] for c in on_time) - reached)
         self.history.append({"key": rnd.key, "slice": rnd.slice, "round": rnd.number,
                              "quorum": sorted(display(c) for c in on_time),
-                             "missing": sorted(display(c) for c in missing),
+                             "missing": sorted(display(c) for c in missing), "lost": sorted(lost),
                              "folded": sorted(display(c) for c in rnd.folded_from)})
 
     def report(self, display: Any = str) -> dict[str, Any]:
-        """What the stats file and the heartbeats carry: counts per party (by display name) and the last rounds."""
-        def named(counts: Counter[str]) -> dict[str, int]:
-            return {display(c): n for c, n in sorted(counts.items())}
-        counters = {"on_time": self.in_quorum, "missed": self.missed, "late_folded": self.late, "dropped": self.dropped}
-        clients = sorted({c for counts in counters.values() for c in counts})
-        by_party = {display(c): {status: counts[c] for status, counts in counters.items()} for c in clients}
+        """What the stats file and the heartbeats carry: counts per party (by display name: a party restarted after
+        its death is a new client of the same name, and its counts add to its first life's) and the last rounds."""
+        counters = {"on_time": self.in_quorum, "missed": self.missed, "lost": self.lost, "late_folded": self.late,
+                    "dropped": self.dropped}
+        named: dict[str, Counter[str]] = {status: Counter() for status in counters}
+        for status, counts in counters.items():
+            for client, count in counts.items():
+                named[status][display(client)] += count
+        parties = sorted({name for counts in named.values() for name in counts})
+        by_party = {name: {status: counts[name] for status, counts in named.items()} for name in parties}
         return {"by_party": by_party,
                 "quorum": self.options.quorum, "grace_s": self.grace(), "stale_rounds": self.options.stale_rounds,
-                "rounds": self.closed_rounds, "closed_by_grace": self.by_grace, "on_time": named(self.in_quorum),
-                "missed": named(self.missed), "late_folded": named(self.late), "dropped": named(self.dropped),
+                "rounds": self.closed_rounds, "closed_by_grace": self.by_grace,
+                **{status: dict(sorted(counts.items())) for status, counts in named.items()},
                 "last_rounds": list(self.history)}

@@ -8,10 +8,14 @@ beyond the last completed round. Its answer is then the latest applied model, wh
 own still-pending gradients (nor the other parties' for the open rounds). Its next pushes queue in order
 behind the open round (the round table keeps them) and join their rounds as the rounds complete.
 
-``staleness = 0`` answers every push at its round's completion: FSA exactly (the same code path). A large
-bound approaches MixedSync's *waiting* (a fast party is never held up) but not its arithmetic: MixedSync
-applies each push alone as it arrives, here a round's pushes are still summed and applied together once
-every party has sent its own. The answer is weights, so the global servers need an optimizer.
+A party lost (its local server declared dead) is dropped and the others go on, their rounds scaled as FSA scales a
+round with parties missing; restarted, it rejoins with the current model (``geomx.server.departures``). Each party
+leaves on its own when it shuts down: its pushes still queued behind open rounds join them as they complete.
+
+``staleness = 0`` answers every push at its round's completion: FSA's arithmetic exactly (the same code path), but
+a lost party does not stop it. A large bound approaches MixedSync's *waiting* (a fast party is never held up) but
+not its arithmetic: MixedSync applies each push alone as it arrives, here a round's pushes are still summed and
+applied together once every party has sent its own. The answer is weights, so the global servers need an optimizer.
 
 Usage::
 
@@ -34,6 +38,7 @@ class BoundedStaleness(FullySynchronous):
     synchronous = False  # answers may precede their round: model averaging would mix rounds
     needs_server_optimizer = True  # an early answer is the applied model: weights, not a sum of gradients
     answers_plain_sums = False  # a party may be answered before its round completes
+    clients_leave_independently = True  # a party runs ahead of the others anyway: one lost or gone stops nobody
     options: ClassVar[dict[str, type]] = {"staleness": int}
 
     def __init__(self, staleness: int = 2) -> None:
