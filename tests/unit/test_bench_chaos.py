@@ -44,3 +44,10 @@ def test_the_section_is_in_the_table_and_refuses_an_unknown_scenario(tmp_path: P
     assert sections.section("chaos").module == "geomx.bench.chaos"
     with pytest.raises(ValueError, match="unknown chaos scenarios"):
         chaos.measure(("nope",), chaos.QUICK, tmp_path)
+
+
+def test_the_longest_stall_is_a_fast_ranks_longest_gap_beyond_its_median_step():
+    ranks = {0: {"step_ends": [0.1, 0.2, 0.3, 1.3, 1.4]}, 1: {"step_ends": [0.1, 0.2, 0.3, 0.4, 0.5]},
+             2: {"step_ends": [0.0, 9.0]}}
+    assert chaos.longest_stall_s(ranks, [0, 1]) == pytest.approx(0.9)  # rank 0's 1.0 s gap, its steps 0.1 s
+    assert chaos.longest_stall_s(ranks, [1]) == pytest.approx(0.0)

@@ -26,6 +26,7 @@ Usage::
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import sys
@@ -102,6 +103,18 @@ def read_ranks(out: Path) -> dict[int, dict[str, Any]]:
     return ranks
 
 
+def longest_stall_s(ranks: dict[int, dict[str, Any]], fast: list[int]) -> float:
+    """The longest time any of the ``fast`` ranks went without finishing a step, beyond its median step: where
+    it waited for others."""
+    stalls = [0.0]
+    for rank in fast:
+        ends = ranks.get(rank, {}).get("step_ends") or []
+        gaps = sorted(b - a for a, b in itertools.pairwise(ends))
+        if gaps:
+            stalls.append(max(gaps) - gaps[len(gaps) // 2])
+    return max(stalls)
+
+
 def steps_per_s(ranks: dict[int, dict[str, Any]], fast: list[int]) -> float:
     """The mean steps per second of the ``fast`` ranks."""
     rates = [ranks[r]["steps"] / ranks[r]["seconds"] for r in fast if r in ranks and ranks[r]["seconds"] > 0]
@@ -128,7 +141,8 @@ def run_variant(name: str, plan: ChaosPlan, parties: tuple[str, ...], quorum: in
     ranks = read_ranks(out)
     fast = [r for r in ranks if r != slow_rank]
     rounds = [entry["outer_rounds"] for entry in read_stats(out_dir / "runs" / job) if "outer_rounds" in entry]
-    return {"steps_per_s": steps_per_s(ranks, fast), "wall_s": result.wall_s, "val_loss": ranks[0].get("val_loss"),
+    return {"steps_per_s": steps_per_s(ranks, fast), "longest_stall_s": longest_stall_s(ranks, fast),
+            "wall_s": result.wall_s, "val_loss": ranks[0].get("val_loss"),
             "ranks": {r: {k: v for k, v in ranks[r].items() if k != "step_ends"} for r in ranks},
             "outer_rounds": rounds[0]["by_party"] if rounds else None}
 
@@ -186,11 +200,14 @@ def lines(section: dict[str, Any]) -> list[str]:
     for record in section["records"].values():
         if record["scenario"] == "slow_party":
             runs = record["runs"]
+            order = ("alone", "decoupled", "synchronous")
             cells.append(["slow_party", f"goodput {fmt(record['goodput'], '.3f')} (goal >= 0.85)",
                           f"synchronous {fmt(record['goodput_synchronous'], '.3f')}",
-                          f"{fmt(runs['alone']['steps_per_s'], '.2f')} / {fmt(runs['decoupled']['steps_per_s'], '.2f')}"
-                          f" / {fmt(runs['synchronous']['steps_per_s'], '.2f')}"])
-    out += table(["scenario", "measured", "beside it", "steps/s alone / decoupled / sync"], cells)
+                          " / ".join(fmt(runs[v]["steps_per_s"], ".2f") for v in order),
+                          " / ".join(fmt(runs[v].get("longest_stall_s"), ".1f") for v in order),
+                          " / ".join(fmt(runs[v]["val_loss"], ".3f") for v in order)])
+    out += table(["scenario", "measured", "beside it", "steps/s alone / decoupled / sync", "longest stall s",
+                  "val loss"], cells)
     out += [f"error: {e}" for e in section.get("errors", [])]
     return out
 
