@@ -10,6 +10,13 @@ Scenarios, each a record:
   rounds: every party waits for dc2 at each global round) and ``alone`` (dc0 and dc1 without dc2). ``goodput``: the
   fast parties' steps per second in ``decoupled`` over ``alone``; ``goodput_synchronous``: the same for
   ``synchronous``. Goal (issue 49): goodput >= 0.85 (synchronous: about 1/3).
+* ``party_lost``: each party launched on its own (``geomx launch --party``, as on its own host), decoupled rounds
+  (quorum 2); every process of dc2 gets SIGKILL between two outer steps a quarter into the run, and dc2 is started
+  again ``restart_after_s`` (10 s) after its launcher saw it die, going on from the step where it died for two
+  outer steps. ``others_stalled_s``: the longest time dc0 or dc1 went without a step beyond its median step;
+  ``rejoin_s``: from the restart to the end of the restarted party's first outer step (its first contribution);
+  ``val_loss_ratio``: the job's final validation loss against the same job without the fault (dc0 and dc1 train
+  the same steps in both). Goals: others stalled <= 10 s, rejoin <= 30 s, the loss within 2%.
 
 Under decoupled rounds the slow party trains ``steps / slowdown`` steps, so that it ends about when the others do
 (a party that trained on alone after the others left would have no quorum to close its rounds); its deltas arrive
@@ -30,12 +37,15 @@ import itertools
 import json
 import math
 import sys
+import threading
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ..launch import LaunchResult, launch
 from ..runs.runlog import read_stats
-from .jobs import load_avg, run_job, write_topology
+from .jobs import free_port, load_avg, run_job, write_topology
 from .quality import Command, python_command
 from .sections import BenchPlan, Interrupted
 from .tables import fmt, say, table, write_and_print
@@ -61,6 +71,8 @@ class ChaosPlan:
     batch_size: int = 16
     preset: str = "tiny"
     timeout_s: float = 600.0
+    restart_after_s: float = 10.0  # party_lost: the lost party's outage
+    heartbeat_s: float = 3.0  # party_lost: how long a silent party has before it is declared dead
 
     @property
     def outer_every(self) -> int:
@@ -158,7 +170,63 @@ def slow_party(plan: ChaosPlan, out_dir: Path, command: Command = python_command
             "goal": {"goodput": 0.85}}
 
 
-SCENARIOS = {"slow_party": slow_party}
+def launch_party(label: str, party: str, path: Path, command: list[str], address: str, out_dir: Path,
+                 results: dict[str, LaunchResult]) -> None:
+    """``geomx launch --party PARTY --global-scheduler ADDRESS``, as on the party's own host; output to a log."""
+    log = out_dir / "logs" / f"chaos-lost-{label}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as out:
+        results[label] = launch(path, command, run_dir=out_dir / "runs" / f"chaos-lost-{label}", out=out,
+                                party=party, global_scheduler=address)
+
+
+def run_party_lost(plan: ChaosPlan, out_dir: Path, command: Command) -> dict[str, Any]:
+    """dc2 killed (every process, SIGKILL) a quarter into the run and started again ``restart_after_s`` later,
+    each party launched on its own as on its own host; dc2 goes on from where it died for two outer steps."""
+    out = out_dir / "ranks" / "chaos-lost"
+    for stale in out.glob("rank*.json"):
+        stale.unlink()
+    raw = topology(plan, PARTIES, 2)
+    raw["timeouts"].update(heartbeat=f"{plan.heartbeat_s:g}s", heartbeat_interval="0.25s")
+    path = write_topology(out_dir / "topologies" / "chaos-lost.yaml", raw)
+    address = f"127.0.0.1:{free_port()}"
+    args = [*worker_args(plan, out, -1), "--outer-every", str(plan.outer_every)]
+    die_step = plan.steps // 4 // plan.outer_every * plan.outer_every + plan.hfa[0]  # between two outer steps
+    results: dict[str, LaunchResult] = {}
+    others = [threading.Thread(target=launch_party, args=(party, party, path, command(WORKER, args), address,
+                                                          out_dir, results)) for party in PARTIES[:2]]
+    for thread in others:
+        thread.start()
+    launch_party("lost", SLOW, path, command(WORKER, [*args, "--die-step", str(die_step)]), address, out_dir,
+                 results)  # returns once dc2's processes are dead
+    time.sleep(plan.restart_after_s)  # the scenario's outage, not a wait for anything
+    restarted_at = time.time()
+    launch_party("rejoined", SLOW, path, command(WORKER, [*args, "--start-step", str(die_step), "--stop-after",
+                                                          str(2 * plan.outer_every)]), address, out_dir, results)
+    for thread in others:
+        thread.join(timeout=plan.timeout_s)
+    failed = [f"{label} ({r.failed})" for label, r in results.items() if label != "lost" and r.exit_code != 0]
+    if failed or any(thread.is_alive() for thread in others):
+        raise RuntimeError(f"party_lost: {', '.join(failed) or 'dc0/dc1 did not end'}; see {out_dir / 'logs'}")
+    ranks = read_ranks(out)
+    rejoined = ranks.get(PARTIES.index(SLOW), {})
+    first = rejoined.get("first_outer_at")
+    return {"steps_per_s": steps_per_s(ranks, [0, 1]), "others_stalled_s": longest_stall_s(ranks, [0, 1]),
+            "rejoin_s": None if first is None else first - restarted_at, "val_loss": ranks[0].get("val_loss"),
+            "die_step": die_step, "ranks": {r: {k: v for k, v in ranks[r].items() if k != "step_ends"} for r in ranks}}
+
+
+def party_lost(plan: ChaosPlan, out_dir: Path, command: Command = python_command) -> dict[str, Any]:
+    """The ``party_lost`` record: the fault-free decoupled job beside the one that loses dc2 (module docstring)."""
+    baseline = run_variant("lost-baseline", plan, PARTIES, 2, False, out_dir, command)
+    lost = run_party_lost(plan, out_dir, command)
+    return {"scenario": "party_lost", "others_stalled_s": lost["others_stalled_s"], "rejoin_s": lost["rejoin_s"],
+            "val_loss_ratio": lost["val_loss"] / baseline["val_loss"] if baseline["val_loss"] else None,
+            "runs": {"baseline": baseline, "lost": lost},
+            "goal": {"others_stalled_s": 10.0, "rejoin_s": 30.0, "val_loss_ratio": 1.02}}
+
+
+SCENARIOS = {"slow_party": slow_party, "party_lost": party_lost}
 
 
 def measure(names: tuple[str, ...], plan: ChaosPlan, out_dir: Path,
@@ -198,16 +266,22 @@ def lines(section: dict[str, Any]) -> list[str]:
            f" -> {section.get('load_avg_end')}"]
     cells = []
     for record in section["records"].values():
+        runs = record["runs"]
         if record["scenario"] == "slow_party":
-            runs = record["runs"]
             order = ("alone", "decoupled", "synchronous")
-            cells.append(["slow_party", f"goodput {fmt(record['goodput'], '.3f')} (goal >= 0.85)",
-                          f"synchronous {fmt(record['goodput_synchronous'], '.3f')}",
-                          " / ".join(fmt(runs[v]["steps_per_s"], ".2f") for v in order),
-                          " / ".join(fmt(runs[v].get("longest_stall_s"), ".1f") for v in order),
-                          " / ".join(fmt(runs[v]["val_loss"], ".3f") for v in order)])
-    out += table(["scenario", "measured", "beside it", "steps/s alone / decoupled / sync", "longest stall s",
-                  "val loss"], cells)
+            cells += [["slow_party", "goodput", fmt(record["goodput"], ".3f"), ">= 0.85",
+                       f"synchronous {fmt(record['goodput_synchronous'], '.3f')}"],
+                      ["", "steps/s alone / decoupled / sync",
+                       " / ".join(fmt(runs[v]["steps_per_s"], ".2f") for v in order), "", ""],
+                      ["", "longest stall s", " / ".join(fmt(runs[v].get("longest_stall_s"), ".1f") for v in order),
+                       "", ""],
+                      ["", "val loss", " / ".join(fmt(runs[v]["val_loss"], ".3f") for v in order), "", ""]]
+        elif record["scenario"] == "party_lost":
+            cells += [["party_lost", "others_stalled_s", fmt(record["others_stalled_s"], ".1f"), "<= 10", ""],
+                      ["", "rejoin_s", fmt(record["rejoin_s"], ".1f"), "<= 30", ""],
+                      ["", "val_loss_ratio", fmt(record["val_loss_ratio"], ".4f"), "<= 1.02",
+                       f"{fmt(runs['lost']['val_loss'], '.3f')} against {fmt(runs['baseline']['val_loss'], '.3f')}"]]
+    out += table(["scenario", "measure", "measured", "goal", "beside it"], cells)
     out += [f"error: {e}" for e in section.get("errors", [])]
     return out
 

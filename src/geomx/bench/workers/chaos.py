@@ -7,8 +7,10 @@ which decoupled rounds weigh by), then sleeps ``--step-s`` (the accelerator this
 model is tiny, so without it the parties' relative speed would follow the machine's load). ``--slow-rank``'s steps
 take ``--slowdown`` times as long as its own would (compute and emulated time together). Each rank writes
 ``OUT/rank<global rank>.json``: ``{"rank", "steps", "seconds", "step_ends"}`` (seconds from its first step's start
-to its last step's end; ``step_ends``: each step's end, from the same origin), and the master worker adds
-``val_loss``: the job's model at the end on the quality section's validation windows.
+to its last step's end; ``step_ends``: each step's end, from the same origin; ``started_at`` and
+``first_outer_at``: the wall clock at its start and when its first outer step left), and the master worker adds
+``val_loss``: the job's model at the end on the quality section's validation windows. ``--die-step`` kills the
+worker's whole party at that step (the ``party_lost`` scenario).
 
 Usage::
 
@@ -19,7 +21,10 @@ from __future__ import annotations
 
 import argparse
 import copy
+import itertools
 import json
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -27,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from geomx.bench.workers.quality import global_batches, learning_rate, make_optimizer, rank_part, texts
+from geomx.cluster.processes import job_processes
 from geomx.zoo.charlm import VOCAB, build, evaluate
 
 
@@ -44,6 +50,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--slow-rank", type=int, default=-1, help="the global rank made slower (-1: none)")
     parser.add_argument("--slowdown", type=float, default=3.0, help="how many times slower its steps are")
     parser.add_argument("--slow-steps", type=int, default=None, help="the slow rank's steps (default: --steps)")
+    parser.add_argument("--start-step", type=int, default=0,
+                        help="go on from this step (a restarted party: its batches and rate from there)")
+    parser.add_argument("--stop-after", type=int, default=None, help="train at most this many steps")
+    parser.add_argument("--die-step", type=int, default=-1,
+                        help="after this many steps, SIGKILL every process of this worker's party, itself last")
+    parser.add_argument("--outer-every", type=int, default=0, help="steps per outer step (K1 x K2): when the "
+                        "first contribution leaves, written as first_outer_at")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     args.schedule, args.optimizer, args.weight_decay = "cosine", "adamw", 0.01  # quality's optimizer and schedule
@@ -64,11 +77,17 @@ def main(argv: list[str] | None = None) -> None:
     slow = rank == args.slow_rank
     inputs, targets = train_windows.tensors()
     step_ends: list[float] = []
+    started_at, first_outer_at = time.time(), None
     started = time.monotonic()
     steps = args.slow_steps if slow and args.slow_steps is not None else args.steps
-    batches = global_batches(len(train_windows), args.batch_size * args.world, steps, args.seed)
-    for step, batch in enumerate(batches):
+    last = steps if args.stop_after is None else min(steps, args.start_step + args.stop_after)
+    batches = itertools.islice(global_batches(len(train_windows), args.batch_size * args.world, steps, args.seed),
+                               args.start_step, last)
+    for done, batch in enumerate(batches):
+        if done == args.die_step:
+            kill_party(opt.kv.config.run_dir, opt.kv.config.party)
         began = time.monotonic()
+        step = args.start_step + done
         mine = rank_part(batch, rank, args.world)
         for group in inner.param_groups:
             group["lr"] = learning_rate(args, step * args.steps // steps)  # the same schedule over fewer steps
@@ -80,8 +99,11 @@ def main(argv: list[str] | None = None) -> None:
         own = time.monotonic() - began + args.step_s  # this step's time at full speed
         time.sleep(own * args.slowdown - (time.monotonic() - began) if slow else args.step_s)
         step_ends.append(time.monotonic() - started)
+        if first_outer_at is None and args.outer_every and len(step_ends) == args.outer_every:
+            first_outer_at = time.time()  # its first outer step has left (and, synchronously, come back)
     record: dict[str, object] = {"rank": rank, "steps": len(step_ends), "seconds": step_ends[-1] if step_ends else 0.0,
-                                 "step_ends": [round(t, 4) for t in step_ends], "slow": slow}
+                                 "step_ends": [round(t, 4) for t in step_ends], "slow": slow,
+                                 "started_at": started_at, "first_outer_at": first_outer_at}
     if opt.is_master_worker:
         held = copy.deepcopy(model)
         opt.load_job_model(held)
@@ -90,6 +112,14 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"rank{rank}.json").write_text(json.dumps(record))
+
+
+def kill_party(run_dir: str | None, party: str) -> None:
+    """SIGKILL every process of ``party`` in this job's run folder, this one last: a data center lost at once."""
+    mine = [pid for pid, env in job_processes({str(run_dir)}).items() if env.get("GEOMX_PARTY") == party]
+    for pid in sorted(mine, key=lambda pid: pid == os.getpid()):
+        os.kill(pid, signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)  # a warm-forked worker's environment is not its own: itself, surely
 
 
 if __name__ == "__main__":
