@@ -225,17 +225,36 @@ def test_grace_auto_follows_the_last_full_rounds_spread_within_its_bound() -> No
     for party, at in zip(PARTIES, (0.0, 0.2, 0.5), strict=True):
         server.push(party, [1.0], tokens=1, at=at)
     assert server.rule.grace() == pytest.approx(0.3)  # from the quorum's arrival (0.2) to the last (0.5)
-    server.push("dc0", [1.0], tokens=1, at=1.0)
-    server.push("dc1", [1.0], tokens=1, at=1.1)
-    server.tick(1.35)
+    server.push("dc0", [1.0], tokens=1, at=3.0)
+    server.push("dc1", [1.0], tokens=1, at=3.1)
+    server.tick(3.35)
     assert server.table.completed(Kind.PUSHPULL, 0, 0) == 1
-    server.tick(1.45)  # the grace (0.3) since the quorum (1.1) has passed: dc2 missed it
+    server.tick(3.45)  # the grace (0.3) since the quorum (3.1) has passed: dc2 missed it
     assert server.table.completed(Kind.PUSHPULL, 0, 0) == 2
-    server.push("dc2", [1.0], tokens=1, at=1.1 + 0.8)  # one round late, by 0.8 s
-    assert server.rule.grace() == pytest.approx(0.8)  # the window grows again to catch it
-    for party, at in zip(PARTIES, (3.0, 3.1, 3.6), strict=True):  # round 2 waits for dc2 now
+    server.push("dc2", [1.0], tokens=1, at=3.1 + 0.8)  # one round late, by 0.8 s
+    assert server.rule.grace() == pytest.approx(0.8)  # the window grows again to catch it (a 2.9 s period)
+    for party, at in zip(PARTIES, (6.0, 6.1, 6.6), strict=True):  # round 2 waits for dc2 now
         server.push(party, [1.0], tokens=1, at=at)
     assert server.table.completed(Kind.PUSHPULL, 0, 0) == 3 and server.rule.report()["closed_by_grace"] == 1
+
+
+def test_grace_auto_waits_at_most_a_share_of_the_quorums_round_period() -> None:
+    """A window as long as most of a round would hold the quorum's answer past the local round where its parties
+    land it: once a round's period is known, auto waits at most PERIOD_SHARE of it, however late a party came."""
+    server = GlobalServer(Decoupled(quorum=2, grace=None), [0.0])
+    for party, at in zip(PARTIES, (0.0, 0.2, 3.0), strict=True):  # round 0: dc2 2.8 s after the quorum, caught
+        server.push(party, [1.0], tokens=1, at=at)
+    assert server.rule.grace() == pytest.approx(2.8)  # no period known yet
+    server.push("dc0", [1.0], tokens=1, at=3.1)
+    server.push("dc1", [1.0], tokens=1, at=3.2)  # round 1's quorum, 3.0 s after round 0's
+    server.push("dc2", [1.0], tokens=1, at=4.0)
+    assert server.table.completed(Kind.PUSHPULL, 0, 0) == 2
+    assert server.rule.grace() == pytest.approx(0.8)  # the spreads 2.8 and 0.8, bounded by 0.4 x 3.0 = 1.2
+    server.push("dc0", [1.0], tokens=1, at=4.2)
+    server.push("dc1", [1.0], tokens=1, at=4.3)  # round 2's quorum
+    server.tick(4.3 + 0.8)
+    assert server.table.completed(Kind.PUSHPULL, 0, 0) == 3, "closed by the bounded window (2.8 s would wait on)"
+    assert server.rule.report()["missed"] == {"dc2": 1}
 
 
 def test_grace_auto_gives_up_on_parties_later_than_its_bound() -> None:

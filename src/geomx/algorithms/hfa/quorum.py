@@ -8,7 +8,10 @@ The options (the topology's ``training`` block or ``GEOMX_<NAME>``; with no ``qu
   the last ``SPREAD_ROUNDS`` spreads within ``GRACE_AUTO_MAX_S`` (that bound before any spread is seen; 0 when
   every recent spread was beyond it: waiting the bound would not have caught those parties); a spread is the time
   from a round's Q-th arrival to its last, in a round every party made, or to the arrival of a push that came one
-  round late (so the window grows again when parties just miss it);
+  round late (so the window grows again when parties just miss it). Once a slice has closed two rounds, auto never
+  waits more than ``PERIOD_SHARE`` of the shortest of the last rounds' periods (from one round's quorum to the
+  next's): a longer window would hold the answer past the local round where the quorum's parties must land it
+  (with K2 = 2, half a period on) and make them wait for the late party after all;
 - ``stale_rounds`` S: a contribution that arrives after its round closed (its party has missed ``late`` releases of
   the slice since its last answer) is folded into the open round if ``late <= S``, else dropped; either way it is
   answered at once with the current global model, so its party never waits for a round it missed.
@@ -40,6 +43,7 @@ from ...core.rounds import Admission, Round
 DECOUPLED_OPTIONS: dict[str, type] = {"quorum": int, "grace": str, "stale_rounds": int}
 GRACE_AUTO_MAX_S = 5.0  # grace: auto waits at most this long past the quorum
 SPREAD_ROUNDS = 8  # grace: auto follows the spreads of this many last full rounds
+PERIOD_SHARE = 0.4  # grace: auto waits at most this share of the quorum's round period
 HISTORY = 32  # rounds whose status the report keeps
 
 
@@ -99,6 +103,7 @@ class QuorumRounds:
         assert options.on, "QuorumRounds needs a quorum"
         self.options = options
         self.spreads: deque[float] = deque(maxlen=SPREAD_ROUNDS)
+        self.periods: deque[float] = deque(maxlen=SPREAD_ROUNDS)  # a slice's quorum to its next round's quorum
         self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY)
         self.in_quorum: Counter[str] = Counter()  # client -> rounds it was on time for
         self.missed: Counter[str] = Counter()  # client -> rounds closed without it
@@ -113,9 +118,10 @@ class QuorumRounds:
         """The grace window now: the option's seconds, or auto's (see the module docstring)."""
         if self.options.grace is not None:
             return self.options.grace
+        bound = min(GRACE_AUTO_MAX_S, PERIOD_SHARE * min(self.periods)) if self.periods else GRACE_AUTO_MAX_S
         if not self.spreads:
-            return GRACE_AUTO_MAX_S
-        return max((s for s in self.spreads if s <= GRACE_AUTO_MAX_S), default=0.0)
+            return bound
+        return max((s for s in self.spreads if s <= bound), default=0.0)
 
     def admit(self, rnd: Round, client: str, now: float) -> Admission:
         """A push of ``client`` for ``rnd`` (open): on time, late (folded, answered now) or dropped."""
@@ -164,6 +170,9 @@ class QuorumRounds:
         self.lost.update(lost.values())
         reached = self.quorum_at(rnd)
         if reached is not None:
+            previous = self.quorum_times.get((rnd.key, rnd.slice))
+            if previous is not None and reached > previous:
+                self.periods.append(reached - previous)
             self.quorum_times[(rnd.key, rnd.slice)] = reached
         if missing:
             self.by_grace += 1
