@@ -22,7 +22,7 @@ def test_decoupled_topology_folds_a_slow_partys_deltas_and_synchronous_has_no_qu
     plan = chaos.ChaosPlan(slowdown=3.0)
     decoupled = topology_from_dict(chaos.topology(plan, chaos.PARTIES, quorum=2))
     options = decoupled_options(dict(decoupled.training.plugin_options), len(decoupled.parties))
-    assert (options.quorum, options.stale_rounds) == (2, 3)
+    assert (options.quorum, options.stale_rounds, options.grace) == (2, 3, None)  # grace auto
     assert [p.name for p in decoupled.parties] == list(chaos.PARTIES) and decoupled.central == "dc0"
     synchronous = topology_from_dict(chaos.topology(plan, chaos.PARTIES[:2], quorum=None))
     assert decoupled_options(dict(synchronous.training.plugin_options)).quorum == 0

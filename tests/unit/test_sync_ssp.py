@@ -26,7 +26,8 @@ def test_the_policy_bounds_the_lead_and_reads_its_option() -> None:
     assert ssp.round_complete({"a", "b"}, {"a", "b"}) and not ssp.round_complete({"a"}, {"a", "b"})
     np.testing.assert_array_equal(ssp.rescale(np.array([3.0]), present=3, full=4), [4.0])  # FSA's arithmetic
     assert ssp.needs_server_optimizer and not ssp.synchronous
-    assert ssp.clients_leave_independently  # a lost party stops nobody (issue 49): dropped, it may rejoin
+    assert ssp.drops_dead_clients  # a lost party stops nobody (issue 49): dropped, it may rejoin
+    assert not ssp.clients_leave_independently  # but shutdown is a round: a finished party's queued pushes join it
     policy = build_policy("dist_ssp", {"staleness": "3"})
     assert isinstance(policy, BoundedStaleness) and policy.staleness == 3
     check_plugins(TrainingSpec(sync="dist_ssp", plugin_options=(("staleness", "1"),)))

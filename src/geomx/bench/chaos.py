@@ -71,6 +71,7 @@ class ChaosPlan:
     batch_size: int = 16
     preset: str = "tiny"
     timeout_s: float = 600.0
+    grace: str = "auto"  # decoupled rounds' grace window (a test sets 0: the slow party then misses every round)
     restart_after_s: float = 10.0  # party_lost: the lost party's outage
     heartbeat_s: float = 3.0  # party_lost: how long a silent party has before it is declared dead
 
@@ -93,7 +94,7 @@ def topology(plan: ChaosPlan, parties: tuple[str, ...], quorum: int | None) -> d
     """``parties`` of one worker each, DiLoCo's outer optimizer, and a quorum when given."""
     training: dict[str, Any] = {"server_optimizer": "outer_nesterov"}
     if quorum is not None:
-        training.update(quorum=quorum, grace="auto", stale_rounds=math.ceil(plan.slowdown))
+        training.update(quorum=quorum, grace=plan.grace, stale_rounds=math.ceil(plan.slowdown))
     return {"parties": {name: {"workers": 1} for name in parties}, "central": parties[0], "global_servers": 1,
             "hfa": {"k1": plan.hfa[0], "k2": plan.hfa[1]}, "training": training, "status": False,
             "timeouts": {"register": "120s", "request": "300s", "round": "300s", "shutdown": "60s"}}

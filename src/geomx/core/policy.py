@@ -35,6 +35,10 @@ class SyncPolicy(Capabilities, ABC):
     # Whether a client may leave (shut down) while others still push. Only where rounds never wait for
     # every client: under FSA an early leaver would stall everyone else's next round.
     clients_leave_independently = False
+    # Whether a dead client is dropped and the others go on, while shutdown stays a round every client joins: a
+    # policy whose pushes queue behind open rounds (SSP) must keep a finished client's queued pushes in their own
+    # rounds, not let it leave and have later rounds rescaled without it.
+    drops_dead_clients = False
     # Whether every client's answer is the result of one round over every client (a synchronous tier):
     # what algorithms that average models need.
     synchronous: ClassVar[bool] = False

@@ -57,7 +57,9 @@ class Departures:
         """Whether a dead client is dropped instead of stopping: in every tier of an elastic job, and in a global
         tier whose policy lets clients leave on their own; the aggregation may overrule."""
         host = self.host
-        usual = host.config.topology.elastic or (host.is_global and host.table.policy.clients_leave_independently)
+        policy = host.table.policy
+        usual = host.config.topology.elastic or (host.is_global and (policy.clients_leave_independently
+                                                                     or policy.drops_dead_clients))
         return host.aggregation.may_drop(usual)
 
     def drop(self, member: str, name: str, why: str) -> None:
@@ -77,9 +79,10 @@ class Departures:
     def on_shutdown(self, message: Message) -> None:
         """A client leaves. In a global tier that can go on without a client (``may_drop``) each client leaves on
         its own: a fast party exits while a slow (or rejoined) one still trains, and later rounds no longer wait
-        for the one that left. Elsewhere shutdown is a round that every client joins."""
+        for the one that left. Elsewhere, and under a policy that only drops dead clients (SSP: a finished party's
+        pushes still queue behind open rounds), shutdown is a round that every client joins."""
         host = self.host
-        if not (host.is_global and self.may_drop()):
+        if not (host.is_global and self.may_drop()) or host.table.policy.drops_dead_clients:
             host.table.contribute(message)
             return
         sender = message.sender.decode()

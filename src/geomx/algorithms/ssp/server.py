@@ -9,8 +9,9 @@ own still-pending gradients (nor the other parties' for the open rounds). Its ne
 behind the open round (the round table keeps them) and join their rounds as the rounds complete.
 
 A party lost (its local server declared dead) is dropped and the others go on, their rounds scaled as FSA scales a
-round with parties missing; restarted, it rejoins with the current model (``geomx.server.departures``). Each party
-leaves on its own when it shuts down: its pushes still queued behind open rounds join them as they complete.
+round with parties missing; restarted, it rejoins with the current model (``geomx.server.departures``). Shutdown is
+still a round every party joins: a party that finished first has pushes queued behind open rounds, which must join
+their own rounds (had it left alone, later rounds would be rescaled without it and its pushes applied out of turn).
 
 ``staleness = 0`` answers every push at its round's completion: FSA's arithmetic exactly (the same code path), but
 a lost party does not stop it. A large bound approaches MixedSync's *waiting* (a fast party is never held up) but
@@ -38,7 +39,7 @@ class BoundedStaleness(FullySynchronous):
     synchronous = False  # answers may precede their round: model averaging would mix rounds
     needs_server_optimizer = True  # an early answer is the applied model: weights, not a sum of gradients
     answers_plain_sums = False  # a party may be answered before its round completes
-    clients_leave_independently = True  # a party runs ahead of the others anyway: one lost or gone stops nobody
+    drops_dead_clients = True  # a party runs ahead of the others anyway: one lost stops nobody (shutdown: a round)
     options: ClassVar[dict[str, type]] = {"staleness": int}
 
     def __init__(self, staleness: int = 2) -> None:
