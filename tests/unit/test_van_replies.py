@@ -13,6 +13,7 @@ import pytest
 from geomx.config import PartySpec, Topology
 from geomx.protocol.wire import Kind, Message
 from geomx.transport.dispatch import Inbox
+from geomx.transport.rpc import Requests
 from geomx.transport.van import Van
 
 WAIT = 10.0
@@ -97,3 +98,26 @@ def test_the_inbox_counts_what_it_was_given_and_what_was_handled():
     assert not inbox.idle()
     inbox.handled_count += 1
     assert inbox.idle()
+
+
+def test_a_reply_to_a_cancelled_request_is_taken_without_raising():
+    """On the I/O thread (the reply hook) a raise would end the van's I/O loop: a future its waiter cancelled is
+    left as it is."""
+
+    class Quiet:
+        def send(self, peer: str, message: Message) -> None:
+            pass
+
+    requests = Requests(Quiet())  # type: ignore[arg-type]
+    future = requests.call("peer", Message(Kind.PUSHPULL, key=2))
+    assert future.cancel()
+    reply = Message(Kind.PUSHPULL, key=2, request_id=future_id(requests)).reply()
+    reply.sender = b"peer"
+    assert requests.resolve(reply)
+    assert future.cancelled()
+
+
+def future_id(requests: Requests) -> int:
+    """The id of the one request waiting."""
+    (request_id,) = list(requests._pending)
+    return request_id
