@@ -6,8 +6,8 @@ its owned slices of the MLP) and a bare answer back (a party alone in its job ge
 - ``zmq``: bare pyzmq, a DEALER's blocking send and receive against a ROUTER that answers at once: no geomx, no
   thread of its own; what any design that sends the party's sums to another process pays per step.
 - ``van``: two geomx vans, the answer made on the server's dispatch thread and sent through its I/O thread, the
-  request waited on as a rank waits for its bundle (``Requests.call``, a future); ``--no-hook``: the answer goes to
-  the requester's dispatch thread instead of resolving on its I/O thread (``Van.reply_hook``).
+  request waited on as a rank waits for its bundle (``Requests.call``, a future, resolved on the requester's
+  dispatch thread).
 
 Prints the median and 90th percentile of each, in microseconds (the first tenth dropped as warm-up). Compare the
 medians with 5% of DDP's step (the lan bench's ``ddp`` row): that is the whole budget of the 1.05x goal.
@@ -15,7 +15,7 @@ medians with 5% of DDP's step (the lan bench's ``ddp`` row): that is the whole b
 Usage::
 
     PYTHONPATH=src python scripts/lan_floor.py --trips 3000
-    PYTHONPATH=src python scripts/lan_floor.py --only van --no-hook
+    PYTHONPATH=src python scripts/lan_floor.py --only van
 """
 
 from __future__ import annotations
@@ -79,8 +79,8 @@ def _address(addresses: mp.Queue) -> str:
     return str(addresses.get(timeout=60))
 
 
-def van_trips(trips: int, hook: bool) -> list[float]:
-    """Round trips through two vans (seconds each); ``hook``: replies resolve on the requester's I/O thread."""
+def van_trips(trips: int) -> list[float]:
+    """Round trips through two vans (seconds each)."""
     addresses: mp.Queue = mp.Queue()
     server = mp.Process(target=_van_server, args=(addresses, 600.0), daemon=True)
     server.start()
@@ -90,8 +90,6 @@ def van_trips(trips: int, hook: bool) -> list[float]:
               if requests is not None else None)
     address = van.start()
     requests = Requests(van)
-    if hook:
-        van.reply_hook = requests.resolve
     addresses.put(address)
     van.add_peer("server", server_address, party="a")
     time.sleep(0.5)
@@ -128,13 +126,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trips", type=int, default=2000)
     parser.add_argument("--only", choices=["zmq", "van"])
-    parser.add_argument("--no-hook", action="store_true", help="van: answers through the dispatch thread")
     args = parser.parse_args(argv)
     if args.only in (None, "zmq"):
         _say("bare pyzmq round trip", zmq_trips(args.trips))
     if args.only in (None, "van"):
-        _say(f"van round trip ({'dispatch thread' if args.no_hook else 'reply hook'})",
-             van_trips(args.trips, not args.no_hook))
+        _say("van round trip", van_trips(args.trips))
 
 
 if __name__ == "__main__":

@@ -77,9 +77,6 @@ class KVStore(AbstractContextManager["KVStore"]):
         self._van = Van(identity, config.party, config.topology, self._on_message, bind_host=config.bind_host,
                         name=f"{config.party}/worker")
         self._requests = Requests(self._van)
-        # answers resolve their futures on the van's I/O thread (callbacks here are cheap: a bundle's split), one
-        # thread hop less per round trip; the route's own messages (TSEngine's) are not replies it waits for
-        self._van.reply_hook = self._requests.resolve
         self._handles: Callable[[Message], bool] = lambda _message: False  # the push route's hook, once joined
         self._tier = LanTier()  # beneath the kvstore: a collective party's rank, once joined (geomx.worker.tier)
         self._van.start()

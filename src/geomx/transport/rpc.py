@@ -108,7 +108,7 @@ class Requests:
                 return False
             del self._pending[message.request_id]
         peer, future = entry
-        if future.done():  # cancelled by its waiter: setting it would raise (on the van's I/O thread, the reply hook's)
+        if future.done():  # cancelled by its waiter: setting it would raise InvalidStateError
             return True
         if message.kind is Kind.ERROR:
             text = (message.body or {}).get("error", "unspecified error")

@@ -2,9 +2,7 @@
 
 Each process has one ``Van``: one ROUTER socket receives, one DEALER per peer sends (its identity is this
 node's id). One I/O thread owns all sockets; one dispatch thread runs the node's handler, so a slow handler
-never stops bytes from moving. A reply may skip the dispatch thread: ``reply_hook`` (a requester's, cheap) takes it
-on the I/O thread while nothing received before it is still queued or handled, one thread hop less per request.
-``send`` may be called from any thread. UDP datagrams (``send_datagram``)
+never stops bytes from moving. ``send`` may be called from any thread. UDP datagrams (``send_datagram``)
 take the same emulated links as the messages to their peer, strictly behind them, and count in the same
 byte counters. The links are ``geomx.transport.links.LinkModel``, the counters ``geomx.transport.counters``.
 
@@ -33,7 +31,7 @@ import zmq
 from ..config import Topology
 from ..protocol.wire import Kind, Message, WireError, decode, encode, frames_nbytes
 from .counters import LAN, WAN, ByteCounters, DatagramCounts, codec_saving
-from .dispatch import DISPATCH_POLL_S, Inbox, dispatch
+from .dispatch import DISPATCH_POLL_S, dispatch
 from .emulator import OutageSchedule
 from .frames import receive_frames, send_frames
 from .links import Delivery, LinkModel, Outgoing, Peer, earliest
@@ -67,7 +65,7 @@ class Van:
         self._gone: set[str] = set()  # peers disconnected for good (see disconnect)
         self._sockets: dict[str, zmq.Socket[Any]] = {}
         self._commands: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
-        self._inbox = Inbox()
+        self._inbox: queue.SimpleQueue[Message | Delivery | None] = queue.SimpleQueue()
         self._wake_read, self._wake_write = os.pipe()
         os.set_blocking(self._wake_read, False)
         os.set_blocking(self._wake_write, False)
@@ -87,8 +85,8 @@ class Van:
         self.guard = Guard(topology.security, party, name=self.name)
         self.watches = Watches(self.guard.mechanism)  # the connections add_peer watches: watches.reaches[peer]
         self._poller: zmq.Poller | None = None
-        self.heartbeat_hook: Hook | None = None  # HEARTBEATs first, on the I/O thread: a slow handler never delays them
-        self.reply_hook: Hook | None = None  # takes a reply on the I/O thread (see the module docstring)
+        # sees HEARTBEAT messages first, on the I/O thread, so a slow handler never delays them
+        self.heartbeat_hook: Hook | None = None
         self._stop_hooks: list[Callable[[], None]] = []
         # GEOMX_TRACE=1 (see geomx.transport.trace): the node sets this; None costs one test per message event
         self.tracer: Tracer | None = None
@@ -174,7 +172,8 @@ class Van:
         """Queue a DGT datagram for ``address`` (the UDP endpoint of ``peer``) on the links to ``peer``, behind
         every message (lower ``channel`` first). ``lost``: emulated loss, it takes the link but never arrives.
 
-        Usage: ``van.send_datagram(global_server_id, ("127.0.0.1", 41235), encode_datagram(d), channel=1)``"""
+        Usage: ``van.send_datagram(global_server_id, ("127.0.0.1", 41235), encode_datagram(d), channel=1)``
+        """
         if peer in self._gone:
             return
         if peer not in self._peers:
@@ -188,7 +187,8 @@ class Van:
         Where its messages pass an ingress (the party's access link for the WAN, the LAN ingress), it passes it
         too, behind them, and ``deliver()`` runs on the dispatch thread; elsewhere ``deliver()`` runs now.
 
-        Usage: ``van.receive_datagram(datagram.sender, datagram.nbytes, lambda: handle(datagram))``"""
+        Usage: ``van.receive_datagram(datagram.sender, datagram.nbytes, lambda: handle(datagram))``
+        """
         known = self._peers.get(peer)
         self.counters.add(peer if known else "<unknown>", known.link_class if known else LAN, "recv", nbytes)
         if known is not None and self._links.has_ingress(known):
@@ -286,9 +286,11 @@ class Van:
                 if router in events:
                     self._receive_available(router)
                 if self._wake_read in events:
-                    with contextlib.suppress(BlockingIOError):
+                    try:
                         while os.read(self._wake_read, 4096):
                             pass
+                    except BlockingIOError:
+                        pass
                 wake_at = self._pump()
         finally:
             router.close(linger=0)
@@ -385,9 +387,7 @@ class Van:
                 continue
             if peer is not None and self._links.enter_ingress(peer, nbytes, message, time.monotonic()):
                 continue
-            hook = self.reply_hook
-            if not (hook is not None and message.is_reply and self._inbox.idle() and hook(message)):
-                self._inbox.put(message)
+            self._inbox.put(message)
 
     @property
     def running(self) -> bool:
