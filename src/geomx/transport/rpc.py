@@ -108,6 +108,8 @@ class Requests:
                 return False
             del self._pending[message.request_id]
         peer, future = entry
+        if future.done():  # cancelled by its waiter: setting it would raise InvalidStateError
+            return True
         if message.kind is Kind.ERROR:
             text = (message.body or {}).get("error", "unspecified error")
             future.set_exception(RemoteError(f"{self.names.get(peer, peer)} refused the request: {text}"))
