@@ -28,12 +28,11 @@ import signal
 import time
 from pathlib import Path
 
-import torch
 import torch.nn.functional as F
 
-from geomx.bench.workers.quality import global_batches, learning_rate, make_optimizer, rank_part, texts
+from geomx.bench.workers.quality import global_batches, learning_rate, make_optimizer, prepare, rank_part
 from geomx.cluster.processes import job_processes
-from geomx.zoo.charlm import VOCAB, build, evaluate
+from geomx.zoo.charlm import VOCAB, evaluate
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -67,10 +66,7 @@ def main(argv: list[str] | None = None) -> None:
     import geomx.torch as gx
 
     args = parse_args(argv)
-    torch.set_num_threads(1)
-    train_windows, val = texts(args.max_chars, build(args.preset).position.num_embeddings, args.eval_windows)
-    torch.manual_seed(args.seed)
-    model = build(args.preset)
+    train_windows, val, model = prepare(args)
     inner = make_optimizer(args, model)
     opt = gx.DistributedOptimizer(inner, model)
     rank = opt.global_rank

@@ -151,12 +151,18 @@ def train(args: argparse.Namespace, model: torch.nn.Module, train_windows: Windo
                 curve.write(held, step)
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
+def prepare(args: argparse.Namespace) -> tuple[Windows, Subset[tuple[torch.Tensor, torch.Tensor]], CharTransformer]:
+    """One core per process, the text's training and validation windows, and the model from the seed: how every
+    bench worker on this text starts (``chaos`` too)."""
     torch.set_num_threads(1)
     train_windows, val = texts(args.max_chars, build(args.preset).position.num_embeddings, args.eval_windows)
     torch.manual_seed(args.seed)
-    model = build(args.preset)
+    return train_windows, val, build(args.preset)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    train_windows, val, model = prepare(args)
     tokens_per_step = args.batch_size * args.world * model.position.num_embeddings
     if args.mode == "single":
         optimizer = make_optimizer(args, model)
