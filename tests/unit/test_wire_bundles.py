@@ -250,6 +250,20 @@ def test_call_together_sends_one_bundle_and_resolves_each_part_with_its_own_answ
     assert len(requests) == 0
 
 
+def test_a_bundle_part_its_waiter_cancelled_is_left_alone_and_the_others_resolve() -> None:
+    """As a lone request's (Requests.resolve): setting a cancelled part would raise InvalidStateError in the
+    bundle's callback and leave the parts after it unresolved."""
+    van = FakeVan()
+    requests = Requests(van)  # type: ignore[arg-type]
+    futures = requests.call_together("gs", [push(1), push(2), push(3)])
+    assert futures[1].cancel()
+    (_, bundle), = van.sent
+    parts = bundle.parts or []
+    answer(requests, bundle, [p.reply(tensor=np.full(1, p.key, np.float32)) for p in parts])
+    assert futures[1].cancelled()
+    assert futures[0].result(0).tensor.tolist() == [1.0] and futures[2].result(0).tensor.tolist() == [3.0]
+
+
 def test_call_together_fails_every_part_of_a_bundle_answered_wrong_or_refused_whole() -> None:
     van = FakeVan()
     requests = Requests(van)  # type: ignore[arg-type]

@@ -87,12 +87,10 @@ class Requests:
                 answer.sender = reply.sender
         for index, future in enumerate(parts):
             if error is not None:
-                future.set_exception(error)
-            elif answers[index].kind is Kind.ERROR:
-                text = (answers[index].body or {}).get("error", "unspecified error")
-                future.set_exception(RemoteError(f"{name} refused the request: {text}"))
+                if not future.done():
+                    future.set_exception(error)
             else:
-                future.set_result(answers[index])
+                self._settle(future, answers[index], name)
 
     def resolve(self, message: Message) -> bool:
         """Complete the request this reply answers. False if it answers nothing we wait for.
@@ -108,14 +106,20 @@ class Requests:
                 return False
             del self._pending[message.request_id]
         peer, future = entry
-        if future.done():  # cancelled by its waiter: setting it would raise InvalidStateError
-            return True
-        if message.kind is Kind.ERROR:
-            text = (message.body or {}).get("error", "unspecified error")
-            future.set_exception(RemoteError(f"{self.names.get(peer, peer)} refused the request: {text}"))
-        else:
-            future.set_result(message)
+        self._settle(future, message, self.names.get(peer, peer))
         return True
+
+    @staticmethod
+    def _settle(future: Future[Message], answer: Message, name: str) -> None:
+        """A request's ``answer`` from ``name`` into its future: the message, or an ERROR's text as a RemoteError;
+        a future its waiter cancelled is left alone (setting it would raise InvalidStateError)."""
+        if future.done():
+            return
+        if answer.kind is Kind.ERROR:
+            text = (answer.body or {}).get("error", "unspecified error")
+            future.set_exception(RemoteError(f"{name} refused the request: {text}"))
+        else:
+            future.set_result(answer)
 
     def fail_all(self, reason: str) -> None:
         """Fail every outstanding request (used when the node shuts down)."""
