@@ -16,6 +16,7 @@ import pytest
 import torch
 from harness import write_topology
 
+from geomx.bench.quality import sent_to_global_servers
 from geomx.runs.runlog import read_stats
 
 SCRIPT = "frontend_train.py"
@@ -81,8 +82,7 @@ def run_and_replay(geomx_job, tmp_path, lan: dict[str, str], compression: str | 
         # pushes (exact), or every push under the bf16 codec: at most 60% of float32's bytes
         pushed = sum(t.numel() for t in workers[0][0]["final"]) * STEPS * 4  # the same pushes in float32
         # what dc1 sent the global servers: not its heartbeats to the global scheduler, which grow with wall time
-        to_servers = sum(peer["sent"] for entry in read_stats(job.run_dir) if entry.get("party") == "dc1"
-                         for name, peer in entry["peers"].items() if name.startswith("dc0/global_server"))
+        to_servers = sent_to_global_servers(read_stats(job.run_dir)).get("dc1", 0)
         assert 0 < to_servers < 0.6 * pushed, (to_servers, pushed, job.summary)
 
 
