@@ -105,8 +105,11 @@ def write_topology(path: Path, raw: dict[str, Any]) -> Path:
     return path
 
 
-def run_job(name: str, topology: Path, command: list[str], out_dir: Path) -> tuple[LaunchResult, Metrics]:
-    """Launch a whole topology locally; child output goes to OUT/logs/NAME.log. Returns (result, metrics).
+def run_job(name: str, topology: Path, command: list[str], out_dir: Path, party: str | None = None,
+            global_scheduler: str | None = None) -> tuple[LaunchResult, Metrics]:
+    """Launch a whole topology locally (or only ``party``, joining the global scheduler at ``global_scheduler``,
+    as ``geomx launch --party`` on the party's own host); child output goes to OUT/logs/NAME.log. Returns
+    (result, metrics).
 
     A Ctrl-C that stopped the job is raised again here as KeyboardInterrupt, so that the bench stops too.
     """
@@ -116,7 +119,7 @@ def run_job(name: str, topology: Path, command: list[str], out_dir: Path) -> tup
     log_path = out_dir / "logs" / f"{name}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log:
-        result = launch(topology, command, run_dir=run_dir, out=log)
+        result = launch(topology, command, run_dir=run_dir, out=log, party=party, global_scheduler=global_scheduler)
     if result.exit_code != 0 and result.failed is None:  # Ctrl-C: the launcher stopped the job
         raise KeyboardInterrupt
     return result, read_metrics(run_dir)

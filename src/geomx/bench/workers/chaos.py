@@ -7,8 +7,8 @@ which decoupled rounds weigh by), then sleeps ``--step-s`` (the accelerator this
 model is tiny, so without it the parties' relative speed would follow the machine's load). ``--slow-rank``'s steps
 take ``--slowdown`` times as long as its own would (compute and emulated time together). Each rank writes
 ``OUT/rank<global rank>.json``: ``{"rank", "steps", "seconds", "step_ends"}`` (seconds from its first step's start
-to its last step's end; ``step_ends``: each step's end, from the same origin; ``started_at`` and
-``first_outer_at``: the wall clock at its start and when its first outer step left), and the master worker adds
+to its last step's end; ``step_ends``: each step's end, from the same origin; ``started_at``: the wall clock at
+that origin, so that a step's end is ``started_at + step_ends[i]``), and the master worker adds
 ``val_loss``: the job's model at the end on the quality section's validation windows. ``--die-step`` kills the
 worker's whole party at that step (the ``party_lost`` scenario).
 
@@ -54,8 +54,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--stop-after", type=int, default=None, help="train at most this many steps")
     parser.add_argument("--die-step", type=int, default=-1,
                         help="after this many steps, SIGKILL every process of this worker's party, itself last")
-    parser.add_argument("--outer-every", type=int, default=0, help="steps per outer step (K1 x K2): when the "
-                        "first contribution leaves, written as first_outer_at")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     args.schedule, args.optimizer, args.weight_decay = "cosine", "adamw", 0.01  # quality's optimizer and schedule
@@ -73,8 +71,7 @@ def main(argv: list[str] | None = None) -> None:
     slow = rank == args.slow_rank
     inputs, targets = train_windows.tensors()
     step_ends: list[float] = []
-    started_at, first_outer_at = time.time(), None
-    started = time.monotonic()
+    started_at, started = time.time(), time.monotonic()
     steps = args.slow_steps if slow and args.slow_steps is not None else args.steps
     last = steps if args.stop_after is None else min(steps, args.start_step + args.stop_after)
     batches = itertools.islice(global_batches(len(train_windows), args.batch_size * args.world, steps, args.seed),
@@ -95,11 +92,9 @@ def main(argv: list[str] | None = None) -> None:
         own = time.monotonic() - began + args.step_s  # this step's time at full speed
         time.sleep(own * args.slowdown - (time.monotonic() - began) if slow else args.step_s)
         step_ends.append(time.monotonic() - started)
-        if first_outer_at is None and args.outer_every and len(step_ends) == args.outer_every:
-            first_outer_at = time.time()  # its first outer step has left (and, synchronously, come back)
     record: dict[str, object] = {"rank": rank, "steps": len(step_ends), "seconds": step_ends[-1] if step_ends else 0.0,
                                  "step_ends": [round(t, 4) for t in step_ends], "slow": slow,
-                                 "started_at": started_at, "first_outer_at": first_outer_at}
+                                 "started_at": started_at}
     if opt.is_master_worker:
         held = copy.deepcopy(model)
         opt.load_job_model(held)
@@ -112,10 +107,10 @@ def main(argv: list[str] | None = None) -> None:
 
 def kill_party(run_dir: str | None, party: str) -> None:
     """SIGKILL every process of ``party`` in this job's run folder, this one last: a data center lost at once."""
-    mine = [pid for pid, env in job_processes({str(run_dir)}).items() if env.get("GEOMX_PARTY") == party]
-    for pid in sorted(mine, key=lambda pid: pid == os.getpid()):
-        os.kill(pid, signal.SIGKILL)
-    os.kill(os.getpid(), signal.SIGKILL)  # a warm-forked worker's environment is not its own: itself, surely
+    for pid, env in job_processes({str(run_dir)}).items():
+        if env.get("GEOMX_PARTY") == party and pid != os.getpid():
+            os.kill(pid, signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)  # by pid: a warm-forked worker's environment is its server's, not its own
 
 
 if __name__ == "__main__":
