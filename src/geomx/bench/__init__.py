@@ -11,7 +11,7 @@ WAN emulator's achieved rate), ``sync`` (every algorithm, time to a target), ``c
 CURVE cost), ``quality`` (validation loss and WAN bytes per parameter at equal tokens), ``lan`` (one party's
 step under each LAN tier), ``wan`` (a folder: against DDP, local SGD and DiLoCo on a kernel-shaped link),
 ``scale`` (the 85M job's utilization, with ``standin``: the accelerator stand-in), ``chaos`` (a slow or lost
-data center: what it costs the others).
+data center: what it costs the others), ``recovery`` (a lost party's restart at 85M, in parts).
 ``workers`` holds the processes the sections start.
 
 Usage::

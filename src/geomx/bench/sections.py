@@ -70,6 +70,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("wan", "geomx.bench.wan", False, "against DDP, local SGD, DiLoCo on a kernel-shaped link (root)"),
     Section("quality", "geomx.bench.quality", False, "every algorithm and codec: validation loss at one token budget"),
     Section("chaos", "geomx.bench.chaos", False, "a slow or lost data center: the others' goodput and stalls"),
+    Section("recovery", "geomx.bench.recovery", False, "a lost data center's restart, in parts, at 85M (stand-in GPU)"),
     Section("scale", "geomx.bench.scale", False, "the 85M job's utilization against WAN bandwidth (stand-in GPU)"),
 )
 SECTION_NAMES: tuple[str, ...] = tuple(s.name for s in SECTIONS)

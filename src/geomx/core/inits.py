@@ -32,9 +32,11 @@ from .rounds import SAME, Round, RoundTable, SliceValue
 
 
 def value_digest(value: np.ndarray) -> str:
-    """The digest of a value's bytes (BLAKE2b, 128 bits): what an INIT without the value says it holds, so a
-    party that starts from the master's weights (the same seed) is not sent them over the WAN again."""
-    return hashlib.blake2b(np.ascontiguousarray(value).data, digest_size=16).hexdigest()
+    """The digest of a value's bytes (SHA-256, its first 128 bits): what an INIT without the value says it holds,
+    so a party that starts from the master's weights (the same seed) is not sent them over the WAN again. SHA-256
+    because CPUs hash it in hardware (x86's SHA extensions, ARMv8's): a restarted party's ranks digest the whole
+    model before their INIT (0.49 s for 170 MB on this project's loaded host, against 1.0-1.5 s for BLAKE2b)."""
+    return hashlib.sha256(np.ascontiguousarray(value).data).hexdigest()[:32]
 
 
 def init_digest(message: Message) -> str | None:

@@ -5,7 +5,12 @@ forward, backward and AdamW step (on CUDA when ``--device cuda``).
 ``--sync geomx``: through ``gx.DistributedOptimizer`` (the algorithm, codec and links come from the topology);
 ``--sync none``: the same loop with no sync at all (the control: utilization 1 with the stand-in, and the memory
 of plain PyTorch). Each rank writes ``--out/rank<R>.json``: every step's wall time (less the stand-in's own
-overrun in it), the loop's wall time, its peak resident memory and the model's bytes.
+overrun in it), the loop's wall time, its peak resident memory and the model's bytes, and ``times``: when (wall
+clock) its start's stages ended (``main``: the imports; ``model``: the model built; ``joined``: the kvstore joined
+the job, its party's group formed, ``setup`` before it: the stand-in's gradient and optimizer state made;
+``ready``: the wrapper's INIT done, the job's model in hand) and its loop began
+(``started_at``; ``step_ends`` count from there). ``--die-step`` kills the rank's whole party at that step
+(``geomx.bench.recovery``).
 
 Usage::
 
@@ -25,6 +30,7 @@ from pathlib import Path
 import torch
 
 from geomx.bench.standin import StandIn, realistic_deltas
+from geomx.bench.workers.chaos import kill_party
 from geomx.config import node_config
 from geomx.runs.runlog import cpu_seconds, peak_rss_bytes
 from geomx.zoo.charlm import Windows, build, encode, next_char_loss, stdlib_text
@@ -56,7 +62,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--out", required=True, help="folder of the ranks' JSON files")
+    parser.add_argument("--die-step", type=int, default=-1,
+                        help="after this many steps, SIGKILL every process of this rank's party, itself last")
+    parser.add_argument("--until-file", help="train until this file exists (looked for by the party's rank 0 at "
+                        "each outer round's end), then --after steps more (at most --steps in all)")
+    parser.add_argument("--after", type=int, default=0)
+    parser.add_argument("--contributed-file", help="create this file when the first outer round is in")
     args = parser.parse_args(argv)
+    times = {"main": time.time()}
     device = torch.device("cpu")
     if args.device == "cuda":
         from geomx.bench.workers.lan_step import share_gpu
@@ -70,6 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(0)  # every rank the same model (the wrapper's init checks it)
     model = build(args.preset).to(device)
     stages = {"model": rss_bytes()}
+    times["model"] = time.time()
     params = list(model.parameters())
     context = model.position.num_embeddings
     inputs, targets = _batch(context, source, BATCH if args.real else 1, device)
@@ -86,12 +100,21 @@ def main(argv: list[str] | None = None) -> None:
     stages["training_state"] = rss_bytes()
     opt: torch.optim.Optimizer = inner
     k1 = 1
+    kv, outer = None, 1
     if args.sync == "geomx":
         import geomx.torch as gx
+        from geomx.kv import create
+        from geomx.torch.plan import make_plan
 
-        opt = gx.DistributedOptimizer(inner, model)
+        times["setup"] = time.time()  # the stand-in's gradient and optimizer state made
+        config = node_config()  # the kvstore made here, so that joining the job and its INIT are timed apart
+        kv = create(make_plan(config.topology.training, config.topology.hfa, inner).kvstore_type, config)
+        times["joined"] = time.time()
+        opt = gx.DistributedOptimizer(inner, model, kv=kv)
+        times["ready"] = time.time()
         rank = opt.global_rank
         k1 = opt.kv.hfa.k1 if opt.kv.hfa is not None else 1  # FSA: no local rounds
+        outer = k1 * opt.kv.hfa.k2 if opt.kv.hfa is not None else 1
         stages["wrapper"] = rss_bytes()
     # gradients every step (FSA): the wait, then the one real gradient pushed as backward's hooks would; what
     # leaves is the gradient, so the parameters need no delta (the optimizer's step is the device's, skipped)
@@ -100,10 +123,17 @@ def main(argv: list[str] | None = None) -> None:
                        args.apply_every or (None if per_step else k1))
     if args.sync == "geomx" and not args.real:  # the stand-in's change of the parameters takes the step's math's place
         opt.strategy.inner_step = (lambda: None) if per_step else stand_in.move  # type: ignore[attr-defined]
-    durations = []
+    durations, ends = [], []
     cpu_before = cpu_seconds()
-    started = time.perf_counter()
-    for _ in range(args.steps):
+    started_at, started = time.time(), time.perf_counter()
+    last = args.steps
+    for step in range(args.steps):
+        if step == last:
+            break
+        if step == args.die_step and kv is not None:
+            Path(args.out).mkdir(parents=True, exist_ok=True)
+            (Path(args.out) / "killed_at").write_text(repr(time.time()))
+            kill_party(kv.config.run_dir, kv.config.party)
         begun, overrun = time.perf_counter(), stand_in.overrun_s
         if args.real:
             opt.zero_grad()
@@ -121,21 +151,38 @@ def main(argv: list[str] | None = None) -> None:
         else:
             stand_in.step()
         durations.append(time.perf_counter() - begun - (stand_in.overrun_s - overrun))  # the stand-in's own, out
+        ends.append(round(time.perf_counter() - started, 4))
+        if (step + 1) % outer == 0:  # an outer round's end
+            if args.contributed_file and step + 1 == outer:
+                Path(args.contributed_file).write_text(repr(time.time()))
+            if args.until_file and last == args.steps and party_sees(Path(args.until_file)):
+                last = min(args.steps, step + 1 + args.after)
     wall = time.perf_counter() - started
     loop_cpu = {part: spent - cpu_before[part] for part, spent in cpu_seconds().items()}  # every thread's
     stages["loop"] = rss_bytes()
-    result = {"rank": rank, "steps": args.steps, "step_s": args.step_ms / 1000, "wall_s": wall,
+    result = {"rank": rank, "steps": len(durations), "step_s": args.step_ms / 1000, "wall_s": wall,
               "durations_s": durations, "overrun_s": stand_in.overrun_s, "k1": k1, "real": args.real,
               "params": sum(p.numel() for p in params),
               "model_bytes": sum(p.numel() * p.element_size() for p in params),
               "peak_rss_bytes": peak_rss_bytes(), "rss_bytes_after": stages,
-              "loop_cpu_s": loop_cpu, "device": str(device)}
-    if args.sync == "geomx":
+              "loop_cpu_s": loop_cpu, "device": str(device), "times": times, "started_at": started_at,
+              "step_ends": ends}
+    if kv is not None:
         opt.close()  # type: ignore[attr-defined]
+        kv.close()
         result["peak_rss_bytes"] = peak_rss_bytes()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"rank{rank}.json").write_text(json.dumps(result))
+
+
+def party_sees(path: Path) -> bool:
+    """Whether ``path`` exists, as the party's rank 0 sees it (broadcast to its other ranks, which must stop at the
+    same step: a rank that left early would leave the others' collectives without a peer)."""
+    seen = torch.tensor([float(path.exists())])
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.broadcast(seen, src=0)
+    return bool(seen.item())
 
 
 if __name__ == "__main__":
