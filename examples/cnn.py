@@ -7,10 +7,11 @@ servers run the optimizer. Run it through the launcher:
 
 ``--mixed-sync`` switches to MixedSync (``dist_async``: each party's push is applied on arrival), ``--ssp``
 to bounded staleness (``dist_ssp``: a party runs at most ``training.staleness`` global rounds ahead),
-``--dcasgd`` installs DCASGD on the global server, and ``--slow-party dc1 --slowdown 3`` makes one data
-center 3x slower to show what MixedSync is for:
+``--dcasgd`` installs DCASGD on the global server (SGD with delay compensation: ``--lr`` and ``--momentum`` are
+its), ``--dcadam`` DCAdam (Adam with the same compensation: ``--lr`` is its), and ``--slow-party dc1 --slowdown 3``
+makes one data center 3x slower to show what MixedSync is for:
 
-    geomx launch topologies/demo.yaml -- python examples/cnn.py --mixed-sync --dcasgd
+    geomx launch topologies/demo.yaml -- python examples/cnn.py --mixed-sync --dcadam
 
 ``--channels`` and ``--hidden`` widen the model (``geomx bench``'s bandwidth-bound "wide CNN" is
 ``--channels 32 --hidden 1536 --batch-size 64``: 1.6M parameters instead of 38k).
@@ -41,7 +42,8 @@ def parse_args() -> argparse.Namespace:
                         help="bounded staleness across parties (dist_ssp); the bound is the topology's "
                              "training.staleness (GEOMX_STALENESS)")
     parser.add_argument("--dcasgd", action="store_true", help="DCASGD on the global server (with --mixed-sync)")
-    parser.add_argument("--lamda", type=float, default=0.04, help="DCASGD's variance control")
+    parser.add_argument("--dcadam", action="store_true", help="DCAdam on the global server (with --mixed-sync)")
+    parser.add_argument("--lamda", type=float, default=0.04, help="DCASGD's and DCAdam's variance control")
     parser.add_argument("--slow-party", default=None, help="make this party's workers slower")
     parser.add_argument("--slowdown", type=float, default=3.0, help="how many times slower --slow-party is")
     parser.add_argument("--idle-party", default=None,
@@ -69,6 +71,8 @@ def main() -> None:
         if args.dcasgd:
             optimizer: geomx.optim.Optimizer = geomx.optim.DCASGD(lr=args.lr, momentum=args.momentum,
                                                                   lamda=args.lamda)
+        elif args.dcadam:
+            optimizer = geomx.optim.DCAdam(lr=args.lr, lamda=args.lamda)
         elif args.optimizer == "adam":
             optimizer = geomx.optim.Adam(lr=args.lr)
         else:

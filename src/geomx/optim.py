@@ -218,22 +218,52 @@ class OuterNesterov(SGD):
     nesterov: bool = True
 
 
-@dataclass
-class DCASGD(Optimizer):
-    """Delay-compensated asynchronous SGD (Zheng et al., 2017), for MixedSync.
+class DelayCompensation:
+    """The mechanism of DCASGD and DCAdam (Zheng et al., 2017): a party's gradient was computed on the weights that
+    party last received, ``w_bak[party]``, while the server has moved on to ``w``; it is corrected to the server's
+    weights with the gradient's diagonal curvature estimate, ``g + lamda * g * g * (w - w_bak[party])``, before the
+    optimizer's own rule, and ``w_bak[party]`` becomes the new weights (the party receives them in the reply).
 
-    A party's gradient was computed on the weights that party last received, ``w_bak[party]``, while the
-    server has moved on to ``w``. The update compensates with the gradient's diagonal curvature estimate,
-    MXNet's ``DCASGD.update`` term for term (``g`` is the rescaled gradient, ``wd`` stays out of ``g * g``)::
+    One backup per (key, slice) *and party*, as in the paper (GeoMX and MXNet keep one per key, and MXNet stores
+    the weights *before* the update, which no party ever received). The global server seeds every party's backup
+    through ``received`` with what the party got: the initial weights at INIT, the current ones at a rejoin or a
+    pull, so a party's first push is compensated too. A push from a party with no backup (no seed: an in-process
+    caller) is not compensated. A subclass has a ``lamda`` field and calls ``_backups()`` in ``__post_init__``.
+    """
+
+    lamda: float
+    _backup: dict[tuple[SliceId, str], np.ndarray]
+
+    def _backups(self) -> None:
+        self._backup = {}
+
+    def received(self, sid: SliceId, contributor: str, weight: np.ndarray) -> None:
+        """``contributor`` now holds ``weight`` for ``sid``: its next push is compensated against it."""
+        self._backup[(sid, contributor)] = np.array(weight, dtype=np.float32, copy=True)
+
+    def compensated(self, sid: SliceId, weight: np.ndarray, grad: np.ndarray, contributor: str) -> np.ndarray:
+        """``grad + lamda * grad * grad * (weight - backup)`` (a new array), or ``grad`` itself with no backup."""
+        backup = self._backup.get((sid, contributor))
+        if backup is None:
+            return grad
+        direction = _scaled(grad, self.lamda)
+        direction *= grad
+        direction *= np.subtract(weight, backup, dtype=np.float32)
+        direction += grad
+        return direction
+
+    def remember(self, sid: SliceId, weight: np.ndarray, contributor: str) -> None:
+        """The reply carries ``weight``: the party's next push is compensated against it."""
+        self._backup[(sid, contributor)] = weight.copy()
+
+
+@dataclass
+class DCASGD(DelayCompensation, Optimizer):
+    """Delay-compensated asynchronous SGD, for MixedSync: MXNet's ``DCASGD.update`` term for term (``g`` is the
+    rescaled gradient, ``wd`` stays out of ``g * g``; the compensation: ``DelayCompensation``)::
 
         v  = momentum * v - lr * (g + wd * w + lamda * g * g * (w - w_bak[party]))   (v starts at 0)
         w  = w + v;  w_bak[party] = w      (the party receives w in the reply)
-
-    One backup per (key, slice) *and party*, as in the paper (GeoMX and MXNet keep one per key, and MXNet
-    stores the weights *before* the update, which no party ever received). The global server seeds every
-    party's backup through ``received`` with what the party got: the initial weights at INIT, the current
-    ones at a rejoin or a pull, so a party's first push is compensated too. A push from a party with no
-    backup (no seed: an in-process caller) is compensated against the weights at that moment.
 
     Usage: ``kv.set_optimizer(geomx.optim.DCASGD(lr=0.3, lamda=0.04))``.
     """
@@ -246,20 +276,10 @@ class DCASGD(Optimizer):
 
     def __post_init__(self) -> None:
         self._velocity: dict[SliceId, np.ndarray] = {}
-        self._backup: dict[tuple[SliceId, str], np.ndarray] = {}
-
-    def received(self, sid: SliceId, contributor: str, weight: np.ndarray) -> None:
-        """``contributor`` now holds ``weight`` for ``sid``: its next push is compensated against it."""
-        self._backup[(sid, contributor)] = np.array(weight, dtype=np.float32, copy=True)
+        self._backups()
 
     def _update(self, sid: SliceId, weight: np.ndarray, grad: np.ndarray, contributor: str) -> None:
-        backup = self._backup.get((sid, contributor))
-        direction = grad
-        if backup is not None:  # grad + lamda * grad * grad * (weight - backup)
-            direction = _scaled(grad, self.lamda)
-            direction *= grad
-            direction *= np.subtract(weight, backup, dtype=np.float32)
-            direction += grad
+        direction = self.compensated(sid, weight, grad, contributor)
         if self.weight_decay:  # direction.add(weight, alpha=wd)
             decayed = _scaled(weight, self.weight_decay)
             decayed += direction
@@ -274,10 +294,32 @@ class DCASGD(Optimizer):
                 velocity += step
             step = velocity
         weight += step
-        self._backup[(sid, contributor)] = weight.copy()
+        self.remember(sid, weight, contributor)
 
 
-OPTIMIZERS: dict[str, type[Optimizer]] = {cls.name: cls for cls in (SGD, Adam, DCASGD, OuterNesterov)}
+@dataclass
+class DCAdam(DelayCompensation, Adam):
+    """Delay-compensated Adam, for MixedSync: a party's gradient corrected to the server's weights as DCASGD
+    corrects it (``DelayCompensation``), then ``torch.optim.Adam``'s step. MixedSync's rows train with Adam on the
+    global servers (the workers' Adam translates to it); DCASGD would swap their optimizer for SGD as well as add
+    the compensation, so this is the compensation alone on the optimizer they run.
+
+    Usage: ``kv.set_optimizer(geomx.optim.DCAdam(lr=3e-3, lamda=0.04))``.
+    """
+
+    name: ClassVar[str] = "dcadam"
+    lamda: float = 0.04
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._backups()
+
+    def _update(self, sid: SliceId, weight: np.ndarray, grad: np.ndarray, contributor: str) -> None:
+        super()._update(sid, weight, self.compensated(sid, weight, grad, contributor), contributor)
+        self.remember(sid, weight, contributor)
+
+
+OPTIMIZERS: dict[str, type[Optimizer]] = {cls.name: cls for cls in (SGD, Adam, DCASGD, DCAdam, OuterNesterov)}
 
 
 def optimizer_from_spec(spec: Any) -> Optimizer:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from geomx import optim
-from geomx.optim import DCASGD, SGD, Adam, OuterNesterov, optimizer_from_spec
+from geomx.optim import DCASGD, SGD, Adam, DCAdam, OuterNesterov, optimizer_from_spec
 
 STEPS = 6
 SHAPES = [(17,), (4, 5), (2, 3, 4)]
@@ -197,11 +197,12 @@ def test_spec_name_is_case_insensitive_and_params_optional():
 
 
 def test_registry_lists_all():
-    assert {"sgd": SGD, "adam": Adam, "dcasgd": DCASGD, "outer_nesterov": OuterNesterov} == optim.OPTIMIZERS
+    assert {"sgd": SGD, "adam": Adam, "dcasgd": DCASGD, "dcadam": DCAdam,
+            "outer_nesterov": OuterNesterov} == optim.OPTIMIZERS
 
 
 def test_unknown_optimizer_name():
-    valid = r"\['adam', 'dcasgd', 'outer_nesterov', 'sgd'\]"
+    valid = r"\['adam', 'dcadam', 'dcasgd', 'outer_nesterov', 'sgd'\]"
     with pytest.raises(ValueError, match=rf"unknown optimizer 'lamb'; valid: {valid}"):
         optimizer_from_spec({"name": "lamb", "params": {}})
 
@@ -365,3 +366,55 @@ def test_dcasgd_with_one_contributor_is_torch_momentum_sgd():
         w = ours.step((0, 0), w, g.numpy(), contributor="dc0")
         trajectory.append(w.copy())
     assert_same_trajectory(trajectory, run_torch(torch.optim.SGD, {"lr": 0.05, "momentum": 0.9}, weight, grads))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# DCAdam: DCASGD's compensation, then torch's Adam
+
+
+def test_dcadam_is_torch_adam_on_the_gradients_compensated_per_party():
+    """Replayed: each push's gradient compensated by hand against its party's backup (the weights it was last
+    answered with, INIT's first), then fed to ``torch.optim.Adam``: the same weights at every push."""
+    rng = np.random.default_rng(11)
+    weight = rng.standard_normal(40).astype(np.float32)
+    pushes = [(party, rng.standard_normal(40).astype(np.float32))
+              for party in ["dc0", "dc1", "dc1", "dc0", "dc2", "dc1", "dc0"]]
+    opt = DCAdam(lr=0.01, lamda=0.5, weight_decay=0.01, rescale_grad=0.5)
+    param = torch.nn.Parameter(torch.from_numpy(weight.copy()))
+    reference = torch.optim.Adam([param], lr=0.01, weight_decay=0.01)
+    backup = {party: weight.copy() for party in ("dc0", "dc1", "dc2")}
+    for party in backup:
+        opt.received((0, 0), party, weight)
+    w = weight
+    for party, grad in pushes:
+        w = opt.step((0, 0), w, grad, contributor=party)
+        g = torch.from_numpy(grad) * 0.5
+        held = param.detach().clone()
+        param.grad = g + 0.5 * g * g * (held - torch.from_numpy(backup[party]))
+        reference.step()
+        backup[party] = param.detach().numpy().copy()
+        torch.testing.assert_close(torch.from_numpy(w), param.detach())
+    assert np.abs(w - run_geomx(Adam(lr=0.01, weight_decay=0.01, rescale_grad=0.5), torch.from_numpy(weight),
+                                [torch.from_numpy(g) for _, g in pushes])[-1]).max() > 1e-4  # it compensated
+
+
+def test_dcadam_with_lamda_0_is_adam_bit_for_bit():
+    weight, grads = random_problem((30,), 5)
+    ours = run_geomx(DCAdam(lr=0.01, lamda=0.0), weight, grads)
+    plain = run_geomx(Adam(lr=0.01), weight, grads)
+    for a, b in zip(ours, plain, strict=True):
+        assert np.array_equal(a, b)
+
+
+def test_dcadam_state_keeps_the_backups_and_adams_moments():
+    rng = np.random.default_rng(2)
+    weight = rng.standard_normal(8).astype(np.float32)
+    first = DCAdam(lr=0.01, lamda=0.3)
+    first.received((0, 0), "dc1", weight)
+    w = first.step((0, 0), weight, rng.standard_normal(8).astype(np.float32), contributor="dc0")
+    layout, arrays = first.state()
+    second = DCAdam(lr=0.01, lamda=0.3)
+    second.load_state(json.loads(json.dumps(layout)), arrays)
+    grad = rng.standard_normal(8).astype(np.float32)
+    assert np.array_equal(first.step((0, 0), w, grad, contributor="dc1"),
+                          second.step((0, 0), w, grad, contributor="dc1"))

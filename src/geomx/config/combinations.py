@@ -90,7 +90,7 @@ RULES: tuple[Rule, ...] = (
 )
 
 # Server optimizers that apply a gradient rule to what they receive: wrong on HFA's model deltas.
-WEIGHTS_OPTIMIZERS = ("adam", "dcasgd")
+WEIGHTS_OPTIMIZERS = ("adam", "dcasgd", "dcadam")
 
 
 def refusal(facts: Mapping[str, bool], **values: object) -> str | None:
