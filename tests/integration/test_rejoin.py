@@ -214,14 +214,16 @@ def test_esync_over_two_global_servers_refuses_a_rejoin_and_goes_on(tmp_path, re
 
 
 @pytest.mark.slow
-def test_a_collective_party_killed_restarts_and_its_ranks_rejoin_with_the_current_model(tmp_path, reserved_port):
+@pytest.mark.parametrize("training", [None, DECOUPLED["diloco"]], ids=["hfa", "quorum_of_every_party"])
+def test_a_collective_party_killed_restarts_and_its_ranks_rejoin_with_the_current_model(tmp_path, reserved_port,
+                                                                                        training):
     """HFA (K1=2, K2=1): dc0 a server party of one worker, dc1 a collective party of two ranks. dc1's rank 1 dies;
     its rank 0 fails at its next collective, naming the party; the global tier drops dc1 and dc0 trains on. dc1 is
     started again: each rank rejoins in place of the dead rank of its RANK, the party speaks as a new client, its
     init brings the *current* global model (each key as dc0 held it after dc1 was lost), and later global rounds
-    include it."""
+    include it. Under decoupled rounds the report counts the party by its name across both lives: lost, then back."""
     path = write_topology(tmp_path / "rejoin.yaml", parties={"dc0": 1, "dc1": 2}, timeouts=TIMEOUTS,
-                          hfa={"k1": 2, "k2": 1})
+                          hfa={"k1": 2, "k2": 1}, training=training)
     raw = yaml.safe_load(path.read_text())
     raw["parties"]["dc1"]["lan"] = "collective"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
@@ -265,6 +267,11 @@ def test_a_collective_party_killed_restarts_and_its_ranks_rejoin_with_the_curren
         assert matches and matches[0] >= 3, (key, matches, len(dc0_models))
     common = [m for m in syncs(new[1][0]["job_models"], per) if any(same(m, d) for d in dc0_models)]
     assert len(common) >= 3, (len(common), len(dc0_models))  # global rounds with both parties in them
+    if training is not None:  # the rounds' status: dc1 lost, then back in them, by the party's client's name
+        report = outer_rounds_of(dc0)
+        assert sorted(report["by_party"]) == ["dc0/server", "dc1/ranks"], report["by_party"]
+        assert report["by_party"]["dc1/ranks"]["lost"] > 0 and report["by_party"]["dc1/ranks"]["on_time"] > 0, report
+        assert report["last_rounds"][-1]["lost"] == [], report["last_rounds"][-1]
 
 
 @pytest.mark.slow

@@ -34,12 +34,14 @@ class StubRounds:
         self.sent: dict[tuple[int, int], np.ndarray] = {}
         self.history: list[tuple[tuple[int, int], np.ndarray]] = []  # every slice sent, in order
         self.windows: list[list[tuple[int, int]]] = []
+        self.tokens: list[Any] = []  # each send's tokens (decoupled rounds)
         self.out = 0
         self.most_out = 0
 
     def send(self, pieces: Sequence[tuple[Any, torch.Tensor]], priority: Sequence[int],
-             kind: Any = "gradient") -> list[Any]:
+             kind: Any = "gradient", tokens: Any = None) -> list[Any]:
         assert kind == "delta"
+        self.tokens.append(tokens)
         self.windows.append([owned.id for owned, _ in pieces])
         for owned, piece in pieces:
             self.sent[owned.id] = piece.numpy().copy()
@@ -271,3 +273,21 @@ def test_the_job_model_is_read_between_a_trips_writes() -> None:
     thread.join(30)
     machine.land(2)
     machine.finish()
+
+
+def test_decoupled_rounds_tokens_go_with_each_send_blocking_and_overlapped() -> None:
+    """The party's tokens behind each leaving slice reach the send of its window (blocking) or of its trip."""
+    for delay in (0, 1):
+        layout, model, job_model = _layout_and_models()
+        stub = StubRounds()
+        machine = RoundMachine(LocalFrequencyAggregation(k2=2, party_weight=1.0), stub,  # type: ignore[arg-type]
+                               StubModel(layout, 0), job_model, InPlaceMirror(), delay=delay, window=250)
+        counts = {owned.id: 6 for owned in layout.owned[0]}
+        machine.leave(model, 1, priority=[0, 0, 0], tokens=counts)
+        assert stub.tokens == [], "a local round sends nothing"
+        machine.land(2)
+        machine.leave(model, 2, priority=[0, 0, 0], tokens=counts)
+        machine.copied()
+        machine.land(3)
+        assert stub.tokens and all(sent is counts for sent in stub.tokens), delay
+        machine.finish()

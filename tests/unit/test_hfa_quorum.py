@@ -289,15 +289,54 @@ def test_bad_decoupled_options_are_refused_by_name(training: dict[str, Any], pro
         check_plugins(topology.training, topology)
 
 
-@pytest.mark.parametrize(("extra", "problem"), [
-    ({"parties": {"dc0": 1, "dc1": {"workers": 2, "lan": "collective"}}}, r"\['dc1'\] are lan: collective"),
-    ({"tsengine": {"inter": False, "intra": True}}, "do not run with tsengine yet"),
-])
-def test_decoupled_rounds_refuse_what_they_do_not_run_yet(extra: dict[str, Any], problem: str) -> None:
+def test_decoupled_rounds_refuse_what_they_do_not_run_yet() -> None:
     topology = topology_from_dict({"parties": {"dc0": 1, "dc1": 1}, "hfa": {"k1": 2, "k2": 4},
-                                   "training": {"quorum": 1}, **extra})
-    with pytest.raises(ConfigError, match=problem):
+                                   "training": {"quorum": 1}, "tsengine": {"inter": False, "intra": True}})
+    with pytest.raises(ConfigError, match="do not run with tsengine yet"):
         check_plugins(topology.training, topology)
+
+
+@pytest.mark.parametrize("parties", [
+    {"dc0": 1, "dc1": {"workers": 2, "lan": "collective"}},
+    {"dc0": {"workers": 2, "lan": "collective"}, "dc1": {"workers": 2, "lan": "collective"}},
+], ids=["mixed", "every_party_collective"])
+def test_decoupled_rounds_take_collective_parties(parties: dict[str, Any]) -> None:
+    topology = topology_from_dict({"parties": parties, "hfa": {"k1": 2, "k2": 4},
+                                   "training": {"quorum": 1, "grace": "0", "fragments": 2, "fragment_delay": 1}})
+    check_plugins(topology.training, topology)
+
+
+def test_a_collective_partys_ranks_are_one_client_of_a_slices_rounds_and_of_the_report() -> None:
+    """dc2 is lan: collective: the rank owning slice 0 pushes it for the party. A round awaits the party, not each
+    rank; its late push is answered at once, to the rank that sent it, and folded in; the report and the round's
+    history name the party's client, never the rank (a server names a rank's connection after the rank)."""
+    server = GlobalServer(Decoupled(quorum=2, grace=1.0, stale_rounds=1), [0.0])
+    clients = Clients(["dc0", "dc1"])
+    clients.group("dc2/ranks", "dc2", ["dc2/r0", "dc2/r1"])
+    server.table.clients = clients
+    server.names.update({"dc2/r0": "dc2/worker0", "dc2/r1": "dc2/worker1"})
+    server.push("dc0", [1.0], tokens=2, at=0.0)
+    server.push("dc1", [1.0], tokens=2, at=0.1)
+    server.push("dc2/r0", [2.0], tokens=4, at=0.2)  # rank 1 owns no part of slice 0: the round is complete
+    assert server.table.completed(Kind.PUSHPULL, 0, 0) == 1 and server.rule.report()["closed_by_grace"] == 0
+    after_0 = server.model.copy()
+    server.push("dc0", [1.0], tokens=2, at=1.0)
+    server.push("dc1", [1.0], tokens=2, at=1.1)
+    server.tick(2.2)
+    assert server.table.completed(Kind.PUSHPULL, 0, 0) == 2
+    after_1 = server.model.copy()
+    server.push("dc2/r0", [8.0], tokens=4, at=2.5)  # from round 0's model: one round late
+    np.testing.assert_array_equal(server.answered("dc2/r0")[-1], after_1)  # at once, to the owning rank
+    server.push("dc0", [1.0], tokens=2, at=3.0)
+    server.push("dc1", [1.0], tokens=2, at=3.1)
+    server.tick(4.2)
+    np.testing.assert_allclose(server.model, after_1 + weighted([([1.0], 2), ([1.0], 2), ([8.0], 4)]), rtol=1e-6)
+    assert not np.array_equal(after_0, after_1)
+    report = server.rule.report(server.display)
+    assert sorted(report["by_party"]) == ["dc0", "dc1", "dc2/ranks"]
+    assert report["by_party"]["dc2/ranks"] == {"on_time": 1, "missed": 2, "lost": 0, "late_folded": 1, "dropped": 0}
+    assert report["last_rounds"][-1]["folded"] == ["dc2/ranks"]
+    assert report["last_rounds"][-2]["missing"] == ["dc2/ranks"]
 
 
 def test_decoupled_options_are_parsed_once_for_every_node() -> None:

@@ -14,7 +14,7 @@ Usage (inside a collective strategy; ``loop.ranks`` is None in a party with a lo
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -105,8 +105,10 @@ class PartyRanks(Protocol):
     def party_model(self, params: Sequence[torch.Tensor]) -> Any:
         """The model as this rank holds it (whole, or FSDP2's local shards), with its owned slices."""
 
-    def send(self, pieces: Pieces, priority: Sequence[int], kind: TensorKind = "gradient") -> list[Future[Message]]:
-        """Push each owned piece (unchanged until ``land``); the answers' futures."""
+    def send(self, pieces: Pieces, priority: Sequence[int], kind: TensorKind = "gradient",
+             tokens: Mapping[SliceId, int] | None = None) -> list[Future[Message]]:
+        """Push each owned piece (unchanged until ``land``; ``tokens``: the samples behind each slice's, reported in
+        its body); the answers' futures."""
 
     def land(self, pieces: Pieces, futures: Sequence[Future[Message]],
              bases: Sequence[torch.Tensor] | None = None) -> None:

@@ -86,14 +86,10 @@ class Round:
     base: int = 0  # rounds released before this server started (a resumed count): what a new client has seen
     arrivals: dict[str, float] = field(default_factory=dict)  # a round rule's: client -> when its push came
     folded: list[Message] = field(default_factory=list)  # a round rule's late pushes, answered already
+    folded_from: list[str] = field(default_factory=list)  # their clients (a collective party's, not its rank's)
 
     def describe(self) -> str:
         return f"{self.kind.name} round {self.number} of key {self.key} slice {self.slice}"
-
-    @property
-    def folded_from(self) -> list[str]:
-        """The senders of the late pushes folded into this round."""
-        return [m.sender.decode() for m in self.folded]
 
 
 class Admission(Enum):
@@ -235,6 +231,7 @@ class RoundTable:
             return False
         if admission is Admission.LATE:
             rnd.folded.append(message)
+            rnd.folded_from.append(client)
             if message.tensor is not None:  # (the plain sum; a rule's aggregation may merge ``folded`` its own way)
                 rnd.accum = message.tensor if rnd.accum is None else np.add(rnd.accum, message.tensor)
         else:
@@ -368,7 +365,7 @@ class RoundTable:
         rnd.early = None
         rnd.same = set()
         rnd.arrivals = {}
-        rnd.folded = []
+        rnd.folded, rnd.folded_from = [], []
         rnd.number += 1
         deferred, rnd.deferred = rnd.deferred, []
         for message in deferred:

@@ -19,6 +19,7 @@ from concurrent.futures import Future
 
 from ..cluster.membership import GLOBAL_SCHEDULER_ID, Member
 from ..config import Role
+from ..core.clients import collective_client
 from ..protocol.bodies import ConfigureBody, MembersNotice, decode_body, encode_body
 from ..protocol.wire import Kind, Message
 from .host import PartHost
@@ -126,7 +127,8 @@ class Departures:
         host.requests.names[member.id] = member.name
         client, new = host.clients.regroup(member.id, old) if rank else (member.id, True)
         if new:  # the party's first rank back: its client joins (its other ranks speak for the same one)
-            host.requests.names[client] = client
+            # named as the party's first client was (reports count a party by name, across its restarts)
+            host.requests.names[client] = collective_client(member.party) if rank else client
             host.table.exempt_open(client)
             # an algorithm may hold a rejoiner's rounds until the others end their current cycle
             host.clients.add(client, hold=any(extension.holds_rejoiners() for extension in host.extensions))

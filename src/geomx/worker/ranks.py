@@ -24,7 +24,7 @@ whole model, and no rank's values are broadcast (FSDP2 sharded one model: every 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 
 import numpy as np
@@ -44,7 +44,7 @@ from ..core.inits import value_digest
 from ..core.rounds import MODEL_CHANGE, SAME
 from ..core.strategy import WRAPPER_KEYS
 from ..protocol.tensors import host_numpy, wire_dtype
-from ..protocol.wire import Message
+from ..protocol.wire import Message, SliceId
 from .sender import SliceSender
 from .slices import to_numpy
 
@@ -190,16 +190,19 @@ class PartyRanks:
         self.land(pieces, self.send(pieces, priority, kind), bases)
 
     def send(self, pieces: Sequence[tuple[OwnedSlice, torch.Tensor]], priority: Sequence[int],
-             kind: TensorKind = "gradient") -> list[Future[Message]]:
+             kind: TensorKind = "gradient", tokens: Mapping[SliceId, int] | None = None) -> list[Future[Message]]:
         """Push each ``piece`` (not to be changed until ``land``), encoded by the job's WAN codec if one is set
-        (``kind``: what the piece holds, for the codec), those for one global server as one message (a BUNDLE; a
-        single piece as a plain PUSHPULL); returns the answers' futures, one per piece."""
+        (``kind``: what the piece holds, for the codec; ``tokens``: the samples behind each slice's piece, reported
+        in its body: decoupled rounds), those for one global server as one message (a BUNDLE; a single piece as a
+        plain PUSHPULL); returns the answers' futures, one per piece."""
+        counts = tokens or {}
         # each piece's data: a view on the CPU (the answer only lands after the send); bfloat16: a copy, and it
         # travels as bfloat16's bits, exact, where the route carries codecs' payloads (FSA's party sums)
         # the pieces for one global server leave together, as few BUNDLEs as fit (geomx.protocol.wire.bundled)
         return self.sender.push_together([
             self.sender.pushpull(owned.key, owned.index, host_numpy(piece), self.sender.codec(self.codec, piece),
-                                 priority[owned.key] if owned.key < len(priority) else 0, kind)
+                                 priority[owned.key] if owned.key < len(priority) else 0, kind,
+                                 counts.get((owned.key, owned.index)))
             for owned, piece in pieces])
 
     def on_early(self, message: Message) -> None:

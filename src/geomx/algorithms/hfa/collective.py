@@ -21,6 +21,12 @@ rounds later the answers land), a whole model or FSDP2 shards, on the CPU or a G
 land, each rank mixes the job's model into its own, ``(1 - fragment_alpha) * global + fragment_alpha * own``, as a
 local server answers its workers (without an overlap too, as torchft's ``fragment_update_alpha`` at delay 0).
 
+Decoupled rounds (``training.quorum``, ``geomx.algorithms.hfa.quorum``): a rank sends its slices' deltas unweighted,
+each with the party's tokens since the slice's last global round (``PartyTokens``: every rank's ``step(tokens=)``,
+1 per local round where a rank reports none, as a local server counts a worker's push; summed over the party by a
+one-number all-reduce at each local round where some slice goes global). A late push is answered at once with the
+global model, which lands as any answer does (blocking: at once; overlapped: at its due round).
+
 Usage (chosen by the wrapper for a collective party under HFA)::
 
     strategy = CollectivePeriodicAverage(loop)
@@ -30,16 +36,19 @@ Usage (chosen by the wrapper for a collective party under HFA)::
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 
 from ...collective.mirror import mirror_for
 from ...collective.overlap import OverlappedMean
 from ...collective.party_model import PartyModel
+from ...core.ranks import RankGroup
 from ...core.strategy import AveragedStep, Loop
 from ...protocol.tensors import wire_dtype
+from ...protocol.wire import SliceId
 from .machine import RoundMachine
+from .quorum import decoupled_options
 from .rules import LocalFrequencyAggregation, streaming_options
 from .strategy import global_round_steps
 
@@ -51,10 +60,17 @@ class CollectivePeriodicAverage(AveragedStep):
         super().__init__(loop)
         hfa = loop.kv.hfa
         # read and checked as a local server's plug-in reads them (a bad one refused here with the same words)
-        streaming = streaming_options(dict(loop.kv.config.topology.training.plugin_options), hfa.k2)
+        topology = loop.kv.config.topology
+        options = dict(topology.training.plugin_options)
+        streaming = streaming_options(options, hfa.k2)
+        decoupled = decoupled_options(options, len(topology.parties))
         self.k1 = hfa.k1
-        self.rules = LocalFrequencyAggregation(k2=hfa.k2, party_weight=loop.kv.num_workers / loop.kv.num_all_workers,
-                                               fragments=streaming.fragments)
+        # decoupled: the delta goes up unweighted, with the party's tokens; the global server weighs it by them
+        weight = 1.0 if decoupled.on else loop.kv.num_workers / loop.kv.num_all_workers
+        self.rules = LocalFrequencyAggregation(k2=hfa.k2, party_weight=weight, fragments=streaming.fragments)
+        self.tokens = PartyTokens(loop.ranks.group) if decoupled.on and loop.ranks is not None else None
+        # a quorum below every party: the parties land different rounds' answers, none holds the job's model
+        self.own_models = 0 < decoupled.quorum < len(topology.parties)
         self.party_model: PartyModel | None = None
         self.mean: OverlappedMean | None = None  # whole-model ranks: gradients all-reduced as backward makes them
         self.machine: RoundMachine | None = None
@@ -93,7 +109,8 @@ class CollectivePeriodicAverage(AveragedStep):
         """At the start of the step after a global round every party holds the global model, where no fragment,
         overlap or mix keeps a part of the party's own and every rank holds the whole model (FSDP2's shards are
         not the model: no digest of them could match another party's)."""
-        if self.streaming.keeps_own_part or (self.party_model is not None and not self.party_model.whole):
+        if (self.streaming.keeps_own_part or self.own_models
+                or (self.party_model is not None and not self.party_model.whole)):
             return None
         steps = self.loop.steps_done  # (a job starts, or resumes, at a global round)
         return steps if steps % (self.k1 * self.rules.k2) == 0 else None
@@ -133,15 +150,29 @@ class CollectivePeriodicAverage(AveragedStep):
         views = party_model.views(self.loop.params)
         self.local_rounds += 1
         count = self.local_rounds
+        tokens = self._tokens(count)
         started = time.monotonic()
         if not self.delay:
-            machine.leave(views, count, self.loop.priority)
+            machine.leave(views, count, self.loop.priority, tokens)
         landed = machine.land(count)
         self.loop.waited(time.monotonic() - started)
         if landed:
             self._mix(views, count)
         if self.delay:  # after the mix (no slice lands and leaves at once: delay < K2), so they do not share cores
-            machine.leave(views, count, self.loop.priority)
+            machine.leave(views, count, self.loop.priority, tokens)
+
+    def _tokens(self, count: int) -> dict[SliceId, int] | None:
+        """Decoupled rounds: this local round's tokens counted; where some slice of the party goes global at
+        ``count`` (the same answer on every rank), the party's tokens behind each owned slice that does."""
+        counted, self.loop.tokens = self.loop.tokens, None
+        if self.tokens is None:
+            return None
+        self.tokens.count(counted)
+        machine = self.machine
+        assert machine is not None
+        if not machine.any_leaves(count):
+            return None
+        return self.tokens.leaving(owned.id for owned in machine.owned if self.rules.goes_global(owned.id, count))
 
     def _mix(self, views: list[torch.Tensor], count: int) -> None:
         """The party's model takes every slice that landed at local round ``count``: the new global model, mixed
@@ -176,3 +207,40 @@ class CollectivePeriodicAverage(AveragedStep):
         with self.machine.reading() as job_model:  # a trip may be writing it on its thread: read between writes
             for out, model in zip(self.party_model.views(into), job_model, strict=True):
                 out.copy_(model)
+
+
+class PartyTokens:
+    """Decoupled rounds in a collective party: the party's tokens since each slice's last global round, the same on
+    every rank. Each local round adds this rank's count; at a local round where some slice goes global every rank
+    adds its count since the last such round to the party's total (an all-reduce of one number), and each slice
+    leaving gets the total's growth since it last left.
+
+    Usage::
+
+        tokens = PartyTokens(loop.ranks.group)
+        tokens.count(loop.tokens)                     # every local round (None: 1, as a local server counts it)
+        counts = tokens.leaving([(0, 0), (1, 0)])    # every rank at once, where some slice goes global
+    """
+
+    def __init__(self, group: RankGroup) -> None:
+        self.group = group
+        self.counted = 0  # this rank's since the party last summed them
+        self.total = 0  # the party's, summed at every local round where some slice went global
+        self.marks: dict[SliceId, int] = {}  # a slice -> the party's total when it last went global
+
+    def count(self, tokens: int | None) -> None:
+        """A local round of this rank, on ``tokens`` samples (None: the script counts none, 1)."""
+        self.counted += 1 if tokens is None else tokens
+
+    def leaving(self, slices: Iterable[SliceId]) -> dict[SliceId, int]:
+        """Some slice of the party goes global now (every rank calls this at the same local round): the party's
+        tokens behind each of ``slices`` (this rank's leaving ones) since it last went global."""
+        counted = torch.tensor([self.counted], dtype=torch.int64)
+        self.group.all_reduce(counted)
+        self.total += int(counted[0])
+        self.counted = 0
+        counts = {}
+        for sid in slices:
+            counts[sid] = self.total - self.marks.get(sid, 0)
+            self.marks[sid] = self.total
+        return counts

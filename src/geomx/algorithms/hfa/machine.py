@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 
@@ -46,6 +46,7 @@ from ...collective.mirror import Copy, HostMirror
 from ...collective.owners import OwnedSlice
 from ...collective.party_model import PartyModel
 from ...core.ranks import PartyRanks, Pieces
+from ...protocol.wire import SliceId
 from .rules import LocalFrequencyAggregation
 
 WINDOWS = 32  # a blocking round's window is about 1/WINDOWS of the model (a larger slice is a window alone)
@@ -127,6 +128,11 @@ class RoundMachine:
         """Whether any slice of the party lands at ``count`` (the same answer on every rank)."""
         return any(self.lands(owned, count) for rank_slices in self.model.layout.owned for owned in rank_slices)
 
+    def any_leaves(self, count: int) -> bool:
+        """Whether any slice of the party goes global at local round ``count`` (the same answer on every rank)."""
+        return any(self.rules.goes_global(owned.id, count)
+                   for rank_slices in self.model.layout.owned for owned in rank_slices)
+
     def copied(self) -> None:
         """Wait for the last leaving slices' copy (raising what it raised): before the parameters change again."""
         if self.copy is not None:
@@ -150,21 +156,23 @@ class RoundMachine:
             self.model.spread(self.job_model)
         return True
 
-    def leave(self, views: Sequence[torch.Tensor], count: int, priority: Sequence[int]) -> None:
+    def leave(self, views: Sequence[torch.Tensor], count: int, priority: Sequence[int],
+              tokens: Mapping[SliceId, int] | None = None) -> None:
         """Local round ``count``: counted for every owned slice; those going global leave (blocking: out and back
-        now). Every rank of the party takes part where any rank's slices leave (they join the same moves)."""
+        now), with the samples behind each (``tokens``, decoupled rounds: in their bodies). Every rank of the party
+        takes part where any rank's slices leave (they join the same moves)."""
         leaving = [owned for owned in self.owned if self.rules.count_round(owned.id)]
-        if not any(self.rules.goes_global(owned.id, count)
-                   for rank_slices in self.model.layout.owned for owned in rank_slices):
+        if not self.any_leaves(count):
             return
         sources = self._sources(views, leaving)
         if not self.delay:
-            self._blocking(leaving, sources, count, priority)
+            self._blocking(leaving, sources, count, priority, tokens)
             return
         buffer = self.spare.pop() if self.spare else self.mirror.host(self.trip_size, self.dtype)
         due = list(zip(leaving, _cut(buffer, leaving), strict=True))
         self.copy = copy = self.mirror.down(sources, [piece for _, piece in due])
-        self.in_flight[count + self.delay] = (buffer, self._trips().submit(self._trip, copy, due, count, priority))
+        trip = self._trips().submit(self._trip, copy, due, count, priority, tokens)
+        self.in_flight[count + self.delay] = (buffer, trip)
 
     def _sources(self, views: Sequence[torch.Tensor], leaving: Sequence[OwnedSlice]) -> list[torch.Tensor]:
         """The leaving slices' values as the rank trains them: the model's ranges, or (FSDP2) their pieces of
@@ -176,7 +184,7 @@ class RoundMachine:
         return [piece_of[owned.id] for owned in leaving]
 
     def _blocking(self, leaving: Sequence[OwnedSlice], sources: Sequence[torch.Tensor], count: int,
-                  priority: Sequence[int]) -> None:
+                  priority: Sequence[int], tokens: Mapping[SliceId, int] | None = None) -> None:
         """A blocking trip: ``leaving`` out in windows, each window's answers in before its buffer is reused."""
         out: deque[tuple[torch.Tensor, Pieces, list[object]]] = deque()
         source_of = {owned.id: source for owned, source in zip(leaving, sources, strict=True)}
@@ -191,7 +199,7 @@ class RoundMachine:
                 if source.dtype != piece.dtype:  # a bfloat16 model: widened into the buffer, the delta made there
                     source = piece.copy_(source)
                 self.rules.delta(owned.id, source.numpy(), out=piece.numpy())  # in one pass from the model
-            out.append((buffer, pieces, self.ranks.send(pieces, priority, kind="delta")))
+            out.append((buffer, pieces, self.ranks.send(pieces, priority, kind="delta", tokens=tokens)))
             if len(out) >= self.depth:
                 self._land_window(*out.popleft())
         while out:
@@ -224,13 +232,13 @@ class RoundMachine:
             self.model.share(self.job_model, only=went, group=self.group)
 
     def _trip(self, copy: Copy, due: list[tuple[OwnedSlice, torch.Tensor]], sent: int,
-              priority: Sequence[int]) -> None:
+              priority: Sequence[int], tokens: Mapping[SliceId, int] | None = None) -> None:
         """An overlapped trip on the machine's thread, once ``copy`` filled ``due``: the deltas, in place; out and
         back; the answers into the slices' global models; published."""
         copy.wait()
         for owned, piece in due:
             self.rules.delta(owned.id, piece.numpy(), out=piece.numpy())
-        self._answers(due, self.ranks.send(due, priority, kind="delta"))
+        self._answers(due, self.ranks.send(due, priority, kind="delta", tokens=tokens))
         self._publish(sent)
 
     def _trips(self) -> ThreadPoolExecutor:

@@ -17,8 +17,9 @@ The options (the topology's ``training`` block or ``GEOMX_<NAME>``; with no ``qu
   answered at once with the current global model, so its party never waits for a round it missed.
 
 The merge weighs each contribution by the tokens (samples) its party processed since its last one, reported in the
-push's body (``geomx.protocol.bodies.PushBody``): ``sum_p delta_p * (t_p / sum t)``; a party's local server sends its
-unweighted delta ``average - global model``. With every party on time and tokens proportional to workers, the
+push's body (``geomx.protocol.bodies.PushBody``): ``sum_p delta_p * (t_p / sum t)``; a party's local server (or, in a
+``lan: collective`` party, each slice's owning rank: its ranks are one client of the rounds) sends its unweighted
+delta ``average - global model``. With every party on time and tokens proportional to workers, the
 weights equal today's worker shares bit for bit (a correctly rounded division of equal ratios).
 
 ``QuorumRounds`` is the rule the round table asks (``geomx.core.rounds.RoundRule``): pure, it reads the time it is

@@ -19,7 +19,8 @@ Streaming outer sync (Streaming DiLoCo, Douillard et al. 2025), by three plug-in
 
 Decoupled rounds (``quorum``, ``grace``, ``stale_rounds``: ``geomx.algorithms.hfa.quorum``): a global server's rounds
 close by the quorum rule, and merge the parties' deltas weighted by the tokens each reports; a local server sends
-its unweighted delta and its party's tokens since its last global contribution (a push reporting none counts 1).
+its unweighted delta and its party's tokens since its last global contribution (a push reporting none counts 1),
+and so does the owning rank of a ``lan: collective`` party (``geomx.algorithms.hfa.collective``).
 
 Usage (the composition root)::
 
@@ -119,9 +120,6 @@ class HfaAggregation(Aggregation):
         (``rules.streaming_options``, which a collective party's ranks run alike)."""
         streaming_options(options, topology.hfa.k2 if topology is not None and topology.hfa is not None else None)
         decoupled = decoupled_options(options, len(topology.parties) if topology is not None else None)
-        if decoupled.on and topology is not None and topology.collective_parties:
-            raise ValueError(f"quorum: decoupled rounds take parties with a local server for now; "
-                             f"{sorted(topology.collective_parties)} are lan: collective")
         if decoupled.on and topology is not None and topology.tsengine is not None:
             raise ValueError("quorum: decoupled rounds do not run with tsengine yet (its relays merge the workers' "
                              "pushes, and their tokens with them)")
