@@ -41,7 +41,7 @@ def test_outer_steps_are_steps_for_fsa_like_rows_and_steps_over_h_under_hfa():
     rows = {row.name: row for row in quality.ROWS}
     budget = quality.BUDGET
     assert budget.outer_every == budget.hfa[0] * budget.hfa[1]
-    for name in ("fsa", "fsa_bsc", "mixed", "mixed_dcasgd", "ssp"):
+    for name in ("fsa", "fsa_bsc", "mixed", "mixed_dcasgd", "mixed_dcadam", "ssp"):
         assert quality.outer_steps(rows[name], budget) == budget.steps
     for name in ("diloco", "streaming", "diloco_int8", "diloco_bsc", "diloco_sparse2bit"):
         assert quality.outer_steps(rows[name], budget) == budget.steps // budget.outer_every
@@ -76,7 +76,7 @@ def test_the_curves_wan_axis_is_pro_rata_by_steps():
 
 
 def test_every_row_is_named_once_and_the_goal_rows_are_rows():
-    assert len(set(quality.ROW_NAMES)) == len(quality.ROW_NAMES) == 12
+    assert len(set(quality.ROW_NAMES)) == len(quality.ROW_NAMES) == 13
     assert set(quality.GOAL_ROWS) <= set(quality.ROW_NAMES)
     with pytest.raises(ValueError, match="unknown quality rows"):
         quality.measure_rows(("nope",), quality.BUDGET, Path("/nonexistent"))

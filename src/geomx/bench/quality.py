@@ -7,7 +7,8 @@ the same validation windows. Rows:
 * ``single``: one process, AdamW on the global batch of all ranks (the reference);
 * ``ddp``: torch DDP over gloo, 4 ranks (``torch.distributed.run``);
 * every other row: ``geomx.launch`` of 2 parties x 2 ranks with ``lan: collective`` (each party one gloo group, as
-  torchrun starts it; no local server): ``fsa``, ``fsa_bsc``, ``mixed``, ``mixed_dcasgd``, ``ssp``, and HFA with
+  torchrun starts it; no local server): ``fsa``, ``fsa_bsc``, ``mixed``, ``mixed_dcasgd``, ``mixed_dcadam``, ``ssp``,
+  and HFA with
   DiLoCo's outer Nesterov (``diloco``, ``streaming``, ``diloco_int8``, ``diloco_bsc``, ``diloco_sparse2bit``).
 
 Each record: ``val_loss`` (the last evaluation), its ratio to ``ddp``'s, ``bytes_per_param`` (WAN bytes the
@@ -51,7 +52,7 @@ class Budget:
 
     Why this size: ``tiny`` (87.7K parameters, context 64, width 64, 2 blocks) takes ~19 ms for a rank's step of
     16 windows on one core, so the single row's 1500 steps take ~2 minutes on the loaded 2-core machine and a geomx
-    row's 4 ranks about as long: ``--quick``'s 6 rows fit in 40 minutes with room for a load of 10, the 12 rows in
+    row's 4 ranks about as long: ``--quick``'s 6 rows fit in 40 minutes with room for a load of 10, the 13 rows in
     about an hour. A larger model (dim 96, 3 blocks: 255K) takes 2-2.6x longer a step and would not fit. 1500
     steps of 64 windows (6.1M tokens, 1.7 passes over 3.6M training characters): at 500 steps the single row was
     still falling fast (1.79 nats per character from ln 128 = 4.85), a budget where an algorithm's early lag
@@ -127,6 +128,9 @@ ROWS: tuple[QualityRow, ...] = (
     QualityRow("mixed_dcasgd", training={"sync": "dist_async",
                                          "server_optimizer": {"type": "dcasgd", "lr": 0.3, "momentum": 0.0}},
                schedule="constant"),
+    # the compensation alone, on the optimizer ``mixed`` runs (DCASGD's row changes the optimizer to SGD as well)
+    QualityRow("mixed_dcadam", training={"sync": "dist_async", "server_optimizer": {"type": "dcadam", "lr": 3e-3}},
+               optimizer="adam", schedule="constant"),
     QualityRow("ssp", training={"sync": "dist_ssp", "staleness": 2}, optimizer="adam", schedule="constant"),
 )
 ROW_NAMES = tuple(row.name for row in ROWS)
