@@ -306,9 +306,19 @@ class StatusBoard:
                                      for d in ("sent", "recv")},
                     "answers_ahead": _merged(m["answers_ahead"] for m in members if m["party"] == name),
                     "push_staleness": _merged(m["push_staleness"] for m in members if m["party"] == name),
+                    # decoupled rounds, the party's (a collective party's client, dc1/ranks, is no member's row)
+                    "outer_rounds": _party_counts(outer, name),
                     "members": [m for m in members if m["party"] == name]})
         rounds = [m["step"] for m in members if m["role"] == "global_server" and m["step"] is not None]
         return {"job": {**self.job, "phase": phase, "uptime_s": round(now - self._started, 3),
                         "global_round": min(rounds) if rounds else None, "model": model},
                 "parties": parties, "missing": dict(missing),
                 "checkpoint": checkpoints(topology.checkpoint.dir, topology.num_global_servers)}
+
+
+def _party_counts(outer: dict[str, dict[str, int]], party: str) -> dict[str, int] | None:
+    """The decoupled rounds' counts of ``party``'s clients (named ``party/...``), summed; None: it has none."""
+    found = [counts for client, counts in outer.items() if client.split("/", 1)[0] == party]
+    if not found:
+        return None
+    return {status: sum(counts.get(status, 0) for counts in found) for status in sorted({k for c in found for k in c})}

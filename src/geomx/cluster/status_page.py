@@ -76,6 +76,12 @@ def _traffic(data: dict[str, Any]) -> Iterator[Metric]:
         for direction, bits in party["wan_rate_bps"].items():
             rate.add_metric([party["name"], direction], bits / 8)
     yield rate
+    outer = CounterMetricFamily("geomx_party_outer_rounds", "the global servers' decoupled rounds for this party, "
+                                "by status: on_time, missed, lost, late_folded, dropped", labels=["party", "status"])
+    for party in data["parties"]:
+        for status, count in sorted((party.get("outer_rounds") or {}).items()):
+            outer.add_metric([party["name"], status], count)
+    yield outer
 
 
 def _members(data: dict[str, Any]) -> Iterator[Metric]:
@@ -189,6 +195,16 @@ def _staleness(party: dict[str, Any]) -> str:
     return shown
 
 
+def _outer(party: dict[str, Any]) -> str:
+    """``; outer rounds: ...`` for a party of a job with decoupled rounds, else nothing."""
+    counts = party.get("outer_rounds")
+    if not counts:
+        return ""
+    words = (("on_time", "on time"), ("missed", "missed"), ("lost", "lost"), ("late_folded", "folded in late"),
+             ("dropped", "dropped"))
+    return "; outer rounds: " + ", ".join(f"{counts.get(key, 0)} {word}" for key, word in words)
+
+
 def _model(job: dict[str, Any]) -> str | None:
     """The parties' model digests at their newest common step, and whether they agree (None: none reported)."""
     model = job["model"]
@@ -232,7 +248,7 @@ def render_html(data: dict[str, Any]) -> str:
         parts.append(f"<h2>{name}{' (central)' if party['central'] else ''}</h2><p class='traffic'>step "
                      f"{_cell(party['step'])}; WAN sent {_bytes(wan['sent'])} ({_rate(rate['sent'])}), received "
                      f"{_bytes(wan['recv'])} ({_rate(rate['recv'])}); LAN {_bytes(sum(party['lan_bytes'].values()))}"
-                     f"{_saved(party)}{_staleness(party)}</p>"
+                     f"{_saved(party)}{_staleness(party)}{_outer(party)}</p>"
                      f"<table class='party' id='party-{name}' data-party='{name}'><tr><th>member</th><th>role</th>"
                      "<th>state</th><th>step</th><th>busy</th><th>mean round</th><th>model</th><th>heartbeat age</th>"
                      "<th>WAN sent</th><th>WAN received</th></tr>")
@@ -265,7 +281,7 @@ def render_text(data: dict[str, Any]) -> str:
         wan, rate = party["wan_bytes"], party["wan_rate_bps"]
         lines += ["", f"{party['name']}{' (central)' if party['central'] else ''}: step {_text(party['step'])}, "
                       f"WAN sent {_bytes(wan['sent'])} ({_rate(rate['sent'])}), received {_bytes(wan['recv'])} "
-                      f"({_rate(rate['recv'])})",
+                      f"({_rate(rate['recv'])}){_outer(party)}",
                   f"  {'member':<22}{'state':<11}{'step':>8}{'busy':>7}{'heartbeat':>11}"]
         for m in party["members"]:
             busy = "—" if m["busy"] is None else f"{100 * m['busy']:.0f}%"
