@@ -6,8 +6,10 @@ over its own connection), the emulated WAN at 100 Mbit/s, 1 Gbit/s and 10 Gbit/s
 500 inner steps per outer round. Configurations (``CONFIGS``), all DiLoCo-shaped (outer Nesterov on the global
 server): ``blocking`` (every outer round waits for the whole model's round trip), ``streaming`` (4 fragments, each
 global once every H steps, one every H/4, its round overlapping the next H/4 steps; the new global model mixed
-half and half), ``streaming_int8`` and ``streaming_fp16`` (the same with that WAN codec both ways). ``plain`` runs
-the same ranks with no sync at all: the control (utilization 1 by construction) and plain PyTorch's memory.
+half and half), ``streaming_int8`` and ``streaming_fp16`` (the same with that WAN codec both ways),
+``streaming_sparse2bit`` (the same with sparse2bit, the outer step averaging, as the quality section's row).
+``plain`` runs the same ranks with no sync at all: the control (utilization 1 by construction) and plain
+PyTorch's memory.
 
 Per run: utilization (the stand-in's steps x step time / the loop's wall time, the mean over ranks), seconds
 blocked per outer round, the far party's WAN MB each way (dc0 holds the global tier), each process's peak
@@ -55,6 +57,10 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "streaming_int8": {"fragments": FRAGMENTS,
                        "training": {**OUTER, **STREAMING, "compression": {"type": "int8", "block": 256}}},
     "streaming_fp16": {"fragments": FRAGMENTS, "training": {**OUTER, **STREAMING, "compression": {"type": "fp16"}}},
+    # the quality section's sparse2bit (2% of each 4096-element chunk up, 4% down), its outer step averaging
+    "streaming_sparse2bit": {"fragments": FRAGMENTS, "training": {
+        "server_optimizer": {"type": "outer_nesterov", "lr": 1.0, "momentum": 0.0}, **STREAMING,
+        "compression": {"type": "sparse2bit", "density": 0.02, "chunk": 4096, "pull_density": 0.04}}},
 }
 PARTIES, RANKS = 2, 2
 # FSA: a round every step (the gradients' sum each way), the optimizer (AdamW) on the ranks; at 10 Gbit/s only
