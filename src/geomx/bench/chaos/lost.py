@@ -43,6 +43,7 @@ from .plan import (
 )
 
 REJOINED = "rejoins in place of the one declared dead"  # the global scheduler's line for each member replaced
+DISAGREE = "disagree on the model"  # its line for parties whose model digests differ at a step
 
 
 def start_others(label: str, path: Path, command: list[str], address: str, out_dir: Path,
@@ -162,7 +163,8 @@ def run_rank_lost(plan: ChaosPlan, out_dir: Path, command: Command) -> dict[str,
             "restart_s": min(record["started_at"] for record in again) - fault["at"],
             "rejoin_s": None if None in firsts else max(f for f in firsts if f is not None) - fault["at"],
             "val_loss": ranks[0].get("val_loss"), "die_step": die_step, "lost_rank": collective[-1],
-            "rejoined_members": dc0_log.count(REJOINED), "ranks": without_step_ends(ranks)}
+            "rejoined_members": dc0_log.count(REJOINED), "digest_warnings": dc0_log.count(DISAGREE),
+            "ranks": without_step_ends(ranks)}
 
 
 def rank_lost(plan: ChaosPlan, out_dir: Path, command: Command = python_command) -> dict[str, Any]:
