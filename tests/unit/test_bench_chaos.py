@@ -51,3 +51,24 @@ def test_the_longest_stall_is_a_fast_ranks_longest_gap_beyond_its_median_step():
              2: {"step_ends": [0.0, 9.0]}}
     assert chaos.longest_stall_s(ranks, [0, 1]) == pytest.approx(0.9)  # rank 0's 1.0 s gap, its steps 0.1 s
     assert chaos.longest_stall_s(ranks, [1]) == pytest.approx(0.0)
+
+
+def test_rank_lost_makes_dc2_a_collective_party_of_two_ranks_under_synchronous_rounds_until_switched():
+    plan = chaos.ChaosPlan()
+    parsed = topology_from_dict(chaos.rank_lost_topology(plan))
+    dc2 = next(p for p in parsed.parties if p.name == "dc2")
+    assert (dc2.num_workers, dc2.lan) == (2, "collective")
+    assert decoupled_options(dict(parsed.training.plugin_options)).quorum == 0  # rounds: synchronous
+    assert parsed.timeouts.heartbeat_s == plan.heartbeat_s
+    raw = chaos.rank_lost_topology(chaos.ChaosPlan(rank_lost_quorum=2))  # the one switch, once main accepts it
+    assert raw["training"]["quorum"] == 2
+
+
+def test_global_restart_checkpoints_every_few_rounds_and_dies_between_two_checkpoints(tmp_path: Path):
+    plan = chaos.ChaosPlan(steps=200, hfa=(5, 2), checkpoint_rounds=2)
+    parsed = topology_from_dict(chaos.restart_topology(plan, Path("bench-results") / "ckpt"))
+    # absolute: a relative folder would be taken from the topology file's, and the bench would read another one
+    assert parsed.checkpoint.every_steps == 2 and parsed.checkpoint.dir == (Path("bench-results") / "ckpt").resolve()
+    assert plan.checkpoint_steps == 20
+    assert chaos.kill_step(plan) == 115  # the checkpoint of step 100, then 15 steps: between outer steps 110, 120
+    assert chaos.kill_step(chaos.ChaosPlan(steps=40)) == 35  # never before the first checkpoint

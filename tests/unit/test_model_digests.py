@@ -136,6 +136,29 @@ def test_the_board_names_the_parties_that_disagree_once_and_counts_every_step(ca
     assert found[("geomx_model_digest_step", "dc2")] == 24
 
 
+def test_a_rejoined_partys_digests_are_not_compared_with_the_jobs_steps(caplog) -> None:
+    """A party restarted into a running job (a lost party, or a collective party's ranks restarted by torchrun)
+    counts its steps from its restart: its digest of "step 0" is of the current global model, not the job's first.
+    Before, the global scheduler compared it with the others' step 0 and logged a disagreement (seen in the chaos
+    bench's rank_lost); now the party's digests after its rejoin are left out, the others' still compared."""
+    board = StatusBoard(topology(), owner="global_scheduler")
+    for row in ROWS:
+        board.seen(row.id, row.party)
+    first, later, other = "5f1c" * 4, "77aa" * 4, "a0b1" * 4
+    with caplog.at_level(logging.WARNING, logger="geomx.cluster.status"):
+        for party in ("dc0", "dc1", "dc2"):
+            board.heard(f"ls{party[-1]}", relayed(StatusBoard(topology()), f"{party}/worker0", {"0": first}))
+        board.seen("ls2b", "dc2")
+        board.rejoined("dc2")  # the scheduler's rejoin of dc2's server in place of the dead one
+        board.heard("ls2b", relayed(StatusBoard(topology()), "dc2/worker0", {"0": other, "16": other}))
+        for party in ("dc0", "dc1"):
+            board.heard(f"ls{party[-1]}", relayed(StatusBoard(topology()), f"{party}/worker0", {"16": later}))
+    assert caplog.records == []
+    model = board.snapshot(ROWS, {}, "training")["job"]["model"]
+    assert model["disagreements"] == 0 and model["agree"] and model["step"] == 16, model
+    assert model["parties"] == {"dc0": [later], "dc1": [later]}
+
+
 def test_members_of_one_party_that_disagree_are_named(caplog) -> None:
     book = DigestBook("dc1/scheduler")
     with caplog.at_level(logging.WARNING, logger="geomx.cluster.status"):

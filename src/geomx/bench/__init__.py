@@ -10,8 +10,9 @@ WAN emulator's achieved rate), ``sync`` (every algorithm, time to a target), ``c
 ``frontend`` (the wrapper's overlap, P3), ``sched`` (MultiGPS, DGT, TSEngine), ``security`` (what a secret and
 CURVE cost), ``quality`` (validation loss and WAN bytes per parameter at equal tokens), ``lan`` (one party's
 step under each LAN tier), ``wan`` (a folder: against DDP, local SGD and DiLoCo on a kernel-shaped link),
-``scale`` (the 85M job's utilization, with ``standin``: the accelerator stand-in), ``chaos`` (a slow or lost
-data center: what it costs the others), ``recovery`` (a lost party's restart at 85M, in parts).
+``scale`` (the 85M job's utilization, with ``standin``: the accelerator stand-in), ``chaos`` (a folder: a slow or
+lost data center, a lost rank of a collective party, a lost global tier resumed: what each costs), ``recovery``
+(a lost party's restart at 85M, in parts).
 ``workers`` holds the processes the sections start.
 
 Usage::

@@ -106,10 +106,10 @@ def write_topology(path: Path, raw: dict[str, Any]) -> Path:
 
 
 def run_job(name: str, topology: Path, command: list[str], out_dir: Path, party: str | None = None,
-            global_scheduler: str | None = None) -> tuple[LaunchResult, Metrics]:
+            global_scheduler: str | None = None, resume: bool = False) -> tuple[LaunchResult, Metrics]:
     """Launch a whole topology locally (or only ``party``, joining the global scheduler at ``global_scheduler``,
-    as ``geomx launch --party`` on the party's own host); child output goes to OUT/logs/NAME.log. Returns
-    (result, metrics).
+    as ``geomx launch --party`` on the party's own host; ``resume``: as ``--resume``, from the topology's
+    checkpoints); child output goes to OUT/logs/NAME.log. Returns (result, metrics).
 
     A Ctrl-C that stopped the job is raised again here as KeyboardInterrupt, so that the bench stops too.
     """
@@ -119,7 +119,8 @@ def run_job(name: str, topology: Path, command: list[str], out_dir: Path, party:
     log_path = out_dir / "logs" / f"{name}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log:
-        result = launch(topology, command, run_dir=run_dir, out=log, party=party, global_scheduler=global_scheduler)
+        result = launch(topology, command, run_dir=run_dir, out=log, party=party, global_scheduler=global_scheduler,
+                        resume=resume)
     if result.exit_code != 0 and result.failed is None:  # Ctrl-C: the launcher stopped the job
         raise KeyboardInterrupt
     return result, read_metrics(run_dir)

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from ..launch import LaunchResult
-from .chaos import longest_stall_s, read_ranks, without_step_ends
+from .chaos.plan import longest_stall_s, read_ranks, without_step_ends
 from .jobs import free_port, load_avg, run_job, write_topology
 from .sections import BenchPlan, Interrupted
 from .tables import fmt, say, table, write_and_print

@@ -69,7 +69,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("lan", "geomx.bench.lan", False, "one party's step: DDP against the collective and server LAN tiers"),
     Section("wan", "geomx.bench.wan", False, "against DDP, local SGD, DiLoCo on a kernel-shaped link (root)"),
     Section("quality", "geomx.bench.quality", False, "every algorithm and codec: validation loss at one token budget"),
-    Section("chaos", "geomx.bench.chaos", False, "a slow or lost data center: the others' goodput and stalls"),
+    Section("chaos", "geomx.bench.chaos", False, "a slow or lost data center, rank or global tier: stalls, resume"),
     Section("recovery", "geomx.bench.recovery", False, "a lost data center's restart, in parts, at 85M (stand-in GPU)"),
     Section("scale", "geomx.bench.scale", False, "the 85M job's utilization against WAN bandwidth (stand-in GPU)"),
 )

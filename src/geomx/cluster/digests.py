@@ -62,6 +62,14 @@ class DigestBook:
             del self._steps[oldest]
             self._disagreed.pop(oldest, None)
 
+    def forget(self, party: str) -> None:
+        """Drop ``party``'s digests (a party restarted into the job: its steps are no longer the job's), so that
+        the summary compares the others at their newest step. Disagreements already counted stay counted."""
+        for entry in self._steps.values():
+            for who in [who for who in entry if who[0] == party]:
+                del entry[who]
+        self._latest = {who: found for who, found in self._latest.items() if who[0] != party}
+
     def latest(self, party: str, member: str) -> dict[str, Any] | None:
         """``member``'s newest digest: ``{"step", "digest"}``, or None where it reported none."""
         found = self._latest.get((party, member))

@@ -303,6 +303,7 @@ class Scheduler:
         self._replaced[old.id] = sender
         self._watch.add(sender, new.name)
         self.board.seen(sender, new.party)
+        self.board.rejoined(new.party)  # its steps count from its restart: its model digests are not the job's
         self.van.add_peer(sender, reg.address, reg.party)
         gone = self._goodbyes | self._dead_ids()
         servers = [m for m in self._members if m.role is Role.GLOBAL_SERVER and m.id not in gone]

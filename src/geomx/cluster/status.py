@@ -171,6 +171,7 @@ class StatusBoard:
         self._since: dict[str, float] = {}  # member id -> when it was first seen (its age before any heartbeat)
         self.job = job_summary(topology)
         self.digests = DigestBook(owner)  # the workers' model digests, compared across members
+        self._renumbered: set[str] = set()  # parties restarted into the running job: steps counted from the restart
 
     def model_digests(self) -> dict[str, Any]:
         """The parties' model digests compared (``DigestBook.summary``), for the scheduler's stats file."""
@@ -183,6 +184,15 @@ class StatusBoard:
             self._since.setdefault(member_id, self._clock())
             self._party[member_id] = party
 
+    def rejoined(self, party: str) -> None:
+        """``party`` was restarted into the running job: its workers count their steps from their restart, not from
+        the job's start, so the steps their model digests name are not the others' and are no longer compared
+        (before, a rejoined party's first digests were compared with the job's first steps and named as a
+        disagreement)."""
+        with self._lock:
+            self._renumbered.add(party)
+            self.digests.forget(party)
+
     def heard(self, member_id: str, body: HeartbeatBody, party: str | None = None, name: str | None = None) -> None:
         """A heartbeat with its report (counters are cumulative: the newest replaces the older); ``name``: the
         member's, for its model digests."""
@@ -193,6 +203,8 @@ class StatusBoard:
             if party is not None:
                 self._party[member_id] = party
             where = self._party.get(member_id, "")
+            if where in self._renumbered:
+                return
             if body.models:
                 self.digests.add(where, name or member_id, body.models)
             for who, record in (body.party or {}).items():  # a party's workers, relayed

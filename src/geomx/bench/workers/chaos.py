@@ -8,9 +8,16 @@ model is tiny, so without it the parties' relative speed would follow the machin
 take ``--slowdown`` times as long as its own would (compute and emulated time together). Each rank writes
 ``OUT/rank<global rank>.json``: ``{"rank", "steps", "seconds", "step_ends"}`` (seconds from its first step's start
 to its last step's end; ``step_ends``: each step's end, from the same origin; ``started_at``: the wall clock at
-that origin, so that a step's end is ``started_at + step_ends[i]``), and the master worker adds
-``val_loss``: the job's model at the end on the quality section's validation windows. ``--die-step`` kills the
-worker's whole party at that step (the ``party_lost`` scenario).
+that origin, so that a step's end is ``started_at + step_ends[i]``; ``start_step``: the job's step it began at;
+``attempt``: torchrun's restarts before this life), and the master worker adds ``val_loss``: the job's model at the
+end on the quality section's validation windows.
+
+Faults, each noted first in ``OUT/fault.json`` (``{"step", "rank", "at"}``, the wall clock) where a scenario needs
+its time: ``--die-step`` kills the worker's whole party at that step (``party_lost``); with ``--lose-rank R`` only
+global rank R dies, by SIGKILL of itself, in torchrun's first attempt, and the ranks of torchrun's next attempt
+(``TORCHELASTIC_RESTART_COUNT`` > 0) go on from ``--die-step`` (``rank_lost``); ``--kill-global-step`` makes the
+master worker SIGKILL the global scheduler and global servers before that step, in a job not resumed
+(``global_restart``: the job is then resumed from its checkpoint, and every worker goes on from ``opt.start_step``).
 
 Usage::
 
@@ -27,12 +34,15 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import torch.nn.functional as F
 
 from geomx.bench.workers.quality import global_batches, learning_rate, make_optimizer, prepare, rank_part
 from geomx.cluster.processes import job_processes
 from geomx.zoo.charlm import VOCAB, evaluate
+
+GLOBAL_TIER = ("global_scheduler", "global_server")  # GEOMX_ROLE of the central party's global processes
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -54,6 +64,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--stop-after", type=int, default=None, help="train at most this many steps")
     parser.add_argument("--die-step", type=int, default=-1,
                         help="after this many steps, SIGKILL every process of this worker's party, itself last")
+    parser.add_argument("--lose-rank", type=int, default=-1,
+                        help="with --die-step: only this global rank dies, in torchrun's first attempt; the ranks of "
+                             "its next attempt go on from --die-step")
+    parser.add_argument("--kill-global-step", type=int, default=-1,
+                        help="the master worker SIGKILLs the global tier before this step (a job not resumed)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     args.schedule, args.optimizer, args.weight_decay = "cosine", "adamw", 0.01  # quality's optimizer and schedule
@@ -69,18 +84,23 @@ def main(argv: list[str] | None = None) -> None:
     opt = gx.DistributedOptimizer(inner, model)
     rank = opt.global_rank
     slow = rank == args.slow_rank
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))  # torchrun's restarts of this party so far
+    restarted = args.lose_rank >= 0 and attempt > 0
+    first = opt.start_step or (args.die_step if restarted else args.start_step)  # resumed, restarted, or told
     inputs, targets = train_windows.tensors()
     step_ends: list[float] = []
     started_at, started = time.time(), time.monotonic()
     steps = args.slow_steps if slow and args.slow_steps is not None else args.steps
-    last = steps if args.stop_after is None else min(steps, args.start_step + args.stop_after)
+    last = steps if args.stop_after is None else min(steps, first + args.stop_after)
     batches = itertools.islice(global_batches(len(train_windows), args.batch_size * args.world, steps, args.seed),
-                               args.start_step, last)
+                               first, last)
     for done, batch in enumerate(batches):
-        if done == args.die_step:
-            kill_party(opt.kv.config.run_dir, opt.kv.config.party)
+        step = first + done
+        if done == args.die_step and not restarted:
+            fault(args, opt, step)
+        if step == args.kill_global_step and opt.is_master_worker and opt.start_step == 0:
+            kill_global_tier(args, opt, step)
         began = time.monotonic()
-        step = args.start_step + done
         mine = rank_part(batch, rank, args.world)
         for group in inner.param_groups:
             group["lr"] = learning_rate(args, step * args.steps // steps)  # the same schedule over fewer steps
@@ -94,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
         step_ends.append(time.monotonic() - started)
     record: dict[str, object] = {"rank": rank, "steps": len(step_ends), "seconds": step_ends[-1] if step_ends else 0.0,
                                  "step_ends": [round(t, 4) for t in step_ends], "slow": slow,
-                                 "started_at": started_at}
+                                 "started_at": started_at, "start_step": first, "attempt": attempt}
     if opt.is_master_worker:
         held = copy.deepcopy(model)
         opt.load_job_model(held)
@@ -103,6 +123,31 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"rank{rank}.json").write_text(json.dumps(record))
+
+
+def note_fault(out: str, step: int, rank: int) -> None:
+    """``OUT/fault.json``: the step, the rank and the wall clock of the fault about to happen."""
+    Path(out).mkdir(parents=True, exist_ok=True)
+    Path(out, "fault.json").write_text(json.dumps({"step": step, "rank": rank, "at": time.time()}))
+
+
+def fault(args: argparse.Namespace, opt: Any, step: int) -> None:
+    """``--die-step``'s fault: this worker's whole party (``party_lost``), or this rank alone if it is
+    ``--lose-rank`` (``rank_lost``; the party's other ranks go on until torchrun's agent stops them)."""
+    if args.lose_rank < 0:
+        kill_party(opt.kv.config.run_dir, opt.kv.config.party)
+    elif opt.global_rank == args.lose_rank:
+        note_fault(args.out, step, opt.global_rank)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def kill_global_tier(args: argparse.Namespace, opt: Any, step: int) -> None:
+    """SIGKILL the global scheduler and every global server of this job (the central party's run folder): the job
+    then ends everywhere, this worker's next global round failing with it."""
+    note_fault(args.out, step, opt.global_rank)
+    for pid, env in job_processes({str(opt.kv.config.run_dir)}).items():
+        if env.get("GEOMX_ROLE") in GLOBAL_TIER:
+            os.kill(pid, signal.SIGKILL)
 
 
 def kill_party(run_dir: str | None, party: str) -> None:
