@@ -63,7 +63,7 @@ def test_rank_lost_restarts_a_collective_partys_ranks_under_torchrun_and_they_re
     assert section["errors"] == []
     record = section["records"]["rank_lost"]
     lost = record["runs"]["lost"]
-    assert record["rounds"] == "synchronous" and record["runs"]["baseline"] is None
+    assert record["rounds"] == "quorum 2" and record["runs"]["baseline"] is None
     die_step = FAULTS.outer_every + FAULTS.hfa[0]
     assert lost["die_step"] == die_step == 15 and lost["lost_rank"] == 3
     ranks = lost["ranks"]

@@ -47,8 +47,7 @@ class ChaosPlan:
     restart_after_s: float = 10.0  # party_lost: the lost party's outage
     heartbeat_s: float = 3.0  # party_lost, rank_lost, global_restart: how long a silent node has before it is dead
     collective_ranks: int = 2  # rank_lost: the ranks of dc2, a collective party under its own torchrun
-    rank_lost_quorum: int | None = None  # rank_lost's rounds: None synchronous (main refuses a quorum with a
-    #                                      collective party today); 2: decoupled, as party_lost's
+    rank_lost_quorum: int | None = 2  # rank_lost's rounds: decoupled, as party_lost's (None: synchronous)
     checkpoint_rounds: int = 2  # global_restart: a checkpoint every this many global rounds (K1 x K2 steps each)
     baselines: bool = True  # the fault-free jobs the loss ratios compare against (a test leaves them out)
 
