@@ -155,7 +155,8 @@ def test_the_training_block_and_its_environment_variables():
     # the config layer, which imports no plug-in; the valid names come from the registries
     for bad, text in [({"sync": "dist_bogus"}, r"training\.sync 'dist_bogus' is unknown; valid: \['dist_async', "),
                       ({"server_optimizer": "lion"}, r"server_optimizer 'lion' is unknown; valid: \['auto', 'none', "
-                                                     r"'translate', 'adam', 'dcadam', 'dcasgd', 'outer_nesterov', 'sgd'\]")]:
+                                                     r"'translate', 'adam', 'dcadam', 'dcasgd', 'outer_nesterov', "
+                                                     r"'sgd'\]")]:
         training = topology_from_dict({"parties": {"dc0": 1}, "training": bad}).training
         with pytest.raises(ConfigError, match=text):
             check_names(training)

@@ -20,7 +20,7 @@ from typing import Any
 from ...launch import LaunchResult
 from ...runs.runlog import read_stats
 from ..jobs import run_job, write_topology
-from ..quality import Command
+from ..quality import OUTER, Command
 
 WORKER = Path(__file__).parents[1] / "workers" / "chaos.py"
 PARTIES = ("dc0", "dc1", "dc2")
@@ -72,8 +72,10 @@ FULL = ChaosPlan()
 
 
 def topology(plan: ChaosPlan, parties: tuple[str, ...], quorum: int | None) -> dict[str, Any]:
-    """``parties`` of one worker each, DiLoCo's outer optimizer, and a quorum when given."""
-    training: dict[str, Any] = {"server_optimizer": "outer_nesterov"}
+    """``parties`` of one worker each, DiLoCo's outer optimizer at the quality section's momentum (0.5: at the
+    paper's 0.9 a delta folded in a round late cost rank_lost's decoupled job 25% of its loss, at 0.5 4%;
+    benchmarks/README.md), and a quorum when given."""
+    training: dict[str, Any] = {"server_optimizer": dict(OUTER["server_optimizer"])}
     if quorum is not None:
         training.update(quorum=quorum, grace=plan.grace, stale_rounds=math.ceil(plan.slowdown))
     return {"parties": {name: {"workers": 1} for name in parties}, "central": parties[0], "global_servers": 1,

@@ -59,7 +59,7 @@ def lines(section: dict[str, Any]) -> list[str]:
     p = section["plan"]
     ranks = f" (rank_lost: dc2 {p['collective_ranks']} collective ranks)" if "rank_lost" in section["records"] else ""
     out = [f"[chaos] 3 parties x 1 worker{ranks}, charlm {p['preset']}, {p['steps']} steps of {p['step_s']} s "
-           f"emulated device time, HFA {p['hfa'][0]}x{p['hfa'][1]} + outer Nesterov; load avg "
+           f"emulated device time, HFA {p['hfa'][0]}x{p['hfa'][1]} + outer Nesterov 0.7 / 0.5; load avg "
            f"{section.get('load_avg_start')} -> {section.get('load_avg_end')}"]
     cells = [row for record in section["records"].values() for row in ROWS[record["scenario"]](record)]
     out += table(["scenario", "measure", "measured", "goal", "beside it"], cells)
