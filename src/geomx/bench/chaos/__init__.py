@@ -24,9 +24,10 @@ the machine's load. Scenarios, each a record:
   other rank and starts both again, and they rejoin as the party (the current global model at INIT), going on from
   the step where the rank died to the end. Rounds decoupled, quorum 2 (``ChaosPlan.rank_lost_quorum``; None:
   synchronous, where the others wait for dc2 at the global round until its ranks are declared dead, the heartbeat
-  timeout; the record's ``rounds`` says which): ``others_stalled_s`` measures what the others waited. ``rejoin_s``: from the kill to the end of the restarted ranks' first
-  outer step; ``restart_s``: from the kill to their first step; ``val_loss_ratio`` against the same job without the
-  fault (dc2's ranks started by ``geomx launch``). Goals as party_lost's.
+  timeout; the record's ``rounds`` says which): ``others_stalled_s`` measures what the others waited.
+  ``rejoin_s``: from the kill to the end of the restarted ranks' first outer step; ``restart_s``: from the kill to
+  their first step; ``val_loss_ratio`` against the same job without the fault (dc2's ranks started by ``geomx
+  launch``). Goals as party_lost's.
 * ``global_restart``: the global tier killed: dc0's master worker SIGKILLs the global scheduler and the global server
   three quarters of a checkpoint interval after a checkpoint (``checkpoint: {dir, every_steps}``, every
   ``checkpoint_rounds`` global rounds), each party launched on its own, synchronous rounds; the job ends everywhere
