@@ -1,10 +1,9 @@
 """Decoupled outer rounds (``training.quorum``) on the paths around them: a WAN codec, and a late party whose last
 deltas arrive after the others have left.
 
-- int8 with every party on time is the synchronous int8 job bit for bit (the merge weighs decoded deltas, and the
-  answers are the same int8 model); a residual codec (sparse2bit) with a slow party folded in ends with finite
-  models, the late deltas counted, and the parties' job models equal where they must (those that landed the same
-  last global model);
+- int8 with every party on time is the synchronous int8 job within float rounding (the merge weighs decoded
+  deltas; the synchronous job weighs them before the codec); int8 and a residual codec (sparse2bit) with a slow
+  party folded in or dropped end with finite models, the late deltas counted, and a party's workers on one model;
 - a slow party whose only global round comes after the fast one has finished: its deltas are folded into a round
   that no on-time party will close; the global server closes it when the last party leaves (its model moves by
   them), and the job ends at once. Before, that round stayed open: the deltas counted as folded in and never
@@ -35,10 +34,11 @@ def assert_every_fold_applied(report: dict) -> None:
     assert folded == report["late_folded"], (folded, report["late_folded"])
 
 
-def test_int8_with_every_party_on_time_equals_the_synchronous_int8_job_bit_for_bit(geomx_job):
-    """quorum = every party: the deltas go up int8-encoded and unweighted with their tokens, the global server
-    decodes them, weighs them by their share (each party's share of the workers) and answers with the int8 model:
-    every worker ends with the synchronous int8 job's bits."""
+def test_int8_with_every_party_on_time_equals_the_synchronous_int8_job(geomx_job):
+    """quorum = every party: the deltas go up int8-encoded, unweighted, with their tokens; the global server decodes
+    them and weighs them by their share (each party's share of the workers), and answers with the int8 model. The
+    synchronous job weighs each delta before the codec, so the two round differently: 1.5e-8 apart on weights of
+    0.17 here, far below int8's step (their blocks' largest value / 127, about 1e-3): the same quantization."""
     args = ("hfa_train.py", "--steps", "12", "--outer", "outer_nesterov", "--compression", json.dumps(INT8))
     options = {"parties": PARTIES, "hfa": {"k1": K1, "k2": K2}, "timeouts": TIMEOUTS}
     today = final_weights(geomx_job(*args, name="today", **options))
@@ -48,19 +48,22 @@ def test_int8_with_every_party_on_time_equals_the_synchronous_int8_job_bit_for_b
     for rank, tensors in today.items():
         for name in ("final", "job_model"):
             for index, (got, want) in enumerate(zip(decoupled[rank][name], tensors[name], strict=True)):
-                assert torch.equal(got, want), f"worker {rank} {name} tensor {index}"
+                torch.testing.assert_close(got, want, rtol=0, atol=1e-6, msg=f"worker {rank} {name} tensor {index}")
+                assert torch.equal(got, decoupled[0][name][index]), f"worker {rank} {name} tensor {index}"
     report = outer_rounds(job)
     assert report["rounds"] > 0 and report["closed_by_grace"] == 0 and report["missed"] == {}
 
 
-@pytest.mark.parametrize("codec", [INT8, SPARSE2BIT], ids=["int8", "sparse2bit"])
-def test_a_slow_party_under_a_codec_is_folded_in_and_the_job_ends(geomx_job, codec):
-    """quorum 1 of 2, grace 0, stale_rounds 10: dc1 sleeps 0.2 s a step, dc0 closes the rounds; dc1's deltas, a
-    round or more late, are decoded, folded in and applied (none dropped). Every model is finite; dc0's two workers
-    hold the same job model (one party, the same answers)."""
+@pytest.mark.parametrize(("codec", "stale_rounds"), [(INT8, 10), (SPARSE2BIT, 10), (SPARSE2BIT, 0)],
+                         ids=["int8_folded", "sparse2bit_folded", "sparse2bit_dropped"])
+def test_a_slow_party_under_a_codec_is_folded_in_or_dropped_and_the_job_ends(geomx_job, codec, stale_rounds):
+    """quorum 1 of 2, grace 0: dc1 sleeps 0.2 s a step, dc0 closes the rounds; dc1's deltas, a round or more late,
+    are decoded and folded in (stale_rounds 10: none dropped) or dropped (stale_rounds 0: none folded in; what
+    sparse2bit had sent of them is lost, its residual keeps only what it held back). Every model is finite; dc0's
+    two workers hold the same job model (one party, the same answers)."""
     job = geomx_job("hfa_train.py", "--steps", "12", "--outer", "outer_nesterov", "--compression", json.dumps(codec),
                     "--sleep", json.dumps({"dc1": 0.2}), parties=PARTIES, hfa={"k1": K1, "k2": K2},
-                    training={"quorum": 1, "grace": 0, "stale_rounds": 10}, timeouts=TIMEOUTS)
+                    training={"quorum": 1, "grace": 0, "stale_rounds": stale_rounds}, timeouts=TIMEOUTS)
     workers = final_weights(job)
     assert sorted(workers) == [0, 1, 2]
     for rank, tensors in workers.items():
@@ -70,7 +73,10 @@ def test_a_slow_party_under_a_codec_is_folded_in_and_the_job_ends(geomx_job, cod
         assert torch.equal(got, want)
     report = outer_rounds(job)
     [slow] = [name for name in report["missed"] if "dc1" in name]
-    assert report["late_folded"].get(slow, 0) > 0 and report["dropped"] == {}, report
+    if stale_rounds:
+        assert report["late_folded"].get(slow, 0) > 0 and report["dropped"] == {}, report
+    else:
+        assert report["dropped"].get(slow, 0) > 0 and report["late_folded"] == {}, report
     assert_every_fold_applied(report)
 
 
