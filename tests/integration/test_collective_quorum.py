@@ -17,6 +17,7 @@ from geomx.runs.runlog import read_stats
 
 SCRIPT = "frontend_train.py"
 K1, SLICE_ELEMS = 2, 512
+SPARSE2BIT = {"type": "sparse2bit", "density": 0.02, "chunk": 4096, "pull_density": 0.04}
 
 
 def outer_rounds(job: Any) -> dict[str, Any]:
@@ -64,14 +65,17 @@ def test_every_party_on_time_equals_the_synchronous_rounds_bit_for_bit(geomx_job
     assert set(report["on_time"].values()) == {report["rounds"]}, "every party made every round"
 
 
-@pytest.mark.parametrize("delay", [0, 1], ids=["blocking", "overlapped"])
-def test_a_slow_collective_party_is_folded_in_and_the_job_ends(geomx_job, tmp_path: Path, delay: int):
+@pytest.mark.parametrize(("delay", "codec"), [(0, None), (1, None), (0, SPARSE2BIT)],
+                         ids=["blocking", "overlapped", "blocking_sparse2bit"])
+def test_a_slow_collective_party_is_folded_in_and_the_job_ends(geomx_job, tmp_path: Path, delay: int, codec):
     """quorum 2 of 3, grace 0: collective dc0 and server party dc1 close the rounds; collective dc2, 8x slower, is
     answered at once with the global model and its deltas folded into the open rounds (counted by party: its client,
-    not a rank). Its ranks land those answers alike: they end with one model."""
+    not a rank). Its ranks land those answers alike: they end with one model. With a residual WAN codec the owning
+    ranks' deltas go up sparse (each rank's residual its own slices'), and are decoded before the merge."""
     parties = {"dc0": 2, "dc1": 1, "dc2": 2}
     training = {"quorum": 2, "grace": 0, "stale_rounds": 10, "server_optimizer": "outer_nesterov",
-                **({"fragments": 2, "fragment_delay": delay} if delay else {})}
+                **({"fragments": 2, "fragment_delay": delay} if delay else {}),
+                **({"compression": codec} if codec else {})}
     path = write_topology(tmp_path / "slow.yaml", parties=parties, lan={"dc0": "collective", "dc2": "collective"},
                           hfa={"k1": K1, "k2": 2}, training=training, slice_elems=SLICE_ELEMS)
     job = geomx_job(SCRIPT, "--steps", "12", "--momentum", "0", "--step-s", "0.03", "--slow-rank", "3",
@@ -86,3 +90,6 @@ def test_a_slow_collective_party_is_folded_in_and_the_job_ends(geomx_job, tmp_pa
     assert "dc0/ranks" not in report["missed"], report
     assert all("/worker" not in name for name in report["by_party"]), "counted by party, not by rank"
     assert any("dc2/ranks" in r["folded"] for r in report["last_rounds"]), report["last_rounds"]
+    if codec:  # the ranks' deltas went up sparse; the answers (the global model) come dense
+        wan = {s["name"]: s["wan"] for s in read_stats(job.run_dir) if s.get("party") == "dc2"}
+        assert wan and all(w["sent"] * 4 < w["recv"] for w in wan.values()), wan

@@ -22,6 +22,7 @@ from harness import run_job, write_topology
 
 from geomx.core.strategy import WRAPPER_KEYS
 from geomx.runs.checkpoint import SUMS, load_latest
+from geomx.runs.runlog import read_stats
 from geomx.torch.checkpoint import worker_dir
 
 STEPS = 10
@@ -112,6 +113,52 @@ def test_hfa_with_an_outer_optimizer_resumes_bit_for_bit(tmp_path):
     want = straight.workers()
     for rank, (tensors, report) in resumed.workers().items():
         assert report["start_step"] == 8, report
+        for index, (got, expected) in enumerate(zip(tensors["final"], want[rank][0]["final"], strict=True)):
+            assert torch.equal(got, expected), f"worker {rank} param {index}: {(got - expected).abs().max()}"
+
+
+@pytest.mark.parametrize("quorum", [2, 1], ids=["quorum_every_party", "quorum_1_of_2"])
+def test_decoupled_rounds_resume(tmp_path, quorum):
+    """Decoupled rounds (HFA K1 = 2, K2 = 1, outer Nesterov, checkpoints every 2 global rounds), crashed and
+    resumed: the rounds go on from the checkpoint's count with every party's first delta on time (none folded in
+    late or dropped), and the parties' tokens count from the resumed round.
+
+    - quorum = every party: crashed after the checkpoint of round 4; the resumed job ends bit for bit where an
+      uninterrupted decoupled one ends;
+    - quorum 1 of 2, grace 0: dc0's worker stops before its step 10 (its checkpoints of steps 4 and 8) until dc1
+      has taken the rounds on alone to 6 (step 12, its last), then crashes the job. The global servers' checkpoint is
+      of round 6, a step dc0 never reached: its worker resumes from its newest checkpoint before it (step 8, with
+      the global model of round 6), dc1's at 12. Before, dc0's worker was refused (no checkpoint of step 12)."""
+    decoupled = {"quorum": quorum, "grace": "auto" if quorum == 2 else 0}
+    options = {"parties": {"dc0": 1, "dc1": 1}, "hfa": {"k1": 2, "k2": 1},
+               "training": {"server_optimizer": "outer_nesterov", **decoupled},
+               "timeouts": {"request": "20s", "round": "20s", "shutdown": "5s"}}
+    steps = ["--steps", 12]
+    rounds = 4 if quorum == 2 else 6  # the global servers' checkpoint the job resumes from
+    folder = tmp_path / "checkpoints"
+    topology = with_checkpoints(tmp_path / "job.yaml", folder, 2, **options)
+    crashed = run_job(tmp_path, "resume_train.py", *steps, "--kill-step", 10, "--wait-checkpoint", rounds,
+                      name="crash", topology=topology)
+    assert crashed.result.exit_code != 0
+    snapshot = load_latest(folder, 0)
+    assert snapshot is not None and snapshot.step == rounds and snapshot.holds == "model", crashed.tail()
+    assert "ckpt-000000012.json" not in {p.name for p in worker_dir(folder, 0).glob("*.json")}
+
+    resumed = run_job(tmp_path, "resume_train.py", *steps, name="resume", topology=topology, resume=True)
+    resumed.assert_ok()
+    workers = resumed.workers()
+    assert {rank: report["start_step"] for rank, (_, report) in workers.items()} == \
+        ({0: 8, 1: 8} if quorum == 2 else {0: 8, 1: 12})
+    [report] = [s["outer_rounds"] for s in read_stats(resumed.run_dir) if "outer_rounds" in s]
+    assert report["rounds"] > 0 and report["dropped"] == {} and report["late_folded"] == {}, report
+    assert all(entry["round"] >= rounds for entry in report["last_rounds"]), report["last_rounds"]
+    assert "dc0/server" not in report["missed"], report  # (dc1, with no step left, misses the last rounds)
+    if quorum < 2:
+        return
+    straight = run_job(tmp_path, "resume_train.py", *steps, name="straight",
+                       topology=with_checkpoints(tmp_path / "straight.yaml", tmp_path / "straight", 2, **options))
+    want = straight.workers()
+    for rank, (tensors, _) in workers.items():
         for index, (got, expected) in enumerate(zip(tensors["final"], want[rank][0]["final"], strict=True)):
             assert torch.equal(got, expected), f"worker {rank} param {index}: {(got - expected).abs().max()}"
 

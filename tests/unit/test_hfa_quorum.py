@@ -157,6 +157,29 @@ def test_a_push_beyond_the_staleness_bound_is_answered_and_dropped() -> None:
     assert server.rule.report()["dropped"] == {"dc2": 1}
 
 
+def test_late_pushes_in_a_round_nobody_joins_are_applied_once_every_party_has_left() -> None:
+    """dc2's push, a round late, is folded into round 1; dc0 and dc1 have finished and never push again. The round
+    waits while any party is still a client (a push of its own would close it), and closes with the fold alone
+    once the last has left (``Departures.last_gone``): the model moves by the late delta."""
+    server = GlobalServer(Decoupled(quorum=2, grace=0.0, stale_rounds=1), [0.0])
+    server.push("dc0", [1.0], tokens=1, at=0.0)
+    server.push("dc1", [1.0], tokens=1, at=0.1)
+    model = server.model.copy()
+    server.push("dc2", [4.0], tokens=2, at=0.5)
+    for party in ("dc0", "dc1"):
+        server.table.clients.leave(party)
+        server.tick(1.0)
+    assert server.table.completed(Kind.PUSHPULL, 0, 0) == 1, "dc2 is still a client: its next push may come"
+    assert server.table.clients.leave("dc2")
+    server.tick(1.1)
+    assert server.table.completed(Kind.PUSHPULL, 0, 0) == 2
+    np.testing.assert_allclose(server.model, model + 4.0, rtol=1e-6)
+    report = server.rule.report()
+    assert report["late_folded"] == {"dc2": 1} and len(server.answered("dc2")) == 1
+    assert report["last_rounds"][-1] == {"key": 0, "slice": 0, "round": 1, "quorum": [], "missing": [], "lost": [],
+                                         "folded": ["dc2"]}
+
+
 def test_a_lost_party_leaves_the_quorum_and_its_restart_is_on_time_from_its_init() -> None:
     """quorum 3 of 3, and dc2 dies: the rounds close once every live party is in (a quorum above the live parties
     shrinks to them, at once: no grace) and count dc2 lost. Restarted, dc2 is a new client of the same name, awaited

@@ -230,6 +230,7 @@ class RoundTable:
             rnd.arrivals[client] = now
             return False
         if admission is Admission.LATE:
+            rnd.started_at = rnd.started_at if rnd.contributions or rnd.folded else now
             rnd.folded.append(message)
             rnd.folded_from.append(client)
             if message.tensor is not None:  # (the plain sum; a rule's aggregation may merge ``folded`` its own way)
@@ -291,12 +292,13 @@ class RoundTable:
         return awaited <= rnd.contributions.keys()
 
     def complete_ready(self) -> None:
-        """Complete every open round whose awaited clients are all in (after a client left or was dropped). If
-        only held joiners remain, no cycle will end to admit them: admit them now."""
+        """Complete every open round whose awaited clients are all in (after a client left or was dropped; a round
+        rule's round of late pushes alone, once no client is awaited). If only held joiners remain, no cycle will
+        end to admit them: admit them now."""
         if self.clients.only_joining_remain():
             self.admit()
         for rnd in list(self.rounds.values()):
-            if rnd.contributions and not rnd.forwarding and self.ready(rnd):
+            if (rnd.contributions or rnd.folded) and not rnd.forwarding and self.ready(rnd):
                 self._complete(rnd)
 
     def admit(self) -> None:

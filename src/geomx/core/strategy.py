@@ -105,6 +105,12 @@ class WorkerStrategy:
         for a step that ends no round (no checkpoint then). This base: ``step``."""
         return step
 
+    def resumes_behind(self) -> bool:
+        """Whether this worker's party may be behind its global servers' rounds (they went on without it): on
+        ``--resume`` it then takes its newest checkpoint at or before their step, and goes on from its own step.
+        This base: False (every round waits for every party)."""
+        return False
+
     def common_model_step(self) -> int | None:
         """The job's step whose model this worker holds at the start of ``step()`` (once every answer on its way has
         landed) where, under a synchronous sync policy, every party holds that same model; None where it holds a

@@ -19,7 +19,9 @@ optimizer's state (and the model's buffers) at the steps of the servers' checkpo
 rounds: K1 x K2 steps each; under streaming a cycle of every fragment), and a resumed worker takes the global model
 from INIT, its step from the servers' completed rounds, and that step's state from its own checkpoint. Under ESync
 a round is of each worker's own steps, so a worker's checkpoints go by global rounds (``ckpt-<rounds>``), each
-recording the worker's step (``loop_step``), which is where it resumes.
+recording the worker's step (``loop_step``), which is where it resumes. Under decoupled rounds with a quorum below
+every party the global rounds go on without a slow party, whose workers may then have no checkpoint of the servers'
+step: each takes its newest one before it and goes on from that step with the checkpoint's global model.
 
 Usage (inside the wrapper)::
 
@@ -120,9 +122,12 @@ class WorkerCheckpoints:
         """The steps of this worker's checkpoints on disk, newest first (not yet verified)."""
         return [step_of(path) for path in manifests(self.folder)]
 
-    def newest(self) -> int:
-        """The newest step whose checkpoint verifies (each refused one logged); CheckpointError if there is none."""
+    def newest(self, at_most: int | None = None) -> int:
+        """The newest step (at most ``at_most``) whose checkpoint verifies (each refused one logged); CheckpointError
+        if there is none."""
         for step in self.steps():
+            if at_most is not None and step > at_most:
+                continue
             try:
                 self._verified = (step, self._read(step))  # what load() of it takes, not read again
                 return step
@@ -219,6 +224,8 @@ def init_from_checkpoints(loop: Resumable, config: NodeConfig) -> int:
     number = rounds if step is None else step  # ESync: this worker's checkpoint of those rounds tells its step
     if config.resume and mine is not None and not (keeps_model and master):
         # the optimizer state (and the model where it is the workers'); the step where rounds do not tell it
+        if step is not None and loop.strategy.resumes_behind():  # its party may not have got as far as the rounds
+            number = mine.newest(at_most=number)
         step = mine.load(number, loop.model, loop.optimizer)
     if step is None:  # a fresh start, or no checkpoints of this worker's
         return 0

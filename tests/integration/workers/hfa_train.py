@@ -26,6 +26,9 @@ def main() -> None:
     parser.add_argument("--compression", default="null", help="JSON codec spec, or null for dense")
     parser.add_argument("--batch", default="{}", help="JSON: party -> batch size of its workers (reported as tokens)")
     parser.add_argument("--sleep", default="{}", help="JSON: party -> seconds each of its workers sleeps a step")
+    parser.add_argument("--party-steps", default="{}", help="JSON: party -> its steps, in place of --steps")
+    parser.add_argument("--after", default="{}",
+                        help="JSON: party -> global ranks whose outputs its workers wait for before their first step")
     args = parser.parse_args()
     spec = json.loads(args.compression)
     kv = geomx.kv.create("dist_sync")
@@ -41,12 +44,15 @@ def main() -> None:
     kv.init(list(range(len(params))), [p.data for p in params])
     initial = [p.detach().clone() for p in params]
     local = torch.optim.SGD(params, lr=jobkit.LR)
-    inputs, targets = jobkit.make_data(args.steps, kv.num_all_workers)
+    steps = json.loads(args.party_steps).get(kv.party, args.steps)
+    inputs, targets = jobkit.make_data(steps, kv.num_all_workers)
     batch = json.loads(args.batch).get(kv.party)
     tokens = None if batch is None else batch * kv.hfa.k1  # the samples since this worker's last push
     pause = json.loads(args.sleep).get(kv.party, 0.0)
+    for other in json.loads(args.after).get(kv.party, []):
+        wait_for_output(kv.config.run_dir, other)
     started = time.monotonic()
-    for step in range(1, args.steps + 1):
+    for step in range(1, steps + 1):
         time.sleep(pause)
         local.zero_grad()
         F.mse_loss(model(inputs[step - 1, rank, :batch]), targets[step - 1, rank, :batch]).backward()
@@ -64,6 +70,16 @@ def main() -> None:
                                                         "job_model": job_model},
                               {"party": kv.party, "num_workers": kv.num_workers, "loop_s": loop_s})
     kv.close()
+
+
+def wait_for_output(run_dir, rank: int, timeout: float = 60.0) -> None:
+    """Until worker ``rank`` has saved its outputs (its loop and its job model's pull are done)."""
+    path = jobkit.out_dir(run_dir) / f"worker{rank}.json"
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{path} did not appear within {timeout} s")
+        time.sleep(0.05)
 
 
 if __name__ == "__main__":

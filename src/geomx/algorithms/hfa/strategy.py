@@ -41,6 +41,12 @@ class PeriodicAverage(WorkerStrategy):
         """K1 steps a local round and K2 local rounds a global one (under streaming: a cycle of every fragment)."""
         return global_round_steps(self.loop, self.k1, rounds)
 
+    def resumes_behind(self) -> bool:
+        """Under a quorum below every party the global rounds go on without a slow party: its workers' checkpoints
+        may all be of steps before the global servers' checkpoint."""
+        topology = self.loop.kv.config.topology
+        return 0 < decoupled_options(dict(topology.training.plugin_options)).quorum < len(topology.parties)
+
     @functools.cached_property
     def common_every(self) -> int | None:
         """The steps of a global round after which every party holds the global model; None: never (streaming, an
