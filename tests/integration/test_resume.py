@@ -58,11 +58,13 @@ def test_a_crashed_job_resumes_where_it_stopped(tmp_path, server_optimizer, lan)
                "timeouts": {"request": "20s", "round": "20s", "shutdown": "5s"}}
     topology = with_checkpoints(tmp_path / "job.yaml", folder, 3, **options)
 
-    crashed = run_job(tmp_path, "resume_train.py", "--steps", STEPS, "--kill-step", KILL, name="crash",
-                      topology=topology)
+    # the global server writes its checkpoints in the background: the kill waits for the one of step 6 (a loaded
+    # CI once killed it before any was on disk)
+    crashed = run_job(tmp_path, "resume_train.py", "--steps", STEPS, "--kill-step", KILL, "--wait-checkpoint", 6,
+                      name="crash", topology=topology)
     assert crashed.result.exit_code != 0
     snapshot = load_latest(folder, 0)
-    assert snapshot is not None and snapshot.step >= 3, crashed.tail()
+    assert snapshot is not None and snapshot.step >= 6, crashed.tail()
     assert snapshot.settings["server_optimizer"] == server_optimizer
     if server_optimizer == "auto":  # the servers hold sums; the workers hold the model, at their own steps
         assert snapshot.holds == SUMS
