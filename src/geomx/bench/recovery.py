@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from ..launch import LaunchResult
-from .chaos.plan import longest_stall_s, read_ranks, without_step_ends
+from .chaos.plan import fresh, longest_stall_s, read_fault, read_ranks, without_step_ends
 from .jobs import free_port, load_avg, run_job, write_topology
 from .sections import BenchPlan, Interrupted
 from .tables import fmt, say, table, write_and_print
@@ -139,8 +139,8 @@ def measure(plan: RecoveryPlan, out_dir: Path) -> dict[str, Any]:
     section: dict[str, Any] = {"plan": asdict(plan), "records": {}, "errors": [], "load_avg_start": load_avg()}
     out = out_dir / "ranks" / "recovery"
     contributed = out / "contributed"
-    for stale in (*out.glob("rank*.json"), out / "killed_at", contributed):
-        stale.unlink(missing_ok=True)
+    fresh(out).mkdir(parents=True, exist_ok=True)
+    contributed.unlink(missing_ok=True)
     longest = plan.h * plan.max_rounds
     status_port, address = free_port(), f"127.0.0.1:{free_port()}"
     path = write_topology(out_dir / "topologies" / "recovery.yaml", topology(plan, status_port))
@@ -152,7 +152,7 @@ def measure(plan: RecoveryPlan, out_dir: Path) -> dict[str, Any]:
         dc0.start()
         launch_party("lost", LOST, path, worker(plan, out, longest, "--die-step", str(plan.die_step)), address,
                      out_dir, results)  # returns once dc1's processes are dead
-        killed_at = float((out / "killed_at").read_text())
+        killed_at = read_fault(out)["at"]
         dead_at = wait_dead(f"127.0.0.1:{status_port}", LOST, plan.timeout_s)
         restarted_at = time.time()
         launch_party("rejoined", LOST, path, worker(plan, out, plan.rejoined_steps, "--contributed-file",

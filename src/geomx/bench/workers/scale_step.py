@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from geomx.bench.standin import StandIn, realistic_deltas
-from geomx.bench.workers.chaos import kill_party
+from geomx.bench.workers.chaos import kill_party, note_fault
 from geomx.config import node_config
 from geomx.runs.runlog import cpu_seconds, peak_rss_bytes
 from geomx.zoo.charlm import Windows, build, encode, next_char_loss, stdlib_text
@@ -131,8 +131,7 @@ def main(argv: list[str] | None = None) -> None:
         if step == last:
             break
         if step == args.die_step and kv is not None:
-            Path(args.out).mkdir(parents=True, exist_ok=True)
-            (Path(args.out) / "killed_at").write_text(repr(time.time()))
+            note_fault(args.out, step, rank)
             kill_party(kv.config.run_dir, kv.config.party)
         begun, overrun = time.perf_counter(), stand_in.overrun_s
         if args.real:
