@@ -18,6 +18,7 @@ from geomx.protocol.wire import Flag, Kind, Message
 
 class EveryClient(SyncPolicy):
     name = "every_client"
+    synchronous = True
 
     def round_complete(self, contributors: Collection[str], awaited: Collection[str]) -> bool:
         return set(awaited) <= set(contributors)
@@ -466,3 +467,29 @@ def test_a_resumed_count_is_not_staleness_and_a_synchronous_policy_counts_none()
     table.contribute(push("a", [1]))
     table.contribute(push("b", [1]))
     assert table.reports()["staleness"] == {}
+
+
+def test_a_joiner_held_for_the_round_under_way_is_admitted_when_every_slice_released_it() -> None:
+    host, table = make(["a", "b"])
+    for key in (0, 1):  # a first round of both slices
+        table.contribute(push("a", [1], key=key))
+        table.contribute(push("b", [1], key=key))
+    assert not table.hold_until_round_ends("x")  # between two rounds: taken at once
+    table.clients.add("c", hold=True)  # held for another reason (an algorithm's cycle): stays held below
+    table.contribute(push("a", [1], key=0))
+    assert table.hold_until_round_ends("j")  # slice 0's round 1 is open
+    table.contribute(push("b", [1], key=0))
+    first = push("j", [5], key=0)
+    assert table.clients.hold(first) and "j" in table.clients.joining  # slice 1 has not released round 1 yet
+    table.contribute(push("a", [1], key=1))
+    table.contribute(push("b", [1], key=1))  # ... now it has: j is admitted, its push replayed into round 2
+    assert host.redelivered == [first] and "j" not in table.clients.joining and "c" in table.clients.joining
+    assert table.rounds[(Kind.PUSHPULL, 0, 0)].contributions.keys() == {"j"}
+
+
+def test_no_joiner_is_held_under_a_policy_whose_rounds_do_not_wait_for_every_client() -> None:
+    _, table = make(["a", "b"], policy=EveryPush())
+    table.contribute(push("a", [1], key=0))
+    table.contribute(push("a", [1], key=1))
+    table.contribute(push("a", [1], key=0))
+    assert not table.hold_until_round_ends("j")

@@ -10,10 +10,12 @@ from typing import Any
 import numpy as np
 import pytest
 
+from geomx.cluster.membership import GLOBAL_SCHEDULER_ID, Member
 from geomx.config import NodeConfig, Role, load_topology
 from geomx.core.plugins import Extension
 from geomx.core.rounds import EARLY
 from geomx.optim import SGD
+from geomx.protocol.bodies import MembersNotice, encode_body
 from geomx.protocol.wire import Kind, Message
 from geomx.runs.checkpoint import Snapshot, write
 from geomx.server import ParameterServer
@@ -172,3 +174,55 @@ def test_a_resumed_global_server_answers_with_its_checkpoint_s_optimizer_before_
     server.configurers = {"ls0"}
     server.redeliver(request(Kind.CONFIGURE, "ls0", body={"optimizer": trained.spec()}))
     assert not is_error(sent.to("ls0")[-1]) and server.optimizer is resumed  # same spec: the restored state stays
+
+
+def push_of(sender: str, key: int, value: float) -> Message:
+    message = Message(Kind.PUSHPULL, key=key, slice=0, num_slices=1, tensor=np.full(2, value, np.float32),
+                      dtype="float32", shape=(2,))
+    message.sender = sender.encode()
+    message.request_id = 10 + key
+    return message
+
+
+def test_a_party_back_in_the_middle_of_the_others_round_meets_their_next_round_on_every_slice(
+        tmp_path: Path) -> None:
+    """The others' round had released key 0 but not yet key 1 when the restarted party came back: it is held until
+    key 1's round ends too, so its first pushes meet the others' next round of both keys. Without the hold key 1's
+    round waited for it while its own first push of key 0 waited for the others' next round: the recovery bench's
+    deadlock (both sides stalled until the round timeout)."""
+    server, sent = global_server(tmp_path, "elastic: true\n")
+    server.van.add_peer = lambda *args, **kwargs: None  # type: ignore[method-assign]
+    for key in (0, 1):
+        for i, party in enumerate(PARTIES):
+            init = Message(Kind.INIT, key=key, slice=0, num_slices=1, dtype="float32", shape=(2,),
+                           tensor=np.zeros(2, np.float32) if i == 0 else None, body={"shard": 0})
+            init.sender, init.request_id = party.encode(), 1
+            server.redeliver(init)
+    for key in (0, 1):  # a first round of every party
+        for party in PARTIES:
+            server.redeliver(push_of(party, key, 1.0))
+    server.departures.member_dead("ls2", "no heartbeat")
+    for party in PARTIES[:2]:
+        server.redeliver(push_of(party, 0, 1.0))
+    assert all(m.is_reply for party in PARTIES[:2] for m in sent.to(party)[-1:])  # key 0's round is out
+    sent.messages.clear()
+    back = Member("ls2b", Role.LOCAL_SERVER, "dc2", 0, "127.0.0.1:2")
+    notice = Message(Kind.MEMBERS, body=encode_body(MembersNotice(member=back.to_json(), replaces="ls2")))
+    notice.sender, notice.request_id = GLOBAL_SCHEDULER_ID.encode(), 1
+    server.redeliver(notice)
+    assert sent.to(GLOBAL_SCHEDULER_ID)[-1].is_reply
+    early = push_of("ls2b", 0, 5.0)  # its first push of key 0 comes before the others' round of key 1 ends
+    server.redeliver(early)
+    for party in PARTIES[:2]:
+        server.redeliver(push_of(party, 1, 1.0))
+    assert {p for p, m in sent.messages if m.kind is Kind.PUSHPULL and m.key == 1 and m.is_reply} == set(PARTIES[:2])
+    sent.messages.clear()
+    for party in PARTIES[:2]:  # the others' next round: it meets ls2b's first push on both keys
+        server.redeliver(push_of(party, 0, 1.0))
+    server.redeliver(push_of("ls2b", 1, 5.0))
+    for party in PARTIES[:2]:
+        server.redeliver(push_of(party, 1, 1.0))
+    answers = {(p, m.key): m for p, m in sent.messages if m.kind is Kind.PUSHPULL and m.is_reply}
+    assert set(answers) == {(p, k) for p in [*PARTIES[:2], "ls2b"] for k in (0, 1)}
+    for key in (0, 1):  # 1 + 1 + 5, nothing rescaled: ls2b's push is in the round (ls1 got the others' sum early)
+        assert answers[("ls2b", key)].tensor.tolist() == [7.0, 7.0]  # type: ignore[union-attr]

@@ -101,7 +101,7 @@ class Pulse:
              staleness: dict[str, dict[str, int]] | None = None, models: dict[str, str] | None = None,
              outer_rounds: dict[str, dict[str, int]] | None = None) -> None:
         """What the next heartbeats report besides the byte counters (any thread; cheap: a dict update).
-        ``rounds``: a server's round durations (``geomx.core.rounds.RoundTimes``: counts per bucket, their sum);
+        ``rounds``: a server's round durations (``geomx.core.round_times.RoundTimes``: counts per bucket, their sum);
         ``leads``, ``staleness``: its answers per client by rounds ahead, its pushes per client by staleness
         (``RoundTable.reports``); ``models``: a worker's model digests by step (``geomx.torch.digest``);
         ``outer_rounds``: a global server's decoupled rounds per client, by status."""

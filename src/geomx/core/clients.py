@@ -2,7 +2,8 @@
 
 A server's rounds wait for its *awaited* clients: present ones that neither left, nor were dropped as dead,
 nor joined after the round opened, nor are still *joining* (a rejoined client whose requests are held until
-the others finish their current cycle, so that it starts in step with them).
+the others finish their current cycle, or the round of pushes under way: ``geomx.core.joiners``, so that it starts
+in step with them).
 
 A client is usually one connection (a local server, a flat worker). The ranks of a collective party (``lan:
 collective``) are one client spread over several connections: each slice's push comes from the rank that owns
@@ -19,7 +20,7 @@ Usage::
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 
 from ..protocol.wire import Message
 
@@ -132,10 +133,11 @@ class Clients:
         """Every remaining client is a held joiner: no cycle will end to admit them, so admit them now."""
         return bool(self.joining) and not self.remaining() - set(self.joining)
 
-    def admit(self) -> dict[str, list[Message]]:
-        """End the hold: the joining clients and the requests they sent meanwhile, to replay in order."""
-        joining, self.joining = self.joining, {}
-        return joining
+    def admit(self, only: Collection[str] | None = None) -> dict[str, list[Message]]:
+        """End the hold of ``only`` (default: every joining client): the clients and the requests they sent
+        meanwhile, to replay in order."""
+        chosen = list(self.joining) if only is None else [client for client in only if client in self.joining]
+        return {client: self.joining.pop(client) for client in chosen}
 
     def refusal(self, client: str, name: str) -> str | None:
         """Why a request of ``client`` (shown as ``name``) is refused as one of a departed client, if it is."""

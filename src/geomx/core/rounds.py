@@ -26,7 +26,6 @@ Usage (inside a server, under its lock)::
 
 from __future__ import annotations
 
-import bisect
 import logging
 import time
 from collections import Counter
@@ -38,10 +37,11 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..codecs.half import from_half
-from ..protocol.bodies import ROUND_BUCKETS_S
 from ..protocol.wire import Kind, Message, MessageKind
 from .clients import Clients
+from .joiners import RoundEnds, round_under_way
 from .policy import SyncPolicy
+from .round_times import RoundTimes
 
 log = logging.getLogger("geomx.server")
 
@@ -139,20 +139,6 @@ class RoundTableHost(Protocol):
         """A SHUTDOWN round was released: every client has shut down."""
 
 
-class RoundTimes:
-    """How long a server's rounds of pushes took, from the first contribution to the answers: counts per
-    ``ROUND_BUCKETS_S`` bucket (and one above the last) and their sum, since the server started (its heartbeats
-    carry them to the status page's histogram)."""
-
-    def __init__(self) -> None:
-        self.counts = [0] * (len(ROUND_BUCKETS_S) + 1)
-        self.seconds = 0.0
-
-    def add(self, seconds: float) -> None:
-        self.counts[bisect.bisect_left(ROUND_BUCKETS_S, seconds)] += 1
-        self.seconds += seconds
-
-
 class RoundTable:
     """The open rounds of one server (the caller holds the server lock)."""
 
@@ -168,6 +154,7 @@ class RoundTable:
         self.leads: dict[str, Counter[int]] = {}  # client -> {rounds ahead an answer let it run: answers}
         self.staleness: dict[str, Counter[int]] = {}  # client -> {rounds released since its last answer: pushes}
         self.times = RoundTimes()  # rounds of pushes answered, by duration
+        self.round_ends = RoundEnds()  # joiners held until the round of pushes under way ends (geomx.core.joiners)
 
     # -- collect ------------------------------------------------------------------------------------------
     def get(self, kind: MessageKind, key: int, index: int) -> Round | None:
@@ -301,9 +288,20 @@ class RoundTable:
             if (rnd.contributions or rnd.folded) and not rnd.forwarding and self.ready(rnd):
                 self._complete(rnd)
 
-    def admit(self) -> None:
-        """The others finished a cycle: held joiners take part from the next one (their requests replayed)."""
-        for client, held in self.clients.admit().items():
+    def hold_until_round_ends(self, client: str) -> bool:
+        """Hold a (re)joining ``client`` until the synchronous round of pushes under way has ended on every slice
+        (``geomx.core.joiners``); True if one is under way (it is held)."""
+        target = round_under_way(self.rounds.values()) if self.policy.synchronous and self.rule is None else None
+        if target is None:
+            return False
+        self.clients.add(client, hold=True)
+        self.round_ends.wait(client, target)
+        return True
+
+    def admit(self, only: Collection[str] | None = None) -> None:
+        """The others finished a cycle (or the round ``only`` waited for): held joiners take part from the next one
+        (their requests replayed)."""
+        for client, held in self.clients.admit(only).items():
             log.info("[%s] %s takes part from the next cycle (%d requests held)", self.host.name,
                      self.host.display(client), len(held))
             for message in held:
@@ -372,6 +370,8 @@ class RoundTable:
         deferred, rnd.deferred = rnd.deferred, []
         for message in deferred:
             self.host.redeliver(message)
+        if rnd.kind is Kind.PUSHPULL and self.round_ends.targets:
+            self.admit(self.round_ends.due(self.rounds.values(), self.clients.joining))
         if finished_shutdown:
             self.host.all_done()
 

@@ -138,8 +138,12 @@ class Departures:
             # named as the party's first client was (reports count a party by name, across its restarts)
             host.requests.names[client] = collective_client(member.party) if rank else client
             host.table.exempt_open(client)
-            # an algorithm may hold a rejoiner's rounds until the others end their current cycle
-            host.clients.add(client, hold=any(extension.holds_rejoiners() for extension in host.extensions))
+            # an algorithm may hold a rejoiner's rounds until the others end their current cycle; else it waits only
+            # for the end of a synchronous round of pushes under way (geomx.core.joiners)
+            cycle = any(extension.holds_rejoiners() for extension in host.extensions)
+            host.clients.add(client, hold=cycle)
+            if not cycle:
+                host.table.hold_until_round_ends(client)
         if member.party == host.config.topology.central and not rank:
             host.configurers.add(member.id)
         log.warning("[%s] %s rejoined (replacing the one dropped); %d of %d clients present", host.name,
