@@ -155,6 +155,30 @@ def test_a_client_that_holds_the_value_already_is_answered_without_it() -> None:
     assert all(not rnd.same for rnd in server.table.rounds.values())
 
 
+def test_once_the_job_s_model_moved_a_late_joiner_s_digest_is_not_compared_and_it_is_told_so() -> None:
+    """After a round of pushes released since the server started, a late joiner (a restarted party: its seed's
+    model) is sent the value without the server digesting it, and the answer says the model moved (its ranks send
+    no more digests); on a resumed server nothing moved until a round is released beyond the checkpoint's."""
+    from geomx.core.inits import MOVED, value_digest
+    from geomx.core.rounds import SAME
+
+    held = value_digest(np.array([1.0, 2.0], dtype=np.float32))
+    for resumed_at in (0, 3):
+        server = FakeServer(["a", "b"], is_global=True)
+        server.inits.request(init("a", [1.0, 2.0]))
+        server.inits.request(init("b", None))
+        server.table.restore(Kind.PUSHPULL, 0, 0, resumed_at)
+        late = init("c", None)
+        late.body = {"shard": 0, "digest": held}
+        server.inits.request(late)
+        assert server.sent[-1][1].body == {SAME: True}  # nothing released since the (re)start: compared
+        server.table.rounds[(Kind.PUSHPULL, 0, 0)].number += 1  # a round released
+        server.inits.request(late)
+        answer = server.sent[-1][1]
+        assert answer.body == {MOVED: True}
+        np.testing.assert_array_equal(answer.tensor, [1.0, 2.0])
+
+
 def test_the_client_that_sent_the_value_with_its_digest_is_answered_without_it() -> None:
     """A collective rank of the central party sends the master's values and their digest: it is not sent them
     back (half the model in flight at once, for nothing); without a digest it gets them, as before."""

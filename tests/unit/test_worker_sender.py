@@ -151,3 +151,36 @@ def test_an_answer_is_waited_for_naming_the_server_key_and_slice() -> None:
         sender.reply(Future(), KEY, 2, "PUSHPULL")
     with pytest.raises(RuntimeError, match=f"answered key {KEY} slice 0 without data"):
         sender.data(Message(Kind.PUSHPULL, key=KEY), KEY, 0)
+
+
+class Answering(Recorder):
+    """Answers every INIT at once as a global server answers a late joiner once the job's model moved."""
+
+    def push(self, server: str, message: Message) -> Future[Message]:
+        from geomx.core.inits import MOVED
+
+        self.sent.append((server, message))
+        future: Future[Message] = Future()
+        shape = tuple(message.shape or ())
+        future.set_result(message.reply(tensor=np.full(shape, 7.0, np.float32), body={MOVED: True}))
+        return future
+
+    call = push
+
+
+def test_a_rank_told_the_job_s_model_moved_sends_no_more_digests() -> None:
+    """A restarted party's ranks digest their model for their INITs until an answer says the global servers moved
+    on since they started (the wrapper's signature is INITed first): the model's 170 MB per rank are not hashed."""
+    record = Answering()
+    keys = KeyTable(ShardPlanner(len(SERVERS), slice_elems=40, spread=1), SERVERS)
+    sender = SliceSender(record, keys, record, default_registry(), timeout_s=1.0)  # type: ignore[arg-type]
+    group = SimpleNamespace(world_size=1, rank=0, party="dc1", broadcast=lambda tensor, source: None,
+                            all_reduce=lambda tensor: None)
+    ranks = PartyRanks(group, False, sender)  # type: ignore[arg-type]
+    signature, model = torch.zeros(3), torch.zeros(90)
+    ranks.init([KEY], [signature])
+    assert decode_body(InitBody, record.sent[-1][1].body).digest is not None and not ranks.digests
+    record.sent.clear()
+    ranks.init([KEY + 1], [model])
+    assert {decode_body(InitBody, m.body).digest for _, m in record.sent} == {None}
+    assert model.tolist() == [7.0] * 90  # the values came

@@ -30,6 +30,9 @@ from ..protocol.bodies import BodyError, InitBody, decode_body
 from ..protocol.wire import Kind, Message, SliceId
 from .rounds import SAME, Round, RoundTable, SliceValue
 
+# body key of a late joiner's INIT answer: the job's model moved since its global servers started (``rounds_released``)
+MOVED = "moved"
+
 
 def value_digest(value: np.ndarray) -> str:
     """The digest of a value's bytes (SHA-256, its first 128 bits): what an INIT without the value says it holds,
@@ -37,6 +40,15 @@ def value_digest(value: np.ndarray) -> str:
     because CPUs hash it in hardware (x86's SHA extensions, ARMv8's): a restarted party's ranks digest the whole
     model before their INIT (0.49 s for 170 MB on this project's loaded host, against 1.0-1.5 s for BLAKE2b)."""
     return hashlib.sha256(np.ascontiguousarray(value).data).hexdigest()[:32]
+
+
+def rounds_released(table: RoundTable) -> bool:
+    """Whether ``table`` released a round of pushes since its server started (or resumed): then a late joiner's own
+    model (a restarted party's seed) matches the job's only by chance, so its digest is not compared (170 MB of
+    SHA-256 per rank on the server's one thread) and the answer tells it so (``MOVED``): it sends no more. A
+    party that resumes alone from a checkpoint of exactly the current round is sent the value it holds (bytes,
+    not a wrong value)."""
+    return any(rnd.kind is Kind.PUSHPULL and rnd.number > rnd.base for rnd in table.rounds.values())
 
 
 def init_digest(message: Message) -> str | None:
@@ -111,11 +123,13 @@ class Inits:
             pushes = host.table.get(Kind.PUSHPULL, *sid)
             if pushes is not None:  # ... every round released so far: its next push is late only by those to come
                 pushes.seen[client] = pushes.number
+            moved = rounds_released(host.table)
             digest = init_digest(message)
-            if digest is not None and digest == value_digest(stored.value):  # it holds them already
+            if digest is not None and not moved and digest == value_digest(stored.value):  # it holds them already
                 host.send(message.sender.decode(), message.reply(body={SAME: True}))
                 return
-            host.send(message.sender.decode(), message.reply(tensor=stored.value))
+            body = {MOVED: True} if moved else None
+            host.send(message.sender.decode(), message.reply(tensor=stored.value, body=body))
             return
         problem = self.check_shard(message) or self.check_size(message)
         if problem:

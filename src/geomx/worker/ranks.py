@@ -40,7 +40,7 @@ from ..collective.party_model import PartyModel, WholePartyModel, bucket_like
 from ..collective.sharded import ShardedPartyModel
 from ..config import ConfigError, NodeConfig
 from ..core.early import EarlyAnswers, Settle
-from ..core.inits import value_digest
+from ..core.inits import MOVED, value_digest
 from ..core.rounds import MODEL_CHANGE, SAME
 from ..core.strategy import WRAPPER_KEYS
 from ..protocol.tensors import host_numpy, wire_dtype
@@ -64,6 +64,9 @@ class PartyRanks:
         # early answers (geomx.core.early): the other parties' sum of a slice, ahead of the round's answer; stored by
         # the van's thread, added to the piece once the round's tensor-less answer arrives
         self.early = EarlyAnswers(Settle.ON_REPLY)
+        # whether INITs carry the digest of what this rank holds: not once an answer said the job's model moved
+        # since its global servers started (``geomx.core.inits.MOVED``: a restarted party's seed cannot match it)
+        self.digests = True
 
     def use_compression(self, spec: dict[str, object]) -> None:
         """Encode this rank's pushes with the job's WAN codec ``spec`` (as a local server encodes its party's)."""
@@ -141,8 +144,10 @@ class PartyRanks:
             for index, (start, stop) in enumerate(table[k].slices):
                 if self.owns(k, index):
                     pending.append((v, k, index, start, stop, self._send_init(k, index, data[start:stop])))
+        moved = torch.zeros(1)
         for v, k, index, start, stop, future in pending:
             reply = self.sender.reply(future, k, index, "INIT")
+            moved += bool((reply.body or {}).get(MOVED))
             if _same(reply):
                 continue  # it holds the global value already (its digest matched): nothing came, nothing moves
             v.data.view(-1)[start:stop].copy_(self.sender.data(reply, k, index))
@@ -150,6 +155,9 @@ class PartyRanks:
             flat = v.data.view(-1)
             for index, (start, stop) in enumerate(table[k].slices):
                 self.group.broadcast(flat[start:stop], source=self.owners.owner(k, index))
+        if self.digests:  # every rank learns what an owner's answer said (the wrapper's signature comes first)
+            self.group.all_reduce(moved)
+            self.digests = not moved.item()
 
     def _init_sharded(self, keys: list[int], values: list[torch.Tensor], local_shards: LocalShards) -> None:
         """INIT of FSDP2-sharded keys: the central party's owners get their slices' values from the local shards
@@ -172,7 +180,8 @@ class PartyRanks:
         """INIT one slice this rank owns (with ``piece``'s values in the central party); the answer's future."""
         # the digest of what this rank holds, so the same weights do not cross the WAN again (nor come back to the
         # central party, whose values they are: an answer of half the model in flight at once on each of its ranks)
-        return self.sender.init(key, index, piece, self.carries_values, digest=value_digest(piece))
+        digest = value_digest(piece) if self.digests else None
+        return self.sender.init(key, index, piece, self.carries_values, digest=digest)
 
     def party_model(self, params: Sequence[torch.Tensor]) -> PartyModel:
         """The model as this rank holds it, with its owned slices: whole on every rank, or FSDP2's local shards. Its
