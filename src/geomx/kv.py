@@ -21,6 +21,7 @@ import atexit
 import functools
 import logging
 import sys
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from contextlib import AbstractContextManager
@@ -95,6 +96,7 @@ class KVStore(AbstractContextManager["KVStore"]):
         spread = max((p.num_workers for p in config.topology.parties if p.name in collective), default=1)
         self._keys = KeyTable(ShardPlanner(config.topology.num_global_servers, config.topology.slice_elems, spread),
                               self._servers)
+        self.init_s = 0.0  # seconds spent in ``init``: the keys' values from the servers (into every rank of a party)
         plugins = compose_worker(config, WorkerContext(self._van, self._requests, self._servers, book, me,
                                                        self._timeout))
         self._plugins = plugins  # the caller's tensors keep their dtype whatever the LAN codec; INIT stays exact
@@ -147,17 +149,21 @@ class KVStore(AbstractContextManager["KVStore"]):
         keys, values = _as_list(key), _as_list(value)
         if len(keys) != len(values):
             raise ValueError(f"init got {len(keys)} keys but {len(values)} values")
-        if self._tier.init(keys, values):  # a collective party's ranks: each INITs the slices it owns
-            return
-        pending = []
-        for k, v in zip(keys, values, strict=True):
-            info = self._keys.add(k, v)
-            data = to_numpy(v, snapshot=True)
-            futures = [self._sender.init(k, index, data[start:stop], values=self.is_master_worker)
-                       for index, (start, stop) in enumerate(info.slices)]
-            pending.append((k, v, info, futures))
-        for k, v, info, futures in pending:
-            copy_out(self._codecs, self._sender.replies(futures, k, "INIT"), info, v.data)
+        started = time.perf_counter()
+        try:
+            if self._tier.init(keys, values):  # a collective party's ranks: each INITs the slices it owns
+                return
+            pending = []
+            for k, v in zip(keys, values, strict=True):
+                info = self._keys.add(k, v)
+                data = to_numpy(v, snapshot=True)
+                futures = [self._sender.init(k, index, data[start:stop], values=self.is_master_worker)
+                           for index, (start, stop) in enumerate(info.slices)]
+                pending.append((k, v, info, futures))
+            for k, v, info, futures in pending:
+                copy_out(self._codecs, self._sender.replies(futures, k, "INIT"), info, v.data)
+        finally:
+            self.init_s += time.perf_counter() - started
 
     def push(self, key: int | Sequence[int], value: torch.Tensor | Sequence[torch.Tensor], priority: int = 0,
              tokens: int | None = None) -> None:

@@ -12,13 +12,13 @@ pytestmark = pytest.mark.timeout(300)
 
 def test_parts_add_up_from_the_restarted_ranks_stages():
     stages = {"main": 12.0, "model": 13.0, "setup": 14.0, "joined": 16.0, "ready": 17.0}
-    ranks = {2: {"times": stages, "started_at": 17.5, "step_ends": [1.0, 2.5], "model_bytes": 4e6},
+    ranks = {2: {"times": stages, "started_at": 17.5, "step_ends": [1.0, 2.5], "model_bytes": 4e6, "init_s": 0.25},
              3: {"times": {**stages, "joined": 16.5}, "started_at": 17.0, "step_ends": [1.0, 2.0],
-                 "model_bytes": 4e6}}
+                 "model_bytes": 4e6, "init_s": 0.5}}
     record = parts(ranks, [2, 3], killed_at=0.0, dead_at=5.0, restarted_at=10.0, h=2)
     assert record["detection_s"] == 5.0
     assert record["reform_s"] == 6.5 and record["join_s"] == 2.5  # the later rank's: the party formed then
-    assert record["state_s"] == 0.5 and record["state_mb_per_s"] == 8.0
+    assert record["wrapper_s"] == 0.5 and record["state_s"] == 0.5 and record["state_mb_per_s"] == 8.0
     assert record["first_contribution_s"] == 3.0  # the later rank's second step ended at 17.5 + 2.5
     assert record["rejoin_s"] == 10.0 and record["kill_to_contribution_s"] == 20.0
 
@@ -33,7 +33,9 @@ def test_a_killed_collective_party_is_restarted_and_its_recovery_measured_in_par
     assert record["detection_s"] >= plan.heartbeat_s - 0.5
     for part in ("reform_s", "imports_s", "model_s", "setup_s", "join_s", "state_s", "first_contribution_s"):
         assert record[part] > 0, part
-    assert record["rejoin_s"] == pytest.approx(record["reform_s"] + record["state_s"] + record["first_contribution_s"])
+    assert record["state_s"] < record["wrapper_s"]  # the INIT is a part of the wrapper's start
+    together = record["reform_s"] + record["wrapper_s"] + record["first_contribution_s"]
+    assert record["rejoin_s"] == pytest.approx(together)
     ranks = section["ranks"]
     assert [ranks[r]["steps"] for r in (2, 3)] == [2 * plan.h] * 2  # the restarted ranks' two outer rounds
     survivor = [ranks[r]["steps"] for r in (0, 1)]

@@ -16,12 +16,14 @@ ends:
   the 85M model built (``model_s``), the stand-in's one real gradient and optimizer state (``setup_s``: a real
   job's restart builds its optimizer state too), the party's gloo group formed and the scheduler's admission in
   place of the dead ranks (``join_s``);
-- ``state_s``: the wrapper's INIT: the job's model (``model_mb``) from the global server into the party's ranks
-  (``state_mb_per_s``);
+- ``wrapper_s``: the wrapper's start (``DistributedOptimizer``), of which ``state_s`` is its INIT: the job's model
+  (``model_mb``) from the global server into the party's ranks (``state_mb_per_s``; the kvstore's ``init_s``, the
+  later rank's), and the rest chiefly DiLoCo's own copy of the job's model (a local copy: 342 MB of fresh pages);
 - ``first_contribution_s``: from then to the end of the restarted party's first outer round (H stand-in steps and
   the round trip: its first contribution is in and answered).
 
-``rejoin_s`` (restart to first contribution, goal 30 s) is the last three together; ``others_stalled_s`` is the
+``rejoin_s`` (restart to first contribution, goal 30 s) is re-forming, the wrapper's start and the first
+contribution together; ``others_stalled_s`` is the
 longest time dc0's ranks went without a step beyond their median step (dc0's global round waits for dc1 until
 dc1 is declared dead, and again for the restarted dc1's first contribution).
 
@@ -124,11 +126,12 @@ def parts(ranks: dict[int, dict[str, Any]], rejoined: list[int], killed_at: floa
 
     first = max(ranks[r]["started_at"] + ranks[r]["step_ends"][h - 1] for r in rejoined)
     model_bytes = ranks[rejoined[0]]["model_bytes"]
-    state_s = last("ready") - last("joined")
+    state_s = max(ranks[r]["init_s"] for r in rejoined)
     return {"detection_s": dead_at - killed_at, "reform_s": last("joined") - restarted_at,
             "imports_s": last("main") - restarted_at, "model_s": last("model") - last("main"),
             "setup_s": last("setup") - last("model"), "join_s": last("joined") - last("setup"),
-            "state_s": state_s, "model_mb": model_bytes / 1e6, "state_mb_per_s": model_bytes / 1e6 / state_s,
+            "wrapper_s": last("ready") - last("joined"), "state_s": state_s, "model_mb": model_bytes / 1e6,
+            "state_mb_per_s": model_bytes / 1e6 / state_s,
             "first_contribution_s": first - last("ready"), "rejoin_s": first - restarted_at,
             "kill_to_contribution_s": first - killed_at}
 
@@ -196,7 +199,9 @@ def lines(section: dict[str, Any]) -> list[str]:
                  ["re-forming", fmt(record["reform_s"], ".1f"),
                   f"imports {fmt(record['imports_s'], '.1f')}, model {fmt(record['model_s'], '.1f')}, stand-in "
                   f"{fmt(record['setup_s'], '.1f')}, group + admission {fmt(record['join_s'], '.1f')}", ""],
-                 ["state", fmt(record["state_s"], ".2f"),
+                 ["wrapper's start", fmt(record["wrapper_s"], ".2f"), "its INIT (below), DiLoCo's copy of the model",
+                  ""],
+                 ["  state", fmt(record["state_s"], ".2f"),
                   f"{fmt(record['model_mb'], '.0f')} MB at {fmt(record['state_mb_per_s'], '.0f')} MB/s",
                   f"<= {goal['state_s']:g}"],
                  ["first contribution", fmt(record["first_contribution_s"], ".1f"), "H steps and the round trip", ""],

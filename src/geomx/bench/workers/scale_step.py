@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> None:
               "model_bytes": sum(p.numel() * p.element_size() for p in params),
               "peak_rss_bytes": peak_rss_bytes(), "rss_bytes_after": stages,
               "loop_cpu_s": loop_cpu, "device": str(device), "times": times, "started_at": started_at,
-              "step_ends": ends}
+              "step_ends": ends, "init_s": kv.init_s if kv is not None else 0.0}
     if kv is not None:
         opt.close()  # type: ignore[attr-defined]
         kv.close()
