@@ -7,8 +7,10 @@
   server takes it as a client. Its worker's ``init`` returns the *current* global model (one dc0 pulled after
   dc1 died, not the master's initial weights) and from then on the global rounds include it again. Everyone ends
   normally; the global scheduler exits 0 (the job is whole).
-* The same under SSP, DiLoCo with a quorum of every party (it shrinks to dc0 while dc1 is lost) and streaming
-  fragments with a quorum of one; under a quorum the global server's round report shows dc1 lost, then back.
+* The same under SSP, elastic FSA (a round of every step: the restarted party's pushes are held until the step's
+  round under way has ended on every key, ``geomx.core.joiners``), DiLoCo with a quorum of every party (it shrinks
+  to dc0 while dc1 is lost) and streaming fragments with a quorum of one; under a quorum the global server's round
+  report shows dc1 lost, then back.
 * **A rank of a collective party killed under ``torchrun --max-restarts 1``**: torchrun's agent restarts the party's
   ranks and they rejoin as the party, while the server party trains on.
 * **Cut off, dropped, restarted** (MixedSync): the WAN emulator cuts dc1 off for longer than the heartbeat
@@ -80,10 +82,13 @@ def outer_rounds_of(job: Job) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("lost_by", "algorithm"), [("kill", "hfa"), ("kill", "esync"), ("outage", "mixed"),
-                                                    ("kill", "diloco"), ("kill", "streaming"), ("kill", "ssp")])
+                                                    ("kill", "diloco"), ("kill", "streaming"), ("kill", "ssp"),
+                                                    ("kill", "fsa_elastic")])
 def test_a_lost_party_restarts_and_rejoins_with_the_current_model(tmp_path, reserved_port, lost_by, algorithm):
     topology = write_topology(tmp_path / "rejoin.yaml", parties={"dc0": 1, "dc1": 1}, timeouts=TIMEOUTS,
                               hfa=HFA.get(algorithm), training=DECOUPLED.get(algorithm))
+    if algorithm == "fsa_elastic":
+        topology.write_text(topology.read_text() + "elastic: true\n")
     kind = {"mixed": ("--kind", "dist_async"), "ssp": ("--kind", "dist_ssp"), "esync": ("--esync",),
             "diloco": ("--outer",)}.get(algorithm, ())
     rejoined = tmp_path / "rejoined"
@@ -127,7 +132,8 @@ def test_a_lost_party_restarts_and_rejoins_with_the_current_model(tmp_path, rese
     start = new_tensors["after_init"]
     assert not same(start, new_tensors["before_init"])
     assert not same(start, dc0_tensors["after_init"])
-    if algorithm in PER_KEY:  # ``init`` may read key 0 after dc0's push of step t and key 3 after step t + 1;
+    if algorithm in PER_KEY or algorithm == "fsa_elastic":  # ``init`` may read key 0 after dc0's push of step t
+        # and key 3 after step t + 1 (under FSA: a round of every step, the INIT answered in the middle of one);
         # every key is one dc0 pulled, none a first one
         firsts = [next((i for i, model in enumerate(dc0_models) if torch.equal(model[k], start[k])), None)
                   for k in range(per)]
@@ -136,8 +142,8 @@ def test_a_lost_party_restarts_and_rejoins_with_the_current_model(tmp_path, rese
         # pulls are mostly local averages, its fragments' global models landing one at a time)
         matches = [i for i, model in enumerate(dc0_models) if same(model, start)]
         assert matches and matches[0] >= 3, (matches, len(dc0_models))
-    assert new_report["syncs"] == (12 if algorithm in PER_KEY else 12 // 2 if algorithm != "esync" else
-                                   new_report["syncs"]) > 0
+    per_step = algorithm in (*PER_KEY, "fsa_elastic")
+    assert new_report["syncs"] == (12 if per_step else 12 // 2 if algorithm != "esync" else new_report["syncs"]) > 0
     assert not same(new_tensors["final"], start)
     if algorithm not in (*PER_KEY, "streaming"):
         # after the rejoin both parties were in the same global rounds: they pulled the same averages
