@@ -16,7 +16,7 @@ from hypothesis.extra import numpy as hnp
 from geomx.codecs import CodecError, Encoded, ErrorFeedback, Int8, Sparse2Bit, TensorInfo, default_registry, make_codec
 from geomx.codecs.base import ResidualCodec
 from geomx.codecs.messages import decode_message, payload_fields
-from geomx.codecs.sparse2bit import index_bits, keep_count, pack, unpack
+from geomx.codecs.sparse2bit import index_bits, keep_count, pack, select, unpack
 from geomx.protocol.wire import CODEC_META, Kind, Message, decode, encode, frames_nbytes
 
 F32 = np.dtype(np.float32)
@@ -370,3 +370,17 @@ def test_mutated_payloads_decode_or_raise_codec_error(data: st.DataObject) -> No
     except CodecError:
         return
     assert out.shape == (40,) and np.all(np.isfinite(out))
+
+
+@pytest.mark.parametrize("nonzeros", [0, 3, 8, 9, 40])
+def test_select_keeps_the_k_largest_and_the_first_of_ties_as_a_stable_sort_does(nonzeros: int) -> None:
+    """Rows of at most k non-zeros (the global server's answers: mostly zeros) keep them all and their first zeros;
+    other rows their k largest, ties at the k-th broken by position: the pick of a stable sort by -|x|."""
+    rng = np.random.default_rng(nonzeros)
+    rows = np.zeros((64, 40), np.float32)
+    for row in rows:
+        where = rng.choice(40, nonzeros, replace=False)
+        row[where] = rng.choice([-2.0, -1.0, 1.0, 0.5, 3.0], nonzeros)  # repeated magnitudes: ties
+    got = select(rows, 8)
+    want = np.sort(np.argsort(-np.abs(rows), axis=1, kind="stable")[:, :8], axis=1)
+    np.testing.assert_array_equal(got, want)

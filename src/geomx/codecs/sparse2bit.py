@@ -94,22 +94,44 @@ def _bf16_down(values: np.ndarray) -> np.ndarray:
 
 
 def select(rows: np.ndarray, k: int) -> np.ndarray:
-    """Column of each row's ``k`` largest ``|value|`` as an (R, k) array, ascending in each row (ties: deterministic).
+    """Column of each row's ``k`` largest ``|value|`` as an (R, k) array, ascending in each row (ties: the first).
 
-    One ``np.partition`` per row finds the k-th largest magnitude; rows with exactly k at or above it (almost all)
-    take those; rows with ties at it take an ``argpartition``'s pick."""
+    A row with at most k non-zeros keeps them all and its first zeros (the global server's answers: a sum of the
+    parties' sparse deltas is mostly zeros, and a partition of a row of zeros is several times slower than of a
+    dense one). Other rows: one ``np.partition`` per row finds the k-th largest magnitude; rows with exactly k at
+    or above it take those, rows with ties at it those above it and the first of those equal to it."""
     r, c = rows.shape
     if k == c:
         return np.broadcast_to(np.arange(c), (r, c)).copy()
     magnitude = np.abs(rows)
+    count = np.count_nonzero(rows, axis=1)
+    sparse = count <= k
+    if not sparse.any():
+        mask = _top(magnitude, k)
+    else:
+        mask = nonzero = magnitude != 0
+        dense = np.flatnonzero(~sparse)
+        if dense.size:
+            mask[dense] = _top(magnitude[dense], k)
+        few = np.flatnonzero(sparse)
+        # its first k - count zeros lie among its first k columns (those hold at most count non-zeros)
+        zeros = ~nonzero[few, :k]
+        mask[few, :k] |= zeros & (np.cumsum(zeros, axis=1, dtype=np.int32) <= (k - count[few])[:, None])
+    return (np.flatnonzero(mask) % c).reshape(r, k)
+
+
+def _top(magnitude: np.ndarray, k: int) -> np.ndarray:
+    """Each row's mask of exactly ``k`` of its largest entries (ties at the k-th largest: the first of them)."""
+    c = magnitude.shape[1]
     threshold = np.partition(magnitude, c - k, axis=1)[:, c - k]
     mask = magnitude >= threshold[:, None]
-    tied = np.flatnonzero(np.count_nonzero(mask, axis=1) != k)
+    tied = np.flatnonzero(np.count_nonzero(mask, axis=1) != k)  # more than k at or above it (never fewer)
     if tied.size:
-        picks = np.sort(np.argpartition(magnitude[tied], c - k, axis=1)[:, c - k:], axis=1)
-        mask[tied] = False
-        mask[tied[:, None], picks] = True
-    return (np.flatnonzero(mask) % c).reshape(r, k)
+        level = threshold[tied][:, None]
+        above, equal = magnitude[tied] > level, magnitude[tied] == level
+        wanted = k - np.count_nonzero(above, axis=1)  # at most k - 1 lie strictly above the k-th largest
+        mask[tied] = above | (equal & (np.cumsum(equal, axis=1, dtype=np.int32) <= wanted[:, None]))
+    return mask
 
 
 def levels(kept: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
