@@ -70,7 +70,11 @@ def with_outage(path: Path, party: str, start: float, duration: float) -> Path:
 DECOUPLED = {"diloco": {"quorum": 2, "grace": "auto"},
              "streaming": {"quorum": 1, "grace": "0", "stale_rounds": 4, "fragments": 2}}
 HFA = {"hfa": {"k1": 2, "k2": 1}, "esync": {"k1": 2, "k2": 1}, "diloco": {"k1": 2, "k2": 1},
-       "streaming": {"k1": 2, "k2": 2}}
+       "streaming": {"k1": 2, "k2": 2}, "streaming_blocking": {"k1": 2, "k2": 2}}
+# streaming without a quorum: every fragment's round waits for every party, nothing overlapped; a party back in the
+# middle of the others' cycle is held until its end (``geomx.core.joiners``), so that its first fragment meets theirs
+BLOCKING = {"streaming_blocking": {"fragments": 2}}
+STREAMING = ("streaming", "streaming_blocking")
 PER_KEY = ("mixed", "ssp")  # asynchronous or bounded-stale global tiers: each key moves on its own
 
 
@@ -83,10 +87,10 @@ def outer_rounds_of(job: Job) -> dict:
 @pytest.mark.slow
 @pytest.mark.parametrize(("lost_by", "algorithm"), [("kill", "hfa"), ("kill", "esync"), ("outage", "mixed"),
                                                     ("kill", "diloco"), ("kill", "streaming"), ("kill", "ssp"),
-                                                    ("kill", "fsa_elastic")])
+                                                    ("kill", "fsa_elastic"), ("kill", "streaming_blocking")])
 def test_a_lost_party_restarts_and_rejoins_with_the_current_model(tmp_path, reserved_port, lost_by, algorithm):
     topology = write_topology(tmp_path / "rejoin.yaml", parties={"dc0": 1, "dc1": 1}, timeouts=TIMEOUTS,
-                              hfa=HFA.get(algorithm), training=DECOUPLED.get(algorithm))
+                              hfa=HFA.get(algorithm), training=DECOUPLED.get(algorithm, BLOCKING.get(algorithm)))
     if algorithm == "fsa_elastic":
         topology.write_text(topology.read_text() + "elastic: true\n")
     kind = {"mixed": ("--kind", "dist_async"), "ssp": ("--kind", "dist_ssp"), "esync": ("--esync",),
@@ -138,14 +142,14 @@ def test_a_lost_party_restarts_and_rejoins_with_the_current_model(tmp_path, rese
         firsts = [next((i for i, model in enumerate(dc0_models) if torch.equal(model[k], start[k])), None)
                   for k in range(per)]
         assert None not in firsts and min(firsts) >= 3, (firsts, len(dc0_models))
-    elif algorithm != "streaming":  # synchronous global rounds: the whole model is one dc0 pulled (streaming's
+    elif algorithm not in STREAMING:  # synchronous global rounds: the whole model is one dc0 pulled (streaming's
         # pulls are mostly local averages, its fragments' global models landing one at a time)
         matches = [i for i, model in enumerate(dc0_models) if same(model, start)]
         assert matches and matches[0] >= 3, (matches, len(dc0_models))
     per_step = algorithm in (*PER_KEY, "fsa_elastic")
     assert new_report["syncs"] == (12 if per_step else 12 // 2 if algorithm != "esync" else new_report["syncs"]) > 0
     assert not same(new_tensors["final"], start)
-    if algorithm not in (*PER_KEY, "streaming"):
+    if algorithm not in (*PER_KEY, *STREAMING):
         # after the rejoin both parties were in the same global rounds: they pulled the same averages
         common = [m for m in new_models if any(same(m, d) for d in dc0_models)]
         assert len(common) >= 3, (len(common), len(new_models))
