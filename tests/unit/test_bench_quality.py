@@ -104,3 +104,17 @@ def test_every_rank_reads_its_part_of_the_same_global_batches_as_single():
         assert torch.equal(torch.cat(parts), single[step])
     assert torch.equal(rank_part(single[0], 0, 1), single[0])
     assert not torch.equal(next(global_batches(count, 12, 1, seed=1)), single[0])
+
+
+def test_a_row_of_its_own_rate_and_sgd_reaches_the_workers():
+    """A try with plain SGD on the workers at its own rate (what a codec costs without Adam's scaling)."""
+    import argparse
+
+    from geomx.bench.quality import BUDGET, QualityRow, worker_args
+    from geomx.bench.workers.quality import make_optimizer
+
+    args = worker_args(QualityRow("fsa_sgd", optimizer="sgd", lr=0.3), BUDGET, Path("curve.jsonl"))
+    assert args[args.index("--optimizer") + 1] == "sgd" and args[args.index("--lr") + 1] == "0.3"
+    assert worker_args(QualityRow("fsa"), BUDGET, Path("c"))[args.index("--lr") + 1] == str(BUDGET.lr)
+    made = make_optimizer(argparse.Namespace(optimizer="sgd", lr=0.3, weight_decay=0.01), torch.nn.Linear(2, 2))
+    assert type(made) is torch.optim.SGD and made.param_groups[0]["lr"] == 0.3

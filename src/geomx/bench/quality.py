@@ -102,6 +102,7 @@ class QualityRow:
     hfa: bool = False
     optimizer: str = "adamw"
     schedule: str = "cosine"  # constant where the global servers run the optimizer (a worker's rate would not reach it)
+    lr: float | None = None  # the workers' rate where it is not the budget's (a try with SGD on the workers)
 
 
 OUTER = {"server_optimizer": {"type": "outer_nesterov", "lr": 0.7, "momentum": 0.5}}  # Budget's docstring says why
@@ -159,7 +160,7 @@ def worker_args(row: QualityRow, budget: Budget, curve: Path) -> list[str]:
     mode = {"single": "single", "ddp": "ddp"}.get(row.kind, "geomx")
     return ["--mode", mode, "--out", str(curve), "--preset", budget.preset, "--steps", str(budget.steps),
             "--batch-size", str(budget.batch_size), "--world", str(budget.world), "--optimizer", row.optimizer,
-            "--lr", str(budget.lr), "--schedule", row.schedule, "--eval-every", str(budget.eval_every),
+            "--lr", str(row.lr or budget.lr), "--schedule", row.schedule, "--eval-every", str(budget.eval_every),
             "--eval-windows", str(budget.eval_windows), "--seed", str(budget.seed), "--timeout-s",
             str(budget.timeout_s), "--max-chars", str(budget.max_chars)]
 

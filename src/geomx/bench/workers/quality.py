@@ -44,7 +44,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=500)
     parser.add_argument("--batch-size", type=int, default=16, help="windows per rank per step")
     parser.add_argument("--world", type=int, default=4, help="ranks of the distributed rows (single: its batch)")
-    parser.add_argument("--optimizer", choices=("adamw", "adam"), default="adamw")
+    parser.add_argument("--optimizer", choices=("adamw", "adam", "sgd"), default="adamw")
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--schedule", choices=("cosine", "constant"), default="cosine",
                         help="cosine: from --lr to a tenth of it over --steps (constant: where the servers step)")
@@ -98,9 +98,12 @@ def rank_part(batch: torch.Tensor, rank: int, world: int) -> torch.Tensor:
 
 
 def make_optimizer(args: argparse.Namespace, model: torch.nn.Module) -> torch.optim.Optimizer:
-    """AdamW (every row's), or Adam where the global servers must run it (MixedSync, SSP: only Adam translates)."""
+    """AdamW (every row's), Adam where the global servers must run it (MixedSync, SSP: only Adam translates), or
+    plain SGD (a try: what a codec costs without Adam's per-coordinate scaling)."""
     if args.optimizer == "adam":
         return torch.optim.Adam(model.parameters(), lr=args.lr)
+    if args.optimizer == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=args.lr)
     return torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
 
 
