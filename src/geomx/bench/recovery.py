@@ -45,8 +45,8 @@ from pathlib import Path
 from typing import Any
 
 from ..launch import LaunchResult
-from .chaos.plan import fresh, longest_stall_s, read_fault, read_ranks, without_step_ends
-from .jobs import free_port, load_avg, run_job, write_topology
+from .chaos.plan import fresh, launch_party, longest_stall_s, read_fault, read_ranks, without_step_ends
+from .jobs import free_port, load_avg, write_topology
 from .sections import BenchPlan, Interrupted
 from .tables import fmt, say, table, write_and_print
 
@@ -113,11 +113,6 @@ def wait_dead(address: str, party: str, timeout_s: float) -> float:
     raise RuntimeError(f"{party} was not declared dead within {timeout_s:g} s")
 
 
-def launch_party(label: str, party: str, path: Path, command: list[str], address: str, out_dir: Path,
-                 results: dict[str, LaunchResult]) -> None:
-    results[label], _ = run_job(f"recovery-{label}", path, command, out_dir, party=party, global_scheduler=address)
-
-
 def parts(ranks: dict[int, dict[str, Any]], rejoined: list[int], killed_at: float, dead_at: float,
           restarted_at: float, h: int) -> dict[str, Any]:
     """The recovery's parts from the restarted ranks' ``times`` (each part's end: the later of the two ranks)."""
@@ -149,17 +144,18 @@ def measure(plan: RecoveryPlan, out_dir: Path) -> dict[str, Any]:
     path = write_topology(out_dir / "topologies" / "recovery.yaml", topology(plan, status_port))
     results: dict[str, LaunchResult] = {}
     survivor = worker(plan, out, longest, "--until-file", str(contributed), "--after", str(plan.h * plan.after_rounds))
-    dc0 = threading.Thread(target=launch_party, args=("dc0", "dc0", path, survivor, address, out_dir, results))
+    dc0 = threading.Thread(target=launch_party, args=("dc0", "dc0", path, survivor, address, out_dir, results),
+                           kwargs={"section": "recovery"})
     try:
         say(f"[recovery] dc0 and dc1 start; dc1 is killed at its step {plan.die_step} ...")
         dc0.start()
         launch_party("lost", LOST, path, worker(plan, out, longest, "--die-step", str(plan.die_step)), address,
-                     out_dir, results)  # returns once dc1's processes are dead
+                     out_dir, results, section="recovery")  # returns once dc1's processes are dead
         killed_at = read_fault(out)["at"]
         dead_at = wait_dead(f"127.0.0.1:{status_port}", LOST, plan.timeout_s)
         restarted_at = time.time()
         launch_party("rejoined", LOST, path, worker(plan, out, plan.rejoined_steps, "--contributed-file",
-                                                    str(contributed)), address, out_dir, results)
+                                                    str(contributed)), address, out_dir, results, section="recovery")
         dc0.join(timeout=plan.timeout_s)
         failed = [f"{label} ({r.failed})" for label, r in results.items() if label != "lost" and r.exit_code != 0]
         if failed or dc0.is_alive():

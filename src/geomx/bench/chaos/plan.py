@@ -184,10 +184,11 @@ def run_variant(name: str, plan: ChaosPlan, raw: dict[str, Any], slow_rank: int,
 
 def launch_party(label: str, party: str, path: Path, command: list[str], address: str, out_dir: Path,
                  results: dict[str, LaunchResult], ended: dict[str, float] | None = None,
-                 resume: bool = False) -> None:
+                 resume: bool = False, section: str = "chaos") -> None:
     """``geomx launch --party PARTY --global-scheduler ADDRESS`` (``--resume``), as on the party's own host
-    (``run_job``): its result into ``results[label]``, and the wall clock it returned at into ``ended[label]``."""
-    results[label], _ = run_job(f"chaos-{label}", path, command, out_dir, party=party, global_scheduler=address,
+    (``run_job``, its log ``SECTION-LABEL``): its result into ``results[label]``, and the wall clock it returned at
+    into ``ended[label]``."""
+    results[label], _ = run_job(f"{section}-{label}", path, command, out_dir, party=party, global_scheduler=address,
                                 resume=resume)
     if ended is not None:
         ended[label] = time.time()
