@@ -45,9 +45,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--momentum", type=float, default=None,
                         help="the codec's DGC momentum correction (bsc, mpq; default 0.9 with sgd, the codec's "
                              "default 0 with adam)")
-    parser.add_argument("--optimizer", choices=["adam", "sgd"], default=None,
+    parser.add_argument("--optimizer", choices=["adam", "sgd", "frozen_adam"], default=None,
                         help="the workers' local optimizer on the pulled aggregate; default: sgd for bsc and mpq "
-                             "(their DGC momentum correction is the momentum), adam otherwise")
+                             "(their DGC momentum correction is the momentum), adam otherwise; frozen_adam: Adam "
+                             "whose variance freezes after --freeze-after steps (Adam under a sparse codec, with "
+                             "--warmup-steps: geomx.torch.FrozenVarianceAdam)")
+    parser.add_argument("--freeze-after", type=int, default=10, help="frozen_adam: the steps before the freeze")
     parser.add_argument("--model", choices=["cnn", "mlp"], default="cnn",
                         help="cnn: DigitsCNN; mlp: DigitsMLP 64-1024-1024-10 (the issue's port of the seeds' loop)")
     parser.add_argument("--channels", type=int, default=16, help="DigitsCNN width: conv channels")
@@ -57,7 +60,7 @@ def parse_args() -> argparse.Namespace:
     if args.optimizer is None:
         args.optimizer = "sgd" if args.type in ("bsc", "mpq") else "adam"
     if args.lr is None:
-        args.lr = 0.2 if args.optimizer == "sgd" else 0.003
+        args.lr = 0.2 if args.optimizer == "sgd" else 0.003  # adam, frozen_adam
     return args
 
 
@@ -76,6 +79,14 @@ def compression_spec(args: argparse.Namespace) -> dict[str, object]:
     return {"type": args.type}
 
 
+def make_optimizer(args: argparse.Namespace, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    if args.optimizer == "frozen_adam":
+        from geomx.torch import FrozenVarianceAdam
+
+        return FrozenVarianceAdam(params, lr=args.lr, freeze_after=args.freeze_after)
+    return torch.optim.Adam(params, lr=args.lr) if args.optimizer == "adam" else torch.optim.SGD(params, lr=args.lr)
+
+
 def main() -> None:
     args = parse_args()
     kv = geomx.kv.create("dist_sync")
@@ -87,8 +98,7 @@ def main() -> None:
     kv.init(list(range(len(params))), [p.data for p in params])
     kv.barrier()  # every party's init answer has crossed the WAN: count init's share, for per-step figures
     wan_init_mb = kv.wan_bytes() / 1e6 if kv.is_master_worker else 0.0
-    trainer = (torch.optim.Adam(params, lr=args.lr) if args.optimizer == "adam"
-               else torch.optim.SGD(params, lr=args.lr))
+    trainer = make_optimizer(args, params)
 
     train, test = digits_split()
     shard = train.shard(kv.global_rank, kv.num_all_workers)

@@ -41,7 +41,7 @@ def test_outer_steps_are_steps_for_fsa_like_rows_and_steps_over_h_under_hfa():
     rows = {row.name: row for row in quality.ROWS}
     budget = quality.BUDGET
     assert budget.outer_every == budget.hfa[0] * budget.hfa[1]
-    for name in ("fsa", "fsa_bsc", "mixed", "mixed_dcasgd", "mixed_dcadam", "ssp"):
+    for name in ("fsa", "fsa_bsc", "fsa_bsc_frozen", "mixed", "mixed_dcasgd", "mixed_dcadam", "ssp"):
         assert quality.outer_steps(rows[name], budget) == budget.steps
     for name in ("diloco", "streaming", "diloco_int8", "diloco_bsc", "diloco_sparse2bit"):
         assert quality.outer_steps(rows[name], budget) == budget.steps // budget.outer_every
@@ -76,7 +76,7 @@ def test_the_curves_wan_axis_is_pro_rata_by_steps():
 
 
 def test_every_row_is_named_once_and_the_goal_rows_are_rows():
-    assert len(set(quality.ROW_NAMES)) == len(quality.ROW_NAMES) == 13
+    assert len(set(quality.ROW_NAMES)) == len(quality.ROW_NAMES) == 14
     assert set(quality.GOAL_ROWS) <= set(quality.ROW_NAMES)
     with pytest.raises(ValueError, match="unknown quality rows"):
         quality.measure_rows(("nope",), quality.BUDGET, Path("/nonexistent"))
@@ -118,3 +118,17 @@ def test_a_row_of_its_own_rate_and_sgd_reaches_the_workers():
     assert worker_args(QualityRow("fsa"), BUDGET, Path("c"))[args.index("--lr") + 1] == str(BUDGET.lr)
     made = make_optimizer(argparse.Namespace(optimizer="sgd", lr=0.3, weight_decay=0.01), torch.nn.Linear(2, 2))
     assert type(made) is torch.optim.SGD and made.param_groups[0]["lr"] == 0.3
+
+
+def test_the_frozen_row_reaches_its_workers_as_frozen_variance_adamw():
+    """``fsa_bsc_frozen``: the codec's warm-up in its topology, FrozenVarianceAdam (AdamW) on the workers."""
+    from geomx.bench.quality import BUDGET, ROWS, topology, worker_args
+    from geomx.bench.workers.quality import make_optimizer, parse_args
+    from geomx.torch import FrozenVarianceAdam
+
+    row = {row.name: row for row in ROWS}["fsa_bsc_frozen"]
+    assert topology(row, BUDGET)["training"]["compression"]["warmup_steps"] == 600
+    args = parse_args(worker_args(row, BUDGET, Path("curve.jsonl")))
+    made = make_optimizer(args, torch.nn.Linear(2, 2))
+    assert type(made) is FrozenVarianceAdam and made.param_groups[0]["freeze_after"] == 120
+    assert made.param_groups[0]["decoupled_weight_decay"] and made.param_groups[0]["weight_decay"] == 0.01

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 from torch import nn
@@ -9,7 +11,7 @@ from torch import nn
 from geomx import optim
 from geomx.algorithms.registry import check_names
 from geomx.config import ConfigError, HFASpec, TrainingSpec
-from geomx.torch import Strategy, make_plan, translate
+from geomx.torch import FrozenVarianceAdam, Strategy, make_plan, translate
 from geomx.torch.data import shard_indices
 from geomx.torch.hooks import layer_of_params
 from geomx.torch.plan import keeps_residuals
@@ -224,3 +226,16 @@ def test_the_recorder_averages_losses_per_interval_and_writes_evaluations_apart(
     # every step is noted for the heartbeats (the status page): the step count and a busy share in 0..1
     assert [step for step, _ in store.progress] == [1, 2, 3, 4]
     assert all(0.0 <= busy <= 1.0 for _, busy in store.progress)
+
+
+def test_adam_on_a_sparse_codec_s_answers_is_warned_about_and_frozen_variance_adam_is_not(caplog):
+    bsc = TrainingSpec(compression={"type": "bsc", "threshold": 0.01})
+    with caplog.at_level(logging.WARNING, logger="geomx.torch"):
+        make_plan(bsc, None, torch.optim.AdamW(params()))
+    assert "FrozenVarianceAdam" in caplog.text and "AdamW on bsc" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="geomx.torch"):
+        make_plan(bsc, None, FrozenVarianceAdam(params(), freeze_after=10))
+        make_plan(bsc, None, torch.optim.SGD(params(), lr=0.1))
+        make_plan(TrainingSpec(compression={"type": "fp16"}), None, torch.optim.Adam(params()))
+    assert "FrozenVarianceAdam" not in caplog.text

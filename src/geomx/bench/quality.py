@@ -7,9 +7,9 @@ the same validation windows. Rows:
 * ``single``: one process, AdamW on the global batch of all ranks (the reference);
 * ``ddp``: torch DDP over gloo, 4 ranks (``torch.distributed.run``);
 * every other row: ``geomx.launch`` of 2 parties x 2 ranks with ``lan: collective`` (each party one gloo group, as
-  torchrun starts it; no local server): ``fsa``, ``fsa_bsc``, ``mixed``, ``mixed_dcasgd``, ``mixed_dcadam``, ``ssp``,
-  and HFA with
-  DiLoCo's outer Nesterov (``diloco``, ``streaming``, ``diloco_int8``, ``diloco_bsc``, ``diloco_sparse2bit``).
+  torchrun starts it; no local server): ``fsa``, ``fsa_bsc``, ``fsa_bsc_frozen``, ``mixed``, ``mixed_dcasgd``,
+  ``mixed_dcadam``, ``ssp``, and HFA with DiLoCo's outer Nesterov (``diloco``, ``streaming``, ``diloco_int8``,
+  ``diloco_bsc``, ``diloco_sparse2bit``).
 
 Each record: ``val_loss`` (the last evaluation), its ratio to ``ddp``'s, ``bytes_per_param`` (WAN bytes the
 non-central party sent to the global servers, from the run's stats files, per outer step, over the parameter count:
@@ -32,13 +32,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from ..runs.runlog import read_stats
 from ..runs.summary import traffic
 from .jobs import load_avg, run_job, write_topology
+from .quality_rows import BUDGET, ROWS, Budget, QualityRow
 from .sections import BenchPlan, Interrupted
 from .tables import fmt, say, table, write_and_print
 
@@ -46,94 +47,6 @@ WORKER = Path(__file__).parent / "workers" / "quality.py"
 CENTRAL = "dc0"
 
 
-@dataclass(frozen=True)
-class Budget:
-    """The model, the token budget and the settings every row shares: the one place they are chosen.
-
-    Why this size: ``tiny`` (87.7K parameters, context 64, width 64, 2 blocks) takes ~19 ms for a rank's step of
-    16 windows on one core, so the single row's 1500 steps take ~2 minutes on the loaded 2-core machine and a geomx
-    row's 4 ranks about as long: ``--quick``'s 6 rows fit in 40 minutes with room for a load of 10, the 13 rows in
-    about an hour. A larger model (dim 96, 3 blocks: 255K) takes 2-2.6x longer a step and would not fit. 1500
-    steps of 64 windows (6.1M tokens, 1.7 passes over 3.6M training characters): at 500 steps the single row was
-    still falling fast (1.79 nats per character from ln 128 = 4.85), a budget where an algorithm's early lag
-    would count more than what it converges to. AdamW from 3e-3 (``examples/lm.py``'s rate) down a cosine to a
-    tenth at the last step, for every row whose optimizer runs on the workers: at a constant 3e-3 the reference's
-    validation loss jumped by +-0.05 from one evaluation to the next, more than the 0.5% the goals compare.
-    MixedSync and SSP run Adam (only Adam translates) on the global servers at a constant 3e-3: a worker's rate
-    would not reach them.
-
-    DiLoCo at this budget: H = K1 x K2 = 25 inner steps, 60 outer steps (the paper's H = 500 would leave 3), and
-    DiLoCo's outer Nesterov at lr 0.7 with momentum 0.5, not 0.9 (``OUTER``; the tries are in benchmarks/README.md):
-    0.9 remembers ~10 of the 60 outer steps and overshot (1.040 of ddp's loss; 1.104 at H = 10), while plain
-    averaging ended 1.034 at both H = 25 and H = 5, so the gap is not the replicas' drift but the average of two
-    AdamW updates being shorter than one on the whole batch; 0.7 / (1 - 0.5) = 1.4 times the average restores it.
-    In a collective party the inner steps are data-parallel, as a DiLoCo replica of 2 ranks, so only K1 x K2
-    matters; K2 = 5 lets streaming cut the model into 5 fragments.
-    """
-
-    preset: str = "tiny"
-    steps: int = 1500
-    batch_size: int = 16  # windows of 64 characters per rank per step: the global batch is 64 windows
-    world: int = 4  # 2 parties x 2 ranks; single trains on the global batch
-    eval_every: int = 100  # a multiple of K1 x K2: the distributed rows evaluate a global model
-    eval_windows: int = 512  # 512 validation windows (32K characters) spread over the held-out text, every row's
-    lr: float = 3e-3
-    max_chars: int = 4_000_000  # of the standard library's text: 3.6M training characters, 1.7 passes
-    hfa: tuple[int, int] = (5, 5)  # K1, K2: an outer step every 25 inner steps
-    seed: int = 0
-    timeout_s: float = 900.0  # one row's job
-
-    @property
-    def outer_every(self) -> int:
-        return self.hfa[0] * self.hfa[1]
-
-
-BUDGET = Budget()
-
-
-@dataclass(frozen=True)
-class QualityRow:
-    """One row: how it runs (``single``, ``ddp`` or ``geomx``), its topology's ``training`` block and whether HFA
-    is on (then a record's bytes are per outer step, else per step)."""
-
-    name: str
-    kind: str = "geomx"
-    training: dict[str, Any] = field(default_factory=dict)
-    hfa: bool = False
-    optimizer: str = "adamw"
-    schedule: str = "cosine"  # constant where the global servers run the optimizer (a worker's rate would not reach it)
-    lr: float | None = None  # the workers' rate where it is not the budget's (a try with SGD on the workers)
-
-
-OUTER = {"server_optimizer": {"type": "outer_nesterov", "lr": 0.7, "momentum": 0.5}}  # Budget's docstring says why
-PAPER = {"server_optimizer": "outer_nesterov"}  # lr 0.7, momentum 0.9: streaming's (at 0.5: 1.7151, against 1.6732)
-# Residual codecs on DiLoCo's deltas: the outer step is plain averaging (outer SGD, lr 1, no momentum), SparseLoCo's
-# setting, where the error feedback stands for the outer momentum. With Nesterov 0.9 on top, both diverged at 500
-# steps (validation loss 17.6 with Bi-Sparse, 7.47 with sparse2bit, from 3.3 and 2.8 at step 200); averaged: 2.47, 2.41
-AVERAGE = {"server_optimizer": {"type": "outer_nesterov", "lr": 1.0, "momentum": 0.0}}
-BSC = {"type": "bsc", "threshold": 0.01}  # Bi-Sparse, 1% of the elements each way
-# the answers keep two parties' union (4%): re-sparsified at 2% they held back half of it (H = 5: 1.987, 1.914 dense)
-SPARSE2BIT = {"type": "sparse2bit", "density": 0.02, "chunk": 4096, "pull_density": 0.04}
-ROWS: tuple[QualityRow, ...] = (
-    QualityRow("single", "single"),
-    QualityRow("ddp", "ddp"),
-    QualityRow("fsa"),
-    QualityRow("diloco", training=OUTER, hfa=True),
-    QualityRow("streaming", training={**PAPER, "fragments": 5, "fragment_delay": 1, "fragment_alpha": 0.5},
-               hfa=True),
-    QualityRow("diloco_int8", training={**OUTER, "compression": {"type": "int8", "block": 256}}, hfa=True),
-    QualityRow("diloco_bsc", training={**AVERAGE, "compression": BSC}, hfa=True),
-    QualityRow("diloco_sparse2bit", training={**AVERAGE, "compression": SPARSE2BIT}, hfa=True),
-    QualityRow("fsa_bsc", training={"compression": BSC}),
-    QualityRow("mixed", training={"sync": "dist_async"}, optimizer="adam", schedule="constant"),
-    QualityRow("mixed_dcasgd", training={"sync": "dist_async",
-                                         "server_optimizer": {"type": "dcasgd", "lr": 0.3, "momentum": 0.0}},
-               schedule="constant"),
-    # the compensation alone, on the optimizer ``mixed`` runs (DCASGD's row changes the optimizer to SGD as well)
-    QualityRow("mixed_dcadam", training={"sync": "dist_async", "server_optimizer": {"type": "dcadam", "lr": 3e-3}},
-               optimizer="adam", schedule="constant"),
-    QualityRow("ssp", training={"sync": "dist_ssp", "staleness": 2}, optimizer="adam", schedule="constant"),
-)
 ROW_NAMES = tuple(row.name for row in ROWS)
 GOAL_ROWS = ("single", "ddp", "fsa", "diloco", "diloco_int8", "diloco_sparse2bit")
 # ring all-reduce: each rank sends 2 (N-1) / N of the gradient's 4 bytes per parameter; of a ring 0-1-2-3 of two
@@ -162,7 +75,8 @@ def worker_args(row: QualityRow, budget: Budget, curve: Path) -> list[str]:
             "--batch-size", str(budget.batch_size), "--world", str(budget.world), "--optimizer", row.optimizer,
             "--lr", str(row.lr or budget.lr), "--schedule", row.schedule, "--eval-every", str(budget.eval_every),
             "--eval-windows", str(budget.eval_windows), "--seed", str(budget.seed), "--timeout-s",
-            str(budget.timeout_s), "--max-chars", str(budget.max_chars)]
+            str(budget.timeout_s), "--max-chars", str(budget.max_chars)] + (
+            ["--freeze-after", str(row.freeze_after)] if row.freeze_after is not None else [])
 
 
 def parameters(preset: str) -> int:

@@ -8,7 +8,8 @@ algorithm, WAN codec and P3 come from the topology's ``training`` block or GEOMX
 ``GradScaler`` under the wrapper), ``join`` (uneven loops in a collective party), ``loop_checks`` (what a DDP loop
 may do that the wrapper cannot carry out, named), ``signature`` (a model's fingerprint, checked at start),
 ``digest`` (model digests for the status page), ``checkpoint`` (a worker's own checkpoints), ``metrics``
-(per-step metrics in the run folder), ``progress`` (progress bars on a terminal).
+(per-step metrics in the run folder), ``progress`` (progress bars on a terminal), ``frozen_variance`` (Adam whose
+variance freezes after a warm-up: Adam under a sparse WAN codec).
 
 Usage::
 
@@ -22,12 +23,14 @@ Usage::
 from __future__ import annotations
 
 from .data import ShardSampler, local_rank, shard, worker_place
+from .frozen_variance import FrozenVarianceAdam
 from .optimizer import DistributedOptimizer, ModelMismatchError
 from .plan import Plan, Strategy, make_plan, translate
 from .progress import progress
 
 __all__ = [
            "DistributedOptimizer",
+           "FrozenVarianceAdam",
            "ModelMismatchError",
            "Plan",
            "ShardSampler",

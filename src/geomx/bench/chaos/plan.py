@@ -20,7 +20,8 @@ from typing import Any
 from ...launch import LaunchResult
 from ...runs.runlog import read_stats
 from ..jobs import run_job, write_topology
-from ..quality import OUTER, Command
+from ..quality import Command
+from ..quality_rows import OUTER
 
 WORKER = Path(__file__).parents[1] / "workers" / "chaos.py"
 PARTIES = ("dc0", "dc1", "dc2")

@@ -44,7 +44,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=500)
     parser.add_argument("--batch-size", type=int, default=16, help="windows per rank per step")
     parser.add_argument("--world", type=int, default=4, help="ranks of the distributed rows (single: its batch)")
-    parser.add_argument("--optimizer", choices=("adamw", "adam", "sgd"), default="adamw")
+    parser.add_argument("--optimizer", choices=("adamw", "adam", "sgd", "frozen_adamw"), default="adamw")
+    parser.add_argument("--freeze-after", type=int, default=60, help="frozen_adamw: the steps before the freeze")
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--schedule", choices=("cosine", "constant"), default="cosine",
                         help="cosine: from --lr to a tenth of it over --steps (constant: where the servers step)")
@@ -98,8 +99,14 @@ def rank_part(batch: torch.Tensor, rank: int, world: int) -> torch.Tensor:
 
 
 def make_optimizer(args: argparse.Namespace, model: torch.nn.Module) -> torch.optim.Optimizer:
-    """AdamW (every row's), Adam where the global servers must run it (MixedSync, SSP: only Adam translates), or
-    plain SGD (a try: what a codec costs without Adam's per-coordinate scaling)."""
+    """AdamW (every row's), Adam where the global servers must run it (MixedSync, SSP: only Adam translates), plain
+    SGD (a try: what a codec costs without Adam's per-coordinate scaling), or AdamW whose variance freezes after
+    ``--freeze-after`` steps (``geomx.torch.FrozenVarianceAdam``: Adam under a sparse codec)."""
+    if args.optimizer == "frozen_adamw":
+        from geomx.torch import FrozenVarianceAdam
+
+        return FrozenVarianceAdam(model.parameters(), lr=args.lr, weight_decay=args.weight_decay,
+                                  decoupled_weight_decay=True, freeze_after=args.freeze_after)
     if args.optimizer == "adam":
         return torch.optim.Adam(model.parameters(), lr=args.lr)
     if args.optimizer == "sgd":
