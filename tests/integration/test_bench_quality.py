@@ -60,3 +60,18 @@ def test_quality_section_runs_single_fsa_and_int8_diloco_and_reads_bytes_from_th
     assert records["single"]["bytes_per_param"] == 0.0 and records["single"]["wan_mb"] == 0.0
     assert (tmp_path / "quality.csv").is_file() and len(section["plots"]) >= 1
     assert "diloco_int8" in "\n".join(quality.lines(section))
+
+
+def test_frozen_variance_adam_through_the_wrapper_is_the_single_process_one(tmp_path: Path):
+    """FSA with ``FrozenVarianceAdam`` on the workers (the quality worker's ``frozen_adamw``, frozen after 2 of 8
+    steps) ends where one process stepping it on the global batch does, and not where AdamW does: the wrapper steps
+    the optimizer it was given, frozen phase included."""
+    budget = replace(TINY, steps=8, eval_every=4)
+    command = lambda script, args: worker_command(script, *args)  # noqa: E731
+    params = quality.parameters(budget.preset)
+    measured = {row.name: quality.measure_row(row, budget, tmp_path, params, command)["val_loss"] for row in (
+        quality.QualityRow("single", "single"),
+        quality.QualityRow("single_frozen", "single", optimizer="frozen_adamw", freeze_after=2),
+        quality.QualityRow("fsa_frozen", optimizer="frozen_adamw", freeze_after=2))}
+    assert measured["fsa_frozen"] == pytest.approx(measured["single_frozen"], rel=1e-3)
+    assert abs(measured["single_frozen"] - measured["single"]) > 0.02  # 3.58 against 3.75 at this size

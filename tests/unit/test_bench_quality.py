@@ -41,7 +41,7 @@ def test_outer_steps_are_steps_for_fsa_like_rows_and_steps_over_h_under_hfa():
     rows = {row.name: row for row in quality.ROWS}
     budget = quality.BUDGET
     assert budget.outer_every == budget.hfa[0] * budget.hfa[1]
-    for name in ("fsa", "fsa_bsc", "fsa_bsc_frozen", "mixed", "mixed_dcasgd", "mixed_dcadam", "ssp"):
+    for name in ("fsa", "fsa_int8", "fsa_bsc", "fsa_bsc_frozen", "mixed", "mixed_dcasgd", "mixed_dcadam", "ssp"):
         assert quality.outer_steps(rows[name], budget) == budget.steps
     for name in ("diloco", "streaming", "diloco_int8", "diloco_bsc", "diloco_sparse2bit"):
         assert quality.outer_steps(rows[name], budget) == budget.steps // budget.outer_every
@@ -76,7 +76,7 @@ def test_the_curves_wan_axis_is_pro_rata_by_steps():
 
 
 def test_every_row_is_named_once_and_the_goal_rows_are_rows():
-    assert len(set(quality.ROW_NAMES)) == len(quality.ROW_NAMES) == 14
+    assert len(set(quality.ROW_NAMES)) == len(quality.ROW_NAMES) == 15
     assert set(quality.GOAL_ROWS) <= set(quality.ROW_NAMES)
     with pytest.raises(ValueError, match="unknown quality rows"):
         quality.measure_rows(("nope",), quality.BUDGET, Path("/nonexistent"))
@@ -127,7 +127,7 @@ def test_the_frozen_row_reaches_its_workers_as_frozen_variance_adamw():
     from geomx.torch import FrozenVarianceAdam
 
     row = {row.name: row for row in ROWS}["fsa_bsc_frozen"]
-    assert topology(row, BUDGET)["training"]["compression"]["warmup_steps"] == 600
+    assert topology(row, BUDGET)["training"]["compression"]["warmup_steps"] == 800
     args = parse_args(worker_args(row, BUDGET, Path("curve.jsonl")))
     made = make_optimizer(args, torch.nn.Linear(2, 2))
     assert type(made) is FrozenVarianceAdam and made.param_groups[0]["freeze_after"] == 120

@@ -7,9 +7,9 @@ the same validation windows. Rows:
 * ``single``: one process, AdamW on the global batch of all ranks (the reference);
 * ``ddp``: torch DDP over gloo, 4 ranks (``torch.distributed.run``);
 * every other row: ``geomx.launch`` of 2 parties x 2 ranks with ``lan: collective`` (each party one gloo group, as
-  torchrun starts it; no local server): ``fsa``, ``fsa_bsc``, ``fsa_bsc_frozen``, ``mixed``, ``mixed_dcasgd``,
-  ``mixed_dcadam``, ``ssp``, and HFA with DiLoCo's outer Nesterov (``diloco``, ``streaming``, ``diloco_int8``,
-  ``diloco_bsc``, ``diloco_sparse2bit``).
+  torchrun starts it; no local server): ``fsa``, ``fsa_int8``, ``fsa_bsc``, ``fsa_bsc_frozen``, ``mixed``,
+  ``mixed_dcasgd``, ``mixed_dcadam``, ``ssp``, and HFA with DiLoCo's outer Nesterov (``diloco``, ``streaming``,
+  ``diloco_int8``, ``diloco_bsc``, ``diloco_sparse2bit``).
 
 Each record: ``val_loss`` (the last evaluation), its ratio to ``ddp``'s, ``bytes_per_param`` (WAN bytes the
 non-central party sent to the global servers, from the run's stats files, per outer step, over the parameter count:

@@ -19,7 +19,7 @@ class Budget:
 
     Why this size: ``tiny`` (87.7K parameters, context 64, width 64, 2 blocks) takes ~19 ms for a rank's step of
     16 windows on one core, so the single row's 1500 steps take ~2 minutes on the loaded 2-core machine and a geomx
-    row's 4 ranks about as long: ``--quick``'s 6 rows fit in 40 minutes with room for a load of 10, the 14 rows in
+    row's 4 ranks about as long: ``--quick``'s 6 rows fit in 40 minutes with room for a load of 10, the 15 rows in
     about an hour. A larger model (dim 96, 3 blocks: 255K) takes 2-2.6x longer a step and would not fit. 1500
     steps of 64 windows (6.1M tokens, 1.7 passes over 3.6M training characters): at 500 steps the single row was
     still falling fast (1.79 nats per character from ln 128 = 4.85), a budget where an algorithm's early lag
@@ -92,9 +92,10 @@ ROWS: tuple[QualityRow, ...] = (
     QualityRow("diloco_int8", training={**OUTER, "compression": {"type": "int8", "block": 256}}, hfa=True),
     QualityRow("diloco_bsc", training={**AVERAGE, "compression": BSC}, hfa=True),
     QualityRow("diloco_sparse2bit", training={**AVERAGE, "compression": SPARSE2BIT}, hfa=True),
+    QualityRow("fsa_int8", training={"compression": {"type": "int8", "block": 256}}),
     QualityRow("fsa_bsc", training={"compression": BSC}),
-    # the codec's warm-up (1% from step 600) and the workers' AdamW variance frozen at 120 (FrozenVarianceAdam)
-    QualityRow("fsa_bsc_frozen", training={"compression": {**BSC, "warmup_steps": 600}}, optimizer="frozen_adamw",
+    # the codec's warm-up (1% from step 800) and the workers' AdamW variance frozen at 120 (FrozenVarianceAdam)
+    QualityRow("fsa_bsc_frozen", training={"compression": {**BSC, "warmup_steps": 800}}, optimizer="frozen_adamw",
                freeze_after=120),
     QualityRow("mixed", training={"sync": "dist_async"}, optimizer="adam", schedule="constant"),
     QualityRow("mixed_dcasgd", training={"sync": "dist_async",

@@ -25,7 +25,7 @@ Usage::
 
     opt = gx.DistributedOptimizer(gx.FrozenVarianceAdam(model.parameters(), lr=3e-3, weight_decay=0.01,
                                                         decoupled_weight_decay=True, freeze_after=120), model)
-    # topology: training: {compression: {type: bsc, threshold: 0.01, warmup_steps: 600}}  (freeze at 1/5 of it)
+    # topology: training: {compression: {type: bsc, threshold: 0.01, warmup_steps: 800}}
 """
 
 from __future__ import annotations
