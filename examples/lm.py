@@ -13,6 +13,10 @@ The algorithm comes from the topology (or GEOMX_* variables), not from this file
         python examples/lm.py --device cuda --preset gpt85m --dtype bfloat16
     # float16 autocast and a GradScaler (the optimizer on the workers; docs/pytorch.md, "Mixed precision"):
     GEOMX_SERVER_OPTIMIZER=none geomx launch topologies/demo.yaml -- python examples/lm.py --amp --clip 1.0
+    # Bi-Sparse 1% on the WAN with Adam: the codec's warm-up and Adam's variance frozen early in it
+    # (docs/compression.md, "Which one should I use")
+    GEOMX_COMPRESSION=bsc:threshold=0.01,warmup_steps=150,size_lower_bound=0 geomx launch topologies/demo.yaml -- \
+        python examples/lm.py --freeze-variance 25
 
 ``--preset`` names a shape of ``geomx.zoo.charlm.PRESETS`` (tiny, gpt57m, gpt85m, gpt43m) and sets --context, --dim,
 --layers, --heads and --ff; without it those flags keep their defaults (tiny's shape) and can be set one by one.
@@ -51,6 +55,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--ff", type=int, default=2, help="feed-forward width as a multiple of --dim")
     parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--freeze-variance", type=int, default=None, metavar="STEPS",
+                        help="Adam's variance frozen after STEPS steps (gx.FrozenVarianceAdam): for a sparse WAN codec")
     parser.add_argument("--clip", type=float, default=None, help="clip the gradients to this norm before each step")
     parser.add_argument("--max-chars", type=int, default=1_000_000)
     parser.add_argument("--eval-every", type=int, default=50)
@@ -90,7 +96,9 @@ def main() -> None:
     model.to(device, getattr(torch, args.dtype))
 
     train = gx.shard(train_windows, seed=args.seed)  # geomx: this worker's part of the text
-    opt = gx.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=args.lr), model)  # geomx
+    adam = (torch.optim.Adam(model.parameters(), lr=args.lr) if args.freeze_variance is None
+            else gx.FrozenVarianceAdam(model.parameters(), lr=args.lr, freeze_after=args.freeze_variance))
+    opt = gx.DistributedOptimizer(adam, model)  # geomx
     loader = DataLoader(train, batch_size=args.batch_size, shuffle=True, drop_last=True,
                         generator=torch.Generator().manual_seed(args.seed + opt.global_rank))
     scaler = torch.amp.GradScaler(device.type) if args.amp else None

@@ -45,6 +45,7 @@ from .config import (
     job_training,
     node_env,
 )
+from .runs.runlog import earlier_job
 from .runs.summary import summarize, summary_text
 from .server.compose import check_plugins
 
@@ -363,6 +364,10 @@ def launch(topology_path: Path, command: list[str], *, run_dir: Path | None = No
     topology = job_topology(topology_path, os.environ)
     check_plugins(job_training(topology, os.environ), topology)  # a bad sync name or plug-in option: before any process
     run_dir = run_dir or default_run_dir(topology_path)
+    used = [] if resume or global_only or party is not None else earlier_job(run_dir)  # (a party joins a job's folder)
+    if used:
+        raise ValueError(f"run folder {run_dir} holds an earlier job's {' and '.join(used)}: a new job there would add "
+                         "its counts to theirs; continue that job with --resume, or give another --run-dir")
     if party is not None and party != topology.central and global_scheduler is None:
         raise ValueError(f"party {party!r} is not the central party: give --global-scheduler HOST:PORT")
     if global_only and party is not None:

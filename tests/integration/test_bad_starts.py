@@ -7,7 +7,8 @@ how long it took to print it.
 - a global scheduler nobody runs: named within 10 s, and first when the registration wait ends;
 - a party with the wrong shared secret: named on the joining side, at once;
 - a port in use: one line, from `geomx launch` (before any process) and from a node; `--global-only` says the
-  tier listens only once it does.
+  tier listens only once it does;
+- a run folder an earlier job wrote to: refused by `geomx launch` before any process.
 """
 
 from __future__ import annotations
@@ -63,6 +64,21 @@ def test_an_unknown_codec_is_refused_by_launch_before_any_process(tmp_path):
     assert code == 2, output
     assert "training.compression {'type': 'zstd'}: unknown codec 'zstd'; known: [" in output, output
     assert "Traceback" not in output and not (tmp_path / "run").exists(), output
+
+
+def test_a_run_folder_of_an_earlier_job_is_refused_by_launch_and_left_as_it_was(tmp_path):
+    """A whole new job into the run folder of a finished one would append to its metrics and add its stats files to
+    the summary: refused, naming the folder, before any process; the earlier job's files are untouched."""
+    path = write_topology(tmp_path / "job.yaml")
+    run = tmp_path / "run"
+    (run / "metrics").mkdir(parents=True)
+    (run / "metrics" / "dc0_worker0.jsonl").write_text('{"step": 1}\n')
+    code, output, _ = _run([sys.executable, "-m", "geomx.cli", "launch", str(path), "--run-dir", str(run), "--",
+                            sys.executable, "-c", "pass"], dict(os.environ))
+    assert code == 2, output
+    assert f"run folder {run} holds an earlier job's metrics" in output and "--resume" in output, output
+    assert "Traceback" not in output and not (run / "stats").exists(), output
+    assert (run / "metrics" / "dc0_worker0.jsonl").read_text() == '{"step": 1}\n'
 
 
 @pytest.mark.parametrize(("training", "env", "named"), [

@@ -185,3 +185,10 @@ def read_metrics(run_dir: Path) -> dict[str, list[dict[str, Any]]]:
     for path in sorted(folder.glob("*.jsonl")):
         result[path.stem] = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     return result
+
+
+def earlier_job(run_dir: Path) -> list[str]:
+    """The folders of ``run_dir`` where an earlier job left counters or metrics (``stats``, ``metrics``): a new job
+    there would add its own to theirs (metrics lines are appended, every stats file is summed). Empty for a new
+    folder. Usage: ``earlier_job(Path("runs/lm"))`` -> ``["metrics", "stats"]``."""
+    return [name for name in ("metrics", "stats") if (run_dir / name).is_dir() and any((run_dir / name).iterdir())]
