@@ -137,3 +137,24 @@ def test_a_checkpoint_resumes_the_frozen_phase() -> None:
 def test_a_bad_freeze_after_is_refused_by_name(freeze_after: object) -> None:
     with pytest.raises(ValueError, match="freeze_after"):
         FrozenVarianceAdam(_params(), freeze_after=freeze_after)  # type: ignore[arg-type]
+
+
+def test_a_parameter_without_gradients_does_not_hold_back_the_freeze_of_the_others() -> None:
+    """An unused parameter (no gradient yet) must not keep the rest in Adam forever; when its gradients start after
+    the others froze, it takes Adam's steps (its variance measured) until it has taken its own ``freeze_after``."""
+    used, unused = torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(2))
+    opt = FrozenVarianceAdam([used, unused], lr=1e-2, freeze_after=3)
+    for g in _grads(3):
+        used.grad = g[1][:3].clone()
+        opt.step()
+    held = opt.state[used]["exp_avg_sq"].clone()
+    assert opt.frozen()
+    variances = []
+    for g in _grads(6, seed=4):
+        used.grad, unused.grad = g[1][:3].clone(), g[1][3:5].clone()
+        opt.step()
+        variances.append(opt.state[unused]["exp_avg_sq"].clone())
+    assert torch.equal(opt.state[used]["exp_avg_sq"], torch.maximum(held, held.mean() * 1e-3))
+    assert int(opt.state[unused]["step"]) == 6
+    assert not torch.equal(variances[0], variances[2])  # measured in its first 3 steps
+    assert torch.equal(variances[3], variances[5])  # frozen after them

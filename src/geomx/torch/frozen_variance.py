@@ -18,8 +18,10 @@ a pixel almost always blank, a token not seen yet) would otherwise divide its fi
 constant, so the step stays linear in the answers.
 
 Up to ``freeze_after`` steps it is ``torch.optim.Adam`` itself; after, the same arithmetic on the same state
-(``exp_avg``, ``exp_avg_sq``, ``step``) with ``exp_avg_sq`` (raised once) and its bias correction held: its
-``state_dict`` is Adam's plus ``freeze_after`` in every group, and a checkpoint resumes either phase.
+(``exp_avg``, ``exp_avg_sq``, ``step``) with ``exp_avg_sq`` (raised once) and its bias correction held. Each
+parameter freezes after its own ``freeze_after`` steps: one whose gradients start later (an unused head, a layer
+unfrozen mid-run) takes Adam's steps until then, and never holds the others back. Its ``state_dict`` is Adam's plus
+``freeze_after`` in every group, and a checkpoint resumes either phase.
 
 Usage::
 
@@ -55,14 +57,11 @@ class FrozenVarianceAdam(torch.optim.Adam):
             group.setdefault("freeze_after", freeze_after)
 
     def frozen(self) -> bool:
-        """Whether the next step keeps the variance: every parameter with state has taken its group's
-        ``freeze_after`` steps (a parameter without state yet starts as Adam)."""
-        for group in self.param_groups:
-            for p in group["params"]:
-                state = self.state.get(p)
-                if not state or int(state["step"]) < group["freeze_after"]:
-                    return False
-        return True
+        """Whether a parameter has taken its group's ``freeze_after`` steps: from then on ``step`` is this class's
+        own, each parameter frozen once it has taken them (one without a gradient so far, or whose gradients came
+        later, keeps Adam's arithmetic until it has)."""
+        return any(state and int(state["step"]) >= group["freeze_after"]
+                   for group in self.param_groups for state in (self.state.get(p) for p in group["params"]))
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
@@ -81,15 +80,21 @@ class FrozenVarianceAdam(torch.optim.Adam):
                     continue
                 grad = -p.grad if group["maximize"] else p.grad
                 state = self.state[p]
+                if not state:  # its first gradient: Adam's state, as torch.optim.Adam makes it
+                    state.update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
                 state["step"] += 1
+                step = int(state["step"])
                 if decay and group["decoupled_weight_decay"]:
                     p.mul_(1 - lr * decay)
                 elif decay:
                     grad = grad.add(p, alpha=decay)
                 state["exp_avg"].lerp_(grad, 1 - beta1)
-                if int(state["step"]) == group["freeze_after"] + 1:  # the first frozen step: the floor, once
-                    variance = state["exp_avg_sq"]
+                variance, correction = state["exp_avg_sq"], held
+                if step <= group["freeze_after"]:  # not frozen yet: Adam's
+                    variance.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                    correction = math.sqrt(1 - beta2 ** step)
+                elif step == group["freeze_after"] + 1:  # the first frozen step: the floor, once
                     variance.clamp_(min=float(variance.mean()) * FLOOR)
-                denom = (state["exp_avg_sq"].sqrt() / held).add_(eps)
-                p.addcdiv_(state["exp_avg"], denom, value=-lr / (1 - beta1 ** float(state["step"])))
+                denom = (variance.sqrt() / correction).add_(eps)
+                p.addcdiv_(state["exp_avg"], denom, value=-lr / (1 - beta1 ** step))
         return loss
