@@ -18,7 +18,8 @@ from pathlib import Path
 marker = Path(sys.argv[1])
 mode = sys.argv[2]
 signal.signal(signal.SIGTERM, lambda *_: (marker.with_suffix(".term").write_text("got"), sys.exit(7)))
-marker.write_text(f"{os.getpid()} {os.getcwd()} {os.environ.get('WARM_TEST_VALUE')} {sys.argv[0]}")
+marker.with_suffix(".part").write_text(f"{os.getpid()} {os.getcwd()} {os.environ.get('WARM_TEST_VALUE')} {sys.argv[0]}")
+os.replace(marker.with_suffix(".part"), marker)  # whole or absent: a reader never sees it half written
 if mode == "exit":
     sys.exit(3)
 if mode == "kill":

@@ -130,7 +130,9 @@ def save_worker_output(run_dir: Path, global_rank: int, tensors: dict[str, list[
                        report: dict[str, Any]) -> None:
     folder = out_dir(run_dir)
     torch.save(tensors, folder / f"worker{global_rank}.pt")
-    (folder / f"worker{global_rank}.json").write_text(json.dumps(report, indent=1, default=str))
+    part = folder / f"worker{global_rank}.json.part"
+    part.write_text(json.dumps(report, indent=1, default=str))
+    part.replace(folder / f"worker{global_rank}.json")  # whole or absent: other workers wait on it
 
 
 def load_worker_outputs(run_dir: Path) -> dict[int, tuple[dict[str, list[torch.Tensor]], dict[str, Any]]]:
