@@ -71,6 +71,23 @@ def test_cpu_time_per_process_is_in_the_stats_and_the_table(tmp_path: Path) -> N
     assert "rank loop CPU s" in text and "1.5 + 0.5" in text and "4.2 + 1.0" in text
 
 
+def test_a_landings_mix_is_device_work_left_out_of_utilization_and_shown_beside_it() -> None:
+    """Each rank's ``device_s`` (its landings' mixes, timed on the stand-in's host) is left out of utilization and
+    blocked time, as the stand-in's own overrun is; ``utilization_mix_on_host`` counts it as blocked."""
+    ranks = [{"steps": 100, "step_s": 0.04, "wall_s": 4.5, "overrun_s": 0.1, "device_s": mix,
+              "durations_s": [0.04] * 100, "model_bytes": MB, "params": MB // 4, "peak_rss_bytes": 2 * MB}
+             for mix in (0.2, 0.3)]
+    row = scale.summarize(ranks, 2)
+    assert row["utilization"] == pytest.approx((4.0 / 4.2 + 4.0 / 4.1) / 2)
+    assert row["utilization_mix_on_host"] == pytest.approx(4.0 / 4.4)
+    assert row["mix_s_per_round"] == pytest.approx(0.125)
+    assert row["blocked_s_per_round"] == pytest.approx((0.2 + 0.1) / 2 / 2)
+    text = "\n".join(scale.lines({"setup": {"preset": "gpt85m", "parties": 2, "ranks": 2, "lan": "collective",
+                                            "inner_step": "stand-in", "step_ms": 40, "latency": "25ms", "rounds": 2},
+                                  "rows": [{**row, "config": "streaming", "rate": "1Gbit", "h": 100}]}))
+    assert "mix on host" in text and " 0.12 " in text and "90.9%" in text, text
+
+
 def test_the_staged_path_reaches_the_jobs_topology_and_every_row_says_its_path(monkeypatch: pytest.MonkeyPatch,
                                                                               tmp_path: Path) -> None:
     """``--path staged``: HFA's rounds through the staged host mirror (``training.staged``); every row records the

@@ -98,6 +98,24 @@ def test_compute_then_move_is_a_step_whose_move_is_all_overrun() -> None:
     assert stand_in.overrun_s == pytest.approx(0.003)
 
 
+def test_the_syncs_device_work_on_the_host_is_timed_apart_and_raises_through() -> None:
+    """A landing's mix (``on_device``): its host time goes to ``device_s``, not ``overrun_s``, failing or not."""
+    clock = FakeClock()
+    stand_in = StandIn([torch.zeros(2)], [torch.ones(2)], step_s=0.04, apply_every=1, clock=clock, sleep=clock.sleep)
+    seen = []
+    mix = stand_in.on_device(lambda views, count: (seen.append(count), clock.sleep(0.025)))
+    mix([], 3)
+    assert seen == [3] and stand_in.device_s == pytest.approx(0.025) and stand_in.overrun_s == 0.0
+
+    def failing(*_: object) -> None:
+        clock.sleep(0.01)
+        raise RuntimeError("a trip failed")
+
+    with pytest.raises(RuntimeError, match="a trip failed"):
+        stand_in.on_device(failing)()
+    assert stand_in.device_s == pytest.approx(0.035)
+
+
 def test_realistic_deltas_are_sgd_steps_of_one_real_gradient() -> None:
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 2)

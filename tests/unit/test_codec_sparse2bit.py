@@ -139,6 +139,31 @@ def test_the_servers_answers_keep_pull_density_of_each_chunk() -> None:
         make_codec({"type": "sparse2bit", "pull_density": 1.5})
 
 
+def test_decay_scales_a_pushs_residual_each_round_and_leaves_the_answers_alone() -> None:
+    """``decay`` (SparseLoCo's beta): a push's carried residual is scaled by it before the new input is added, so
+    what is sent plus the new residual is ``decay * old residual + input``, bit for bit in float32; the global
+    server's answers (direction pull) keep theirs whole; a decay outside (0, 1] is refused by name."""
+    rng = np.random.default_rng(5)
+    codec = Sparse2Bit(density=0.05, chunk=256, decay=0.5)
+    inputs = [rng.standard_normal(1000).astype(np.float32) for _ in range(3)]
+    residual = np.zeros(1000, np.float32)
+    for g in inputs:
+        x = np.float32(0.5) * residual + g
+        sent = codec.decode(codec.encode(g, PUSH), g.shape, F32)
+        residual = codec.residual(PUSH)
+        assert np.array_equal(sent + residual, x)
+    whole = Sparse2Bit(density=0.05, chunk=256, decay=0.5)
+    pull_residual = np.zeros(1000, np.float32)
+    for g in inputs:
+        sent = whole.decode(whole.encode(g, PULL), g.shape, F32)
+        assert np.array_equal(sent + whole.residual(PULL), pull_residual + g)
+        pull_residual = whole.residual(PULL)
+    assert make_codec({"type": "sparse2bit", "decay": 0.95}).decay == 0.95
+    for bad in (0.0, 1.5):
+        with pytest.raises(CodecError, match="decay"):
+            make_codec({"type": "sparse2bit", "decay": bad})
+
+
 def test_an_outlier_does_not_flatten_its_chunk() -> None:
     x = np.linspace(1.0, 1.2, 100, dtype=np.float32)
     x[7] = 1e6

@@ -101,12 +101,18 @@ def summarize(ranks: list[dict[str, Any]], rounds: int) -> dict[str, Any]:
     memory and first outer step are the job's start-up), seconds blocked per outer round, memory."""
     from .standin import utilization
 
-    shares = [utilization(r["steps"], r["step_s"], r["wall_s"], r["overrun_s"]) for r in ranks]
+    device = [r.get("device_s", 0.0) for r in ranks]  # the landings' mixes: device work, on the stand-in's host
+    shares = [utilization(r["steps"], r["step_s"], r["wall_s"], r["overrun_s"] + d)
+              for r, d in zip(ranks, device, strict=True)]
+    host_mix = [utilization(r["steps"], r["step_s"], r["wall_s"], r["overrun_s"]) for r in ranks]
     later = [r["durations_s"][r["steps"] // rounds:] for r in ranks] if rounds > 1 else []
     steady = [utilization(len(d), r["step_s"], sum(d)) for r, d in zip(ranks, later, strict=False) if d]
-    blocked = [(r["wall_s"] - r["overrun_s"] - r["steps"] * r["step_s"]) / rounds for r in ranks]
+    blocked = [(r["wall_s"] - r["overrun_s"] - d - r["steps"] * r["step_s"]) / rounds
+               for r, d in zip(ranks, device, strict=True)]
     model = ranks[0]["model_bytes"]
     return {"utilization": statistics.fmean(shares), "utilization_min": min(shares),
+            "utilization_mix_on_host": statistics.fmean(host_mix),
+            "mix_s_per_round": statistics.fmean(device) / rounds,
             "utilization_after_first_round": statistics.fmean(steady) if steady else None,
             "blocked_s_per_round": statistics.fmean(blocked), "wall_s": max(r["wall_s"] for r in ranks),
             "params": ranks[0]["params"], "model_bytes": model,
@@ -324,13 +330,18 @@ def lines(section: dict[str, Any]) -> list[str]:
         servers = [v for k, v in rss.items() if "server" in k]
         rows.append([row["config"], row["rate"], str(row["h"]), fmt(row.get("utilization"), ".1%"),
                      fmt(row.get("utilization_after_first_round"), ".1%"),
-                     fmt(row.get("blocked_s_per_round"), ".2f"),
+                     fmt(row.get("blocked_s_per_round"), ".2f"), fmt(row.get("mix_s_per_round"), ".2f"),
+                     fmt(row.get("utilization_mix_on_host"), ".1%"),
                      " / ".join(f"{v:.0f}" for v in row.get("far_party_wan_mb", {}).values()) or "-",
                      fmt(row.get("rank_rss_over_model"), ".2f", "x"), fmt(max(servers, default=None), ".2f", "x"),
                      _cpu(row.get("rank_loop_cpu_s")), _cpu(max(row.get("server_cpu_s", {}).values(), default=None,
                                                                key=lambda cpu: cpu["user"] + cpu["sys"]))])
-    out += table(["config", "WAN", "H", "utilization", "after round 1", "blocked s/round", "dc1 WAN MB up / down",
-                  "rank RSS", "global server RSS", "rank loop CPU s", "global server CPU s"], rows)
+    out += table(["config", "WAN", "H", "utilization", "after round 1", "blocked s/round", "mix s/round",
+                  "mix on host", "dc1 WAN MB up / down", "rank RSS", "global server RSS", "rank loop CPU s",
+                  "global server CPU s"], rows)
+    out.append("note: mix: a landing's mix into the model, device work (a GPU kernel of well under a millisecond), "
+               "timed on the stand-in's host and left out of utilization; mix on host: utilization with it counted "
+               "as blocked time")
     for row in section.get("rows", []):
         if row["config"] == "fsa" and "sync_over_link" in row:
             out.append(f"[scale] fsa at {row['rate']}: {row['blocked_s_per_round']:.2f} s of sync per step, the far "

@@ -157,7 +157,7 @@ class CollectivePeriodicAverage(AveragedStep):
         landed = machine.land(count)
         self.loop.waited(time.monotonic() - started)
         if landed:
-            self._mix(views, count)
+            self.mix(views, count)
         if self.delay:  # after the mix (no slice lands and leaves at once: delay < K2), so they do not share cores
             machine.leave(views, count, self.loop.priority, tokens)
 
@@ -174,9 +174,10 @@ class CollectivePeriodicAverage(AveragedStep):
             return None
         return self.tokens.leaving(owned.id for owned in machine.owned if self.rules.goes_global(owned.id, count))
 
-    def _mix(self, views: list[torch.Tensor], count: int) -> None:
+    def mix(self, views: list[torch.Tensor], count: int) -> None:
         """The party's model takes every slice that landed at local round ``count``: the new global model, mixed
-        with the party's own (``alpha``)."""
+        with the party's own (``alpha``). Device work (a kernel on a GPU; memory-bound passes on the CPU, which the
+        scale bench's stand-in times as its device's)."""
         party_model, machine = self.party_model, self.machine
         assert party_model is not None and machine is not None
         mine = self.alpha  # with or without an overlap, as a local server mixes (torchft's fragment_update_alpha)

@@ -5,12 +5,12 @@ forward, backward and AdamW step (on CUDA when ``--device cuda``).
 ``--sync geomx``: through ``gx.DistributedOptimizer`` (the algorithm, codec and links come from the topology);
 ``--sync none``: the same loop with no sync at all (the control: utilization 1 with the stand-in, and the memory
 of plain PyTorch). Each rank writes ``--out/rank<R>.json``: every step's wall time (less the stand-in's own
-overrun in it), the loop's wall time, its peak resident memory and the model's bytes, and ``times``: when (wall
-clock) its start's stages ended (``main``: the imports; ``model``: the model built; ``joined``: the kvstore joined
-the job, its party's group formed, ``setup`` before it: the stand-in's gradient and optimizer state made;
-``ready``: the wrapper's INIT done, the job's model in hand) and its loop began
-(``started_at``; ``step_ends`` count from there). ``--die-step`` kills the rank's whole party at that step
-(``geomx.bench.recovery``).
+overrun in it, and the landings' mixes into the model: device work, ``device_s``), the loop's wall time, its peak
+resident memory and the model's bytes, and ``times``: when (wall clock) its start's stages ended (``main``: the
+imports; ``model``: the model built; ``joined``: the kvstore joined the job, its party's group formed, ``setup``
+before it: the stand-in's gradient and optimizer state made; ``ready``: the wrapper's INIT done, the job's model in
+hand) and its loop began (``started_at``; ``step_ends`` count from there). ``--die-step`` kills the rank's whole
+party at that step (``geomx.bench.recovery``).
 
 Usage::
 
@@ -123,6 +123,8 @@ def main(argv: list[str] | None = None) -> None:
                        args.apply_every or (None if per_step else k1))
     if args.sync == "geomx" and not args.real:  # the stand-in's change of the parameters takes the step's math's place
         opt.strategy.inner_step = (lambda: None) if per_step else stand_in.move  # type: ignore[attr-defined]
+        if hasattr(opt.strategy, "mix"):  # a landing's mix: the device's work, on the host here (``on_device``)
+            opt.strategy.mix = stand_in.on_device(opt.strategy.mix)  # type: ignore[attr-defined]
     durations, ends = [], []
     cpu_before = cpu_seconds()
     started_at, started = time.time(), time.perf_counter()
@@ -133,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
         if step == args.die_step and kv is not None:
             note_fault(args.out, step, rank)
             kill_party(kv.config.run_dir, kv.config.party)
-        begun, overrun = time.perf_counter(), stand_in.overrun_s
+        begun, overrun = time.perf_counter(), stand_in.overrun_s + stand_in.device_s
         if args.real:
             opt.zero_grad()
             next_char_loss(model, inputs, targets).backward()
@@ -149,7 +151,8 @@ def main(argv: list[str] | None = None) -> None:
             opt.step()
         else:
             stand_in.step()
-        durations.append(time.perf_counter() - begun - (stand_in.overrun_s - overrun))  # the stand-in's own, out
+        # the stand-in's own work and the sync's device work on its host, out
+        durations.append(time.perf_counter() - begun - (stand_in.overrun_s + stand_in.device_s - overrun))
         ends.append(round(time.perf_counter() - started, 4))
         if (step + 1) % outer == 0:  # an outer round's end
             if args.contributed_file and step + 1 == outer:
@@ -160,7 +163,8 @@ def main(argv: list[str] | None = None) -> None:
     loop_cpu = {part: spent - cpu_before[part] for part, spent in cpu_seconds().items()}  # every thread's
     stages["loop"] = rss_bytes()
     result = {"rank": rank, "steps": len(durations), "step_s": args.step_ms / 1000, "wall_s": wall,
-              "durations_s": durations, "overrun_s": stand_in.overrun_s, "k1": k1, "real": args.real,
+              "durations_s": durations, "overrun_s": stand_in.overrun_s, "device_s": stand_in.device_s, "k1": k1,
+              "real": args.real,
               "params": sum(p.numel() for p in params),
               "model_bytes": sum(p.numel() * p.element_size() for p in params),
               "peak_rss_bytes": peak_rss_bytes(), "rss_bytes_after": stages,
