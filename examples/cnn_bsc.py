@@ -14,6 +14,8 @@ At 0.1% use --lr 0.1. ``--model mlp`` trains the issue's port of the seeds' loop
     geomx launch topologies/demo.yaml -- python examples/cnn_bsc.py --threshold 0.01
     geomx launch topologies/demo.yaml -- python examples/cnn_bsc.py --type mpq     # fp16 small, bsc large
     geomx launch topologies/demo.yaml -- python examples/cnn_bsc.py --type fp16
+    geomx launch topologies/demo.yaml -- python examples/cnn_bsc.py --model mlp --optimizer frozen_adam \
+        --warmup-steps 44 --freeze-after 40     # Adam under Bi-Sparse: the codec's warm-up, the variance frozen
 
 Tensors below MXNET_KVSTORE_SIZE_LOWER_BOUND (default 200000 elements; ``--size-lower-bound`` here)
 travel dense: the demo CNN's layers are all smaller, so the default here is 1000 (as GeoMX's scripts set).
