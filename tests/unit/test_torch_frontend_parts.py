@@ -238,4 +238,25 @@ def test_adam_on_a_sparse_codec_s_answers_is_warned_about_and_frozen_variance_ad
         make_plan(bsc, None, FrozenVarianceAdam(params(), freeze_after=10))
         make_plan(bsc, None, torch.optim.SGD(params(), lr=0.1))
         make_plan(TrainingSpec(compression={"type": "fp16"}), None, torch.optim.Adam(params()))
+        make_plan(bsc, None, torch.optim.AdamW(params()), warn=False)  # a worker that does not lead its party
     assert "FrozenVarianceAdam" not in caplog.text
+
+
+def test_a_party_speaks_through_its_first_rank_or_the_jobs_master() -> None:
+    """``leads_party``: rank 0 of a party (a server party's worker rank, or torchrun's in a collective party), or
+    the job's master worker; a worker without a rank (its own launch) speaks too, rather than nobody."""
+    from pathlib import Path
+
+    from geomx.config import NodeConfig, Role, TorchRun, load_topology
+    from geomx.torch.plan import leads_party
+
+    topology = load_topology(Path(__file__).parents[2] / "topologies" / "demo.yaml")
+
+    def node(rank, master=False, torchrun_rank=None):
+        run = None if torchrun_rank is None else TorchRun(rank=torchrun_rank, world_size=2, local_rank=torchrun_rank,
+                                                          local_world_size=2, master_addr="127.0.0.1", master_port=1)
+        return NodeConfig(Role.WORKER, "dc1", topology, "127.0.0.1:1", rank=rank, is_master=master, torchrun=run)
+
+    assert leads_party(node(0)) and leads_party(node(None)) and leads_party(node(3, master=True))
+    assert not leads_party(node(1)) and leads_party(node(None, torchrun_rank=0))
+    assert not leads_party(node(None, torchrun_rank=1))

@@ -49,7 +49,7 @@ from .hooks import Hook, layer_of_params, uncompiled
 from .join import UnevenLoops
 from .loop_checks import refuse_changed, state_elsewhere
 from .metrics import StepRecorder, TensorBoardSink
-from .plan import Plan, make_plan
+from .plan import Plan, leads_party, make_plan
 from .signature import compare, signature
 
 log = logging.getLogger("geomx.torch")
@@ -90,7 +90,7 @@ class DistributedOptimizer:
         refusal = fsdp1_refusal(model)
         if refusal is not None:  # before the job is joined: its flat parameters are shards that look whole
             raise ConfigError(f"party {config.party}: {refusal}")
-        self.plan: Plan = make_plan(config.topology.training, config.topology.hfa, optimizer)
+        self.plan: Plan = make_plan(config.topology.training, config.topology.hfa, optimizer, leads_party(config))
         self._owns_kv = kv is None
         self.kv = kv if kv is not None else create(self.plan.kvstore_type, config)
         self.params: list[nn.Parameter] = list(model.parameters())

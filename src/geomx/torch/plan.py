@@ -32,7 +32,7 @@ from .. import optim
 from ..algorithms.modes import Strategy
 from ..algorithms.registry import SYNC_POLICIES, check_names
 from ..codecs import CodecError, make_codec
-from ..config import ConfigError, HFASpec, TrainingSpec
+from ..config import ConfigError, HFASpec, NodeConfig, TrainingSpec
 from ..config.combinations import check, plan_facts
 from .frozen_variance import FrozenVarianceAdam
 
@@ -122,8 +122,17 @@ def _named_optimizer(spec: TrainingSpec, torch_optimizer: torch.optim.Optimizer)
         raise ConfigError(f"training.server_optimizer: {exc}") from None
 
 
-def make_plan(spec: TrainingSpec, hfa: HFASpec | None, torch_optimizer: torch.optim.Optimizer) -> Plan:
-    """Decide the mode; ConfigError names an unknown name or any combination that cannot work."""
+def leads_party(config: NodeConfig) -> bool:
+    """Whether this worker speaks for its party in warnings: the party's first rank (or the job's master worker), so
+    a job of N workers says a thing once per party, not N times."""
+    rank = config.torchrun.rank if config.torchrun is not None else config.rank
+    return config.is_master or rank in (None, 0)
+
+
+def make_plan(spec: TrainingSpec, hfa: HFASpec | None, torch_optimizer: torch.optim.Optimizer,
+              warn: bool = True) -> Plan:
+    """Decide the mode; ConfigError names an unknown name or any combination that cannot work. ``warn``: log
+    what works but costs (a worker that does not lead its party stays quiet: ``leads_party``)."""
     check_names(spec)
     codec = spec.compression["type"] if spec.compression else None
     residual = keeps_residuals(spec.compression)
@@ -153,7 +162,7 @@ def make_plan(spec: TrainingSpec, hfa: HFASpec | None, torch_optimizer: torch.op
     check({**facts, "server_optimizer": server is not None, "no_server_optimizer": server is None},
           codec=codec, torch_optimizer=type(torch_optimizer).__name__, policy=policy.title, sync=spec.sync)
     if server is None:
-        if residual and isinstance(torch_optimizer, torch.optim.Adam) \
+        if warn and residual and isinstance(torch_optimizer, torch.optim.Adam) \
                 and not isinstance(torch_optimizer, FrozenVarianceAdam):
             log.warning("%s on %s's sparse answers: Adam shortens each coordinate's burst of residual to one step "
                         "(27.7%% higher loss in the quality bench); geomx.torch.FrozenVarianceAdam with the codec's "
