@@ -97,6 +97,11 @@ class StandIn:
         self._move()
         self.overrun_s += self.clock() - started
 
+    @property
+    def left_out_s(self) -> float:
+        """The host's time the device would not spend: the stand-in's overrun and the sync's device work."""
+        return self.overrun_s + self.device_s
+
     def on_device(self, work: Callable[..., None]) -> Callable[..., None]:
         """``work`` timed into ``device_s``: the sync's own device work (a landing's mix into the model), which a
         GPU runs as a kernel between steps in a fraction of a millisecond and the stand-in's host runs as passes

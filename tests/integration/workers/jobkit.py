@@ -128,11 +128,13 @@ def out_dir(run_dir: Path) -> Path:
 
 def save_worker_output(run_dir: Path, global_rank: int, tensors: dict[str, list[torch.Tensor]],
                        report: dict[str, Any]) -> None:
+    from geomx.runs.checkpoint import write_atomically
+
     folder = out_dir(run_dir)
     torch.save(tensors, folder / f"worker{global_rank}.pt")
-    part = folder / f"worker{global_rank}.json.part"
-    part.write_text(json.dumps(report, indent=1, default=str))
-    part.replace(folder / f"worker{global_rank}.json")  # whole or absent: other workers wait on it
+    report_bytes = json.dumps(report, indent=1, default=str).encode()
+    # whole or absent: other workers wait on it
+    write_atomically(folder / f"worker{global_rank}.json", lambda handle: handle.write(report_bytes))
 
 
 def load_worker_outputs(run_dir: Path) -> dict[int, tuple[dict[str, list[torch.Tensor]], dict[str, Any]]]:

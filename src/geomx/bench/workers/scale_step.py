@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
         if step == args.die_step and kv is not None:
             note_fault(args.out, step, rank)
             kill_party(kv.config.run_dir, kv.config.party)
-        begun, overrun = time.perf_counter(), stand_in.overrun_s + stand_in.device_s
+        begun, left_out = time.perf_counter(), stand_in.left_out_s
         if args.real:
             opt.zero_grad()
             next_char_loss(model, inputs, targets).backward()
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> None:
         else:
             stand_in.step()
         # the stand-in's own work and the sync's device work on its host, out
-        durations.append(time.perf_counter() - begun - (stand_in.overrun_s + stand_in.device_s - overrun))
+        durations.append(time.perf_counter() - begun - (stand_in.left_out_s - left_out))
         ends.append(round(time.perf_counter() - started, 4))
         if (step + 1) % outer == 0:  # an outer round's end
             if args.contributed_file and step + 1 == outer:
