@@ -34,7 +34,9 @@ def run_node(config: NodeConfig) -> int:
             return scheduler.run()
     if config.role in (Role.GLOBAL_SERVER, Role.LOCAL_SERVER):
         from .server import ParameterServer
+        from .server.heap import keep_freed_memory
 
+        keep_freed_memory()  # before its threads start: each round's large arrays reuse the last round's memory
         gc.freeze()
         return ParameterServer(config).run()
     raise ConfigError("workers run your training script (which calls geomx.kv.create), not geomx.node")

@@ -4,7 +4,8 @@
 its parts: ``pushpull`` (rounds of pushes, up a tier or applied), ``bundles`` (a client's PUSHPULLs as one
 message: split into the usual rounds, answered as one), ``upstream`` (requests to the servers above),
 ``configure`` (CONFIGURE: the optimizer, sync policy and codec the master worker sends), ``departures`` (clients
-that die, leave or come back); ``compose`` (the composition root: the plug-ins it runs, from its typed config).
+that die, leave or come back); ``compose`` (the composition root: the plug-ins it runs, from its typed config);
+``heap`` (the process keeps the memory it frees: each round's large arrays reuse the last round's).
 
 Usage::
 
