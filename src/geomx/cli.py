@@ -36,6 +36,7 @@ def _launch(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
+    import http.client
     import json
     import urllib.error
     import urllib.request
@@ -48,7 +49,8 @@ def _status(args: argparse.Namespace) -> int:
         with urllib.request.urlopen(url, timeout=args.timeout) as answer:
             data = json.loads(answer.read())
         print(render_text(data))
-    except (OSError, ValueError, KeyError, TypeError) as exc:  # unreachable, not a geomx page, or not JSON
+    except (OSError, ValueError, KeyError, TypeError, http.client.HTTPException) as exc:
+        # unreachable, not an address (HOST:PORT), not a geomx page, or not JSON
         print(f"geomx status: cannot read the status of {url}: {exc}", file=sys.stderr)
         return 2
     return 0

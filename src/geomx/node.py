@@ -56,6 +56,13 @@ def _terminate(_signum: int, _frame: object) -> None:
 def main() -> int:
     configure_logging()
     signal.signal(signal.SIGTERM, _terminate)
+    try:  # from here on: a SIGTERM (the launcher ending a job that failed at start) while anything still imports
+        return _configured_node()
+    except KeyboardInterrupt:
+        return 130
+
+
+def _configured_node() -> int:
     try:
         config = node_config()
     except ConfigError as exc:
@@ -69,8 +76,6 @@ def main() -> int:
     except (TimeoutError, JoinRefused, BindError) as exc:  # a bad start: one line naming it, no traceback
         logging.error("%s", exc)
         return 3
-    except KeyboardInterrupt:
-        return 130
 
 
 if __name__ == "__main__":

@@ -273,3 +273,11 @@ def test_geomx_status_names_an_address_nothing_answers_at(reserved_port):
                            capture_output=True, text=True, timeout=60)
     assert shown.returncode == 2
     assert f"geomx status: cannot read the status of http://{address}/status.json" in shown.stderr
+
+
+def test_geomx_status_names_an_address_that_is_not_host_port():
+    shown = subprocess.run([sys.executable, "-m", "geomx.cli", "status", "localhost:notaport"],
+                           capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 2, shown.stderr  # http.client.InvalidURL, not a traceback
+    assert "geomx status: cannot read the status of http://localhost:notaport/status.json" in shown.stderr
+    assert "Traceback" not in shown.stderr
