@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from .algorithms.registry import SYNC_POLICIES
 from .cluster.addresses import announce_when_listening as announce_tier
 from .cluster.addresses import claim
 from .cluster.ports import PortReservations, distinct_free_ports
@@ -33,18 +34,9 @@ from .cluster.ports import free_port as free_port  # (a public name here: tests 
 from .cluster.processes import KILL_WAIT_S, STOP_GRACE_S, alive, descendants, die_with_parent, signal_tree
 from .cluster.processes import job_processes as job_processes  # (where fault injection has always found it)
 from .cluster.status_page import announce_when_listening
-from .config import (
-    ConfigError,
-    Mode,
-    NodeConfig,
-    Role,
-    Topology,
-    TorchRun,
-    job_status,
-    job_topology,
-    job_training,
-    node_env,
-)
+from .config import ConfigError, Mode, NodeConfig, Role, Topology, TorchRun, job_status, job_topology, node_env
+from .config.combinations import check_training
+from .config.preflight import check_processes, check_start
 from .runs.runlog import earlier_job
 from .runs.summary import summarize, summary_text
 from .server.compose import check_plugins
@@ -74,6 +66,11 @@ class ProcessSpec:
     argv: list[str]
     env: dict[str, str]
     is_worker: bool
+
+
+def process_env(spec: ProcessSpec) -> dict[str, str]:
+    """The environment ``spec``'s process starts with: the defaults, the launcher's own, then the spec's."""
+    return {**PROCESS_DEFAULTS, **os.environ, **spec.env, "PYTHONUNBUFFERED": "1"}
 
 
 @dataclass
@@ -199,9 +196,11 @@ class Launcher:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         arm = die_with_parent()  # a launcher killed by SIGKILL leaves no process behind: each gets SIGTERM
         for spec in self.specs:
-            env = {**PROCESS_DEFAULTS, **os.environ, **spec.env, "PYTHONUNBUFFERED": "1"}
-            proc = subprocess.Popen(spec.argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=arm)
+            try:  # (launch() checked the worker command; a program gone since is named, and the others stopped)
+                proc = subprocess.Popen(spec.argv, env=process_env(spec), stdout=subprocess.PIPE, preexec_fn=arm,
+                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+            except OSError as exc:
+                raise ConfigError(f"{spec.label} cannot start {spec.argv[0]!r}: {exc.strerror or exc}") from None
             self._procs.append((spec, proc))
             assert proc.stdout is not None
             reader = threading.Thread(target=self._relay, args=(spec.label, proc.stdout), daemon=True)
@@ -268,7 +267,7 @@ class Launcher:
             handler(self._signal, None)
 
     def run(self) -> LaunchResult:
-        started = time.monotonic()
+        started, began = time.monotonic(), time.time()  # (began: what this run wrote in the folder, for its summary)
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)} \
             if threading.current_thread() is threading.main_thread() else {}
         failed: str | None = None
@@ -321,7 +320,7 @@ class Launcher:
             for reader in self._readers:
                 reader.join(timeout=2)
         wall = time.monotonic() - started
-        result = LaunchResult(code, wall, failed, summarize(self.run_dir, wall),
+        result = LaunchResult(code, wall, failed, summarize(self.run_dir, wall, since=began),
                               {spec.label: proc.returncode for spec, proc in self._procs
                                if proc.returncode is not None})
         self._pass_on(previous, result)
@@ -361,17 +360,18 @@ def launch(topology_path: Path, command: list[str], *, run_dir: Path | None = No
            party: str | None = None, global_scheduler: str | None = None,
            out: IO[str] | None = None, resume: bool = False, global_only: bool = False) -> LaunchResult:
     """Plan, start and watch a job; returns its result (the caller prints the summary)."""
-    topology = job_topology(topology_path, os.environ)
-    check_plugins(job_training(topology, os.environ), topology)  # a bad sync name or plug-in option: before any process
+    # everything a process would refuse at its start is refused here, before any starts (config.preflight)
+    topology = job_topology(topology_path, os.environ)  # as every process will build it
+    check_plugins(topology.training, topology)  # a bad sync name or plug-in option
+    check_training(topology.training, topology.hfa, synchronous=[n for n, c in SYNC_POLICIES.items() if c.synchronous],
+                   applies_on_server=SYNC_POLICIES[topology.training.sync].needs_server_optimizer)  # e.g. HFA + async
+    check_start(topology, command, os.environ, party=party, resume=resume, global_scheduler=global_scheduler,
+                global_only=global_only)
     run_dir = run_dir or default_run_dir(topology_path)
     used = [] if resume or global_only or party is not None else earlier_job(run_dir)  # (a party joins a job's folder)
     if used:
         raise ValueError(f"run folder {run_dir} holds an earlier job's {' and '.join(used)}: a new job there would add "
                          "its counts to theirs; continue that job with --resume, or give another --run-dir")
-    if party is not None and party != topology.central and global_scheduler is None:
-        raise ValueError(f"party {party!r} is not the central party: give --global-scheduler HOST:PORT")
-    if global_only and party is not None:
-        raise ValueError("--global-only starts the global tier alone: leave out --party")
     grace = topology.timeouts.shutdown_s + 10.0
     starts_tier = global_only or party in (None, topology.central)  # a given address in use: named before anything
     claimed = claim(global_scheduler, "the global scheduler") if global_scheduler and starts_tier else None
@@ -382,6 +382,7 @@ def launch(topology_path: Path, command: list[str], *, run_dir: Path | None = No
                                global_scheduler=global_scheduler, parties=[party] if party else None,
                                resume=resume, global_only=global_only)
         status_url = reserve_status_page(topology, specs, host, page_ports)
+        check_processes(process_env(spec) for spec in specs)
         ended = threading.Event()
         if status_url is not None:
             announce_when_listening(status_url, out or sys.stdout, topology.timeouts.register_s, ended)

@@ -166,6 +166,16 @@ def test_a_section_with_an_extras_field_collects_the_keys_it_does_not_declare():
         fields.read_mapping(HFASpec, {"k1": 2, "staleness": 3}, "hfa")
 
 
+def test_a_misspelt_field_with_a_mapping_is_named_as_a_misspelt_field_not_a_bad_plug_in_option():
+    # a plug-in option is a scalar, so {type: fp16} under an unknown key can only be a field spelt wrong
+    with pytest.raises(ConfigError, match=r"training has an unknown field 'compresion'; did you mean 'compression'\?"):
+        fields.read_mapping(TrainingSpec, {"compresion": {"type": "fp16"}}, "training")
+    with pytest.raises(ConfigError, match=r"unknown field 'p3_slices'; did you mean 'p3_slice_elems'\?"):
+        fields.read_mapping(TrainingSpec, {"p3_slices": [1, 2]}, "training")
+    with pytest.raises(ConfigError, match=r"unknown field 'zzz' \(not a plug-in option"):  # nothing close
+        fields.read_mapping(TrainingSpec, {"zzz": {}}, "training")
+
+
 def test_bad_environment_text_names_the_canonical_variable():
     with pytest.raises(ConfigError, match=r"GEOMX_DGT_CHANNELS must be an integer, got 'three'"):
         fields.env_values(DGTSpec, {"DMLC_UDP_CHANNEL_NUM": "three"})

@@ -66,7 +66,7 @@ def test_unknown_training_keys_and_variables_are_collected_as_text_and_written_b
     config = NodeConfig(role=Role.WORKER, party="dc0", topology=topology, global_scheduler="127.0.0.1:1")
     env = node_env(config, Path("t.yaml"))
     assert env["GEOMX_PATIENCE"] == "3" and env["GEOMX_POLITE"] == "true"
-    with pytest.raises(ConfigError, match=r"training.colour \(a plug-in option\) must be"):
+    with pytest.raises(ConfigError, match=r"training has an unknown field 'colour' \(not a plug-in option either"):
         topology_from_dict({"parties": {"dc0": 1}, "training": {"colour": [1, 2]}})
 
 

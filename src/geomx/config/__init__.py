@@ -7,7 +7,8 @@ one process's view of it), ``units`` (bandwidths, durations), ``yaml_io`` (topol
 environment), ``fields`` (each field declared once: YAML key, variable, alias, kind), ``kinds`` (how one value is
 read and written), ``errors`` (``ConfigError``), ``combinations`` (the one table of features that do not combine),
 ``settings`` (the training settings a checkpoint records), ``status`` (the status page's settings),
-``reference`` (the configuration reference, generated from the fields).
+``reference`` (the configuration reference, generated from the fields), ``preflight`` (what ``geomx launch``
+checks before it starts any process).
 
 Usage::
 

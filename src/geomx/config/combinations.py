@@ -11,12 +11,13 @@ would have been raised before this table existed.
 Usage::
 
     check(topology.features)                              # raises ConfigError with the row's text
+    check_training(topology.training, topology.hfa, synchronous=["dist_sync"], applies_on_server=False)
     text = refusal(configure_facts(topology.features, compression=True, other_sync=False))   # or None
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from .errors import ConfigError
@@ -122,3 +123,20 @@ def plan_facts(spec: TrainingSpec, hfa: HFASpec | None, residual_codec: bool, *,
             "weights_optimizer": spec.server_optimizer in WEIGHTS_OPTIMIZERS,
             "outer_nesterov": spec.server_optimizer == "outer_nesterov", "residual_codec": residual_codec,
             "applies_on_server": applies_on_server}
+
+
+def check_training(spec: TrainingSpec, hfa: HFASpec | None, *, synchronous: Collection[str], applies_on_server: bool,
+                   residual_codec: bool = False) -> dict[str, bool]:
+    """Check the torch wrapper's rows that need no torch optimizer (ESync without HFA's K2 = 1, HFA under an
+    asynchronous sync, ...) and return the facts, for the rows ``make_plan`` checks once it has translated the
+    optimizer. ``geomx launch`` calls this before starting any process, so a job that cannot run is refused there,
+    once, not by every worker after the job has started; ``make_plan`` calls it again (a rank started by hand).
+
+    The sync registry is not config's to import: ``synchronous`` names the sync policies that declare themselves
+    synchronous, ``applies_on_server`` is what ``spec.sync``'s policy declares (``needs_server_optimizer``),
+    ``residual_codec`` whether the codec keeps residuals (read only by the rows checked after translation).
+    """
+    facts = plan_facts(spec, hfa, residual_codec, synchronous=spec.sync in synchronous,
+                       applies_on_server=applies_on_server)
+    check(facts, server_optimizer=spec.server_optimizer, sync=spec.sync, synchronous=sorted(synchronous))
+    return facts

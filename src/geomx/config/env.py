@@ -113,8 +113,17 @@ def _address(env: Mapping[str, str], canonical: str, uri: str, port: str) -> str
         value, source = f"{env[uri]}:{env[port]}", f"{uri}:{port}"
     if not value:
         return None
-    if not re.fullmatch(r"[^:\s]+:\d{1,5}", value):
-        raise ConfigError(f"{source}={value!r} must be HOST:PORT with a numeric port")
+    return check_address(value, f"{source}={value!r}")
+
+
+def check_address(value: str, source: str) -> str:
+    """``value`` if it is HOST:PORT with a numeric port (0-65535), else ConfigError naming ``source`` (a variable's
+    or an option's name): the launcher checks ``--global-scheduler`` as the processes check their variables.
+
+    Usage: ``check_address(args.global_scheduler, "--global-scheduler 'x'")``
+    """
+    if not re.fullmatch(r"[^:\s]+:\d{1,5}", value) or int(value.rsplit(":", 1)[1]) > 65535:
+        raise ConfigError(f"{source} must be HOST:PORT with a numeric port (0-65535)")
     return value
 
 
@@ -143,8 +152,7 @@ def _topology_from_env(env: Mapping[str, str], role: Role, party: str) -> Topolo
     # GeoMX's slice size, not default_slice_elems: the parties here are guesses that may differ between
     # processes, and every worker must cut every tensor the same way
     return Topology(parties=tuple(parties), central=central, parties_known=False, slice_elems=LAN_SLICE_ELEMS,
-                    num_global_servers=_int(env, "GEOMX_NUM_GLOBAL_SERVERS") or 1,
-                    timeouts=_overridden(Timeouts(), env))
+                    num_global_servers=_int(env, "GEOMX_NUM_GLOBAL_SERVERS") or 1)
 
 
 def known_variables() -> frozenset[str]:
@@ -199,9 +207,26 @@ def lan_from_env(topology: Topology, env: Mapping[str, str]) -> Topology:
     return dataclasses.replace(topology, parties=tuple(dataclasses.replace(p, lan=tier) for p in topology.parties))
 
 
+def topology_from_env(topology: Topology, env: Mapping[str, str]) -> Topology:
+    """``topology`` with everything ``env`` sets over it: timeouts, the optional blocks (HFA, DGT, TSEngine), the
+    LAN tier, the topology's own fields, security, checkpoints, the status page and the training block (P3's
+    slice size with it). One function for every process's view and the launcher's, so that what ``geomx launch``
+    checks before starting anything is what each process will build (a bad value is refused there, once)."""
+    topology = dataclasses.replace(topology, timeouts=_overridden(topology.timeouts, env))
+    blocks = {name: block_from_env(cls, env, getattr(topology, name)) for name, cls in OPTIONAL_BLOCKS}
+    topology = dataclasses.replace(lan_from_env(topology, env), **env_values(Topology, env), **blocks,
+                                   security=_overridden(topology.security, env),
+                                   checkpoint=_overridden(topology.checkpoint, env),
+                                   status=job_status(topology, env))
+    training = training_from_env(env, topology.training)
+    return dataclasses.replace(topology, training=training,
+                               slice_elems=training.p3_slice_elems if training.p3 else topology.slice_elems)
+
+
 def job_topology(path: str | Path, env: Mapping[str, str]) -> Topology:
-    """The topology file at ``path`` as a job launched with ``env`` runs it (GEOMX_LAN applied)."""
-    return lan_from_env(load_topology(path), env)
+    """The topology file at ``path`` as every process of a job launched with ``env`` sees it
+    (``topology_from_env``; the job's start time is the launcher's to set)."""
+    return topology_from_env(load_topology(path), env)
 
 
 def torchrun_from_env(env: Mapping[str, str]) -> TorchRun | None:
@@ -237,23 +262,12 @@ def node_config_from_env(env: Mapping[str, str]) -> NodeConfig:
     if env.get("GEOMX_PARTY") is None and env.get("DMLC_PS_ROOT_PORT"):
         party = f"{party}-{env['DMLC_PS_ROOT_PORT']}"
     topology_path = env.get("GEOMX_TOPOLOGY")
-    if topology_path:
-        topology = load_topology(topology_path)
-        topology = dataclasses.replace(topology, timeouts=_overridden(topology.timeouts, env))
-    else:
-        topology = _topology_from_env(env, role, party)
-    blocks = {name: block_from_env(cls, env, getattr(topology, name)) for name, cls in OPTIONAL_BLOCKS}
-    topology = dataclasses.replace(lan_from_env(topology, env), **env_values(Topology, env), **blocks,
-                                   security=_overridden(topology.security, env),
-                                   checkpoint=_overridden(topology.checkpoint, env),
-                                   status=job_status(topology, env))
-    training = training_from_env(env, topology.training)
+    topology = topology_from_env(load_topology(topology_path) if topology_path else
+                                 _topology_from_env(env, role, party), env)
     job_start = _get(env, "GEOMX_JOB_START")
     if job_start is not None:
         topology = dataclasses.replace(topology, job_start=parse_number(job_start, "GEOMX_JOB_START",
                                                                    "seconds since the epoch, as time.time() gives"))
-    topology = dataclasses.replace(topology, training=training,
-                                   slice_elems=training.p3_slice_elems if training.p3 else topology.slice_elems)
     if role not in (Role.GLOBAL_SCHEDULER,) and party not in {p.name for p in topology.parties}:
         raise ConfigError(f"GEOMX_PARTY={party!r} is not a party of the topology "
                           f"{[p.name for p in topology.parties]}")

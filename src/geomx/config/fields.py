@@ -22,6 +22,7 @@ An optional block (``hfa``, ``dgt``, ``tsengine``) also declares how the environ
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -210,6 +211,13 @@ def read_mapping(cls: type, raw: Any, section: str, base_dir: Path | None = None
     if unknown and collector is None:
         raise ConfigError(f"{section} has unknown fields {unknown}; allowed: {sorted(allowed)}")
     if collector is not None and unknown:
+        for key in unknown:  # a plug-in option is a scalar: a mapping or list here is a misspelt field
+            if not isinstance(raw[key], (bool, str, int, float)):
+                close = difflib.get_close_matches(key, allowed, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise ConfigError(f"{section} has an unknown field {key!r}{hint} (not a plug-in option either: those "
+                                  f"are numbers, strings or flags, and its value is {raw[key]!r}); allowed: "
+                                  f"{sorted(allowed)}")
         values[collector] = tuple((key, option_text(raw[key], where(section, key))) for key in unknown)
     return values
 

@@ -162,14 +162,23 @@ def _as_is(value: Any) -> Any:
     return value
 
 
+def _placed(parse: Callable[[Any], Any], value: Any, where: str) -> Any:
+    """``parse(value)``, a refusal prefixed with where the value was found: the units' parsers do not know it, and
+    ``cannot read duration 'abc'`` alone does not say which of a job's settings to fix (``GEOMX_TIMEOUT: ...``)."""
+    try:
+        return parse(value)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
 INT = ValueKind("an integer", _is_int, None, _text_int, _as_is, str)
 FLOAT = ValueKind("a number", _is_number, None, _text_float, _as_is, repr, convert=float)
 BOOL = ValueKind("true or false", lambda v: isinstance(v, bool), None, _text_bool, _as_is, lambda v: "1" if v else "0")
 STR = ValueKind("a string", lambda v: isinstance(v, str), None, lambda text, name: text, _as_is, str)
-DURATION = ValueKind("a duration like '25ms'", None, lambda v, where, _: parse_duration(v),
-                lambda text, _: parse_duration(text), _as_is, repr)
-BANDWIDTH = ValueKind("a bandwidth like '100Mbit'", None, lambda v, where, _: parse_bandwidth(v),
-                 lambda text, _: parse_bandwidth(text), _as_is, repr)
+DURATION = ValueKind("a duration like '25ms'", None, lambda v, where, _: _placed(parse_duration, v, where),
+                     lambda text, name: _placed(parse_duration, text, name), _as_is, repr)
+BANDWIDTH = ValueKind("a bandwidth like '100Mbit'", None, lambda v, where, _: _placed(parse_bandwidth, v, where),
+                      lambda text, name: _placed(parse_bandwidth, text, name), _as_is, repr)
 FLOATS = ValueKind("a number or a list of numbers", None, _floats, lambda text, name: _floats(text, name), list,
               lambda v: ",".join(repr(x) for x in v))
 PATH = ValueKind("a path", None, _path, lambda text, name: Path(text), str, str)

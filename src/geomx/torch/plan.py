@@ -33,7 +33,7 @@ from ..algorithms.modes import Strategy
 from ..algorithms.registry import SYNC_POLICIES, check_names
 from ..codecs import CodecError, make_codec
 from ..config import ConfigError, HFASpec, NodeConfig, TrainingSpec
-from ..config.combinations import check, plan_facts
+from ..config.combinations import check, check_training
 from .frozen_variance import FrozenVarianceAdam
 
 log = logging.getLogger("geomx.torch")
@@ -138,10 +138,10 @@ def make_plan(spec: TrainingSpec, hfa: HFASpec | None, torch_optimizer: torch.op
     residual = keeps_residuals(spec.compression)
     named = spec.server_optimizer not in WRAPPER_CHOICES
     policy = SYNC_POLICIES[spec.sync]  # check_names refused a name the registry does not hold
-    facts = plan_facts(spec, hfa, residual, synchronous=policy.synchronous,
-                       applies_on_server=policy.needs_server_optimizer)
-    synchronous = sorted(name for name, cls in SYNC_POLICIES.items() if cls.synchronous)
-    check(facts, server_optimizer=spec.server_optimizer, sync=spec.sync, synchronous=synchronous)
+    synchronous = [name for name, cls in SYNC_POLICIES.items() if cls.synchronous]
+    # (geomx launch checked these rows before any process started; a rank started by hand is checked here)
+    facts = check_training(spec, hfa, synchronous=synchronous, applies_on_server=policy.needs_server_optimizer,
+                           residual_codec=residual)
     if hfa is not None:
         outer = _named_optimizer(spec, torch_optimizer) if named else None
         return Plan(Strategy.ESYNC if spec.esync else Strategy.HFA, spec.sync, outer, spec.compression, spec.p3)
