@@ -1,4 +1,4 @@
-"""GeoMX's Bi-Sparse example on real data: compressed WAN, servers only sum, workers step locally.
+r"""GeoMX's Bi-Sparse example on real data: compressed WAN, servers only sum, workers step locally.
 
 The master worker sets the WAN compression; every worker pushes its gradient and pulls the aggregate
 *gradient* back (not weights), then a local optimizer steps on the mean. Local servers sparsify their

@@ -1,4 +1,4 @@
-"""GeoMX's HFA example on real data: local steps, local model averages, and rare global averages.
+r"""GeoMX's HFA example on real data: local steps, local model averages, and rare global averages.
 
 Every worker takes K1 local Adam steps, then pushes ``param / num_local_workers`` and pulls: the local
 server answers with the party's average model, and every K2-th time with the new global model (parties

@@ -1,4 +1,4 @@
-"""A plain PyTorch loop on the digits, trained across data centers by changing five lines (marked ``# geomx``).
+r"""A plain PyTorch loop on the digits, trained across data centers by changing five lines (marked ``# geomx``).
 
 Which algorithm runs is the topology's business (its ``training`` block and ``hfa`` key, or GEOMX_* variables),
 not this file's: by default FSA, every worker pushing its gradients and stepping the wrapped Adam itself on their
@@ -16,6 +16,7 @@ MixedSync + DCASGD, HFA (+ outer Nesterov), ESync, a WAN codec, P3:
 from __future__ import annotations
 
 import argparse
+import itertools
 
 import torch
 import torch.nn.functional as F
@@ -38,9 +39,13 @@ def main() -> None:
     dataset = gx.shard(TensorDataset(train.images, train.labels))  # geomx: this worker's part of the data
     loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True, drop_last=True)
     opt = gx.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=args.lr), model)  # geomx
-    # a resumed job (geomx launch --resume) goes on from its checkpoint's step: here, from the epoch it is in
-    for epoch in range(opt.start_step // len(loader), args.epochs):
-        for images, labels in gx.progress(loader, desc=f"epoch {epoch + 1}"):
+    # a resumed job (geomx launch --resume) goes on from its checkpoint's step: in the epoch it is in, for the
+    # batches that epoch has left (so the job ends at epochs x len(loader) steps, resumed or not)
+    first_epoch, done = divmod(opt.start_step, len(loader))
+    for epoch in range(first_epoch, args.epochs):
+        skip = done if epoch == first_epoch else 0
+        batches = itertools.islice(loader, skip, None)
+        for images, labels in gx.progress(batches, desc=f"epoch {epoch + 1}", total=len(loader) - skip):
             opt.zero_grad()
             loss = F.cross_entropy(model(images), labels)
             loss.backward()

@@ -1,4 +1,4 @@
-"""A torchrun script with DistributedDataParallel, trained across data centers by changing five lines (marked
+r"""A torchrun script with DistributedDataParallel, trained across data centers by changing five lines (marked
 ``# geomx``). DDP stays inside each data center (a ``lan: collective`` party); geomx syncs the data centers.
 
 Under HFA / DiLoCo, DDP's all-reduce is every inner step and geomx adds a global round every K1 x K2 steps; under
@@ -8,13 +8,14 @@ script's own DDP"):
     geomx launch topologies/collective_streaming.yaml -- python examples/ddp_torch.py   # streaming DiLoCo + int8
     geomx launch topologies/collective.yaml -- python examples/ddp_torch.py             # FSA
     # one data center of a job on several hosts, under its own torchrun (docs/collective.md, "Several hosts"):
-    GEOMX_TOPOLOGY=job.yaml GEOMX_PARTY=dc1 GEOMX_GLOBAL_SCHEDULER=10.0.0.1:9000 \\
+    GEOMX_TOPOLOGY=job.yaml GEOMX_PARTY=dc1 GEOMX_GLOBAL_SCHEDULER=10.0.0.1:9000 \
         torchrun --nproc-per-node 2 examples/ddp_torch.py
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 
 import torch
 import torch.distributed as dist
@@ -43,9 +44,12 @@ def main() -> None:
                                  rank=rank, drop_last=True)  # geomx: the job's ranks, not just this party's
     loader = DataLoader(sampler.dataset, batch_size=args.batch_size, sampler=sampler, drop_last=True)
     opt = gx.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.003), model)  # geomx
-    for epoch in range(args.epochs):
+    # a resumed job (geomx launch --resume) goes on from its checkpoint's step: in the epoch it is in, after the
+    # batches done (the sampler's order is the epoch's own: these are the very batches not yet trained)
+    first_epoch, done = divmod(opt.start_step, len(loader))
+    for epoch in range(first_epoch, args.epochs):
         sampler.set_epoch(epoch)
-        for images, labels in loader:
+        for images, labels in itertools.islice(loader, done if epoch == first_epoch else 0, None):
             opt.zero_grad()
             loss = F.cross_entropy(model(images), labels)
             loss.backward()

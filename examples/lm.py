@@ -1,4 +1,4 @@
-"""A small character-level transformer language model, trained across data centers with the PyTorch wrapper.
+r"""A small character-level transformer language model, trained across data centers with the PyTorch wrapper.
 
 The text is the Python standard library's own source code, found at run time through ``sysconfig``:
 nothing is downloaded. The loop is a plain PyTorch loop; the lines marked ``# geomx`` are all it takes.

@@ -14,6 +14,13 @@ examples' epoch records (``test_accuracy``, ``wan_mb``) are understood. The colu
 followed worker's, except ``wan_mb`` and ``lan_mb``, which are the whole job's, from the stats files every process
 keeps (``runs.summary.traffic``: the same figures, to the byte, as ``geomx launch``'s summary).
 
+A job resumed with ``geomx launch --resume`` keeps one run folder: the report covers the whole job, every launch
+of it, one after the other. ``steps`` is the job's last step (the wrapper counts on from the checkpoint's step),
+the time axis and ``wall_s`` add up the launches' own times (the time between them, the job down, is left out),
+the WAN curve, ``net_wait_s``, ``wan_mb`` and ``lan_mb`` add up the launches' counts (each launch's processes
+count from 0), and the final loss and accuracy are the last launch's. A ``launches`` column (how many) is added
+where a run folder holds more than one; ``geomx launch``'s own summary is of its launch alone.
+
 Usage::
 
     geomx report runs/fsa runs/hfa --out report/
@@ -36,8 +43,8 @@ ACCURACY_KEYS = ("accuracy", "test_accuracy", "val_accuracy")
 COLUMNS = {
     "run": "the run folder (or --label)",
     "worker": "the worker followed: the master (its records carry the job's WAN total), else the first",
-    "steps": "that worker's training steps",
-    "wall_s": "that worker's elapsed time at its last record",
+    "steps": "that worker's training steps: the job's last step (a resumed job's go on from its checkpoint's)",
+    "wall_s": "that worker's elapsed time at its last record, added up over the job's launches (--resume)",
     "final_loss": "that worker's last logged loss",
     "final_accuracy": "that worker's last reported accuracy",
     "best_accuracy": "that worker's best reported accuracy",
@@ -45,7 +52,9 @@ COLUMNS = {
               "process's counters, as the launcher's summary adds them up; '-' while the run has none)",
     "lan_mb": "the whole job's LAN traffic (MB): bytes every process sent inside its party, from RUN/stats "
               "(rewritten every second by each process, final at its exit; '-' while the run has none)",
-    "net_wait_s": "that worker's seconds blocked on the network (front end only)",
+    "net_wait_s": "that worker's seconds blocked on the network, over every launch (front end only)",
+    "launches": "the job's launches in that worker's records: 1 + its resumes that trained (only where a run has "
+                "several)",
     # decoupled outer rounds (training.quorum; only where a run has them), from the global servers' stats files
     "outer_rounds": "the global servers' decoupled rounds closed (one per slice and round)",
     "outer_missed": "rounds a party missed (closed by the quorum and the grace without it), summed over the parties",
@@ -70,13 +79,40 @@ class Series:
     lan_bytes: int | None = None  # the job's, from RUN/stats (None without stats files)
     wan_total_bytes: int | None = None  # the job's, from RUN/stats (None without stats files)
     net_wait_s: float | None = None
+    launches: int = 1  # the launches of the job its records span: 1 + its resumes (--resume)
     outer: dict[str, int] | None = None  # the job's decoupled rounds (OUTER_COLUMNS), None where it ran none
 
 
-def _elapsed(record: dict[str, Any], first_time: float) -> float:
+def _run_time(record: dict[str, Any], first_time: float) -> float:
+    """Seconds since the start of the run (launch) that wrote ``record``: its ``elapsed_s``, else wall time since
+    that run's first record."""
     if isinstance(record.get("elapsed_s"), (int, float)):
         return float(record["elapsed_s"])
     return float(record.get("time", first_time)) - first_time
+
+
+def _starts_a_run(record: dict[str, Any], previous: dict[str, Any] | None) -> bool:
+    """``record`` is the first of a later run of the job (``--resume`` appends to the same files): its clock went
+    back (``elapsed_s`` below the previous record's) and started (``time - elapsed_s``) after the previous record
+    was written, as a new process's does. Within one run a clock starts before its records, so a second clock in
+    the same file (the examples' ``Progress`` next to the wrapper's records) does not split it."""
+    values = [r.get(k) for r in (record, previous or {}) for k in ("elapsed_s", "time")]
+    if not all(isinstance(v, (int, float)) for v in values):
+        return False
+    elapsed, written, elapsed_before, written_before = map(float, values)
+    return elapsed < elapsed_before and written - elapsed >= written_before
+
+
+def _split_runs(records: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """A worker's records, one list per run of the job (one list where it was never resumed)."""
+    runs: list[list[dict[str, Any]]] = []
+    previous = None
+    for record in records:
+        if not runs or _starts_a_run(record, previous):
+            runs.append([])
+        runs[-1].append(record)
+        previous = record
+    return runs
 
 
 def _pick_worker(metrics: dict[str, list[dict[str, Any]]]) -> str:
@@ -92,11 +128,26 @@ def load_run(run_dir: Path, label: str | None = None) -> Series:
     if not metrics:
         raise ValueError(f"{run_dir} has no metrics/*.jsonl records: is it a run folder of `geomx launch`?")
     worker = _pick_worker(metrics)
-    records = metrics[worker]
+    runs = _split_runs(metrics[worker])
+    series = Series(label or Path(run_dir).name, worker, launches=len(runs))
+    for run in runs:  # the job's time, WAN total and waits go on across its resumes
+        _add_run(series, run)
+    stats = read_stats(Path(run_dir))
+    totals = traffic(stats)  # one file per process, counting what it sent: each byte once
+    series.lan_bytes, series.wan_total_bytes = totals["lan_bytes"], totals["wan_bytes"]
+    series.outer = outer_rounds(stats)
+    return series
+
+
+def _add_run(series: Series, records: list[dict[str, Any]]) -> None:
+    """Append one run's points to ``series``, its times after the earlier runs' (``wall_s``) and its cumulative
+    counts (the WAN total, the network waits: each run's processes count from 0) on top of theirs."""
     first = float(records[0].get("time", 0.0))
-    series = Series(label or Path(run_dir).name, worker)
+    offset_s = series.wall_s
+    wan_before = series.wan_bytes[-1][1] if series.wan_bytes else 0.0
+    wait_before = series.net_wait_s or 0.0
     for record in records:
-        t = _elapsed(record, first)
+        t = offset_s + _run_time(record, first)
         if isinstance(record.get("loss"), (int, float)):
             series.loss.append((t, float(record["loss"])))
         for key in ACCURACY_KEYS:
@@ -104,20 +155,15 @@ def load_run(run_dir: Path, label: str | None = None) -> Series:
                 series.accuracy.append((t, float(record[key])))
                 break
         if isinstance(record.get("wan_bytes_total"), (int, float)):
-            series.wan_bytes.append((t, float(record["wan_bytes_total"])))
+            series.wan_bytes.append((t, wan_before + float(record["wan_bytes_total"])))
         elif isinstance(record.get("wan_mb"), (int, float)):
-            series.wan_bytes.append((t, float(record["wan_mb"]) * 1e6))
+            series.wan_bytes.append((t, wan_before + float(record["wan_mb"]) * 1e6))
         for key in ("step", "steps"):
             if isinstance(record.get(key), int):
                 series.steps = max(series.steps, record[key])
         series.wall_s = max(series.wall_s, t)
         if isinstance(record.get("net_wait_s"), (int, float)):
-            series.net_wait_s = float(record["net_wait_s"])
-    stats = read_stats(Path(run_dir))
-    totals = traffic(stats)  # one file per process, counting what it sent: each byte once
-    series.lan_bytes, series.wan_total_bytes = totals["lan_bytes"], totals["wan_bytes"]
-    series.outer = outer_rounds(stats)
-    return series
+            series.net_wait_s = wait_before + float(record["net_wait_s"])
 
 
 def outer_rounds(stats: list[dict[str, Any]]) -> dict[str, int] | None:
@@ -133,8 +179,9 @@ def outer_rounds(stats: list[dict[str, Any]]) -> dict[str, int] | None:
             "outer_folded": total("late_folded"), "outer_dropped": total("dropped"), "outer_lost": total("lost")}
 
 
-def summary_row(series: Series) -> dict[str, Any]:
-    """The table's numbers for one run (None where the run did not report the quantity)."""
+def summary_row(series: Series, launches: bool = False) -> dict[str, Any]:
+    """The table's numbers for one run (None where the run did not report the quantity); ``launches``: with the
+    ``launches`` column (where some run folder of the table holds a resumed job)."""
     return {
         "run": series.label,
         "worker": series.worker,
@@ -146,6 +193,7 @@ def summary_row(series: Series) -> dict[str, Any]:
         "wan_mb": None if series.wan_total_bytes is None else round(series.wan_total_bytes / 1e6, 6),
         "lan_mb": None if series.lan_bytes is None else round(series.lan_bytes / 1e6, 6),
         "net_wait_s": None if series.net_wait_s is None else round(series.net_wait_s, 3),
+        **({"launches": series.launches} if launches else {}),
         **(series.outer or {}),
     }
 
@@ -200,7 +248,7 @@ def build_report(run_dirs: list[Path], out_dir: Path, labels: list[str] | None =
                                            ("wan_bytes", "cumulative WAN traffic (MB)", "wan_bytes.png", 1e-6)):
         if _plot(runs, attribute, ylabel, out_dir / name, scale):
             plots[attribute] = name
-    rows = [summary_row(s) for s in runs]
+    rows = [summary_row(s, launches=any(r.launches > 1 for r in runs)) for s in runs]
     if any(s.outer for s in runs):  # every row gets the decoupled rounds' columns ('-' for a run without them)
         rows = [{**row, **{c: row.get(c) for c in OUTER_COLUMNS}} for row in rows]
     (out_dir / "report.md").write_text(_table(rows))

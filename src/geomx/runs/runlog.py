@@ -147,11 +147,18 @@ class StatsFile:
         self.close()
 
 
-def read_stats(run_dir: Path) -> list[dict[str, Any]]:
+def read_stats(run_dir: Path, since: float | None = None) -> list[dict[str, Any]]:
+    """Every process's counters, one entry a stats file. ``since`` (a ``time.time()``): only the files written
+    since then. Why: a resumed job's processes write files of their own next to the interrupted run's
+    (``stats_path``), and a running process rewrites its file every second, so the files of a run that started at
+    ``since`` are the ones written since (``geomx launch``'s summary of this run, not of the earlier ones)."""
     folder = run_dir / "stats"
     if not folder.is_dir():
         return []
-    return [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
+    paths = sorted(folder.glob("*.json"))
+    if since is not None:
+        paths = [p for p in paths if p.stat().st_mtime >= since]
+    return [json.loads(p.read_text()) for p in paths]
 
 
 def write_report(run_dir: Path, kind: str, name: str, report: dict[str, Any]) -> Path:
@@ -177,13 +184,17 @@ def append_metrics(run_dir: Path, name: str, record: dict[str, Any]) -> None:
         handle.write(json.dumps({"time": time.time(), **record}) + "\n")
 
 
-def read_metrics(run_dir: Path) -> dict[str, list[dict[str, Any]]]:
+def read_metrics(run_dir: Path, since: float | None = None) -> dict[str, list[dict[str, Any]]]:
+    """Every worker's records, by file stem (``dc0_worker0``), in the order written. ``since`` (a
+    ``time.time()``): only the records appended since then (a resumed run appends to the interrupted one's files);
+    a worker with none keeps an empty list."""
     folder = run_dir / "metrics"
     if not folder.is_dir():
         return {}
     result = {}
     for path in sorted(folder.glob("*.jsonl")):
-        result[path.stem] = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        result[path.stem] = records if since is None else [r for r in records if r.get("time", since) >= since]
     return result
 
 

@@ -1,5 +1,7 @@
-"""A job's totals, from its run folder: bytes per link class, per party and per WAN stream, and the last metrics
-of every worker (what `geomx launch` prints at the end).
+"""A run's totals, from its run folder: bytes per link class, per party and per WAN stream, and the last metrics
+of every worker (what `geomx launch` prints at the end). A resumed job's run (``--resume``) shares the folder
+with the runs before it; its summary counts only what was written since it started (``summarize``'s ``since``),
+while ``geomx report`` covers the whole job (``runs.report``).
 
 The byte totals have one source: the stats files every process keeps up to date as it runs
 (``runlog.StatsFile``), each byte counted once, by its sender. The launcher's summary and ``geomx report`` both
@@ -8,7 +10,7 @@ processes had counted at their last rewrite, and names the processes whose count
 
 Usage::
 
-    summary = summarize(run_dir, wall_s=42.0)
+    summary = summarize(run_dir, wall_s=42.0, since=started)   # started: the run's time.time() at its start
     summary["wan_bytes_sent_by_party"]          # {"dc0": ..., "dc1": ...}
     traffic(read_stats(run_dir))["wan_bytes"]   # None: no process wrote its counters (unknown, not 0)
 """
@@ -48,11 +50,19 @@ def traffic(stats: list[dict[str, Any]]) -> dict[str, Any]:
             "not_final": sorted(str(e.get("name", "?")) for e in stats if not e.get("final", True))}
 
 
-def summarize(run_dir: Path, wall_s: float) -> dict[str, Any]:
-    """Totals from the run folder (``traffic``) and every worker's last metrics record."""
-    metrics = read_metrics(run_dir)
+def summarize(run_dir: Path, wall_s: float, since: float | None = None) -> dict[str, Any]:
+    """Totals from the run folder (``traffic``) and every worker's last metrics record.
+
+    ``since``: the ``time.time()`` this run started at; only the stats files and metrics records written since
+    count. Why: a resumed job (``--resume``) runs in the interrupted one's folder, whose files would otherwise be
+    added to this run's (and an interrupted run's counts, not final, named as this run's). ``earlier_runs``: the
+    folder also holds counts or records from before ``since`` (``geomx report`` covers the whole job)."""
+    metrics = read_metrics(run_dir, since)
     last = {name: records[-1] for name, records in metrics.items() if records}
-    return {"wall_s": wall_s, **traffic(read_stats(run_dir)), "last_metrics": last}
+    stats = read_stats(run_dir, since)
+    earlier = since is not None and (len(read_stats(run_dir)) > len(stats) or any(
+        len(records) > len(metrics.get(name, [])) for name, records in read_metrics(run_dir).items()))
+    return {"wall_s": wall_s, **traffic(stats), "last_metrics": last, "earlier_runs": earlier}
 
 
 def _status(exit_code: int, failed: str | None) -> str:
@@ -91,6 +101,9 @@ def summary_text(exit_code: int, failed: str | None, wall_s: float, s: dict[str,
         if len(streams) > 1:
             shown = ", ".join(f"{name} {sent / 1e6:.2f} MB" for name, sent in sorted(streams.items()))
             lines.append(f"WAN streams   : {party} {len(streams)} ({shown})")
+    if s.get("earlier_runs"):
+        lines.append("earlier runs  : left out (this run folder also holds an earlier run's counts and metrics: "
+                     "`geomx report` covers the whole job)")
     for name, record in s.get("last_metrics", {}).items():
         shown = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items()
                           if k != "time")

@@ -1,11 +1,12 @@
 """Per-step metrics of a wrapped training loop, as JSON lines in the run folder (``geomx report`` plots them).
 
-Every ``every`` steps a worker appends one record to ``RUN/metrics/<worker>.jsonl``: ``step``, ``time``,
-``elapsed_s``, ``step_s`` (mean wall time per step since the last record), ``loss`` (mean of the losses the
-script logged since then), ``lan_bytes`` and ``wan_bytes`` (this worker's own traffic, both directions),
-``net_wait_s`` (cumulative seconds the loop was blocked waiting on the network). The master worker adds
-``wan_bytes_total``: every byte that crossed the WAN in the whole job, read in the background from the
-global servers (no step waits for it). ``log(accuracy=...)`` writes a record at once. With a
+Every ``every`` steps a worker appends one record to ``RUN/metrics/<worker>.jsonl``: ``step`` (the job's step:
+a resumed run's count goes on from ``opt.start_step``), ``time``, ``elapsed_s`` (since this run's start),
+``step_s`` (mean wall time per step since the last record), ``loss`` (mean of the losses the script logged since
+then), ``lan_bytes`` and ``wan_bytes`` (this worker's own traffic, both directions), ``net_wait_s`` (cumulative
+seconds this run's loop was blocked waiting on the network). The master worker adds
+``wan_bytes_total``: every byte that crossed the WAN in the whole job since this run's global servers started,
+read in the background from them (no step waits for it). ``log(accuracy=...)`` writes a record at once. With a
 ``TensorBoardSink`` every numeric field of every record also becomes a TensorBoard scalar at its step.
 
 Usage::
@@ -112,15 +113,23 @@ def _traffic(counters: dict[str, Any], link: str) -> int:
 
 
 class StepRecorder:
-    """Counts steps and network waits; writes a metrics record every ``every`` steps."""
+    """Counts steps and network waits; writes a metrics record every ``every`` steps.
 
-    def __init__(self, kv: _Store, every: int, sink: Callable[[dict[str, Any]], None] | None = None) -> None:
+    ``start``: the job's step this worker starts at (``opt.start_step``: a resumed job's checkpoint step). The
+    records, the TensorBoard scalars and the heartbeats' step (the status page) count the job's steps from there,
+    so a resumed run goes on where the interrupted one stopped instead of counting from 0 again.
+    """
+
+    def __init__(self, kv: _Store, every: int, sink: Callable[[dict[str, Any]], None] | None = None,
+                 start: int = 0) -> None:
         if every < 1:
             raise ValueError(f"record every >= 1 steps, got {every}")
+        if start < 0:
+            raise ValueError(f"the start step is >= 0, got {start}")
         self.kv = kv
         self.every = every
         self.sink = sink  # also gets every record (e.g. a TensorBoardSink)
-        self.steps = 0
+        self.steps = start  # the job's steps done (elapsed_s, step_s and net_wait_s are this run's)
         self.net_wait_s = 0.0
         self.started = time.monotonic()
         self._interval_started = self.started

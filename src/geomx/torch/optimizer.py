@@ -163,8 +163,8 @@ class DistributedOptimizer:
         run_dir = config.run_dir
         sink = (TensorBoardSink(run_dir / "tensorboard" / file_name(self.kv.name))
                 if config.topology.training.tensorboard and run_dir is not None else None)
-        self.recorder = StepRecorder(self.kv, config.topology.training.metrics_every, sink)
-        self.kv.record(step=0, elapsed_s=0.0, plan=self.plan.describe())  # which algorithm this run used
+        self.recorder = StepRecorder(self.kv, config.topology.training.metrics_every, sink, self.start_step)
+        self.kv.record(step=self.start_step, elapsed_s=0.0, plan=self.plan.describe())  # which algorithm this run used
         self._handles: list[Any] = []
         for key in self.trained:  # every plan: a second backward is refused alike (pushed or not)
             hook = Hook(functools.partial(self._on_gradient, key))
