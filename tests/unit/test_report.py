@@ -63,6 +63,15 @@ def test_report_names_a_folder_without_metrics(tmp_path, capsys):
     assert "has no metrics" in capsys.readouterr().out
 
 
+def test_report_names_an_out_that_is_a_file(tmp_path, capsys):
+    record_run(tmp_path / "fsa", [2.3, 1.5], [0.4, 0.7], wan_step=3_000_000)
+    taken = tmp_path / "notes.txt"
+    taken.write_text("mine")
+    assert cli_main(["report", str(tmp_path / "fsa"), "--out", str(taken)]) == 2  # FileExistsError was a traceback
+    assert f"--out {taken} is a file" in capsys.readouterr().out
+    assert taken.read_text() == "mine"
+
+
 def test_build_report_accepts_the_examples_epoch_records(tmp_path):
     append_metrics(tmp_path / "run", "dc0/worker0", {"epoch": 1, "steps": 12, "loss": 1.0, "test_accuracy": 0.5,
                                                      "wan_mb": 2.5, "elapsed_s": 3.0})

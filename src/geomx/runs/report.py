@@ -241,6 +241,8 @@ def build_report(run_dirs: list[Path], out_dir: Path, labels: list[str] | None =
     if len(set(names)) != len(names):  # two folders with the same name: tell them apart by their paths
         for series, run_dir in zip(runs, run_dirs, strict=True):
             series.label = str(run_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ValueError(f"--out {out_dir} is a file: give a folder for the plots and the table")
     out_dir.mkdir(parents=True, exist_ok=True)
     plots = {}
     for attribute, ylabel, name, scale in (("loss", "loss", "loss.png", 1.0),
