@@ -8,13 +8,13 @@ zeroed, and returns a free top of a heap to the kernel on its own rules.
 
 ``keep_freed_memory`` tells glibc (``mallopt``) to serve every thread from one arena, never to mmap a block, and
 never to trim: freed memory is reused by the next allocation that fits. Measured on the 85M job's global server
-(``python -m geomx.bench.scale --configs streaming_int8 --rates 1Gbit --h 100 --rounds 3 --path staged``, four
-runs each): its peak resident memory went from 3.16-3.24x the model to 2.50-2.53x, its CPU over the run from
-8.5-9.6 s to 7.9-8.2 s; the time it saves is the first outer round's, which faulted in fresh pages (1 MB slices
-reuse freed memory from the second round on either way). Slices above 32 MB fault in every round without it: one
-round of a 10.7M-element slice (two int8 pushes decoded and summed, outer Nesterov, the answer encoded) took 150 ms
-with it off and 119 ms on. Elsewhere than glibc it does nothing. Call it before the process starts its threads (a
-thread takes its arena at its first allocation); ``python -m geomx.node`` does for every server.
+(``python -m geomx.bench.scale --configs streaming_int8 --rates 1Gbit --h 100 --rounds 3``, four runs before,
+sixteen since): its peak resident memory went from 3.16-3.24x the model to 2.40-2.54x, its system time from 2.8-3.2
+s to 2.3-2.7 s; the time it saves is the first outer round's, which faulted in fresh pages (1 MB slices reuse freed
+memory from the second round on either way). Slices above 32 MB fault in every round without it: one round of a
+10.7M-element slice (two int8 pushes decoded and summed, outer Nesterov, the answer encoded) took 150 ms with it off
+and 119 ms on. Elsewhere than glibc it does nothing. Call it before the process starts its threads (a thread takes
+its arena at its first allocation); ``python -m geomx.node`` does for every server.
 
 Usage::
 
