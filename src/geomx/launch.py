@@ -40,6 +40,7 @@ from .config.preflight import check_processes, check_start
 from .runs.runlog import earlier_job
 from .runs.summary import summarize, summary_text
 from .server.compose import check_plugins
+from .transport.security import check_keys
 
 # Environment defaults for every launched process (the user's environment wins):
 # - many processes share this machine's cores: one math thread each;
@@ -320,7 +321,7 @@ class Launcher:
             for reader in self._readers:
                 reader.join(timeout=2)
         wall = time.monotonic() - started
-        result = LaunchResult(code, wall, failed, summarize(self.run_dir, wall, since=began),
+        result = LaunchResult(code, wall, failed, summarize(self.run_dir, wall, since=began, processes=self.pids()),
                               {spec.label: proc.returncode for spec, proc in self._procs
                                if proc.returncode is not None})
         self._pass_on(previous, result)
@@ -383,6 +384,7 @@ def launch(topology_path: Path, command: list[str], *, run_dir: Path | None = No
                                resume=resume, global_only=global_only)
         status_url = reserve_status_page(topology, specs, host, page_ports)
         check_processes(process_env(spec) for spec in specs)
+        check_keys(topology, {spec.env["GEOMX_PARTY"] for spec in specs})  # a CURVE key file they need
         ended = threading.Event()
         if status_url is not None:
             announce_when_listening(status_url, out or sys.stdout, topology.timeouts.register_s, ended)

@@ -70,9 +70,13 @@ def _configured_node() -> int:
         return 2
     from .cluster.membership import JoinRefused
     from .transport.reach import BindError
+    from .transport.security import SecurityError
 
     try:
         return run_node(config)
+    except SecurityError as exc:  # a CURVE key file its van cannot read: one line naming it and its party
+        logging.error("configuration error: %s", exc)
+        return 2
     except (TimeoutError, JoinRefused, BindError) as exc:  # a bad start: one line naming it, no traceback
         logging.error("%s", exc)
         return 3

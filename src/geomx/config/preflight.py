@@ -6,7 +6,9 @@ Why here and not in the processes: a value every process would refuse at its sta
 ``--resume`` with no checkpoint folder) otherwise starts the whole job, prints the same error once per process and
 fails it; refused here it is one ``geomx launch: ...`` line and exit code 2, with nothing started
 (docs/deployment.md, "Bad starts"). The processes still check what they are given: a process started by hand
-(torchrun's ranks, a by-hand launch) has no launcher before it.
+(torchrun's ranks, a by-hand launch) has no launcher before it. The CURVE key files every process needs are
+checked by ``geomx.transport.security.check_keys``, which the launcher calls after these (config sits below
+transport and does not read key files; the one place they are read is there).
 
 Usage::
 

@@ -20,12 +20,14 @@ Usage::
     zap = guard.serve(context, router)                     # before router.bind(); poll zap, call answer()
     guard.connect(dealer, peer_party="dc0")                # before dealer.connect()
     generate_keys(Path("keys"), ["dc0", "dc1"])            # what `geomx keygen` does
+    check_keys(topology, ["dc1"])                          # SecurityError naming a missing or bad key file
 """
 
 from __future__ import annotations
 
 import hmac
 import logging
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +35,7 @@ import zmq
 import zmq.auth
 import zmq.utils.z85
 
-from ..config import SecuritySpec
+from ..config import SecuritySpec, Topology
 
 log = logging.getLogger("geomx.transport.security")
 
@@ -71,27 +73,58 @@ def generate_keys(folder: Path, parties: list[str]) -> list[Path]:
     return written
 
 
-def _load_keys(folder: Path, party: str) -> tuple[dict[str, bytes], bytes, bytes]:
-    """(party -> public key, own public key, own secret key), all Z85, from a ``geomx keygen`` folder."""
+def _read_key(path: Path, party: str, what: str) -> tuple[bytes, bytes | None]:
+    """(public, secret or None), Z85, of one key file; SecurityError naming the file and its party if it cannot
+    secure a link (a wrong key would otherwise fail later, inside ZeroMQ, with no file named)."""
+    try:
+        public, secret = zmq.auth.load_certificate(str(path))
+    except (OSError, ValueError) as exc:
+        raise SecurityError(f"cannot read party {party!r}'s {what} {path}: {exc}") from None
+    for key in (public, secret):
+        try:
+            ok = key is None or len(zmq.utils.z85.decode(key)) == 32
+        except (ValueError, KeyError):  # (a character outside Z85's alphabet is a KeyError)
+            ok = False
+        if not ok:
+            raise SecurityError(f"party {party!r}'s {what} {path} is malformed: not a 40-character Z85 key "
+                                "(make the keys again with `geomx keygen`)")
+    return public, secret
+
+
+def _load_keys(folder: Path, party: str, needed: Iterable[str] = ()) -> tuple[dict[str, bytes], bytes, bytes]:
+    """(party -> public key, own public key, own secret key), all Z85, from a ``geomx keygen`` folder; the public
+    keys of the parties ``needed`` must be there. The one place key files are read (``Guard``, ``check_keys``)."""
     if not folder.is_dir():
         raise SecurityError(f"CURVE key folder {folder} does not exist; make it with `geomx keygen`")
     publics: dict[str, bytes] = {}
     for path in sorted(folder.glob("*.key")):
-        try:
-            public, _ = zmq.auth.load_certificate(str(path))
-        except (OSError, ValueError) as exc:
-            raise SecurityError(f"cannot read the public key {path}: {exc}") from None
-        publics[path.stem] = public
+        publics[path.stem], _ = _read_key(path, path.stem, "public key")
+    for name in needed:
+        if name not in publics:
+            raise SecurityError(f"party {name!r} has no public key {folder / f'{name}.key'}; every host needs every "
+                                "party's .key file (from `geomx keygen`)")
     own = folder / f"{party}.key_secret"
     if not own.exists():
         raise SecurityError(f"party {party!r} has no secret key {own}; this host needs it (from `geomx keygen`)")
-    try:
-        public, secret = zmq.auth.load_certificate(str(own))
-    except (OSError, ValueError) as exc:
-        raise SecurityError(f"cannot read the secret key {own}: {exc}") from None
+    public, secret = _read_key(own, party, "secret key")
     if secret is None:
-        raise SecurityError(f"{own} holds no secret key")
+        raise SecurityError(f"party {party!r}'s secret key file {own} holds no secret key")
     return publics, public, secret
+
+
+def check_keys(topology: Topology, parties: Iterable[str]) -> None:
+    """SecurityError naming the first key file that the processes of ``parties`` need and cannot read (each its
+    party's secret key, every party's public key); nothing without CURVE. ``geomx launch`` calls it before it
+    starts any process: a missing key is one line, not a traceback per process. (A node started by hand meets the
+    same errors from its ``Guard``, which ``geomx.node`` prints as one line.)
+    """
+    folder = topology.security.curve_keys
+    if folder is None:
+        return
+    if not zmq.has("curve"):
+        raise SecurityError("this libzmq was built without CURVE support")
+    for party in sorted(set(parties)):
+        _load_keys(folder, party, [p.name for p in topology.parties])
 
 
 class Guard:
