@@ -16,6 +16,7 @@ Usage::
 
 from __future__ import annotations
 
+import collections
 import enum
 import logging
 import os
@@ -29,7 +30,7 @@ from typing import Any
 
 from ..config import Mode, NodeConfig, Role
 from ..protocol.wire import Kind, Message
-from ..transport.rpc import Requests, RequestTimeout
+from ..transport.rpc import RemoteError, Requests, RequestTimeout
 from ..transport.van import Van
 from .heartbeat import pulse_for
 
@@ -42,7 +43,10 @@ POLL_S = 0.25  # how often a registration wait looks at the connection (a refusa
 
 
 class JoinRefused(ConnectionError):
-    """The scheduler refused this node's connection (its shared secret or key): waiting would not help."""
+    """This node cannot join, and waiting would not help: the scheduler refused its connection (its shared secret or
+    key) or its registration (the party is registered already, say), or the scheduler stopped while it waited."""
+
+
 SCHEDULERS = (Role.GLOBAL_SCHEDULER, Role.LOCAL_SCHEDULER)
 SERVERS = (Role.GLOBAL_SERVER, Role.LOCAL_SERVER)
 
@@ -159,9 +163,10 @@ def register(van: Van, requests: Requests, scheduler_address: str, scheduler_id:
 
 def _await_book(van: Van, future: Future[Message], timeout: float, address: str, scheduler_id: str) -> Message:
     """The scheduler's answer to REGISTER. Looks at the connection as it waits: a scheduler that refused this
-    node's credentials ends the wait at once (JoinRefused), one unanswered after NOTICE_S is named in a warning
-    with what the connection says (nothing listens, or it runs and waits for the other members), and a timeout
-    names it first."""
+    node's credentials or its registration ends the wait at once, as does one whose connection dropped and that no
+    longer listens (JoinRefused: one line, no traceback where ``geomx.node`` runs), one unanswered after NOTICE_S
+    is named in a warning with what the connection says (nothing listens, or it runs and waits for the other
+    members), and a timeout names it first."""
     who = "the global scheduler" if scheduler_id == GLOBAL_SCHEDULER_ID else f"the scheduler {scheduler_id}"
     started = time.monotonic()
     noticed = False
@@ -171,9 +176,15 @@ def _await_book(van: Van, future: Future[Message], timeout: float, address: str,
             return future.result(timeout=max(0.0, min(POLL_S, timeout - waited)))
         except FutureTimeout:
             pass
+        except RemoteError as exc:  # its refusal, as "<name> refused the request: <why>": the why is what to say
+            why = str(exc).partition(" refused the request: ")[2] or str(exc)
+            raise JoinRefused(f"[{van.name}] {who} at {address} refused this node's registration: {why}") from None
         reach = van.watches.reaches.get(scheduler_id)
         if reach is not None and reach.refusal is not None:
             raise JoinRefused(f"[{van.name}] {who} at {address} {reach.refusal}")
+        if reach is not None and reach.gone:  # it stopped: this node's REGISTER went with it, nobody will answer
+            raise JoinRefused(f"[{van.name}] {who} at {address} stopped before this node's registration completed: "
+                              f"{reach.describe()}{_hint(reach)}")
         waited = time.monotonic() - started
         state = reach.describe() if reach is not None else "no answer"
         if waited >= timeout:
@@ -188,7 +199,27 @@ def _await_book(van: Van, future: Future[Message], timeout: float, address: str,
 def _hint(reach: Any) -> str:
     if reach is not None and reach.handshaken:
         return "; it waits for the job's other members to start"
+    if reach is not None and reach.dropped:
+        return "; did it fail or was it stopped? (its own log says why)"
     return "; is it running, and is this its address?"
+
+
+def expected_members(config: NodeConfig) -> collections.Counter[tuple[Role, str | None]]:
+    """(role, party) -> count the scheduler of ``config`` waits for; party None means any party."""
+    topology = config.topology
+    expected: collections.Counter[tuple[Role, str | None]] = collections.Counter()
+    if config.role is Role.GLOBAL_SCHEDULER:
+        known = topology.parties_known
+        expected[(Role.GLOBAL_SERVER, topology.central if known else None)] = topology.num_global_servers
+        for party in topology.parties:
+            # flat, or a collective party: its workers are the global servers' clients themselves
+            direct = topology.mode is Mode.FLAT or topology.is_collective(party.name)
+            role, count = (Role.WORKER, party.num_workers) if direct else (Role.LOCAL_SERVER, 1)
+            expected[(role, party.name if known else None)] += count
+    else:
+        expected[(Role.LOCAL_SERVER, config.party)] = 1
+        expected[(Role.WORKER, config.party)] = config.num_workers
+    return expected
 
 
 def join(van: Van, requests: Requests, config: NodeConfig, tier: Tier, *, rank: int | None,

@@ -1,11 +1,12 @@
 """Schedulers: gather registrations, assign ranks, publish the address book, wait for goodbyes.
 
-The global scheduler's tier holds the global servers and the local servers (under a flat parameter
-server: the global servers and every worker). A party's local scheduler holds its local server and
-workers (and a collective party's ranks, which talk to the global tier themselves). Once the job is complete,
-the global scheduler still takes one kind of registration: a restarted party's local server in place of its local
-server declared dead, or a restarted collective party's rank in place of its dead rank of the same RANK (a rejoin;
-the global servers are told with a MEMBERS notice before the newcomer gets the address book).
+The global scheduler's tier holds the global servers and the local servers (under a flat parameter server: the
+global servers and every worker). A party's local scheduler holds its local server and workers (and a collective
+party's ranks, which talk to the global tier themselves). Once the job is complete, the global scheduler still takes
+one kind of registration: a restarted party's local server in place of its local server declared dead, or a restarted
+collective party's rank in place of its dead rank of the same RANK (a rejoin; the global servers are told with a
+MEMBERS notice before the newcomer gets the address book); one whose old self still sends heartbeats after it
+registered is the party started twice, refused within a few heartbeat intervals.
 
 Usage (what ``python -m geomx.node`` does for a scheduler role)::
 
@@ -22,13 +23,13 @@ from concurrent.futures import wait
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import Mode, NodeConfig, Role
+from ..config import NodeConfig, Role
 from ..protocol.bodies import BodyError, HeartbeatBody, MembersNotice, ShutdownNotice, decode_body, encode_body
 from ..protocol.wire import Kind, Message
 from ..transport.rpc import Requests
 from ..transport.van import Van
 from .heartbeat import Watch
-from .membership import GLOBAL_SCHEDULER_ID, Member, Tier, local_scheduler_id, registration_s
+from .membership import GLOBAL_SCHEDULER_ID, Member, Tier, expected_members, local_scheduler_id, registration_s
 from .status import MemberRow, StatusBoard
 from .status_page import StatusServer
 
@@ -43,24 +44,6 @@ class _Registration:
     address: str
     requested_rank: int | None
     master: bool
-
-
-def expected_members(config: NodeConfig) -> collections.Counter[tuple[Role, str | None]]:
-    """(role, party) -> count this scheduler waits for; party None means any party."""
-    topology = config.topology
-    expected: collections.Counter[tuple[Role, str | None]] = collections.Counter()
-    if config.role is Role.GLOBAL_SCHEDULER:
-        known = topology.parties_known
-        expected[(Role.GLOBAL_SERVER, topology.central if known else None)] = topology.num_global_servers
-        for party in topology.parties:
-            # flat, or a collective party: its workers are the global servers' clients themselves
-            direct = topology.mode is Mode.FLAT or topology.is_collective(party.name)
-            role, count = (Role.WORKER, party.num_workers) if direct else (Role.LOCAL_SERVER, 1)
-            expected[(role, party.name if known else None)] += count
-    else:
-        expected[(Role.LOCAL_SERVER, config.party)] = 1
-        expected[(Role.WORKER, config.party)] = config.num_workers
-    return expected
 
 
 def assign_ranks(registrations: list[_Registration]) -> list[int]:
@@ -102,8 +85,9 @@ class Scheduler:
         self._members: list[Member] = []
         self._goodbyes: set[str] = set()
         self._replaced: dict[str, str] = {}  # dead member id -> the id of the restarted member that took its place
-        # restarted local servers whose old one is not declared dead yet: (give up at, sender, registration)
+        # restarted members whose old one is not declared dead yet: (when it registered, sender, registration)
         self._waiting: list[tuple[float, str, _Registration]] = []
+        self._heard: dict[str, float] = {}  # member id -> its last heartbeat (time.monotonic(), the I/O thread's)
         self._lock = threading.Lock()
         self._complete = threading.Event()
         self._finished = threading.Event()
@@ -149,6 +133,7 @@ class Scheduler:
         sender = message.sender.decode(errors="replace")
         if message.is_reply or watch is None or not watch.heard(sender):
             return False
+        self._heard[sender] = time.monotonic()  # alive: a restarted twin of it waits in vain (_admit_waiting)
         answer: dict[str, Any] = {"dead": watch.snapshot()}
         if not self.is_global and self._is_party_server(sender):  # relayed to the global scheduler's page
             with self._lock:
@@ -225,8 +210,7 @@ class Scheduler:
                 elif replaced.id in self._dead_ids():
                     self._rejoin(sender, replaced, registration)
                 else:  # restarted at once: its old self is not declared dead yet
-                    give_up = time.monotonic() + 2 * self.config.topology.timeouts.heartbeat_s
-                    self._waiting.append((give_up, sender, registration))
+                    self._waiting.append((time.monotonic(), sender, registration))
                     log.warning("[%s] a restarted %s of %s waits until the old one is declared dead", self.name,
                                 role.value, party)
                 return
@@ -235,8 +219,10 @@ class Scheduler:
                        if r.role is role and (key[1] is None or r.party == party))
             if self.expected.get(key, 0) <= have:
                 wanted = {f"{r.value}@{p}": n for (r, p), n in self.expected.items()}
+                twice = f"party {party!r} is already registered (is it started twice?): " \
+                    if self.is_global and have and key[1] is not None else ""
                 self._refuse(sender, address, party, message,
-                             f"unexpected {role.value} from party {party!r}; this scheduler expects {wanted}")
+                             f"{twice}unexpected {role.value} from party {party!r}; this scheduler expects {wanted}")
                 return
             self._registrations[sender] = _Registration(message, role, party, address, requested_rank,
                                                         bool(body.get("master")))
@@ -279,19 +265,24 @@ class Scheduler:
                      and (m.id in dead or (not dead_only and m.id not in self._goodbyes))), None)
 
     def _admit_waiting(self) -> None:
-        """Restarted local servers waiting for their old one's death: admit them, or refuse them after
-        twice the heartbeat timeout (the old one is alive: a second server for the same party). Under the lock."""
-        waiting, self._waiting = self._waiting, []
-        for give_up, sender, registration in waiting:
-            old = self._replaceable(registration.role, registration.party, registration.requested_rank)
-            if old is not None:
-                self._rejoin(sender, old, registration)
-            elif time.monotonic() < give_up and not self._finished.is_set():
-                self._waiting.append((give_up, sender, registration))
-            else:
-                self._refuse(sender, registration.address, registration.party, registration.message,
-                             f"party {registration.party!r} already has a live {registration.role.value} of that rank; "
-                             "a restarted one rejoins only in place of one declared dead")
+        """Restarted members waiting for their old one's death (under the lock): admitted once it is declared dead;
+        refused once it sends a heartbeat two intervals after they registered (it runs: the party was started twice;
+        a dead one's last heartbeat left before its successor started), or after twice the heartbeat timeout."""
+        timeouts, waiting, self._waiting = self.config.topology.timeouts, self._waiting, []
+        for since, sender, reg in waiting:
+            if (old := self._replaceable(reg.role, reg.party, reg.requested_rank)) is not None:
+                self._rejoin(sender, old, reg)
+                continue
+            live = self._replaceable(reg.role, reg.party, reg.requested_rank, dead_only=False)
+            alive = live is not None and self._heard.get(live.id, 0.0) > since + 2 * timeouts.heartbeat_interval_s
+            if not alive and time.monotonic() < since + 2 * timeouts.heartbeat_s and not self._finished.is_set():
+                self._waiting.append((since, sender, reg))
+                continue
+            rank = f" of rank {reg.requested_rank}" if reg.role is Role.WORKER else ""
+            self._refuse(sender, reg.address, reg.party, reg.message,
+                         f"party {reg.party!r} is already registered: its {reg.role.value}{rank} "
+                         f"{'still runs' if alive else 'is not declared dead'} (is the party started twice? a "
+                         "restarted party rejoins only in place of one declared dead)")
 
     def _rejoin(self, sender: str, old: Member, reg: _Registration) -> None:
         """A restarted party's local server takes the dead one's place (under the lock): the global servers are

@@ -1,5 +1,5 @@
 """Whether a peer can be reached: what ZeroMQ's socket events say of one connection (nothing listens at the
-address, connected, the handshake passed, or the peer refused this node's credentials).
+address, connected, the handshake passed, the peer refused this node's credentials, or the connection dropped).
 
 Why: a ZeroMQ DEALER connects in the background and retries forever, so a request to a scheduler nobody runs, or
 to one that refused this node's shared secret, just waits, and the wait ends in a timeout that cannot say why. The
@@ -12,6 +12,7 @@ Usage::
     reach.note(zmq.EVENT_HANDSHAKE_FAILED_AUTH, 400)     # the van's I/O thread, per monitor event
     reach.refusal      # "refused this node's shared secret (...)": the peer said no, waiting will not help
     reach.describe()   # "nothing listens there (connection refused, 4 tries)"
+    reach.gone         # True once a peer that was connected dropped and refuses reconnecting: it stopped
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ _REFUSED_CREDENTIALS = {
              "<party>.key from `geomx keygen` to every host)",
     "none": "demands credentials this node does not have (set the job's security.secret or curve_keys here too)",
 }
+# reconnections refused after a drop that say the peer's process is gone (ZeroMQ retries every ~0.1-0.2 s): a peer
+# whose connection drops while it runs (a network hiccup) is reconnected to, not refused; one that ended is refused
+GONE_TRIES = 3
 _OTHER_SECURITY = ("does not speak this node's security ({mechanism}): one side has a shared secret or CURVE keys "
                    "and the other has not, or the other kind (security must be the same in every party)")
 
@@ -45,9 +49,12 @@ class Reach:
         self.address = address
         self.mechanism = mechanism  # this node's: "none", "plain" or "curve" (geomx.transport.security.Guard)
         self.retries = 0  # connections refused (nothing listens) so far
-        self.connected = False  # a TCP connection is (or was last) up
-        self.handshaken = False  # a handshake passed: the peer runs and took this node's credentials
+        self.connected = False  # a TCP connection is up
+        self.handshaken = False  # a handshake passed on the connection now up: the peer runs, took our credentials
+        self.dropped = False  # a connection was up, then dropped, and no handshake has passed since
+        self.refused_since_drop = 0  # reconnections refused since the drop (nothing listens there any more)
         self.refusal: str | None = None  # the peer refused this node: waiting will not help
+        self._retried_since_drop = 0  # ZeroMQ's first retry after a drop only schedules the reconnection
         self._lock = threading.Lock()
 
     def note(self, event: int, value: int) -> None:
@@ -56,16 +63,29 @@ class Reach:
             if event == zmq.EVENT_CONNECT_RETRIED:
                 self.retries += 1
                 self.connected = False
+                if self.dropped:
+                    self._retried_since_drop += 1
+                    self.refused_since_drop = max(0, self._retried_since_drop - 1)
             elif event == zmq.EVENT_CONNECTED:
                 self.connected = True
             elif event == zmq.EVENT_DISCONNECTED:
-                self.connected = False
+                # the peer closed the connection (it stopped, or crashed): it no longer runs as far as we know
+                self.dropped = self.dropped or self.connected or self.handshaken
+                self.connected = self.handshaken = False
+                self._retried_since_drop = self.refused_since_drop = 0
             elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                self.handshaken, self.refusal = True, None
+                self.handshaken, self.refusal, self.dropped = True, None, False
             elif event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
                 self.refusal = _REFUSED_CREDENTIALS.get(self.mechanism, _REFUSED_CREDENTIALS["none"])
-            elif event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and not self.handshaken:
+            elif event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and not (self.handshaken or self.dropped):
+                # (not a peer that took this node before: a connection cut mid-handshake as it stops)
                 self.refusal = _OTHER_SECURITY.format(mechanism=self.mechanism.upper())
+
+    @property
+    def gone(self) -> bool:
+        """The peer was connected, the connection dropped, and nothing listens there since: its process ended."""
+        with self._lock:
+            return self.dropped and not self.connected and self.refused_since_drop >= GONE_TRIES
 
     def describe(self) -> str:
         """Why a request to this peer may still be unanswered, in words."""
@@ -76,6 +96,10 @@ class Reach:
                 return "it runs (connected, handshake passed) and has not answered yet"
             if self.connected:
                 return "connected, but the handshake has not completed"
+            if self.dropped:
+                since = f"; nothing listens there since (connection refused, {self.refused_since_drop} tries)" \
+                    if self.refused_since_drop else ""
+                return f"it was connected, then the connection dropped{since}"
             if self.retries:
                 return f"nothing listens there (connection refused, {self.retries} tries)"
             return "no connection yet (no answer to connecting: a firewall, or a wrong address?)"
