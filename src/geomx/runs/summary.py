@@ -1,7 +1,9 @@
 """A run's totals, from its run folder: bytes per link class, per party and per WAN stream, and the last metrics
 of every worker (what `geomx launch` prints at the end). A resumed job's run (``--resume``) shares the folder
 with the runs before it; its summary counts only what was written since it started (``summarize``'s ``since``),
-while ``geomx report`` covers the whole job (``runs.report``).
+while ``geomx report`` covers the whole job (``runs.report``). Likewise the launchers of one job's parties
+(``geomx launch --party``) may share a run folder: each one's summary counts only the processes it started
+(``summarize``'s ``processes``), ``geomx report`` every process.
 
 The byte totals have one source: the stats files every process keeps up to date as it runs
 (``runlog.StatsFile``), each byte counted once, by its sender. The launcher's summary and ``geomx report`` both
@@ -11,16 +13,18 @@ processes had counted at their last rewrite, and names the processes whose count
 Usage::
 
     summary = summarize(run_dir, wall_s=42.0, since=started)   # started: the run's time.time() at its start
+    summarize(run_dir, 42.0, since=started, processes=["dc1/server", "dc1/worker0"])  # one launcher's processes
     summary["wan_bytes_sent_by_party"]          # {"dc0": ..., "dc1": ...}
     traffic(read_stats(run_dir))["wan_bytes"]   # None: no process wrote its counters (unknown, not 0)
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from .runlog import read_metrics, read_stats
+from .runlog import file_name, read_metrics, read_stats
 
 
 def traffic(stats: list[dict[str, Any]]) -> dict[str, Any]:
@@ -50,19 +54,39 @@ def traffic(stats: list[dict[str, Any]]) -> dict[str, Any]:
             "not_final": sorted(str(e.get("name", "?")) for e in stats if not e.get("final", True))}
 
 
-def summarize(run_dir: Path, wall_s: float, since: float | None = None) -> dict[str, Any]:
+def summarize(run_dir: Path, wall_s: float, since: float | None = None,
+              processes: Iterable[str] | None = None) -> dict[str, Any]:
     """Totals from the run folder (``traffic``) and every worker's last metrics record.
 
     ``since``: the ``time.time()`` this run started at; only the stats files and metrics records written since
     count. Why: a resumed job (``--resume``) runs in the interrupted one's folder, whose files would otherwise be
     added to this run's (and an interrupted run's counts, not final, named as this run's). ``earlier_runs``: the
-    folder also holds counts or records from before ``since`` (``geomx report`` covers the whole job)."""
-    metrics = read_metrics(run_dir, since)
+    folder also holds counts or records from before ``since`` (``geomx report`` covers the whole job).
+
+    ``processes``: the names of the processes this launcher started (``dc1/worker0``, ``global_server0``: its
+    labels; a mapping's keys do, e.g. ``Launcher.pids()``); only theirs count. Why: one launcher per party
+    (``--party``) may share the folder with the other parties' launchers, whose processes run at the same time:
+    their bytes are not this launcher's, nor are they stopped before a clean exit when this one ends.
+    ``other_processes``: the names left out for it (none when ``processes`` is None: every process counts)."""
+    mine = None if processes is None else set(processes)
+    stems = None if mine is None else {file_name(name) for name in mine}  # metrics files are named by stem
+
+    def own_stats(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [e for e in entries if mine is None or str(e.get("name", "?")) in mine]
+
+    def own_metrics(by_stem: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
+        return {stem: records for stem, records in by_stem.items() if stems is None or stem in stems}
+
+    all_stats, all_metrics = read_stats(run_dir, since), read_metrics(run_dir, since)
+    stats, metrics = own_stats(all_stats), own_metrics(all_metrics)
+    others = {str(e.get("name", "?")) for e in all_stats} - {str(e.get("name", "?")) for e in stats}
+    others |= {stem for stem, records in all_metrics.items()  # (a worker without a stats file of its own)
+               if records and stem not in metrics and stem not in {file_name(name) for name in others}}
     last = {name: records[-1] for name, records in metrics.items() if records}
-    stats = read_stats(run_dir, since)
-    earlier = since is not None and (len(read_stats(run_dir)) > len(stats) or any(
-        len(records) > len(metrics.get(name, [])) for name, records in read_metrics(run_dir).items()))
-    return {"wall_s": wall_s, **traffic(stats), "last_metrics": last, "earlier_runs": earlier}
+    earlier = since is not None and (len(own_stats(read_stats(run_dir))) > len(stats) or any(
+        len(records) > len(metrics.get(name, [])) for name, records in own_metrics(read_metrics(run_dir)).items()))
+    return {"wall_s": wall_s, **traffic(stats), "last_metrics": last, "earlier_runs": earlier,
+            "other_processes": sorted(others)}
 
 
 def _status(exit_code: int, failed: str | None) -> str:
@@ -104,6 +128,9 @@ def summary_text(exit_code: int, failed: str | None, wall_s: float, s: dict[str,
     if s.get("earlier_runs"):
         lines.append("earlier runs  : left out (this run folder also holds an earlier run's counts and metrics: "
                      "`geomx report` covers the whole job)")
+    if s.get("other_processes"):
+        lines.append(f"other launches: left out ({', '.join(s['other_processes'])}: this run folder is shared with "
+                     "another launcher's processes, e.g. another party's: `geomx report` covers the whole job)")
     for name, record in s.get("last_metrics", {}).items():
         shown = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items()
                           if k != "time")

@@ -5,4 +5,4 @@
 ``emulator`` (rate, delay, loss, outages), ``counters`` (bytes per link class), ``udp`` (datagram channels, for
 DGT), ``security`` (shared secret and CURVE keys), ``reach`` (whether a peer can be reached, from ZeroMQ's socket
 events), ``trace`` (a debug log of messages), ``rpc`` (requests tracked until their answers arrive, each with a
-timeout)."""
+timeout), ``shutdown`` (whether an I/O thread's error is only ZeroMQ going away under a van being shut down)."""

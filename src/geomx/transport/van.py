@@ -37,6 +37,7 @@ from .frames import receive_frames, send_frames
 from .links import Delivery, LinkModel, Outgoing, Peer, earliest
 from .reach import BindError, Watches
 from .security import Guard
+from .shutdown import ended_by_shutdown
 from .trace import Tracer
 from .udp import UdpSender
 
@@ -145,8 +146,7 @@ class Van:
         return identity in self._peers
 
     def peer_party(self, identity: str) -> str | None:
-        peer = self._peers.get(identity)
-        return peer.party if peer else None
+        return peer.party if (peer := self._peers.get(identity)) else None
 
     def send(self, peer: str, message: Message) -> None:
         """Queue ``message`` to ``peer``. Data frames are referenced until sent: do not mutate them."""
@@ -172,8 +172,7 @@ class Van:
         """Queue a DGT datagram for ``address`` (the UDP endpoint of ``peer``) on the links to ``peer``, behind
         every message (lower ``channel`` first). ``lost``: emulated loss, it takes the link but never arrives.
 
-        Usage: ``van.send_datagram(global_server_id, ("127.0.0.1", 41235), encode_datagram(d), channel=1)``
-        """
+        Usage: ``van.send_datagram(global_server_id, ("127.0.0.1", 41235), encode_datagram(d), channel=1)``"""
         if peer in self._gone:
             return
         if peer not in self._peers:
@@ -187,8 +186,7 @@ class Van:
         Where its messages pass an ingress (the party's access link for the WAN, the LAN ingress), it passes it
         too, behind them, and ``deliver()`` runs on the dispatch thread; elsewhere ``deliver()`` runs now.
 
-        Usage: ``van.receive_datagram(datagram.sender, datagram.nbytes, lambda: handle(datagram))``
-        """
+        Usage: ``van.receive_datagram(datagram.sender, datagram.nbytes, lambda: handle(datagram))``"""
         known = self._peers.get(peer)
         self.counters.add(peer if known else "<unknown>", known.link_class if known else LAN, "recv", nbytes)
         if known is not None and self._links.has_ingress(known):
@@ -198,9 +196,9 @@ class Van:
         deliver()
 
     def flush(self, timeout: float) -> bool:
-        """Wait until every queued message has been handed to ZeroMQ; False on timeout."""
+        """Wait until every queued message has been handed to ZeroMQ; False on timeout or once the I/O thread ended."""
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and self.running:
             self._idle.clear()
             self._commands.put(("flush", None))
             self._wake()
@@ -218,8 +216,7 @@ class Van:
             return
         for hook in self._stop_hooks:
             hook()
-        if self._started.is_set() and self._start_error is None:
-            self.flush(flush_timeout)
+        self.flush(flush_timeout)  # (at once where the van never ran: ``running``)
         self._stopping.set()
         self._inbox.put(None)
         self._wake()
@@ -264,13 +261,11 @@ class Van:
             router, guards = self._open_router()
         except zmq.ZMQError as exc:
             self._start_error = BindError.of(self.name, f"{self._bind_host}:{self._bind_port or '*'}", exc)
-            self._started.set()
             return
-        self._started.set()
+        finally:
+            self._started.set()  # (after _start_error: start() reads it once this is set)
         poller = self._poller = zmq.Poller()
-        poller.register(router, zmq.POLLIN)
-        poller.register(self._wake_read, zmq.POLLIN)
-        for sock in guards:
+        for sock in (router, self._wake_read, *guards):
             poller.register(sock, zmq.POLLIN)
         wake_at: float | None = None
         try:
@@ -286,15 +281,18 @@ class Van:
                 if router in events:
                     self._receive_available(router)
                 if self._wake_read in events:
-                    try:
+                    with contextlib.suppress(BlockingIOError):
                         while os.read(self._wake_read, 4096):
                             pass
-                    except BlockingIOError:
-                        pass
                 wake_at = self._pump()
+        except Exception as exc:  # ZeroMQ going away under a van being shut down ends it quietly; a fault surfaces
+            if not ended_by_shutdown(exc, self._stopping.is_set()):
+                raise
+            log.debug("[%s] the I/O thread ends at shutdown: %s", self.name, exc)
+            self._inbox.put(None)  # the dispatch thread ends too, and a flush waiting returns: nothing more moves
+            self._idle.set()
         finally:
-            router.close(linger=0)
-            for sock in guards:
+            for sock in (router, *guards):
                 sock.close(linger=0)
             self.watches.close()
             for sock in self._sockets.values():
@@ -349,6 +347,8 @@ class Van:
         try:
             send_frames(sock, outgoing.frames)
         except zmq.ZMQError as exc:
+            if exc.errno == zmq.ETERM:  # the context is terminated: nothing more can be sent (see _io_loop)
+                raise
             log.error("[%s] cannot send to %s at %s: %s", self.name, peer.identity, peer.address, exc)
             return
         self.counters.add(peer.identity, peer.link_class, "sent", outgoing.nbytes)
