@@ -31,7 +31,7 @@ import torch
 
 from .algorithms.registry import SYNC_POLICIES, sync_policy
 from .cluster.heartbeat import pulse_for
-from .cluster.membership import Tier, is_server, join, new_node_id, scheduler_id
+from .cluster.membership import JoinRefused, Tier, is_server, join, new_node_id, scheduler_id
 from .codecs import default_registry, worker_codec
 from .config import Mode, NodeConfig, Role, node_config
 from .core.sharding import ShardPlanner
@@ -45,19 +45,16 @@ from .server.compose import check_plugins
 from .transport.rpc import Requests
 from .transport.trace import Tracer
 from .transport.van import Van
+from .worker.calls import KnownKeys, checked, paired
 from .worker.compose import compose_worker
 from .worker.ranks import PartyRanks
 from .worker.sender import SliceSender
-from .worker.slices import KeyTable, copy_out, to_numpy
+from .worker.slices import copy_out, to_numpy
 from .worker.tier import LanTier, lan_tier
 
 log = logging.getLogger("geomx.kv")
 
 KVSTORE_TYPES = tuple(SYNC_POLICIES)
-
-
-def _as_list(value: Any) -> list[Any]:
-    return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
 class KVStore(AbstractContextManager["KVStore"]):
@@ -73,6 +70,8 @@ class KVStore(AbstractContextManager["KVStore"]):
         self._topology = config.topology
         self._timeout = config.topology.timeouts.request_s
         self._codecs = default_registry()
+        # per key, the answers of every push since its last pull, a future per slice, oldest push first (pushing a
+        # key again before its pull is legal, as in MXNet: each push is a round, and the pull waits for them all)
         self._pending: dict[int, list[Future[Message]]] = {}
         identity = new_node_id(Role.WORKER, config.party)
         self._van = Van(identity, config.party, config.topology, self._on_message, bind_host=config.bind_host,
@@ -94,8 +93,8 @@ class KVStore(AbstractContextManager["KVStore"]):
         # every worker of the job plans alike: collective parties spread a large tensor over their ranks
         collective = config.topology.collective_parties
         spread = max((p.num_workers for p in config.topology.parties if p.name in collective), default=1)
-        self._keys = KeyTable(ShardPlanner(config.topology.num_global_servers, config.topology.slice_elems, spread),
-                              self._servers)
+        self._keys = KnownKeys(ShardPlanner(config.topology.num_global_servers, config.topology.slice_elems, spread),
+                               self._servers)
         self.init_s = 0.0  # seconds spent in ``init``: the keys' values from the servers (into every rank of a party)
         plugins = compose_worker(config, WorkerContext(self._van, self._requests, self._servers, book, me,
                                                        self._timeout))
@@ -146,9 +145,8 @@ class KVStore(AbstractContextManager["KVStore"]):
     # -- the MXNet-shaped API -----------------------------------------------------------------------------
     def init(self, key: int | Sequence[int], value: torch.Tensor | Sequence[torch.Tensor]) -> None:
         """Declare keys. The master worker's values win: every worker's ``value`` is overwritten with them."""
-        keys, values = _as_list(key), _as_list(value)
-        if len(keys) != len(values):
-            raise ValueError(f"init got {len(keys)} keys but {len(values)} values")
+        pairs = paired("init", key, value)
+        keys, values = [k for k, _ in pairs], [v for _, v in pairs]
         started = time.perf_counter()
         try:
             if self._tier.init(keys, values):  # a collective party's ranks: each INITs the slices it owns
@@ -179,23 +177,30 @@ class KVStore(AbstractContextManager["KVStore"]):
         self._push(key, value, priority, snapshot=True, tokens=tokens)
 
     def _push(self, key: int | Sequence[int], value: torch.Tensor | Sequence[torch.Tensor], priority: int,
-              snapshot: bool, tokens: int | None = None) -> None:
-        for k, v in zip(_as_list(key), _as_list(value), strict=True):
-            info = self._keys.check(k, v, "push")
+              snapshot: bool, tokens: int | None = None, what: str = "push") -> None:
+        for k, v, info in checked(self._keys, what, key, value, "values"):  # every key checked before any is sent
             data = to_numpy(v, snapshot=snapshot and not self._route.copies)
             codec = self._sender.codec(self._plugins.lan_codec, v)  # bfloat16: its bits
-            self._pending[k] = [self._sender.push(k, index, data[start:stop], codec, priority, tokens=tokens)
-                                for index, (start, stop) in enumerate(info.slices)]
+            self._pending.setdefault(k, []).extend(
+                self._sender.push(k, index, data[start:stop], codec, priority, tokens=tokens)
+                for index, (start, stop) in enumerate(info.slices))
 
     def pull(self, key: int | Sequence[int], out: torch.Tensor | Sequence[torch.Tensor], priority: int = 0) -> None:
-        """Write the latest value of ``key`` into ``out`` (after a push: that round's result)."""
+        """Write the latest value of ``key`` into ``out`` (after a push: that round's result).
+
+        After several pushes of a key (legal, as in MXNet) it waits for every one's answer: the value after them
+        all; an earlier push's failure is raised here rather than dropped.
+        """
         self._tier.refuse_per_key_api("pull")
-        for k, o in zip(_as_list(key), _as_list(out), strict=True):
+        for k, o, info in checked(self._keys, "pull", key, out, "outputs"):
             futures = self._pending.pop(k, None)
-            if futures is not None:
-                self._pull(k, o, "PUSHPULL", futures)
-            else:
+            if futures is None:
                 self._pull(k, o, "PULL", priority=priority)
+                continue
+            last = len(futures) - len(info.slices)  # the last push's answers; each earlier push was a round before
+            for start in range(0, last, len(info.slices)):  # it: waited for, its failure raised
+                self._sender.replies(futures[start:start + len(info.slices)], k, "PUSHPULL")
+            self._pull(k, o, "PUSHPULL", futures[last:])
 
     def pull_job_model(self, key: int | Sequence[int], out: torch.Tensor | Sequence[torch.Tensor]) -> None:
         """Write the job's model of ``key`` into ``out``, as this party's local server holds it, without WAN
@@ -206,7 +211,7 @@ class KVStore(AbstractContextManager["KVStore"]):
 
             kv.pull_job_model(list(range(len(params))), [p.data for p in eval_model.parameters()])
         """
-        for k, o in zip(_as_list(key), _as_list(out), strict=True):
+        for k, o, _ in checked(self._keys, "pull_job_model", key, out, "outputs"):
             self._pull(k, o, "PULL", held=True)
 
     def _pull(self, key: int, out: torch.Tensor, what: str, futures: list[Future[Message]] | None = None,
@@ -230,7 +235,7 @@ class KVStore(AbstractContextManager["KVStore"]):
         return [(start, stop, shard) for (start, stop), shard in zip(info.slices, info.shards, strict=True)]
 
     def ready(self, key: int) -> bool:
-        """Whether a pull of ``key`` would return without waiting (its pushed round has been answered)."""
+        """Whether a pull of ``key`` would return without waiting (every push of it has been answered)."""
         futures = self._pending.get(key)
         return futures is None or all(f.done() for f in futures)
 
@@ -241,7 +246,9 @@ class KVStore(AbstractContextManager["KVStore"]):
         No copy of ``value`` is made: the call returns only after the server has received it.
         """
         self._tier.refuse_per_key_api("pushpull")
-        self._push(key, value, priority, snapshot=False)
+        if out is not None:  # before the push: nothing half-done
+            checked(self._keys, "pushpull", key, out, "outputs")
+        self._push(key, value, priority, snapshot=False, what="pushpull")
         self.pull(key, value if out is None else out, priority)
 
     def set_optimizer(self, optimizer: Optimizer) -> None:
@@ -377,12 +384,17 @@ class KVStore(AbstractContextManager["KVStore"]):
 def create(kind: str = "dist_sync", config: NodeConfig | None = None, *, close_at_exit: bool = True) -> KVStore:
     """Connect this worker to the job. ``kind``: one of KVSTORE_TYPES; config defaults to the environment.
 
-    ``close_at_exit``: leave the job when the interpreter exits (``KVStore.close_at_exit``), as the seeds' loops
-    expect of MXNet's kvstore; pass False to call ``close`` (or use ``with``) yourself.
-    """
+    ``close_at_exit``: leave the job at the interpreter's exit, as the seeds' loops expect of MXNet's kvstore;
+    False: ``close`` (or ``with``) is yours. Ctrl-C while it joins exits 130, a refused join (its party runs
+    already) with one line: no traceback either way, as ``geomx.node``."""
     if kind not in KVSTORE_TYPES:
         raise ValueError(f"unknown kvstore type {kind!r}; valid: {list(KVSTORE_TYPES)}")
-    store = KVStore(kind, config or node_config())
+    try:
+        store = KVStore(kind, config or node_config())
+    except KeyboardInterrupt:  # the launcher stopping a job that never started, or the user: nothing to report
+        raise SystemExit(130) from None
+    except JoinRefused as exc:
+        raise SystemExit(f"geomx: {exc}") from None
     if close_at_exit:
         store.close_at_exit()
     return store

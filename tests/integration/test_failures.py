@@ -49,7 +49,8 @@ def _check_bad_requests(results: dict, server_name: str) -> None:
             assert fragment in outcome["text"], (case, fragment, outcome)
     assert results["local_wrong_shape"]["outcome"] == "ValueError"
     assert "differs from init" in results["local_wrong_shape"]["text"]
-    assert results["local_unknown_key"]["outcome"] == "KeyError"
+    assert results["local_unknown_key"]["outcome"] == "UnknownKeyError"  # a KeyError (geomx.worker.calls)
+    assert results["local_unknown_key"]["text"].startswith("key 999 was never initialized: call kv.init(999, ")
     assert results["local_double_init"]["outcome"] == "ValueError"
     assert results["local_bool_key"]["outcome"] == "TypeError"
 

@@ -5,7 +5,8 @@ in ``geomx.algorithms.registry``) once from the typed config; ``slices`` cuts a 
 that travel; ``sender`` sends them (payload, codec, message) and waits for their answers, for the kvstore and a
 collective rank alike; ``tier`` is the kvstore's LAN tier, beneath it: nothing in a party with a local server, a
 collective party's rank otherwise, which is ``ranks`` (its process group, the slices it owns, how they meet the
-global servers). ``kv.py`` names no algorithm: it calls these.
+global servers). ``calls`` checks the kvstore calls' arguments before anything is sent (unknown keys, unequal
+key and tensor lists). ``kv.py`` names no algorithm: it calls these.
 
 Usage::
 
