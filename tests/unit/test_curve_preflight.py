@@ -113,3 +113,18 @@ def test_a_node_started_by_hand_names_the_missing_key_in_one_line(job: Path, tmp
     assert [r.getMessage() for r in caplog.records] == [
         f"configuration error: party 'dc0' has no secret key {tmp_path / 'keys' / 'dc0.key_secret'}; this host "
         "needs it (from `geomx keygen`)"]
+
+
+def test_a_node_started_by_hand_names_a_peers_missing_public_key_in_one_line(job: Path, tmp_path: Path, monkeypatch,
+                                                                             caplog):
+    """The van's Guard reads every party's public key at start: a missing one was a traceback on the I/O thread
+    when it first connected to that party."""
+    (tmp_path / "keys" / "dc1.key").unlink()
+    for name, value in {"GEOMX_ROLE": "global_scheduler", "GEOMX_PARTY": "dc0", "GEOMX_TOPOLOGY": str(job),
+                        "GEOMX_GLOBAL_SCHEDULER": "127.0.0.1:1"}.items():
+        monkeypatch.setenv(name, value)
+    with caplog.at_level(logging.ERROR):
+        assert node_module._configured_node() == 2
+    assert [r.getMessage() for r in caplog.records] == [
+        f"configuration error: party 'dc1' has no public key {tmp_path / 'keys' / 'dc1.key'}; every host needs every "
+        "party's .key file (from `geomx keygen`)"]

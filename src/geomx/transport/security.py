@@ -116,7 +116,7 @@ def check_keys(topology: Topology, parties: Iterable[str]) -> None:
     """SecurityError naming the first key file that the processes of ``parties`` need and cannot read (each its
     party's secret key, every party's public key); nothing without CURVE. ``geomx launch`` calls it before it
     starts any process: a missing key is one line, not a traceback per process. (A node started by hand meets the
-    same errors from its ``Guard``, which ``geomx.node`` prints as one line.)
+    same errors from its ``Guard``, given its job's parties as ``peers``, which ``geomx.node`` prints as one line.)
     """
     folder = topology.security.curve_keys
     if folder is None:
@@ -130,7 +130,7 @@ def check_keys(topology: Topology, parties: Iterable[str]) -> None:
 class Guard:
     """One node's security settings: configures its sockets and answers its ZAP requests."""
 
-    def __init__(self, spec: SecuritySpec, party: str, name: str = "") -> None:
+    def __init__(self, spec: SecuritySpec, party: str, name: str = "", peers: Iterable[str] = ()) -> None:
         self.spec = spec
         self.name = name or party
         self.refused = 0  # connections refused so far
@@ -141,7 +141,7 @@ class Guard:
         if spec.curve_keys is not None:
             if not zmq.has("curve"):
                 raise SecurityError("this libzmq was built without CURVE support")
-            self._publics, self._public, self._secret = _load_keys(spec.curve_keys, party)
+            self._publics, self._public, self._secret = _load_keys(spec.curve_keys, party, peers)
             self._allowed_keys = {zmq.utils.z85.decode(k) for k in self._publics.values()}
         self._password = spec.secret.encode() if spec.secret is not None else b""
         self._zap: zmq.Socket[Any] | None = None

@@ -83,7 +83,7 @@ class Van:
         self.address = ""
         self.malformed = 0
         # refuses peers without the shared secret / CURVE key during the handshake (see geomx.transport.security)
-        self.guard = Guard(topology.security, party, name=self.name)
+        self.guard = Guard(topology.security, party, name=self.name, peers=[p.name for p in topology.parties])
         self.watches = Watches(self.guard.mechanism)  # the connections add_peer watches: watches.reaches[peer]
         self._poller: zmq.Poller | None = None
         # sees HEARTBEAT messages first, on the I/O thread, so a slow handler never delays them
