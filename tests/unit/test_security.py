@@ -111,7 +111,8 @@ def test_curve_encrypts_and_admits_only_the_job_keys(vans, tmp_path: Path):
     # a stranger with a key pair of its own (not in the job's folder) knows the server's public key
     other = tmp_path / "other"
     generate_keys(other, ["a"])
-    (other / "a.key").write_bytes((keys / "a.key").read_bytes())
+    for party in ("a", "b"):  # the job's public keys (a Guard reads every party's), its own secret
+        (other / f"{party}.key").write_bytes((keys / f"{party}.key").read_bytes())
     stranger, _ = vans("stranger", "a", SecuritySpec(curve_keys=other))
     send(stranger, server, "a", Message(Kind.PULL, key=666))
     assert_refused_then_legit_only(server, inbox, client)
@@ -119,7 +120,7 @@ def test_curve_encrypts_and_admits_only_the_job_keys(vans, tmp_path: Path):
 
 def test_plain_client_cannot_talk_to_a_curve_server(vans, tmp_path: Path):
     keys = tmp_path / "keys"
-    generate_keys(keys, ["a"])
+    generate_keys(keys, ["a", "b"])
     server, inbox = vans("server", "a", SecuritySpec(curve_keys=keys))
     client, _ = vans("client", "a", SecuritySpec(curve_keys=keys))
     stranger, _ = vans("stranger", "a", SecuritySpec(secret=SECRET))
