@@ -33,7 +33,10 @@ def test_a_killed_collective_party_is_restarted_and_its_recovery_measured_in_par
     assert record["detection_s"] >= plan.heartbeat_s - 0.5
     for part in ("reform_s", "imports_s", "model_s", "setup_s", "join_s", "state_s", "first_contribution_s"):
         assert record[part] > 0, part
-    assert record["state_s"] < record["wrapper_s"]  # the INIT is a part of the wrapper's start
+    # the INIT is a part of a rank's wrapper start; the parts are measured to the later rank's ends (wrapper_s: the
+    # last ready less the last joined), so a rank that joined early may spend longer in its INIT than wrapper_s
+    # (0.0696 against 0.0676 s once): bounded by its start since the restart instead
+    assert record["state_s"] < record["reform_s"] + record["wrapper_s"]
     together = record["reform_s"] + record["wrapper_s"] + record["first_contribution_s"]
     assert record["rejoin_s"] == pytest.approx(together)
     ranks = section["ranks"]

@@ -18,7 +18,8 @@ ends:
   place of the dead ranks (``join_s``);
 - ``wrapper_s``: the wrapper's start (``DistributedOptimizer``), of which ``state_s`` is its INIT: the job's model
   (``model_mb``) from the global server into the party's ranks (``state_mb_per_s``; the kvstore's ``init_s``, the
-  later rank's), and the rest chiefly DiLoCo's own copy of the job's model (a local copy: 342 MB of fresh pages);
+  longer rank's, so on a tiny model it may exceed ``wrapper_s``, which ends at the later rank's ends), and the rest
+  chiefly DiLoCo's own copy of the job's model (a local copy: 342 MB of fresh pages);
 - ``first_contribution_s``: from then to the end of the restarted party's first outer round (H stand-in steps and
   the round trip: its first contribution is in and answered).
 
