@@ -216,8 +216,12 @@ def test_the_job_model_is_the_workers_own_under_fsa_and_the_held_global_model_un
     fsa_loop = Loop(store)
     ServerOptimizerStep(fsa_loop).load_job_model(into)
     assert fsa_loop.synchronized == 1 and [t.tolist() for t in into] == [[1.0, 2.0], [4.0]]
-    PeriodicAverage(Loop(store)).load_job_model(into)
+    hfa_loop = Loop(store)
+    PeriodicAverage(hfa_loop).load_job_model(into)
     assert [t.tolist() for t in into] == [[9.0, 9.0], [7.0]]
+    # this worker's answers land first: at a step that ended a global round the server holds that round's model
+    # once they are in (an evaluation there read that round's model or the one before, by timing)
+    assert hfa_loop.synchronized == 1
 
 
 def test_a_resumed_step_is_the_rounds_under_a_synchronous_tier_and_their_mean_under_an_asynchronous_one() -> None:

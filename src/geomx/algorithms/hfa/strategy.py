@@ -74,7 +74,11 @@ class PeriodicAverage(WorkerStrategy):
 
     def load_job_model(self, into: Sequence[torch.Tensor]) -> None:
         """Between global rounds a party trains a model of its own: the job's is the global model as this
-        party's local server holds it (``kv.pull_job_model``: no WAN; under streaming each fragment's last)."""
+        party's local server holds it (``kv.pull_job_model``: no WAN; under streaming each fragment's last). This
+        worker's answers land first: at a step that ended a global round the server holds that round's model only
+        once they are in (without, an evaluation there read that round's model or the one before, by timing).
+        Landing them before the next step, not at its start, leaves the training as it was."""
+        self.loop.synchronize()
         self.loop.kv.pull_job_model(list(range(len(into))), list(into))
 
     def sync(self, finishing: bool) -> None:
