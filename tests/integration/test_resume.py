@@ -128,9 +128,10 @@ def test_decoupled_rounds_resume(tmp_path, quorum):
     - quorum = every party: crashed after the checkpoint of round 4; the resumed job ends bit for bit where an
       uninterrupted decoupled one ends;
     - quorum 1 of 2, grace 0: dc0's worker stops before its step 10 (its checkpoints of steps 4 and 8) until dc1
-      has taken the rounds on alone to 6 (step 12, its last), then crashes the job. The global servers' checkpoint is
-      of round 6, a step dc0 never reached: its worker resumes from its newest checkpoint before it (step 8, with
-      the global model of round 6), dc1's at 12. Before, dc0's worker was refused (no checkpoint of step 12)."""
+      has finished (step 12, its last) and the rounds have gone on to 6 or beyond, then crashes the job. The
+      global servers' checkpoint is of round 6 or later, a step dc0 never reached: its worker resumes from its
+      newest checkpoint before it (step 8, with the global model of that round), dc1's at 12. Before, dc0's
+      worker was refused (no checkpoint of step 12)."""
     decoupled = {"quorum": quorum, "grace": "auto" if quorum == 2 else 0}
     options = {"parties": {"dc0": 1, "dc1": 1}, "hfa": {"k1": 2, "k2": 1},
                "training": {"server_optimizer": "outer_nesterov", **decoupled},
@@ -139,11 +140,15 @@ def test_decoupled_rounds_resume(tmp_path, quorum):
     rounds = 4 if quorum == 2 else 6  # the global servers' checkpoint the job resumes from
     folder = tmp_path / "checkpoints"
     topology = with_checkpoints(tmp_path / "job.yaml", folder, 2, **options)
+    finished = [] if quorum == 2 else ["--wait-worker", "1:12"]  # dc1 has finished before the crash
     crashed = run_job(tmp_path, "resume_train.py", *steps, "--kill-step", 10, "--wait-checkpoint", rounds,
-                      name="crash", topology=topology)
+                      *finished, name="crash", topology=topology)
     assert crashed.result.exit_code != 0
     snapshot = load_latest(folder, 0)
-    assert snapshot is not None and snapshot.step == rounds and snapshot.holds == "model", crashed.tail()
+    assert snapshot is not None and snapshot.holds == "model", crashed.tail()
+    # quorum 1, grace 0: a party alone closes a round, so dc0's 4 rounds and dc1's 6 made 6 global rounds where
+    # they joined for the first 4, more where one ran ahead (a loaded CI read 8): the resume is the same either way
+    assert snapshot.step == rounds if quorum == 2 else snapshot.step >= rounds, crashed.tail()
     assert "ckpt-000000012.json" not in {p.name for p in worker_dir(folder, 0).glob("*.json")}
 
     resumed = run_job(tmp_path, "resume_train.py", *steps, name="resume", topology=topology, resume=True)
@@ -153,7 +158,7 @@ def test_decoupled_rounds_resume(tmp_path, quorum):
         ({0: 8, 1: 8} if quorum == 2 else {0: 8, 1: 12})
     [report] = [s["outer_rounds"] for s in read_stats(resumed.run_dir) if "outer_rounds" in s]
     assert report["rounds"] > 0 and report["dropped"] == {} and report["late_folded"] == {}, report
-    assert all(entry["round"] >= rounds for entry in report["last_rounds"]), report["last_rounds"]
+    assert all(entry["round"] >= snapshot.step for entry in report["last_rounds"]), report["last_rounds"]
     assert "dc0/server" not in report["missed"], report  # (dc1, with no step left, misses the last rounds)
     if quorum < 2:
         return

@@ -3,7 +3,8 @@
 
 ``--kill-step K``: the worker of global rank 0 SIGKILLs the job's global server before its step K (a crash after
 the checkpoints of the steps before it; first waiting for the global server's checkpoint of ``--wait-checkpoint``
-rounds, which it writes in the background), then fails. Every worker that ends writes ``out/worker<rank>.pt/.json``
+rounds, which it writes in the background, and with ``--wait-worker R:S`` for worker R's checkpoint of its step S:
+a party that has finished), then fails. Every worker that ends writes ``out/worker<rank>.pt/.json``
 (jobkit): its final weights and the step it started at.
 """
 
@@ -17,9 +18,10 @@ from pathlib import Path
 import jobkit
 import torch
 import torch.nn.functional as F
-from survive_train import find_pid, wait_for_checkpoint
+from survive_train import find_pid, wait_for_checkpoint, wait_for_file
 
 import geomx.torch as gx
+from geomx.torch.checkpoint import worker_dir
 
 LR = 0.01
 
@@ -36,6 +38,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--kill-step", type=int, default=-1)
     parser.add_argument("--wait-checkpoint", type=int, default=0)
+    parser.add_argument("--wait-worker", default="", help="R:S, worker R's checkpoint of step S")
     args = parser.parse_args()
     rank, num_workers = gx.worker_place()
     torch.manual_seed(jobkit.seed_for(rank))  # different per worker: the master's INIT (or checkpoint) wins
@@ -51,6 +54,9 @@ def main() -> None:
                 folder = opt.kv.config.topology.checkpoint.dir
                 assert folder is not None
                 wait_for_checkpoint(folder, args.wait_checkpoint)
+                if args.wait_worker:
+                    other, other_step = (int(part) for part in args.wait_worker.split(":"))
+                    wait_for_file(worker_dir(folder, other) / f"ckpt-{other_step:09d}.json")
             os.kill(find_pid(run_dir, "global_server"), signal.SIGKILL)
             raise SystemExit(f"killed the global server before step {step}")
         opt.zero_grad()
