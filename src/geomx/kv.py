@@ -20,7 +20,6 @@ from __future__ import annotations
 import atexit
 import functools
 import logging
-import sys
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -47,6 +46,7 @@ from .transport.trace import Tracer
 from .transport.van import Van
 from .worker.calls import KnownKeys, checked, paired
 from .worker.compose import compose_worker
+from .worker.exits import LeaveAtExit, quiet_failures
 from .worker.ranks import PartyRanks
 from .worker.sender import SliceSender
 from .worker.slices import copy_out, to_numpy
@@ -341,13 +341,11 @@ class KVStore(AbstractContextManager["KVStore"]):
             append_metrics(self.config.run_dir, self.name, metrics)
 
     def close_at_exit(self) -> None:
-        """Close when the interpreter exits, as MXNet's kvstore does for loops that never call ``close``.
-
-        After an uncaught exception (the interpreter has set ``sys.last_value``), the worker just disconnects:
-        the process exits at once with its error, the launcher stops the job, and no shutdown round waits for
-        workers that will never join it.
-        """
-        self._exit_hook = lambda: self.close(crashed=hasattr(sys, "last_value"))  # (set after an uncaught error)
+        """Close when the interpreter exits, as MXNet's kvstore does for loops that never call ``close``; after an
+        uncaught exception just disconnect; errors that only say the job failed elsewhere print one line, not a
+        traceback (``geomx.worker.exits``: what the hook can and cannot know, and why)."""
+        quiet_failures()
+        self._exit_hook = LeaveAtExit(lambda crashed: self.close(crashed=crashed), self.name)
         atexit.register(self._exit_hook)
 
     def close(self, crashed: bool = False) -> None:

@@ -38,7 +38,7 @@ from .config import ConfigError, Mode, NodeConfig, Role, Topology, TorchRun, job
 from .config.combinations import check_training
 from .config.preflight import check_processes, check_start
 from .runs.runlog import earlier_job
-from .runs.summary import summarize, summary_text
+from .runs.summary import blame, summarize, summary_text
 from .server.compose import check_plugins
 from .transport.security import check_keys
 
@@ -321,9 +321,9 @@ class Launcher:
             for reader in self._readers:
                 reader.join(timeout=2)
         wall = time.monotonic() - started
-        result = LaunchResult(code, wall, failed, summarize(self.run_dir, wall, since=began, processes=self.pids()),
-                              {spec.label: proc.returncode for spec, proc in self._procs
-                               if proc.returncode is not None})
+        codes = {spec.label: proc.returncode for spec, proc in self._procs if proc.returncode is not None}
+        summary = summarize(self.run_dir, wall, since=began, processes=self.pids())
+        result = LaunchResult(code, wall, blame(summary, failed, codes), summary, codes)  # (who stopped sending)
         self._pass_on(previous, result)
         return result
 

@@ -24,6 +24,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from .findings import culprit, read_findings
 from .runlog import file_name, read_metrics, read_stats
 
 
@@ -86,15 +87,25 @@ def summarize(run_dir: Path, wall_s: float, since: float | None = None,
     earlier = since is not None and (len(own_stats(read_stats(run_dir))) > len(stats) or any(
         len(records) > len(metrics.get(name, [])) for name, records in own_metrics(read_metrics(run_dir)).items()))
     return {"wall_s": wall_s, **traffic(stats), "last_metrics": last, "earlier_runs": earlier,
-            "other_processes": sorted(others)}
+            "other_processes": sorted(others), "findings": read_findings(run_dir, since)}
 
 
-def _status(exit_code: int, failed: str | None) -> str:
+def blame(summary: dict[str, Any], failed: str | None, exit_codes: dict[str, int | None]) -> str | None:
+    """The process a failed job names (``LaunchResult.failed``): the culprit of the servers' findings
+    (``runs.findings.culprit``: who stopped sending) where they name one, else ``failed``, the first process that
+    exited non-zero (often a healthy worker whose own wait ran out). Its words go to ``summary["cause"]``."""
+    if failed is None:
+        return None
+    process, summary["cause"] = culprit(summary.get("findings", []), failed, exit_codes)
+    return process
+
+
+def _status(exit_code: int, failed: str | None, cause: str | None = None) -> str:
     if exit_code == 0:
         return "ok"
     if failed is None:
         return "interrupted"
-    return f"FAILED ({failed})"
+    return f"FAILED ({cause or failed})"
 
 
 def _traffic_lines(s: dict[str, Any]) -> list[str]:
@@ -116,7 +127,7 @@ def summary_text(exit_code: int, failed: str | None, wall_s: float, s: dict[str,
     """What ``geomx launch`` prints at the end: status, wall time, traffic, each party's WAN streams and the workers'
     last metrics (``s``: ``summarize``'s). Usage: ``print(summary_text(0, None, 35.3, summarize(run_dir, 35.3)))``"""
     lines = ["", "=== geomx run summary ===",
-             f"status        : {_status(exit_code, failed)}",
+             f"status        : {_status(exit_code, failed, s.get('cause'))}",
              f"wall time     : {wall_s:.1f} s",
              *_traffic_lines(s)]
     for party in s.get("wan_bytes_sent_by_party", {}):  # a collective party: one WAN stream per rank

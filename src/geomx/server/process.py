@@ -113,7 +113,7 @@ class ParameterServer:
             Kind.INIT: self.inits.request, Kind.PUSHPULL: self.pushpulls.on_pushpull,
             Kind.PULL: self.upstream_link.on_pull, Kind.BARRIER: self.table.contribute,
             Kind.BUNDLE: self.bundles.on_bundle,
-            Kind.SHUTDOWN: self.departures.on_shutdown, Kind.CONFIGURE: Configure(self).on_configure,
+            Kind.SHUTDOWN: self.pushpulls.on_shutdown, Kind.CONFIGURE: Configure(self).on_configure,
             **plugins.requests(),
         }
         # before any client check: the route checks who may send its kinds; STATS and MEMBERS check their own
@@ -235,7 +235,7 @@ class ParameterServer:
         ruled = self.table.rule is not None  # rounds that close by time (PushPulls.close_by_time) meanwhile
         while not (self.pushpulls.close_by_time(self._stop_watchdog) if ruled else self._stop_watchdog.wait(0.5)):
             with self.lock:
-                self.table.expire(self.timeouts.round_s, self.timeouts.request_s)
+                self.pushpulls.expire(self.timeouts.round_s, self.timeouts.request_s)
                 rounds = [self.table.completed(Kind.PUSHPULL, *sid) for sid in self.stored]
                 times = (list(self.table.times.counts), self.table.times.seconds)
                 reports = self.table.reports() if self.is_global else {}

@@ -5,11 +5,17 @@ What a tier does with a completed sum is the plug-ins' call: the sync policy res
 missing, the aggregation says what goes up and what the top tier answers, the route how it travels, the
 codec slot how it is encoded, and the server optimizer (if the master set one) steps with it.
 
+Who stopped the job is this part's to note (``geomx.runs.findings``): a round that timed out names the clients it
+waited for, and a client that says goodbye while a round can never complete without it (a script that quit early, on
+``sys.exit(3)`` or at its own end) is refused at once, naming the round, instead of waiting out the shutdown timeout.
+
 Usage (the server's handler and completion for the kind)::
 
     pushpulls = PushPulls(server)
     handlers[Kind.PUSHPULL] = pushpulls.on_pushpull
+    handlers[Kind.SHUTDOWN] = pushpulls.on_shutdown   # then departures.on_shutdown, unless a round needs the client
     pushpulls.complete(rnd)       # when the round table says a round of pushes is complete
+    pushpulls.expire(round_s, request_s)              # the watchdog's: rounds past their deadline fail, noted
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ from ..core.plugins import Answer, AwaitAnswer, SendUp, SendUpAndAnswer, SendUpA
 from ..core.rounds import Round, SliceValue
 from ..protocol.bodies import BodyError, push_tokens
 from ..protocol.wire import Kind, Message
+from ..runs.findings import LEFT, MISSING, record_finding
+from .departures import Departures
 from .host import PartHost
 
 log = logging.getLogger("geomx.server")
@@ -44,6 +52,8 @@ class PushPulls:
 
     def __init__(self, host: PartHost) -> None:
         self.host = host
+        self.departures = Departures(host)  # (no state of its own: the server's parts share the host's)
+        self.noted: set[tuple[str, int, tuple[str, ...]]] = set()  # timeouts noted: (kind, round, missing clients)
         # rounds the aggregation answers once an overlapped send's answer arrives, with their numbers
         self.waiting: dict[SliceId, tuple[Round, int]] = {}
         self.failed_sends: dict[SliceId, str] = {}  # slices whose overlapped send failed: the error they answer
@@ -71,12 +81,75 @@ class PushPulls:
             host.refuse(message, problem)
             return
         host.table.contribute(message)
+        rnd = host.table.get(Kind.PUSHPULL, message.key, message.slice)
+        leaving = host.table.get(Kind.SHUTDOWN, 0, 0)  # the goodbyes said: their clients push no more
+        if rnd is not None and leaving is not None:
+            stranded = next((c for c in leaving.contributions if self._needs(rnd, c)), None)
+            if stranded is not None:  # (its goodbye came first) refused now, as ``on_shutdown`` would have
+                host.release(leaving, None, self._leaving_early(stranded, rnd))
         host.route.pushed(message)
         if self.answers_early():
             rnd = host.table.get(Kind.PUSHPULL, message.key, message.slice)
             if rnd is not None:
                 send_early(host, rnd, host.table.awaited(rnd),
                            address=lambda client: host.clients.address(client, (rnd.key, rnd.slice)))
+
+    def on_shutdown(self, message: Message) -> None:
+        """A client says goodbye: ``Departures.on_shutdown``'s, unless an open round (of pushes, or a barrier) that it
+        has no part in yet can never complete without it: it is leaving mid-training (a script that quit early, on
+        ``sys.exit(3)`` or at its end). Its goodbye is refused at once, naming the round, rather than joining a
+        shutdown round that would wait out its timeout, and the finding goes to the run folder. Why not stop the tier
+        here too: the others would then exit as fast as the leaver does, and the launcher name whichever exits
+        first; the leaver exits first, as a crashed worker does (a non-zero code: the launcher stops the job), and
+        the heartbeats declare it dead once it is gone (code 0), which stops the tier, naming it."""
+        host = self.host
+        client = host.clients.client_of(message.sender.decode())
+        for rnd in [r for r in host.table.rounds.values() if r.kind in (Kind.PUSHPULL, Kind.BARRIER)]:
+            if self._needs(rnd, client):
+                host.refuse(message, self._leaving_early(client, rnd))
+                return
+        self.departures.on_shutdown(message)
+
+    def _needs(self, rnd: Round, client: str) -> bool:
+        """Whether open ``rnd`` waits for a part of ``client``'s that it has not sent (nor queued), and cannot complete
+        without it: not where rounds close by time (a round rule), where the tier drops clients that leave, or where
+        the policy completes the round without it."""
+        table = self.host.table
+        if not rnd.contributions or rnd.forwarding or client in rnd.contributions or table.ahead(rnd, client):
+            return False
+        awaited = table.awaited(rnd)
+        if client not in awaited or table.rule is not None or self.departures.may_drop():
+            return False
+        return rnd.kind is not Kind.PUSHPULL or not table.policy.round_complete(awaited - {client}, awaited)
+
+    def _leaving_early(self, client: str, rnd: Round) -> str:
+        """``client`` says goodbye though ``rnd`` needs it: noted in the run folder; the reason its goodbye is
+        refused."""
+        host = self.host
+        name = host.display(client)
+        record_finding(host.config.run_dir, host.name, {"what": LEFT, "kind": rnd.kind.name, "round": rnd.number,
+                                                        "clients": [name]})
+        return f"{name} is leaving before its part of {rnd.describe()}, which the others wait for"
+
+    def expire(self, round_s: float, request_s: float) -> None:
+        """The round table's ``expire`` (the watchdog's, under the lock), and a finding in the run folder for every
+        round that timed out waiting for clients: whom it waited for. Why: the first process to exit is a victim,
+        a worker whose own wait ran out, while this names the one that stopped sending (``runs.findings``)."""
+        table = self.host.table
+        due = table.clock() - round_s + 1.0  # (rounds that may time out now; 1 s: more than this call takes)
+        before = {rid: (rnd.number, rnd.started_at, sorted(self.host.display(c) for c in table.awaited(rnd)
+                                                           - set(rnd.contributions)))
+                  for rid, rnd in table.rounds.items() if rnd.contributions and not rnd.forwarding
+                  and rnd.started_at < due}
+        table.expire(round_s, request_s)
+        now = table.clock()
+        for rid, (number, started, missing) in before.items():
+            mark = (rid[0].name, number, tuple(missing))
+            if missing and table.rounds[rid].number != number and now - started > round_s and mark not in self.noted:
+                self.noted.add(mark)  # (every slice of a round times out alike: noted once)
+                record_finding(self.host.config.run_dir, self.host.name, {"what": MISSING, "kind": mark[0],
+                                                                          "round": number, "clients": missing,
+                                                                          "waited_s": round_s})
 
     def close_by_time(self, stop: threading.Event) -> bool:
         """For half a second, every ``RULE_TICK_S``: close the rounds the round rule says are ready by now (the

@@ -6,7 +6,8 @@ that travel; ``sender`` sends them (payload, codec, message) and waits for their
 collective rank alike; ``tier`` is the kvstore's LAN tier, beneath it: nothing in a party with a local server, a
 collective party's rank otherwise, which is ``ranks`` (its process group, the slices it owns, how they meet the
 global servers). ``calls`` checks the kvstore calls' arguments before anything is sent (unknown keys, unequal
-key and tensor lists). ``kv.py`` names no algorithm: it calls these.
+key and tensor lists). ``exits`` is how a worker's process ends: the exit hook that leaves the job, and one line,
+not a traceback, for errors that say the job failed elsewhere. ``kv.py`` names no algorithm: it calls these.
 
 Usage::
 

@@ -2,8 +2,8 @@
 
 A slice goes up as one message: INIT (the master's values, or none, and the digest of what the worker holds) or
 PUSHPULL (its payload, encoded by the codec it travels in), to the server holding it, and its answer is waited for
-at most the request timeout, naming the server, the key and the slice. ``geomx.kv.KVStore`` sends every slice of
-a key through it; a rank of a collective party (``geomx.worker.ranks``) the slices it owns.
+at most the request timeout (and ``VERDICT_S``), naming the server, the key and the slice. ``geomx.kv.KVStore`` sends
+every slice of a key through it; a rank of a collective party (``geomx.worker.ranks``) the slices it owns.
 
 Usage::
 
@@ -33,6 +33,11 @@ from ..protocol.tensors import readonly_tensor
 from ..protocol.wire import Kind, Message
 from ..transport.rpc import Requests
 from .slices import KeyTable, payload, push_codec
+
+# A round's answer is awaited this much beyond the request timeout. Why: a server gives up on a round after the round
+# timeout (often the same: GEOMX_TIMEOUT sets both) and answers with whom it waited for; that verdict, which names the
+# process that stopped sending, should reach the worker before the worker's own, bare timeout.
+VERDICT_S = 2.0
 
 
 @dataclass
@@ -99,9 +104,9 @@ class SliceSender:
         return [future for future in futures if future is not None]
 
     def reply(self, future: Future[Message], key: int, index: int, what: str) -> Message:
-        """A slice's answer, waiting at most the request timeout."""
-        return self.requests.wait(future, self.timeout_s, f"{self.server_name(key, index)} to answer {what} of "
-                                                          f"key {key} slice {index}")
+        """A slice's answer, waiting at most the request timeout and ``VERDICT_S``."""
+        return self.requests.wait(future, self.timeout_s + VERDICT_S, f"{self.server_name(key, index)} to answer "
+                                                                      f"{what} of key {key} slice {index}")
 
     def replies(self, futures: Sequence[Future[Message]], key: int, what: str) -> list[Message]:
         """The answers of every slice of ``key``, in order."""
