@@ -1,5 +1,7 @@
-r"""A torchrun script with DistributedDataParallel, trained across data centers by changing five lines (marked
+r"""A torchrun script with DistributedDataParallel, trained across data centers by changing six lines (marked
 ``# geomx``). DDP stays inside each data center (a ``lan: collective`` party); geomx syncs the data centers.
+Under a ``lan: server`` topology (topologies/demo.yaml) the party's local server does DDP's part, and nothing sets
+torchrun's variables: ``gx.init_process_group`` says so in one line (run examples/cnn_torch.py there).
 
 Under HFA / DiLoCo, DDP's all-reduce is every inner step and geomx adds a global round every K1 x K2 steps; under
 FSA geomx's reduce-scatter, WAN round and all-gather take the all-reduce's place (docs/collective.md, "The
@@ -34,8 +36,8 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=32, help="per rank")
     args = parser.parse_args()
-    # torchrun's variables (geomx launch sets them per party); on GPUs "nccl" or "cpu:gloo,cuda:nccl"
-    dist.init_process_group("gloo")
+    # torchrun's variables (geomx launch sets them in a lan: collective party); on GPUs "nccl" or "cpu:gloo,cuda:nccl"
+    gx.init_process_group("gloo")  # geomx: torch's, after checking that the party's ranks are a group
     torch.manual_seed(0)
     train, test = digits_split()
     model = DistributedDataParallel(DigitsCNN())

@@ -24,7 +24,8 @@ CASES = [  # (topology's blocks, environment, options, worker command, the line)
     ({"hfa": {"k1": 4, "k2": 5}}, {"GEOMX_HFA_K1": "abc"}, [], [sys.executable, "-c", "pass"],
      "GEOMX_HFA_K1 must be an integer, got 'abc'"),
     ({}, {"GEOMX_TIMEOUT": "abc"}, [], [sys.executable, "-c", "pass"],
-     "GEOMX_TIMEOUT: cannot read duration 'abc'; write it like '25ms' or '1.5s'"),
+     "GEOMX_TIMEOUT: cannot read duration 'abc'; write it like '25ms', '1.5s' or '2m' "
+     "(units us, ms, s, m, h)"),
     ({}, {}, ["--resume"], [sys.executable, "-c", "pass"],
      "--resume needs a checkpoint folder to resume from: set checkpoint.dir in the topology (or GEOMX_CHECKPOINT_DIR)"),
     ({}, {}, [], ["/nonexistent/python", "x.py"],

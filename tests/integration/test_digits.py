@@ -94,7 +94,7 @@ def test_every_algorithm_learns_digits(geomx_job, name):
 
 @pytest.mark.slow
 def test_the_ddp_example_learns_digits_in_collective_parties(geomx_job):
-    """examples/ddp_torch.py, a torchrun script that keeps its DistributedDataParallel (five lines of geomx), under
+    """examples/ddp_torch.py, a torchrun script that keeps its DistributedDataParallel (six lines of geomx), under
     the shipped streaming DiLoCo + int8 topology of two collective parties: DDP makes every inner step, geomx the
     global rounds, and the job learns the digits."""
     job = geomx_job(EXAMPLES_DIR / "ddp_torch.py", "--epochs", str(EPOCHS),

@@ -116,7 +116,7 @@ def test_parse_duration_units(text, seconds):
     assert parse_duration(text) == pytest.approx(seconds)
 
 
-@pytest.mark.parametrize("text", ["soon", "5 minutes", "5m", "5h", "ms", "-5ms", -1, -0.001])
+@pytest.mark.parametrize("text", ["soon", "5 minutes", "5d", "5mh", "ms", "-5ms", -1, -0.001])  # 5m, 5h: durations
 def test_parse_duration_errors(text):
     with pytest.raises(ConfigError, match="duration"):
         parse_duration(text)

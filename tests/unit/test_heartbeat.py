@@ -141,11 +141,11 @@ def test_topology_security_and_checkpoint_blocks(tmp_path: Path) -> None:
     path = tmp_path / "job.yaml"
     path.write_text("parties: {dc0: {workers: 1}}\n"
                     "security: {secret_file: secret.txt, curve_keys: keys}\n"
-                    "checkpoint: {dir: ckpt, every_steps: 5, every_seconds: 2m, keep: 2}\n"
+                    "checkpoint: {dir: ckpt, every_steps: 5, every_seconds: 2d, keep: 2}\n"
                     "timeouts: {heartbeat: 4s, heartbeat_interval: 500ms}\n")
-    with pytest.raises(ConfigError, match="duration"):
+    with pytest.raises(ConfigError, match="duration"):  # (days are not a unit; minutes are: 2m is 120 s)
         load_topology(path)
-    path.write_text(path.read_text().replace("2m", "120s"))
+    path.write_text(path.read_text().replace("2d", "2m"))
     topology = load_topology(path)
     assert topology.security == SecuritySpec(secret="a-long-enough-secret", curve_keys=tmp_path / "keys")
     assert topology.checkpoint == CheckpointSpec(dir=tmp_path / "ckpt", every_steps=5, every_s=120.0, keep=2)

@@ -214,7 +214,7 @@ def run_resumed(module: ModuleType, monkeypatch, argv: list[str], start_step: in
 
     from geomx.torch import progress
     fake = SimpleNamespace(DistributedOptimizer=wrap, shard=lambda dataset: dataset, progress=progress,
-                           worker_place=lambda: (0, 1))
+                           worker_place=lambda: (0, 1), init_process_group=torch.distributed.init_process_group)
     monkeypatch.setattr(module, "gx", fake)
     monkeypatch.setattr("sys.argv", [module.__file__, *argv])
     module.main()

@@ -17,8 +17,8 @@ Built-ins (spec ``{"type": name, ...}``; wire id in brackets):
 Modules: ``base`` (the ``Codec`` interface, ``Encoded`` payloads, their checks), one module per codec above
 (``dense``, ``fp16``, ``bsc``, ``int8``, ``bf16``, ``sparse2bit``, ``error_feedback``, ``mpq``; ``composite`` is
 ``size_adaptive``), ``half`` (float32 <-> float16 at one speed for every value), ``registry`` (names and wire ids
-to classes, specs to instances, a worker's compression spec to its codec: ``worker_codec``), ``messages`` (between
-codec payloads and wire messages).
+to classes, specs to instances, a worker's compression spec to its codec: ``worker_codec``; a size gate that no
+tensor of a model passes: ``idle_size_gate``), ``messages`` (between codec payloads and wire messages).
 
 Usage::
 
@@ -37,7 +37,7 @@ from .error_feedback import ErrorFeedback
 from .fp16 import FP16
 from .int8 import Int8
 from .mpq import MPQ
-from .registry import Registry, default_registry, make_codec, worker_codec
+from .registry import Registry, default_registry, idle_size_gate, make_codec, worker_codec
 from .sparse2bit import Sparse2Bit
 
 __all__ = [
@@ -59,6 +59,7 @@ __all__ = [
     "Sparse2Bit",
     "TensorInfo",
     "default_registry",
+    "idle_size_gate",
     "make_codec",
     "worker_codec",
 ]

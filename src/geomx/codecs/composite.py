@@ -15,6 +15,7 @@ Usage::
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, ClassVar
 
 import numpy as np
@@ -39,6 +40,11 @@ class SizeAdaptive(Codec):
     def pick(self, numel: int) -> Codec:
         """The codec a tensor of ``numel`` elements goes through."""
         return self.small if numel < self.bound else self.large
+
+    def reaches(self, sizes: Iterable[int]) -> bool:
+        """Whether any tensor of ``sizes`` (whole tensors' elements) goes through ``large``: a model whose tensors
+        are all below the bound gets ``small`` alone (GeoMX's 200000 over a small model), which its owner is told."""
+        return any(numel >= self.bound for numel in sizes)
 
     def choose(self, array: np.ndarray, info: TensorInfo) -> Codec:
         """The codec ``array``, a slice described by ``info``, goes through: by its whole tensor's size."""

@@ -19,7 +19,7 @@ import inspect
 import math
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -202,6 +202,29 @@ def worker_codec(registry: Registry, spec: Mapping[str, object], size_lower_boun
     if registry.wants_size_bound(spec.get("type")) and "size_lower_bound" not in spec:
         spec["size_lower_bound"] = size_lower_bound
     return spec, registry.make_codec(spec)
+
+
+def idle_size_gate(spec: Mapping[str, object], size_lower_bound: int, sizes: Sequence[int]) -> str | None:
+    """One line when the size gate of a codec that wants a size bound (bsc, mpq) lets none of a model's tensors
+    (``sizes``: their elements) through to its compressing side, else None: what the job asked for would silently do
+    nothing (GeoMX's default 200000 over the digits CNN, whose largest tensor has 32768). ``size_lower_bound`` is the
+    topology's, which a spec without its own gets (``worker_codec``); a spec the registry refuses gives None here.
+
+    Usage: ``idle_size_gate({"type": "bsc"}, 200_000, [144, 32768])`` -> ``"bsc: no tensor reaches ..."``
+    """
+    try:
+        filled, codec = worker_codec(default_registry(), spec, size_lower_bound)
+    except CodecError:
+        return None
+    if not isinstance(codec, SizeAdaptive) or not sizes or codec.reaches(sizes):
+        return None
+    name, largest = filled["type"], max(sizes)
+    what = ("nothing is compressed" if isinstance(codec.small, Dense) else
+            f"every tensor travels as {codec.small.name}, none as {codec.large.name}")
+    whose = ("the compression spec's size_lower_bound" if "size_lower_bound" in spec else
+             "the topology's size_lower_bound (or GEOMX_SIZE_LOWER_BOUND)")
+    return (f"{name}: no tensor reaches size_lower_bound={codec.bound} (largest: {largest} elements); {what}: lower "
+            f"{whose} to at most {largest}")
 
 
 def make_codec(spec: Mapping[str, object]) -> Codec:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -199,6 +199,33 @@ def read_values(cls: type, raw: Mapping[str, Any], section: str, base_dir: Path 
     return values
 
 
+def closest(key: str, allowed: Iterable[str]) -> str | None:
+    """The allowed key ``key`` most likely misspells (case aside: ``K2`` is ``k2``), or None."""
+    allowed = list(allowed)
+    by_case = {name.lower(): name for name in allowed}
+    if key.lower() in by_case:
+        return by_case[key.lower()]
+    close = difflib.get_close_matches(key.lower(), list(by_case), n=1)
+    return by_case[close[0]] if close else None
+
+
+def unknown_fields(where: str, unknown: Iterable[str], allowed: Iterable[str]) -> ConfigError:
+    """The refusal of keys ``where`` does not take: each that looks like a misspelt allowed key says which (every
+    section alike, the top level too), then the allowed keys.
+
+    Usage: ``raise unknown_fields("topology", ["traning"], TOPOLOGY_KEYS)`` -> ``topology has unknown fields
+    ['traning'] (did you mean 'training'?); allowed: [...]``
+    """
+    unknown, allowed = sorted(str(key) for key in unknown), sorted(allowed)
+    guesses = [(key, close) for key in unknown if (close := closest(key, allowed)) is not None]
+    hint = ""
+    if len(unknown) == 1 and guesses:
+        hint = f" (did you mean {guesses[0][1]!r}?)"
+    elif guesses:
+        hint = f" (did you mean {', '.join(f'{close!r} for {key!r}' for key, close in guesses)}?)"
+    return ConfigError(f"{where} has unknown fields {unknown}{hint}; allowed: {allowed}")
+
+
 def read_mapping(cls: type, raw: Any, section: str, base_dir: Path | None = None) -> dict[str, Any]:
     """Field values of ``cls`` from its YAML section ``raw``; a key it does not declare is refused, naming the
     key, the section and the valid keys, unless ``cls`` has an ``extras`` field, which collects them."""
@@ -209,12 +236,12 @@ def read_mapping(cls: type, raw: Any, section: str, base_dir: Path | None = None
     values = read_values(cls, raw, section, base_dir)
     collector = extras_field(cls)
     if unknown and collector is None:
-        raise ConfigError(f"{section} has unknown fields {unknown}; allowed: {sorted(allowed)}")
+        raise unknown_fields(section, unknown, allowed)
     if collector is not None and unknown:
         for key in unknown:  # a plug-in option is a scalar: a mapping or list here is a misspelt field
             if not isinstance(raw[key], (bool, str, int, float)):
-                close = difflib.get_close_matches(key, allowed, n=1)
-                hint = f"; did you mean {close[0]!r}?" if close else ""
+                close = closest(key, allowed)
+                hint = f"; did you mean {close!r}?" if close else ""
                 raise ConfigError(f"{section} has an unknown field {key!r}{hint} (not a plug-in option either: those "
                                   f"are numbers, strings or flags, and its value is {raw[key]!r}); allowed: "
                                   f"{sorted(allowed)}")

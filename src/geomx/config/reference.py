@@ -188,7 +188,8 @@ def markdown() -> str:
         "Every setting has a key in the topology file and most have an environment variable; the variable wins "
         "over the file, and a GeoMX alias works where `GEOMX_*` is not set. `geomx launch` passes the "
         "topology to every process; set variables only to override it or to start processes by hand "
-        "([deployment](deployment.md)). Durations read `100us`, `25ms`, `1.5s` (a bare number is seconds); "
+        "([deployment](deployment.md)). Durations read `100us`, `25ms`, `1.5s`, `2m` (or `2min`), `1h` (a bare "
+        "number is seconds); "
         "bandwidths `100Mbit`, `1Gbit`, `10MB` (bytes per second).",
         "",
         "```yaml",

@@ -3,7 +3,7 @@
 Usage::
 
     parse_bandwidth("100Mbit")   # 1e8 (bit/s)
-    parse_duration("25ms")       # 0.025 (s)
+    parse_duration("25ms")       # 0.025 (s); "2m" is 120.0, "1h" 3600.0
 """
 
 from __future__ import annotations
@@ -48,19 +48,23 @@ def parse_bandwidth(text: str | float | None) -> float | None:
     return value
 
 
+# a duration's units, in seconds: a timeout of minutes (`request: 2m`) is as common as a latency of milliseconds
+_DURATION_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+
+
 def parse_duration(text: str | float | None) -> float:
-    """'25ms' / '0.5s' / '100us' / 0.025 -> seconds."""
+    """'25ms' / '0.5s' / '100us' / '2m' (or '2min') / '1h' / 0.025 -> seconds (a bare number is seconds)."""
     if text is None:
         return 0.0
     if isinstance(text, (int, float)):
         if text < 0:
             raise ConfigError(f"duration must not be negative, got {text}")
         return float(text)
-    hint = "'25ms' or '1.5s'"
-    match = re.fullmatch(r"\s*([0-9.e+-]+)\s*(us|ms|s|)\s*", text.lower())
+    hint = "'25ms', '1.5s' or '2m' (units us, ms, s, m, h)"
+    match = re.fullmatch(r"\s*([0-9.e+-]+)\s*(us|ms|s|min|m|h|)\s*", text.lower())
     if not match:
         raise ConfigError(f"cannot read duration {text!r}; write it like {hint}")
-    scale = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "": 1.0}[match.group(2)]
+    scale = _DURATION_UNITS[match.group(2)]
     value = parse_number(match.group(1), "duration", hint) * scale
     if value < 0:
         raise ConfigError(f"duration must not be negative, got {text!r}")

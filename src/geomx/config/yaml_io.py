@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from .errors import ConfigError
-from .fields import keys, read_mapping, read_values, to_mapping
+from .fields import keys, read_mapping, read_values, to_mapping, unknown_fields
 from .kinds import PATH, read_secret
 from .specs import (
     CheckpointSpec,
@@ -45,7 +45,7 @@ def _link(raw: Any, where: str, ingress_allowed: bool = False) -> LinkSpec:
         raise ConfigError(f"{where} must be a mapping with {', '.join(repr(a) for a in allowed)}")
     unknown = set(raw) - set(allowed)
     if unknown:
-        raise ConfigError(f"{where} has unknown fields {sorted(unknown)}; allowed: {', '.join(allowed)}")
+        raise unknown_fields(where, unknown, allowed)
     ingress = raw.get("ingress", False)
     if not isinstance(ingress, bool):
         raise ConfigError(f"{where}.ingress must be true or false, got {ingress!r}")
@@ -163,7 +163,7 @@ def topology_from_dict(raw: Mapping[str, Any], base_dir: Path | None = None) -> 
         raise ConfigError("a topology must be a mapping at the top level")
     unknown = set(raw) - _TOPOLOGY_FIELDS
     if unknown:
-        raise ConfigError(f"topology has unknown fields {sorted(unknown)}; allowed: {sorted(_TOPOLOGY_FIELDS)}")
+        raise unknown_fields("topology", unknown, _TOPOLOGY_FIELDS)
     raw_parties = raw.get("parties")
     if not isinstance(raw_parties, Mapping) or not raw_parties:
         raise ConfigError("topology needs 'parties': a mapping of party name to {workers: N}")
@@ -175,13 +175,12 @@ def topology_from_dict(raw: Mapping[str, Any], base_dir: Path | None = None) -> 
     lan_link = None if isinstance(links.get("lan"), str) else links.get("lan")
     parties = []
     for name, spec in raw_parties.items():
+        fields = {"workers", "wan", "access", "lan"}
+        if isinstance(spec, Mapping) and set(spec) - fields:  # (before 'workers': `{wokers: 2}` is a misspelling)
+            raise unknown_fields(f"party {name!r}", set(spec) - fields, fields)
         workers = spec.get("workers") if isinstance(spec, Mapping) else spec
         if not isinstance(workers, int) or isinstance(workers, bool):
             raise ConfigError(f"party {name!r} needs an integer 'workers'")
-        fields = {"workers", "wan", "access", "lan"}
-        if isinstance(spec, Mapping) and set(spec) - fields:
-            raise ConfigError(f"party {name!r} has unknown fields {sorted(set(spec) - fields)}; "
-                              f"allowed: {', '.join(sorted(fields))}")
         wan = _link(spec.get("wan"), f"parties.{name}.wan") if isinstance(spec, Mapping) and spec.get("wan") else None
         access = parse_bandwidth(spec.get("access")) if isinstance(spec, Mapping) else None
         lan = (_lan_tier(spec["lan"], f"parties.{name}.lan") if isinstance(spec, Mapping) and "lan" in spec

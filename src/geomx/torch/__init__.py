@@ -9,7 +9,8 @@ algorithm, WAN codec and P3 come from the topology's ``training`` block or GEOMX
 may do that the wrapper cannot carry out, named), ``signature`` (a model's fingerprint, checked at start),
 ``digest`` (model digests for the status page), ``checkpoint`` (a worker's own checkpoints), ``metrics``
 (per-step metrics in the run folder), ``progress`` (progress bars on a terminal), ``frozen_variance`` (Adam whose
-variance freezes after a warm-up: Adam under a sparse WAN codec).
+variance freezes after a warm-up: Adam under a sparse WAN codec), ``start`` (a configuration that cannot start, said in
+one line by the entry points; ``init_process_group`` for a script's own DDP, in a ``lan: collective`` party only).
 
 Usage::
 
@@ -27,6 +28,7 @@ from .frozen_variance import FrozenVarianceAdam
 from .optimizer import DistributedOptimizer, ModelMismatchError
 from .plan import Plan, Strategy, make_plan, translate
 from .progress import progress
+from .start import init_process_group
 
 __all__ = [
            "DistributedOptimizer",
@@ -35,6 +37,7 @@ __all__ = [
            "Plan",
            "ShardSampler",
            "Strategy",
+           "init_process_group",
            "local_rank",
            "make_plan",
            "progress",

@@ -20,8 +20,10 @@ import torch
 from torch.utils.data import Dataset, Sampler, Subset
 
 from ..config import ConfigError, node_config
+from .start import refuses_config
 
 
+@refuses_config  # (this module's entry points read the job's configuration: a bad one is said in one line)
 def worker_place() -> tuple[int, int]:
     """(global rank, number of workers of all parties) of this process, from the launcher's environment."""
     config = node_config()
@@ -36,6 +38,7 @@ def worker_place() -> tuple[int, int]:
     return offset + config.rank, config.topology.num_all_workers
 
 
+@refuses_config
 def local_rank() -> int:
     """This worker's place on its host, to pick its GPU: torchrun's ``LOCAL_RANK`` in a collective party, else its
     rank within its party (a party's workers are started together on one host by ``geomx launch``).
@@ -72,6 +75,7 @@ def _place(rank: int | None, num_workers: int | None) -> tuple[int, int]:
     return rank, num_workers
 
 
+@refuses_config
 def shard(dataset: Dataset[Any], *, rank: int | None = None, num_workers: int | None = None,
           seed: int | None = None) -> Subset[Any]:
     """This worker's part of ``dataset`` (a Subset). ``seed`` shuffles once before cutting."""
@@ -84,6 +88,7 @@ def shard(dataset: Dataset[Any], *, rank: int | None = None, num_workers: int | 
 class ShardSampler(Sampler[int]):
     """A DataLoader sampler yielding this worker's indices; reshuffled per epoch (call ``set_epoch``)."""
 
+    @refuses_config
     def __init__(self, dataset: Sized, *, shuffle: bool = True, seed: int = 0, rank: int | None = None,
                  num_workers: int | None = None) -> None:
         self.length = len(dataset)

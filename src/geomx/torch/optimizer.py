@@ -51,6 +51,7 @@ from .loop_checks import refuse_changed, state_elsewhere
 from .metrics import StepRecorder, TensorBoardSink
 from .plan import Plan, leads_party, make_plan
 from .signature import compare, signature
+from .start import refuses_config
 
 log = logging.getLogger("geomx.torch")
 
@@ -72,6 +73,7 @@ class DistributedOptimizer:
     # torch.amp.GradScaler calls step() with ``grad_scale`` and ``found_inf`` set, leaving the unscaling and the skip
     _step_supports_amp_scaling = True  # to the wrapper (geomx.torch.amp): every worker skips the same steps
 
+    @refuses_config  # a job that cannot start says so in one line (geomx.torch.start)
     def __init__(self, optimizer: torch.optim.Optimizer, model: nn.Module, *,
                  kv: KVStore | None = None, config: NodeConfig | None = None) -> None:
         if not isinstance(optimizer, torch.optim.Optimizer):
@@ -80,8 +82,7 @@ class DistributedOptimizer:
             raise TypeError(f"DistributedOptimizer needs the model (an nn.Module), got {type(model).__name__}")
         config = config or (kv.config if kv is not None else node_config())
         self.optimizer = optimizer
-        # a script's own DDP (collective parties): the wrapper works on the module it wraps, and the strategy
-        # says whether DDP or geomx averages the party's gradients (geomx.collective.ddp)
+        # a script's own DDP: trained through the module it wraps; the strategy says who averages (collective.ddp)
         model, compiled = uncompiled(model)  # torch.compile(model) or torch.compile(DDP(model)): trained through
         model, self.ddp = unwrap(model)  # the module it wraps (the same names as uncompiled; geomx.torch.hooks)
         if compiled is None:
@@ -90,7 +91,8 @@ class DistributedOptimizer:
         refusal = fsdp1_refusal(model)
         if refusal is not None:  # before the job is joined: its flat parameters are shards that look whole
             raise ConfigError(f"party {config.party}: {refusal}")
-        self.plan: Plan = make_plan(config.topology.training, config.topology.hfa, optimizer, leads_party(config))
+        self.plan: Plan = make_plan(config.topology.training, config.topology.hfa, optimizer, leads_party(config),
+                                    config.topology.size_lower_bound)
         self._owns_kv = kv is None
         self.kv = kv if kv is not None else create(self.plan.kvstore_type, config)
         self.params: list[nn.Parameter] = list(model.parameters())
@@ -206,8 +208,7 @@ class DistributedOptimizer:
         assert param.grad is not None
         self.strategy.on_gradient(key, param.grad)
         if self.ddp is None:  # (the script's DDP copies its buckets back into .grad after backward)
-            self._sent[key] = (param.grad, param.grad._version)  # a change after this is lost: step() refuses it
-            # (loop_checks.refuse_changed)
+            self._sent[key] = (param.grad, param.grad._version)  # a later change is lost: loop_checks refuses it
 
     def push_gradients(self) -> None:
         """Push every trained parameter's ``.grad`` now, deepest layer first, as backward's hooks would: for a loop

@@ -31,7 +31,7 @@ import torch
 from .. import optim
 from ..algorithms.modes import Strategy
 from ..algorithms.registry import SYNC_POLICIES, check_names
-from ..codecs import CodecError, make_codec
+from ..codecs import CodecError, idle_size_gate, make_codec
 from ..config import ConfigError, HFASpec, NodeConfig, TrainingSpec
 from ..config.combinations import check, check_training
 from .frozen_variance import FrozenVarianceAdam
@@ -129,10 +129,27 @@ def leads_party(config: NodeConfig) -> bool:
     return config.is_master or rank in (None, 0)
 
 
+def trained_sizes(torch_optimizer: torch.optim.Optimizer) -> list[int]:
+    """The elements of each tensor ``torch_optimizer`` trains: what the WAN codec's size gate compares."""
+    return [p.numel() for group in torch_optimizer.param_groups for p in group["params"] if p.requires_grad]
+
+
 def make_plan(spec: TrainingSpec, hfa: HFASpec | None, torch_optimizer: torch.optim.Optimizer,
-              warn: bool = True) -> Plan:
+              warn: bool = True, size_lower_bound: int | None = None) -> Plan:
     """Decide the mode; ConfigError names an unknown name or any combination that cannot work. ``warn``: log
-    what works but costs (a worker that does not lead its party stays quiet: ``leads_party``)."""
+    what works but costs (a worker that does not lead its party stays quiet: ``leads_party``). ``size_lower_bound``
+    (the topology's): where a codec's size gate (bsc, mpq) passes none of the optimizer's tensors, say so, and warn
+    of nothing that sparse answers would cost (None: the tensors are not checked)."""
+    idle = None if size_lower_bound is None or not spec.compression else \
+        idle_size_gate(spec.compression, size_lower_bound, trained_sizes(torch_optimizer))
+    plan = _decide(spec, hfa, torch_optimizer, warn and idle is None)
+    if warn and idle is not None:  # after the checks: a refused combination is said alone
+        log.warning("%s", idle)
+    return plan
+
+
+def _decide(spec: TrainingSpec, hfa: HFASpec | None, torch_optimizer: torch.optim.Optimizer, warn: bool) -> Plan:
+    """``make_plan``'s decision; ``warn``: log what sparse answers cost the torch optimizer."""
     check_names(spec)
     codec = spec.compression["type"] if spec.compression else None
     residual = keeps_residuals(spec.compression)
