@@ -11,8 +11,13 @@ then every rank's k-th push of each slice it owns, and the phases are per rank: 
 its last answer in, and the global server's first and last arrival from each party (times from the step's first
 push by any rank of the job).
 
+The folder is a run folder (``GEOMX_TRACE=1 geomx launch ... --run-dir R``: ``R/trace/``) or a wan bench row's
+folder, which holds one run folder per launch (``run-dc0/trace/``, ``run-dc1/trace/``).
+
 Usage::
 
+    GEOMX_TRACE=1 geomx launch topologies/demo.yaml --run-dir runs/traced -- python examples/cnn.py --epochs 1
+    .venv/bin/python benchmarks/step_timeline.py runs/traced
     sudo GEOMX_TRACE=1 .venv/bin/python -m geomx.bench.wan --quick --only ddp geomx_fsa --rates 100
     .venv/bin/python benchmarks/step_timeline.py bench-results/wan/mlp/geomx_fsa-100
     .venv/bin/python benchmarks/step_timeline.py bench-results/wan/mlp/geomx_fsa_collective-100 --ranks
@@ -130,16 +135,24 @@ def rank_phases(events: list[dict[str, Any]], skip: int) -> tuple[float, dict[st
     return statistics.median(lengths), dict(sorted(medians.items(), key=lambda kv: kv[1]))
 
 
+def run_folders(run: Path) -> list[Path]:
+    """The traced run folders in ``run``: itself when it holds ``trace/`` (a ``geomx launch --run-dir``), and its
+    ``run-*`` folders (a wan bench row: one per launch)."""
+    return [folder for folder in (run, *sorted(run.glob("run-*"))) if (folder / "trace").is_dir()]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("run", type=Path, help="a geomx row's folder (with run-dc0/ and run-dc1/)")
+    parser.add_argument("run", type=Path, help="a run folder (with trace/) or a wan bench row's folder (with "
+                                               "run-dc0/ and run-dc1/)")
     parser.add_argument("--party", default="dc1")
     parser.add_argument("--skip", type=int, default=5, help="leave out the first steps (warm-up)")
     parser.add_argument("--ranks", action="store_true", help="collective parties: each rank's phases")
     args = parser.parse_args()
-    events = [e for e in read_trace(sorted(args.run.glob("run-*"))) if e["kind"] == "PUSHPULL"]
+    events = [e for e in read_trace(run_folders(args.run)) if e["kind"] == "PUSHPULL"]
     if not events:
-        raise SystemExit(f"no traced PUSHPULL events under {args.run}/run-*/trace (run with GEOMX_TRACE=1)")
+        raise SystemExit(f"no traced PUSHPULL events under {args.run}/trace or {args.run}/run-*/trace (run with "
+                         "GEOMX_TRACE=1)")
     if args.ranks:
         step, medians = rank_phases(events, args.skip)
         print(f"median step {step:.3f} s; medians over steps >= {args.skip} (s from the step's first push):")

@@ -14,14 +14,20 @@ import argparse
 import sys
 from pathlib import Path
 
-from .bench.sections import SECTION_NAMES
+from .bench.sections import SECTION_NAMES, SECTIONS
 from .config import ConfigError
+
+SYNC_SCENARIOS = ("same", "slow", "alone", "wide")  # geomx.bench.sync's scenarios (--scenario)
 
 
 def _launch(args: argparse.Namespace) -> int:
     from .launch import LaunchInterrupted, format_summary, launch
 
     command = list(args.command)
+    if args.global_only and command:  # it would be ignored: the workers are started by each party's own launch
+        print(f"geomx launch: --global-only starts the global tier alone, no worker: drop the worker command "
+              f"({' '.join(command)}) and start each party with --party on its host", file=sys.stderr)
+        return 2
     try:
         result = launch(Path(args.topology), command, run_dir=Path(args.run_dir) if args.run_dir else None,
                         host=args.host, party=args.party, global_scheduler=args.global_scheduler,
@@ -78,8 +84,12 @@ def _keygen(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     from .bench.runner import run_bench
 
-    return run_bench(quick=args.quick, out_dir=Path(args.out), sections=args.only, sync_scenarios=args.scenario,
-                     wan_job=args.job, wan_congestion=args.congestion, scale_path=args.path)
+    try:
+        return run_bench(quick=args.quick, out_dir=Path(args.out), sections=args.only, sync_scenarios=args.scenario,
+                         wan_job=args.job, wan_congestion=args.congestion, scale_path=args.path)
+    except ValueError as exc:  # a plan that would measure nothing (runner.check_plan), before anything runs
+        print(f"geomx bench: {exc}", file=sys.stderr)
+        return 2
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -94,14 +104,18 @@ def build_parser() -> argparse.ArgumentParser:
     launch = sub.add_parser("launch", help="start every process of a topology (or one party's)")
     launch.add_argument("topology", help="YAML topology file")
     launch.add_argument("--party", help="start only this party's processes (for a run across hosts)")
-    launch.add_argument("--global-scheduler", help="HOST:PORT of the global scheduler (with --party)")
+    launch.add_argument("--global-scheduler",
+                        help="HOST:PORT of the global scheduler: where a --party launch joins it, or where "
+                             "--global-only (or the central party's launch) starts it")
     launch.add_argument("--global-only", action="store_true",
                         help="start the global scheduler and servers only (parties join from their own hosts, "
                              "a collective party under its own torchrun)")
-    launch.add_argument("--host", default="127.0.0.1", help="address this host's processes bind and announce")
-    launch.add_argument("--run-dir", help="folder for stats and metrics (default: runs/<time>-<topology>)")
+    launch.add_argument("--host", default="127.0.0.1",
+                        help="address this host's processes bind and announce (default: 127.0.0.1)")
+    launch.add_argument("--run-dir", help="folder for stats and metrics (default: runs/<time>-<topology>-<pid>)")
     launch.add_argument("--resume", action="store_true",
-                        help="global servers start from the newest valid checkpoint (topology 'checkpoint.dir')")
+                        help="the global servers and the workers start from their newest valid checkpoints "
+                             "(topology 'checkpoint.dir'; GEOMX_RESUME=1 for a by-hand or torchrun launch)")
     launch.add_argument("command", nargs="*", help="the worker command, after '--'")
     launch.set_defaults(func=_launch)
     status = sub.add_parser("status", help="print a running job's status (its global scheduler's status page)")
@@ -113,16 +127,18 @@ def build_parser() -> argparse.ArgumentParser:
     keygen.add_argument("--parties", nargs="+", help="party names")
     keygen.add_argument("--topology", help="make keys for every party of this topology file")
     keygen.set_defaults(func=_keygen)
+    defaults = [s.name for s in SECTIONS if s.default]
     bench = sub.add_parser("bench", help="measure geomx against a flat PS and gloo, side by side")
     bench.add_argument("--quick", action="store_true",
-                       help="fewer steps and repetitions (every section but wan: ~12.5 min on 2 quiet cores, "
+                       help="fewer steps and repetitions (the default sections: ~12.5 min on 2 quiet cores, "
                             "49 min at load 7-36)")
-    bench.add_argument("--out", default="bench-results", help="folder for the JSON results")
-    bench.add_argument("--only", action="append",
-                       choices=SECTION_NAMES, help="run only these sections (repeatable; default: all but wan)")
-    bench.add_argument("--scenario", action="append", choices=["same", "slow", "alone", "wide"],
+    bench.add_argument("--out", default="bench-results", help="folder for the JSON results (default: bench-results)")
+    bench.add_argument("--only", action="append", choices=SECTION_NAMES, metavar="SECTION",
+                       help=f"run only these sections (repeatable; default: {', '.join(defaults)}; on request "
+                            f"only: {', '.join(s.name for s in SECTIONS if not s.default)})")
+    bench.add_argument("--scenario", action="append", choices=SYNC_SCENARIOS,
                        help="sync section: run only these scenarios' rows (repeatable; 'wide', the bandwidth-bound "
-                            "CNN, is in the full run only)")
+                            "CNN, is in the full run only: refused with --quick)")
     bench.add_argument("--job", choices=["mlp", "lm", "all"],
                        help="wan section: which job (default: mlp with --quick, all otherwise)")
     bench.add_argument("--congestion", help="wan section: the link's TCP congestion control, e.g. cubic (default: the "
@@ -133,7 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.set_defaults(func=_bench)
     report = sub.add_parser("report", help="plots (loss, accuracy, WAN bytes against wall time) and a table of runs")
     report.add_argument("runs", nargs="+", help="run folders (geomx launch --run-dir)")
-    report.add_argument("--out", default="report", help="folder for the PNG plots, report.md and report.json")
+    report.add_argument("--out", default="report",
+                        help="folder for the PNG plots, report.md and report.json (default: report)")
     report.add_argument("--label", action="append", help="a name per run, in order (default: folder names)")
     report.set_defaults(func=_report)
     return parser

@@ -2,7 +2,8 @@
 
 ``sections.py`` is the table of sections (``geomx bench --only NAME``); each section module has ``run`` and
 ``lines``; ``jobs.py`` runs jobs and reads their records, ``tables.py`` formats, ``targets.py`` finds the
-time to a target accuracy, ``runner.py`` runs the chosen sections and writes OUT/bench.json. See
+time to a target accuracy, ``runner.py`` runs the chosen sections and writes OUT/bench.json, ``alone.py`` runs
+one section's own entry point (``python -m geomx.bench.NAME``), stopped as ``geomx bench`` stops. See
 ``benchmarks/README.md`` for how to read each table. Nothing here asserts.
 
 The sections: ``training`` (HiPS against a flat PS), ``transport`` (pushpull against gloo), ``emulation`` (the
@@ -18,6 +19,6 @@ lost data center, a lost rank of a collective party, a lost global tier resumed:
 
 Usage::
 
-    geomx bench --quick              # every section but wan (wan needs root: --only wan)
+    geomx bench --quick              # the default sections (sections.py; the others by name: --only wan)
     geomx bench --out bench-results  # the full run
     geomx bench --only transport --only sync"""

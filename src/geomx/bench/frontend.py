@@ -44,7 +44,8 @@ from typing import Any
 import yaml
 
 from ..launch import launch
-from .sections import BenchPlan
+from .alone import run_alone
+from .sections import BenchPlan, Interrupted
 from .tables import say
 
 WHOLE = 1 << 20  # the slice size without P3, set explicitly (whatever the topology default is)
@@ -147,13 +148,22 @@ def run_frontend(quick: bool, out_dir: Path, names: list[str] | None = None, rep
                                                     "deep": "DeepCNN 6 convs (47k) + dense 1.3M"}},
                                "rows": {}, "errors": []}
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in chosen}
-    for repeat in range(repeats):
-        for name in chosen:
-            say(f"[frontend] {name} ({repeat + 1}/{repeats}) ...")
-            try:
-                runs[name].append(_run(name, ROWS[name], steps, warmup, out_dir))
-            except RuntimeError as exc:
-                section["errors"].append(str(exc))
+    try:
+        for repeat in range(repeats):
+            for name in chosen:
+                say(f"[frontend] {name} ({repeat + 1}/{repeats}) ...")
+                try:
+                    runs[name].append(_run(name, ROWS[name], steps, warmup, out_dir))
+                except RuntimeError as exc:
+                    section["errors"].append(str(exc))
+    except KeyboardInterrupt:  # SIGINT/SIGTERM (the job in flight has stopped): the runs so far, marked interrupted
+        section["interrupted"] = True
+        raise Interrupted(_figures(section, runs)) from None
+    return _figures(section, runs)
+
+
+def _figures(section: dict[str, Any], runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """The section with its rows (each row's runs merged) and the effects measured between rows."""
     section["rows"] = {name: _merge(done) for name, done in runs.items() if done}
     rows = section["rows"]
     if "sequential" in rows and "wrapper" in rows:
@@ -209,22 +219,21 @@ def lines(section: dict[str, Any]) -> list[str]:
     return out
 
 
-def main() -> None:
-    """``python -m geomx.bench.frontend``: chosen rows, repeated and interleaved; prints the table, writes JSON."""
-    parser = argparse.ArgumentParser(description="the frontend bench rows, repeated and interleaved")
+def main(argv: list[str] | None = None) -> int:
+    """``python -m geomx.bench.frontend``: chosen rows, repeated and interleaved; prints the table, writes JSON
+    (a stop: ``geomx bench``'s, ``geomx.bench.alone``)."""
+    parser = argparse.ArgumentParser(prog="python -m geomx.bench.frontend",
+                                     description="the frontend bench rows, repeated and interleaved")
     parser.add_argument("--rows", nargs="+", choices=list(ROWS), default=None)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", type=Path, default=Path("bench-results"))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
     out_dir = args.out.resolve()
-    section = run_frontend(args.quick, out_dir, args.rows, args.repeats)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "frontend.json").write_text(json.dumps(section, indent=2, default=str))
-    print("\n".join(lines(section)))
+    return run_alone("frontend", lambda: run_frontend(args.quick, out_dir, args.rows, args.repeats), out_dir, lines)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -42,8 +42,9 @@ from typing import Any
 import yaml
 
 from ..launch import launch
+from .alone import run_alone
 from .sections import BenchPlan
-from .tables import fmt, say, table, write_and_print
+from .tables import fmt, say, table
 from .workers.lan_step import MODELS
 
 TIERS = ("ddp", "collective", "server")
@@ -221,8 +222,11 @@ def goal_lines(rows: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> int:
+    """``python -m geomx.bench.lan``: the chosen rows; flags parsed before anything starts, a stop is ``geomx
+    bench``'s (``geomx.bench.alone``)."""
+    parser = argparse.ArgumentParser(prog="python -m geomx.bench.lan", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", choices=list(MODELS), default=["mlp"])
     parser.add_argument("--ranks", nargs="+", type=int, default=[2])
     parser.add_argument("--tiers", nargs="+", choices=list(ALL_TIERS), default=list(TIERS))
@@ -236,10 +240,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     out_dir = Path(args.out)
     steps = args.steps or (15 if args.quick else 30)
-    section = measure_rows(tuple(args.models), tuple(args.ranks), steps, out_dir, tuple(args.tiers), args.device,
-                           args.optimizer, max(1, args.repeats))
-    write_and_print("lan", section, out_dir, lines)
+    return run_alone("lan", lambda: measure_rows(tuple(args.models), tuple(args.ranks), steps, out_dir,
+                                                 tuple(args.tiers), args.device, args.optimizer, max(1, args.repeats)),
+                     out_dir, lines)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

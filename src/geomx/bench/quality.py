@@ -38,10 +38,11 @@ from typing import Any
 
 from ..runs.runlog import read_stats
 from ..runs.summary import traffic
+from .alone import run_alone
 from .jobs import load_avg, run_job, write_topology
 from .quality_rows import BUDGET, ROWS, Budget, QualityRow
 from .sections import BenchPlan, Interrupted
-from .tables import fmt, say, table, write_and_print
+from .tables import fmt, say, table
 
 WORKER = Path(__file__).parent / "workers" / "quality.py"
 CENTRAL = "dc0"
@@ -306,6 +307,23 @@ def lines(section: dict[str, Any]) -> list[str]:
     return out
 
 
-if __name__ == "__main__":  # chosen rows at BUDGET: bench-results/quality.json, the table, the plots
-    write_and_print("quality", measure_rows(tuple(sys.argv[1:]) or GOAL_ROWS, BUDGET, Path("bench-results")),
-                    Path("bench-results"), lines)
+def main(argv: list[str] | None = None) -> int:
+    """``python -m geomx.bench.quality [ROW ...] [--out OUT]``: the chosen rows (default: the goals') at BUDGET;
+    OUT/quality.json, the table, the plots. Flags are parsed before anything starts; a stop is ``geomx bench``'s."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m geomx.bench.quality",
+                                     description="rows of the quality section at its token budget")
+    parser.add_argument("rows", nargs="*", metavar="ROW",
+                        help=f"default: {' '.join(GOAL_ROWS)} (the goals'); valid: {', '.join(ROW_NAMES)}")
+    parser.add_argument("--out", default="bench-results", help="folder for quality.json (default: bench-results)")
+    args = parser.parse_args(argv)
+    unknown = [name for name in args.rows if name not in ROW_NAMES]
+    if unknown:
+        parser.error(f"unknown row {', '.join(unknown)}; valid: {', '.join(ROW_NAMES)}")
+    out_dir = Path(args.out)
+    return run_alone("quality", lambda: measure_rows(tuple(args.rows) or GOAL_ROWS, BUDGET, out_dir), out_dir, lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

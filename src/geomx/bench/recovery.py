@@ -46,10 +46,11 @@ from pathlib import Path
 from typing import Any
 
 from ..launch import LaunchResult
+from .alone import run_alone
 from .chaos.plan import fresh, launch_party, longest_stall_s, read_fault, read_ranks, without_step_ends
 from .jobs import free_port, load_avg, write_topology
 from .sections import BenchPlan, Interrupted
-from .tables import fmt, say, table, write_and_print
+from .tables import fmt, say, table
 
 LOST = "dc1"
 POLL_S = 0.05  # how often the bench reads the status page while it waits for the detection (a measurement's)
@@ -210,5 +211,18 @@ def lines(section: dict[str, Any]) -> list[str]:
     return out
 
 
-if __name__ == "__main__":  # bench-results/recovery.json and the table
-    write_and_print("recovery", measure(PLAN, Path("bench-results")), Path("bench-results"), lines)
+def main(argv: list[str] | None = None) -> int:
+    """``python -m geomx.bench.recovery [--out OUT]``: OUT/recovery.json and the table; the flags are parsed before
+    anything starts (``--help``, a misspelt flag: exit 2), a stop is ``geomx bench``'s (``geomx.bench.alone``)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m geomx.bench.recovery",
+                                     description="the recovery section alone (geomx bench --only recovery): the "
+                                                 "same job, which --quick does not shorten")
+    parser.add_argument("--out", default="bench-results", help="folder for recovery.json (default: bench-results)")
+    out_dir = Path(parser.parse_args(argv).out)
+    return run_alone("recovery", lambda: measure(PLAN, out_dir), out_dir, lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -22,7 +22,7 @@ from typing import Any
 
 from ..cluster.processes import StopOnSignals
 from .jobs import load_avg, machine_info
-from .sections import SECTIONS, BenchPlan, Interrupted, chosen, module_of
+from .sections import SECTIONS, BenchPlan, Interrupted, Section, chosen, module_of
 from .tables import say
 
 
@@ -50,17 +50,28 @@ def format_report(report: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def check_plan(plan: BenchPlan, rows: list[Section]) -> None:
+    """A ValueError (one line) for flags that would measure nothing: the sync section's ``wide`` rows are the full
+    run's (``--quick`` has none: ~4 min more), and ``--scenario`` without the sync section picks no row."""
+    if plan.quick and "wide" in plan.sync_scenarios:
+        raise ValueError("--scenario wide (the bandwidth-bound CNN's sync rows) is in the full run only: drop --quick")
+    if plan.sync_scenarios and "sync" not in [row.name for row in rows]:
+        raise ValueError("--scenario picks rows of the sync section, which --only leaves out: add --only sync")
+
+
 def run_bench(quick: bool, out_dir: Path, sections: list[str] | None = None,
               sync_scenarios: list[str] | None = None, wan_job: str | None = None,
               wan_congestion: str | None = None, scale_path: str = "cpu") -> int:
     """Run the chosen sections (default: every ``default`` row of the table), print the report, write bench.json.
 
     ``sync_scenarios``: run only those scenarios' rows of the sync section (e.g. ``["wide"]``: the bandwidth-bound
-    CNN's flat-PS FSA, HFA and HFA + outer, ~4 minutes).
+    CNN's flat-PS FSA, HFA and HFA + outer, ~4 minutes). A plan that would measure nothing is a ValueError before
+    anything runs (``check_plan``).
     """
     plan = BenchPlan(quick=quick, sync_scenarios=tuple(sync_scenarios or ()), wan_job=wan_job,
                      wan_congestion=wan_congestion, scale_path=scale_path)
     rows = chosen(sections)
+    check_plan(plan, rows)
     out_dir = Path(out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path = out_dir / "bench.json"

@@ -41,9 +41,10 @@ import yaml
 from ..config.units import parse_bandwidth
 from ..launch import launch
 from ..runs.runlog import read_stats
+from .alone import run_alone
 from .jobs import kill_all
 from .sections import BenchPlan, Interrupted
-from .tables import fmt, say, table, write_and_print
+from .tables import fmt, say, table
 
 LATENCY = "25ms"
 RATES = ("100Mbit", "1Gbit", "10Gbit")
@@ -362,8 +363,9 @@ def lines(section: dict[str, Any]) -> list[str]:
     return out
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m geomx.bench.scale", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--configs", nargs="*", choices=list(CONFIGS), default=list(CONFIGS))
     parser.add_argument("--rates", nargs="+", default=list(RATES))
     parser.add_argument("--h", nargs="+", type=int, default=list(H_VALUES))
@@ -379,10 +381,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default="bench-results")
     args = parser.parse_args(argv)
     out_dir = Path(args.out)
-    section = measure_grid(tuple(args.configs), tuple(args.rates), tuple(args.h), args.rounds, out_dir, args.preset,
-                           args.step_ms, tuple(args.fsa_rates), args.half, args.path, args.device)
-    write_and_print("scale", section, out_dir, lines)
+    return run_alone("scale", lambda: measure_grid(tuple(args.configs), tuple(args.rates), tuple(args.h), args.rounds,
+                                                   out_dir, args.preset, args.step_ms, tuple(args.fsa_rates), args.half,
+                                                   args.path, args.device), out_dir, lines)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -21,7 +21,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -31,6 +30,7 @@ from ..algorithms.dgt import datagrams as dgt
 from ..algorithms.tsengine import rules as tsengine
 from ..launch import LaunchResult
 from ..runs.runlog import read_stats
+from .alone import run_alone
 from .jobs import WAN, find_examples, master_records, run_job, write_topology
 from .sections import BenchPlan
 from .tables import say, table
@@ -191,18 +191,37 @@ def run(plan: BenchPlan, out_dir: Path) -> dict[str, Any]:
 
 
 def lines(report: dict[str, Any]) -> list[str]:
-    """The section's two tables."""
+    """The section's tables: those of the parts in ``report`` (``main`` runs one part alone)."""
+    out: list[str] = []
+    if "multigps" in report:
+        out += _multigps_lines(report["multigps"])
+    if "dgt" in report:
+        out += ([""] if out else []) + _dgt_lines(report["dgt"])
+    for part in ("tsengine", "tsengine_intra"):
+        if part in report:
+            out += ([""] if out else []) + _tsengine_lines(part, report[part])
+    if report.get("errors"):
+        out += [f"[sched] error: {e}" for e in report["errors"]]
+    return out
+
+
+def _multigps_lines(multigps: dict[str, Any]) -> list[str]:
+    """MultiGPS's table: per number of global servers, the step and each server's bytes and CPU."""
     out = ["[sched] MultiGPS: pushpull of one large tensor, 2 parties, HiPS, no emulation"]
     rows = []
-    for row in report.get("multigps", {}).values():
+    for row in multigps.values():
         servers = row["per_server"].values()
         rows.append([str(row["global_servers"]), f"{row['step_ms']:.0f}",
                      " / ".join(f"{s['recv_mb']:.0f}" for s in servers),
                      " / ".join(f"{s['cpu_s'] or 0:.1f}" for s in servers)])
-    out += table(["global servers", "ms per pushpull", "MB received per server", "CPU s per server"], rows)
-    out += ["", "[sched] DGT: examples/cnn.py over the emulated WAN (2 parties x 2 workers)"]
+    return out + table(["global servers", "ms per pushpull", "MB received per server", "CPU s per server"], rows)
+
+
+def _dgt_lines(dgt: dict[str, Any]) -> list[str]:
+    """DGT's table: each run's accuracy, step, bytes and datagrams."""
+    out = ["[sched] DGT: examples/cnn.py over the emulated WAN (2 parties x 2 workers)"]
     rows = []
-    for label, row in report.get("dgt", {}).items():
+    for label, row in dgt.items():
         rows.append([label, f"{row['test_accuracy']:.4f}", f"{row['step_ms']:.0f}", f"{row['wan_mb']:.1f}",
                      f"{row['udp_mb']:.1f}",
                      str(row["udp_blocks"]), str(row["blocks_lost"] if row["blocks_lost"] is not None else "-"),
@@ -212,23 +231,26 @@ def lines(report: dict[str, Any]) -> list[str]:
     out.append("      UDP MB: both local servers' datagrams (dc0's travel on its LAN, dc1's share its WAN pipe "
                "behind the ZeroMQ messages); lost: missing at the deadline (late ones are folded into the next "
                "round); mean K: adaptive K follows the global server's loss reports")
-    titles = {"tsengine": "pushpull to 4 parties, in-cast at dc0's 50 Mbit/s access link (dc3 20 Mbit/s, other "
-                          "pairs 200 Mbit/s); ENABLE_INTER_TS",
-              "tsengine_intra": "pushpull of 4 workers through their local server, in-cast at its 100 Mbit/s LAN "
-                                "side; ENABLE_INTRA_TS"}
-    for section, title in titles.items():
-        out += ["", f"[sched] TSEngine: {title}"]
-        rows = [[label, f"{row['step_ms']:.0f}",
-                 f"{row['disseminate_ms']:.0f}" if row["disseminate_ms"] is not None else "-",
-                 str(row["merges"]) if row["merges"] is not None else "-", f"{row['wan_mb']:.1f}"]
-                for label, row in report.get(section, {}).items()]
-        out += table(["overlay", "ms per pushpull", "ms to disseminate (coordinator)", "pre-merges", "WAN MB"],
-                      rows)
-        star, ts = (report.get(section, {}).get(k) for k in ("star", "tsengine"))
-        if star and ts:
-            out.append(f"      TSEngine {star['step_ms'] / ts['step_ms']:.2f}x the star's speed")
-    if report.get("errors"):
-        out += [f"[sched] error: {e}" for e in report["errors"]]
+    return out
+
+
+TS_TITLES = {"tsengine": "pushpull to 4 parties, in-cast at dc0's 50 Mbit/s access link (dc3 20 Mbit/s, other "
+                         "pairs 200 Mbit/s); ENABLE_INTER_TS",
+             "tsengine_intra": "pushpull of 4 workers through their local server, in-cast at its 100 Mbit/s LAN "
+                               "side; ENABLE_INTRA_TS"}
+
+
+def _tsengine_lines(part: str, found: dict[str, Any]) -> list[str]:
+    """One TSEngine scenario's table: the star against TSEngine's overlay."""
+    out = [f"[sched] TSEngine: {TS_TITLES[part]}"]
+    rows = [[label, f"{row['step_ms']:.0f}",
+             f"{row['disseminate_ms']:.0f}" if row["disseminate_ms"] is not None else "-",
+             str(row["merges"]) if row["merges"] is not None else "-", f"{row['wan_mb']:.1f}"]
+            for label, row in found.items()]
+    out += table(["overlay", "ms per pushpull", "ms to disseminate (coordinator)", "pre-merges", "WAN MB"], rows)
+    star, ts = (found.get(k) for k in ("star", "tsengine"))
+    if star and ts:
+        out.append(f"      TSEngine {star['step_ms'] / ts['step_ms']:.2f}x the star's speed")
     return out
 
 
@@ -244,13 +266,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="bench-results/sched")
     args = parser.parse_args(argv)
     out_dir = Path(args.out)
-    errors: list[str] = []
-    report = {args.only: PARTS[args.only](args.quick, out_dir, errors), "errors": errors}
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / f"sched-{args.only}.json").write_text(json.dumps(report, indent=1))
-    for line in lines(report):
-        print(line)
-    return 1 if errors else 0
+
+    def measure() -> dict[str, Any]:
+        errors: list[str] = []
+        return {args.only: PARTS[args.only](args.quick, out_dir, errors), "errors": errors}
+
+    return run_alone("sched", measure, out_dir, lines, json_name=f"sched-{args.only}")
 
 
 if __name__ == "__main__":

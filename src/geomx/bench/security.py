@@ -25,6 +25,7 @@ import yaml
 from ..launch import launch
 from ..runs.runlog import read_metrics
 from ..transport.security import generate_keys
+from .alone import run_alone
 from .sections import BenchPlan, Interrupted
 from .tables import say
 
@@ -115,16 +116,18 @@ def _rows(section: dict[str, Any], sizes: list[float]) -> dict[str, Any]:
 
 def lines(section: dict[str, Any]) -> list[str]:
     """The section's table for the bench report."""
-    def fmt(value: Any, spec: str) -> str:
-        return "-" if value is None else format(value, spec)
+    def fmt(value: Any, spec: str, suffix: str = "") -> str:
+        """Right-aligned to the spec's width, suffix included; "-" (not "-x") where nothing was measured."""
+        width = int(spec.split(".")[0]) + len(suffix)
+        return ("-" if value is None else format(value, spec) + suffix).rjust(width)
 
     out = [f"[security] kv.pushpull, worker <-> global server on loopback; {section['setup']['reps']} timed ops",
            f"{'tensor':>8} | {'none GB/s':>9} | {'secret GB/s':>11} | {'secret/none':>11} | "
            f"{'CURVE GB/s':>10} | {'CURVE/none':>10}"]
     for row in section.get("rows", []):
         out.append(f"{row['size_mb']:>6g}MB | {fmt(row.get('none_gbps'), '9.3f')} | "
-                   f"{fmt(row.get('secret_gbps'), '11.3f')} | {fmt(row.get('secret_over_none'), '10.2f')}x | "
-                   f"{fmt(row.get('curve_gbps'), '10.3f')} | {fmt(row.get('curve_over_none'), '9.2f')}x")
+                   f"{fmt(row.get('secret_gbps'), '11.3f')} | {fmt(row.get('secret_over_none'), '10.2f', 'x')} | "
+                   f"{fmt(row.get('curve_gbps'), '10.3f')} | {fmt(row.get('curve_over_none'), '9.2f', 'x')}")
     out.append("note: the shared secret is checked once per connection (ZeroMQ PLAIN + ZAP); CURVE encrypts "
                "every byte of every link.")
     out += [f"error: {error}" for error in section.get("errors", [])]
@@ -132,13 +135,12 @@ def lines(section: dict[str, Any]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m geomx.bench.security [--out OUT]``: this section alone (``geomx bench --only security``)."""
+    """``python -m geomx.bench.security [--out OUT]``: this section alone (``geomx bench --only security``), at
+    --quick's sizes; OUT/security.json and the table (a stop: ``geomx bench``'s, ``geomx.bench.alone``)."""
     parser = argparse.ArgumentParser(prog="python -m geomx.bench.security", description=main.__doc__)
-    parser.add_argument("--out", default="bench-results", help="folder for the JSON results")
+    parser.add_argument("--out", default="bench-results", help="folder for the JSON results (default: bench-results)")
     out_dir = Path(parser.parse_args(argv).out).resolve()
-    section = run_security(quick=True, out_dir=out_dir)
-    print("\n".join(lines(section)))
-    return 1 if section["errors"] else 0
+    return run_alone("security", lambda: run_security(quick=True, out_dir=out_dir), out_dir, lines)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ final accuracy, each against flat-PS FSA of the same scenario.
 Usage::
 
     geomx bench --only sync --quick
-    geomx bench --only sync --scenario wide     # the bandwidth-bound CNN's rows alone (full run only)
+    geomx bench --only sync --scenario wide     # the bandwidth-bound CNN's rows alone (full run only: not --quick)
 """
 
 from __future__ import annotations
@@ -75,7 +75,8 @@ def sync_rows(quick: bool, scenarios: tuple[str, ...] = ()) -> tuple[SyncRow, ..
     lr 0.3 without momentum, the README's setting (with momentum 0.9 at lr 0.2, one run on a loaded machine
     diverged to chance accuracy in both parties and stayed there). --quick leaves out the
     slow HiPS FSA row (the slow flat-PS FSA row is the baseline) to stay near 3 minutes.
-    ``scenarios``: only these scenarios' rows (empty: all). Usage: ``sync_rows(False, ("wide",))``.
+    ``scenarios``: only these scenarios' rows (empty: all; ``wide`` has none with ``quick``, which ``geomx bench``
+    refuses: ``runner.check_plan``). Usage: ``sync_rows(False, ("wide",))``.
     """
     def n(full: int, short: int) -> int:
         return short if quick else full

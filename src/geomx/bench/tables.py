@@ -50,7 +50,7 @@ def write_and_print(name: str, section: dict[str, Any], out_dir: Path,
     Usage: ``write_and_print("lan", section, Path("bench-results"), lines)``
     """
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / f"{name}.json").write_text(json.dumps(section, indent=2))
+    (out_dir / f"{name}.json").write_text(json.dumps(section, indent=2, default=str))
     print("\n".join(lines(section)))
-    for error in section["errors"]:
+    for error in section.get("errors", []):
         print(f"[{name}] failed: {error}")

@@ -1,16 +1,36 @@
-"""``python -m geomx.bench.chaos [SCENARIO ...] [--quick]``: the chosen scenarios (default: every one) at ``FULL``
-(``--quick``: ``QUICK``), into bench-results/chaos.json, and the table."""
+"""``python -m geomx.bench.chaos [SCENARIO ...] [--quick] [--out OUT]``: the chosen scenarios (default: every one)
+at ``FULL`` (``--quick``: ``QUICK``), into OUT/chaos.json, and the table; stopped (SIGINT, SIGTERM), the scenarios
+finished so far (``geomx.bench.alone``)."""
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
-from ..tables import write_and_print
+from ..alone import run_alone
 from .plan import FULL, QUICK
 from .report import lines
 from .section import SCENARIOS, measure
 
-chosen = tuple(a for a in sys.argv[1:] if not a.startswith("--")) or tuple(SCENARIOS)
-write_and_print("chaos", measure(chosen, QUICK if "--quick" in sys.argv else FULL, Path("bench-results")),
-                Path("bench-results"), lines)
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse the flags first (``--help`` and a misspelt flag start nothing), then run the chosen scenarios."""
+    parser = argparse.ArgumentParser(prog="python -m geomx.bench.chaos",
+                                     description="the chaos section's scenarios (geomx bench --only chaos runs "
+                                                 "every one)")
+    parser.add_argument("scenarios", nargs="*", metavar="SCENARIO",
+                        help=f"run only these (default: every one): {', '.join(SCENARIOS)}")
+    parser.add_argument("--quick", action="store_true", help="the shorter plan (QUICK)")
+    parser.add_argument("--out", default="bench-results", help="folder for chaos.json (default: bench-results)")
+    args = parser.parse_args(argv)
+    unknown = [name for name in args.scenarios if name not in SCENARIOS]
+    if unknown:
+        parser.error(f"unknown scenario {', '.join(unknown)}; valid: {', '.join(SCENARIOS)}")
+    out_dir = Path(args.out)
+    chosen = tuple(args.scenarios) or tuple(SCENARIOS)
+    return run_alone("chaos", lambda: measure(chosen, QUICK if args.quick else FULL, out_dir), out_dir, lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

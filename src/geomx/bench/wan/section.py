@@ -40,6 +40,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from ..alone import run_alone
 from ..sections import BenchPlan
 from .goals import fmt as _fmt
 from .goals import goal_lines
@@ -320,9 +321,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--congestion", help="the link's TCP congestion control, e.g. cubic or bbr (default: the "
                                              "host's, as the kernel gives new namespaces)")
     args = parser.parse_args(argv)
-    result = run_wan(args.quick, Path(args.out), args.only, tuple(args.rates) if args.rates else None,
-                     jobs_from(args.job), args.congestion)
-    return 1 if result.get("errors") else 0
+    # run_wan writes OUT/wan/wan.json and prints its table itself; a stop (SIGINT, SIGTERM) is geomx bench's
+    return run_alone("wan", lambda: run_wan(args.quick, Path(args.out), args.only,
+                                            tuple(args.rates) if args.rates else None, jobs_from(args.job),
+                                            args.congestion), None, wan_lines)
 
 
 if __name__ == "__main__":
