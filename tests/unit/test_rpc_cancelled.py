@@ -1,4 +1,4 @@
-"""Requests: a reply to a request whose waiter cancelled its future is taken without raising."""
+"""Requests: a reply to a request whose waiter cancelled its future is taken without raising; peers named printably."""
 
 from __future__ import annotations
 
@@ -27,3 +27,14 @@ def future_id(requests: Requests) -> int:
     """The id of the one request waiting."""
     (request_id,) = list(requests._pending)
     return request_id
+
+
+def test_a_peer_is_named_by_its_node_name_and_a_raw_identity_escaped():
+    """Logs and errors name a peer as ``display`` says: a known node by its name; an unknown one by its socket
+    identity, escaped where it holds bytes a terminal would not print (a stray client's ZeroMQ identity starts with
+    a NUL): before, those bytes went into the servers' log lines as they were."""
+    requests = Requests(None, {"ab12": "dc0/worker0"})  # type: ignore[arg-type]
+    assert requests.display("ab12") == "dc0/worker0"
+    assert requests.display("stranger") == "stranger"
+    raw = b"\x00k\x8bEg".decode(errors="replace")
+    assert requests.display(raw) == ascii(raw) and requests.display(raw).isprintable()

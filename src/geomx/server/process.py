@@ -323,7 +323,7 @@ class ParameterServer:
         return self.inits.tensor_info(key, index, kind, direction)
 
     def display(self, client: str) -> str:
-        return self.requests.names.get(client, client)
+        return self.requests.display(client)
 
     def send(self, peer: str, message: Message) -> None:
         self.route.outgoing(peer, message)

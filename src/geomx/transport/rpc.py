@@ -40,6 +40,14 @@ class Requests:
         self._dead: dict[str, str] = {}  # peers declared dead (by heartbeats): requests to them fail at once
         self._self_dead: str | None = None  # this node was declared dead: every request fails at once
 
+    def display(self, peer: str) -> str:
+        """``peer``'s name for logs and errors: its node name once known, else its identity, escaped (``ascii``)
+        where it holds what a terminal would not print (a stray or malicious client's raw socket identity).
+
+        Usage: ``log.info("%s left", requests.display(peer))``"""
+        name = self.names.get(peer, peer)
+        return name if name.isprintable() else ascii(name)
+
     def call(self, peer: str, message: Message) -> Future[Message]:
         """Send ``message`` to ``peer`` as a new request; the future resolves with the reply."""
         future: Future[Message] = Future()
@@ -74,7 +82,7 @@ class Requests:
 
     def _split(self, peer: str, run: list[Message], parts: list[Future[Message]], done: Future[Message]) -> None:
         """A bundle's answer, or its failure, handed to each part's future."""
-        name = self.names.get(peer, peer)
+        name = self.display(peer)
         error = done.exception()
         answers: list[Message] = []
         if error is None:
@@ -106,7 +114,7 @@ class Requests:
                 return False
             del self._pending[message.request_id]
         peer, future = entry
-        self._settle(future, message, self.names.get(peer, peer))
+        self._settle(future, message, self.display(peer))
         return True
 
     @staticmethod
@@ -127,7 +135,7 @@ class Requests:
             pending, self._pending = self._pending, {}
         for peer, future in pending.values():
             if not future.done():
-                future.set_exception(RemoteError(f"request to {self.names.get(peer, peer)} abandoned: {reason}"))
+                future.set_exception(RemoteError(f"request to {self.display(peer)} abandoned: {reason}"))
 
     def fail_peer(self, peer: str, reason: str) -> None:
         """``peer`` is dead: fail its outstanding requests, and every later one at once, with ``reason``."""
