@@ -242,3 +242,16 @@ def test_global_only_says_the_tier_listens_after_its_bind(tmp_path):
     finally:
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=60)
+
+
+def test_a_global_tier_no_party_joins_names_the_missing_parties(tmp_path):
+    """``--global-only`` and no party ever started: the summary names the members that never registered, from the
+    global scheduler's finding. Before, it said ``FAILED (global_server0)``, the first process its own wait stopped."""
+    path = write_topology(tmp_path / "job.yaml", timeouts={"register": "3s", "shutdown": "2s"})
+    code, output, _ = _run([sys.executable, "-m", "geomx.cli", "launch", str(path), "--global-only",
+                            "--global-scheduler", f"127.0.0.1:{free_port()}", "--run-dir", str(tmp_path / "run")],
+                           dict(os.environ))
+    assert code != 0, output
+    status = next(line for line in output.splitlines() if line.startswith("status"))
+    assert status == "status        : FAILED (local_server@dc0, local_server@dc1 never registered with " \
+                     "global_scheduler in 3 s: is every party started, with its address?)", output[-3000:]

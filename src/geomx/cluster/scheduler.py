@@ -26,6 +26,7 @@ from typing import Any
 from ..config import NodeConfig, Role
 from ..protocol.bodies import BodyError, HeartbeatBody, MembersNotice, ShutdownNotice, decode_body, encode_body
 from ..protocol.wire import Kind, Message
+from ..runs.findings import UNREGISTERED, record_finding
 from ..transport.rpc import Requests
 from ..transport.van import Van
 from .heartbeat import Watch
@@ -362,6 +363,8 @@ class Scheduler:
         if not self._complete.wait(timeout):
             log.error("[%s] registration timed out after %g s; still missing %s", self.name, timeout,
                       self.missing())
+            record_finding(self.config.run_dir, self.name, {"what": UNREGISTERED, "clients": list(self.missing()),
+                                                            "waited_s": timeout})  # (the summary names them)
             for sender, reg in list(self._registrations.items()):
                 self._refuse(sender, reg.address, reg.party, reg.message,
                              f"{self.name}: registration timed out; missing {self.missing()}")

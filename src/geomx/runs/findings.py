@@ -30,6 +30,7 @@ from .runlog import file_name
 FOLDER = "findings"
 MISSING = "missing"  # a round timed out waiting for ``clients``: they sent nothing for it
 LEFT = "left"  # ``clients`` shut down while a round still needed their part of it
+UNREGISTERED = "unregistered"  # a scheduler's registration timed out: ``clients`` (role@party) never registered
 COLLECTIVE = "/ranks"  # the client name of a collective party's ranks ends so (``geomx.core.clients``)
 
 
@@ -70,6 +71,9 @@ def describe(client: str, finding: Mapping[str, Any], exit_code: int | None) -> 
     """One finding about ``client`` in words, with its exit code where it exited by itself. A ``lan: collective``
     party's ranks are one client of the global servers (``<party>/ranks``): the party is named, not a rank."""
     kind, number = str(finding.get("kind", "PUSHPULL")), finding.get("round", "?")
+    if finding.get("what") == UNREGISTERED:  # (every member missing, in one line)
+        return (f"{', '.join(map(str, finding.get('clients', [])))} never registered with {finding.get('by')} in "
+                f"{float(finding.get('waited_s', 0.0)):g} s: is every party started, with its address?")
     if client.endswith(COLLECTIVE):
         client = f"{client[:-len(COLLECTIVE)]} (a lan: collective party)"
     if finding.get("what") == LEFT:
