@@ -66,6 +66,21 @@ def test_launch_global_only_with_a_worker_command_is_refused_before_anything_sta
     assert list(tmp_path.iterdir()) == []  # no run folder: nothing started
 
 
+@pytest.mark.parametrize("form", [["--global-only"], ["--party", "dc1"]])
+def test_launch_refuses_port_0_for_the_global_scheduler_before_anything_starts(capsys, tmp_path: Path, form,
+                                                                               monkeypatch: pytest.MonkeyPatch):
+    """Before, ``--global-only --global-scheduler 127.0.0.1:0`` started a scheduler at a random port and told its
+    global server port 0: the server waited out the registration timeout against "connection refused"."""
+    monkeypatch.chdir(tmp_path)
+    topology = Path(__file__).resolve().parents[2] / "topologies" / "demo.yaml"
+    command = ["--", "python", "x.py"] if "--party" in form else []
+    assert cli.main(["launch", str(topology), *form, "--global-scheduler", "127.0.0.1:0", *command]) == 2
+    err = capsys.readouterr().err
+    assert err == "geomx launch: --global-scheduler '127.0.0.1:0': port 0 picks a port at random, which the other " \
+                  "processes cannot be told: give a free port, or leave the option out on one host\n", err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_launch_help_says_who_resumes_and_the_defaults(capsys):
     text = help_of(capsys, "launch")
     assert "the global servers and the workers start from their newest valid checkpoints" in text

@@ -35,6 +35,9 @@ def check_start(topology: Topology, command: Sequence[str], env: Mapping[str, st
         raise ConfigError("--global-only starts the global tier alone: leave out --party")
     if global_scheduler is not None:
         check_address(global_scheduler, f"--global-scheduler {global_scheduler!r}")
+        if int(global_scheduler.rsplit(":", 1)[1]) == 0:  # (a port no other process is told)
+            raise ConfigError(f"--global-scheduler {global_scheduler!r}: port 0 picks a port at random, which the "
+                              "other processes cannot be told: give a free port, or leave the option out on one host")
     elif party is not None and party != topology.central:
         raise ConfigError(f"party {party!r} is not the central party: give --global-scheduler HOST:PORT")
     if party is not None:
