@@ -80,3 +80,42 @@ def test_a_signal_stops_geomx_bench_and_everything_it_started(tmp_path, sig):
     assert all(row.get("none_gbps") for row in section["rows"]), section["rows"]
     assert not (out / "runs" / "security-curve").exists()  # no job started after the stop
     assert "the rows above are those finished before the stop" in output
+
+
+@pytest.mark.slow
+def test_sigterm_to_a_section_run_alone_writes_what_it_finished_and_exits_130(tmp_path: Path):
+    """A section run on its own (``python -m geomx.bench.NAME``) stops as ``geomx bench`` does. Seen before: SIGTERM to
+    ``python -m geomx.bench.chaos`` printed a traceback ending in ``geomx.bench.sections.Interrupted`` and saved no
+    chaos.json. Here ``python -m geomx.bench.security`` gets SIGTERM once its second job runs: it must exit 130
+    without a traceback, within the shutdown timeout, leave no process, and OUT/security.json must hold the row
+    finished before the stop, marked interrupted."""
+    out = tmp_path / "bench"
+    tag = uuid.uuid4().hex
+    section = subprocess.Popen([sys.executable, "-m", "geomx.bench.security", "--out", str(out)],
+                               env={**os.environ, "STOP_TEST_TAG": tag}, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    stats = out / "runs" / "security-secret" / "stats"  # the second job (the first: security-none)
+    try:
+        deadline = time.monotonic() + 120
+        while not (stats.is_dir() and any(p.name.startswith("dc0_worker") for p in stats.iterdir())):
+            assert section.poll() is None and time.monotonic() < deadline, "the second job never ran"
+            time.sleep(0.05)
+        section.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        output, _ = section.communicate(timeout=SHUTDOWN_S + 30)
+        took = time.monotonic() - sent
+    finally:
+        if section.poll() is None:
+            section.kill()
+            section.communicate()
+        for pid in tagged(tag):  # never leave them to the next test, whatever failed
+            os.kill(pid, signal.SIGKILL)
+    assert section.returncode == 130, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    assert took < SHUTDOWN_S, (took, output[-3000:])
+    assert tagged(tag) == [], "processes the section started outlived it"
+    written = json.loads((out / "security.json").read_text())
+    assert written["interrupted"] is True
+    assert len(written["raw"]["none"]) == 1 and written["raw"]["secret"] == [] == written["raw"]["curve"]
+    assert not (out / "runs" / "security-curve").exists()  # no job started after the stop
+    assert "[security] interrupted by SIGTERM: the rows above are those finished before the stop" in output

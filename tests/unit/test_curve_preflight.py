@@ -102,29 +102,19 @@ def test_launch_of_one_party_needs_that_partys_secret_only(job: Path, tmp_path: 
         launch(job, [], run_dir=tmp_path / "run0", out=io.StringIO(), global_only=True)
 
 
-def test_a_node_started_by_hand_names_the_missing_key_in_one_line(job: Path, tmp_path: Path, monkeypatch, caplog):
-    """Its van's Guard refuses the key folder before the scheduler binds or connects to anything."""
-    (tmp_path / "keys" / "dc0.key_secret").unlink()
+@pytest.mark.parametrize("removed, said", [
+    ("dc0.key_secret", "party 'dc0' has no secret key {}; this host needs it (from `geomx keygen`)"),
+    ("dc1.key", "party 'dc1' has no public key {}; every host needs every party's .key file (from `geomx keygen`)"),
+], ids=["own secret key", "a peer's public key"])
+def test_a_node_started_by_hand_names_a_missing_key_in_one_line(job: Path, tmp_path: Path, monkeypatch, caplog,
+                                                                removed: str, said: str):
+    """Its van's Guard reads its own secret key and every party's public key before the scheduler binds or connects
+    to anything: a peer's missing one was a traceback on the I/O thread when it first connected to that party."""
+    (tmp_path / "keys" / removed).unlink()
     for name, value in {"GEOMX_ROLE": "global_scheduler", "GEOMX_PARTY": "dc0", "GEOMX_TOPOLOGY": str(job),
                         "GEOMX_GLOBAL_SCHEDULER": "127.0.0.1:1"}.items():
         monkeypatch.setenv(name, value)
     with caplog.at_level(logging.ERROR):
         assert node_module._configured_node() == 2
-    assert [r.getMessage() for r in caplog.records] == [
-        f"configuration error: party 'dc0' has no secret key {tmp_path / 'keys' / 'dc0.key_secret'}; this host "
-        "needs it (from `geomx keygen`)"]
-
-
-def test_a_node_started_by_hand_names_a_peers_missing_public_key_in_one_line(job: Path, tmp_path: Path, monkeypatch,
-                                                                             caplog):
-    """The van's Guard reads every party's public key at start: a missing one was a traceback on the I/O thread
-    when it first connected to that party."""
-    (tmp_path / "keys" / "dc1.key").unlink()
-    for name, value in {"GEOMX_ROLE": "global_scheduler", "GEOMX_PARTY": "dc0", "GEOMX_TOPOLOGY": str(job),
-                        "GEOMX_GLOBAL_SCHEDULER": "127.0.0.1:1"}.items():
-        monkeypatch.setenv(name, value)
-    with caplog.at_level(logging.ERROR):
-        assert node_module._configured_node() == 2
-    assert [r.getMessage() for r in caplog.records] == [
-        f"configuration error: party 'dc1' has no public key {tmp_path / 'keys' / 'dc1.key'}; every host needs every "
-        "party's .key file (from `geomx keygen`)"]
+    missing = tmp_path / "keys" / removed
+    assert [r.getMessage() for r in caplog.records] == [f"configuration error: {said.format(missing)}"]

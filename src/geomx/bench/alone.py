@@ -13,8 +13,9 @@ Usage::
 
 from __future__ import annotations
 
+import argparse
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,21 @@ from .sections import Interrupted
 from .tables import say, write_and_print
 
 INTERRUPTED = 130  # as a shell reports a command ended by SIGINT; geomx bench's code too
+
+
+def add_out(parser: argparse.ArgumentParser, name: str) -> None:
+    """The ``--out`` folder every entry point takes. Usage: ``add_out(parser, "chaos")``"""
+    parser.add_argument("--out", default="bench-results", help=f"folder for {name}.json (default: bench-results)")
+
+
+def chosen(parser: argparse.ArgumentParser, given: Sequence[str], valid: Collection[str], what: str,
+           default: Sequence[str]) -> tuple[str, ...]:
+    """The ``what`` (rows, scenarios) named on the command line, ``default`` where none is; an unknown one is
+    argparse's one-line error (exit 2) naming the valid ones. Usage: ``chosen(parser, args.rows, ROWS, "row", ROWS)``"""
+    unknown = [name for name in given if name not in valid]
+    if unknown:
+        parser.error(f"unknown {what} {', '.join(unknown)}; valid: {', '.join(valid)}")
+    return tuple(given) or tuple(default)
 
 
 def run_alone(name: str, measure: Callable[[], dict[str, Any]], out_dir: Path | None,

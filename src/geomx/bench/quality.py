@@ -38,7 +38,7 @@ from typing import Any
 
 from ..runs.runlog import read_stats
 from ..runs.summary import traffic
-from .alone import run_alone
+from .alone import add_out, chosen, run_alone
 from .jobs import load_avg, run_job, write_topology
 from .quality_rows import BUDGET, ROWS, Budget, QualityRow
 from .sections import BenchPlan, Interrupted
@@ -316,13 +316,11 @@ def main(argv: list[str] | None = None) -> int:
                                      description="rows of the quality section at its token budget")
     parser.add_argument("rows", nargs="*", metavar="ROW",
                         help=f"default: {' '.join(GOAL_ROWS)} (the goals'); valid: {', '.join(ROW_NAMES)}")
-    parser.add_argument("--out", default="bench-results", help="folder for quality.json (default: bench-results)")
+    add_out(parser, "quality")
     args = parser.parse_args(argv)
-    unknown = [name for name in args.rows if name not in ROW_NAMES]
-    if unknown:
-        parser.error(f"unknown row {', '.join(unknown)}; valid: {', '.join(ROW_NAMES)}")
+    rows = chosen(parser, args.rows, ROW_NAMES, "row", GOAL_ROWS)
     out_dir = Path(args.out)
-    return run_alone("quality", lambda: measure_rows(tuple(args.rows) or GOAL_ROWS, BUDGET, out_dir), out_dir, lines)
+    return run_alone("quality", lambda: measure_rows(rows, BUDGET, out_dir), out_dir, lines)
 
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from ..launch import LaunchResult
-from .alone import run_alone
+from .alone import add_out, run_alone
 from .chaos.plan import fresh, launch_party, longest_stall_s, read_fault, read_ranks, without_step_ends
 from .jobs import free_port, load_avg, write_topology
 from .sections import BenchPlan, Interrupted
@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m geomx.bench.recovery",
                                      description="the recovery section alone (geomx bench --only recovery): the "
                                                  "same job, which --quick does not shorten")
-    parser.add_argument("--out", default="bench-results", help="folder for recovery.json (default: bench-results)")
+    add_out(parser, "recovery")
     out_dir = Path(parser.parse_args(argv).out)
     return run_alone("recovery", lambda: measure(PLAN, out_dir), out_dir, lines)
 

@@ -8,7 +8,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..alone import run_alone
+from ..alone import add_out, chosen, run_alone
 from .plan import FULL, QUICK
 from .report import lines
 from .section import SCENARIOS, measure
@@ -22,14 +22,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("scenarios", nargs="*", metavar="SCENARIO",
                         help=f"run only these (default: every one): {', '.join(SCENARIOS)}")
     parser.add_argument("--quick", action="store_true", help="the shorter plan (QUICK)")
-    parser.add_argument("--out", default="bench-results", help="folder for chaos.json (default: bench-results)")
+    add_out(parser, "chaos")
     args = parser.parse_args(argv)
-    unknown = [name for name in args.scenarios if name not in SCENARIOS]
-    if unknown:
-        parser.error(f"unknown scenario {', '.join(unknown)}; valid: {', '.join(SCENARIOS)}")
+    scenarios = chosen(parser, args.scenarios, SCENARIOS, "scenario", tuple(SCENARIOS))
     out_dir = Path(args.out)
-    chosen = tuple(args.scenarios) or tuple(SCENARIOS)
-    return run_alone("chaos", lambda: measure(chosen, QUICK if args.quick else FULL, out_dir), out_dir, lines)
+    return run_alone("chaos", lambda: measure(scenarios, QUICK if args.quick else FULL, out_dir), out_dir, lines)
 
 
 if __name__ == "__main__":
