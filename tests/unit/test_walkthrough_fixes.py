@@ -92,6 +92,20 @@ def test_the_entry_points_say_a_configuration_error_in_one_line(monkeypatch, par
         assert exited.value.__cause__ is None and exited.value.__suppress_context__
 
 
+def test_the_kvstore_says_a_bad_setting_in_one_line(monkeypatch) -> None:
+    """``geomx.kv.create()`` (the seeds' MXNet-style loops) as the wrapper's entry points: it was a ConfigError
+    traceback through the config readers."""
+    from geomx import kv
+
+    for name, value in {"GEOMX_TOPOLOGY": str(TOPOLOGIES / "demo.yaml"), "GEOMX_ROLE": "worker", "GEOMX_PARTY": "dc0",
+                        "GEOMX_RANK": "0", "GEOMX_GLOBAL_SCHEDULER": "127.0.0.1:9000", "GEOMX_TIMEOUT": "abc"}.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(SystemExit) as exited:
+        kv.create()
+    assert str(exited.value.code).startswith("geomx: GEOMX_TIMEOUT: cannot read duration 'abc'"), exited.value.code
+    assert exited.value.__suppress_context__
+
+
 def test_a_refused_plan_is_one_line_too_and_the_plan_itself_still_raises() -> None:
     from geomx.config import NodeConfig, Role
 
