@@ -9,9 +9,10 @@ script's own DDP"):
 
     geomx launch topologies/collective_streaming.yaml -- python examples/ddp_torch.py   # streaming DiLoCo + int8
     geomx launch topologies/collective.yaml -- python examples/ddp_torch.py             # FSA
-    # one data center of a job on several hosts, under its own torchrun (docs/collective.md, "Several hosts"):
-    GEOMX_TOPOLOGY=job.yaml GEOMX_PARTY=dc1 GEOMX_GLOBAL_SCHEDULER=10.0.0.1:9000 \
-        torchrun --nproc-per-node 2 examples/ddp_torch.py
+    # one data center of a job on several hosts (this one 10.0.1.5), under its own torchrun (docs/collective.md,
+    # "Several hosts"): GEOMX_HOST is the address the global servers reach its ranks at
+    GEOMX_TOPOLOGY=job.yaml GEOMX_PARTY=dc1 GEOMX_GLOBAL_SCHEDULER=10.0.0.1:9000 GEOMX_HOST=10.0.1.5 \
+        GEOMX_RUN_DIR=runs/job torchrun --standalone --nproc-per-node 2 examples/ddp_torch.py
 """
 
 from __future__ import annotations

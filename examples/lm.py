@@ -80,6 +80,9 @@ def pick_device(name: str) -> torch.device:
     """``cpu``, or this rank's GPU: ``LOCAL_RANK`` (set by geomx launch and torchrun) modulo the GPUs."""
     if name != "cuda":
         return torch.device(name)
+    if not torch.cuda.is_available():  # one line, where the modulo below would raise ZeroDivisionError on every rank
+        raise SystemExit("lm.py: --device cuda, but torch sees no CUDA device here (torch.cuda.is_available() is "
+                         "False): run with --device cpu")
     index = gx.local_rank() % torch.cuda.device_count()
     torch.cuda.set_device(index)
     return torch.device("cuda", index)

@@ -384,14 +384,15 @@ def create(kind: str = "dist_sync", config: NodeConfig | None = None, *, close_a
 
     ``close_at_exit``: leave the job at the interpreter's exit, as the seeds' loops expect of MXNet's kvstore;
     False: ``close`` (or ``with``) is yours. Ctrl-C while it joins exits 130, a refused join (its party runs
-    already) or a bad setting with one line: no traceback either way, as ``geomx.node``."""
+    already), a silent scheduler or a bad setting with one line: no traceback either way, as ``geomx.node``."""
     if kind not in KVSTORE_TYPES:
         raise ValueError(f"unknown kvstore type {kind!r}; valid: {list(KVSTORE_TYPES)}")
     try:
         store = KVStore(kind, config or node_config())
     except KeyboardInterrupt:  # the launcher stopping a job that never started, or the user: nothing to report
         raise SystemExit(130) from None
-    except (JoinRefused, ConfigError) as exc:  # (a refused join; a bad variable or topology: the wrapper's way too)
+    except (JoinRefused, ConfigError, TimeoutError) as exc:  # (a refused join, a scheduler that never answered,
+        # named with its address, as geomx.node says it; a bad variable or topology: the wrapper's way too)
         raise SystemExit(f"geomx: {exc}") from None
     if close_at_exit:
         store.close_at_exit()

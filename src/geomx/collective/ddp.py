@@ -60,6 +60,16 @@ def gradients_stay_local(_state: Any, bucket: dist.GradBucket) -> torch.futures.
     return future
 
 
+def hook_name(ddp: DistributedDataParallel) -> str | None:
+    """The name of the comm hook registered on ``ddp`` (its function's, as DDP's logging records it), or None where
+    DDP says none: a refusal names the script's hook, where torch's own error says only that one is there."""
+    try:
+        name = ddp._get_ddp_logging_data().get("comm_hook")
+    except (AttributeError, RuntimeError):  # a private call: a torch without it leaves torch's own error to say it
+        return None
+    return str(name) if name else None
+
+
 def keep_local(ddp: DistributedDataParallel, party: str) -> None:
     """DDP communicates nothing from now on: the strategy's own path averages the party's gradients. Refused,
     naming it, where the script (or DDP's ``mixed_precision``) registered a comm hook already: that hook would
@@ -67,7 +77,8 @@ def keep_local(ddp: DistributedDataParallel, party: str) -> None:
     try:
         ddp.register_comm_hook(None, gradients_stay_local)
     except RuntimeError as error:
-        raise ConfigError(f"party {party}: the model's DistributedDataParallel has a comm hook already ({error}); "
+        raise ConfigError(f"party {party}: the model's DistributedDataParallel has a comm hook already "
+                          f"({hook_name(ddp) or error}); "
                           "under FSA, MixedSync and SSP geomx averages the party's gradients itself and needs "
                           "DDP's: drop the hook (or DDP's mixed_precision), or run HFA / DiLoCo, where DDP's own "
                           "all-reduce, hook included, is the inner step") from None

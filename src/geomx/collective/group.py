@@ -150,8 +150,10 @@ class PartyGroup:
         try:
             op()
         except (RuntimeError, dist.DistBackendError) as error:
+            # the uneven loop is named with its fix: a rank whose data ended first meets this error at its close
             raise PartyError(f"party {self.party}: rank {self.rank}'s {what} failed (a rank of the party died, "
-                             f"hung past the round timeout, or disagrees on the model): {error}") from error
+                             "hung past the round timeout, ended its loop at another step than the others (`with "
+                             f"opt.join():` evens that out), or disagrees on the model): {error}") from error
 
     def reduce_scatter_async(self, chunk: torch.Tensor, buffer: torch.Tensor) -> Pending:
         """Start a reduce-scatter (``chunk`` = the party's sum of this rank's chunk); ``wait`` the result."""

@@ -194,10 +194,13 @@ def worker_checkpoints(loop: Resumable, config: NodeConfig, sharded: bool) -> Wo
     if spec.dir is None or loop.plan.mode is Strategy.SERVER:
         return None
     per_round = loop.strategy.steps_of(1)  # None (ESync): the checkpoints go by global rounds, every_steps of them
-    if sharded:
+    if sharded:  # the fix said is the one this plan has: HFA's and ESync's inner optimizer steps on the ranks always
+        fix = ("set training.server_optimizer: translate (the global servers then hold the model and the optimizer "
+               "state, and checkpoint them), or leave checkpoint.dir out" if loop.plan.mode is Strategy.LOCAL else
+               "under HFA (DiLoCo, streaming, ESync) the inner optimizer steps on the ranks whatever the server "
+               "optimizer: leave checkpoint.dir out")
         raise ConfigError(f"party {config.party}: checkpoints of a model sharded by FSDP2 with its optimizer on the "
-                          "ranks are not written yet (each rank's shards would need one): set "
-                          "training.server_optimizer: translate under FSA, or no checkpoint.dir")
+                          f"ranks are not written yet (each rank's shards would need one): {fix}")
     return WorkerCheckpoints(spec, loop.kv.global_rank, plan_settings(config.topology),
                              every=spec.every_steps * (per_round or 1), with_model=loop.strategy.keeps_model)
 

@@ -34,6 +34,17 @@ from ..collective.group import PartyGroup
 log = logging.getLogger("geomx.torch")
 
 
+def join_refusal(ddp: bool, sharded: bool) -> str | None:
+    """Why ``join()`` cannot even out this model's loops (the script's DDP, an FSDP2 model), or None where it can.
+    It names the cause and says what to do: the refusal used to read as a description of what join() does."""
+    if not (ddp or sharded):
+        return None
+    what = "the script's DistributedDataParallel" if ddp else "an FSDP2-sharded model (fully_shard)"
+    return (f"join() is refused with {what}: its collectives run inside backward, which a rank whose loop has "
+            "ended does not run, so that rank could not meet them: give every rank the same number of steps (a "
+            "sampler that pads, as DistributedSampler does) and leave join() out")
+
+
 class UnevenLoops:
     """A party's count of the ranks still training, and the shadow steps of a rank whose loop has ended."""
 
@@ -53,10 +64,9 @@ class UnevenLoops:
             log.info("[%s] join(): a lan: server party evens out nothing; its workers run the same steps",
                      wrapper.kv.name)
             return cls(wrapper, None)
-        if wrapper.ddp is not None or any(is_sharded(p) for p in wrapper.params):
-            raise RuntimeError(f"{wrapper.kv.name}: join() evens out the loops of a collective party whose model is "
-                               "neither the script's DDP nor sharded by FSDP2: their collectives run inside backward, "
-                               "which a rank whose loop has ended does not run")
+        refusal = join_refusal(wrapper.ddp is not None, any(is_sharded(p) for p in wrapper.params))
+        if refusal is not None:
+            raise RuntimeError(f"{wrapper.kv.name}: {refusal}")
         return cls(wrapper, ranks.group.sibling(wrapper.kv.config.topology.timeouts.round_s))
 
     @contextmanager
