@@ -37,12 +37,16 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=0.003)
     parser.add_argument("--optimizer", choices=["adam", "sgd"], default="adam")
-    parser.add_argument("--mixed-sync", action="store_true", help="MixedSync: asynchronous across parties")
-    parser.add_argument("--ssp", action="store_true",
-                        help="bounded staleness across parties (dist_ssp); the bound is the topology's "
-                             "training.staleness (GEOMX_STALENESS)")
-    parser.add_argument("--dcasgd", action="store_true", help="DCASGD on the global server (with --mixed-sync)")
-    parser.add_argument("--dcadam", action="store_true", help="DCAdam on the global server (with --mixed-sync)")
+    sync = parser.add_mutually_exclusive_group()
+    sync.add_argument("--mixed-sync", action="store_true", help="MixedSync: asynchronous across parties")
+    sync.add_argument("--ssp", action="store_true",
+                      help="bounded staleness across parties (dist_ssp); the bound is the topology's "
+                           "training.staleness (GEOMX_STALENESS)")
+    compensated = parser.add_mutually_exclusive_group()
+    compensated.add_argument("--dcasgd", action="store_true",
+                             help="DCASGD on the global server (with --mixed-sync or --ssp)")
+    compensated.add_argument("--dcadam", action="store_true",
+                             help="DCAdam on the global server (with --mixed-sync or --ssp)")
     parser.add_argument("--lamda", type=float, default=0.04, help="DCASGD's and DCAdam's variance control")
     parser.add_argument("--slow-party", default=None, help="make this party's workers slower")
     parser.add_argument("--slowdown", type=float, default=3.0, help="how many times slower --slow-party is")
@@ -54,14 +58,29 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--channels", type=int, default=16, help="DigitsCNN width: conv channels")
     parser.add_argument("--hidden", type=int, default=64, help="DigitsCNN width: dense hidden units")
-    return parser.parse_args()
+    args = parser.parse_args()
+    problem = None
+    if (args.dcasgd or args.dcadam) and not (args.mixed_sync or args.ssp):
+        problem = (f"--{'dcasgd' if args.dcasgd else 'dcadam'} needs --mixed-sync or --ssp: under FSA every push "
+                   "is computed on the current weights, so there is no delay to compensate")
+    elif args.slowdown < 1:
+        problem = f"--slowdown is how many times slower --slow-party is: at least 1, got {args.slowdown:g}"
+    if problem is not None:  # one line: no usage from every worker
+        parser.exit(2, f"{parser.prog}: error: {problem}\n")
+    return args
 
 
 def main() -> None:
     args = parse_args()
     kv = geomx.kv.create("dist_async" if args.mixed_sync else "dist_ssp" if args.ssp else "dist_sync")
+    if kv.hfa is not None:  # HFA's servers average models: this loop's gradients would be averaged as weights
+        raise SystemExit("cnn.py pushes gradients every step; the topology's hfa: wants examples/cnn_hfa.py")
     if args.idle_party is not None and not args.mixed_sync:
         raise SystemExit("--idle-party needs --mixed-sync: under FSA every step waits for every party")
+    parties = [party.name for party in kv.config.topology.parties]
+    for flag, party in (("--slow-party", args.slow_party), ("--idle-party", args.idle_party)):
+        if party is not None and kv.config.topology.parties_known and party not in parties:
+            raise SystemExit(f"{flag} {party!r} is not a party of this job: {parties}")
     if args.idle_party == kv.party and kv.is_master_worker:
         raise SystemExit("--idle-party cannot be the master worker's party (it reports the progress)")
     torch.manual_seed(args.seed + 1000 * kv.global_rank)  # weights differ per process until init syncs them

@@ -8,7 +8,8 @@ aggregate it sends back with its own residual. The LAN stays dense.
 With bsc and mpq the workers step plain SGD (lr 0.2) by default and ask the codec for DGC's momentum
 correction (``momentum`` 0.9): it *is* the momentum (DGC moves it there so that what waits in the
 residual still gets it). ``--optimizer adam`` (the seeds' loop) leaves the codec at its default, plain
-error feedback: Adam has its own momentum (README, "Which local optimizer", has the numbers of both).
+error feedback: Adam has its own momentum (benchmarks/README.md, "Bi-Sparse's momentum correction", has the
+numbers of both).
 At 0.1% use --lr 0.1. ``--model mlp`` trains the issue's port of the seeds' loop (MLP 64-1024-1024-10).
 
     geomx launch topologies/demo.yaml -- python examples/cnn_bsc.py --threshold 0.01
@@ -17,8 +18,9 @@ At 0.1% use --lr 0.1. ``--model mlp`` trains the issue's port of the seeds' loop
     geomx launch topologies/demo.yaml -- python examples/cnn_bsc.py --model mlp --optimizer frozen_adam \
         --warmup-steps 44 --freeze-after 40     # Adam under Bi-Sparse: the codec's warm-up, the variance frozen
 
-Tensors below MXNET_KVSTORE_SIZE_LOWER_BOUND (default 200000 elements; ``--size-lower-bound`` here)
-travel dense: the demo CNN's layers are all smaller, so the default here is 1000 (as GeoMX's scripts set).
+Tensors below MXNET_KVSTORE_SIZE_LOWER_BOUND (default 200000 elements) travel dense: the demo CNN's layers are
+all smaller, so this script sends ``--size-lower-bound`` (default 1000, as GeoMX's scripts set) in its codec spec,
+where it wins over the variable (docs/compression.md, "The size gate").
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 import geomx
+from geomx.codecs import CodecError, make_codec
 from geomx.runs.progress import Progress
 from geomx.zoo.data import digits_split, steps_per_epoch
 from geomx.zoo.models import DigitsCNN, DigitsMLP, accuracy
@@ -63,6 +66,11 @@ def parse_args() -> argparse.Namespace:
         args.optimizer = "sgd" if args.type in ("bsc", "mpq") else "adam"
     if args.lr is None:
         args.lr = 0.2 if args.optimizer == "sgd" else 0.003  # adam, frozen_adam
+    if args.type != "none":  # a bad --threshold (or the like) in one line now, not as each worker's traceback
+        try:
+            make_codec(compression_spec(args))
+        except CodecError as exc:
+            parser.exit(2, f"{parser.prog}: error: {exc}\n")  # one line: no usage from every worker
     return args
 
 
@@ -92,6 +100,8 @@ def make_optimizer(args: argparse.Namespace, params: list[torch.nn.Parameter]) -
 def main() -> None:
     args = parse_args()
     kv = geomx.kv.create("dist_sync")
+    if kv.hfa is not None:  # HFA's servers average models: this loop's gradients would be averaged as weights
+        raise SystemExit("cnn_bsc.py pushes gradients every step; the topology's hfa: wants examples/cnn_hfa.py")
     torch.manual_seed(args.seed + 1000 * kv.global_rank)
     model = DigitsMLP() if args.model == "mlp" else DigitsCNN(channels=args.channels, hidden=args.hidden)
     params = list(model.parameters())

@@ -32,7 +32,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--slow-rank", type=int, default=-1, help="global rank of a worker to slow down")
     parser.add_argument("--slowdown", type=float, default=3.0, help="how many times slower that worker is")
     parser.add_argument("--seed", type=int, default=0)
-    return parser.parse_args()
+    args = parser.parse_args()
+    if args.slowdown < 1:  # one line: no usage from every worker
+        parser.exit(2, f"{parser.prog}: error: --slowdown is how many times slower --slow-rank is: at least 1, "
+                       f"got {args.slowdown:g}\n")
+    return args
 
 
 def main() -> None:
@@ -40,6 +44,8 @@ def main() -> None:
     kv = geomx.kv.create("dist_sync")
     if kv.hfa is None or kv.hfa.k2 != 1:
         raise SystemExit("ESync runs on HFA with K2 = 1: add `hfa: {k1: 4, k2: 1}` to the topology")
+    if not -1 <= args.slow_rank < kv.num_all_workers:  # (-1: none)
+        raise SystemExit(f"--slow-rank {args.slow_rank} is no worker's global rank: 0..{kv.num_all_workers - 1}")
     torch.manual_seed(args.seed + 1000 * kv.global_rank)
     model = DigitsCNN()
     params = list(model.parameters())

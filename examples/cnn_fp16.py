@@ -28,6 +28,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     kv = geomx.kv.create("dist_sync")
+    if kv.hfa is not None:  # HFA's servers average models: this loop's gradients would be averaged as weights
+        raise SystemExit("cnn_fp16.py pushes gradients every step; the topology's hfa: wants examples/cnn_hfa.py")
     torch.manual_seed(args.seed + 1000 * kv.global_rank)
     model = DigitsCNN()
     params = list(model.parameters())

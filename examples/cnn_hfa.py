@@ -8,7 +8,8 @@ The test accuracy is the GLOBAL model's, measured every K1 x K2 local steps on t
 master worker's local server holds it (``kv.pull_job_model``, no WAN): one line and one record per global
 round. Between global rounds each party trains a model of its own, which is not the job's model; under
 streaming outer sync (``fragments`` in the training block) no worker ever holds the global model whole.
-``--global-rounds N`` trains until N global rounds are done (instead of ``--epochs``).
+``--global-rounds N`` trains until N global rounds are done (instead of ``--epochs``); ``--epochs`` stops at its
+last whole global round, since local steps after it would reach no global model.
 
     geomx launch topologies/hfa.yaml -- python examples/cnn_hfa.py --epochs 8
     geomx launch topologies/hfa.yaml -- python examples/cnn_hfa.py --outer    # + DiLoCo's outer Nesterov
@@ -40,7 +41,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--channels", type=int, default=16, help="DigitsCNN width: conv channels")
     parser.add_argument("--hidden", type=int, default=64, help="DigitsCNN width: dense hidden units")
-    return parser.parse_args()
+    args = parser.parse_args()
+    if args.global_rounds is not None and args.global_rounds < 1:  # one line: no usage from every worker
+        parser.exit(2, f"{parser.prog}: error: --global-rounds must be at least 1, got {args.global_rounds}\n")
+    return args
 
 
 def main() -> None:
@@ -70,7 +74,7 @@ def main() -> None:
         print(f"note: {epochs * steps} local steps are fewer than one global round ({every_global}): "
               "no global model to evaluate", flush=True)
     for epoch in range(epochs):
-        if args.global_rounds is not None and global_rounds == total_rounds:
+        if total_rounds and global_rounds == total_rounds:  # local steps after it would reach no global model
             break
         for images, labels in shard.batches(args.batch_size, epoch, steps, seed=args.seed + kv.global_rank):
             trainer.zero_grad()
@@ -95,7 +99,7 @@ def main() -> None:
                 progress.epoch(global_rounds, total_rounds, steps=local_steps, losses=losses, accuracy=acc,
                                epoch=epoch + 1)
                 losses = []
-                if global_rounds == total_rounds and args.global_rounds is not None:
+                if global_rounds == total_rounds:
                     break
     progress.finish(accuracy=acc, steps=local_steps)
     kv.close()

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 import geomx
+from geomx.codecs import CodecError, make_codec
 from geomx.runs.progress import Progress
 from geomx.zoo.data import digits_split, steps_per_epoch
 from geomx.zoo.models import DigitsCNN, accuracy
@@ -41,12 +42,19 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--channels", type=int, default=16, help="DigitsCNN width: conv channels")
     parser.add_argument("--hidden", type=int, default=64, help="DigitsCNN width: dense hidden units")
-    return parser.parse_args()
+    args = parser.parse_args()
+    try:  # a bad --threshold or --size-lower-bound in one line now, not as each worker's traceback
+        make_codec({"type": "bsc", "threshold": args.threshold, "size_lower_bound": args.size_lower_bound or 0})
+    except CodecError as exc:
+        parser.exit(2, f"{parser.prog}: error: {exc}\n")  # one line: no usage from every worker
+    return args
 
 
 def main() -> None:
     args = parse_args()
     kv = geomx.kv.create("dist_sync")
+    if kv.hfa is not None:  # HFA's servers average models: this loop's gradients would be averaged as weights
+        raise SystemExit("cnn_mpq.py pushes gradients every step; the topology's hfa: wants examples/cnn_hfa.py")
     bound = kv.config.topology.size_lower_bound if args.size_lower_bound is None else args.size_lower_bound
     torch.manual_seed(args.seed + 1000 * kv.global_rank)
     model = DigitsCNN(channels=args.channels, hidden=args.hidden)

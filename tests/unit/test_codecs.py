@@ -760,7 +760,7 @@ def test_registry_lookups() -> None:
     ({"type": "mpq", "block": 4}, "codec 'mpq' has no parameter 'block'"),
     ({"type": "int8", "block": 0}, "block"),
     ({"type": "error_feedback"}, "needs parameter 'inner'"),
-    ({"type": "error_feedback", "inner": "int8"}, "nested spec"),
+    ({"type": "error_feedback", "inner": 3}, "nested spec"),  # a name alone is a spec: "int8"
     ({"type": "error_feedback", "inner": {"type": "nope"}}, "unknown codec 'nope'"),
     ({"type": "2bit", "threshold": 0.5}, "unknown codec"),
     ({"threshold": 0.5}, "type"),

@@ -301,10 +301,10 @@ def test_without_a_quorum_nothing_changes() -> None:
     ({"quorum": 0}, "quorum must be at least 1"),
     ({"quorum": 3}, r"quorum \(3\) must not exceed the job's parties \(2\)"),
     ({"quorum": "two"}, "option 'quorum' of the hfa aggregation must be an integer"),
-    ({"quorum": 2, "grace": "soon"}, "grace must be auto or seconds, got 'soon'"),
+    ({"quorum": 2, "grace": "soon"}, r"grace must be auto or seconds \(0.5, 500ms\), got 'soon'"),
     ({"quorum": 2, "grace": "-1"}, "grace must be auto or seconds >= 0"),
     ({"quorum": 2, "stale_rounds": -1}, "stale_rounds must be at least 0"),
-    ({"grace": "auto"}, "grace apply to decoupled rounds only: set quorum too"),
+    ({"grace": "auto"}, "grace applies to decoupled rounds only: set quorum too"),
 ])
 def test_bad_decoupled_options_are_refused_by_name(training: dict[str, Any], problem: str) -> None:
     topology = topology_from_dict({"parties": {"dc0": 1, "dc1": 1}, "hfa": {"k1": 2, "k2": 4}, "training": training})

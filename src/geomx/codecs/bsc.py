@@ -11,8 +11,8 @@ with ``momentum > 0`` the momentum correction and momentum factor masking of Dee
 
 Which default. GeoMX hard-codes the momentum correction (0.9), and its examples step Adam on the pulled
 aggregate: a second momentum on top, and Adam's per-coordinate scaling of residuals released in bursts.
-Measured with the seeds' loop (digits MLP 64-1024-1024-10, 2 x 2 workers, 1%, Adam lr 0.003; README,
-"Which local optimizer"), momentum 0.9 reached 0.53-0.56 after 88 steps, momentum 0 0.84-0.86; plain SGD
+Measured with the seeds' loop (digits MLP 64-1024-1024-10, 2 x 2 workers, 1%, Adam lr 0.003; benchmarks/README.md,
+"Bi-Sparse's momentum correction"), momentum 0.9 reached 0.53-0.56 after 88 steps, momentum 0 0.84-0.86; plain SGD
 (lr 0.2) on the aggregate needs the correction (MLP 0.93-0.95 against 0.93, DigitsCNN 0.94 against 0.75).
 So the default is 0, what any optimizer with its own momentum expects (the true aggregate, delayed by the
 residual); a loop that steps plain SGD on the aggregate asks for ``momentum=0.9`` (``examples/cnn_bsc.py``

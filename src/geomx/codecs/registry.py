@@ -174,11 +174,14 @@ class Registry:
                 return value
             raise CodecError(f"{where} must be a string")
         if isinstance(hint, type) and issubclass(hint, Codec):
-            if isinstance(value, Mapping):
-                codec_value = self.make_codec(value)
+            # a name alone is its spec without parameters: GEOMX_COMPRESSION=error_feedback:inner=int8
+            nested = {"type": value} if isinstance(value, str) else value
+            if isinstance(nested, Mapping):
+                codec_value = self.make_codec(nested)
                 if isinstance(codec_value, hint):
                     return codec_value
-            raise CodecError(f"{where} must be a nested spec of a {hint.__name__} codec")
+            kind = "" if hint is Codec else f"{hint.__name__} "
+            raise CodecError(f"{where} must be a {kind}codec: its name ('int8') or a nested spec ({{type: int8}})")
         raise TypeError(f"{codec}.{name} has a type hint codec specs cannot express: {hint!r}")
 
 

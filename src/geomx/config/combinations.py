@@ -50,6 +50,9 @@ RULES: tuple[Rule, ...] = (
     # the topology (Topology.__post_init__)
     Rule("dgt", "flat", _no(DGT, "a flat parameter server (DGT is for local servers' pushes)"), "mode: hips"),
     Rule("dgt", "hfa", _no(DGT, "HFA"), "drop one of dgt and hfa"),
+    # (under mode: flat each worker's param / party workers reached the global sum: the model doubled every round)
+    Rule("hfa", "flat", _no("HFA (and ESync)", "a flat parameter server (a party's average is its local server's)"),
+         "mode: hips"),
     Rule("dgt", "fp16", _no(DGT, "the fp16 switch"), "fp16: false"),
     Rule("dgt", "security", _no(DGT, "security (UDP datagrams are not authenticated)"), "no secret or CURVE keys"),
     Rule("inter_ts", "flat", _no(INTER_TS, "a flat parameter server (there are no local servers to relay)"),

@@ -12,6 +12,7 @@ Usage::
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -113,6 +114,22 @@ def read_secret(path: Path) -> str:
         raise ConfigError(f"cannot read the shared secret from {path}: {exc}") from None
 
 
+class YamlLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, reading ``3e-3`` as the number YAML 1.2 (and every reader) takes it for: YAML 1.1's
+    float needs a dot (``3.0e-3``), so ``lr: 3e-3`` was the string '3e-3' and refused as "must be a number"."""
+
+
+YamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."))
+
+
+def load_yaml(text: str) -> Any:
+    """``text`` as YAML, numbers in exponent form included (``YamlLoader``); yaml.YAMLError when it is not."""
+    return yaml.load(text, Loader=YamlLoader)  # a SafeLoader
+
+
 def named_spec(raw: Any, where: str) -> tuple[str, dict[str, Any]]:
     """``name``, ``name:key=value,key=value``, ``{type: name, key: value}`` or JSON -> (name, params)."""
     if isinstance(raw, str) and raw.strip().startswith("{"):
@@ -135,7 +152,7 @@ def named_spec(raw: Any, where: str) -> tuple[str, dict[str, Any]]:
             raise ConfigError(f"{where}: {item!r} is not key=value")
         if key.strip() == "type":  # {type: name, ...} is how the spec is written back: the name's place
             raise ConfigError(f"{where}: 'type' names the spec ({name.strip()!r}); no parameter may be called that")
-        params[key.strip()] = yaml.safe_load(value)
+        params[key.strip()] = load_yaml(value)
     return name.strip().lower(), params
 
 

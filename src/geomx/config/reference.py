@@ -52,7 +52,8 @@ _SECTION_NOTES: dict[str, str] = {
     "status": "`status: false` turns the page off; `status: true` or none: on, at 127.0.0.1 and a free port.",
     "security": "`secret_file: PATH` may stand for `secret` (as `GEOMX_SECRET_FILE` may for `GEOMX_SECRET`).",
     "training": "Keys no field declares are plug-in options, handed to the algorithm that declares them "
-                "(`staleness`, `fragments`, `fragment_delay`, `fragment_alpha`: see [algorithms](algorithms.md)); "
+                "(`staleness`, `fragments`, `fragment_delay`, `fragment_alpha`, `quorum`, `grace`, `stale_rounds`: see "
+                "[algorithms](algorithms.md)); "
                 "so are `GEOMX_<NAME>` variables nothing else reads.",
 }
 

@@ -104,6 +104,8 @@ class Topology:
                 raise ConfigError(f"party name {party.name!r} may hold only letters, digits, '_', '.', '-'")
         if self.num_global_servers < 1:
             raise ConfigError("num_global_servers must be at least 1")
+        if self.size_lower_bound < 0:  # (else every worker's codec refused it, each with a traceback)
+            raise ConfigError(f"size_lower_bound must be at least 0, got {self.size_lower_bound}")
         for outage in self.outages:
             if outage.party not in names:
                 raise ConfigError(f"outage names party {outage.party!r}, which is not one of the parties {names}")

@@ -17,7 +17,7 @@ import yaml
 
 from .errors import ConfigError
 from .fields import keys, read_mapping, read_values, to_mapping, unknown_fields
-from .kinds import PATH, read_secret
+from .kinds import PATH, load_yaml, read_secret
 from .specs import (
     CheckpointSpec,
     DGTSpec,
@@ -228,7 +228,7 @@ def load_topology(path: str | Path) -> Topology:
     except OSError as exc:
         raise ConfigError(f"cannot read topology file {path}: {exc}") from exc
     try:
-        raw = yaml.safe_load(text)
+        raw = load_yaml(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"topology file {path} is not valid YAML: {exc}") from exc
     return topology_from_dict(raw, Path(path).resolve().parent)

@@ -76,12 +76,24 @@ def send_early(host: EarlyHost, rnd: Round, awaited: set[str],
     if last is None or to is None:
         return
     first = next(iter(rnd.contributions.values()))
-    # a sum the table owns is added to in place when the last push arrives: send a snapshot; a single
-    # contribution is the received (read-only) buffer and stays as it is
-    others = rnd.accum.copy() if rnd.accum.flags.writeable else rnd.accum
+    if len(rnd.contributions) == 1 and first.tensor is not None and first.tensor.dtype != rnd.accum.dtype:
+        # one other party's float16 push, summed in float32: the push itself is the same numbers at half the
+        # bytes (the float32 sum doubled the WAN's answer bytes of a float16 key)
+        others = first.tensor
+    else:
+        # a sum the table owns is added to in place when the last push arrives: send a snapshot; a single
+        # contribution is the received (read-only) buffer and stays as it is
+        others = rnd.accum.copy() if rnd.accum.flags.writeable else rnd.accum
     rnd.early = last
     host.send(to, Message(Kind.PUSHPULL, key=rnd.key, slice=rnd.slice, num_slices=first.num_slices, round=rnd.number,
                             priority=first.priority, tensor=others, body={EARLY: rnd.number}))
+
+
+def _plus(others: np.ndarray, pushed: np.ndarray) -> np.ndarray:
+    """``others + pushed`` as the global server adds them: float16 in float32 (its sums of narrow floats are
+    float32; the caller casts back to the declared dtype, as the global server does), so the answers agree bit
+    for bit whatever NumPy's own float16 arithmetic would round."""
+    return np.add(others, pushed, dtype=np.result_type(others, pushed, np.float32))
 
 
 Answer = Callable[[np.ndarray], None]
@@ -138,7 +150,7 @@ class EarlyAnswers:
                 return
             self._answered[where] = number
         pushed, answer = waiting
-        answer(np.add(message.tensor, pushed))
+        answer(_plus(message.tensor, pushed))
 
     def others(self, sender: str, reply: Message) -> np.ndarray | None:
         """``ON_REPLY``: the others' sum to add to this party's piece for the round ``reply`` (a ``bare`` answer
@@ -169,7 +181,7 @@ class EarlyAnswers:
                 return
             number = max(rounds)  # the newest (one round at a time is in flight)
             self._answered[where] = number
-        answer(np.add(rounds[number], pushed))
+        answer(_plus(rounds[number], pushed))
 
     def settled(self, sender: str, reply: Message) -> bool:
         """``AT_ONCE``: whether ``reply`` (the global server's answer) closes a round answered early, or answers our

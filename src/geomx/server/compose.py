@@ -18,8 +18,9 @@ from typing import Any
 from ..algorithms.registry import AGGREGATIONS, EXTENSIONS, ROUTES, SYNC_POLICIES, check_message_kinds, check_names
 from ..codecs import FP16, CodecError, make_codec
 from ..config import ConfigError, NodeConfig, Topology, TrainingSpec, named
+from ..config.fields import closest
 from ..core.encoding import Encoding
-from ..core.options import parse_options, undeclared
+from ..core.options import OptionError, parse_options, undeclared
 from ..core.plugins import Aggregation, Completion, Extension, Handler, PluginHost, Route, RouteChain
 from ..core.policy import SyncPolicy
 from ..protocol.wire import Kind, MessageKind
@@ -94,7 +95,9 @@ def check_plugins(training: TrainingSpec, topology: Topology | None = None) -> N
     if refusal is not None:
         unknown = sorted(set(options) - _declared(takers))
         given = [text for text in (named(training, key, "training") for key in unknown) if "=" in text]
-        raise ConfigError(f"{', '.join(given) + ': ' if given else ''}training has unknown fields {unknown}: {refusal}")
+        hints = _unknown_hints(unknown, aggregation)
+        raise ConfigError(f"{', '.join(given) + ': ' if given else ''}training has unknown fields {unknown}: "
+                          f"{hints + '; ' if hints else ''}{refusal}")
     for name in SYNC_POLICIES:
         build_policy(name, options)
     aggregation_options(aggregation, options, topology)
@@ -107,6 +110,8 @@ def aggregation_options(name: str, options: Mapping[str, str], topology: Topolog
     try:
         parsed = parse_options(f"the {name} aggregation", cls.options, options)
         cls.check_options(parsed, topology)
+    except OptionError:
+        raise  # it names the option and its owner already
     except ValueError as exc:
         raise ConfigError(f"the {name} aggregation: {exc}") from None
     return parsed
@@ -114,6 +119,22 @@ def aggregation_options(name: str, options: Mapping[str, str], topology: Topolog
 
 def _aggregation_name(topology: Topology | None) -> str:
     return "hfa" if topology is not None and topology.hfa is not None else "sum"
+
+
+def _unknown_hints(unknown: list[str], running: str) -> str:
+    """What the generic refusal of ``unknown`` options cannot say, as it lists only the running plug-ins' options:
+    an option of an aggregation this job does not run (HFA's ``fragments`` without an ``hfa:`` block), or a
+    misspelt option of any plug-in (``fragmnets``)."""
+    every = {option for cls in (*SYNC_POLICIES.values(), *AGGREGATIONS.values()) for option in cls.options}
+    hints = [f"{', '.join(options)} {'is an option' if len(options) == 1 else 'are options'} of the {name} "
+             f"aggregation, which this job does not run" + (": add an `hfa:` block to the topology (or set GEOMX_HFA=1)"
+                                                             if name == "hfa" else "")
+             for name, cls in sorted(AGGREGATIONS.items())
+             if name != running and (options := sorted(set(unknown) & set(cls.options)))]
+    guesses = [f"{close!r} for {key!r}" for key in unknown if key not in every and (close := closest(key, every))]
+    if guesses:
+        hints.append(f"did you mean {', '.join(guesses)}?")
+    return "; ".join(hints)
 
 
 def _declared(takers: Mapping[str, Mapping[str, type]]) -> set[str]:
@@ -129,7 +150,9 @@ def build_policy(name: str, options: Mapping[str, str]) -> SyncPolicy:
         raise ConfigError(f"unknown kvstore type {name!r}; valid: {sorted(SYNC_POLICIES)}") from None
     try:
         return cls(**parse_options(name, cls.options, options))
-    except ValueError as exc:  # OptionError, or the policy's own check of a value
+    except OptionError:
+        raise  # it names the option and its owner already
+    except ValueError as exc:  # the policy's own check of a value
         raise ConfigError(f"{name}: {exc}") from None
 
 

@@ -38,6 +38,8 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ...config import ConfigError
+from ...config.units import parse_duration
 from ...core.options import parse_options
 from ...core.rounds import Admission, Round
 
@@ -71,7 +73,8 @@ def decoupled_options(options: Mapping[str, Any], parties: int | None = None) ->
     if "quorum" not in given:
         extra = sorted(name for name in ("grace", "stale_rounds") if name in given)
         if extra:
-            raise ValueError(f"{', '.join(extra)} apply to decoupled rounds only: set quorum too")
+            raise ValueError(f"{', '.join(extra)} {'applies' if len(extra) == 1 else 'apply'} to decoupled rounds "
+                             "only: set quorum too")
         return Decoupled()
     quorum = int(given["quorum"])
     if quorum < 1:
@@ -85,12 +88,16 @@ def decoupled_options(options: Mapping[str, Any], parties: int | None = None) ->
 
 
 def _grace(text: str) -> float | None:
+    """``auto`` (None), or seconds: a number, or a duration as every other setting takes it (``500ms``)."""
     if text.strip().lower() == "auto":
         return None
     try:
         seconds = float(text)
     except ValueError:
-        raise ValueError(f"grace must be auto or seconds, got {text!r}") from None
+        try:
+            seconds = parse_duration(text)
+        except ConfigError:
+            raise ValueError(f"grace must be auto or seconds (0.5, 500ms), got {text!r}") from None
     if not seconds >= 0:  # (NaN too)
         raise ValueError(f"grace must be auto or seconds >= 0, got {text!r}")
     return seconds
