@@ -14,7 +14,7 @@ from geomx.config import ConfigError, HFASpec, TrainingSpec, topology_from_dict
 from geomx.config.combinations import RULES, check, configure_facts, plan_facts, refusal
 from geomx.torch.plan import make_plan
 
-VALUES = {"server_optimizer": "adam", "codec": "bsc", "torch_optimizer": "AdamW", "sync": "dist_ssp",
+VALUES = {"server_optimizer": "adam", "codec": "bsc", "why": "AdamW cannot be translated", "sync": "dist_ssp",
           "synchronous": ["dist_sync"], "policy": "SSP"}
 BASE = {"parties": {"dc0": {"workers": 1}, "dc1": {"workers": 1}}}
 
@@ -69,6 +69,13 @@ def test_the_plan_checks_before_and_after_translating_the_torch_optimizer():
     assert refusal(facts) is None  # whether a server optimizer exists is known only after translation
     with pytest.raises(ConfigError, match="AdamW with these settings cannot be translated"):
         make_plan(TrainingSpec(sync="dist_async"), None, torch.optim.AdamW(params))
+    # the same refusal names its cause: the user's none, a residual codec (it read "Adam ... cannot be translated
+    # (SGD and Adam can)" for both, contradicting itself)
+    with pytest.raises(ConfigError, match="but training.server_optimizer is none: set it"):
+        make_plan(TrainingSpec(sync="dist_async", server_optimizer="none"), None, torch.optim.Adam(params))
+    with pytest.raises(ConfigError, match="but codec 'bsc' keeps residuals, which need additive answers") as refused:
+        make_plan(TrainingSpec(sync="dist_async", compression={"type": "bsc"}), None, torch.optim.Adam(params))
+    assert "cannot be translated" not in str(refused.value)
     # HFA with a residual codec and an outer optimizer: the plan returns before the after-translation rows
     plan = make_plan(TrainingSpec(compression={"type": "bsc"}, server_optimizer="sgd"), HFASpec(2, 2),
                      torch.optim.SGD(params, lr=0.1))

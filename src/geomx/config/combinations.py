@@ -89,8 +89,7 @@ RULES: tuple[Rule, ...] = (
          "training.server_optimizer: none"),
     Rule("applies_on_server", "no_server_optimizer", "{policy} ({sync}) answers a party with a model its own "
          "gradient may not be part of yet, so the global server must apply the gradients: it needs a server "
-         "optimizer; {torch_optimizer} with these settings cannot be translated (SGD and Adam can): set "
-         "training.server_optimizer (e.g. sgd, adam or dcasgd)", "training.server_optimizer: sgd, adam or dcasgd"),
+         "optimizer, but {why}", "training.server_optimizer: sgd, adam or dcasgd"),
 )
 
 # Server optimizers that apply a gradient rule to what they receive: wrong on HFA's model deltas.

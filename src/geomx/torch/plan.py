@@ -134,6 +134,18 @@ def trained_sizes(torch_optimizer: torch.optim.Optimizer) -> list[int]:
     return [p.numel() for group in torch_optimizer.param_groups for p in group["params"] if p.requires_grad]
 
 
+def _why_none(spec: TrainingSpec, residual: bool, codec: object, torch_optimizer: torch.optim.Optimizer) -> str:
+    """Why no server optimizer came of ``spec``, in the words of the refusal a policy that needs one gives (each
+    cause its own way out: the user's ``none``, a residual codec, an optimizer without a server twin)."""
+    if spec.server_optimizer == "none":
+        return "training.server_optimizer is none: set it (e.g. sgd, adam or dcasgd)"
+    if residual and spec.server_optimizer == "auto":
+        return (f"codec {codec!r} keeps residuals, which need additive answers, not a server optimizer's weights: "
+                "use a codec without residuals (fp16, bf16, int8) or training.sync dist_sync")
+    return (f"{type(torch_optimizer).__name__} with these settings cannot be translated (SGD and Adam can): set "
+            "training.server_optimizer (e.g. sgd, adam or dcasgd)")
+
+
 def make_plan(spec: TrainingSpec, hfa: HFASpec | None, torch_optimizer: torch.optim.Optimizer,
               warn: bool = True, size_lower_bound: int | None = None) -> Plan:
     """Decide the mode; ConfigError names an unknown name or any combination that cannot work. ``warn``: log
@@ -177,7 +189,7 @@ def _decide(spec: TrainingSpec, hfa: HFASpec | None, torch_optimizer: torch.opti
     else:
         server = None
     check({**facts, "server_optimizer": server is not None, "no_server_optimizer": server is None},
-          codec=codec, torch_optimizer=type(torch_optimizer).__name__, policy=policy.title, sync=spec.sync)
+          codec=codec, policy=policy.title, sync=spec.sync, why=_why_none(spec, residual, codec, torch_optimizer))
     if server is None:
         if warn and residual and isinstance(torch_optimizer, torch.optim.Adam) \
                 and not isinstance(torch_optimizer, FrozenVarianceAdam):
