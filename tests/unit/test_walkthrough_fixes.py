@@ -171,3 +171,15 @@ def test_durations_read_minutes_and_hours() -> None:
     assert (topology.timeouts.request_s, topology.timeouts.register_s) == (120.0, 3600.0)
     with pytest.raises(ConfigError, match=r"units us, ms, s, m, h"):
         parse_duration("5 minutes")
+
+
+def test_a_server_optimizer_parameter_typo_is_refused_before_any_process() -> None:
+    """``check_plugins`` (geomx launch's, and every node's at start) builds a named server optimizer from the spec:
+    a misspelt parameter was refused only by each worker's wrapper, after the whole job had started."""
+    from geomx.server.compose import check_plugins
+
+    training = TrainingSpec(sync="dist_async", server_optimizer="dcadam",
+                            server_optimizer_params=(("lamba", 0.1),))
+    with pytest.raises(ConfigError, match=r"optimizer 'dcadam' has no parameters \['lamba'\]; valid: .*'lamda'"):
+        check_plugins(training)
+    check_plugins(dataclasses.replace(training, server_optimizer_params=(("lamda", 0.1),)))

@@ -23,6 +23,7 @@ from ..core.encoding import Encoding
 from ..core.options import OptionError, parse_options, undeclared
 from ..core.plugins import Aggregation, Completion, Extension, Handler, PluginHost, Route, RouteChain
 from ..core.policy import SyncPolicy
+from ..optim import OPTIMIZERS, optimizer_from_spec
 from ..protocol.wire import Kind, MessageKind
 
 # Until the master's CONFIGURE names another, rounds of pushes wait for every client (and a local tier's
@@ -83,6 +84,11 @@ def check_plugins(training: TrainingSpec, topology: Topology | None = None) -> N
             make_codec(training.compression)
         except CodecError as exc:
             raise ConfigError(f"{named(training, 'compression', 'training')}: {exc}") from None
+    if training.server_optimizer in OPTIMIZERS:  # a named one: a parameter it lacks is named now, not by each worker
+        try:
+            optimizer_from_spec({"name": training.server_optimizer, "params": dict(training.server_optimizer_params)})
+        except ValueError as exc:
+            raise ConfigError(f"{named(training, 'server_optimizer', 'training')}: {exc}") from None
     try:
         check_message_kinds()
     except ValueError as exc:
