@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -38,14 +39,23 @@ def tagged(tag: str) -> list[int]:
     return found
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_a_signal_stops_geomx_bench_and_everything_it_started(tmp_path, sig):
-    out = tmp_path / "bench"
+@dataclass
+class Stopped:
+    """What a bench command stopped by a signal in its second job left: its exit code and output, how long it took
+    to end after the signal, the processes it had started by then (their pids), and those left after it."""
+    code: int
+    output: str
+    took: float
+    started: list[int]
+    left: list[int]
+
+
+def stop_in_second_job(argv: list[str], out: Path, sig: signal.Signals) -> Stopped:
+    """Run ``argv`` (a bench of the security section, writing to ``out``) and send it ``sig`` once its second job
+    runs (that job's worker has written its counters); every process it started carries a tag in its environment,
+    and whatever is left of them is killed, whatever failed."""
     tag = uuid.uuid4().hex
-    bench = subprocess.Popen([sys.executable, "-m", "geomx.cli", "bench", "--quick", "--only", "security",
-                              "--out", str(out)],
-                             env={**os.environ, "STOP_TEST_TAG": tag}, stdout=subprocess.PIPE,
+    bench = subprocess.Popen(argv, env={**os.environ, "STOP_TEST_TAG": tag}, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True)
     stats = out / "runs" / "security-secret" / "stats"  # the second job (the first: security-none)
     try:
@@ -53,22 +63,32 @@ def test_a_signal_stops_geomx_bench_and_everything_it_started(tmp_path, sig):
         while not (stats.is_dir() and any(p.name.startswith("dc0_worker") for p in stats.iterdir())):
             assert bench.poll() is None and time.monotonic() < deadline, "the second job never ran"
             time.sleep(0.05)
-        job = [pid for pid in tagged(tag) if pid != bench.pid]
-        assert len(job) >= 3, job  # the global scheduler and server and the worker, at least
+        started = [pid for pid in tagged(tag) if pid != bench.pid]
         bench.send_signal(sig)
         sent = time.monotonic()
         output, _ = bench.communicate(timeout=SHUTDOWN_S + 30)
         took = time.monotonic() - sent
+        left = tagged(tag)
     finally:
         if bench.poll() is None:
             bench.kill()
             bench.communicate()
-        for pid in tagged(tag):  # never leave them to the next test, whatever failed
+        for pid in tagged(tag):  # never leave them to the next test
             os.kill(pid, signal.SIGKILL)
-    assert bench.returncode == 130, output[-3000:]
-    assert took < SHUTDOWN_S, (took, output[-3000:])
-    left = tagged(tag)
-    assert left == [], f"processes the bench started outlived it: {left}"
+    return Stopped(bench.returncode, output, took, started, left)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_stops_geomx_bench_and_everything_it_started(tmp_path, sig):
+    out = tmp_path / "bench"
+    stopped = stop_in_second_job([sys.executable, "-m", "geomx.cli", "bench", "--quick", "--only", "security",
+                                  "--out", str(out)], out, sig)
+    output = stopped.output
+    assert len(stopped.started) >= 3, stopped.started  # the global scheduler and server and the worker, at least
+    assert stopped.code == 130, output[-3000:]
+    assert stopped.took < SHUTDOWN_S, (stopped.took, output[-3000:])
+    assert stopped.left == [], f"processes the bench started outlived it: {stopped.left}"
     report = json.loads((out / "bench.json").read_text())
     name = signal.Signals(sig).name
     assert report["interrupted"] == {"signal": name, "section": "security"}, report.get("interrupted")
@@ -90,30 +110,13 @@ def test_sigterm_to_a_section_run_alone_writes_what_it_finished_and_exits_130(tm
     without a traceback, within the shutdown timeout, leave no process, and OUT/security.json must hold the row
     finished before the stop, marked interrupted."""
     out = tmp_path / "bench"
-    tag = uuid.uuid4().hex
-    section = subprocess.Popen([sys.executable, "-m", "geomx.bench.security", "--out", str(out)],
-                               env={**os.environ, "STOP_TEST_TAG": tag}, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)
-    stats = out / "runs" / "security-secret" / "stats"  # the second job (the first: security-none)
-    try:
-        deadline = time.monotonic() + 120
-        while not (stats.is_dir() and any(p.name.startswith("dc0_worker") for p in stats.iterdir())):
-            assert section.poll() is None and time.monotonic() < deadline, "the second job never ran"
-            time.sleep(0.05)
-        section.send_signal(signal.SIGTERM)
-        sent = time.monotonic()
-        output, _ = section.communicate(timeout=SHUTDOWN_S + 30)
-        took = time.monotonic() - sent
-    finally:
-        if section.poll() is None:
-            section.kill()
-            section.communicate()
-        for pid in tagged(tag):  # never leave them to the next test, whatever failed
-            os.kill(pid, signal.SIGKILL)
-    assert section.returncode == 130, output[-3000:]
+    stopped = stop_in_second_job([sys.executable, "-m", "geomx.bench.security", "--out", str(out)], out,
+                                 signal.SIGTERM)
+    output = stopped.output
+    assert stopped.code == 130, output[-3000:]
     assert "Traceback" not in output, output[-3000:]
-    assert took < SHUTDOWN_S, (took, output[-3000:])
-    assert tagged(tag) == [], "processes the section started outlived it"
+    assert stopped.took < SHUTDOWN_S, (stopped.took, output[-3000:])
+    assert stopped.left == [], "processes the section started outlived it"
     written = json.loads((out / "security.json").read_text())
     assert written["interrupted"] is True
     assert len(written["raw"]["none"]) == 1 and written["raw"]["secret"] == [] == written["raw"]["curve"]
