@@ -183,3 +183,14 @@ def test_a_server_optimizer_parameter_typo_is_refused_before_any_process() -> No
     with pytest.raises(ConfigError, match=r"optimizer 'dcadam' has no parameters \['lamba'\]; valid: .*'lamda'"):
         check_plugins(training)
     check_plugins(dataclasses.replace(training, server_optimizer_params=(("lamda", 0.1),)))
+
+
+def test_a_training_block_the_servers_would_refuse_is_refused_before_any_process() -> None:
+    """DGT (or TSEngine across parties) with a WAN codec in the training block: the servers refused it at the
+    wrapper's CONFIGURE, once per worker after the job had started; ``check_plugins`` (geomx launch's) now does."""
+    from geomx.server.compose import check_plugins
+
+    topology = load_topology(TOPOLOGIES / "dgt.yaml")
+    with pytest.raises(ConfigError, match=r"^training: DGT \(ENABLE_DGT\) does not combine with WAN compression"):
+        check_plugins(dataclasses.replace(topology.training, compression={"type": "fp16"}), topology)
+    check_plugins(topology.training, topology)

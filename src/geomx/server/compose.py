@@ -18,6 +18,8 @@ from typing import Any
 from ..algorithms.registry import AGGREGATIONS, EXTENSIONS, ROUTES, SYNC_POLICIES, check_message_kinds, check_names
 from ..codecs import FP16, CodecError, make_codec
 from ..config import ConfigError, NodeConfig, Topology, TrainingSpec, named
+from ..config.combinations import configure_facts
+from ..config.combinations import refusal as combination_refusal
 from ..config.fields import closest
 from ..core.encoding import Encoding
 from ..core.options import OptionError, parse_options, undeclared
@@ -107,6 +109,13 @@ def check_plugins(training: TrainingSpec, topology: Topology | None = None) -> N
     for name in SYNC_POLICIES:
         build_policy(name, options)
     aggregation_options(aggregation, options, topology)
+    if topology is not None:  # what the servers would refuse at the wrapper's CONFIGURE (DGT + a WAN codec ...)
+        facts = configure_facts(topology.features, compression=training.compression is not None,
+                                other_sync=training.sync != DEFAULT_SYNC)
+        text = combination_refusal(facts, sync=training.sync,
+                                   synchronous=sorted(n for n, cls in SYNC_POLICIES.items() if cls.synchronous))
+        if text is not None:
+            raise ConfigError(f"training: {text}")
 
 
 def aggregation_options(name: str, options: Mapping[str, str], topology: Topology | None) -> dict[str, Any]:
