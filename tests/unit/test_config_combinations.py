@@ -71,7 +71,7 @@ def test_the_plan_checks_before_and_after_translating_the_torch_optimizer():
         make_plan(TrainingSpec(sync="dist_async"), None, torch.optim.AdamW(params))
     # the same refusal names its cause: the user's none, a residual codec (it read "Adam ... cannot be translated
     # (SGD and Adam can)" for both, contradicting itself)
-    with pytest.raises(ConfigError, match="but training.server_optimizer is none: set it"):
+    with pytest.raises(ConfigError, match=r"but training\.server_optimizer is none: set it"):
         make_plan(TrainingSpec(sync="dist_async", server_optimizer="none"), None, torch.optim.Adam(params))
     with pytest.raises(ConfigError, match="but codec 'bsc' keeps residuals, which need additive answers") as refused:
         make_plan(TrainingSpec(sync="dist_async", compression={"type": "bsc"}), None, torch.optim.Adam(params))
