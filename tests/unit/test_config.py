@@ -500,7 +500,7 @@ def test_party_not_in_topology(topo_file):
 
 
 def test_non_integer_count():
-    with pytest.raises(ConfigError, match="GEOMX_NUM_WORKERS must be an integer"):
+    with pytest.raises(ConfigError, match="DMLC_NUM_WORKER must be an integer"):
         node_config_from_env({"DMLC_ROLE": "worker", "DMLC_NUM_WORKER": "two", **LOCAL, **GLOBAL})
     with pytest.raises(ConfigError, match="GEOMX_RANK must be an integer"):
         node_config_from_env({"DMLC_ROLE": "worker", "GEOMX_RANK": "x", **LOCAL, **GLOBAL})

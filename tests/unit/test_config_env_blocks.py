@@ -307,8 +307,8 @@ def test_a_spec_without_a_switch_takes_its_variables_over_its_section() -> None:
 
 
 def test_every_variable_of_a_block_is_read_even_where_the_block_ends_up_off() -> None:
-    # one rule: a bad value is refused whatever the switch says (it names the canonical variable)
-    with pytest.raises(ConfigError, match="GEOMX_HFA_K1 must be an integer, got 'x'"):
+    # one rule: a bad value is refused whatever the switch says (it names the variable set, an alias here)
+    with pytest.raises(ConfigError, match="MXNET_KVSTORE_HFA_K1 must be an integer, got 'x'"):
         block_from_env(HFASpec, {"GEOMX_HFA": "0", "MXNET_KVSTORE_HFA_K1": "x"}, None)
-    with pytest.raises(ConfigError, match="GEOMX_DGT_K must be a number, got 'x'"):
+    with pytest.raises(ConfigError, match="DMLC_K must be a number, got 'x'"):
         block_from_env(DGTSpec, {"DMLC_K": "x"}, None)

@@ -176,10 +176,10 @@ def test_a_misspelt_field_with_a_mapping_is_named_as_a_misspelt_field_not_a_bad_
         fields.read_mapping(TrainingSpec, {"zzz": {}}, "training")
 
 
-def test_bad_environment_text_names_the_canonical_variable():
-    with pytest.raises(ConfigError, match=r"GEOMX_DGT_CHANNELS must be an integer, got 'three'"):
+def test_bad_environment_text_names_the_variable_set():
+    with pytest.raises(ConfigError, match=r"DMLC_UDP_CHANNEL_NUM must be an integer, got 'three'"):
         fields.env_values(DGTSpec, {"DMLC_UDP_CHANNEL_NUM": "three"})
-    with pytest.raises(ConfigError, match=r"GEOMX_DGT_ADAPTIVE must be 0 or 1, got 'maybe'"):
+    with pytest.raises(ConfigError, match=r"ADAPTIVE_K_FLAG must be 0 or 1, got 'maybe'"):
         fields.env_values(DGTSpec, {"ADAPTIVE_K_FLAG": "maybe"})
 
 

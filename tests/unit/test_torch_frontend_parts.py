@@ -164,7 +164,7 @@ def test_the_training_block_and_its_environment_variables():
             check_names(training)
         with pytest.raises(ConfigError, match=text):
             make_plan(training, None, torch.optim.SGD(params(), lr=0.1))
-    with pytest.raises(ConfigError, match="GEOMX_P3 must be 0 or 1"):
+    with pytest.raises(ConfigError, match="ENABLE_P3 must be 0 or 1"):
         node_config_from_env({**env, "ENABLE_P3": "maybe"})
     assert spec.priorities and node.topology.training.priorities  # on unless turned off
     assert not topology_from_dict({"parties": {"dc0": 1}, "training": {"priorities": False}}).training.priorities

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
-from .fields import aliases_of, block_from_env, env_values, lookup, replaced, variables
+from .fields import aliases_of, block_from_env, env_origins, env_values, lookup, lookup_named, replaced, variables
+from .kinds import BOOL
 from .specs import (
     CheckpointSpec,
     DGTSpec,
@@ -73,13 +74,31 @@ def _get(env: Mapping[str, str], name: str) -> str | None:
 
 
 def _int(env: Mapping[str, str], name: str) -> int | None:
-    value = _get(env, name)
-    if value is None:
+    """``name``'s integer (or its alias's); a bad one is refused naming the variable set (DMLC_NUM_WORKER)."""
+    found = lookup_named(env, name, ENV_ALIASES.get(name, ()))
+    if found is None:
         return None
     try:
-        return int(value)
+        return int(found[1])
     except ValueError:
-        raise ConfigError(f"{name} must be an integer, got {value!r}") from None
+        raise ConfigError(f"{found[0]} must be an integer, got {found[1]!r}") from None
+
+
+def _count(env: Mapping[str, str], name: str) -> int | None:
+    """``name``'s count of processes (or its alias's): at least 1, else refused naming the variable set, where
+    ``or 1`` would read GeoMX's ``DMLC_NUM_WORKER=0`` as one worker and a negative count as none."""
+    value = _int(env, name)
+    found = lookup_named(env, name, ENV_ALIASES.get(name, ()))
+    if value is not None and value < 1 and found is not None:
+        raise ConfigError(f"{found[0]} must be at least 1, got {value}")
+    return value
+
+
+def _flag(env: Mapping[str, str], name: str) -> bool:
+    """``name``'s switch (or its alias's), 0 or 1 as every other one reads (``DMLC_ROLE_MASTER_WORKER=maybe`` is
+    refused naming it, not taken for yes); unset: off."""
+    found = lookup_named(env, name, ENV_ALIASES.get(name, ()))
+    return False if found is None else bool(BOOL.from_text(found[1], found[0]))
 
 
 def _role_from_env(env: Mapping[str, str]) -> Role:
@@ -133,9 +152,9 @@ def _topology_from_env(env: Mapping[str, str], role: Role, party: str) -> Topolo
     Only this party's worker count is known; the other parties are placeholders sized so that
     ``num_all_workers`` matches DMLC_NUM_ALL_WORKER. No link emulation.
     """
-    num_workers = _int(env, "GEOMX_NUM_WORKERS") or 1
-    all_workers = _int(env, "GEOMX_NUM_ALL_WORKERS")
-    num_parties = _int(env, "GEOMX_NUM_PARTIES")
+    num_workers = _count(env, "GEOMX_NUM_WORKERS") or 1
+    all_workers = _count(env, "GEOMX_NUM_ALL_WORKERS")
+    num_parties = _count(env, "GEOMX_NUM_PARTIES")
     if num_parties is None:  # GeoMX sets DMLC_NUM_GLOBAL_WORKER only on servers and schedulers
         num_parties = 1 if all_workers is None else max(1, -(-all_workers // num_workers))
     if all_workers is None:
@@ -152,7 +171,7 @@ def _topology_from_env(env: Mapping[str, str], role: Role, party: str) -> Topolo
     # GeoMX's slice size, not default_slice_elems: the parties here are guesses that may differ between
     # processes, and every worker must cut every tensor the same way
     return Topology(parties=tuple(parties), central=central, parties_known=False, slice_elems=LAN_SLICE_ELEMS,
-                    num_global_servers=_int(env, "GEOMX_NUM_GLOBAL_SERVERS") or 1)
+                    num_global_servers=_count(env, "GEOMX_NUM_GLOBAL_SERVERS") or 1)
 
 
 def known_variables() -> frozenset[str]:
@@ -214,10 +233,17 @@ def topology_from_env(topology: Topology, env: Mapping[str, str]) -> Topology:
     checks before starting anything is what each process will build (a bad value is refused there, once)."""
     topology = dataclasses.replace(topology, timeouts=_overridden(topology.timeouts, env))
     blocks = {name: block_from_env(cls, env, getattr(topology, name)) for name, cls in OPTIONAL_BLOCKS}
-    topology = dataclasses.replace(lan_from_env(topology, env), **env_values(Topology, env), **blocks,
-                                   security=_overridden(topology.security, env),
-                                   checkpoint=_overridden(topology.checkpoint, env),
-                                   status=job_status(topology, env))
+    try:
+        topology = dataclasses.replace(lan_from_env(topology, env), **env_values(Topology, env), **blocks,
+                                       security=_overridden(topology.security, env),
+                                       checkpoint=_overridden(topology.checkpoint, env),
+                                       status=job_status(topology, env))
+    except ConfigError as exc:  # a top-level value the topology refuses is named by the variable that gave it
+        given = [f"{variable}={text!r}" if text is not None else variable
+                 for key, variable, text in env_origins(Topology, env) if key in str(exc)]
+        if not given:
+            raise
+        raise ConfigError(f"{', '.join(given)}: {exc}") from None
     training = training_from_env(env, topology.training)
     return dataclasses.replace(topology, training=training,
                                slice_elems=training.p3_slice_elems if training.p3 else topology.slice_elems)
@@ -288,7 +314,6 @@ def node_config_from_env(env: Mapping[str, str]) -> NodeConfig:
     elif role is Role.LOCAL_SCHEDULER and scheduler is not None:
         bind_port = int(scheduler.rsplit(":", 1)[1])
     run_dir = env.get("GEOMX_RUN_DIR")
-    master_flag = _get(env, "GEOMX_MASTER_WORKER")
     torchrun = torchrun_from_env(env) if role is Role.WORKER and topology.is_collective(party) else None
     if torchrun is not None:
         _check_ranks(torchrun, topology.party(party))
@@ -299,13 +324,13 @@ def node_config_from_env(env: Mapping[str, str]) -> NodeConfig:
         global_scheduler=global_scheduler,
         scheduler=scheduler,
         rank=_int(env, "GEOMX_RANK"),
-        is_master=master_flag not in (None, "0", "false", "False"),
+        is_master=_flag(env, "GEOMX_MASTER_WORKER"),
         bind_host=_get(env, "GEOMX_HOST") or "127.0.0.1",
         bind_port=bind_port,
         run_dir=Path(run_dir) if run_dir else None,
         worker_offset=_int(env, "GEOMX_WORKER_OFFSET"),
-        resume=env.get("GEOMX_RESUME", "") not in ("", "0", "false", "False"),
-        trace=env.get("GEOMX_TRACE", "") not in ("", "0", "false", "False"),
+        resume=_flag(env, "GEOMX_RESUME"),
+        trace=_flag(env, "GEOMX_TRACE"),
         torchrun=torchrun,
     )
 

@@ -260,10 +260,17 @@ def option_text(value: Any, what: str) -> str:
 
 def lookup(env: Mapping[str, str], name: str, aliases: tuple[str, ...] = ()) -> str | None:
     """The value of ``name`` or else of its first alias set (an empty value counts as unset)."""
+    found = lookup_named(env, name, aliases)
+    return found[1] if found is not None else None
+
+
+def lookup_named(env: Mapping[str, str], name: str, aliases: tuple[str, ...] = ()) -> tuple[str, str] | None:
+    """(the variable set, its value) for ``name`` or else its first alias set: a refusal names the variable the
+    user wrote (``DMLC_K='abc'``), not our name for it, which they may never have seen."""
     for candidate in (name, *aliases):
         value = env.get(candidate)
         if value not in (None, ""):
-            return value
+            return candidate, value
     return None
 
 
@@ -279,8 +286,7 @@ def env_values(cls: type, env: Mapping[str, str]) -> dict[str, Any]:
 def _env_texts(cls: type, env: Mapping[str, str]) -> Iterator[tuple[str, Setting, str, str]]:
     """(field name, its Setting, the variable read, its text) of every field of ``cls`` that ``env`` sets."""
     for name, declared in settings(cls):
-        text = lookup(env, declared.env, declared.aliases) if declared.env else None
-        given = (declared.env, text) if declared.env and text is not None else None  # named by our name
+        given = lookup_named(env, declared.env, declared.aliases) if declared.env else None  # named as set
         if given is None and declared.file_env:
             path = lookup(env, declared.file_env)
             if path is not None:
@@ -328,8 +334,9 @@ def block_from_env(cls: type[SpecT], env: Mapping[str, str], base: SpecT | None)
 
     A switch with ``flags`` (TSEngine's ``inter`` / ``intra``) is set when any flag's variable is; a flag not set
     keeps the block's value, off without a block, and the switch is on when any flag ends up on (both off: no
-    block). Every variable of ``cls`` is read, so a bad value is refused even where the block ends up off. A spec
-    without a switch (``timeouts``, ``security`` ...) is never switched: ``base`` with the variables' values.
+    block). Every variable of ``cls`` is read and checked, so a bad value (``DMLC_K=7``) is refused even where the
+    block ends up off, as it would be where it is on. A spec without a switch (``timeouts``, ``security`` ...) is
+    never switched: ``base`` with the variables' values.
 
     Usage: ``hfa = block_from_env(HFASpec, os.environ, topology.hfa)``
     """
@@ -340,7 +347,8 @@ def block_from_env(cls: type[SpecT], env: Mapping[str, str], base: SpecT | None)
         flags = {flag: values.get(flag, getattr(base, flag) if base is not None else False) for flag in switch.flags}
         values.update(flags)
         state = state is not False and any(flags.values())
-    if state is False or (state is None and base is None):
+    if state is False or (state is None and base is None):  # off, its values checked as they would be if on
+        replaced(base if base is not None else cls(), {k: v for k, v in values.items() if k not in switch.flags}, env)
         return None
     return replaced(base if base is not None else cls(), values, env)
 

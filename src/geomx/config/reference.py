@@ -59,9 +59,10 @@ _SECTION_NOTES: dict[str, str] = {
 
 # Top-level keys read by hand in geomx.config.yaml_io (they have structure, not one value).
 _HAND_READ_KEYS: tuple[tuple[str, str, str], ...] = (
-    ("parties", "`{dc0: {workers: 2}, dc1: 2}`",
-     "each data center (party) and its workers; optional per party: `wan: {bandwidth, latency}` (its own WAN "
-     "link; between two parties the slower one counts) and `access: 50Mbit` (its own connection to the WAN)"),
+    ("parties", "required",
+     "each data center (party) and its workers (`{dc0: {workers: 2}, dc1: 2}`); optional per party: "
+     "`wan: {bandwidth, latency}` (its own WAN link; between two parties the slower one counts) and "
+     "`access: 50Mbit` (its own connection to the WAN)"),
     ("central", "the first party", "the party that hosts the global scheduler and the global servers"),
     ("mode", "`hips`", "`hips` (local servers, two tiers) or `flat` (every worker talks to the global servers)"),
     ("links", "unlimited, 0 ms",
@@ -84,7 +85,8 @@ _PROCESS_HELP: dict[str, str] = {
     "GEOMX_GLOBAL_SCHEDULER": "the global scheduler, HOST:PORT "
                               "(GeoMX: `DMLC_PS_GLOBAL_ROOT_URI` + `DMLC_PS_GLOBAL_ROOT_PORT`)",
     "GEOMX_NUM_WORKERS": "workers in this party (without a topology file)",
-    "GEOMX_NUM_GLOBAL_SERVERS": "global servers (without a topology file)",
+    "GEOMX_NUM_GLOBAL_SERVERS": "global servers (without a topology file); set it on every process, workers too "
+                                "(they place the slices; GeoMX's `DMLC_NUM_SERVER` is not read)",
     "GEOMX_NUM_ALL_WORKERS": "workers in all parties (without a topology file)",
     "GEOMX_NUM_PARTIES": "local servers that register with the global scheduler (without a topology file)",
     "GEOMX_CENTRAL": "the central party (without a topology file)",
