@@ -26,12 +26,17 @@ def _launch(args: argparse.Namespace) -> int:
     command = list(args.command)
     if args.global_only and command:  # it would be ignored: the workers are started by each party's own launch
         print(f"geomx launch: --global-only starts the global tier alone, no worker: drop the worker command "
-              f"({' '.join(command)}) and start each party with --party on its host", file=sys.stderr)
+              f"({' '.join(command)}) and start each party with --party on its host (the central one with --join)",
+              file=sys.stderr)
+        return 2
+    if args.join and (not (args.party and args.global_scheduler) or args.global_only):
+        print("geomx launch: --join starts one party's processes beside a global tier that runs already: give it "
+              "--party and the tier's --global-scheduler HOST:PORT, without --global-only", file=sys.stderr)
         return 2
     try:
         result = launch(Path(args.topology), command, run_dir=Path(args.run_dir) if args.run_dir else None,
                         host=args.host, party=args.party, global_scheduler=args.global_scheduler,
-                        resume=args.resume, global_only=args.global_only)
+                        resume=args.resume, global_only=args.global_only, join=args.join)
     except (ConfigError, ValueError) as exc:
         print(f"geomx launch: {exc}", file=sys.stderr)
         return 2
@@ -110,6 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("--global-only", action="store_true",
                         help="start the global scheduler and servers only (parties join from their own hosts, "
                              "a collective party under its own torchrun)")
+    launch.add_argument("--join", action="store_true",
+                        help="with --party of the central party: join the global tier a --global-only launch "
+                             "started at --global-scheduler instead of starting it")
     launch.add_argument("--host", default="127.0.0.1",
                         help="address this host's processes bind and announce (default: 127.0.0.1)")
     launch.add_argument("--run-dir", help="folder for stats and metrics (default: runs/<time>-<topology>-<pid>)")

@@ -99,14 +99,14 @@ class LaunchInterrupted(KeyboardInterrupt):
 
 def plan_processes(topology: Topology, topology_path: Path, command: list[str], run_dir: Path, *,
                    host: str = "127.0.0.1", global_scheduler: str | None = None,
-                   parties: list[str] | None = None, resume: bool = False,
+                   parties: list[str] | None = None, resume: bool = False, join: bool = False,
                    ports: PortReservations | None = None, global_only: bool = False) -> list[ProcessSpec]:
     """Every process of the topology (or of ``parties`` only), with the environment each one needs.
 
     ``resume``: the global servers start from their newest valid checkpoint. ``ports``: where the schedulers'
     ports are picked and held until the caller closes it (default: picked and released at once).
     ``global_only``: the global scheduler and servers alone (every party, collective ones under their own
-    torchrun, joins them from its hosts).
+    torchrun, joins them from its hosts). ``join``: the central party beside a tier that runs already.
     """
     if not command and not global_only:
         raise ValueError("no worker command given: geomx launch TOPOLOGY.yaml -- python train.py ...")
@@ -129,7 +129,7 @@ def plan_processes(topology: Topology, topology_path: Path, command: list[str], 
                           scheduler=scheduler, rank=rank, is_master=is_master, bind_host=host, run_dir=run_dir,
                           resume=resume and role in (Role.GLOBAL_SERVER, Role.WORKER), torchrun=torchrun)
 
-    if topology.central in selected or global_only:
+    if (topology.central in selected and not join) or global_only:
         add("global_scheduler", node(Role.GLOBAL_SCHEDULER, topology.central), node_cmd)
         for shard in range(topology.num_global_servers):
             add(f"global_server{shard}", node(Role.GLOBAL_SERVER, topology.central, rank=shard), node_cmd)
@@ -359,9 +359,10 @@ def default_run_dir(topology_path: Path) -> Path:
 
 def launch(topology_path: Path, command: list[str], *, run_dir: Path | None = None, host: str = "127.0.0.1",
            party: str | None = None, global_scheduler: str | None = None,
-           out: IO[str] | None = None, resume: bool = False, global_only: bool = False) -> LaunchResult:
-    """Plan, start and watch a job; returns its result (the caller prints the summary)."""
-    # everything a process would refuse at its start is refused here, before any starts (config.preflight)
+           out: IO[str] | None = None, resume: bool = False, global_only: bool = False,
+           join: bool = False) -> LaunchResult:
+    """Plan, start and watch a job; returns its result (the caller prints the summary). Whatever a process would
+    refuse at its start is refused here, before any starts (config.preflight)."""
     topology = job_topology(topology_path, os.environ)  # as every process will build it
     check_plugins(topology.training, topology)  # a bad sync name or plug-in option
     check_training(topology.training, topology.hfa, synchronous=[n for n, c in SYNC_POLICIES.items() if c.synchronous],
@@ -374,14 +375,14 @@ def launch(topology_path: Path, command: list[str], *, run_dir: Path | None = No
         raise ValueError(f"run folder {run_dir} holds an earlier job's {' and '.join(used)}: a new job there would add "
                          "its counts to theirs; continue that job with --resume, or give another --run-dir")
     grace = topology.timeouts.shutdown_s + 10.0
-    starts_tier = global_only or party in (None, topology.central)  # a given address in use: named before anything
+    starts_tier = global_only or (party in (None, topology.central) and not join)  # in use: named first
     claimed = claim(global_scheduler, "the global scheduler") if global_scheduler and starts_tier else None
     # held for the whole job: no other job can take a scheduler's port, or the status page's
     with PortReservations(host) as ports, PortReservations(job_status(topology, os.environ).host) as page_ports, \
             contextlib.closing(claimed) if claimed else contextlib.nullcontext():
         specs = plan_processes(topology, topology_path, command, run_dir, host=host, ports=ports,
                                global_scheduler=global_scheduler, parties=[party] if party else None,
-                               resume=resume, global_only=global_only)
+                               resume=resume, global_only=global_only, join=join)
         status_url = reserve_status_page(topology, specs, host, page_ports)
         check_processes(process_env(spec) for spec in specs)
         check_keys(topology, {spec.env["GEOMX_PARTY"] for spec in specs})  # a CURVE key file they need
@@ -391,7 +392,8 @@ def launch(topology_path: Path, command: list[str], *, run_dir: Path | None = No
         if global_only:  # said once the scheduler's bind succeeded, not before
             address = next(s.env["GEOMX_GLOBAL_SCHEDULER"] for s in specs)
             announce_tier(address, f"[geomx launch] the global tier listens at {address}: start every party with "
-                          f"GEOMX_GLOBAL_SCHEDULER={address}", out or sys.stdout, topology.timeouts.register_s, ended)
+                          f"GEOMX_GLOBAL_SCHEDULER={address} (or --party P --global-scheduler {address}; the "
+                          "central one with --join too)", out or sys.stdout, topology.timeouts.register_s, ended)
         try:
             return Launcher(specs, run_dir, shutdown_grace_s=grace, out=out).run()
         finally:

@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from harness import run_job, write_topology
 
+from geomx.launch import format_summary
+
 # cold: a worker SIGSTOPs its party's processes, found by their /proc environ (a warm worker's is its server's)
 pytestmark = pytest.mark.cold_workers
 
@@ -74,7 +76,8 @@ def test_mixed_sync_drops_a_silent_party_and_the_other_goes_on(geomx_job):
     """Under MixedSync every process of dc1 stops at its step 3 (the whole data center goes dark). The
     global scheduler declares dc1/server dead, the global server drops it from the global rounds, and dc0
     keeps training to its last step and leaves normally. The job still exits non-zero: the global
-    scheduler reports the member it lost (and the launcher then stops the frozen processes)."""
+    scheduler reports the member it lost (and the launcher then stops the frozen processes), and the summary
+    names that member."""
     steps = 50
     job = geomx_job("survive_train.py", "--kind", "dist_async", "--steps", str(steps), "--fault-step", "3",
                     "--fault-rank", "1", "--freeze", "party", "--step-seconds", "0.1",
@@ -86,7 +89,11 @@ def test_mixed_sync_drops_a_silent_party_and_the_other_goes_on(geomx_job):
     dropped = next(i for i, line in enumerate(lines) if "dropped dc1/server from the rounds" in line)
     left = next(i for i, line in enumerate(lines) if "[global_server0]" in line and "dc0/server left" in line)
     assert dropped < left, "dc0 should still have been training when dc1 was dropped"
-    assert job.result.failed == "global_scheduler" and "members lost: dc1/server" in job.output, job.tail()
+    assert "members lost: dc1/server" in job.output, job.tail()
+    # the summary names the member lost, not the scheduler that exited with code 4 for it (which it used to)
+    assert job.result.failed == "dc1/server", job.tail()
+    summary = format_summary(job.result)
+    assert "status        : FAILED (dc1/server was lost: no heartbeat for" in summary, summary
     assert job.result.wall_s < LONG_S
 
 

@@ -26,7 +26,7 @@ from typing import Any
 from ..config import NodeConfig, Role
 from ..protocol.bodies import BodyError, HeartbeatBody, MembersNotice, ShutdownNotice, decode_body, encode_body
 from ..protocol.wire import Kind, Message
-from ..runs.findings import UNREGISTERED, record_finding
+from ..runs.findings import LOST, UNREGISTERED, record_finding
 from ..transport.rpc import Requests
 from ..transport.van import Van
 from .heartbeat import Watch
@@ -383,8 +383,10 @@ class Scheduler:
         for old in self._replaced:
             log.info("[%s] a lost %s was replaced by a restarted one", self.name, self._watch.names.get(old, old))
         if dead:
-            log.error("[%s] exiting; members lost: %s", self.name,
-                      ", ".join(f"{self._watch.names.get(m, m)} ({why})" for m, why in dead.items()))
+            lost = {self._watch.names.get(m, m): why for m, why in dead.items()}
+            log.error("[%s] exiting; members lost: %s", self.name, ", ".join(f"{n} ({why})" for n, why in lost.items()))
+            # (the summary names the lost member, not this scheduler's exit code 4)
+            record_finding(self.config.run_dir, self.name, {"what": LOST, "clients": list(lost), "why": lost})
             return 4
         log.info("[%s] every member left; exiting", self.name)
         return 0

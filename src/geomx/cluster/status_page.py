@@ -267,7 +267,8 @@ def render_html(data: dict[str, Any]) -> str:
 
 
 def render_text(data: dict[str, Any]) -> str:
-    """The page for a terminal (``geomx status HOST:PORT``): the job's line, then a table per party."""
+    """The page for a terminal (``geomx status HOST:PORT``): the job's line, then a table per party, with the
+    page's numbers (a MixedSync job's push staleness, the LAN and the codecs' savings, the servers' mean round)."""
     job, ckpt = data["job"], data["checkpoint"]
     lines = [f"job      : {job['algorithm']}, codec {job['codec']}, server optimizer {job['server_optimizer']}, "
              f"{job['mode']}; {job['phase']}, global round {_text(job['global_round'])}, up {job['uptime_s']:.0f} s",
@@ -281,12 +282,15 @@ def render_text(data: dict[str, Any]) -> str:
         wan, rate = party["wan_bytes"], party["wan_rate_bps"]
         lines += ["", f"{party['name']}{' (central)' if party['central'] else ''}: step {_text(party['step'])}, "
                       f"WAN sent {_bytes(wan['sent'])} ({_rate(rate['sent'])}), received {_bytes(wan['recv'])} "
-                      f"({_rate(rate['recv'])}){_outer(party)}",
-                  f"  {'member':<22}{'state':<11}{'step':>8}{'busy':>7}{'heartbeat':>11}"]
-        for m in party["members"]:
+                      f"({_rate(rate['recv'])}); LAN {_bytes(sum(party['lan_bytes'].values()))}{_saved(party)}"
+                      f"{_staleness(party)}{_outer(party)}",
+                  f"  {'member':<22}{'state':<11}{'step':>8}{'busy':>7}{'mean round':>12}{'heartbeat':>11}"
+                  f"{'WAN sent':>12}{'WAN recv':>12}"]
+        for m in party["members"]:  # the page's columns (docs/deployment.md), but the role and the digest
             busy = "—" if m["busy"] is None else f"{100 * m['busy']:.0f}%"
             age = "—" if m["heartbeat_age_s"] is None else f"{m['heartbeat_age_s']:.1f} s"
-            lines.append(f"  {m['name']:<22}{m['state']:<11}{_text(m['step']):>8}{busy:>7}{age:>11}")
+            lines.append(f"  {m['name']:<22}{m['state']:<11}{_text(m['step']):>8}{busy:>7}{_text(_mean_round(m)):>12}"
+                         f"{age:>11}{_bytes(m['wan_bytes']['sent']):>12}{_bytes(m['wan_bytes']['recv']):>12}")
     return "\n".join(lines)
 
 

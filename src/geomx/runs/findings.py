@@ -31,6 +31,7 @@ FOLDER = "findings"
 MISSING = "missing"  # a round timed out waiting for ``clients``: they sent nothing for it
 LEFT = "left"  # ``clients`` shut down while a round still needed their part of it
 UNREGISTERED = "unregistered"  # a scheduler's registration timed out: ``clients`` (role@party) never registered
+LOST = "lost"  # a scheduler exited with ``clients`` declared dead (no heartbeat), not replaced: ``why``: their causes
 COLLECTIVE = "/ranks"  # the client name of a collective party's ranks ends so (``geomx.core.clients``)
 
 
@@ -74,6 +75,8 @@ def describe(client: str, finding: Mapping[str, Any], exit_code: int | None) -> 
     if finding.get("what") == UNREGISTERED:  # (every member missing, in one line)
         return (f"{', '.join(map(str, finding.get('clients', [])))} never registered with {finding.get('by')} in "
                 f"{float(finding.get('waited_s', 0.0)):g} s: is every party started, with its address?")
+    if finding.get("what") == LOST:  # (the job's goodbyes could not complete: a party gone under MixedSync ...)
+        return f"{client} was lost: {finding.get('why', {}).get(client, 'declared dead')}"
     if client.endswith(COLLECTIVE):
         client = f"{client[:-len(COLLECTIVE)]} (a lan: collective party)"
     if finding.get("what") == LEFT:

@@ -38,6 +38,11 @@ _REFUSED_CREDENTIALS = {
 # reconnections refused after a drop that say the peer's process is gone (ZeroMQ retries every ~0.1-0.2 s): a peer
 # whose connection drops while it runs (a network hiccup) is reconnected to, not refused; one that ended is refused
 GONE_TRIES = 3
+# a CURVE peer that runs and drops this node's handshake again and again: its public key here is not its own (the
+# server cannot open our HELLO, so it closes the connection and ZeroMQ says no more than that)
+_CURVE_KEY_MISMATCH = ("drops this node's CURVE handshake ({tries} tries): this host's copy of its party's public "
+                       "key (<party>.key) does not match its secret key (every host needs the *.key files of the "
+                       "same `geomx keygen` run)")
 _OTHER_SECURITY = ("does not speak this node's security ({mechanism}): one side has a shared secret or CURVE keys "
                    "and the other has not, or the other kind (security must be the same in every party)")
 
@@ -55,6 +60,7 @@ class Reach:
         self.refused_since_drop = 0  # reconnections refused since the drop (nothing listens there any more)
         self.refusal: str | None = None  # the peer refused this node: waiting will not help
         self._retried_since_drop = 0  # ZeroMQ's first retry after a drop only schedules the reconnection
+        self._failed_handshakes = 0  # CURVE handshakes the peer closed without a word, since the last that passed
         self._lock = threading.Lock()
 
     def note(self, event: int, value: int) -> None:
@@ -75,6 +81,12 @@ class Reach:
                 self._retried_since_drop = self.refused_since_drop = 0
             elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self.handshaken, self.refusal, self.dropped = True, None, False
+                self._failed_handshakes = 0
+            elif event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL and self.mechanism == "curve":
+                # (a peer that stopped refuses the reconnection; one that accepts it and drops the handshake runs)
+                self._failed_handshakes += 1
+                if self._failed_handshakes >= GONE_TRIES:
+                    self.refusal = _CURVE_KEY_MISMATCH.format(tries=self._failed_handshakes)
             elif event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
                 self.refusal = _REFUSED_CREDENTIALS.get(self.mechanism, _REFUSED_CREDENTIALS["none"])
             elif event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and not (self.handshaken or self.dropped):
