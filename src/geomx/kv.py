@@ -345,7 +345,7 @@ class KVStore(AbstractContextManager["KVStore"]):
         uncaught exception just disconnect; errors that only say the job failed elsewhere print one line, not a
         traceback (``geomx.worker.exits``: what the hook can and cannot know, and why)."""
         quiet_failures()
-        self._exit_hook = LeaveAtExit(lambda crashed: self.close(crashed=crashed), self.name)
+        self._exit_hook = LeaveAtExit(self.close, self.name)
         atexit.register(self._exit_hook)
 
     def close(self, crashed: bool = False) -> None:

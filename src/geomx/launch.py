@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from .algorithms.registry import SYNC_POLICIES
+from .algorithms.registry import SYNC_POLICIES, SYNCHRONOUS
 from .cluster.addresses import announce_when_listening as announce_tier
 from .cluster.addresses import claim
 from .cluster.ports import PortReservations, distinct_free_ports
@@ -365,7 +365,7 @@ def launch(topology_path: Path, command: list[str], *, run_dir: Path | None = No
     refuse at its start is refused here, before any starts (config.preflight)."""
     topology = job_topology(topology_path, os.environ)  # as every process will build it
     check_plugins(topology.training, topology)  # a bad sync name or plug-in option
-    check_training(topology.training, topology.hfa, synchronous=[n for n, c in SYNC_POLICIES.items() if c.synchronous],
+    check_training(topology.training, topology.hfa, synchronous=SYNCHRONOUS,
                    applies_on_server=SYNC_POLICIES[topology.training.sync].needs_server_optimizer)  # e.g. HFA + async
     check_start(topology, command, os.environ, party=party, resume=resume, global_scheduler=global_scheduler,
                 global_only=global_only)

@@ -56,6 +56,8 @@ SYNC_POLICIES: dict[str, type[SyncPolicy]] = {cls.name: cls for cls in (
     Asynchronous,
     BoundedStaleness,
 )}
+# the sync policies that declare themselves synchronous: what HFA, ESync and the topology's rules ask for
+SYNCHRONOUS: list[str] = sorted(name for name, cls in SYNC_POLICIES.items() if cls.synchronous)
 
 AGGREGATIONS: dict[str, type[Aggregation]] = {
     "sum": Aggregation,

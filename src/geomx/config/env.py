@@ -73,25 +73,31 @@ def _get(env: Mapping[str, str], name: str) -> str | None:
     return lookup(env, name, ENV_ALIASES.get(name, ()))
 
 
-def _int(env: Mapping[str, str], name: str) -> int | None:
-    """``name``'s integer (or its alias's); a bad one is refused naming the variable set (DMLC_NUM_WORKER)."""
+def _named_int(env: Mapping[str, str], name: str) -> tuple[str, int] | None:
+    """(the variable set, its integer) for ``name`` or its alias; a bad one is refused naming the variable set
+    (DMLC_NUM_WORKER), not our name for it."""
     found = lookup_named(env, name, ENV_ALIASES.get(name, ()))
     if found is None:
         return None
     try:
-        return int(found[1])
+        return found[0], int(found[1])
     except ValueError:
         raise ConfigError(f"{found[0]} must be an integer, got {found[1]!r}") from None
+
+
+def _int(env: Mapping[str, str], name: str) -> int | None:
+    """``name``'s integer (or its alias's), None where neither is set (``_named_int``)."""
+    found = _named_int(env, name)
+    return None if found is None else found[1]
 
 
 def _count(env: Mapping[str, str], name: str) -> int | None:
     """``name``'s count of processes (or its alias's): at least 1, else refused naming the variable set, where
     ``or 1`` would read GeoMX's ``DMLC_NUM_WORKER=0`` as one worker and a negative count as none."""
-    value = _int(env, name)
-    found = lookup_named(env, name, ENV_ALIASES.get(name, ()))
-    if value is not None and value < 1 and found is not None:
-        raise ConfigError(f"{found[0]} must be at least 1, got {value}")
-    return value
+    found = _named_int(env, name)
+    if found is not None and found[1] < 1:
+        raise ConfigError(f"{found[0]} must be at least 1, got {found[1]}")
+    return None if found is None else found[1]
 
 
 def _flag(env: Mapping[str, str], name: str) -> bool:

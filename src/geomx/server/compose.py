@@ -15,7 +15,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..algorithms.registry import AGGREGATIONS, EXTENSIONS, ROUTES, SYNC_POLICIES, check_message_kinds, check_names
+from ..algorithms.registry import (
+    AGGREGATIONS,
+    EXTENSIONS,
+    ROUTES,
+    SYNC_POLICIES,
+    SYNCHRONOUS,
+    check_message_kinds,
+    check_names,
+)
 from ..codecs import FP16, CodecError, make_codec
 from ..config import ConfigError, NodeConfig, Topology, TrainingSpec, named
 from ..config.combinations import configure_facts
@@ -112,8 +120,7 @@ def check_plugins(training: TrainingSpec, topology: Topology | None = None) -> N
     if topology is not None:  # what the servers would refuse at the wrapper's CONFIGURE (DGT + a WAN codec ...)
         facts = configure_facts(topology.features, compression=training.compression is not None,
                                 other_sync=training.sync != DEFAULT_SYNC)
-        text = combination_refusal(facts, sync=training.sync,
-                                   synchronous=sorted(n for n, cls in SYNC_POLICIES.items() if cls.synchronous))
+        text = combination_refusal(facts, sync=training.sync, synchronous=SYNCHRONOUS)
         if text is not None:
             raise ConfigError(f"training: {text}")
 

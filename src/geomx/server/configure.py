@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ..algorithms.registry import SYNC_POLICIES
+from ..algorithms.registry import SYNCHRONOUS
 from ..config import Mode
 from ..config.combinations import configure_facts, refusal
 from ..core.checkpoints import restore_optimizer
@@ -80,8 +80,7 @@ class Configure:
         # an asynchronous kv.create where the topology needs a synchronous sync (the rules name which): the
         # wrapper's plan refuses it at launch, a kvstore script only here
         facts["asynchronous_sync"] = policy is not None and not policy.synchronous
-        refused = refusal(facts, sync=policy.name if policy is not None else None,
-                          synchronous=sorted(name for name, cls in SYNC_POLICIES.items() if cls.synchronous))
+        refused = refusal(facts, sync=policy.name if policy is not None else None, synchronous=SYNCHRONOUS)
         if refused is not None:
             host.refuse(message, refused)
             return

@@ -81,18 +81,16 @@ class PushPulls:
             host.refuse(message, problem)
             return
         host.table.contribute(message)
-        rnd = host.table.get(Kind.PUSHPULL, message.key, message.slice)
+        rnd = host.table.get(Kind.PUSHPULL, message.key, message.slice)  # (the table keeps a slice's Round)
         leaving = host.table.get(Kind.SHUTDOWN, 0, 0)  # the goodbyes said: their clients push no more
         if rnd is not None and leaving is not None:
             stranded = next((c for c in leaving.contributions if self._needs(rnd, c)), None)
             if stranded is not None:  # (its goodbye came first) refused now, as ``on_shutdown`` would have
                 host.release(leaving, None, self._leaving_early(stranded, rnd))
         host.route.pushed(message)
-        if self.answers_early():
-            rnd = host.table.get(Kind.PUSHPULL, message.key, message.slice)
-            if rnd is not None:
-                send_early(host, rnd, host.table.awaited(rnd),
-                           address=lambda client: host.clients.address(client, (rnd.key, rnd.slice)))
+        if rnd is not None and self.answers_early():
+            send_early(host, rnd, host.table.awaited(rnd),
+                       address=lambda client: host.clients.address(client, (rnd.key, rnd.slice)))
 
     def on_shutdown(self, message: Message) -> None:
         """A client says goodbye: ``Departures.on_shutdown``'s, unless an open round (of pushes, or a barrier) that it

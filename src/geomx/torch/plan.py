@@ -30,7 +30,7 @@ import torch
 
 from .. import optim
 from ..algorithms.modes import Strategy
-from ..algorithms.registry import SYNC_POLICIES, check_names
+from ..algorithms.registry import SYNC_POLICIES, SYNCHRONOUS, check_names
 from ..codecs import CodecError, idle_size_gate, make_codec
 from ..config import ConfigError, HFASpec, NodeConfig, TrainingSpec
 from ..config.combinations import check, check_training
@@ -167,9 +167,8 @@ def _decide(spec: TrainingSpec, hfa: HFASpec | None, torch_optimizer: torch.opti
     residual = keeps_residuals(spec.compression)
     named = spec.server_optimizer not in WRAPPER_CHOICES
     policy = SYNC_POLICIES[spec.sync]  # check_names refused a name the registry does not hold
-    synchronous = [name for name, cls in SYNC_POLICIES.items() if cls.synchronous]
     # (geomx launch checked these rows before any process started; a rank started by hand is checked here)
-    facts = check_training(spec, hfa, synchronous=synchronous, applies_on_server=policy.needs_server_optimizer,
+    facts = check_training(spec, hfa, synchronous=SYNCHRONOUS, applies_on_server=policy.needs_server_optimizer,
                            residual_codec=residual)
     if hfa is not None:
         outer = _named_optimizer(spec, torch_optimizer) if named else None
