@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import os
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,3 +128,18 @@ def run_job(workdir: Path, script: str | Path, *args: str, name: str = "job", pa
     print(f"===== job {label}: exit {result.exit_code} failed={result.failed} wall {result.wall_s:.1f} s =====")
     print(output)
     return Job(result, output, run_dir, topology, returned_at)
+
+
+class TierOutput(io.StringIO):
+    """What a ``--global-only`` launch prints (its ``out``): ``listening`` is set once the tier says it listens,
+    which is when an operator starts the parties (the caller sets it too once the launch has ended)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.listening = threading.Event()
+
+    def write(self, text: str) -> int:
+        written = super().write(text)
+        if "the global tier listens at" in self.getvalue():
+            self.listening.set()
+        return written

@@ -4,7 +4,6 @@ each rank syncing its own slices with the global servers. Every data path agains
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -365,28 +364,21 @@ def run_under_torchrun(tmp_path: Path, path: Path, *args: str) -> tuple[Any, str
     """`geomx launch --global-only` in a thread, and each party as `python -m torch.distributed.run` with
     GEOMX_TOPOLOGY, GEOMX_PARTY and GEOMX_GLOBAL_SCHEDULER: (the tier's result, its output, the parties'
     processes, their outputs, the run folder)."""
-    import io
     import os
     import subprocess
     import sys
     import threading
 
-    from harness import WORKERS_DIR
+    from harness import WORKERS_DIR, TierOutput
 
     from geomx.config import load_topology
     from geomx.launch import free_port, launch
 
     address = f"127.0.0.1:{free_port()}"
     run_dir = tmp_path / "run"
-    out = io.StringIO()
+    out = TierOutput()
     results: list[Any] = []
-    listening = threading.Event()  # set once the tier says it listens, or once it has ended
-
-    def tier_output(text: str, write: Callable[[str], int] = out.write) -> int:
-        written = write(text)
-        if "the global tier listens at" in out.getvalue():
-            listening.set()
-        return written
+    listening = out.listening  # set once the tier says it listens, or once it has ended
 
     def run_tier() -> None:
         try:
@@ -394,7 +386,6 @@ def run_under_torchrun(tmp_path: Path, path: Path, *args: str) -> tuple[Any, str
         finally:
             listening.set()
 
-    out.write = tier_output  # type: ignore[method-assign]
     tier = threading.Thread(target=run_tier)
     tier.start()
     # the parties start once the tier's scheduler listens (what an operator waits for, reading the same line): on a

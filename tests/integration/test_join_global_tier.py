@@ -9,10 +9,9 @@ import io
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
 from typing import Any
 
-from harness import worker_command, write_topology
+from harness import TierOutput, worker_command, write_topology
 
 from geomx.launch import free_port, launch
 
@@ -20,15 +19,9 @@ from geomx.launch import free_port, launch
 def test_the_central_party_joins_a_global_only_tier_with_join(tmp_path):
     path = write_topology(tmp_path / "job.yaml", parties={"dc0": 1, "dc1": 1})
     address, run_dir = f"127.0.0.1:{free_port()}", tmp_path / "run"
-    tier_out, outs = io.StringIO(), {"dc0": io.StringIO(), "dc1": io.StringIO()}
+    tier_out, outs = TierOutput(), {"dc0": io.StringIO(), "dc1": io.StringIO()}
     results: dict[str, Any] = {}
-    listening = threading.Event()  # set once the tier says it listens, or once it has ended
-
-    def tier_output(text: str, write: Callable[[str], int] = tier_out.write) -> int:
-        written = write(text)
-        if "the global tier listens at" in tier_out.getvalue():
-            listening.set()
-        return written
+    listening = tier_out.listening  # set once the tier says it listens, or once it has ended
 
     def run(name: str, **options: Any) -> None:
         try:
@@ -38,7 +31,6 @@ def test_the_central_party_joins_a_global_only_tier_with_join(tmp_path):
         finally:
             listening.set()
 
-    tier_out.write = tier_output  # type: ignore[method-assign]
     threads = {"tier": threading.Thread(target=run, args=("tier",), kwargs={"global_only": True})}
     threads["tier"].start()
     assert listening.wait(timeout=120) and threads["tier"].is_alive(), tier_out.getvalue()
